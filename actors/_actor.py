@@ -304,8 +304,9 @@ class Actor:
         """Send ``message`` to this actor every ``period`` seconds (first
         after ``first`` seconds, default ``period``), charged to an account of
         the timer's own. A tick is not sent while the previous one (and what
-        its turn sent) is still outstanding: late ticks are skipped, never
-        piled up."""
+        its turn sent) is still outstanding: a tick that falls due meanwhile
+        goes out as soon as that is repaid, and the ones after it that fell
+        due too are skipped, never piled up."""
         from ._timers import Timer
 
         return Timer._start(self, message, delay=period if first is None else first, period=period)

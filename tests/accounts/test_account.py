@@ -35,7 +35,9 @@ def test_loan_charges_cost_plus_event_constant() -> None:
 def test_child_inherits_event_cost_unless_given() -> None:
     root = Account("root", high_watermark=100, low_watermark=0, event_cost=7)
     assert Account("c", high_watermark=1, low_watermark=0, parent=root).event_cost == 7
-    assert Account("d", high_watermark=1, low_watermark=0, parent=root, event_cost=3).event_cost == 3
+    assert (
+        Account("d", high_watermark=1, low_watermark=0, parent=root, event_cost=3).event_cost == 3
+    )
 
 
 def test_repay_is_idempotent() -> None:

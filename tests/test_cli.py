@@ -1,0 +1,58 @@
+"""The ``broker`` command and the packages' import surface."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from broker.cli import main
+
+
+def run_broker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_three_packages_import() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "import accounts, actors, broker; print(broker.__version__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_help_lists_the_commands() -> None:
+    result = run_broker("--help")
+    assert result.returncode == 0
+    assert "serve" in result.stdout
+    assert "bench" in result.stdout
+
+
+def test_serve_says_plainly_that_it_is_not_there_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve"]) == 2
+    assert "not yet" in capsys.readouterr().err
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = run_broker("frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_bench_actors_reports_rates_as_json() -> None:
+    result = run_broker("bench", "actors", "--quick", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["actors"]
+    for key in ("task_to_actor_per_s", "actor_to_actor_per_s", "fanout_1_to_10_per_s"):
+        assert figures[key] > 1000, figures

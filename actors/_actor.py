@@ -116,7 +116,8 @@ class Actor:
 
     Lifecycle: :meth:`started` runs first, in the actor's own task; then the
     mailbox is handled until :meth:`stop` or a failure. When an actor stops,
-    its helper tasks and timers are cancelled, every event left in its
+    its helper tasks and timers are cancelled, its children are asked to
+    stop, every event left in its
     mailbox is repaid unhandled, :meth:`on_stop` runs, and its supervisor and
     watchers are told (:meth:`actor_exited`). A failure with no supervisor to
     take it propagates out of the actor system, as an exception in a trio
@@ -171,6 +172,7 @@ class Actor:
         self._turn = Turn(self)
         self._turns = 0
         self._watchers: list[Actor] = []
+        self._children: dict[Actor, None] = {}
         self._nursery: trio.Nursery | None = None
         self._pending_tasks: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
         self._error: BaseException | None = None
@@ -286,11 +288,14 @@ class Actor:
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a helper task of this actor: it is cancelled
         when the actor stops, and its failure is the actor's failure."""
+        self._check_running()
         if self._nursery is not None:
             self._nursery.start_soon(fn, *args)
-        elif self._state is ActorState.RUNNING:
-            self._pending_tasks.append((fn, args))
         else:
+            self._pending_tasks.append((fn, args))
+
+    def _check_running(self) -> None:
+        if self._state is not ActorState.RUNNING:
             raise NotSpawnedError(f"actor {self!r} is not running")
 
     def after(self, delay: float, message: Any) -> Timer:
@@ -298,6 +303,7 @@ class Actor:
         charged to an account of the timer's own."""
         from ._timers import Timer
 
+        self._check_running()
         return Timer._start(self, message, delay=delay, period=None)
 
     def every(self, period: float, message: Any, *, first: float | None = None) -> Timer:
@@ -309,6 +315,7 @@ class Actor:
         due too are skipped, never piled up."""
         from ._timers import Timer
 
+        self._check_running()
         return Timer._start(self, message, delay=period if first is None else first, period=period)
 
     # -- the actor's task --------------------------------------------------
@@ -398,6 +405,8 @@ class Actor:
             self._orphaned_exit(loan.item)
         for timer in list(self._timers):
             timer.cancel()
+        for child in list(self._children):
+            child.stop()
         try:
             self.on_stop(self._error)
         finally:
@@ -406,6 +415,7 @@ class Actor:
             system._forget(self)
             exit_ = _Exit(self, self._error)
             if self.supervisor is not None:
+                self.supervisor._children.pop(self, None)
                 self.supervisor._signal(exit_)
             elif self._error is not None and isinstance(self._error, Exception):
                 system._unhandled(self, self._error)

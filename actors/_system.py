@@ -46,6 +46,7 @@ class ActorSystem:
         self._spawned = 0
         self._dead_letters = 0
         self._serial = itertools.count(1)
+        self._closing = False
         self.account: Account = unlimited(f"{name}/system", kind="system")
         self.timers: Account = unlimited(f"{name}/timers", kind="timers")
 
@@ -64,9 +65,13 @@ class ActorSystem:
         if name is None:
             name = f"{type(actor).__name__}-{next(self._serial)}"
         actor._attach(self, name, supervisor)
+        if supervisor is not None:
+            supervisor._children[actor] = None
         self._actors[actor] = None
         self._spawned += 1
         self._nursery.start_soon(actor._run, name=f"actor:{name}")
+        if self._closing:
+            actor.stop()  # spawned during shutdown: it must not keep the system open
         return actor
 
     def actors(self) -> list[Actor]:
@@ -74,7 +79,9 @@ class ActorSystem:
         return list(self._actors)
 
     def stop_all(self) -> None:
-        """Ask every actor to stop after its current turn."""
+        """Ask every actor to stop after its current turn. Actors spawned
+        after this call stop as soon as they start."""
+        self._closing = True
         for actor in list(self._actors):
             actor.stop()
 

@@ -10,8 +10,8 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from accounts import Account
-from actors import Actor, ActorFailed, ActorState, Turn, open_system
+from accounts import Account, live_accounts
+from actors import Actor, ActorFailed, ActorState, NotSpawnedError, Turn, open_system
 
 from .helpers import Crasher, Recorder
 
@@ -225,3 +225,46 @@ async def test_leaving_the_system_stops_every_actor(account: Account) -> None:
     assert account.debt == 0
     assert system.account.closed
     assert system.timers.closed
+
+
+async def test_stopping_a_supervisor_stops_its_children(account: Account) -> None:
+    async with open_system() as system:
+        parent = system.spawn(Supervisor(), name="parent")
+        children = [system.spawn(Recorder(), supervisor=parent) for _ in range(3)]
+        for child in children:
+            child.send_nowait("queued", account=account)
+        parent.stop()
+        for child in children:
+            await child.wait_stopped()
+        assert system.statistics().actors == 0
+    assert account.debt == 0
+
+
+async def test_an_actor_spawned_during_shutdown_does_not_keep_the_system_open(
+    account: Account,
+) -> None:
+    late: list[Actor] = []
+
+    class SpawnsOnStop(Recorder):
+        def on_stop(self, error: BaseException | None) -> None:
+            late.append(self.system.spawn(Recorder(), name="late"))
+
+    with trio.fail_after(5):
+        async with open_system() as system:
+            system.spawn(SpawnsOnStop())
+    assert [actor.state for actor in late] == [ActorState.STOPPED]
+
+
+async def test_a_stopped_actor_takes_no_timers_or_tasks(account: Account) -> None:
+    async with open_system() as system:
+        actor = system.spawn(Recorder())
+        actor.stop()
+        await actor.wait_stopped()
+        before = len(live_accounts())
+        with pytest.raises(NotSpawnedError):
+            actor.after(1, "x")
+        with pytest.raises(NotSpawnedError):
+            actor.every(1, "x")
+        with pytest.raises(NotSpawnedError):
+            actor.start_soon(trio.sleep, 1)
+        assert len(live_accounts()) == before

@@ -228,12 +228,17 @@ class Actor:
     def _deliver(self, loan: LoanedItem[Any]) -> None:
         if self._state is ActorState.RUNNING:
             self._mailbox.append(loan)
-            task = self._parked
-            if task is not None:
-                self._parked = None
-                trio.lowlevel.reschedule(task)
+            if self._parked is not None:
+                self._wake()
         else:
             self._dead_letter(loan)
+
+    def _wake(self) -> None:
+        """Reschedule the actor's task if it is parked waiting for mail."""
+        task = self._parked
+        if task is not None:
+            self._parked = None
+            trio.lowlevel.reschedule(task)
 
     def _dead_letter(self, loan: LoanedItem[Any]) -> None:
         loan.repay()
@@ -249,10 +254,7 @@ class Actor:
         loan = LoanedItem(self.system.account, 0, exit_)
         if self._state is ActorState.RUNNING:
             self._signals.append(loan)
-            task = self._parked
-            if task is not None:
-                self._parked = None
-                trio.lowlevel.reschedule(task)
+            self._wake()
         else:
             loan.repay()
             if exit_.error is not None and exit_.actor.supervisor is self:
@@ -266,10 +268,7 @@ class Actor:
         left in its mailbox are repaid without being handled."""
         if self._state is ActorState.RUNNING:
             self._state = ActorState.STOPPING
-            task = self._parked
-            if task is not None:
-                self._parked = None
-                trio.lowlevel.reschedule(task)
+            self._wake()
 
     async def wait_stopped(self) -> None:
         """Wait until the actor has stopped (and repaid its mailbox)."""

@@ -268,3 +268,54 @@ async def test_a_stopped_actor_takes_no_timers_or_tasks(account: Account) -> Non
         with pytest.raises(NotSpawnedError):
             actor.start_soon(trio.sleep, 1)
         assert len(live_accounts()) == before
+
+
+class BusyParent(Supervisor):
+    """A supervisor whose turns wait on a gate, so notices queue up behind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+
+    async def handle(self, turn: Turn, message: Any) -> None:  # type: ignore[override]
+        await self.gate.wait()
+
+
+class FailsWhenReleased(Actor):
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+
+    async def handle(self, turn: Turn, message: Any) -> None:
+        await self.gate.wait()
+        raise ValueError("late failure")
+
+
+async def test_a_failure_queued_when_its_supervisor_stops_is_not_lost(account: Account) -> None:
+    with pytest.RaisesGroup(pytest.RaisesExc(ActorFailed, match="'child'")):
+        async with open_system() as system:
+            parent = system.spawn(BusyParent(), name="parent")
+            parent.send_nowait("work", account=account)
+            child = system.spawn(Crasher(), name="child", supervisor=parent)
+            child.send_nowait("boom", account=account)
+            await child.wait_stopped()
+            assert parent.statistics().mailbox == 1  # the notice waits behind the turn
+            parent.stop()
+            parent.gate.set()
+            await trio.sleep_forever()
+    assert account.debt == 0
+
+
+async def test_a_child_failing_after_its_supervisor_stopped_is_not_lost(
+    account: Account,
+) -> None:
+    with pytest.RaisesGroup(pytest.RaisesExc(ActorFailed, match="'child'")):
+        async with open_system() as system:
+            parent = system.spawn(Supervisor(), name="parent")
+            child = system.spawn(FailsWhenReleased(), name="child", supervisor=parent)
+            child.send_nowait("work", account=account)
+            await trio.testing.wait_all_tasks_blocked()
+            parent.stop()
+            await parent.wait_stopped()
+            child.gate.set()  # the child's last turn fails, with nobody to tell
+            await trio.sleep_forever()
+    assert account.debt == 0

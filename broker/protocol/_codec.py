@@ -1,0 +1,471 @@
+"""Framing and CBOR codec: messages to bytes and bytes to messages.
+
+A frame is a ``u32`` big-endian body length ``N`` followed by ``N`` bytes
+holding exactly one CBOR array ``[type, field, ...]``. Decoding is strict:
+anything that is not exactly a well-formed message of a known type becomes a
+:class:`RemoteProtocolError` carrying the Goodbye code to send, and never
+another exception. Decoding has no side effects, so a bad frame is never
+half-applied.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cbor2
+
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._messages import (
+    Absolve,
+    Ack,
+    AnnounceDropping,
+    Apologise,
+    BindTopic,
+    Confirm,
+    Deliver,
+    FreeHandle,
+    Gap,
+    Goodbye,
+    Headers,
+    Hello,
+    IssueGuarantee,
+    LimitReceiving,
+    LimitSending,
+    Message,
+    Options,
+    Ping,
+    Plead,
+    Pong,
+    Publish,
+    Subscribe,
+    Throttled,
+    Welcome,
+)
+from ._types import (
+    DEFAULT_MAX_FRAME,
+    LENGTH_PREFIX,
+    U64_MAX,
+    Channel,
+    ChannelKind,
+    GoodbyeCode,
+    MessageType,
+)
+
+_LENGTH = struct.Struct(">I")
+_MAX_DEPTH = 6  # [type, {map: {k: v}}] is depth 3; options are flat
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _wire_channel(channel: Channel) -> list[int]:
+    return [int(channel.kind), channel.index]
+
+
+def _wire_headers(headers: Headers | None) -> list[list[Any]] | None:
+    return None if headers is None else [[name, value] for name, value in headers]
+
+
+def _fields(message: Message) -> list[Any]:
+    """The wire array of ``message``, type code first."""
+    match message:
+        case Publish(topic, payload, key, headers):
+            return [32, topic, payload, key, _wire_headers(headers)]
+        case Deliver(subscription, seq, payload, key, headers):
+            return [33, subscription, seq, payload, key, _wire_headers(headers)]
+        case (
+            IssueGuarantee(channel, value)
+            | Absolve(channel, value)
+            | Plead(channel, value)
+            | LimitSending(channel, value)
+            | LimitReceiving(channel, value)
+        ):
+            return [int(message.TYPE), _wire_channel(channel), value]
+        case AnnounceDropping(channel) | Apologise(channel):
+            return [int(message.TYPE), _wire_channel(channel)]
+        case Throttled(channel, throttled):
+            return [5, _wire_channel(channel), throttled]
+        case Ping(nonce) | Pong(nonce):
+            return [int(message.TYPE), nonce]
+        case Goodbye(code, reason):
+            return [4, int(code), reason]
+        case FreeHandle(handle_type, handle, mine):
+            return [20, int(handle_type), handle, mine]
+        case Ack(subscription, seq):
+            return [21, subscription, seq]
+        case Gap(subscription, first_seq, count):
+            return [22, subscription, first_seq, count]
+        case Confirm(topic, count):
+            return [23, topic, count]
+        case BindTopic(name):
+            return [30, name]
+        case Subscribe(topic, mode, options):
+            return [31, topic, mode, options]
+        case Hello(version, client, session, processed):
+            return [0, version, {"client": client, "session": session, "processed": processed}]
+        case Welcome():
+            return [
+                1,
+                message.version,
+                {
+                    "session": message.session,
+                    "resumed": message.resumed,
+                    "epoch": message.epoch,
+                    "lease_ms": message.lease_ms,
+                    "heartbeat_ms": message.heartbeat_ms,
+                    "max_frame": message.max_frame,
+                    "received": message.received,
+                },
+            ]
+    raise LocalProtocolError(f"not a protocol message: {message!r}")
+
+
+def encode_body(message: Message) -> bytes:
+    """The CBOR body of ``message`` (without the length prefix)."""
+    try:
+        return cbor2.dumps(_fields(message))
+    except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+        raise LocalProtocolError(f"cannot encode {message!r}: {exc}") from exc
+
+
+def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """The whole frame of ``message``: length prefix and body.
+
+    Raises :class:`LocalProtocolError` if the body would exceed ``max_frame``
+    or a field cannot be encoded. The message is not validated beyond what
+    encoding needs; :func:`decode_body` is the strict side.
+    """
+    body = encode_body(message)
+    if len(body) > max_frame:
+        raise LocalProtocolError(
+            f"{type(message).__name__} frame of {len(body)} bytes exceeds max_frame {max_frame}"
+        )
+    return _LENGTH.pack(len(body)) + body
+
+
+def _cbor_head(major: int, value: int) -> bytes:
+    """The CBOR initial byte(s) for ``major`` type with argument ``value``."""
+    if value < 24:
+        return bytes((major << 5 | value,))
+    if value < 0x100:
+        return bytes((major << 5 | 24, value))
+    if value < 0x10000:
+        return bytes((major << 5 | 25,)) + value.to_bytes(2, "big")
+    if value < 0x100000000:
+        return bytes((major << 5 | 26,)) + value.to_bytes(4, "big")
+    return bytes((major << 5 | 27,)) + value.to_bytes(8, "big")
+
+
+_DELIVER_HEAD = _cbor_head(4, 6) + _cbor_head(0, 33)
+
+
+def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | None) -> bytes:
+    """The part of a Deliver frame shared by every subscriber of one publish.
+
+    Encode it once per published message and pass it to
+    :func:`encode_deliver` for each subscriber: the payload is never
+    re-encoded per subscriber.
+    """
+    return b"".join(cbor2.dumps(item) for item in (payload, key, _wire_headers(headers)))
+
+
+def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:
+    """A Deliver frame as two pieces: a small per-subscriber head, then ``tail``.
+
+    ``head + tail`` is byte-for-byte what :func:`encode` produces for the
+    equivalent :class:`Deliver`; a writer can send both pieces without
+    joining them.
+    """
+    if not (0 <= subscription <= U64_MAX and 0 <= seq <= U64_MAX):
+        raise LocalProtocolError("subscription and seq must be u64")
+    middle = _DELIVER_HEAD + _cbor_head(0, subscription) + _cbor_head(0, seq)
+    return _LENGTH.pack(len(middle) + len(tail)) + middle, tail
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _bad(what: str) -> RemoteProtocolError:
+    return RemoteProtocolError(f"malformed frame: {what}")
+
+
+def _u64(value: Any, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= U64_MAX:
+        raise _bad(f"{what} must be an unsigned 64-bit integer, got {value!r:.40}")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if type(value) is not bool:
+        raise _bad(f"{what} must be a boolean, got {value!r:.40}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if type(value) is not str:
+        raise _bad(f"{what} must be a text string, got {value!r:.40}")
+    return value
+
+
+def _blob(value: Any, what: str) -> bytes:
+    if type(value) is not bytes:
+        raise _bad(f"{what} must be a byte string, got {value!r:.40}")
+    return value
+
+
+def _opt_blob(value: Any, what: str) -> bytes | None:
+    return None if value is None else _blob(value, what)
+
+
+def _channel(value: Any) -> Channel:
+    if type(value) is not list or len(value) != 2:
+        raise _bad(f"channel must be [kind, index], got {value!r:.40}")
+    kind = _u64(value[0], "channel kind")
+    index = _u64(value[1], "channel index")
+    if kind > ChannelKind.DELIVER:
+        raise _bad(f"unknown channel kind {kind}")
+    if kind <= ChannelKind.SUBSCRIPTION_BINDS and index != 0:
+        raise _bad(f"bind channel [{kind},{index}] must have index 0")
+    return Channel(ChannelKind(kind), index)
+
+
+def _headers(value: Any) -> Headers | None:
+    if value is None:
+        return None
+    if type(value) is not list:
+        raise _bad("headers must be an array of [name, value] pairs or null")
+    headers: Headers = []
+    for pair in value:
+        if type(pair) is not list or len(pair) != 2:
+            raise _bad("each header must be a [name, value] pair")
+        headers.append((_text(pair[0], "header name"), _blob(pair[1], "header value")))
+    return headers
+
+
+def _u64_map(value: Any, what: str) -> dict[int, int]:
+    if type(value) is not dict:
+        raise _bad(f"{what} must be a map of integers")
+    return {_u64(k, f"{what} key"): _u64(v, f"{what} value") for k, v in value.items()}
+
+
+def _options(value: Any) -> Options:
+    if type(value) is not dict:
+        raise _bad("subscribe options must be a map")
+    options: Options = {}
+    for key, item in value.items():
+        _text(key, "option name")
+        if (
+            item is None
+            or type(item) in (str, bool)
+            or (type(item) is int and _I64_MIN <= item <= _I64_MAX)
+            or (type(item) is float and math.isfinite(item))
+        ):
+            options[key] = item
+        else:
+            raise _bad(f"option {key!r} must be a scalar, got {item!r:.40}")
+    return options
+
+
+def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
+    if type(value) is not dict or value.keys() != keys:
+        raise _bad(f"{what} must be a map with exactly the keys {sorted(keys)}")
+    return value
+
+
+_HELLO_KEYS = frozenset({"client", "session", "processed"})
+_WELCOME_KEYS = frozenset(
+    {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
+)
+
+
+def _hello(f: list[Any]) -> Hello:
+    rec = _record(f[2], _HELLO_KEYS, "Hello fields")
+    return Hello(
+        _u64(f[1], "version"),
+        _text(rec["client"], "client"),
+        _opt_blob(rec["session"], "session"),
+        _u64_map(rec["processed"], "processed"),
+    )
+
+
+def _welcome(f: list[Any]) -> Welcome:
+    rec = _record(f[2], _WELCOME_KEYS, "Welcome fields")
+    session = _blob(rec["session"], "session")
+    if len(session) != 16:
+        raise _bad("session id must be 16 bytes")
+    return Welcome(
+        _u64(f[1], "version"),
+        session,
+        _bool(rec["resumed"], "resumed"),
+        _blob(rec["epoch"], "epoch"),
+        _u64(rec["lease_ms"], "lease_ms"),
+        _u64(rec["heartbeat_ms"], "heartbeat_ms"),
+        _u64(rec["max_frame"], "max_frame"),
+        _u64_map(rec["received"], "received"),
+    )
+
+
+def _publish(f: list[Any]) -> Publish:
+    return Publish(
+        _u64(f[1], "topic"), _blob(f[2], "payload"), _opt_blob(f[3], "key"), _headers(f[4])
+    )
+
+
+def _deliver(f: list[Any]) -> Deliver:
+    return Deliver(
+        _u64(f[1], "subscription"),
+        _u64(f[2], "seq"),
+        _blob(f[3], "payload"),
+        _opt_blob(f[4], "key"),
+        _headers(f[5]),
+    )
+
+
+def _goodbye(f: list[Any]) -> Goodbye:
+    return Goodbye(_u64(f[1], "code"), _text(f[2], "reason"))
+
+
+def _subscribe(f: list[Any]) -> Subscribe:
+    return Subscribe(_u64(f[1], "topic"), _text(f[2], "mode"), _options(f[3]))
+
+
+def _free(f: list[Any]) -> FreeHandle:
+    handle_type = _u64(f[1], "handle_type")
+    if handle_type > 1:
+        raise _bad(f"unknown handle type {handle_type}")
+    return FreeHandle(handle_type, _u64(f[2], "handle"), _bool(f[3], "mine"))
+
+
+#: type code -> (number of array elements, parser)
+_PARSERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
+    MessageType.HELLO: (3, _hello),
+    MessageType.WELCOME: (3, _welcome),
+    MessageType.PING: (2, lambda f: Ping(_u64(f[1], "nonce"))),
+    MessageType.PONG: (2, lambda f: Pong(_u64(f[1], "nonce"))),
+    MessageType.GOODBYE: (3, _goodbye),
+    MessageType.THROTTLED: (3, lambda f: Throttled(_channel(f[1]), _bool(f[2], "throttled"))),
+    MessageType.ISSUE_GUARANTEE: (
+        3,
+        lambda f: IssueGuarantee(_channel(f[1]), _u64(f[2], "amount")),
+    ),
+    MessageType.ABSOLVE: (3, lambda f: Absolve(_channel(f[1]), _u64(f[2], "amount"))),
+    MessageType.PLEAD: (3, lambda f: Plead(_channel(f[1]), _u64(f[2], "target"))),
+    MessageType.LIMIT_SENDING: (3, lambda f: LimitSending(_channel(f[1]), _u64(f[2], "bound"))),
+    MessageType.LIMIT_RECEIVING: (3, lambda f: LimitReceiving(_channel(f[1]), _u64(f[2], "bound"))),
+    MessageType.ANNOUNCE_DROPPING: (2, lambda f: AnnounceDropping(_channel(f[1]))),
+    MessageType.APOLOGISE: (2, lambda f: Apologise(_channel(f[1]))),
+    MessageType.FREE_HANDLE: (4, _free),
+    MessageType.ACK: (3, lambda f: Ack(_u64(f[1], "subscription"), _u64(f[2], "seq"))),
+    MessageType.GAP: (
+        4,
+        lambda f: Gap(_u64(f[1], "subscription"), _u64(f[2], "first_seq"), _u64(f[3], "count")),
+    ),
+    MessageType.CONFIRM: (3, lambda f: Confirm(_u64(f[1], "topic"), _u64(f[2], "count"))),
+    MessageType.BIND_TOPIC: (2, lambda f: BindTopic(_text(f[1], "topic name"))),
+    MessageType.SUBSCRIBE: (4, _subscribe),
+    MessageType.PUBLISH: (5, _publish),
+    MessageType.DELIVER: (6, _deliver),
+}
+
+
+def _new_decoder(stream: io.BytesIO) -> Any:
+    return cbor2.CBORDecoder(
+        stream, max_depth=_MAX_DEPTH, allow_indefinite=False, str_errors="strict"
+    )
+
+
+def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Message:
+    """Decode the frame body at ``start:end`` of ``stream`` into a message."""
+    stream.seek(start)
+    try:
+        fields = decoder.decode()
+    except Exception as exc:  # cbor2 raises several types for garbage; all mean the same
+        raise _bad(f"not valid CBOR ({exc})") from None
+    if stream.tell() != end:
+        raise _bad("the CBOR item does not end where the frame ends")
+    if type(fields) is not list or not fields:
+        raise _bad("a frame must hold a non-empty CBOR array")
+    code = fields[0]
+    if type(code) is not int:
+        raise _bad("the type code must be an integer")
+    parser = _PARSERS.get(code)
+    if parser is None:
+        raise _bad(f"unknown message type {code}")
+    arity, parse = parser
+    if len(fields) != arity:
+        raise _bad(f"type {code} has {arity - 1} fields, got {len(fields) - 1}")
+    return parse(fields)
+
+
+def decode_body(body: bytes) -> Message:
+    """The message in one frame body (the bytes after the length prefix).
+
+    Raises :class:`RemoteProtocolError` for anything but exactly one
+    well-formed CBOR array holding a message of a known type with fields of
+    the right types.
+    """
+    stream = io.BytesIO(body)
+    return _decode_item(_new_decoder(stream), stream, 0, len(body))
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes split anywhere, take whole messages out.
+
+    Each message comes with its frame size (length prefix plus body), the
+    amount a channel message counts against guarantees. A length prefix of 0
+    or above ``max_frame`` is refused as soon as its four bytes arrive,
+    before the body is buffered.
+    """
+
+    __slots__ = ("_buffer", "max_frame")
+
+    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buffer = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a whole frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes."""
+        self._buffer += data
+
+    def messages(self) -> Iterator[tuple[Message, int]]:
+        """Yield ``(message, frame_size)`` for every whole frame buffered.
+
+        A frame counts as consumed once it is yielded (or found malformed);
+        stopping early leaves the frames after it buffered.
+        """
+        buffer = self._buffer
+        if len(buffer) < LENGTH_PREFIX:
+            return
+        data = bytes(buffer)
+        available = len(data)
+        stream = io.BytesIO(data)
+        decoder = _new_decoder(stream)
+        pos = 0
+        try:
+            while available - pos >= LENGTH_PREFIX:
+                (length,) = _LENGTH.unpack_from(data, pos)
+                if length == 0:
+                    raise RemoteProtocolError("malformed frame: empty frame")
+                if length > self.max_frame:
+                    raise RemoteProtocolError(
+                        f"frame of {length} bytes exceeds max_frame {self.max_frame}",
+                        GoodbyeCode.FRAME_TOO_LARGE,
+                    )
+                end = pos + LENGTH_PREFIX + length
+                if end > available:
+                    return
+                start, pos = pos, end
+                yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
+        finally:
+            del buffer[:pos]

@@ -1,0 +1,1068 @@
+"""One end of a broker connection, sans-IO: bytes in, events out, bytes to send.
+
+A :class:`Connection` never performs I/O and never reads a clock. Feed it
+what the socket produced with :meth:`Connection.receive_data` (passing the
+current time), act on the events it returns, and write
+:meth:`Connection.data_to_send` to the socket. The same class serves both
+roles: a client publishes and receives deliveries; a broker receives
+publishes and sends deliveries.
+
+A peer that breaks the protocol never gets a traceback out of this class:
+:meth:`receive_data` queues a ``Goodbye`` with the matching code, reports
+:class:`ConnectionClosed` carrying the error, and the frame that broke the
+rule has changed nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ._codec import FrameDecoder, encode, encode_deliver
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._events import (
+    ConnectionClosed,
+    DeliverReceived,
+    DropAnnounced,
+    Event,
+    FramesAbandoned,
+    GuaranteesReceived,
+    HandleDeleted,
+    HandleFreeProposed,
+    HelloReceived,
+    PublishReceived,
+    Subscribed,
+    TopicBound,
+    WelcomeReceived,
+)
+from ._guarantees import (
+    ChannelReceiver,
+    ChannelSender,
+    ReceiverStatistics,
+    SenderStatistics,
+    SentFrame,
+)
+from ._handles import Binding, HandleState, HandleTable
+from ._liveness import Liveness
+from ._messages import (
+    Absolve,
+    Ack,
+    AnnounceDropping,
+    Apologise,
+    BindTopic,
+    Confirm,
+    Deliver,
+    FreeHandle,
+    Gap,
+    Goodbye,
+    Headers,
+    Hello,
+    IssueGuarantee,
+    LimitReceiving,
+    LimitSending,
+    Message,
+    Options,
+    Ping,
+    Plead,
+    Pong,
+    Publish,
+    Subscribe,
+    Throttled,
+    Welcome,
+)
+from ._policy import Policy
+from ._types import (
+    DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
+    SUBSCRIPTION_BINDS,
+    TOPIC_BINDS,
+    U64_MAX,
+    Channel,
+    ChannelKind,
+    DeliveryMode,
+    GoodbyeCode,
+    HandleType,
+    Role,
+    channel_sender,
+)
+
+
+class NoGuarantees(LocalProtocolError):
+    """The channel has no room for this frame now.
+
+    Nothing was sent and nothing changed; try again after a
+    :class:`GuaranteesReceived` event for the channel.
+    """
+
+
+class ConnectionState(Enum):
+    """Lifecycle of a connection."""
+
+    IDLE = "idle"  # client, before hello()
+    AWAIT_WELCOME = "await-welcome"  # client, Hello sent
+    AWAIT_HELLO = "await-hello"  # broker, nothing received yet
+    HELLO_RECEIVED = "hello-received"  # broker, welcome() not yet called
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True, frozen=True)
+class SubscriptionInfo:
+    """What a subscription handle is bound to."""
+
+    topic: int
+    topic_name: str
+    mode: str
+    options: Options
+
+
+@dataclass(slots=True, frozen=True)
+class ConnectionStatistics:
+    """A snapshot of a connection: counters, channels and handles."""
+
+    role: Role
+    state: ConnectionState
+    frames_received: int
+    bytes_received: int
+    frames_sent: int
+    bytes_sent: int
+    discarded_frames: int
+    topics_bound: int
+    subscriptions_bound: int
+    receivers: list[ReceiverStatistics] = field(default_factory=list)
+    senders: list[SenderStatistics] = field(default_factory=list)
+
+
+#: A Deliver may exceed ``max_frame`` by this much (its per-subscriber fields),
+#: so that any Publish the broker accepted can be delivered.
+DELIVER_SLACK = 16
+_DEFAULT_HEARTBEAT = 5.0
+_DEFAULT_LEASE = 15.0
+
+
+class Connection:
+    """The protocol state of one connection, for either role."""
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        policy: Policy | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        heartbeat: float = _DEFAULT_HEARTBEAT,
+        lease: float = _DEFAULT_LEASE,
+        now: float = 0.0,
+    ) -> None:
+        self.role = role
+        self.policy = policy if policy is not None else Policy()
+        #: Largest frame body this side accepts (announced in Welcome by a broker).
+        self.max_frame = max_frame
+        #: Largest frame body the peer accepts.
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.state = ConnectionState.IDLE if role is Role.CLIENT else ConnectionState.AWAIT_HELLO
+        self.liveness = Liveness(heartbeat, lease, now, now)
+        here = role is Role.CLIENT
+        #: Topic handles -> topic names.
+        self.topics: HandleTable[str] = HandleTable(HandleType.TOPIC, created_here=here)
+        #: Subscription handles -> what they subscribe to.
+        self.subscriptions: HandleTable[SubscriptionInfo] = HandleTable(
+            HandleType.SUBSCRIPTION, created_here=here
+        )
+        self.hello_message: Hello | None = None
+        self.welcome_message: Welcome | None = None
+        #: Broker: per topic handle, Publish frames accepted (resume data).
+        self.publishes_received: dict[int, int] = {}
+        #: Client: per subscription handle, the last sequence acknowledged.
+        self.processed: dict[int, int] = {}
+        self.frames_received = 0
+        self.bytes_received = 0
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        #: Frames referencing a handle whose bind was dropped, discarded silently.
+        self.discarded_frames = 0
+        self._decoder = FrameDecoder(max_frame=max_frame)
+        self._out: list[bytes] = []
+        self._receivers: dict[Channel, ChannelReceiver] = {}
+        self._senders: dict[Channel, ChannelSender] = {}
+        self._pending_binds: dict[HandleType, deque[tuple[BindTopic | Subscribe, int]]] = {
+            HandleType.TOPIC: deque(),
+            HandleType.SUBSCRIPTION: deque(),
+        }
+        #: Broker: bytes each live handle holds on its bind channel.
+        self._bind_sizes: dict[tuple[HandleType, int], int] = {}
+        self._ping_nonce = 0
+        self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
+            Publish: self._on_publish,
+            Deliver: self._on_deliver,
+            IssueGuarantee: self._on_issue_guarantee,
+            Ack: self._on_ack,
+            Gap: self._on_subscription_notice,
+            Confirm: self._on_confirm,
+            Ping: self._on_ping,
+            Pong: self._on_passthrough,
+            Throttled: self._on_throttled,
+            Goodbye: self._on_goodbye,
+            Absolve: self._on_absolve,
+            Plead: self._on_plead,
+            LimitSending: self._on_limit_sending,
+            LimitReceiving: self._on_limit_receiving,
+            AnnounceDropping: self._on_announce_dropping,
+            Apologise: self._on_apologise,
+            FreeHandle: self._on_free_handle,
+            BindTopic: self._on_bind_frame,
+            Subscribe: self._on_bind_frame,
+            Hello: self._on_hello,
+            Welcome: self._on_welcome,
+        }
+
+    # ================================================================ bytes in / out
+
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
+        """Process bytes from the peer; returns what happened, in order.
+
+        A protocol violation ends the list with :class:`ConnectionClosed`
+        (with ``error`` set) after queueing a ``Goodbye``; frames before the
+        bad one stay applied, the bad one changes nothing.
+        """
+        if self.state is ConnectionState.CLOSED:
+            return []
+        if self.state is ConnectionState.IDLE:
+            raise LocalProtocolError("call hello() before receiving data")
+        events: list[Event] = []
+        self._decoder.feed(data)
+        if data:
+            self.liveness.on_received(now)
+        handlers = self._handlers
+        try:
+            for message, size in self._decoder.messages():
+                self.frames_received += 1
+                self.bytes_received += size
+                handlers[type(message)](message, size, events)
+                if self.closed:
+                    break
+        except RemoteProtocolError as error:
+            self._queue(Goodbye(int(error.code), error.reason))
+            self.state = ConnectionState.CLOSED
+            events.append(ConnectionClosed(int(error.code), error.reason, False, error))
+        return events
+
+    def data_to_send(self, now: float | None = None) -> bytes:
+        """Everything queued for the peer, as one buffer (empty if nothing).
+
+        Passing ``now`` records the moment for heartbeat bookkeeping.
+        """
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        if now is not None:
+            self.liveness.on_sent(now)
+        return data
+
+    @property
+    def closed(self) -> bool:
+        """A Goodbye was sent or received; nothing more is processed."""
+        return self.state is ConnectionState.CLOSED
+
+    def _queue(self, message: Message) -> None:
+        frame = encode(message, max_frame=self.peer_max_frame)
+        self._out.append(frame)
+        self.frames_sent += 1
+        self.bytes_sent += len(frame)
+
+    def _queue_all(self, messages: list[Any]) -> None:
+        for message in messages:
+            self._queue(message)
+
+    def _require_open(self) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"connection is {self.state.value}, not open")
+
+    def _require_role(self, role: Role, what: str) -> None:
+        if self.role is not role:
+            raise LocalProtocolError(f"only a {role.name.lower()} can {what}")
+
+    # ================================================================ session
+
+    def hello(
+        self,
+        client: str,
+        *,
+        session: bytes | None = None,
+        processed: dict[int, int] | None = None,
+    ) -> None:
+        """Client: open the connection (a new session, or resume ``session``)."""
+        self._require_role(Role.CLIENT, "say hello")
+        if self.state is not ConnectionState.IDLE:
+            raise LocalProtocolError("hello() was already called")
+        message = Hello(PROTOCOL_VERSION, client, session, dict(processed or {}))
+        self._queue(message)
+        self.hello_message = message
+        self.state = ConnectionState.AWAIT_WELCOME
+
+    def welcome(
+        self,
+        *,
+        session: bytes,
+        epoch: bytes,
+        resumed: bool = False,
+        lease_ms: int | None = None,
+        heartbeat_ms: int | None = None,
+        received: dict[int, int] | None = None,
+    ) -> None:
+        """Broker: accept the client's Hello; opens the bind channels."""
+        self._require_role(Role.BROKER, "welcome a client")
+        if self.state is not ConnectionState.HELLO_RECEIVED:
+            raise LocalProtocolError(f"welcome() needs a Hello first (state {self.state.value})")
+        if len(session) != 16:
+            raise LocalProtocolError("a session id is 16 bytes")
+        if lease_ms is not None:
+            self.liveness.lease = lease_ms / 1000
+        if heartbeat_ms is not None:
+            self.liveness.heartbeat = heartbeat_ms / 1000
+        message = Welcome(
+            PROTOCOL_VERSION,
+            session,
+            resumed,
+            epoch,
+            round(self.liveness.lease * 1000),
+            round(self.liveness.heartbeat * 1000),
+            self.max_frame,
+            dict(received or {}),
+        )
+        self._queue(message)
+        self.welcome_message = message
+        self.peer_max_frame = self.max_frame + DELIVER_SLACK
+        self.state = ConnectionState.OPEN
+        for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
+            self._open_receiver(channel)
+
+    def goodbye(self, code: GoodbyeCode | int = GoodbyeCode.NORMAL, reason: str = "") -> None:
+        """Queue a Goodbye and close; received data is ignored from now on."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._queue(Goodbye(int(code), reason))
+        self.state = ConnectionState.CLOSED
+
+    def ping(self) -> int:
+        """Queue a Ping; returns its nonce (the Pong event carries it back)."""
+        if self.state is ConnectionState.CLOSED:
+            raise LocalProtocolError("connection is closed")
+        self._ping_nonce = (self._ping_nonce + 1) & U64_MAX
+        self._queue(Ping(self._ping_nonce))
+        return self._ping_nonce
+
+    def ping_due(self, now: float) -> bool:
+        """This side has sent nothing for a heartbeat interval."""
+        return self.liveness.ping_due(now)
+
+    def peer_gone(self, now: float) -> bool:
+        """The peer has been silent for its whole lease."""
+        return self.liveness.peer_gone(now)
+
+    def next_deadline(self) -> float:
+        """When to look at :meth:`ping_due` / :meth:`peer_gone` next."""
+        return self.liveness.next_deadline()
+
+    def _on_hello(self, message: Hello, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER or self.state is not ConnectionState.AWAIT_HELLO:
+            raise RemoteProtocolError("unexpected Hello")
+        if message.version != PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"unsupported protocol version {message.version}")
+        self.hello_message = message
+        self.state = ConnectionState.HELLO_RECEIVED
+        events.append(HelloReceived(message))
+
+    def _on_welcome(self, message: Welcome, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT or self.state is not ConnectionState.AWAIT_WELCOME:
+            raise RemoteProtocolError("unexpected Welcome")
+        if message.version != PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"unsupported protocol version {message.version}")
+        if message.max_frame < 64 or message.heartbeat_ms == 0 or message.lease_ms == 0:
+            raise RemoteProtocolError("Welcome with unusable max_frame, heartbeat or lease")
+        self.welcome_message = message
+        self.peer_max_frame = message.max_frame
+        self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
+        self.liveness.lease = message.lease_ms / 1000
+        self.liveness.heartbeat = message.heartbeat_ms / 1000
+        self.state = ConnectionState.OPEN
+        for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
+            self._senders[channel] = ChannelSender(channel)
+        events.append(WelcomeReceived(message))
+
+    def _check_open(self, message: Message) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise RemoteProtocolError(f"{type(message).__name__} before the handshake completed")
+
+    def _on_goodbye(self, message: Goodbye, size: int, events: list[Event]) -> None:
+        self.state = ConnectionState.CLOSED
+        events.append(ConnectionClosed(message.code, message.reason, True))
+
+    def _on_ping(self, message: Ping, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        self._queue(Pong(message.nonce))
+
+    def _on_passthrough(self, message: Any, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        events.append(message)
+
+    def _on_throttled(self, message: Throttled, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        if self.role is not Role.CLIENT or channel_sender(message.channel) is not Role.CLIENT:
+            raise RemoteProtocolError("Throttled is sent by the broker about a client channel")
+        events.append(message)
+
+    # ================================================================ handles
+
+    def _table(self, handle_type: HandleType | int) -> HandleTable[Any]:
+        return self.topics if handle_type == HandleType.TOPIC else self.subscriptions
+
+    def _resolve_peer_reference(
+        self, handle_type: HandleType, handle: int, events: list[Event]
+    ) -> Binding[Any] | None:
+        """The binding a received message references, processing pending binds first.
+
+        None means the handle is still unbound: its bind was dropped.
+        """
+        table = self._table(handle_type)
+        binding = table.resolve_remote(handle)
+        if binding is None and self._pending_binds[handle_type]:
+            self._process_pending(handle_type, events)
+            binding = table.resolve_remote(handle)
+        return binding
+
+    def _resolve_required(
+        self, handle_type: HandleType, handle: int, events: list[Event], what: str
+    ) -> Binding[Any]:
+        binding = self._resolve_peer_reference(handle_type, handle, events)
+        if binding is None:
+            raise RemoteProtocolError(
+                f"{what} references unbound {handle_type.name.lower()} handle {handle}"
+            )
+        return binding
+
+    def confirmed(self, handle_type: HandleType, handle: int) -> bool:
+        """Client: the bind of ``handle`` is known to be processed by the broker.
+
+        Only confirmed handles may be referenced in control messages (and in
+        Subscribe); Publish may reference a handle optimistically.
+        """
+        table = self._table(handle_type)
+        if handle not in table:
+            return False
+        if self.role is Role.BROKER:
+            return True
+        channel = TOPIC_BINDS if handle_type == HandleType.TOPIC else SUBSCRIPTION_BINDS
+        sender = self._senders[channel]
+        pending = len(sender.unconfirmed) + len(sender.retransmit)
+        return handle < table.next_handle - pending
+
+    def free_handle(self, handle_type: HandleType, handle: int) -> None:
+        """Propose freeing a handle; this side stops using it at once.
+
+        A client may free only confirmed handles, and a topic handle only
+        once every Publish sent on it is confirmed.
+        """
+        self._require_open()
+        table = self._table(handle_type)
+        table.resolve_local(handle)
+        if self.role is Role.CLIENT:
+            if not self.confirmed(handle_type, handle):
+                raise LocalProtocolError(f"handle {handle} is not confirmed yet")
+            if handle_type == HandleType.TOPIC:
+                sender = self._senders[Channel(ChannelKind.PUBLISH, handle)]
+                if sender.unconfirmed or sender.retransmit:
+                    raise LocalProtocolError(
+                        f"topic handle {handle} still has unconfirmed publishes"
+                    )
+        self._queue(table.propose_free(handle))
+
+    def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        handle_type = HandleType(message.handle_type)
+        if self._pending_binds[handle_type]:
+            self._resolve_peer_reference(handle_type, message.handle, events)
+        reply, deleted = self._table(handle_type).on_free(message.handle, message.mine)
+        if reply is not None:
+            self._queue(reply)
+            events.append(HandleFreeProposed(int(handle_type), message.handle))
+        if deleted:
+            self._on_deleted(handle_type, message.handle, events)
+
+    def _on_deleted(self, handle_type: HandleType, handle: int, events: list[Event]) -> None:
+        kind = ChannelKind.PUBLISH if handle_type == HandleType.TOPIC else ChannelKind.DELIVER
+        channel = Channel(kind, handle)
+        self._receivers.pop(channel, None)
+        sender = self._senders.pop(channel, None)
+        if sender is not None and (sender.unconfirmed or sender.retransmit):
+            lost = len(sender.unconfirmed) + len(sender.retransmit)
+            events.append(FramesAbandoned(channel, lost))
+        size = self._bind_sizes.pop((handle_type, handle), None)
+        if size is not None:
+            bind_channel = TOPIC_BINDS if handle_type == HandleType.TOPIC else SUBSCRIPTION_BINDS
+            receiver = self._receivers[bind_channel]
+            receiver.release(size)
+            self._issue(receiver)
+        if handle_type == HandleType.TOPIC:
+            self.publishes_received.pop(handle, None)
+        else:
+            self.processed.pop(handle, None)
+        events.append(HandleDeleted(int(handle_type), handle))
+
+    def _release_reference(self, handle_type: HandleType, handle: int, events: list[Event]) -> None:
+        if self._table(handle_type).release(handle):
+            self._on_deleted(handle_type, handle, events)
+
+    # ---------------------------------------------------------------- binds (client side)
+
+    def bind_topic(self, name: str) -> int:
+        """Client: bind the next topic handle to ``name``; returns the handle.
+
+        Publishing on it may start at once (optimistically, if the policy
+        allows); the broker issues the topic's guarantees once it has
+        processed the bind.
+        """
+        self._require_role(Role.CLIENT, "bind topics")
+        self._require_open()
+        self._send_frame(self._senders[TOPIC_BINDS], BindTopic(name))
+        handle = self.topics.bind(name)
+        self._senders[Channel(ChannelKind.PUBLISH, handle)] = ChannelSender(
+            Channel(ChannelKind.PUBLISH, handle)
+        )
+        return handle
+
+    def subscribe(
+        self, topic: int, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to a confirmed topic handle; returns the subscription handle.
+
+        The delivery channel's guarantees are issued as soon as the Subscribe
+        is confirmed.
+        """
+        self._require_role(Role.CLIENT, "subscribe")
+        self._require_open()
+        if mode not in DeliveryMode.ALL:
+            raise LocalProtocolError(f"unknown delivery mode {mode!r}")
+        name = self.topics.resolve_local(topic).value
+        if not self.confirmed(HandleType.TOPIC, topic):
+            raise LocalProtocolError(f"topic handle {topic} is not confirmed yet")
+        opts = dict(options or {})
+        self._send_frame(self._senders[SUBSCRIPTION_BINDS], Subscribe(topic, mode, opts))
+        handle = self.subscriptions.bind(SubscriptionInfo(topic, name, mode, opts))
+        self._open_receiver(Channel(ChannelKind.DELIVER, handle))
+        return handle
+
+    # ---------------------------------------------------------------- binds (broker side)
+
+    def _on_bind_frame(
+        self, message: BindTopic | Subscribe, size: int, events: list[Event]
+    ) -> None:
+        self._check_open(message)
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError(f"{type(message).__name__} is sent by clients")
+        if isinstance(message, Subscribe):
+            if message.mode not in DeliveryMode.ALL:
+                raise RemoteProtocolError(f"unknown delivery mode {message.mode!r}")
+            self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
+        receiver = self._receivers[message.channel]
+        accepted, out = receiver.on_frame(size)
+        self._queue_all(out)
+        if not accepted:
+            return
+        if isinstance(message, Subscribe):
+            self.topics.acquire(message.topic)
+            handle_type = HandleType.SUBSCRIPTION
+        else:
+            handle_type = HandleType.TOPIC
+        self._pending_binds[handle_type].append((message, size))
+        if self.policy.process_binds_on_arrival:
+            self._process_pending(handle_type, events)
+
+    def process_binds(self) -> list[Event]:
+        """Broker: process every buffered bind now (with deferred bind processing)."""
+        events: list[Event] = []
+        for handle_type in (HandleType.TOPIC, HandleType.SUBSCRIPTION):
+            self._process_pending(handle_type, events)
+        return events
+
+    def _process_pending(self, handle_type: HandleType, events: list[Event]) -> None:
+        pending = self._pending_binds[handle_type]
+        if handle_type == HandleType.SUBSCRIPTION and self._pending_binds[HandleType.TOPIC]:
+            self._process_pending(HandleType.TOPIC, events)
+        while pending:
+            message, size = pending.popleft()
+            if isinstance(message, BindTopic):
+                handle = self.topics.bind(message.name)
+                self._bind_sizes[(HandleType.TOPIC, handle)] = size
+                self.publishes_received[handle] = 0
+                events.append(TopicBound(handle, message.name))
+                self._open_receiver(Channel(ChannelKind.PUBLISH, handle))
+            else:
+                topic_binding = self.topics.get(message.topic)
+                assert topic_binding is not None  # referenced, so not deleted
+                topic_name = topic_binding.value
+                info = SubscriptionInfo(message.topic, topic_name, message.mode, message.options)
+                handle = self.subscriptions.bind(info)
+                self._bind_sizes[(HandleType.SUBSCRIPTION, handle)] = size
+                channel = Channel(ChannelKind.DELIVER, handle)
+                self._senders[channel] = ChannelSender(channel)
+                events.append(
+                    Subscribed(handle, message.topic, topic_name, message.mode, message.options)
+                )
+                self._release_reference(HandleType.TOPIC, message.topic, events)
+
+    # ================================================================ guarantees
+
+    def _open_receiver(self, channel: Channel) -> ChannelReceiver:
+        receiver = ChannelReceiver(channel, self.policy.initial_capacity(channel))
+        self._receivers[channel] = receiver
+        self._issue(receiver)
+        return receiver
+
+    def _may_reference(self, channel: Channel) -> bool:
+        """Whether this side may still send control messages about ``channel``."""
+        binding: Binding[Any] | None
+        if channel.kind == ChannelKind.PUBLISH:
+            binding = self.topics.get(channel.index)
+        elif channel.kind == ChannelKind.DELIVER:
+            binding = self.subscriptions.get(channel.index)
+        else:
+            return True
+        if binding is None or binding.state is not HandleState.BOUND:
+            return False
+        if self.role is Role.CLIENT:
+            handle_type = (
+                HandleType.TOPIC if channel.kind == ChannelKind.PUBLISH else HandleType.SUBSCRIPTION
+            )
+            return self.confirmed(handle_type, channel.index)
+        return True
+
+    def _issue(self, receiver: ChannelReceiver) -> None:
+        amount = self.policy.amount_to_issue(receiver)
+        if amount > 0 and self._may_reference(receiver.channel):
+            message = receiver.issue(amount)
+            if message is not None:
+                self._queue(message)
+
+    def issue_guarantees(self, channel: Channel | None = None) -> None:
+        """Issue what the policy allows on ``channel`` (default: every channel).
+
+        Call it when a policy answer changes, e.g. when an account that
+        withheld a channel's guarantees falls below its watermark.
+        """
+        if self.state is not ConnectionState.OPEN:
+            return
+        if channel is not None:
+            self._issue(self._receiver(channel))
+            return
+        for receiver in list(self._receivers.values()):
+            self._issue(receiver)
+
+    def _receiver(self, channel: Channel) -> ChannelReceiver:
+        receiver = self._receivers.get(channel)
+        if receiver is None:
+            raise LocalProtocolError(f"this side does not receive on {channel}")
+        return receiver
+
+    def _sender(self, channel: Channel) -> ChannelSender:
+        sender = self._senders.get(channel)
+        if sender is None:
+            raise LocalProtocolError(f"this side does not send on {channel}")
+        return sender
+
+    def grow(self, channel: Channel, amount: int) -> None:
+        """Add buffer capacity to a receiving channel (issued per policy)."""
+        self._require_open()
+        receiver = self._receiver(channel)
+        receiver.grow(amount)
+        self._issue(receiver)
+
+    def set_capacity(self, channel: Channel, target: int, *, plead: bool = True) -> None:
+        """Resize a receiving channel's buffer.
+
+        Growing issues per policy. Shrinking reclaims unpromised space at
+        once, then processed frames, and (with ``plead``) asks the sender to
+        absolve what neither can reclaim.
+        """
+        self._require_open()
+        receiver = self._receiver(channel)
+        receiver.set_capacity(target)
+        self._issue(receiver)
+        if plead and self._may_reference(channel):
+            message = receiver.plead_for_target()
+            if message is not None:
+                self._queue(message)
+
+    def plead(self, channel: Channel, target: int) -> None:
+        """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
+        self._require_open()
+        self._queue(self._receiver(channel).plead(target))
+
+    def limit_receiving(self, channel: Channel, bound: int) -> None:
+        """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
+        self._require_open()
+        self._queue(self._receiver(channel).limit_receiving(bound))
+
+    def limit_sending(self, channel: Channel, bound: int) -> None:
+        """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
+        self._require_open()
+        self._queue(self._sender(channel).limit_sending(bound))
+
+    def absolve(self, channel: Channel, amount: int) -> None:
+        """Give back ``amount`` bytes of guarantees on ``channel``."""
+        self._require_open()
+        self._queue(self._sender(channel).absolve(amount))
+
+    def release(self, event: PublishReceived | DeliverReceived) -> list[Event]:
+        """A received Publish or Deliver has been processed: free its buffer space.
+
+        Returns the events this causes: a :class:`HandleDeleted` when the
+        frame was the last reference to a handle being freed.
+        """
+        return self.release_frame(event.channel, event.size)
+
+    def release_frame(self, channel: Channel, size: int) -> list[Event]:
+        """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""
+        if channel.kind not in (ChannelKind.PUBLISH, ChannelKind.DELIVER):
+            raise LocalProtocolError("bind channels are released by the protocol itself")
+        receiver = self._receiver(channel)
+        receiver.release(size)
+        handle_type = (
+            HandleType.TOPIC if channel.kind == ChannelKind.PUBLISH else HandleType.SUBSCRIPTION
+        )
+        events: list[Event] = []
+        self._release_reference(handle_type, channel.index, events)
+        if channel in self._receivers and self.state is ConnectionState.OPEN:
+            self._issue(receiver)
+        return events
+
+    def room(self, channel: Channel) -> int:
+        """The largest frame this side may send on ``channel`` now."""
+        sender = self._sender(channel)
+        return sender.room(self._optimism(channel))
+
+    def _optimism(self, channel: Channel) -> int:
+        # The broker never sends beyond a subscriber's guarantees.
+        if channel.kind == ChannelKind.DELIVER:
+            return 0
+        return self.policy.optimism_for(channel)
+
+    def _send_frame(self, sender: ChannelSender, message: Any, frame: bytes | None = None) -> int:
+        if frame is None:
+            frame = encode(message, max_frame=self.peer_max_frame)
+        size = len(frame)
+        room = sender.room(self._optimism(sender.channel))
+        if size > room:
+            raise NoGuarantees(
+                f"{sender.channel}: {size}-byte frame does not fit (room {room} bytes)"
+            )
+        sender.record_sent(SentFrame(size, frame, message))
+        self._out.append(frame)
+        self.frames_sent += 1
+        self.bytes_sent += size
+        return size
+
+    def _pump_retransmissions(self, sender: ChannelSender, events: list[Event]) -> None:
+        while True:
+            entry = sender.next_retransmission()
+            if entry is None:
+                break
+            if sender.sending_limit is not None and entry.size > sender.sending_limit:
+                sender.retransmit.appendleft(entry)
+                break
+            sender.record_sent(entry)
+            self._out.append(entry.frame)
+            self.frames_sent += 1
+            self.bytes_sent += entry.size
+        if sender.retransmit and (
+            (sender.sending_limit is not None and sender.retransmit[0].size > sender.sending_limit)
+            or (
+                sender.receiving_limit is not None
+                and sender.retransmit[0].size > sender.balance + sender.receiving_limit
+            )
+        ):
+            events.append(FramesAbandoned(sender.channel, len(sender.retransmit)))
+            sender.retransmit.clear()
+
+    # ---------------------------------------------------------------- guarantee messages in
+
+    def _peer_receives(self, channel: Channel, events: list[Event]) -> ChannelSender:
+        """The sender state for a control message the channel's receiver sent."""
+        if channel_sender(channel) is not self.role:
+            raise RemoteProtocolError(f"{channel} is not a channel this side sends on")
+        self._check_channel_handle(channel, events)
+        sender = self._senders.get(channel)
+        if sender is None:
+            raise RemoteProtocolError(f"{channel} is not open")
+        return sender
+
+    def _peer_sends(self, channel: Channel, events: list[Event]) -> ChannelReceiver:
+        """The receiver state for a control message the channel's sender sent."""
+        if channel_sender(channel) is self.role:
+            raise RemoteProtocolError(f"{channel} is not a channel this side receives on")
+        self._check_channel_handle(channel, events)
+        receiver = self._receivers.get(channel)
+        if receiver is None:
+            raise RemoteProtocolError(f"{channel} is not open")
+        return receiver
+
+    def _check_channel_handle(self, channel: Channel, events: list[Event]) -> None:
+        if channel.kind == ChannelKind.PUBLISH:
+            self._resolve_required(HandleType.TOPIC, channel.index, events, "control message")
+        elif channel.kind == ChannelKind.DELIVER:
+            self._resolve_required(
+                HandleType.SUBSCRIPTION, channel.index, events, "control message"
+            )
+
+    def _on_issue_guarantee(self, message: IssueGuarantee, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        sender = self._peer_receives(message.channel, events)
+        sender.on_guarantee(message.amount)
+        self._pump_retransmissions(sender, events)
+        if message.channel == SUBSCRIPTION_BINDS and self.role is Role.CLIENT:
+            self._issue_newly_confirmed_subscriptions()
+        events.append(GuaranteesReceived(message.channel, sender.balance))
+
+    def _issue_newly_confirmed_subscriptions(self) -> None:
+        for handle, _binding in self.subscriptions.items():
+            receiver = self._receivers.get(Channel(ChannelKind.DELIVER, handle))
+            if receiver is not None and receiver.issued_total == 0:
+                self._issue(receiver)
+
+    def _on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        absolve = self._peer_receives(message.channel, events).on_plead(message.target)
+        if absolve is not None:
+            self._queue(absolve)
+
+    def _on_limit_receiving(self, message: LimitReceiving, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        sender = self._peer_receives(message.channel, events)
+        sender.on_limit_receiving(message.bound)
+        self._pump_retransmissions(sender, events)
+
+    def _on_announce_dropping(
+        self, message: AnnounceDropping, size: int, events: list[Event]
+    ) -> None:
+        self._check_open(message)
+        sender = self._peer_receives(message.channel, events)
+        apology, dropped = sender.on_announce_dropping()
+        self._queue(apology)
+        events.append(
+            DropAnnounced(message.channel, len(dropped), sum(entry.size for entry in dropped))
+        )
+        if message.channel == TOPIC_BINDS and self.role is Role.CLIENT:
+            # The broker discards, unannounced, publishes on handles whose bind was dropped.
+            first = self.topics.next_handle - len(dropped)
+            for handle in range(first, self.topics.next_handle):
+                publish_sender = self._senders.get(Channel(ChannelKind.PUBLISH, handle))
+                if publish_sender is not None and publish_sender.unconfirmed:
+                    lost = publish_sender.forget_unconfirmed()
+                    events.append(
+                        DropAnnounced(publish_sender.channel, len(lost), sum(e.size for e in lost))
+                    )
+        self._pump_retransmissions(sender, events)
+
+    def _on_absolve(self, message: Absolve, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        self._peer_sends(message.channel, events).on_absolve(message.amount)
+
+    def _on_limit_sending(self, message: LimitSending, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        self._peer_sends(message.channel, events).on_limit_sending(message.bound)
+
+    def _on_apologise(self, message: Apologise, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        receiver = self._peer_sends(message.channel, events)
+        receiver.on_apologise()
+        self._issue(receiver)
+
+    # ================================================================ publish / deliver
+
+    def publish(
+        self,
+        topic: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Client: publish on a topic handle; returns the frame size.
+
+        Raises :class:`NoGuarantees` (nothing sent) if the channel has no
+        room; within guarantees the frame is certain to be buffered.
+        """
+        self._require_role(Role.CLIENT, "publish")
+        self._require_open()
+        self.topics.resolve_local(topic)
+        sender = self._senders[Channel(ChannelKind.PUBLISH, topic)]
+        return self._send_frame(sender, Publish(topic, payload, key, headers))
+
+    def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError("Publish is sent by clients")
+        self._check_open(message)
+        binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
+        if binding is None:
+            # An optimistic reference whose bind was dropped (and announced).
+            self.discarded_frames += 1
+            return
+        channel = Channel(ChannelKind.PUBLISH, message.topic)
+        receiver = self._receivers[channel]
+        accepted, out = receiver.on_frame(size)
+        if binding.state is HandleState.BOUND:
+            self._queue_all(out)
+        if accepted:
+            self.topics.acquire(message.topic)
+            self.publishes_received[message.topic] += 1
+            events.append(PublishReceived(message, binding.value, channel, size))
+
+    def deliver(
+        self,
+        subscription: int,
+        seq: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Broker: send a delivery within the subscriber's guarantees; returns its size."""
+        self._require_role(Role.BROKER, "deliver")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        sender = self._senders[Channel(ChannelKind.DELIVER, subscription)]
+        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+
+    def deliver_encoded(self, subscription: int, seq: int, tail: bytes) -> int:
+        """Broker: :meth:`deliver` with the shared part pre-encoded once per publish.
+
+        ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
+        encoded per subscriber.
+        """
+        self._require_role(Role.BROKER, "deliver")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        sender = self._senders[Channel(ChannelKind.DELIVER, subscription)]
+        head, tail = encode_deliver(subscription, seq, tail)
+        size = len(head) + len(tail)
+        if size - 4 > self.peer_max_frame:
+            raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+        room = sender.room(0)
+        if size > room:
+            raise NoGuarantees(f"{sender.channel}: {size}-byte frame does not fit (room {room})")
+        sender.record_sent(SentFrame(size, b"", None))
+        self._out.append(head)
+        self._out.append(tail)
+        self.frames_sent += 1
+        self.bytes_sent += size
+        return size
+
+    def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("Deliver is sent by the broker")
+        self._check_open(message)
+        self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Deliver")
+        channel = Channel(ChannelKind.DELIVER, message.subscription)
+        receiver = self._receivers[channel]
+        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
+            raise RemoteProtocolError(
+                f"{channel}: Deliver of {size} bytes beyond the guarantees "
+                f"({receiver.sender_balance} left)",
+                GoodbyeCode.LIMIT_EXCEEDED,
+            )
+        receiver.on_frame(size)
+        self.subscriptions.acquire(message.subscription)
+        events.append(DeliverReceived(message, channel, size))
+
+    # ================================================================ acks, gaps, confirms
+
+    def ack(self, subscription: int, seq: int) -> None:
+        """Client: everything up to ``seq`` on ``subscription`` is processed."""
+        self._require_role(Role.CLIENT, "acknowledge")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        if seq < self.processed.get(subscription, 0):
+            raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
+        self.processed[subscription] = seq
+        self._queue(Ack(subscription, seq))
+
+    def _on_ack(self, message: Ack, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError("Ack is sent by clients")
+        self._check_open(message)
+        self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Ack")
+        events.append(message)
+
+    def gap(self, subscription: int, first_seq: int, count: int) -> None:
+        """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
+        self._require_role(Role.BROKER, "report gaps")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(Gap(subscription, first_seq, count))
+
+    def confirm(self, topic: int, count: int) -> None:
+        """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
+        self._require_role(Role.BROKER, "confirm")
+        self._require_open()
+        self.topics.resolve_local(topic)
+        self._queue(Confirm(topic, count))
+
+    def throttled(self, channel: Channel, throttled: bool) -> None:
+        """Broker: advise the client that ``channel`` is (no longer) withheld."""
+        self._require_role(Role.BROKER, "throttle")
+        self._require_open()
+        self._receiver(channel)
+        self._queue(Throttled(channel, throttled))
+
+    def _on_subscription_notice(self, message: Gap, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError(f"{type(message).__name__} is sent by the broker")
+        self._check_open(message)
+        self._resolve_required(
+            HandleType.SUBSCRIPTION, message.subscription, events, type(message).__name__
+        )
+        events.append(message)
+
+    def _on_confirm(self, message: Confirm, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("Confirm is sent by the broker")
+        self._check_open(message)
+        self._resolve_required(HandleType.TOPIC, message.topic, events, "Confirm")
+        events.append(message)
+
+    # ================================================================ inspection
+
+    def receiver(self, channel: Channel) -> ChannelReceiver:
+        """The receiving state of ``channel`` (read it; change it through this class)."""
+        return self._receiver(channel)
+
+    def sender(self, channel: Channel) -> ChannelSender:
+        """The sending state of ``channel`` (read it; change it through this class)."""
+        return self._sender(channel)
+
+    @property
+    def receiving_channels(self) -> list[Channel]:
+        return list(self._receivers)
+
+    @property
+    def sending_channels(self) -> list[Channel]:
+        return list(self._senders)
+
+    def statistics(self) -> ConnectionStatistics:
+        """Counters, per-channel state and handle counts, for metrics."""
+        return ConnectionStatistics(
+            role=self.role,
+            state=self.state,
+            frames_received=self.frames_received,
+            bytes_received=self.bytes_received,
+            frames_sent=self.frames_sent,
+            bytes_sent=self.bytes_sent,
+            discarded_frames=self.discarded_frames,
+            topics_bound=len(self.topics),
+            subscriptions_bound=len(self.subscriptions),
+            receivers=[r.statistics() for r in self._receivers.values()],
+            senders=[s.statistics() for s in self._senders.values()],
+        )

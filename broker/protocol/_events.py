@@ -1,0 +1,143 @@
+"""Events a :class:`~broker.protocol.Connection` reports to its application.
+
+Besides these classes, the messages :class:`~broker.protocol.Ack`,
+:class:`~broker.protocol.Gap`, :class:`~broker.protocol.Confirm`,
+:class:`~broker.protocol.Throttled` and :class:`~broker.protocol.Pong` are
+reported as they arrive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import RemoteProtocolError
+from ._messages import Ack, Confirm, Deliver, Gap, Hello, Options, Pong, Publish, Throttled, Welcome
+from ._types import Channel
+
+
+@dataclass(slots=True)
+class HelloReceived:
+    """The client opened the connection (broker side); answer with ``welcome()``."""
+
+    hello: Hello
+
+
+@dataclass(slots=True)
+class WelcomeReceived:
+    """The broker accepted the connection (client side)."""
+
+    welcome: Welcome
+
+
+@dataclass(slots=True)
+class TopicBound:
+    """The broker processed a BindTopic: ``handle`` names topic ``name``."""
+
+    handle: int
+    name: str
+
+
+@dataclass(slots=True)
+class Subscribed:
+    """The broker processed a Subscribe: ``handle`` is a subscription to ``topic_name``."""
+
+    handle: int
+    topic: int
+    topic_name: str
+    mode: str
+    options: Options
+
+
+@dataclass(slots=True)
+class PublishReceived:
+    """A Publish was buffered; call ``release(event)`` once it is processed."""
+
+    message: Publish
+    topic_name: str
+    channel: Channel
+    size: int
+
+
+@dataclass(slots=True)
+class DeliverReceived:
+    """A Deliver was buffered; call ``release(event)`` once it is processed."""
+
+    message: Deliver
+    channel: Channel
+    size: int
+
+
+@dataclass(slots=True)
+class GuaranteesReceived:
+    """Room to send on ``channel`` grew; ``balance`` is the new balance."""
+
+    channel: Channel
+    balance: int
+
+
+@dataclass(slots=True)
+class DropAnnounced:
+    """The peer dropped ``frames`` frames (``size`` bytes) sent on ``channel``.
+
+    They are retransmitted, in order and before anything new, as guarantees
+    allow.
+    """
+
+    channel: Channel
+    frames: int
+    size: int
+
+
+@dataclass(slots=True)
+class FramesAbandoned:
+    """Dropped frames that can never be retransmitted (the channel closed)."""
+
+    channel: Channel
+    frames: int
+
+
+@dataclass(slots=True)
+class HandleFreeProposed:
+    """The peer proposed freeing a handle: stop using it (the protocol answered)."""
+
+    handle_type: int
+    handle: int
+
+
+@dataclass(slots=True)
+class HandleDeleted:
+    """A binding is gone on this side; its channel state is gone with it."""
+
+    handle_type: int
+    handle: int
+
+
+@dataclass(slots=True)
+class ConnectionClosed:
+    """The connection is over: a Goodbye was received, or sent after ``error``."""
+
+    code: int
+    reason: str
+    by_peer: bool
+    error: RemoteProtocolError | None = None
+
+
+Event = (
+    HelloReceived
+    | WelcomeReceived
+    | TopicBound
+    | Subscribed
+    | PublishReceived
+    | DeliverReceived
+    | GuaranteesReceived
+    | DropAnnounced
+    | FramesAbandoned
+    | HandleFreeProposed
+    | HandleDeleted
+    | ConnectionClosed
+    | Ack
+    | Gap
+    | Confirm
+    | Throttled
+    | Pong
+)

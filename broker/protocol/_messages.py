@@ -1,0 +1,244 @@
+"""The messages of the wire protocol, one class per type code.
+
+Instances are plain records; treat them as immutable. Channel messages
+(``BindTopic``, ``Subscribe``, ``Publish``, ``Deliver``) travel on a logical
+channel implied by their fields and count against guarantees; every other
+message is a control message, processed at once and never buffered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ._types import (
+    SUBSCRIPTION_BINDS,
+    TOPIC_BINDS,
+    Channel,
+    ChannelKind,
+    MessageType,
+)
+
+#: Headers of a Publish/Deliver: ordered (name, value) pairs; names may repeat
+#: (the semantics of Kafka record headers).
+Headers = list[tuple[str, bytes]]
+#: Subscription options: a flat map of scalar values.
+Options = dict[str, "int | str | bool | float | None"]
+
+
+@dataclass(slots=True)
+class Hello:
+    """First frame of a client: who it is and which session it resumes."""
+
+    TYPE: ClassVar[MessageType] = MessageType.HELLO
+    version: int
+    client: str
+    session: bytes | None = None
+    #: For a resume: per subscription handle, the last sequence processed.
+    processed: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Welcome:
+    """First frame of the broker: the session granted and its parameters."""
+
+    TYPE: ClassVar[MessageType] = MessageType.WELCOME
+    version: int
+    session: bytes
+    resumed: bool
+    epoch: bytes
+    lease_ms: int
+    heartbeat_ms: int
+    max_frame: int
+    #: For a resume: per topic handle, how many publishes the broker received.
+    received: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Ping:
+    TYPE: ClassVar[MessageType] = MessageType.PING
+    nonce: int
+
+
+@dataclass(slots=True)
+class Pong:
+    TYPE: ClassVar[MessageType] = MessageType.PONG
+    nonce: int
+
+
+@dataclass(slots=True)
+class Goodbye:
+    """The sender closes the connection after this frame."""
+
+    TYPE: ClassVar[MessageType] = MessageType.GOODBYE
+    code: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Throttled:
+    """Advisory from the broker: the client's channel is (not) being withheld."""
+
+    TYPE: ClassVar[MessageType] = MessageType.THROTTLED
+    channel: Channel
+    throttled: bool
+
+
+@dataclass(slots=True)
+class IssueGuarantee:
+    TYPE: ClassVar[MessageType] = MessageType.ISSUE_GUARANTEE
+    channel: Channel
+    amount: int
+
+
+@dataclass(slots=True)
+class Absolve:
+    TYPE: ClassVar[MessageType] = MessageType.ABSOLVE
+    channel: Channel
+    amount: int
+
+
+@dataclass(slots=True)
+class Plead:
+    TYPE: ClassVar[MessageType] = MessageType.PLEAD
+    channel: Channel
+    target: int
+
+
+@dataclass(slots=True)
+class LimitSending:
+    TYPE: ClassVar[MessageType] = MessageType.LIMIT_SENDING
+    channel: Channel
+    bound: int
+
+
+@dataclass(slots=True)
+class LimitReceiving:
+    TYPE: ClassVar[MessageType] = MessageType.LIMIT_RECEIVING
+    channel: Channel
+    bound: int
+
+
+@dataclass(slots=True)
+class AnnounceDropping:
+    TYPE: ClassVar[MessageType] = MessageType.ANNOUNCE_DROPPING
+    channel: Channel
+
+
+@dataclass(slots=True)
+class Apologise:
+    TYPE: ClassVar[MessageType] = MessageType.APOLOGISE
+    channel: Channel
+
+
+@dataclass(slots=True)
+class FreeHandle:
+    TYPE: ClassVar[MessageType] = MessageType.FREE_HANDLE
+    handle_type: int
+    handle: int
+    mine: bool
+
+
+@dataclass(slots=True)
+class Ack:
+    TYPE: ClassVar[MessageType] = MessageType.ACK
+    subscription: int
+    seq: int
+
+
+@dataclass(slots=True)
+class Gap:
+    TYPE: ClassVar[MessageType] = MessageType.GAP
+    subscription: int
+    first_seq: int
+    count: int
+
+
+@dataclass(slots=True)
+class Confirm:
+    TYPE: ClassVar[MessageType] = MessageType.CONFIRM
+    topic: int
+    count: int
+
+
+@dataclass(slots=True)
+class BindTopic:
+    """Binds the next topic handle to a topic name (channel ``[0,0]``)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.BIND_TOPIC
+    name: str
+
+    @property
+    def channel(self) -> Channel:
+        return TOPIC_BINDS
+
+
+@dataclass(slots=True)
+class Subscribe:
+    """Binds the next subscription handle to a topic handle (channel ``[1,0]``)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE
+    topic: int
+    mode: str = "reliable"
+    options: Options = field(default_factory=dict)
+
+    @property
+    def channel(self) -> Channel:
+        return SUBSCRIPTION_BINDS
+
+
+@dataclass(slots=True)
+class Publish:
+    """A message published to topic handle ``topic`` (channel ``[2,topic]``)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PUBLISH
+    topic: int
+    payload: bytes
+    key: bytes | None = None
+    headers: Headers | None = None
+
+    @property
+    def channel(self) -> Channel:
+        return Channel(ChannelKind.PUBLISH, self.topic)
+
+
+@dataclass(slots=True)
+class Deliver:
+    """A message delivered on subscription handle ``subscription`` (``[3,s]``)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.DELIVER
+    subscription: int
+    seq: int
+    payload: bytes
+    key: bytes | None = None
+    headers: Headers | None = None
+
+    @property
+    def channel(self) -> Channel:
+        return Channel(ChannelKind.DELIVER, self.subscription)
+
+
+ControlMessage = (
+    Hello
+    | Welcome
+    | Ping
+    | Pong
+    | Goodbye
+    | Throttled
+    | IssueGuarantee
+    | Absolve
+    | Plead
+    | LimitSending
+    | LimitReceiving
+    | AnnounceDropping
+    | Apologise
+    | FreeHandle
+    | Ack
+    | Gap
+    | Confirm
+)
+ChannelMessage = BindTopic | Subscribe | Publish | Deliver
+Message = ControlMessage | ChannelMessage
+GuaranteeMessage = (
+    IssueGuarantee | Absolve | Plead | LimitSending | LimitReceiving | AnnounceDropping | Apologise
+)

@@ -1,0 +1,63 @@
+"""Policy hooks: the decisions the protocol leaves to the application.
+
+The state machines say what is *allowed*; a :class:`Policy` says what to
+*do*: how much buffer a new channel gets, when freed space is promised
+again, whether to send beyond the guarantees, whether binds are processed
+on arrival. Subclass it (or pass another instance) to change one decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._guarantees import ChannelReceiver
+from ._types import Channel, ChannelKind
+
+
+@dataclass
+class Policy:
+    """The defaults: issue at once, never optimistic, binds processed on arrival."""
+
+    #: Initial buffer capacity per receiving channel kind, in bytes.
+    bind_capacity: int = 16 * 1024
+    publish_capacity: int = 256 * 1024
+    deliver_capacity: int = 256 * 1024
+    #: Issue freed space only once at least this many bytes are issuable
+    #: (1 = immediately). Batching saves IssueGuarantee frames.
+    issue_threshold: int = 1
+    #: Bytes a sender may have in flight beyond its guarantees (0 = never).
+    optimism: int = 0
+    #: Process binds when they arrive (True) or only when referenced or
+    #: asked to with :meth:`Connection.process_binds` (False).
+    process_binds_on_arrival: bool = True
+
+    def initial_capacity(self, channel: Channel) -> int:
+        """Buffer capacity a new receiving channel starts with."""
+        if channel.kind == ChannelKind.PUBLISH:
+            return self.publish_capacity
+        if channel.kind == ChannelKind.DELIVER:
+            return self.deliver_capacity
+        return self.bind_capacity
+
+    def may_issue(self, channel: Channel) -> bool:
+        """Whether guarantees may be issued on ``channel`` now.
+
+        The broker overrides this to withhold guarantees while the channel's
+        account is above its watermark; call
+        :meth:`Connection.issue_guarantees` when the answer changes.
+        """
+        return True
+
+    def amount_to_issue(self, receiver: ChannelReceiver) -> int:
+        """How many bytes to promise on ``receiver`` now (0 = not now)."""
+        issuable = receiver.issuable
+        if issuable <= 0 or not self.may_issue(receiver.channel):
+            return 0
+        if issuable < self.issue_threshold and receiver.sender_balance > 0:
+            # The sender still has guarantees: wait until enough has freed up.
+            return 0
+        return issuable
+
+    def optimism_for(self, channel: Channel) -> int:
+        """Bytes beyond the guarantees this side may send on ``channel``."""
+        return self.optimism

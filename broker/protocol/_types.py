@@ -1,0 +1,105 @@
+"""Small value types of the wire protocol: channels, codes, limits."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NamedTuple
+
+#: Protocol version spoken by this implementation (``Hello``/``Welcome``).
+PROTOCOL_VERSION = 1
+#: Largest value of every integer field on the wire (unsigned 64 bit).
+U64_MAX = (1 << 64) - 1
+#: Bytes of the length prefix; a frame's size for guarantees is this plus its body.
+LENGTH_PREFIX = 4
+#: Default upper bound of a frame body, announced in ``Welcome``.
+DEFAULT_MAX_FRAME = 1 << 20
+
+
+class ChannelKind(IntEnum):
+    """The four kinds of logical channel."""
+
+    TOPIC_BINDS = 0  # [0, 0] client -> broker, BindTopic
+    SUBSCRIPTION_BINDS = 1  # [1, 0] client -> broker, Subscribe
+    PUBLISH = 2  # [2, t] client -> broker, Publish to topic handle t
+    DELIVER = 3  # [3, s] broker -> client, Deliver of subscription handle s
+
+
+class Channel(NamedTuple):
+    """A logical channel id ``[kind, index]``."""
+
+    kind: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as the wire format names it
+
+    def __repr__(self) -> str:
+        return f"[{self.kind},{self.index}]"
+
+
+TOPIC_BINDS = Channel(ChannelKind.TOPIC_BINDS, 0)
+SUBSCRIPTION_BINDS = Channel(ChannelKind.SUBSCRIPTION_BINDS, 0)
+
+
+class Role(IntEnum):
+    """Which end of a connection an endpoint is."""
+
+    CLIENT = 0
+    BROKER = 1
+
+
+def channel_sender(channel: Channel) -> Role:
+    """The role that sends the channel's messages (the other one receives them)."""
+    return Role.BROKER if channel.kind == ChannelKind.DELIVER else Role.CLIENT
+
+
+class HandleType(IntEnum):
+    """The two handle spaces; both are bound by the client."""
+
+    TOPIC = 0
+    SUBSCRIPTION = 1
+
+
+class GoodbyeCode(IntEnum):
+    """Why a connection is being closed (``Goodbye.code``)."""
+
+    NORMAL = 0
+    PROTOCOL_ERROR = 1
+    FRAME_TOO_LARGE = 2
+    LIMIT_EXCEEDED = 3
+    LEASE_EXPIRED = 4
+    SHUTTING_DOWN = 5
+    NOT_AUTHORISED = 6
+    UNKNOWN_SESSION = 7
+
+
+class MessageType(IntEnum):
+    """Type codes, the first element of every frame's array."""
+
+    HELLO = 0
+    WELCOME = 1
+    PING = 2
+    PONG = 3
+    GOODBYE = 4
+    THROTTLED = 5
+    ISSUE_GUARANTEE = 10
+    ABSOLVE = 11
+    PLEAD = 12
+    LIMIT_SENDING = 13
+    LIMIT_RECEIVING = 14
+    ANNOUNCE_DROPPING = 15
+    APOLOGISE = 16
+    FREE_HANDLE = 20
+    ACK = 21
+    GAP = 22
+    CONFIRM = 23
+    BIND_TOPIC = 30
+    SUBSCRIBE = 31
+    PUBLISH = 32
+    DELIVER = 33
+
+
+class DeliveryMode:
+    """Subscription delivery modes (``Subscribe.mode``)."""
+
+    RELIABLE = "reliable"
+    LOSSY = "lossy"
+    LATEST = "latest"
+    ALL = frozenset({RELIABLE, LOSSY, LATEST})

@@ -22,6 +22,7 @@ log = logging.getLogger("broker")
 #: ``broker --help`` stays fast and needs nothing beyond the core dependencies.
 BENCH_SUITES: dict[str, tuple[str, str]] = {
     "actors": ("broker.bench.actors", "loaned sends through actor mailboxes"),
+    "protocol": ("broker.bench.protocol", "frame encode/decode and the sans-IO connection"),
 }
 
 

@@ -56,3 +56,17 @@ def test_bench_actors_reports_rates_as_json() -> None:
     figures = json.loads(result.stdout)["actors"]
     for key in ("task_to_actor_per_s", "actor_to_actor_per_s", "fanout_1_to_10_per_s"):
         assert figures[key] > 1000, figures
+
+
+def test_bench_protocol_reports_codec_and_connection_rates() -> None:
+    result = run_broker("bench", "protocol", "--quick", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["protocol"]
+    assert figures["payload_bytes"] == 100
+    for key in (
+        "encode_publish_per_s",
+        "decode_publish_per_s",
+        "encode_deliver_fanout_per_s",
+        "connection_publish_per_s",
+    ):
+        assert figures[key] > 1000, figures

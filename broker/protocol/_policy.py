@@ -16,15 +16,18 @@ from ._types import Channel, ChannelKind
 
 @dataclass
 class Policy:
-    """The defaults: issue at once, never optimistic, binds processed on arrival."""
+    """The defaults: issue in batches, never optimistic, binds processed on arrival."""
 
     #: Initial buffer capacity per receiving channel kind, in bytes.
     bind_capacity: int = 16 * 1024
     publish_capacity: int = 256 * 1024
     deliver_capacity: int = 256 * 1024
-    #: Issue freed space only once at least this many bytes are issuable
-    #: (1 = immediately). Batching saves IssueGuarantee frames.
+    #: Issue freed space only once at least this many bytes are issuable...
     issue_threshold: int = 1
+    #: ...and at least this fraction of the channel's capacity. Batching saves
+    #: one IssueGuarantee frame per processed frame; a sender with no
+    #: guarantees left is never kept waiting for a batch.
+    issue_fraction: float = 0.25
     #: Bytes a sender may have in flight beyond its guarantees (0 = never).
     optimism: int = 0
     #: Process binds when they arrive (True) or only when referenced or
@@ -53,7 +56,8 @@ class Policy:
         issuable = receiver.issuable
         if issuable <= 0 or not self.may_issue(receiver.channel):
             return 0
-        if issuable < self.issue_threshold and receiver.sender_balance > 0:
+        batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
+        if issuable < batch and receiver.sender_balance > 0:
             # The sender still has guarantees: wait until enough has freed up.
             return 0
         return issuable

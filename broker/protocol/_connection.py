@@ -680,13 +680,16 @@ class Connection:
         receiver.grow(amount)
         self._issue(receiver)
 
-    def set_capacity(self, channel: Channel, target: int, *, plead: bool = True) -> None:
+    def set_capacity(self, channel: Channel, target: int, *, plead: bool | None = None) -> None:
         """Resize a receiving channel's buffer.
 
         Growing issues per policy. Shrinking reclaims unpromised space at
-        once, then processed frames, and (with ``plead``) asks the sender to
-        absolve what neither can reclaim.
+        once, then processed frames, and (with ``plead``, by default the
+        policy's ``plead_on_shrink``) asks the sender to absolve what neither
+        can reclaim.
         """
+        if plead is None:
+            plead = self.policy.plead_on_shrink
         self._require_open()
         receiver = self._receiver(channel)
         receiver.set_capacity(target)

@@ -30,6 +30,9 @@ class Policy:
     issue_fraction: float = 0.25
     #: Bytes a sender may have in flight beyond its guarantees (0 = never).
     optimism: int = 0
+    #: When a buffer is shrunk below what its sender holds guarantees for,
+    #: ask the sender to absolve the rest (True) or wait for processing alone.
+    plead_on_shrink: bool = True
     #: Process binds when they arrive (True) or only when referenced or
     #: asked to with :meth:`Connection.process_binds` (False).
     process_binds_on_arrival: bool = True

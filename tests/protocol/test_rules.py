@@ -289,3 +289,21 @@ def test_spontaneous_absolve_returns_budget() -> None:
     assert pair.broker.receiver(channel).capacity == 40
     assert pair.client.sender(channel).balance == 40
     assert isinstance(LimitReceiving(channel, 0), LimitReceiving)
+
+
+def test_without_pleading_an_idle_channel_keeps_its_promises() -> None:
+    pair = ConnectionPair(broker_policy=Policy(publish_capacity=100, plead_on_shrink=False))
+    topic, channel = open_topic(pair)
+    pair.broker.set_capacity(channel, 40)
+    pair.run()
+    receiver = pair.broker.receiver(channel)
+    # No Plead: the sender keeps its 100 bytes and the buffer cannot shrink yet...
+    assert pair.client.sender(channel).balance == 100 and receiver.capacity == 100
+    assert receiver.target_capacity == 40
+    # ...until frames are processed, each shrinking it instead of being re-promised.
+    pair.client.publish(topic, payload_for(topic, 60))
+    pair.run()
+    for event in of(PublishReceived, pair.broker_events):
+        pair.broker.release(event)
+    assert receiver.capacity == 40 and receiver.target_capacity is None
+    assert receiver.issuable == 0 and pair.client.sender(channel).balance == 40

@@ -123,7 +123,7 @@ def _fields(message: Message) -> list[Any]:
                     "received": message.received,
                 },
             ]
-    raise LocalProtocolError(f"not a protocol message: {message!r}")
+    raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
 
 def encode_body(message: Message) -> bytes:
@@ -131,7 +131,7 @@ def encode_body(message: Message) -> bytes:
     try:
         return cbor2.dumps(_fields(message))
     except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-        raise LocalProtocolError(f"cannot encode {message!r}: {exc}") from exc
+        raise LocalProtocolError(f"cannot encode {type(message).__name__}: {exc}") from exc
 
 
 def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -195,27 +195,61 @@ def _bad(what: str) -> RemoteProtocolError:
     return RemoteProtocolError(f"malformed frame: {what}")
 
 
+def _show(value: Any) -> str:
+    """A short description of a peer-supplied value, cheap whatever its size.
+
+    Never calls ``repr()`` on a container or a huge integer: both can cost
+    time quadratic in the frame size (or raise, for integers over 4300 digits).
+    """
+    kind = type(value)
+    if kind is int:
+        return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit integer"
+    if kind in (str, bytes):
+        return repr(value[:24]) + ("..." if len(value) > 24 else "")
+    if value is None or kind in (bool, float):
+        return repr(value)
+    return f"a {kind.__name__}"
+
+
+def _reject_tag(decoder: Any, *_: Any) -> Any:
+    raise cbor2.CBORDecodeError("CBOR tags are not allowed")
+
+
+class _EveryTag(dict[int, Any]):
+    """Maps every semantic tag to a rejection, overriding cbor2's built-in
+    decoders (datetimes, bignums, sets, value sharing, ...)."""
+
+    def __missing__(self, key: int) -> Any:
+        return _reject_tag
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_NO_TAGS = _EveryTag()
+
+
 def _u64(value: Any, what: str) -> int:
     if type(value) is not int or not 0 <= value <= U64_MAX:
-        raise _bad(f"{what} must be an unsigned 64-bit integer, got {value!r:.40}")
+        raise _bad(f"{what} must be an unsigned 64-bit integer, got {_show(value)}")
     return value
 
 
 def _bool(value: Any, what: str) -> bool:
     if type(value) is not bool:
-        raise _bad(f"{what} must be a boolean, got {value!r:.40}")
+        raise _bad(f"{what} must be a boolean, got {_show(value)}")
     return value
 
 
 def _text(value: Any, what: str) -> str:
     if type(value) is not str:
-        raise _bad(f"{what} must be a text string, got {value!r:.40}")
+        raise _bad(f"{what} must be a text string, got {_show(value)}")
     return value
 
 
 def _blob(value: Any, what: str) -> bytes:
     if type(value) is not bytes:
-        raise _bad(f"{what} must be a byte string, got {value!r:.40}")
+        raise _bad(f"{what} must be a byte string, got {_show(value)}")
     return value
 
 
@@ -225,7 +259,7 @@ def _opt_blob(value: Any, what: str) -> bytes | None:
 
 def _channel(value: Any) -> Channel:
     if type(value) is not list or len(value) != 2:
-        raise _bad(f"channel must be [kind, index], got {value!r:.40}")
+        raise _bad(f"channel must be [kind, index], got {_show(value)}")
     kind = _u64(value[0], "channel kind")
     index = _u64(value[1], "channel index")
     if kind > ChannelKind.DELIVER:
@@ -268,7 +302,7 @@ def _options(value: Any) -> Options:
         ):
             options[key] = item
         else:
-            raise _bad(f"option {key!r} must be a scalar, got {item!r:.40}")
+            raise _bad(f"option {_show(key)} must be a scalar, got {_show(item)}")
     return options
 
 
@@ -376,7 +410,13 @@ _PARSERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
 
 def _new_decoder(stream: io.BytesIO) -> Any:
     return cbor2.CBORDecoder(
-        stream, max_depth=_MAX_DEPTH, allow_indefinite=False, str_errors="strict"
+        stream,
+        max_depth=_MAX_DEPTH,
+        allow_indefinite=False,
+        allow_duplicate_keys=False,
+        str_errors="strict",
+        tag_hook=_reject_tag,
+        semantic_decoders=_NO_TAGS,
     )
 
 
@@ -386,7 +426,7 @@ def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Mess
     try:
         fields = decoder.decode()
     except Exception as exc:  # cbor2 raises several types for garbage; all mean the same
-        raise _bad(f"not valid CBOR ({exc})") from None
+        raise _bad(f"not valid CBOR ({str(exc)[:120]})") from None
     if stream.tell() != end:
         raise _bad("the CBOR item does not end where the frame ends")
     if type(fields) is not list or not fields:

@@ -138,7 +138,9 @@ class ConnectionStatistics:
 
 #: A Deliver may exceed ``max_frame`` by this much (its per-subscriber fields),
 #: so that any Publish the broker accepted can be delivered.
-DELIVER_SLACK = 16
+DELIVER_SLACK = 32
+#: Goodbye reasons are cut to this many characters (they may echo peer input).
+MAX_REASON = 200
 _DEFAULT_HEARTBEAT = 5.0
 _DEFAULT_LEASE = 15.0
 
@@ -244,9 +246,10 @@ class Connection:
                 if self.closed:
                     break
         except RemoteProtocolError as error:
-            self._queue(Goodbye(int(error.code), error.reason))
+            reason = error.reason[:MAX_REASON]
+            self._queue(Goodbye(int(error.code), reason))
             self.state = ConnectionState.CLOSED
-            events.append(ConnectionClosed(int(error.code), error.reason, False, error))
+            events.append(ConnectionClosed(int(error.code), reason, False, error))
         return events
 
     def data_to_send(self, now: float | None = None) -> bytes:
@@ -344,13 +347,12 @@ class Connection:
         """Queue a Goodbye and close; received data is ignored from now on."""
         if self.state is ConnectionState.CLOSED:
             return
-        self._queue(Goodbye(int(code), reason))
+        self._queue(Goodbye(int(code), reason[:MAX_REASON]))
         self.state = ConnectionState.CLOSED
 
     def ping(self) -> int:
         """Queue a Ping; returns its nonce (the Pong event carries it back)."""
-        if self.state is ConnectionState.CLOSED:
-            raise LocalProtocolError("connection is closed")
+        self._require_open()
         self._ping_nonce = (self._ping_nonce + 1) & U64_MAX
         self._queue(Ping(self._ping_nonce))
         return self._ping_nonce
@@ -413,6 +415,7 @@ class Connection:
         self._check_open(message)
         if self.role is not Role.CLIENT or channel_sender(message.channel) is not Role.CLIENT:
             raise RemoteProtocolError("Throttled is sent by the broker about a client channel")
+        self._check_channel_handle(message.channel, events)
         events.append(message)
 
     # ================================================================ handles
@@ -565,7 +568,7 @@ class Connection:
             raise RemoteProtocolError(f"{type(message).__name__} is sent by clients")
         if isinstance(message, Subscribe):
             if message.mode not in DeliveryMode.ALL:
-                raise RemoteProtocolError(f"unknown delivery mode {message.mode!r}")
+                raise RemoteProtocolError(f"unknown delivery mode {message.mode[:24]!r}")
             self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
         receiver = self._receivers[message.channel]
         accepted, out = receiver.on_frame(size)
@@ -744,8 +747,19 @@ class Connection:
 
     def room(self, channel: Channel) -> int:
         """The largest frame this side may send on ``channel`` now."""
-        sender = self._sender(channel)
+        return self._room(self._sender(channel))
+
+    def _room(self, sender: ChannelSender) -> int:
+        channel = sender.channel
+        if channel.kind == ChannelKind.PUBLISH and self._bind_awaits_retransmission(channel.index):
+            # The broker discards publishes on a handle it has not bound; wait
+            # until the dropped bind has been sent again.
+            return 0
         return sender.room(self._optimism(channel))
+
+    def _bind_awaits_retransmission(self, topic: int) -> bool:
+        waiting = len(self._senders[TOPIC_BINDS].retransmit)
+        return waiting > 0 and topic >= self.topics.next_handle - waiting
 
     def _optimism(self, channel: Channel) -> int:
         # The broker never sends beyond a subscriber's guarantees.
@@ -757,7 +771,7 @@ class Connection:
         if frame is None:
             frame = encode(message, max_frame=self.peer_max_frame)
         size = len(frame)
-        room = sender.room(self._optimism(sender.channel))
+        room = self._room(sender)
         if size > room:
             raise NoGuarantees(
                 f"{sender.channel}: {size}-byte frame does not fit (room {room} bytes)"
@@ -837,7 +851,12 @@ class Connection:
 
     def _on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
         self._check_open(message)
-        absolve = self._peer_receives(message.channel, events).on_plead(message.target)
+        sender = self._peer_receives(message.channel, events)
+        if not self._may_reference(message.channel):
+            # This side proposed freeing the channel's handle: it says nothing
+            # more about it, and the channel goes away with the handle.
+            return
+        absolve = sender.on_plead(message.target)
         if absolve is not None:
             self._queue(absolve)
 

@@ -265,3 +265,51 @@ def test_subscribe_to_an_unconfirmed_topic_is_refused_locally() -> None:
         pair.client.subscribe(topic)
     with pytest.raises(LocalProtocolError, match="not confirmed"):
         pair.client.free_handle(HandleType.TOPIC, topic)
+
+
+def test_a_plead_crossing_a_topic_free_gets_no_absolve() -> None:
+    pair = ConnectionPair(broker_policy=Policy(publish_capacity=100))
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    channel = Channel(ChannelKind.PUBLISH, topic)
+    pair.client.free_handle(HandleType.TOPIC, topic)  # crosses...
+    pair.broker.set_capacity(channel, 10)  # ...the broker's Plead
+    pair.run()
+    pair.assert_no_errors()
+    assert topic not in pair.client.topics and topic not in pair.broker.topics
+
+
+def test_a_plead_crossing_a_subscription_free_gets_no_absolve() -> None:
+    pair = ConnectionPair()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    sub = pair.client.subscribe(topic)
+    pair.run()
+    pair.broker.free_handle(HandleType.SUBSCRIPTION, sub)  # crosses...
+    pair.client.set_capacity(Channel(ChannelKind.DELIVER, sub), 10)  # ...the client's Plead
+    pair.run()
+    pair.assert_no_errors()
+    assert sub not in pair.client.subscriptions and sub not in pair.broker.subscriptions
+
+
+def test_no_publish_while_the_topics_dropped_bind_waits_to_be_resent() -> None:
+    bind_size = len(encode(BindTopic("aa")))
+    pair = ConnectionPair(
+        client_policy=Policy(optimism=10_000),
+        broker_policy=Policy(bind_capacity=bind_size),
+    )
+    first = pair.client.bind_topic("aa")
+    second = pair.client.bind_topic("bb")  # optimistic, will be dropped
+    pair.run()
+    assert of(DropAnnounced, pair.client_events)
+    # The broker would discard this publish unannounced: the client must not send it.
+    assert pair.client.room(Channel(ChannelKind.PUBLISH, second)) == 0
+    with pytest.raises(NoGuarantees):
+        pair.client.publish(second, b"would be lost")
+    pair.client.free_handle(HandleType.TOPIC, first)
+    pair.run()
+    assert pair.client.confirmed(HandleType.TOPIC, second)
+    pair.client.publish(second, b"kept")  # the bind went again: optimism is safe now
+    pair.run()
+    pair.assert_no_errors()
+    assert [e.message.payload for e in of(PublishReceived, pair.broker_events)] == [b"kept"]

@@ -307,3 +307,26 @@ def test_without_pleading_an_idle_channel_keeps_its_promises() -> None:
         pair.broker.release(event)
     assert receiver.capacity == 40 and receiver.target_capacity is None
     assert receiver.issuable == 0 and pair.client.sender(channel).balance == 40
+
+
+def test_deliver_slack_covers_the_largest_per_subscriber_fields() -> None:
+    from broker.protocol import DELIVER_SLACK
+
+    for payload in (b"", b"x" * 23, b"x" * 1000):
+        publish = len(encode(Publish(0, payload)))
+        deliver = len(encode(Deliver(U64_MAX, U64_MAX, payload)))
+        assert deliver - publish <= DELIVER_SLACK
+
+
+def test_goodbye_reasons_are_bounded_even_when_they_echo_peer_text() -> None:
+    from broker.protocol import MessageType
+
+    pair = ConnectionPair()
+    topic, _ = open_topic(pair)
+    import cbor2
+
+    body = cbor2.dumps([int(MessageType.SUBSCRIBE), topic, "m" * 50_000, {}])
+    events = pair.broker.receive_data(len(body).to_bytes(4, "big") + body, 0.0)
+    closed = closed_by(events)
+    assert len(closed.reason) <= 200
+    assert len(pair.broker.data_to_send()) < 400

@@ -171,3 +171,12 @@ def test_resume_bookkeeping_counts_publishes_and_processed_sequences() -> None:
     with pytest.raises(LocalProtocolError, match="never go back"):
         pair.client.ack(sub, 4)
     assert pair.client.processed == {sub: 5}
+
+
+def test_ping_needs_an_open_connection() -> None:
+    client = Connection(Role.CLIENT)
+    with pytest.raises(LocalProtocolError):
+        client.ping()
+    client.hello("c")
+    with pytest.raises(LocalProtocolError):
+        client.ping()  # the broker would refuse a Ping before Welcome

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ._codec import FrameDecoder, encode, encode_deliver
+from ._codec import FrameDecoder, encode, encode_body, encode_deliver
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import (
     ConnectionClosed,
@@ -246,8 +246,7 @@ class Connection:
                 if self.closed:
                     break
         except RemoteProtocolError as error:
-            reason = error.reason[:MAX_REASON]
-            self._queue(Goodbye(int(error.code), reason))
+            reason = self._queue_goodbye(int(error.code), error.reason)
             self.state = ConnectionState.CLOSED
             events.append(ConnectionClosed(int(error.code), reason, False, error))
         return events
@@ -347,8 +346,16 @@ class Connection:
         """Queue a Goodbye and close; received data is ignored from now on."""
         if self.state is ConnectionState.CLOSED:
             return
-        self._queue(Goodbye(int(code), reason[:MAX_REASON]))
+        self._queue_goodbye(int(code), reason)
         self.state = ConnectionState.CLOSED
+
+    def _queue_goodbye(self, code: int, reason: str) -> str:
+        """Queue a Goodbye whose reason is cut to fit; returns the reason sent."""
+        reason = reason[:MAX_REASON]
+        while len(encode_body(Goodbye(code, reason))) > self.peer_max_frame and reason:
+            reason = reason[: len(reason) // 2]
+        self._queue(Goodbye(code, reason))
+        return reason
 
     def ping(self) -> int:
         """Queue a Ping; returns its nonce (the Pong event carries it back)."""
@@ -481,6 +488,12 @@ class Connection:
                     raise LocalProtocolError(
                         f"topic handle {handle} still has unconfirmed publishes"
                     )
+                subscribes = self._senders[SUBSCRIPTION_BINDS]
+                for entry in (*subscribes.unconfirmed, *subscribes.retransmit):
+                    if entry.message.topic == handle:
+                        raise LocalProtocolError(
+                            f"topic handle {handle} has an unconfirmed Subscribe"
+                        )
         self._queue(table.propose_free(handle))
 
     def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
@@ -575,6 +588,8 @@ class Connection:
         self._queue_all(out)
         if not accepted:
             return
+        if receiver.sender_balance < 0:
+            self._issue(receiver)  # confirm the optimistic frame without delay
         if isinstance(message, Subscribe):
             self.topics.acquire(message.topic)
             handle_type = HandleType.SUBSCRIPTION
@@ -802,7 +817,29 @@ class Connection:
             )
         ):
             events.append(FramesAbandoned(sender.channel, len(sender.retransmit)))
+            abandoned = len(sender.retransmit)
             sender.retransmit.clear()
+            if self.role is Role.CLIENT and sender.channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
+                self._undo_binds(sender.channel, abandoned, events)
+
+    def _undo_binds(self, channel: Channel, count: int, events: list[Event]) -> None:
+        """Client: bind frames that will never be sent bind nothing at the broker.
+
+        They are the newest binds of their type, so undoing them keeps both
+        sides' handle numbers in step.
+        """
+        if channel == TOPIC_BINDS:
+            handle_type, kind = HandleType.TOPIC, ChannelKind.PUBLISH
+        else:
+            handle_type, kind = HandleType.SUBSCRIPTION, ChannelKind.DELIVER
+        for handle in self._table(handle_type).unbind_last(count):
+            lost = self._senders.pop(Channel(kind, handle), None)
+            if lost is not None and (lost.unconfirmed or lost.retransmit):
+                events.append(
+                    FramesAbandoned(lost.channel, len(lost.unconfirmed) + len(lost.retransmit))
+                )
+            self._receivers.pop(Channel(kind, handle), None)
+            events.append(HandleDeleted(int(handle_type), handle))
 
     # ---------------------------------------------------------------- guarantee messages in
 
@@ -938,6 +975,8 @@ class Connection:
         if binding.state is HandleState.BOUND:
             self._queue_all(out)
         if accepted:
+            if receiver.sender_balance < 0 and binding.state is HandleState.BOUND:
+                self._issue(receiver)  # confirm the optimistic frame without delay
             self.topics.acquire(message.topic)
             self.publishes_received[message.topic] += 1
             events.append(PublishReceived(message, binding.value, channel, size))

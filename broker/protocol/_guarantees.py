@@ -185,15 +185,20 @@ class ChannelReceiver:
         """Bytes above the target capacity that processing alone cannot free."""
         if self.target_capacity is None:
             return 0
-        unpromised = self.free - self.sender_balance
-        return max(0, self.capacity - self.target_capacity - self.buffered - unpromised)
+        return max(0, self.capacity - self.target_capacity - self.buffered - self._reclaimable)
+
+    @property
+    def _reclaimable(self) -> int:
+        """Free bytes neither promised to the sender nor owed to confirm
+        optimistic frames already accepted (a negative balance is owed)."""
+        return self.free - max(self.sender_balance, 0)
 
     def _shrink_toward_target(self) -> None:
         target = self.target_capacity
         if target is None:
             return
         excess = self.capacity - target
-        reclaim = min(excess, max(self.free - self.sender_balance, 0))
+        reclaim = min(excess, max(self._reclaimable, 0))
         self._shrunk += reclaim
         if self.capacity <= target:
             self.target_capacity = None
@@ -245,6 +250,12 @@ class ChannelReceiver:
         if self.receiving_limit is not None and bound > self.receiving_limit:
             raise LocalProtocolError(
                 f"{self.channel}: LimitReceiving {bound} is looser than {self.receiving_limit}"
+            )
+        owed = max(-self.sender_balance, 0)
+        if bound < owed:
+            raise LocalProtocolError(
+                f"{self.channel}: LimitReceiving {bound} is below the {owed} bytes of "
+                "guarantees owed for accepted optimistic frames"
             )
         self.receiving_limit = bound
         return LimitReceiving(self.channel, bound)

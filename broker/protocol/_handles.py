@@ -79,6 +79,18 @@ class HandleTable(Generic[V]):
         """The handle was bound once and its binding is gone."""
         return handle < self.next_handle and handle not in self._bindings
 
+    def unbind_last(self, count: int) -> list[int]:
+        """Undo the last ``count`` binds (their bind frames can never be sent).
+
+        Returns the handles removed. Only this side's own, never-confirmed
+        binds may be undone: the peer has not bound them.
+        """
+        removed = list(range(self.next_handle - count, self.next_handle))
+        for handle in removed:
+            del self._bindings[handle]
+        self.next_handle -= count
+        return removed
+
     # -- references
     def resolve_local(self, handle: int) -> Binding[V]:
         """The binding this side is about to reference in a message it sends."""

@@ -59,6 +59,10 @@ class Policy:
         issuable = receiver.issuable
         if issuable <= 0 or not self.may_issue(receiver.channel):
             return 0
+        if receiver.channel.kind in (ChannelKind.TOPIC_BINDS, ChannelKind.SUBSCRIPTION_BINDS):
+            # Live handles hold bind bytes until freed, so a batch might never
+            # fill up; binds are rare enough to answer one by one.
+            return issuable
         batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
         if issuable < batch and receiver.sender_balance > 0:
             # The sender still has guarantees: wait until enough has freed up.

@@ -51,6 +51,15 @@ from ._messages import (
 from ._types import U64_MAX, Channel, GoodbyeCode
 
 
+def _tightened(
+    channel: Channel, name: str, current: int | None, bound: int, error: type[Exception]
+) -> int:
+    """``bound`` if it is no looser than ``current`` (equal is allowed), else ``error``."""
+    if current is not None and bound > current:
+        raise error(f"{channel}: {name} {bound} is looser than {current}")
+    return bound
+
+
 def _check_amount(value: int, what: str) -> None:
     if not 0 <= value <= U64_MAX:
         raise LocalProtocolError(f"{what} must be between 0 and 2**64-1, got {value}")
@@ -247,10 +256,7 @@ class ChannelReceiver:
     def limit_receiving(self, bound: int) -> LimitReceiving:
         """Promise to issue at most ``bound`` more guarantee bytes."""
         _check_amount(bound, "bound")
-        if self.receiving_limit is not None and bound > self.receiving_limit:
-            raise LocalProtocolError(
-                f"{self.channel}: LimitReceiving {bound} is looser than {self.receiving_limit}"
-            )
+        _tightened(self.channel, "LimitReceiving", self.receiving_limit, bound, LocalProtocolError)
         owed = max(-self.sender_balance, 0)
         if bound < owed:
             raise LocalProtocolError(
@@ -327,11 +333,9 @@ class ChannelReceiver:
 
     def on_limit_sending(self, bound: int) -> None:
         """The sender promised to send at most ``bound`` more bytes."""
-        if self.sending_limit is not None and bound > self.sending_limit:
-            raise RemoteProtocolError(
-                f"{self.channel}: LimitSending {bound} is looser than {self.sending_limit}"
-            )
-        self.sending_limit = bound
+        self.sending_limit = _tightened(
+            self.channel, "LimitSending", self.sending_limit, bound, RemoteProtocolError
+        )
 
     def statistics(self) -> ReceiverStatistics:
         return ReceiverStatistics(
@@ -489,10 +493,7 @@ class ChannelSender:
     def limit_sending(self, bound: int) -> LimitSending:
         """Promise to send (or absolve) at most ``bound`` more bytes."""
         _check_amount(bound, "bound")
-        if self.sending_limit is not None and bound > self.sending_limit:
-            raise LocalProtocolError(
-                f"{self.channel}: LimitSending {bound} is looser than {self.sending_limit}"
-            )
+        _tightened(self.channel, "LimitSending", self.sending_limit, bound, LocalProtocolError)
         waiting = sum(entry.size for entry in self.retransmit)
         if bound < waiting:
             raise LocalProtocolError(
@@ -565,11 +566,9 @@ class ChannelSender:
 
     def on_limit_receiving(self, bound: int) -> None:
         """The receiver promised to issue at most ``bound`` more guarantee bytes."""
-        if self.receiving_limit is not None and bound > self.receiving_limit:
-            raise RemoteProtocolError(
-                f"{self.channel}: LimitReceiving {bound} is looser than {self.receiving_limit}"
-            )
-        self.receiving_limit = bound
+        self.receiving_limit = _tightened(
+            self.channel, "LimitReceiving", self.receiving_limit, bound, RemoteProtocolError
+        )
 
     def statistics(self) -> SenderStatistics:
         return SenderStatistics(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from typing import Any
 
 from broker.protocol import (
     Connection,
@@ -22,6 +23,11 @@ from broker.protocol import (
 
 SESSION = bytes(range(16))
 EPOCH = b"epoch-1"
+
+
+def of(kind: type, events: list[Event]) -> list[Any]:
+    """The events of one type, in order."""
+    return [event for event in events if isinstance(event, kind)]
 
 
 def split_frames(data: bytes) -> list[bytes]:

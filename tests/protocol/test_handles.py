@@ -27,11 +27,7 @@ from broker.protocol import (
     encode,
 )
 
-from .pair import ConnectionPair
-
-
-def of(kind: type, events: list) -> list:
-    return [e for e in events if isinstance(e, kind)]
+from .pair import ConnectionPair, of
 
 
 def test_binds_are_consecutive_from_zero_per_type() -> None:

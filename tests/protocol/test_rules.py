@@ -27,11 +27,7 @@ from broker.protocol import (
     encode,
 )
 
-from .pair import ConnectionPair, split_frames
-
-
-def of(kind: type, events: list) -> list:
-    return [e for e in events if isinstance(e, kind)]
+from .pair import ConnectionPair, of, split_frames
 
 
 def payload_for(topic: int, frame_size: int) -> bytes:

@@ -64,6 +64,11 @@ class Policy:
             # fill up; binds are rare enough to answer one by one.
             return issuable
         batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
+        # Never wait for a batch that processing cannot complete: the sender may
+        # be blocked on a frame larger than its balance.
+        batch = min(batch, issuable + receiver.buffered)
+        if receiver.receiving_limit is not None:
+            batch = min(batch, receiver.receiving_limit)
         if issuable < batch and receiver.sender_balance > 0:
             # The sender still has guarantees: wait until enough has freed up.
             return 0

@@ -53,9 +53,23 @@ def test_limit_receiving_cannot_go_below_what_accepted_optimistic_frames_are_owe
 
 def test_bind_channels_are_never_batched() -> None:
     policy = Policy(issue_threshold=1000)
-    binds = ChannelReceiver(Channel(ChannelKind.TOPIC_BINDS, 0), 200)
-    binds.issue(190)
-    assert policy.amount_to_issue(binds) == 10
-    publishes = ChannelReceiver(CH, 200)
-    publishes.issue(190)
-    assert policy.amount_to_issue(publishes) == 0  # batched: the sender still has 190
+    for kind, expected in ((ChannelKind.TOPIC_BINDS, 10), (ChannelKind.PUBLISH, 0)):
+        receiver = ChannelReceiver(Channel(kind, 0), 200)
+        receiver.issue(190)
+        assert receiver.on_frame(100)[0]  # 100 buffered, the sender keeps 90
+        assert receiver.issuable == 10
+        # A publish channel waits: releasing its 100 buffered bytes completes a batch.
+        assert policy.amount_to_issue(receiver) == expected
+
+
+def test_a_batch_processing_cannot_complete_is_not_waited_for() -> None:
+    policy = Policy(issue_threshold=1000)
+    receiver = ChannelReceiver(CH, 200)
+    receiver.issue(190)
+    assert receiver.buffered == 0 and receiver.sender_balance == 190
+    assert policy.amount_to_issue(receiver) == 10  # nothing will ever free up more
+    limited = ChannelReceiver(CH, 200)
+    limited.issue(150)
+    assert limited.on_frame(100)[0]
+    limited.limit_receiving(20)
+    assert policy.amount_to_issue(limited) == 20  # the limit caps any batch

@@ -658,6 +658,15 @@ class Connection:
             return self.confirmed(handle_type, channel.index)
         return True
 
+    def _require_referable(self, channel: Channel) -> None:
+        """Refuse a control message about a handle this side may not reference
+        (unconfirmed, or being freed): the peer would close the connection."""
+        self._require_open()
+        if (channel in self._senders or channel in self._receivers) and not self._may_reference(
+            channel
+        ):
+            raise LocalProtocolError(f"{channel}: its handle is not confirmed or is being freed")
+
     def _issue(self, receiver: ChannelReceiver) -> None:
         amount = self.policy.amount_to_issue(receiver)
         if amount > 0 and self._may_reference(receiver.channel):
@@ -719,22 +728,22 @@ class Connection:
 
     def plead(self, channel: Channel, target: int) -> None:
         """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
-        self._require_open()
+        self._require_referable(channel)
         self._queue(self._receiver(channel).plead(target))
 
     def limit_receiving(self, channel: Channel, bound: int) -> None:
         """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
-        self._require_open()
+        self._require_referable(channel)
         self._queue(self._receiver(channel).limit_receiving(bound))
 
     def limit_sending(self, channel: Channel, bound: int) -> None:
         """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
-        self._require_open()
+        self._require_referable(channel)
         self._queue(self._sender(channel).limit_sending(bound))
 
     def absolve(self, channel: Channel, amount: int) -> None:
         """Give back ``amount`` bytes of guarantees on ``channel``."""
-        self._require_open()
+        self._require_referable(channel)
         self._queue(self._sender(channel).absolve(amount))
 
     def release(self, event: PublishReceived | DeliverReceived) -> list[Event]:

@@ -16,6 +16,7 @@ from broker.protocol import (
     DropAnnounced,
     Goodbye,
     GoodbyeCode,
+    HandleType,
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
@@ -326,3 +327,23 @@ def test_goodbye_reasons_are_bounded_even_when_they_echo_peer_text() -> None:
     closed = closed_by(events)
     assert len(closed.reason) <= 200
     assert len(pair.broker.data_to_send()) < 400
+
+
+def test_control_messages_about_unconfirmed_or_freed_handles_are_refused_locally() -> None:
+    pair = ConnectionPair(
+        client_policy=Policy(optimism=10_000), broker_policy=Policy(bind_capacity=10)
+    )
+    topic = pair.client.bind_topic("optimistic")  # beyond the 10-byte guarantee
+    channel = Channel(ChannelKind.PUBLISH, topic)
+    for action in (
+        lambda: pair.client.limit_sending(channel, 5),
+        lambda: pair.client.absolve(channel, 0),
+    ):
+        with pytest.raises(LocalProtocolError, match="not confirmed or is being freed"):
+            action()
+    assert pair.client.sender(channel).sending_limit is None  # nothing changed
+    pair2 = ConnectionPair()
+    topic2, channel2 = open_topic(pair2)
+    pair2.client.free_handle(HandleType.TOPIC, topic2)
+    with pytest.raises(LocalProtocolError):
+        pair2.client.limit_sending(channel2, 5)

@@ -76,6 +76,7 @@ from ._messages import (
 from ._policy import Policy
 from ._types import (
     DEFAULT_MAX_FRAME,
+    LENGTH_PREFIX,
     PROTOCOL_VERSION,
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
@@ -88,6 +89,25 @@ from ._types import (
     Role,
     channel_sender,
 )
+
+#: The handle type a publish/deliver channel's index names, and back.
+_HANDLE_TYPE_OF_KIND: dict[int, HandleType] = {
+    ChannelKind.PUBLISH: HandleType.TOPIC,
+    ChannelKind.DELIVER: HandleType.SUBSCRIPTION,
+}
+_KIND_OF_HANDLE_TYPE: dict[HandleType, int] = {
+    handle_type: kind for kind, handle_type in _HANDLE_TYPE_OF_KIND.items()
+}
+#: The channel that binds each handle type, and back.
+_BIND_CHANNEL = {HandleType.TOPIC: TOPIC_BINDS, HandleType.SUBSCRIPTION: SUBSCRIPTION_BINDS}
+_HANDLE_TYPE_OF_BIND_CHANNEL = {
+    channel: handle_type for handle_type, channel in _BIND_CHANNEL.items()
+}
+
+
+def _handle_channel(handle_type: HandleType, handle: int) -> Channel:
+    """The publish or deliver channel of a handle."""
+    return Channel(_KIND_OF_HANDLE_TYPE[handle_type], handle)
 
 
 class NoGuarantees(LocalProtocolError):
@@ -200,9 +220,9 @@ class Connection:
             Publish: self._on_publish,
             Deliver: self._on_deliver,
             IssueGuarantee: self._on_issue_guarantee,
-            Ack: self._on_ack,
-            Gap: self._on_subscription_notice,
-            Confirm: self._on_confirm,
+            Ack: self._on_notice,
+            Gap: self._on_notice,
+            Confirm: self._on_notice,
             Ping: self._on_ping,
             Pong: self._on_passthrough,
             Throttled: self._on_throttled,
@@ -270,10 +290,15 @@ class Connection:
         return self.state is ConnectionState.CLOSED
 
     def _queue(self, message: Message) -> None:
-        frame = encode(message, max_frame=self.peer_max_frame)
+        self._put(encode(message, max_frame=self.peer_max_frame))
+
+    def _put(self, frame: bytes, tail: bytes = b"") -> None:
+        """Queue one frame (optionally as a head and a shared ``tail``)."""
         self._out.append(frame)
+        if tail:
+            self._out.append(tail)
         self.frames_sent += 1
-        self.bytes_sent += len(frame)
+        self.bytes_sent += len(frame) + len(tail)
 
     def _queue_all(self, messages: list[Any]) -> None:
         for message in messages:
@@ -465,8 +490,7 @@ class Connection:
             return False
         if self.role is Role.BROKER:
             return True
-        channel = TOPIC_BINDS if handle_type == HandleType.TOPIC else SUBSCRIPTION_BINDS
-        sender = self._senders[channel]
+        sender = self._senders[_BIND_CHANNEL[handle_type]]
         pending = len(sender.unconfirmed) + len(sender.retransmit)
         return handle < table.next_handle - pending
 
@@ -509,8 +533,7 @@ class Connection:
             self._on_deleted(handle_type, message.handle, events)
 
     def _on_deleted(self, handle_type: HandleType, handle: int, events: list[Event]) -> None:
-        kind = ChannelKind.PUBLISH if handle_type == HandleType.TOPIC else ChannelKind.DELIVER
-        channel = Channel(kind, handle)
+        channel = _handle_channel(handle_type, handle)
         self._receivers.pop(channel, None)
         sender = self._senders.pop(channel, None)
         if sender is not None and (sender.unconfirmed or sender.retransmit):
@@ -518,8 +541,7 @@ class Connection:
             events.append(FramesAbandoned(channel, lost))
         size = self._bind_sizes.pop((handle_type, handle), None)
         if size is not None:
-            bind_channel = TOPIC_BINDS if handle_type == HandleType.TOPIC else SUBSCRIPTION_BINDS
-            receiver = self._receivers[bind_channel]
+            receiver = self._receivers[_BIND_CHANNEL[handle_type]]
             receiver.release(size)
             self._issue(receiver)
         if handle_type == HandleType.TOPIC:
@@ -642,21 +664,13 @@ class Connection:
 
     def _may_reference(self, channel: Channel) -> bool:
         """Whether this side may still send control messages about ``channel``."""
-        binding: Binding[Any] | None
-        if channel.kind == ChannelKind.PUBLISH:
-            binding = self.topics.get(channel.index)
-        elif channel.kind == ChannelKind.DELIVER:
-            binding = self.subscriptions.get(channel.index)
-        else:
-            return True
+        handle_type = _HANDLE_TYPE_OF_KIND.get(channel.kind)
+        if handle_type is None:
+            return True  # a bind channel
+        binding = self._table(handle_type).get(channel.index)
         if binding is None or binding.state is not HandleState.BOUND:
             return False
-        if self.role is Role.CLIENT:
-            handle_type = (
-                HandleType.TOPIC if channel.kind == ChannelKind.PUBLISH else HandleType.SUBSCRIPTION
-            )
-            return self.confirmed(handle_type, channel.index)
-        return True
+        return self.confirmed(handle_type, channel.index)
 
     def _require_referable(self, channel: Channel) -> None:
         """Refuse a control message about a handle this side may not reference
@@ -760,11 +774,8 @@ class Connection:
             raise LocalProtocolError("bind channels are released by the protocol itself")
         receiver = self._receiver(channel)
         receiver.release(size)
-        handle_type = (
-            HandleType.TOPIC if channel.kind == ChannelKind.PUBLISH else HandleType.SUBSCRIPTION
-        )
         events: list[Event] = []
-        self._release_reference(handle_type, channel.index, events)
+        self._release_reference(_HANDLE_TYPE_OF_KIND[channel.kind], channel.index, events)
         if channel in self._receivers and self.state is ConnectionState.OPEN:
             self._issue(receiver)
         return events
@@ -791,45 +802,33 @@ class Connection:
             return 0
         return self.policy.optimism_for(channel)
 
-    def _send_frame(self, sender: ChannelSender, message: Any, frame: bytes | None = None) -> int:
+    def _send_frame(
+        self, sender: ChannelSender, message: Any, frame: bytes | None = None, tail: bytes = b""
+    ) -> int:
+        """Send a channel frame (default: ``message`` encoded) if it fits."""
         if frame is None:
             frame = encode(message, max_frame=self.peer_max_frame)
-        size = len(frame)
+        size = len(frame) + len(tail)
         room = self._room(sender)
         if size > room:
             raise NoGuarantees(
                 f"{sender.channel}: {size}-byte frame does not fit (room {room} bytes)"
             )
-        sender.record_sent(SentFrame(size, frame, message))
-        self._out.append(frame)
-        self.frames_sent += 1
-        self.bytes_sent += size
+        # Only deliveries come with a tail, and they never go beyond the guarantees
+        # (no optimism on [3, s]), so they are never kept for retransmission.
+        sender.record_sent(SentFrame(size, b"" if tail else frame, message))
+        self._put(frame, tail)
         return size
 
     def _pump_retransmissions(self, sender: ChannelSender, events: list[Event]) -> None:
-        while True:
-            entry = sender.next_retransmission()
-            if entry is None:
-                break
-            if sender.sending_limit is not None and entry.size > sender.sending_limit:
-                sender.retransmit.appendleft(entry)
-                break
+        while (entry := sender.next_retransmission()) is not None:
             sender.record_sent(entry)
-            self._out.append(entry.frame)
-            self.frames_sent += 1
-            self.bytes_sent += entry.size
-        if sender.retransmit and (
-            (sender.sending_limit is not None and sender.retransmit[0].size > sender.sending_limit)
-            or (
-                sender.receiving_limit is not None
-                and sender.retransmit[0].size > sender.balance + sender.receiving_limit
-            )
-        ):
-            events.append(FramesAbandoned(sender.channel, len(sender.retransmit)))
-            abandoned = len(sender.retransmit)
-            sender.retransmit.clear()
-            if self.role is Role.CLIENT and sender.channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
-                self._undo_binds(sender.channel, abandoned, events)
+            self._put(entry.frame)
+        abandoned = sender.abandon_stuck_retransmissions()
+        if abandoned:
+            events.append(FramesAbandoned(sender.channel, len(abandoned)))
+            if self.role is Role.CLIENT and sender.channel in _HANDLE_TYPE_OF_BIND_CHANNEL:
+                self._undo_binds(sender.channel, len(abandoned), events)
 
     def _undo_binds(self, channel: Channel, count: int, events: list[Event]) -> None:
         """Client: bind frames that will never be sent bind nothing at the broker.
@@ -837,17 +836,15 @@ class Connection:
         They are the newest binds of their type, so undoing them keeps both
         sides' handle numbers in step.
         """
-        if channel == TOPIC_BINDS:
-            handle_type, kind = HandleType.TOPIC, ChannelKind.PUBLISH
-        else:
-            handle_type, kind = HandleType.SUBSCRIPTION, ChannelKind.DELIVER
+        handle_type = _HANDLE_TYPE_OF_BIND_CHANNEL[channel]
         for handle in self._table(handle_type).unbind_last(count):
-            lost = self._senders.pop(Channel(kind, handle), None)
+            handle_channel = _handle_channel(handle_type, handle)
+            lost = self._senders.pop(handle_channel, None)
             if lost is not None and (lost.unconfirmed or lost.retransmit):
                 events.append(
                     FramesAbandoned(lost.channel, len(lost.unconfirmed) + len(lost.retransmit))
                 )
-            self._receivers.pop(Channel(kind, handle), None)
+            self._receivers.pop(handle_channel, None)
             events.append(HandleDeleted(int(handle_type), handle))
 
     # ---------------------------------------------------------------- guarantee messages in
@@ -873,12 +870,9 @@ class Connection:
         return receiver
 
     def _check_channel_handle(self, channel: Channel, events: list[Event]) -> None:
-        if channel.kind == ChannelKind.PUBLISH:
-            self._resolve_required(HandleType.TOPIC, channel.index, events, "control message")
-        elif channel.kind == ChannelKind.DELIVER:
-            self._resolve_required(
-                HandleType.SUBSCRIPTION, channel.index, events, "control message"
-            )
+        handle_type = _HANDLE_TYPE_OF_KIND.get(channel.kind)
+        if handle_type is not None:
+            self._resolve_required(handle_type, channel.index, events, "control message")
 
     def _on_issue_guarantee(self, message: IssueGuarantee, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -1000,11 +994,14 @@ class Connection:
         headers: Headers | None = None,
     ) -> int:
         """Broker: send a delivery within the subscriber's guarantees; returns its size."""
+        sender = self._delivery_sender(subscription)
+        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+
+    def _delivery_sender(self, subscription: int) -> ChannelSender:
         self._require_role(Role.BROKER, "deliver")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        sender = self._senders[Channel(ChannelKind.DELIVER, subscription)]
-        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+        return self._senders[Channel(ChannelKind.DELIVER, subscription)]
 
     def deliver_encoded(self, subscription: int, seq: int, tail: bytes) -> int:
         """Broker: :meth:`deliver` with the shared part pre-encoded once per publish.
@@ -1012,23 +1009,12 @@ class Connection:
         ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
         encoded per subscriber.
         """
-        self._require_role(Role.BROKER, "deliver")
-        self._require_open()
-        self.subscriptions.resolve_local(subscription)
-        sender = self._senders[Channel(ChannelKind.DELIVER, subscription)]
+        sender = self._delivery_sender(subscription)
         head, tail = encode_deliver(subscription, seq, tail)
         size = len(head) + len(tail)
-        if size - 4 > self.peer_max_frame:
+        if size - LENGTH_PREFIX > self.peer_max_frame:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
-        room = sender.room(0)
-        if size > room:
-            raise NoGuarantees(f"{sender.channel}: {size}-byte frame does not fit (room {room})")
-        sender.record_sent(SentFrame(size, b"", None))
-        self._out.append(head)
-        self._out.append(tail)
-        self.frames_sent += 1
-        self.bytes_sent += size
-        return size
+        return self._send_frame(sender, None, head, tail)
 
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
@@ -1059,11 +1045,18 @@ class Connection:
         self.processed[subscription] = seq
         self._queue(Ack(subscription, seq))
 
-    def _on_ack(self, message: Ack, size: int, events: list[Event]) -> None:
-        if self.role is not Role.BROKER:
-            raise RemoteProtocolError("Ack is sent by clients")
+    def _on_notice(self, message: Ack | Gap | Confirm, size: int, events: list[Event]) -> None:
+        """Ack (client to broker), Gap and Confirm (broker to client): checked, passed on."""
+        name = type(message).__name__
+        if isinstance(message, Confirm):
+            handle_type, handle = HandleType.TOPIC, message.topic
+        else:
+            handle_type, handle = HandleType.SUBSCRIPTION, message.subscription
+        sent_by = Role.CLIENT if isinstance(message, Ack) else Role.BROKER
+        if self.role is sent_by:
+            raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
         self._check_open(message)
-        self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Ack")
+        self._resolve_required(handle_type, handle, events, name)
         events.append(message)
 
     def gap(self, subscription: int, first_seq: int, count: int) -> None:
@@ -1086,22 +1079,6 @@ class Connection:
         self._require_open()
         self._receiver(channel)
         self._queue(Throttled(channel, throttled))
-
-    def _on_subscription_notice(self, message: Gap, size: int, events: list[Event]) -> None:
-        if self.role is not Role.CLIENT:
-            raise RemoteProtocolError(f"{type(message).__name__} is sent by the broker")
-        self._check_open(message)
-        self._resolve_required(
-            HandleType.SUBSCRIPTION, message.subscription, events, type(message).__name__
-        )
-        events.append(message)
-
-    def _on_confirm(self, message: Confirm, size: int, events: list[Event]) -> None:
-        if self.role is not Role.CLIENT:
-            raise RemoteProtocolError("Confirm is sent by the broker")
-        self._check_open(message)
-        self._resolve_required(HandleType.TOPIC, message.topic, events, "Confirm")
-        events.append(message)
 
     # ================================================================ inspection
 

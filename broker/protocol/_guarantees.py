@@ -471,10 +471,33 @@ class ChannelSender:
             self.unconfirmed.append(entry)
 
     def next_retransmission(self) -> SentFrame | None:
-        """The next dropped frame, if the guarantees now cover it."""
-        if self.retransmit and self.retransmit[0].size <= self.balance:
-            return self.retransmit.popleft()
-        return None
+        """The next dropped frame, if the guarantees and own limit now allow it."""
+        if not self.retransmit:
+            return None
+        size = self.retransmit[0].size
+        if size > self.balance or (self.sending_limit is not None and size > self.sending_limit):
+            return None
+        return self.retransmit.popleft()
+
+    def abandon_stuck_retransmissions(self) -> list[SentFrame]:
+        """Give up the waiting retransmissions if the next one can never be sent.
+
+        That is when it exceeds this side's own LimitSending, or what the
+        receiver may still issue under its LimitReceiving. Returns the frames
+        given up (oldest first), or nothing.
+        """
+        if not self.retransmit:
+            return []
+        size = self.retransmit[0].size
+        over_own = self.sending_limit is not None and size > self.sending_limit
+        over_receiver = (
+            self.receiving_limit is not None and size > self.balance + self.receiving_limit
+        )
+        if not (over_own or over_receiver):
+            return []
+        abandoned = list(self.retransmit)
+        self.retransmit.clear()
+        return abandoned
 
     def absolve(self, amount: int) -> Absolve:
         """Give up ``amount`` bytes of guarantees."""

@@ -435,6 +435,10 @@ class ChannelSender:
         return sum(entry.size for entry in self.unconfirmed)
 
     @property
+    def retransmit_bytes(self) -> int:
+        return sum(entry.size for entry in self.retransmit)
+
+    @property
     def receiving_closed(self) -> bool:
         """The receiver will issue no more guarantees and none are left."""
         return self.receiving_limit == 0 and self.balance <= 0 and not self.unconfirmed
@@ -517,7 +521,7 @@ class ChannelSender:
         """Promise to send (or absolve) at most ``bound`` more bytes."""
         _check_amount(bound, "bound")
         _tightened(self.channel, "LimitSending", self.sending_limit, bound, LocalProtocolError)
-        waiting = sum(entry.size for entry in self.retransmit)
+        waiting = self.retransmit_bytes
         if bound < waiting:
             raise LocalProtocolError(
                 f"{self.channel}: LimitSending {bound} is below the {waiting} bytes "
@@ -559,18 +563,15 @@ class ChannelSender:
             raise RemoteProtocolError(
                 f"{self.channel}: AnnounceDropping with no unconfirmed frames"
             )
-        dropped = list(self.unconfirmed)
-        self.unconfirmed.clear()
-        self._refunded += sum(entry.size for entry in dropped)
-        self.retransmit.extend(dropped)
         self.drops_announced += 1
-        return Apologise(self.channel), dropped
+        return Apologise(self.channel), self.forget_unconfirmed()
 
     def forget_unconfirmed(self) -> list[SentFrame]:
-        """The receiver discarded every unconfirmed frame without announcing it.
+        """Every unconfirmed frame was lost: refund it and queue it to be sent again.
 
-        Used when the bind of this channel's handle was dropped: the frames
-        are refunded and queued for retransmission, but no Apologise is owed.
+        Returns those frames, oldest first. Called on an AnnounceDropping, and
+        when the bind of this channel's handle was dropped (the broker then
+        discards the frames unannounced, and no Apologise is owed).
         """
         dropped = list(self.unconfirmed)
         self.unconfirmed.clear()
@@ -600,7 +601,7 @@ class ChannelSender:
             unconfirmed_frames=len(self.unconfirmed),
             unconfirmed_bytes=self.unconfirmed_bytes,
             retransmit_frames=len(self.retransmit),
-            retransmit_bytes=sum(entry.size for entry in self.retransmit),
+            retransmit_bytes=self.retransmit_bytes,
             sent_frames=self.sent_frames,
             sent_bytes=self._sent,
             received_bytes=self._received,

@@ -207,6 +207,7 @@ class Connection:
         self.discarded_frames = 0
         self._decoder = FrameDecoder(max_frame=max_frame)
         self._out: list[bytes] = []
+        self._out_size = 0
         self._receivers: dict[Channel, ChannelReceiver] = {}
         self._senders: dict[Channel, ChannelSender] = {}
         self._pending_binds: dict[HandleType, deque[tuple[BindTopic | Subscribe, int]]] = {
@@ -280,9 +281,15 @@ class Connection:
             return b""
         data = b"".join(self._out)
         self._out.clear()
+        self._out_size = 0
         if now is not None:
             self.liveness.on_sent(now)
         return data
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Bytes queued for the peer that :meth:`data_to_send` has not returned yet."""
+        return self._out_size
 
     @property
     def closed(self) -> bool:
@@ -297,8 +304,10 @@ class Connection:
         self._out.append(frame)
         if tail:
             self._out.append(tail)
+        size = len(frame) + len(tail)
         self.frames_sent += 1
-        self.bytes_sent += len(frame) + len(tail)
+        self.bytes_sent += size
+        self._out_size += size
 
     def _queue_all(self, messages: list[Any]) -> None:
         for message in messages:

@@ -1,0 +1,390 @@
+"""The trio client: ``async with open_client(url) as client``."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import trio
+
+from broker.protocol import (
+    Channel,
+    Confirm,
+    Connection,
+    ConnectionClosed,
+    DeliverReceived,
+    DropAnnounced,
+    Event,
+    FramesAbandoned,
+    GoodbyeCode,
+    HandleDeleted,
+    HandleType,
+    Headers,
+    NoGuarantees,
+    Policy,
+    Role,
+    Throttled,
+    WelcomeReceived,
+)
+
+from ._common import PUBLISHES_PER_YIELD, ClientError, ConnectionLost, Message, parse_url
+
+log = logging.getLogger("broker.client")
+
+RECEIVE_SIZE = 64 * 1024
+
+
+class Subscription:
+    """Messages of one subscription, in order: ``async for message in sub``.
+
+    Each message consumed frees its space in the delivery channel's buffer,
+    and the client promises that space to the broker again: the
+    subscriber's consumption is the window, so a slow consumer slows the
+    publishers feeding it instead of growing anybody's memory.
+    """
+
+    def __init__(self, client: Client, handle: int, topic: str) -> None:
+        self._client = client
+        self.handle = handle
+        self.topic = topic
+        self._queue: deque[DeliverReceived] = deque()
+        self._closed = False
+        self.received = 0
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ConnectionLost:
+            if self._client._goodbye_code in (None, GoodbyeCode.NORMAL):
+                raise StopAsyncIteration from None
+            raise
+
+    def receive_nowait(self) -> Message:
+        """The next message, or :class:`trio.WouldBlock` if none is here yet."""
+        if not self._queue:
+            self._client._check_open()
+            if self._closed:
+                raise ClientError("the subscription is closed")
+            raise trio.WouldBlock
+        event = self._queue.popleft()
+        client = self._client
+        client._conn.release(event)
+        client._wake_writer()
+        message = event.message
+        return Message(self.topic, message.payload, message.key, message.headers, message.seq)
+
+    async def receive(self) -> Message:
+        """The next message (waits for it)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._queue:
+            self._client._check_open()
+            await self._client._changed.park()
+        message = self.receive_nowait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+
+class Client:
+    """A connection to a broker; see :func:`open_client`."""
+
+    def __init__(self, stream: trio.SocketStream, name: str, policy: Policy | None) -> None:
+        self._stream = stream
+        self.name = name
+        self._conn = Connection(Role.CLIENT, policy=policy, now=trio.current_time())
+        self._topics: dict[str, int] = {}
+        self._published: dict[int, int] = {}
+        self._confirmed: dict[int, int] = {}
+        self._subscriptions: dict[int, Subscription] = {}
+        self._changed = trio.lowlevel.ParkingLot()
+        self._wakeup = trio.Event()
+        self._error: ConnectionLost | None = None
+        self._goodbye_code: int | None = None
+        self._since_yield = 0
+        self._writer_done = trio.Event()
+        #: Channels the broker says it is withholding guarantees on (advisory).
+        self.throttled: set[Channel] = set()
+
+    # ---------------------------------------------------------------- running
+
+    async def _run(self, nursery: trio.Nursery) -> None:
+        self._conn.hello(self.name)
+        nursery.start_soon(self._reader)
+        nursery.start_soon(self._writer)
+        nursery.start_soon(self._keepalive)
+        self._wake_writer()
+        await self._wait_for(lambda: self._conn.welcome_message is not None)
+
+    def _fail(self, error: ConnectionLost) -> None:
+        if self._error is None:
+            self._error = error
+        self._changed.unpark_all()
+        self._wakeup.set()
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._conn.closed:
+            raise ConnectionLost("the client is closed")
+
+    async def _wait_for(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            self._check_open()
+            await self._changed.park()
+
+    def _wake_writer(self) -> None:
+        self._wakeup.set()
+
+    async def _reader(self) -> None:
+        conn = self._conn
+        try:
+            while not conn.closed:
+                data = await self._stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    self._fail(ConnectionLost("the broker closed the connection"))
+                    return
+                events = conn.receive_data(data, trio.current_time())
+                self._handle_events(events)
+                if conn.bytes_to_send:
+                    self._wakeup.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(ConnectionLost(f"connection broken: {error}"))
+
+    def _handle_events(self, events: list[Event]) -> None:
+        for event in events:
+            if type(event) is DeliverReceived:
+                subscription = self._subscriptions.get(event.message.subscription)
+                if subscription is None or subscription._closed:
+                    self._conn.release(event)  # a subscription being freed
+                else:
+                    subscription._queue.append(event)
+                    subscription.received += 1
+            elif type(event) is Confirm:
+                self._confirmed[event.topic] = event.count
+            elif isinstance(event, Throttled):
+                if event.throttled:
+                    self.throttled.add(event.channel)
+                else:
+                    self.throttled.discard(event.channel)
+            elif isinstance(event, ConnectionClosed):
+                self._goodbye_code = event.code
+                if event.by_peer:
+                    self._fail(ConnectionLost(event.reason, event.code))
+                else:
+                    self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
+            elif isinstance(event, DropAnnounced | FramesAbandoned):
+                log.warning("%s: %s", self.name, event)
+            elif isinstance(event, HandleDeleted | WelcomeReceived):
+                pass
+        self._changed.unpark_all()
+
+    async def _writer(self) -> None:
+        conn = self._conn
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                data = conn.data_to_send(trio.current_time())
+                if data:
+                    await self._stream.send_all(data)
+                if conn.closed or self._error is not None:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(ConnectionLost(f"connection broken: {error}"))
+        finally:
+            self._writer_done.set()
+
+    async def _keepalive(self) -> None:
+        conn = self._conn
+        while not conn.closed and self._error is None:
+            await trio.sleep_until(conn.next_deadline())
+            now = trio.current_time()
+            if conn.peer_gone(now):
+                conn.goodbye(GoodbyeCode.LEASE_EXPIRED, "broker silent")
+                self._fail(ConnectionLost("the broker went silent (lease expired)"))
+                return
+            if conn.ping_due(now) and conn.welcome_message is not None:
+                conn.ping()
+                self._wake_writer()
+
+    # ---------------------------------------------------------------- topics
+
+    def _topic_nowait(self, topic: str) -> int:
+        handle = self._topics.get(topic)
+        if handle is None:
+            self._check_open()
+            try:
+                handle = self._conn.bind_topic(topic)
+            except NoGuarantees:
+                raise trio.WouldBlock from None
+            self._topics[topic] = handle
+            self._published[handle] = 0
+            self._wake_writer()
+        return handle
+
+    async def _topic(self, topic: str) -> int:
+        while True:
+            try:
+                return self._topic_nowait(topic)
+            except trio.WouldBlock:
+                await self._changed.park()
+
+    # ---------------------------------------------------------------- publishing
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Publish if the topic's guarantees allow it now; else :class:`trio.WouldBlock`.
+
+        Once it returns, the broker is certain to accept the message.
+        """
+        handle = self._topic_nowait(topic)
+        self._check_open()
+        try:
+            self._conn.publish(handle, payload, key=key, headers=headers)
+        except NoGuarantees:
+            raise trio.WouldBlock from None
+        self._published[handle] += 1
+        self._wakeup.set()
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Publish, waiting for the topic's guarantees: backpressure reaches the caller.
+
+        Always checks for cancellation; yields to other tasks when it waits,
+        and otherwise at least once per ``PUBLISHES_PER_YIELD`` calls (so a
+        tight publishing loop lets the writer batch its frames).
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                self.publish_nowait(topic, payload, key=key, headers=headers)
+                break
+            except trio.WouldBlock:
+                self._since_yield = 0
+                await self._changed.park()
+        self._since_yield += 1
+        if self._since_yield >= PUBLISHES_PER_YIELD:
+            self._since_yield = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def flush(self) -> None:
+        """Wait until the broker has routed every message published so far."""
+        await trio.lowlevel.checkpoint()
+        self._wake_writer()
+        targets = dict(self._published)
+        await self._wait_for(
+            lambda: all(self._confirmed.get(h, 0) >= n for h, n in targets.items())
+        )
+
+    # ---------------------------------------------------------------- subscribing
+
+    @asynccontextmanager
+    async def subscribe(self, topic: str, *, mode: str = "reliable") -> AsyncIterator[Subscription]:
+        """Subscribe to ``topic`` for the duration of the block.
+
+        Returns once the broker has processed the subscription: every message
+        published after that is delivered.
+        """
+        conn = self._conn
+        handle = await self._topic(topic)
+        await self._wait_for(lambda: conn.confirmed(HandleType.TOPIC, handle))
+        while True:
+            self._check_open()
+            try:
+                sub_handle = conn.subscribe(handle, mode)
+                break
+            except NoGuarantees:
+                await self._changed.park()
+        subscription = Subscription(self, sub_handle, topic)
+        self._subscriptions[sub_handle] = subscription
+        self._wake_writer()
+        try:
+            await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, sub_handle))
+            yield subscription
+        finally:
+            subscription._closed = True
+            with trio.CancelScope(shield=True):
+                await self._unsubscribe(subscription)
+
+    async def _unsubscribe(self, subscription: Subscription) -> None:
+        conn = self._conn
+        handle = subscription.handle
+        for event in subscription._queue:
+            conn.release(event)
+        subscription._queue.clear()
+        if self._error is not None or conn.closed:
+            return
+        with trio.move_on_after(10):
+            await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, handle))
+            conn.free_handle(HandleType.SUBSCRIPTION, handle)
+            self._wake_writer()
+
+    # ---------------------------------------------------------------- closing
+
+    async def aclose(self, *, flush: bool = True) -> None:
+        """Flush (by default), say Goodbye and close the connection."""
+        if self._error is None and not self._conn.closed:
+            if flush:
+                await self.flush()
+            self._conn.goodbye(GoodbyeCode.NORMAL, "bye")
+            self._wake_writer()
+
+    def statistics(self) -> dict[str, int]:
+        """Messages published/confirmed and subscriptions, for scripts and tests."""
+        return {
+            "published": sum(self._published.values()),
+            "confirmed": sum(self._confirmed.values()),
+            "subscriptions": len(self._subscriptions),
+            "bytes_sent": self._conn.bytes_sent,
+            "bytes_received": self._conn.bytes_received,
+        }
+
+
+@asynccontextmanager
+async def open_client(
+    url: str = "127.0.0.1:7400",
+    *,
+    name: str = "trio-client",
+    policy: Policy | None = None,
+    connect_timeout: float = 10.0,
+) -> AsyncIterator[Client]:
+    """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
+
+    Leaving the block normally flushes (waits until the broker has routed
+    every published message), then says Goodbye.
+    """
+    host, port = parse_url(url)
+    with trio.fail_after(connect_timeout):
+        stream = await trio.open_tcp_stream(host, port)
+    async with stream, trio.open_nursery() as nursery:
+        client = Client(stream, name, policy)
+        with trio.fail_after(connect_timeout):
+            await client._run(nursery)
+        try:
+            yield client
+            await client.aclose()
+        except BaseException:
+            await client.aclose(flush=False)
+            raise
+        finally:
+            with trio.move_on_after(2) as scope:
+                scope.shield = True
+                # Let the writer send the Goodbye before the socket closes.
+                await client._writer_done.wait()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,190 @@
+"""Broker configuration: defaults, a TOML file, environment variables, flags.
+
+Later sources override earlier ones: built-in defaults, then the ``[broker]``
+table of a TOML file (or its top level), then ``BROKER_<FIELD>`` environment
+variables (``BROKER_LISTEN=0.0.0.0:7400``), then command-line flags.
+Every budget and watermark is a field of :class:`BrokerConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import BrokerError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+class ConfigError(BrokerError):
+    """A configuration value is missing, malformed or inconsistent."""
+
+
+def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) -> ``(host, port)``."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"address {text!r} needs a port (HOST:PORT)")
+        host, port = text, str(default_port)
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"address {text!r}: port {port!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"address {text!r}: port out of range")
+    return host, number
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Everything a broker needs to know; all sizes are in bytes, times in seconds."""
+
+    #: Where clients connect (port 0 picks a free port).
+    listen: str = "127.0.0.1:7400"
+    #: Where Prometheus scrapes ``/metrics`` ("" disables the endpoint).
+    metrics_listen: str = "127.0.0.1:9400"
+    #: Largest frame body a client may send (announced in Welcome).
+    max_frame: int = 64 * KiB
+    #: Heartbeat interval and lease announced to clients.
+    heartbeat: float = 5.0
+    lease: float = 15.0
+    #: Buffer capacity of a new publish channel. Idle channels are shrunk, down
+    #: to one frame (``max_frame + 64``), to fund new ones.
+    publish_capacity: int = 256 * KiB
+    #: Buffer capacity of each bind channel (live handles hold their bind bytes,
+    #: so this also bounds how many topics and subscriptions a connection binds).
+    bind_capacity: int = 16 * KiB
+    #: Buffer budget of one connection, shared by its channels.
+    connection_budget: int = 4 * MiB
+    #: Buffer budget of the whole broker, shared by its connections.
+    global_budget: int = 256 * MiB
+    #: A channel's account withholds guarantees above this debt...
+    channel_high_watermark: int = 1 * MiB
+    #: ...and resumes at or below this one.
+    channel_low_watermark: int = 512 * KiB
+    #: The connection's account stops the socket reader above this debt (the
+    #: backstop; well above one channel's) and resumes at the low one.
+    connection_high_watermark: int = 4 * MiB
+    connection_low_watermark: int = 2 * MiB
+    #: The reader stops while this many bytes wait to be written to a client
+    #: that does not read its socket.
+    max_unsent: int = 4 * MiB
+    #: Most connections served at once; more are refused with Goodbye 3.
+    max_connections: int = 10_000
+    #: Seconds a graceful shutdown waits for connections to drain.
+    shutdown_deadline: float = 5.0
+
+    def __post_init__(self) -> None:
+        parse_address(self.listen)
+        if self.metrics_listen:
+            parse_address(self.metrics_listen)
+        if self.max_frame < 1024:
+            raise ConfigError("max_frame must be at least 1024 bytes")
+        if self.publish_capacity < self.min_publish_capacity:
+            raise ConfigError(
+                f"publish_capacity ({self.publish_capacity}) must hold a whole frame: "
+                f"at least max_frame + 64 ({self.min_publish_capacity})"
+            )
+        if self.bind_capacity < 1024:
+            raise ConfigError("bind_capacity must be at least 1024 bytes")
+        if self.connection_budget < 2 * self.bind_capacity + self.min_publish_capacity:
+            raise ConfigError("connection_budget must fund both bind channels and one publish")
+        if self.global_budget < self.connection_budget:
+            raise ConfigError("global_budget must be >= connection_budget")
+        for low, high in (
+            ("channel_low_watermark", "channel_high_watermark"),
+            ("connection_low_watermark", "connection_high_watermark"),
+        ):
+            if not 0 <= getattr(self, low) <= getattr(self, high):
+                raise ConfigError(f"need 0 <= {low} <= {high}")
+        if self.heartbeat <= 0 or self.lease <= self.heartbeat:
+            raise ConfigError("need 0 < heartbeat < lease")
+        if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:
+            raise ConfigError("max_unsent >= 64 KiB, max_connections >= 1, deadline >= 0")
+
+    @property
+    def min_publish_capacity(self) -> int:
+        """The smallest useful publish channel: one frame of ``max_frame``."""
+        return self.max_frame + 64
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_address(self.listen)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        return parse_address(self.metrics_listen) if self.metrics_listen else None
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        """A copy with ``changes`` applied (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS = {f.name: f for f in fields(BrokerConfig)}
+ENV_PREFIX = "BROKER_"
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = type(getattr(BrokerConfig, name))
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return kind(value.replace("_", "") if kind in (int, float) else value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
+
+
+def _apply(base: dict[str, Any], values: Mapping[str, Any], source: str) -> None:
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"{source}: unknown setting {key!r}")
+        base[name] = _coerce(name, value)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Defaults, then the TOML file at ``path``, then the environment, then ``overrides``."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as error:
+            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config {path}: {error}") from None
+        table = data.get("broker", data)
+        if not isinstance(table, dict):
+            raise ConfigError(f"config {path}: [broker] must be a table")
+        _apply(values, table, str(path))
+    env = os.environ if environ is None else environ
+    _apply(
+        values,
+        {
+            key[len(ENV_PREFIX) :].lower(): value
+            for key, value in env.items()
+            if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in FIELDS
+        },
+        "environment",
+    )
+    _apply(values, {k: v for k, v in (overrides or {}).items() if v is not None}, "flags")
+    try:
+        return BrokerConfig(**values)
+    except TypeError as error:  # pragma: no cover - guarded by _apply
+        raise ConfigError(str(error)) from None

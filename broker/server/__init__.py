@@ -1,0 +1,24 @@
+"""The broker's trio server: listener, connections, topic actors, budgets.
+
+:func:`serve_broker` runs a broker; the :class:`Broker` it hands to
+``task_status`` is the running broker (its address, statistics, topics,
+connections, and :meth:`Broker.shutdown`). Parsing bytes is
+:mod:`broker.protocol`'s job; this package does the I/O and the accounting.
+"""
+
+from ._broker import Broker, BrokerStatistics, serve_broker
+from ._connection import ConnectionCounters, PublishChannel, ServerConnection
+from ._policy import BrokerPolicy
+from ._topic import Subscription, Topic
+
+__all__ = [
+    "Broker",
+    "BrokerPolicy",
+    "BrokerStatistics",
+    "ConnectionCounters",
+    "PublishChannel",
+    "ServerConnection",
+    "Subscription",
+    "Topic",
+    "serve_broker",
+]

@@ -1,0 +1,527 @@
+"""One client connection: a reader, a writer and a keepalive task around a sans-IO Connection."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import deque
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from accounts import Account, LoanedItem
+from broker.protocol import (
+    Channel,
+    ChannelKind,
+    Connection,
+    ConnectionClosed,
+    DeliverReceived,
+    Event,
+    GoodbyeCode,
+    GuaranteesReceived,
+    HandleDeleted,
+    HandleFreeProposed,
+    HandleType,
+    HelloReceived,
+    NoGuarantees,
+    PublishReceived,
+    Role,
+    Subscribed,
+    TopicBound,
+    encode_deliver_tail,
+)
+
+from ._policy import BrokerPolicy
+from ._topic import Routed, Subscription, Topic
+
+if TYPE_CHECKING:
+    from ._broker import Broker
+
+log = logging.getLogger("broker.server")
+
+#: Bytes asked of the socket per read. The connection account is checked
+#: between reads; channel frames are bounded by guarantees regardless.
+RECEIVE_SIZE = 64 * 1024
+#: How long a closing connection waits for the client to see its Goodbye.
+LINGER_SECONDS = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class PublishChannel:
+    """The broker's side of one publish channel ``[2, t]``."""
+
+    channel: Channel
+    account: Account
+    topic: Topic
+    #: Received publishes not yet forwarded to the topic (the channel buffer).
+    buffer: deque[PublishReceived] = field(default_factory=deque)
+    #: Publishes the topic has routed to every subscription (for Confirm).
+    routed: int = 0
+    confirmed: int = 0
+    #: A task waits for the account to clear (guarantees are withheld meanwhile).
+    waiting: bool = False
+
+
+@dataclass(slots=True)
+class ConnectionCounters:
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
+    reader_pauses: int = 0
+
+
+class ServerConnection:
+    """The broker's end of one TCP connection.
+
+    Control messages are handled as they arrive; publishes wait in their
+    channel's buffer and are forwarded to the topic only while the channel's
+    account is clear. Guarantees on a channel are issued only while its
+    account is below its watermark (see :class:`BrokerPolicy`), so a slow
+    topic withholds exactly its own channel's guarantees. The reader stops
+    reading while the connection's account is blocked (the backstop) or
+    while too much output waits for a client that does not read.
+    """
+
+    def __init__(self, broker: Broker, stream: trio.SocketStream, serial: int) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.serial = serial
+        config = broker.config
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:  # pragma: no cover - the peer vanished already
+            self.peer = "?"
+        self.name = f"conn-{serial}"
+        self.client_name = ""
+        self.account = Account(
+            self.name,
+            high_watermark=config.connection_high_watermark,
+            low_watermark=config.connection_low_watermark,
+            parent=broker.account,
+            kind="connection",
+        )
+        self.channels: dict[int, PublishChannel] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.counters = ConnectionCounters()
+        self.buffer_reserved = 0
+        self.protocol = Connection(
+            Role.BROKER,
+            policy=BrokerPolicy(self),
+            max_frame=config.max_frame,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+            now=trio.current_time(),
+        )
+        self.buffer_reserved = self._capacity_in_use()
+        self._inflight: list[LoanedItem[bytes]] = []
+        self._wakeup = trio.Event()
+        self._drained = trio.Event()
+        self._stalled: set[int] = set()
+        self._starved: list[Channel] = []
+        self._funds_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._confirm_dirty: set[int] = set()
+        self.closed = trio.Event()
+        self.close_reason = ""
+
+    # ================================================================ lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until either side closes it."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._keepalive)
+                await self._writer()
+                nursery.cancel_scope.cancel()
+            await self._linger()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.close_reason = self.close_reason or f"socket error: {error}"
+        finally:
+            self._cleanup()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self.stream.aclose()
+            self.closed.set()
+
+    async def _linger(self) -> None:
+        """After our Goodbye: half-close, and discard what the client still
+        sends for a moment, so that closing does not reset the connection
+        before the client has read the Goodbye."""
+        with trio.move_on_after(LINGER_SECONDS):
+            await self.stream.send_eof()
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+
+    def goodbye(self, code: GoodbyeCode, reason: str) -> None:
+        """Say Goodbye; the writer sends it and closes the connection."""
+        if not self.protocol.closed:
+            self.protocol.goodbye(code, reason)
+            self.close_reason = self.close_reason or f"goodbye {int(code)}: {reason}"
+        self.wake_writer()
+
+    def _cleanup(self) -> None:
+        # Publishes that were accepted within guarantees are forwarded even
+        # though their sender is gone: the guarantee promised they'd be routed.
+        for state in list(self.channels.values()):
+            while state.buffer:
+                event = state.buffer.popleft()
+                self._forward(state, event)
+            state.topic.publishers -= 1
+            state.topic.release_if_unused()
+            state.account.close()
+        self.channels.clear()
+        for subscription in list(self.subscriptions.values()):
+            subscription.close()
+        self.subscriptions.clear()
+        for loan in self._inflight:
+            loan.repay()
+        self._inflight.clear()
+        self.account.close()
+        self._reserve(-self.buffer_reserved)
+        self.broker.forget(self)
+        log.info("%s %s closed: %s", self.name, self.peer, self.close_reason or "done")
+
+    # ================================================================ writer
+
+    def wake_writer(self) -> None:
+        self._wakeup.set()
+
+    async def _writer(self) -> None:
+        protocol = self.protocol
+        stream = self.stream
+        counters = self.counters
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            if self._confirm_dirty:
+                self._send_confirms()
+            loans = self._inflight
+            self._inflight = []
+            data = protocol.data_to_send(trio.current_time())
+            if data:
+                await stream.send_all(data)
+                counters.bytes_out += len(data)
+            counters.messages_out += len(loans)
+            for loan in loans:
+                loan.repay()
+            self._drained.set()
+            if protocol.closed and not protocol.bytes_to_send:
+                return
+
+    def _send_confirms(self) -> None:
+        protocol = self.protocol
+        for handle in self._confirm_dirty:
+            state = self.channels.get(handle)
+            if state is not None and state.routed != state.confirmed:
+                state.confirmed = state.routed
+                protocol.confirm(handle, state.routed)
+        self._confirm_dirty.clear()
+
+    def routed(self, handle: int) -> None:
+        """A topic routed one of this connection's publishes on ``handle``."""
+        state = self.channels.get(handle)
+        if state is not None and not self.protocol.closed:
+            state.routed += 1
+            self._confirm_dirty.add(handle)
+            self._wakeup.set()
+
+    # ================================================================ deliveries
+
+    def try_deliver(self, subscription: Subscription, loan: LoanedItem[bytes]) -> bool:
+        """Queue ``loan``'s Deliver for the socket if the guarantees allow."""
+        if self.protocol.closed:
+            loan.repay()  # nobody will read it; the subscription goes away with us
+            return True
+        try:
+            self.protocol.deliver_encoded(subscription.handle, subscription.next_seq, loan.item)
+        except NoGuarantees:
+            return False
+        subscription.next_seq += 1
+        subscription.delivered += 1
+        self._inflight.append(loan)
+        self._wakeup.set()
+        return True
+
+    def subscription_stalled(self, subscription: Subscription) -> None:
+        """A subscription of ours waits for our client's guarantees.
+
+        Those guarantees come in on our socket, so the reader must not stop
+        on debt that only this client's reading can clear.
+        """
+        self._stalled.add(subscription.handle)
+        if self._funds_scope is not None:
+            self._funds_scope.cancel()
+
+    # ================================================================ reader
+
+    async def _reader(self) -> None:
+        protocol = self.protocol
+        stream = self.stream
+        counters = self.counters
+        while not protocol.closed:
+            await self._pause_if_needed()
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self.close_reason = self.close_reason or "peer closed the connection"
+                if not protocol.closed:
+                    protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
+                # Nothing more can reach a peer that closed: the writer stops.
+                self._nursery_cancel()
+                return
+            counters.bytes_in += len(data)
+            events = protocol.receive_data(data, trio.current_time())
+            if events:
+                self._handle_events(events)
+            if protocol.bytes_to_send or protocol.closed:
+                self._wakeup.set()
+
+    def _nursery_cancel(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _pause_if_needed(self) -> None:
+        if self.protocol.bytes_to_send > self.broker.config.max_unsent:
+            # The client does not read: stop reading until the writer drains.
+            self.counters.reader_pauses += 1
+            self._drained = trio.Event()
+            await self._suspended(self._drained.wait())
+        self._refresh_stalled()
+        if not self._stalled and not self.account.is_clear():
+            self.counters.reader_pauses += 1
+            with trio.CancelScope() as scope:
+                self._funds_scope = scope
+                try:
+                    await self._suspended(self.account.ensure_clear_funds())
+                finally:
+                    self._funds_scope = None
+
+    async def _suspended(self, wait: Awaitable[None]) -> None:
+        """Await ``wait`` with the client's lease not running (we are not reading)."""
+        liveness = self.protocol.liveness
+        liveness.suspend(trio.current_time())
+        try:
+            await wait
+        finally:
+            liveness.resume(trio.current_time())
+
+    def _refresh_stalled(self) -> None:
+        if self._stalled:
+            self._stalled = {
+                handle
+                for handle in self._stalled
+                if (sub := self.subscriptions.get(handle)) is not None and sub.queued
+            }
+
+    # ================================================================ events
+
+    def _handle_events(self, events: list[Event]) -> None:
+        touched: set[PublishChannel] = set()
+        for event in events:
+            if type(event) is PublishReceived:
+                state = self.channels[event.channel.index]
+                state.buffer.append(event)
+                touched.add(state)
+                self.counters.messages_in += 1
+            elif type(event) is GuaranteesReceived:
+                if event.channel.kind == ChannelKind.DELIVER:
+                    subscription = self.subscriptions.get(event.channel.index)
+                    if subscription is not None:
+                        subscription.pump()
+            else:
+                self._handle_other(event)
+        for state in touched:
+            self._drain(state)
+
+    def _handle_other(self, event: Event) -> None:
+        if isinstance(event, HelloReceived):
+            self._on_hello(event)
+        elif isinstance(event, TopicBound):
+            topic = self.broker.topic(event.name)
+            topic.publishers += 1
+            channel = Channel(ChannelKind.PUBLISH, event.handle)
+            account = Account(
+                f"{self.name}/publish/{event.handle}",
+                high_watermark=self.broker.config.channel_high_watermark,
+                low_watermark=self.broker.config.channel_low_watermark,
+                parent=self.account,
+                kind="publish",
+            )
+            self.channels[event.handle] = PublishChannel(channel, account, topic)
+        elif isinstance(event, Subscribed):
+            topic = self.broker.topic(event.topic_name)
+            subscription = Subscription(self, event.handle, topic, event.mode)
+            self.subscriptions[event.handle] = subscription
+            topic.subscribe(subscription)
+        elif isinstance(event, HandleFreeProposed | HandleDeleted):
+            self._on_handle_gone(event.handle_type, event.handle)
+        elif isinstance(event, ConnectionClosed):
+            how = "by the client" if event.by_peer else "for a protocol violation"
+            self.close_reason = f"closed {how}: code {event.code} {event.reason}"
+            if event.error is not None:
+                log.warning("%s %s: %s", self.name, self.peer, event.error)
+        elif isinstance(event, DeliverReceived):  # pragma: no cover - the protocol refuses it
+            raise AssertionError("a broker never receives Deliver")
+
+    def _on_hello(self, event: HelloReceived) -> None:
+        hello = event.hello
+        self.client_name = hello.client[:64]
+        if hello.session is not None:
+            # Sessions outlive connections only once the session table exists;
+            # until then no session can be resumed, and the client must know.
+            self.protocol.goodbye(GoodbyeCode.UNKNOWN_SESSION, "unknown session")
+            self.close_reason = "resume of an unknown session"
+            return
+        self.protocol.welcome(session=secrets.token_bytes(16), epoch=self.broker.epoch)
+        log.info("%s %s: hello from %r", self.name, self.peer, self.client_name)
+
+    def _on_handle_gone(self, handle_type: int, handle: int) -> None:
+        if handle_type == HandleType.SUBSCRIPTION:
+            subscription = self.subscriptions.pop(handle, None)
+            if subscription is not None:
+                subscription.close()
+            self._stalled.discard(handle)
+            return
+        state = self.channels.get(handle)
+        if state is None or state.buffer:
+            return  # buffered publishes keep the handle; HandleDeleted comes later
+        del self.channels[handle]
+        state.topic.publishers -= 1
+        state.topic.release_if_unused()
+        state.account.close()
+        self._fund_starved()
+
+    # ================================================================ publish channels
+
+    def _drain(self, state: PublishChannel) -> None:
+        """Forward buffered publishes while the channel's account is clear."""
+        buffer = state.buffer
+        account = state.account
+        protocol = self.protocol
+        while buffer and not account.blocked:
+            event = buffer.popleft()
+            self._forward(state, event)
+            released = protocol.release(event)
+            if released:
+                self._handle_events(released)
+        if account.blocked and not state.waiting and not protocol.closed:
+            state.waiting = True
+            protocol.throttled(state.channel, True)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._await_clear, state)
+        if self._starved:
+            self._fund_starved()
+
+    def _forward(self, state: PublishChannel, event: PublishReceived) -> None:
+        message = event.message
+        tail = encode_deliver_tail(message.payload, message.key, message.headers)
+        state.topic.send_nowait(
+            Routed(tail, self, state.channel.index), account=state.account, cost=event.size
+        )
+
+    async def _await_clear(self, state: PublishChannel) -> None:
+        """Wait for a throttled channel's account to clear, then resume it."""
+        await state.account.ensure_clear_funds()
+        state.waiting = False
+        if self.channels.get(state.channel.index) is not state or self.protocol.closed:
+            return
+        self.protocol.throttled(state.channel, False)
+        self._drain(state)
+        self.protocol.issue_guarantees(state.channel)
+        self.wake_writer()
+
+    # ================================================================ budgets
+
+    def _capacity_in_use(self) -> int:
+        protocol = self.protocol
+        return sum(protocol.receiver(c).capacity for c in protocol.receiving_channels)
+
+    def fund_channel(self, channel: Channel) -> int:
+        """Capacity for a new publish channel, from the connection's and broker's budgets.
+
+        When the budget is spent, idle channels are shrunk (pleading their
+        sender) down to one frame; a channel that still gets nothing waits
+        until space frees up.
+        """
+        config = self.broker.config
+        want = config.publish_capacity
+        available = self._available()
+        if available < want:
+            self._shrink_idle_channels(want - available)
+            available = self._available()
+        grant = min(want, available)
+        if grant < config.min_publish_capacity:
+            grant = 0
+            self._starved.append(channel)
+        self._reserve(grant)
+        return grant
+
+    def _available(self) -> int:
+        in_use = self._capacity_in_use()
+        self._reserve(in_use - self.buffer_reserved)
+        return min(
+            self.broker.config.connection_budget - in_use,
+            self.broker.config.global_budget - self.broker.buffer_reserved,
+        )
+
+    def _reserve(self, amount: int) -> None:
+        self.buffer_reserved += amount
+        self.broker.buffer_reserved += amount
+
+    def _shrink_idle_channels(self, needed: int) -> None:
+        floor = self.broker.config.min_publish_capacity
+        protocol = self.protocol
+        idle = [
+            protocol.receiver(state.channel) for state in self.channels.values() if not state.buffer
+        ]
+        idle.sort(key=lambda receiver: receiver.capacity, reverse=True)
+        for receiver in idle:
+            if needed <= 0 or receiver.capacity <= floor:
+                break
+            before = receiver.capacity
+            protocol.set_capacity(receiver.channel, max(floor, before // 2))
+            needed -= before - receiver.capacity
+
+    def _fund_starved(self) -> None:
+        protocol = self.protocol
+        while self._starved:
+            channel = self._starved[0]
+            if channel.index not in self.channels:
+                self._starved.pop(0)
+                continue
+            available = self._available()
+            if available < self.broker.config.min_publish_capacity:
+                return
+            grant = min(self.broker.config.publish_capacity, available)
+            self._reserve(grant)
+            protocol.grow(channel, grant)
+            self._starved.pop(0)
+            self.wake_writer()
+
+    # ================================================================ keepalive
+
+    async def _keepalive(self) -> None:
+        protocol = self.protocol
+        while not protocol.closed:
+            await trio.sleep_until(protocol.next_deadline())
+            now = trio.current_time()
+            if protocol.peer_gone(now):
+                handshake = protocol.welcome_message is None
+                self.goodbye(
+                    GoodbyeCode.LEASE_EXPIRED,
+                    "no Hello in time" if handshake else "lease expired",
+                )
+                return
+            if protocol.ping_due(now):
+                if protocol.welcome_message is not None and not protocol.closed:
+                    protocol.ping()
+                    self.wake_writer()
+                else:
+                    protocol.liveness.on_sent(now)  # nothing to ping before the handshake

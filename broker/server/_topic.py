@@ -1,0 +1,115 @@
+"""Topic actors and the subscription queues they fan out into."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from accounts import Account, LoanedItem
+from actors import Actor, Turn
+
+if TYPE_CHECKING:
+    from ._connection import ServerConnection
+
+#: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
+DELIVER_HEAD_ESTIMATE = 24
+
+
+@dataclass(slots=True)
+class Routed:
+    """One publish on its way through a topic: the encoded Deliver tail and its origin."""
+
+    tail: bytes
+    origin: ServerConnection
+    handle: int
+
+
+class Subscription:
+    """A reliable subscription queue of one subscriber connection.
+
+    Every queued delivery is a loan on the account of the channel whose
+    publish caused it; the loan moves to the subscriber's writer when the
+    Deliver frame is queued within the subscriber's guarantees, and is repaid
+    when its bytes have been handed to the socket. The subscriber's
+    guarantees on its delivery channel are the window: nothing waits in the
+    connection beyond them.
+    """
+
+    __slots__ = ("_queue", "connection", "delivered", "handle", "mode", "next_seq", "topic")
+
+    def __init__(self, connection: ServerConnection, handle: int, topic: Topic, mode: str) -> None:
+        self.connection = connection
+        self.handle = handle
+        self.topic = topic
+        self.mode = mode
+        self.next_seq = 1
+        self.delivered = 0
+        self._queue: deque[LoanedItem[bytes]] = deque()
+
+    @property
+    def queued(self) -> int:
+        """Deliveries waiting for the subscriber's guarantees."""
+        return len(self._queue)
+
+    def offer(self, account: Account, tail: bytes) -> None:
+        """Queue one delivery, charged to ``account``; send it at once if it fits."""
+        loan = LoanedItem(account, len(tail) + DELIVER_HEAD_ESTIMATE, tail)
+        queue = self._queue
+        if queue or not self.connection.try_deliver(self, loan):
+            if not queue:
+                self.connection.subscription_stalled(self)
+            queue.append(loan)
+
+    def pump(self) -> None:
+        """Send queued deliveries while the subscriber's guarantees allow."""
+        queue = self._queue
+        try_deliver = self.connection.try_deliver
+        while queue and try_deliver(self, queue[0]):
+            queue.popleft()
+
+    def close(self) -> None:
+        """Leave the topic and repay every queued delivery."""
+        self.topic.unsubscribe(self)
+        while self._queue:
+            self._queue.popleft().repay()
+
+
+class Topic(Actor):
+    """One topic: routes each publish to every subscription, in order.
+
+    A turn runs under the publishing channel's account, so each queued
+    delivery is charged to that channel (the fan-out rule) before the
+    publish's own loan is repaid.
+    """
+
+    def __init__(self, name: str, registry: dict[str, Topic]) -> None:
+        self.topic_name = name
+        self.subscriptions: list[Subscription] = []
+        self.publishers = 0
+        self.messages_in = 0
+        self._registry = registry
+
+    def handle(self, turn: Turn, message: Any) -> None:
+        routed: Routed = message
+        account = turn.account
+        tail = routed.tail
+        for subscription in self.subscriptions:
+            subscription.offer(account, tail)
+        self.messages_in += 1
+        routed.origin.routed(routed.handle)
+
+    def subscribe(self, subscription: Subscription) -> None:
+        self.subscriptions.append(subscription)
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        if subscription in self.subscriptions:
+            self.subscriptions.remove(subscription)
+            self.release_if_unused()
+
+    def release_if_unused(self) -> None:
+        """Stop and forget the topic once nobody publishes to or subscribes to it."""
+        if not self.publishers and not self.subscriptions:
+            if self._registry.get(self.topic_name) is self:
+                del self._registry[self.topic_name]
+            self.stop()

@@ -1,8 +1,9 @@
 """The ``broker`` command line.
 
-``broker serve`` runs the broker (the server lands with the broker-core work;
-until then it says so and exits non-zero). ``broker bench`` runs the project's
-own benchmarks and prints a table, or JSON with ``--json``.
+``broker serve`` runs the broker; ``broker pub`` / ``broker sub`` publish and
+print messages; ``broker stat`` shows a running broker's connections,
+accounts and channels; ``broker bench`` runs the project's own benchmarks and
+prints a table, or JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import trio
+
 from . import __version__
+from .config import FIELDS, BrokerConfig, ConfigError, load_config
 
 log = logging.getLogger("broker")
 
@@ -26,13 +31,150 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
 }
 
 
+def _config_from(args: argparse.Namespace) -> BrokerConfig:
+    overrides: dict[str, Any] = {"listen": args.listen, "metrics_listen": args.metrics_listen}
+    for item in args.set or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects NAME=VALUE, got {item!r}")
+        overrides[name.strip()] = value.strip()
+    return load_config(args.config, overrides=overrides)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    print(
-        "broker serve: not yet - the network server is not implemented in this "
-        "version (it arrives with the broker-core milestone). Nothing is listening.",
-        file=sys.stderr,
-    )
-    return 2
+    try:
+        config = _config_from(args)
+    except ConfigError as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(_serve, config)
+    except OSError as error:
+        print(f"broker serve: cannot listen: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(config: BrokerConfig) -> None:
+    from .server import serve_broker
+
+    async with trio.open_nursery() as nursery:
+        broker = await nursery.start(serve_broker, config)
+        print(f"broker listening on {broker.address[0]}:{broker.address[1]}", flush=True)
+        metrics = config.metrics_address
+        if metrics is not None:
+            from .metrics import serve_metrics
+
+            host, port = await nursery.start(serve_metrics, broker, *metrics)
+            print(f"metrics on http://{host}:{port}/metrics", flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+                break
+        await broker.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+def _cmd_pub(args: argparse.Namespace) -> int:
+    from .client import ClientError
+
+    try:
+        count = trio.run(_pub, args)
+    except (ClientError, OSError) as error:
+        print(f"broker pub: {error}", file=sys.stderr)
+        return 1
+    print(f"published {count} message(s) to {args.topic!r}", file=sys.stderr)
+    return 0
+
+
+async def _pub(args: argparse.Namespace) -> int:
+    from .client import open_client
+
+    key = args.key.encode() if args.key is not None else None
+    count = 0
+    async with open_client(args.broker, name="broker-pub") as client:
+        if args.message is not None:
+            await client.publish(args.topic, args.message.encode(), key=key)
+            count = 1
+        else:
+            stdin = trio.wrap_file(sys.stdin.buffer)
+            async for line in stdin:
+                await client.publish(args.topic, line.rstrip(b"\n"), key=key)
+                count += 1
+    return count
+
+
+def _cmd_sub(args: argparse.Namespace) -> int:
+    from .client import ClientError
+
+    try:
+        trio.run(_sub, args)
+    except (ClientError, OSError) as error:
+        print(f"broker sub: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+async def _sub(args: argparse.Namespace) -> None:
+    from .client import open_client
+
+    out = sys.stdout.buffer
+    async with (
+        open_client(args.broker, name="broker-sub") as client,
+        client.subscribe(args.topic) as subscription,
+    ):
+        print(f"subscribed to {args.topic!r}", file=sys.stderr, flush=True)
+        received = 0
+        async for message in subscription:
+            if message.key is not None and args.show_keys:
+                out.write(message.key + b"\t")
+            out.write(message.payload + b"\n")
+            out.flush()
+            received += 1
+            if args.count and received >= args.count:
+                break
+
+
+def _cmd_stat(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    url = args.metrics.rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    try:
+        with urllib.request.urlopen(url + "/stat.json", timeout=10) as response:
+            document = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        print(f"broker stat: cannot read {url}/stat.json: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(document, sys.stdout, indent=2)
+        print()
+    else:
+        _print_stat(document)
+    return 0
+
+
+def _print_stat(document: dict[str, Any]) -> None:
+    broker = document.get("broker", {})
+    for key, value in broker.items():
+        print(f"{key:<28} {value}")
+    connections = document.get("connections", [])
+    print(f"\n{len(connections)} connection(s)")
+    for connection in connections:
+        account = connection.get("account", {})
+        print(
+            f"  {connection.get('name', '?'):<10} {connection.get('peer', '?'):<22} "
+            f"client={connection.get('client', '')!r} debt={account.get('debt', 0)} "
+            f"peak={account.get('peak_debt', 0)} blocked={account.get('blocked', False)}"
+        )
+        for channel in connection.get("channels", []):
+            print(f"      channel {channel}")
+        for subscription in connection.get("subscriptions", []):
+            print(f"      subscription {subscription}")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -71,8 +213,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    serve = sub.add_parser("serve", help="run the broker (not yet implemented)")
+    serve = sub.add_parser(
+        "serve",
+        help="run the broker",
+        description="Run the broker until SIGINT/SIGTERM (then: stop accepting, Goodbye 5, "
+        "drain). Settings: defaults < --config TOML < BROKER_<NAME> environment < flags.",
+    )
+    serve.add_argument("--listen", metavar="HOST:PORT", help="client address (127.0.0.1:7400)")
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="Prometheus /metrics address (127.0.0.1:9400; empty to disable)",
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML file ([broker] table)")
+    serve.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="any setting, e.g. --set connection_budget=8388608 (repeatable): "
+        + ", ".join(FIELDS),
+    )
     serve.set_defaults(func=_cmd_serve)
+
+    pub = sub.add_parser("pub", help="publish MESSAGE (or each line of stdin) to TOPIC")
+    pub.add_argument("topic")
+    pub.add_argument("message", nargs="?", help="the payload (default: lines from stdin)")
+    pub.add_argument("--key", help="message key")
+    pub.add_argument("--broker", default="127.0.0.1:7400", help="broker address")
+    pub.set_defaults(func=_cmd_pub)
+
+    subscribe = sub.add_parser("sub", help="print the messages of TOPIC, one per line")
+    subscribe.add_argument("topic")
+    subscribe.add_argument("--count", type=int, default=0, help="stop after N messages")
+    subscribe.add_argument("--show-keys", action="store_true", help="print KEY<TAB>PAYLOAD")
+    subscribe.add_argument("--broker", default="127.0.0.1:7400", help="broker address")
+    subscribe.set_defaults(func=_cmd_sub)
+
+    stat = sub.add_parser("stat", help="connections, accounts and channels of a running broker")
+    stat.add_argument(
+        "--metrics", default="127.0.0.1:9400", help="the broker's metrics address"
+    )
+    stat.add_argument("--json", action="store_true", help="print the raw JSON")
+    stat.set_defaults(func=_cmd_stat)
 
     bench = sub.add_parser("bench", help="run the project's benchmarks")
     bench.add_argument(

@@ -39,9 +39,15 @@ def test_help_lists_the_commands() -> None:
     assert "bench" in result.stdout
 
 
-def test_serve_says_plainly_that_it_is_not_there_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve"]) == 2
-    assert "not yet" in capsys.readouterr().err
+def test_serve_refuses_an_unknown_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--set", "no_such_budget=1"]) == 2
+    assert "unknown setting 'no_such_budget'" in capsys.readouterr().err
+
+
+def test_serve_refuses_inconsistent_watermarks(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["serve", "--set", "channel_low_watermark=9999999999"])
+    assert status == 2
+    assert "channel_low_watermark" in capsys.readouterr().err
 
 
 def test_unknown_command_is_a_usage_error() -> None:

@@ -28,6 +28,10 @@ log = logging.getLogger("broker")
 BENCH_SUITES: dict[str, tuple[str, str]] = {
     "actors": ("broker.bench.actors", "loaned sends through actor mailboxes"),
     "protocol": ("broker.bench.protocol", "frame encode/decode and the sans-IO connection"),
+    "broker": (
+        "broker.bench.broker",
+        "a real broker process: 1->1, 1->10, latency, slow consumer",
+    ),
 }
 
 

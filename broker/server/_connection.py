@@ -25,6 +25,7 @@ from broker.protocol import (
     HandleFreeProposed,
     HandleType,
     HelloReceived,
+    LocalProtocolError,
     NoGuarantees,
     PublishReceived,
     Role,
@@ -241,6 +242,11 @@ class ServerConnection:
             self.protocol.deliver_encoded(subscription.handle, subscription.next_seq, loan.item)
         except NoGuarantees:
             return False
+        except LocalProtocolError:
+            # The client is freeing the subscription (the event saying so may
+            # still be on its way to us): nothing more is delivered on it.
+            loan.repay()
+            return True
         subscription.next_seq += 1
         subscription.delivered += 1
         self._inflight.append(loan)

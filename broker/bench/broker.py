@@ -1,0 +1,233 @@
+"""End-to-end broker benchmarks: a real broker process and client processes.
+
+Workloads (see shared BENCHMARKS.md): 1->1 throughput, 1->10 fan-out,
+open-loop latency at fixed rates, and the slow consumer (one publisher
+connection flat out on a topic whose only subscriber consumes at 1% of the
+1->1 rate, plus a second topic on the same connection at a fixed rate with a
+fast subscriber). The broker runs in its own process so that its peak RSS
+(``VmHWM``) and RSS over time can be read from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _proc_status(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` memory field in bytes (0 if unavailable)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@contextmanager
+def _broker_process(extra: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = _free_port()
+    command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
+    command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", "", *(extra or [])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"broker did not start: {line!r}")
+        yield f"127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_ready(process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if line.strip() != "ready":
+        raise RuntimeError(f"subscriber worker failed: {line!r}")
+
+
+def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise RuntimeError("benchmark worker timed out") from None
+    if process.returncode:
+        raise RuntimeError(f"benchmark worker failed with status {process.returncode}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _percentiles(latencies_ns: list[int]) -> dict[str, float]:
+    if not latencies_ns:
+        return {"p50_us": 0.0, "p99_us": 0.0, "p999_us": 0.0, "max_us": 0.0}
+    ordered = sorted(latencies_ns)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+    return {"p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": at(1.0)}
+
+
+def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
+    sub = _worker(
+        {"role": "sub", "url": url, "topic": "bench", "count": count, "connections": subscribers}
+    )
+    _wait_ready(sub)
+    pub = _worker({"role": "pub", "url": url, "topics": [{"name": "bench"}], "count": count})
+    published = _result(pub, 300)
+    received = _result(sub, 300)["subscribers"]
+    last = max(r["last"] for r in received)
+    seconds = (last - published["start"]) / 1e9
+    total = sum(r["received"] for r in received)
+    lost = count * subscribers - total + sum(r["gaps"] for r in received)
+    return {"per_s": total / seconds, "seconds": seconds, "lost": lost}
+
+
+def _median_runs(url: str, runs: int, count: int, subscribers: int) -> dict[str, float]:
+    results = [_fan(url, count, subscribers) for _ in range(runs)]
+    return {
+        "per_s": statistics.median(r["per_s"] for r in results),
+        "lost": sum(r["lost"] for r in results),
+        "runs": runs,
+    }
+
+
+def _latency(url: str, rate: float, duration: float) -> dict[str, float]:
+    sub = _worker(
+        {"role": "sub", "url": url, "topic": "lat", "count": int(rate * duration), "latency": True}
+    )
+    _wait_ready(sub)
+    pub = _worker(
+        {"role": "pub", "url": url, "topics": [{"name": "lat", "rate": rate}], "duration": duration}
+    )
+    _result(pub, duration + 60)
+    received = _result(sub, duration + 60)["subscribers"][0]
+    return {"rate": rate, **_percentiles(received["latencies"]), "received": received["received"]}
+
+
+def _slow_consumer(
+    url: str, broker: subprocess.Popen[str], slow_rate: float, fast_rate: float, duration: float
+) -> dict[str, Any]:
+    slow = _worker(
+        {"role": "sub", "url": url, "topic": "slow", "rate": slow_rate, "duration": duration}
+    )
+    fast = _worker(
+        {"role": "sub", "url": url, "topic": "fast", "latency": True, "duration": duration + 5}
+    )
+    _wait_ready(slow)
+    _wait_ready(fast)
+    rss_start = _proc_status(broker.pid, "VmRSS")
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            samples.append(_proc_status(broker.pid, "VmRSS"))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    pub = _worker(
+        {
+            "role": "pub",
+            "url": url,
+            "topics": [{"name": "slow"}, {"name": "fast", "rate": fast_rate}],
+            "duration": duration,
+        }
+    )
+    slow_result = _result(slow, duration + 120)["subscribers"][0]
+    published = _result(pub, duration + 120)
+    fast_result = _result(fast, duration + 120)["subscribers"][0]
+    stop.set()
+    sampler.join()
+    slow_seconds = max((slow_result["last"] - slow_result["first"]) / 1e9, 1e-9)
+    pub_seconds = (published["published"] - published["start"]) / 1e9
+    slow_published = published["sent"].get("slow", 0)
+    # Whatever the slow subscriber did not consume is still queued (reliable),
+    # never dropped: it would be delivered as the subscriber goes on.
+    return {
+        "duration_s": duration,
+        "broker_rss_start_mib": rss_start / 2**20,
+        "broker_rss_max_mib": max(samples or [rss_start]) / 2**20,
+        "broker_rss_growth_mib": (max(samples or [rss_start]) - rss_start) / 2**20,
+        "slow_subscriber_rate": slow_result["received"] / slow_seconds,
+        "slow_publisher_rate": slow_published / pub_seconds,
+        "slow_published": slow_published,
+        "slow_received": slow_result["received"],
+        "lost": slow_result["gaps"] + fast_result["gaps"],
+        "fast_rate": fast_rate,
+        "fast_received": fast_result["received"],
+        **{f"fast_{k}": v for k, v in _percentiles(fast_result["latencies"]).items()},
+    }
+
+
+def run(quick: bool = False, **options: Any) -> dict[str, Any]:
+    """Run every workload against a fresh broker process; returns the figures."""
+    count = 20_000 if quick else 200_000
+    runs = 1 if quick else 3
+    slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
+    results: dict[str, Any] = {}
+    with _broker_process() as (url, broker):
+        cpu0 = _cpu_seconds(broker.pid)
+        t0 = time.perf_counter()
+        one = _median_runs(url, runs, count, 1)
+        cpu1 = _cpu_seconds(broker.pid)
+        results["one_to_one_msgs_per_s"] = one["per_s"]
+        results["one_to_one_lost"] = one["lost"]
+        results["one_to_one_broker_cpu_s_per_million"] = (cpu1 - cpu0) / (count * runs) * 1e6
+        fan = _median_runs(url, runs, count // 2, 10)
+        results["fanout_1_to_10_deliveries_per_s"] = fan["per_s"]
+        results["fanout_lost"] = fan["lost"]
+        top = one["per_s"]
+        for rate in (1_000, 5_000, 20_000, int(top * 0.8)):
+            figures = _latency(url, rate, 1.0 if quick else 3.0)
+            for key, value in figures.items():
+                if key != "rate":
+                    results[f"latency_{rate}_{key}"] = value
+        results["bench_seconds_so_far"] = time.perf_counter() - t0
+        results["broker_peak_rss_mib"] = _proc_status(broker.pid, "VmHWM") / 2**20
+    with _broker_process() as (url, broker):
+        slow = _slow_consumer(url, broker, max(top * 0.01, 50), 1_000, slow_duration)
+        results.update({f"slow_{k}" if not k.startswith("slow") else k: v for k, v in slow.items()})
+        results["slow_broker_peak_rss_mib"] = _proc_status(broker.pid, "VmHWM") / 2**20
+    return results

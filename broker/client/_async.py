@@ -51,6 +51,7 @@ class Subscription:
         self.topic = topic
         self._queue: deque[DeliverReceived] = deque()
         self._closed = False
+        self._since_yield = 0
         self.received = 0
 
     def __aiter__(self) -> Subscription:
@@ -79,13 +80,22 @@ class Subscription:
         return Message(self.topic, message.payload, message.key, message.headers, message.seq)
 
     async def receive(self) -> Message:
-        """The next message (waits for it)."""
+        """The next message (waits for it).
+
+        Always checks for cancellation; yields to other tasks when it waits,
+        and otherwise at least once per ``PUBLISHES_PER_YIELD`` calls.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._queue:
-            self._client._check_open()
-            await self._client._changed.park()
+        if not self._queue:
+            self._since_yield = 0
+            while not self._queue:
+                self._client._check_open()
+                await self._client._changed.park()
         message = self.receive_nowait()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        self._since_yield += 1
+        if self._since_yield >= PUBLISHES_PER_YIELD:
+            self._since_yield = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return message
 
 

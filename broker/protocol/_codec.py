@@ -163,6 +163,7 @@ def _cbor_head(major: int, value: int) -> bytes:
 
 
 _DELIVER_HEAD = _cbor_head(4, 6) + _cbor_head(0, 33)
+_NULL = b"\xf6"
 
 
 def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | None) -> bytes:
@@ -172,6 +173,10 @@ def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | No
     :func:`encode_deliver` for each subscriber: the payload is never
     re-encoded per subscriber.
     """
+    if headers is None and type(payload) is bytes:
+        # The common case, without a trip through the generic encoder.
+        key_part = _NULL if key is None else _cbor_head(2, len(key)) + key
+        return b"".join((_cbor_head(2, len(payload)), payload, key_part, _NULL))
     return b"".join(cbor2.dumps(item) for item in (payload, key, _wire_headers(headers)))
 
 

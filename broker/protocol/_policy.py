@@ -14,6 +14,10 @@ from ._guarantees import ChannelReceiver
 from ._types import Channel, ChannelKind
 
 
+#: Publish and deliver channels issue in batches; bind channels never do.
+_FIRST_BATCHED_KIND = int(ChannelKind.PUBLISH)
+
+
 @dataclass
 class Policy:
     """The defaults: issue in batches, never optimistic, binds processed on arrival."""
@@ -57,20 +61,22 @@ class Policy:
     def amount_to_issue(self, receiver: ChannelReceiver) -> int:
         """How many bytes to promise on ``receiver`` now (0 = not now)."""
         issuable = receiver.issuable
-        if issuable <= 0 or not self.may_issue(receiver.channel):
+        if issuable <= 0:
             return 0
-        if receiver.channel.kind in (ChannelKind.TOPIC_BINDS, ChannelKind.SUBSCRIPTION_BINDS):
-            # Live handles hold bind bytes until freed, so a batch might never
-            # fill up; binds are rare enough to answer one by one.
-            return issuable
-        batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
-        # Never wait for a batch that processing cannot complete: the sender may
-        # be blocked on a frame larger than its balance.
-        batch = min(batch, issuable + receiver.buffered)
-        if receiver.receiving_limit is not None:
-            batch = min(batch, receiver.receiving_limit)
-        if issuable < batch and receiver.sender_balance > 0:
-            # The sender still has guarantees: wait until enough has freed up.
+        # Bind channels are never batched: live handles hold bind bytes until
+        # freed, so a batch might never fill up, and binds are rare.
+        if receiver.channel.kind >= _FIRST_BATCHED_KIND and receiver.sender_balance > 0:
+            # The sender still has guarantees: wait until a batch has freed up...
+            batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
+            if issuable < batch:
+                # ...but never for a batch that processing or a receiving limit
+                # cannot complete (the sender may be blocked on a large frame).
+                batch = min(batch, issuable + receiver.buffered)
+                if receiver.receiving_limit is not None:
+                    batch = min(batch, receiver.receiving_limit)
+                if issuable < batch:
+                    return 0
+        if not self.may_issue(receiver.channel):
             return 0
         return issuable
 

@@ -234,8 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set",
         action="append",
         metavar="NAME=VALUE",
-        help="any setting, e.g. --set connection_budget=8388608 (repeatable): "
-        + ", ".join(FIELDS),
+        help="any setting, e.g. --set connection_budget=8388608 (repeatable): " + ", ".join(FIELDS),
     )
     serve.set_defaults(func=_cmd_serve)
 
@@ -254,9 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.set_defaults(func=_cmd_sub)
 
     stat = sub.add_parser("stat", help="connections, accounts and channels of a running broker")
-    stat.add_argument(
-        "--metrics", default="127.0.0.1:9400", help="the broker's metrics address"
-    )
+    stat.add_argument("--metrics", default="127.0.0.1:9400", help="the broker's metrics address")
     stat.add_argument("--json", action="store_true", help="print the raw JSON")
     stat.set_defaults(func=_cmd_stat)
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from ._guarantees import ChannelReceiver
 from ._types import Channel, ChannelKind
 
-
 #: Publish and deliver channels issue in batches; bind channels never do.
 _FIRST_BATCHED_KIND = int(ChannelKind.PUBLISH)
 

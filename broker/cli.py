@@ -165,7 +165,9 @@ def _cmd_stat(args: argparse.Namespace) -> int:
 def _print_stat(document: dict[str, Any]) -> None:
     broker = document.get("broker", {})
     for key, value in broker.items():
-        print(f"{key:<28} {value}")
+        if isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in value.items())
+        print(f"{key:<12} {value}")
     connections = document.get("connections", [])
     print(f"\n{len(connections)} connection(s)")
     for connection in connections:
@@ -176,9 +178,17 @@ def _print_stat(document: dict[str, Any]) -> None:
             f"peak={account.get('peak_debt', 0)} blocked={account.get('blocked', False)}"
         )
         for channel in connection.get("channels", []):
-            print(f"      channel {channel}")
+            fields = ("capacity", "buffered", "sender_balance", "balance", "sent_frames")
+            shown = " ".join(f"{k}={channel[k]}" for k in fields if k in channel)
+            debt = channel.get("account", {}).get("debt")
+            extra = f" topic={channel['topic']!r} debt={debt}" if "topic" in channel else ""
+            print(f"      {channel.get('kind', '?'):<8} {channel.get('channel')} {shown}{extra}")
         for subscription in connection.get("subscriptions", []):
-            print(f"      subscription {subscription}")
+            print(
+                f"      subscription {subscription.get('handle')} "
+                f"topic={subscription.get('topic')!r} queued={subscription.get('queued')} "
+                f"delivered={subscription.get('delivered')}"
+            )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

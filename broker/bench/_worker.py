@@ -34,6 +34,7 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
     duration: float = spec.get("duration", 0.0)
     topics: list[dict[str, Any]] = spec["topics"]
     sent: dict[str, int] = {}
+    timelines: dict[str, list[tuple[int, int]]] = {}
     start = time.perf_counter_ns()
 
     async with open_client(spec["url"], name="bench-pub") as client:
@@ -41,9 +42,16 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
         async def flat_out(topic: str) -> None:
             n = 0
             deadline = start + int(duration * 1e9) if duration else None
+            samples = timelines[topic] = []
+            next_sample = start
             while (count and n < count) or (deadline and time.perf_counter_ns() < deadline):
-                await client.publish(topic, _payload(size, time.perf_counter_ns(), n))
+                now = time.perf_counter_ns()
+                if now >= next_sample:
+                    samples.append((now, n))
+                    next_sample = now + 250_000_000
+                await client.publish(topic, _payload(size, now, n))
                 n += 1
+            samples.append((time.perf_counter_ns(), n))
             sent[topic] = n
 
         async def at_rate(topic: str, rate: float) -> None:
@@ -66,7 +74,13 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
                     nursery.start_soon(flat_out, topic["name"])
         published = time.perf_counter_ns()
         await client.flush()
-    return {"start": start, "published": published, "end": time.perf_counter_ns(), "sent": sent}
+    return {
+        "start": start,
+        "published": published,
+        "end": time.perf_counter_ns(),
+        "sent": sent,
+        "timelines": timelines,
+    }
 
 
 async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
@@ -93,11 +107,10 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
             if ready == connections:
                 print("ready", flush=True)
             interval = 1e9 / rate if rate else 0
-            start = time.perf_counter_ns()
             with trio.move_on_after(duration or math.inf):
                 while not count or received < count:
-                    if interval:
-                        due = start + int(received * interval)
+                    if interval and received:
+                        due = first + int(received * interval)
                         now = time.perf_counter_ns()
                         if due > now:
                             await trio.sleep((due - now) / 1e9)

@@ -7,6 +7,7 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -143,7 +144,7 @@ async def serve_broker(
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
 
-                async def accept(*, task_status: trio.TaskStatus[None]) -> None:
+                async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:
                         await trio.serve_listeners(
                             broker.handle_stream,

@@ -1,0 +1,478 @@
+"""The Prometheus collector, /stat.json and the metrics HTTP server, over real loopback TCP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.client import open_client
+from broker.config import BrokerConfig
+from broker.metrics import (
+    CHANNEL_KINDS,
+    CLIENT_NAME_LIMIT,
+    DROP_REASONS,
+    METRICS,
+    BrokerCollector,
+    metrics_registry,
+    sanitise_label,
+    serve_metrics,
+    stat_document,
+)
+from broker.protocol import Policy
+from broker.server import Broker, ServerConnection, serve_broker
+
+Address = tuple[str, int]
+Labels = frozenset[tuple[str, str]]
+
+
+# ====================================================================== helpers
+
+
+@asynccontextmanager
+async def running(**serve_options: Any) -> AsyncIterator[tuple[Broker, Address]]:
+    """A broker on a free port and its metrics server on another; on a normal
+    exit the broker is shut down gracefully, then the metrics server stopped."""
+    config = BrokerConfig(listen="127.0.0.1:0", metrics_listen="", shutdown_deadline=2.0)
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(serve_broker, config)
+        metrics: Address = await nursery.start(
+            partial(serve_metrics, **serve_options), broker, "127.0.0.1", 0
+        )
+        yield broker, metrics
+        await broker.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+def url(broker: Broker) -> str:
+    return "{}:{}".format(*broker.address)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def http(address: Address, request: bytes, *, half_close: bool = False) -> Response:
+    """Send ``request`` raw (then half-close, if asked), read until the server
+    closes, parse the response."""
+    with trio.fail_after(5):
+        stream = await trio.open_tcp_stream(*address)
+        async with stream:
+            await stream.send_all(request)
+            if half_close:
+                await stream.send_eof()
+            data = bytearray()
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    return parse_response(bytes(data))
+
+
+def parse_response(data: bytes) -> Response:
+    head, separator, body = data.partition(b"\r\n\r\n")
+    assert separator, f"no complete response head: {data!r}"
+    status_line, *header_lines = head.decode("ascii").split("\r\n")
+    version, status, _ = status_line.split(" ", 2)
+    assert version == "HTTP/1.1"
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    assert int(headers["content-length"]) == len(body) or not body
+    return Response(int(status), headers, body)
+
+
+async def get(address: Address, path: str, method: str = "GET") -> Response:
+    return await http(address, f"{method} {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+
+
+class Scrape:
+    """One parsed scrape of /metrics."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = list(text_string_to_metric_families(text))
+        self.samples: dict[tuple[str, Labels], float] = {}
+        for family in self.families:
+            for sample in family.samples:
+                key = (sample.name, frozenset(sample.labels.items()))
+                assert key not in self.samples, f"duplicate series {key}"
+                self.samples[key] = sample.value
+
+    def get(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def __call__(self, name: str, **labels: str) -> float:
+        value = self.get(name, **labels)
+        assert value is not None, f"no series {name}{labels}"
+        return value
+
+    def series_of(self, connection: str) -> list[tuple[str, Labels]]:
+        return [key for key in self.samples if ("connection", connection) in key[1]]
+
+    def connection_named(self, client: str) -> str:
+        for (name, labels), _ in self.samples.items():
+            if name == "broker_connection_info" and ("client", client) in labels:
+                return dict(labels)["connection"]
+        raise AssertionError(f"no connection of client {client!r}")
+
+
+async def scrape(address: Address) -> Scrape:
+    response = await get(address, "/metrics")
+    assert response.status == 200
+    return Scrape(response.body.decode("utf-8"))
+
+
+async def wait_until(address: Address, condition: Callable[[Scrape], bool]) -> Scrape:
+    """Scrape until ``condition`` holds (the broker settles asynchronously)."""
+    with trio.fail_after(5):
+        while True:
+            result = await scrape(address)
+            if condition(result):
+                return result
+            await trio.sleep(0.01)
+
+
+def server_connection(broker: Broker, name: str) -> ServerConnection:
+    return next(c for c in broker.connections.values() if c.name == name)
+
+
+# ====================================================================== /metrics
+
+
+async def test_metrics_exposes_every_family_with_the_right_content_type() -> None:
+    async with running() as (broker, address):
+        response = await get(address, "/metrics")
+        assert response.status == 200
+        assert response.headers["content-type"] == CONTENT_TYPE_LATEST
+        assert response.headers["connection"] == "close"
+        assert int(response.headers["content-length"]) == len(response.body)
+        result = Scrape(response.body.decode())
+        names = [family.name for family in result.families]
+        assert len(names) == len(set(names)), "a family is exposed twice"
+        expected = {spec.name.removesuffix("_total") for spec in METRICS}
+        assert expected <= set(names)
+        for spec in METRICS:
+            assert spec.name.startswith("broker_")
+            assert spec.name.endswith("_total") == (spec.type == "counter")
+        assert result("broker_connections_open") == 0
+        assert result("broker_buffer_budget_bytes") == broker.config.global_budget
+        assert result("broker_debt_bytes") == 0
+
+
+async def test_a_connections_series_exist_while_it_is_connected() -> None:
+    async with running() as (broker, address):
+        async with open_client(url(broker), name="alice") as client:
+            await client.publish("t", b"x")
+            await client.flush()
+            live = await scrape(address)
+            name = live.connection_named("alice")
+            assert name.startswith("conn-")
+            assert live("broker_connection_debt_bytes", connection=name) >= 0
+            assert live("broker_connection_blocked", connection=name) == 0
+            assert (
+                live("broker_connection_channel_debt_bytes", connection=name, kind="publish") >= 0
+            )
+            dropped = "broker_connection_dropped_frames_total"
+            for kind in ("publish", "bind"):
+                assert live(dropped, connection=name, kind=kind, reason="beyond_guarantees") == 0
+            assert live(dropped, connection=name, kind="publish", reason="unbound_handle") == 0
+            assert live("broker_connections_open") == 1
+            connection = server_connection(broker, name)
+        with trio.fail_after(5):
+            await connection.closed.wait()
+        gone = await scrape(address)
+        assert gone.series_of(name) == []
+        assert "conn-" not in gone.text
+        assert gone("broker_connections_open") == 0
+        assert gone("broker_connections_accepted_total") == 1
+
+
+async def test_debt_grows_while_a_subscriber_does_not_consume_and_clears_after() -> None:
+    count, size = 20, 1000
+    async with running() as (broker, address):
+        # A small delivery window: most deliveries must wait in the broker's queue.
+        small = Policy(deliver_capacity=4096)
+        async with (
+            open_client(url(broker), name="subscriber", policy=small) as subscriber,
+            open_client(url(broker), name="publisher") as publisher,
+            subscriber.subscribe("t") as subscription,
+        ):
+            for _ in range(count):
+                await publisher.publish("t", b"p" * size)
+            await publisher.flush()  # every publish routed: queued or sent
+
+            owed = await scrape(address)
+            pub = owed.connection_named("publisher")
+            sub = owed.connection_named("subscriber")
+            debt = owed("broker_connection_debt_bytes", connection=pub)
+            assert debt > 0
+            assert owed("broker_connection_channel_debt_bytes", connection=pub, kind="publish") > 0
+            assert owed("broker_connection_peak_debt_bytes", connection=pub) >= debt
+            assert owed("broker_connection_debt_bytes", connection=sub) == 0
+            assert owed("broker_connection_queued_deliveries", connection=sub) > 0
+            assert owed("broker_queued_deliveries") > 0
+            assert owed("broker_debt_bytes") >= debt
+
+            for _ in range(count):
+                message = await subscription.receive()
+                assert message.payload == b"p" * size
+
+            clear = await wait_until(
+                address, lambda s: s("broker_connection_debt_bytes", connection=pub) == 0
+            )
+            assert (
+                clear("broker_connection_channel_debt_bytes", connection=pub, kind="publish") == 0
+            )
+            assert clear("broker_connection_queued_deliveries", connection=sub) == 0
+            assert clear("broker_connection_peak_debt_bytes", connection=pub) >= debt
+
+
+async def test_counters_and_bindings_follow_the_traffic() -> None:
+    count = 10
+    async with running() as (broker, address):
+        async with (
+            open_client(url(broker), name="subscriber") as subscriber,
+            open_client(url(broker), name="publisher") as publisher,
+            subscriber.subscribe("t") as subscription,
+        ):
+            await publisher.publish("t", b"warm-up")
+            await publisher.flush()
+            await subscription.receive()
+            before = await scrape(address)
+            pub = before.connection_named("publisher")
+            sub = before.connection_named("subscriber")
+
+            for i in range(count):
+                await publisher.publish("t", b"m%d" % i)
+            await publisher.flush()
+            for _ in range(count):
+                await subscription.receive()
+
+            def sent_all(s: Scrape) -> bool:
+                total = "broker_connection_sent_messages_total"
+                return s(total, connection=sub) >= before(total, connection=sub) + count
+
+            after = await wait_until(address, sent_all)
+
+        def grew(name: str, connection: str, by: float = 1) -> bool:
+            return after(name, connection=connection) >= before(name, connection=connection) + by
+
+        assert grew("broker_connection_received_messages_total", pub, count)
+        assert grew("broker_connection_received_bytes_total", pub)
+        assert grew("broker_connection_sent_bytes_total", sub)
+        assert grew("broker_connection_sent_bytes_total", pub)  # Confirms, guarantees
+        assert after("broker_connection_received_messages_total", connection=sub) == 0
+        assert after("broker_connection_topics_bound", connection=pub) == 1
+        assert after("broker_connection_subscriptions_bound", connection=pub) == 0
+        assert after("broker_connection_subscriptions_bound", connection=sub) == 1
+        assert after("broker_subscriptions") == 1
+        assert after("broker_topics") == 1
+        capacity = after("broker_connection_buffer_capacity_bytes", connection=pub, kind="publish")
+        assert 0 < capacity <= broker.config.publish_capacity
+        assert after("broker_connection_buffer_capacity_bytes", connection=pub, kind="bind") > 0
+        assert after("broker_buffer_reserved_bytes") > 0
+        held = after("broker_connection_guarantees_held_bytes", connection=sub, kind="deliver")
+        assert held >= 0
+        for name in (
+            "broker_connection_guarantees_outstanding_bytes",
+            "broker_connection_buffer_used_bytes",
+        ):
+            kinds = {dict(labels)["kind"] for (n, labels) in after.samples if n == name}
+            assert kinds == {"publish", "bind"}
+
+
+async def test_client_name_label_is_cut_and_sanitised() -> None:
+    raw = "evil\n} 1\x00\u200b" + "\u00e9" * 100
+    async with running() as (broker, address):
+        async with open_client(url(broker), name=raw):
+            result = await scrape(address)
+            clients = [
+                dict(labels)["client"]
+                for (name, labels) in result.samples
+                if name == "broker_connection_info"
+            ]
+        assert clients == [sanitise_label(raw)]
+        (client,) = clients
+        assert len(client) == CLIENT_NAME_LIMIT
+        assert client.isprintable()
+        assert client.startswith("evil\ufffd} 1\ufffd\ufffd")
+
+
+def test_sanitise_label() -> None:
+    assert sanitise_label("ok name") == "ok name"
+    assert sanitise_label("a\tb\r\nc") == "a\ufffdb\ufffd\ufffdc"
+    assert sanitise_label("\udcff") == "\ufffd"  # a lone surrogate could not be encoded
+    assert sanitise_label("x" * 100) == "x" * CLIENT_NAME_LIMIT
+    assert sanitise_label("abcdef", limit=3) == "abc"
+
+
+async def test_the_collector_uses_a_private_registry() -> None:
+    async with running() as (broker, _address):
+        registry = metrics_registry(broker)
+        with pytest.raises(ValueError, match="Duplicated timeseries"):
+            registry.register(BrokerCollector(broker))  # describe() names the families
+        assert not any(f.name.startswith("broker_") for f in REGISTRY.collect())
+        families = {family.name for family in registry.collect()}
+        assert "broker_connection_debt_bytes" in families
+        described = [family.name for family in BrokerCollector(broker).describe()]
+        assert all(not family.samples for family in BrokerCollector(broker).describe())
+        assert described == [family.name for family in BrokerCollector(broker).collect()]
+        assert set(CHANNEL_KINDS) == {"publish", "deliver", "bind"}
+        assert set(DROP_REASONS) == {"beyond_guarantees", "unbound_handle"}
+
+
+# ====================================================================== /stat.json
+
+
+async def test_stat_json_lists_connections_channels_subscriptions_and_topics() -> None:
+    async with running() as (broker, address):
+        async with (
+            open_client(url(broker), name="subscriber") as subscriber,
+            open_client(url(broker), name="publisher") as publisher,
+            subscriber.subscribe("prices") as subscription,
+        ):
+            await publisher.publish("prices", b"42")
+            await publisher.flush()
+            await subscription.receive()
+            response = await get(address, "/stat.json")
+            assert response.status == 200
+            assert response.headers["content-type"] == "application/json"
+            document = json.loads(response.body)
+            # The same document, directly, is strict JSON (no NaN or Infinity).
+            json.dumps(stat_document(broker), allow_nan=False)
+
+        assert document["version"] == 1
+        assert document["broker"]["address"] == url(broker)
+        assert document["broker"]["statistics"]["connections"] == 2
+        assert document["broker"]["account"]["high_watermark"] is None  # unlimited
+        assert document["budgets"]["global_budget"] == broker.config.global_budget
+        connections = {c["client"]: c for c in document["connections"]}
+        assert set(connections) == {"subscriber", "publisher"}
+        pub, sub = connections["publisher"], connections["subscriber"]
+        assert pub["name"].startswith("conn-") and pub["state"] == "open"
+        assert pub["account"]["kind"] == "connection"
+        assert pub["counters"]["messages_in"] == 1
+        publish = [c for c in pub["channels"] if c["kind"] == "publish"]
+        assert len(publish) == 1
+        assert publish[0]["topic"] == "prices"
+        assert publish[0]["account"]["kind"] == "publish"
+        assert publish[0]["direction"] == "in"
+        assert publish[0]["capacity"] > 0
+        assert {c["kind"] for c in pub["channels"]} >= {"bind", "publish"}
+        assert [s["topic"] for s in sub["subscriptions"]] == ["prices"]
+        assert sub["subscriptions"][0]["queued"] == 0
+        assert any(c["kind"] == "deliver" and c["direction"] == "out" for c in sub["channels"])
+        (topic,) = document["topics"]
+        assert topic == {
+            "name": "prices",
+            "publishers": 2,  # subscribing binds the topic too
+            "subscriptions": 1,
+            "queued": 0,
+            "messages_in": 1,
+        }
+
+
+# ====================================================================== HTTP
+
+
+async def test_index_head_query_and_not_found() -> None:
+    async with running() as (_broker, address):
+        index = await get(address, "/")
+        assert index.status == 200
+        assert b"/metrics" in index.body and b"/stat.json" in index.body
+        assert (await get(address, "/metrics?debug=1")).status == 200
+        head = await get(address, "/metrics", method="HEAD")
+        assert head.status == 200
+        assert head.body == b""
+        assert int(head.headers["content-length"]) > 0
+        for path in ("/nope", "/metrics/", "/stat.json.bak"):
+            missing = await get(address, path)
+            assert missing.status == 404
+            assert missing.headers["connection"] == "close"
+
+
+async def test_other_methods_are_not_allowed() -> None:
+    async with running() as (_broker, address):
+        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+            response = await get(address, "/metrics", method=method)
+            assert response.status == 405
+            assert response.headers["allow"] == "GET, HEAD"
+        body = b"a=1"
+        response = await http(
+            address,
+            b"POST /stat.json HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+        )
+        assert response.status == 405
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"\x00\x01\x02garbage\xff\r\n\r\n", 400),
+        (b"GET\r\n\r\n", 400),
+        (b"GET /metrics\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1 extra\r\n\r\n", 400),
+        (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics FTP/1.0\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        (b"GET /m\xe9trics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
+        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+        (b"GET /metrics HTTP/1.1\r\n", 400),  # the client half-closes mid-request
+    ],
+)
+async def test_bad_requests_get_an_error_and_the_server_keeps_serving(
+    request_bytes: bytes, status: int
+) -> None:
+    async with running() as (_broker, address):
+        response = await http(address, request_bytes, half_close=True)
+        assert response.status == status
+        assert response.headers["connection"] == "close"
+        assert b"Traceback" not in response.body
+        assert (await get(address, "/metrics")).status == 200
+
+
+async def test_a_silent_client_times_out_with_408() -> None:
+    async with running(read_timeout=0.2) as (_broker, address):
+        with trio.fail_after(5):
+            stream = await trio.open_tcp_stream(*address)
+            async with stream:
+                await stream.send_all(b"GET /metrics HTTP/1.1\r\n")  # and never finishes
+                data = bytearray()
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+        assert parse_response(bytes(data)).status == 408
+        # A client that connects and vanishes does not disturb the server either.
+        with trio.fail_after(5):
+            stream = await trio.open_tcp_stream(*address)
+            await stream.aclose()
+        assert (await get(address, "/metrics")).status == 200
+
+
+async def test_too_many_concurrent_requests_get_503() -> None:
+    async with running(max_clients=1) as (_broker, address):
+        with trio.fail_after(5):
+            holder = await trio.open_tcp_stream(*address)
+            async with holder:
+                await holder.send_all(b"GET / HTTP/1.1\r\n")  # holds the only slot
+                while (response := await get(address, "/")).status != 503:
+                    assert response.status == 200  # the holder's handler has not started yet
+                    await trio.sleep(0.01)
+                assert response.headers["connection"] == "close"
+            while True:  # the holder's handler may still be finishing
+                response = await get(address, "/")
+                if response.status == 200:
+                    break
+                assert response.status == 503
+                await trio.sleep(0.01)

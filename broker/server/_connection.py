@@ -119,6 +119,7 @@ class ServerConnection:
         )
         self.buffer_reserved = self._capacity_in_use()
         self._inflight: list[LoanedItem[bytes]] = []
+        self._writing: list[LoanedItem[bytes]] = []
         self._wakeup = trio.Event()
         self._drained = trio.Event()
         self._stalled: set[int] = set()
@@ -179,9 +180,10 @@ class ServerConnection:
         for subscription in list(self.subscriptions.values()):
             subscription.close()
         self.subscriptions.clear()
-        for loan in self._inflight:
+        for loan in (*self._writing, *self._inflight):
             loan.repay()
-        self._inflight.clear()
+        self._writing = []
+        self._inflight = []
         self.account.close()
         self._reserve(-self.buffer_reserved)
         self.broker.forget(self)
@@ -201,13 +203,21 @@ class ServerConnection:
             self._wakeup = trio.Event()
             if self._confirm_dirty:
                 self._send_confirms()
-            loans = self._inflight
+            # Loans being written stay in _writing, where clean-up finds them
+            # if the write never completes (a reset, a shutdown).
+            loans = self._writing = self._inflight
             self._inflight = []
             data = protocol.data_to_send(trio.current_time())
             if data:
-                await stream.send_all(data)
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    self.close_reason = self.close_reason or f"socket error: {error}"
+                    self._nursery_cancel()
+                    return
                 counters.bytes_out += len(data)
             counters.messages_out += len(loans)
+            self._writing = []
             for loan in loans:
                 loan.repay()
             self._drained.set()
@@ -286,6 +296,8 @@ class ServerConnection:
             events = protocol.receive_data(data, trio.current_time())
             if events:
                 self._handle_events(events)
+            if self._starved and not protocol.closed:
+                self._fund_starved()  # an Absolve may have completed a shrink
             if protocol.bytes_to_send or protocol.closed:
                 self._wakeup.set()
 
@@ -377,6 +389,8 @@ class ServerConnection:
             raise AssertionError("a broker never receives Deliver")
 
     def _on_hello(self, event: HelloReceived) -> None:
+        if self.protocol.closed:
+            return  # something after the Hello, in the same read, closed the connection
         hello = event.hello
         self.client_name = hello.client[:64]
         if hello.session is not None:

@@ -24,6 +24,7 @@ from broker.protocol import (
     Headers,
     NoGuarantees,
     Policy,
+    Pong,
     Role,
     Throttled,
     WelcomeReceived,
@@ -115,6 +116,7 @@ class Client:
         self._error: ConnectionLost | None = None
         self._goodbye_code: int | None = None
         self._since_yield = 0
+        self._pong = 0
         self._writer_done = trio.Event()
         #: Channels the broker says it is withholding guarantees on (advisory).
         self.throttled: set[Channel] = set()
@@ -134,6 +136,9 @@ class Client:
             self._error = error
         self._changed.unpark_all()
         self._wakeup.set()
+
+    def _finished(self) -> bool:
+        return self._conn.closed or self._error is not None
 
     def _check_open(self) -> None:
         if self._error is not None:
@@ -175,6 +180,8 @@ class Client:
                     subscription.received += 1
             elif type(event) is Confirm:
                 self._confirmed[event.topic] = event.count
+            elif isinstance(event, Pong):
+                self._pong = max(self._pong, event.nonce)
             elif isinstance(event, Throttled):
                 if event.throttled:
                     self.throttled.add(event.channel)
@@ -210,8 +217,10 @@ class Client:
 
     async def _keepalive(self) -> None:
         conn = self._conn
-        while not conn.closed and self._error is None:
+        while not self._finished():
             await trio.sleep_until(conn.next_deadline())
+            if self._finished():  # the connection ended while we slept
+                return
             now = trio.current_time()
             if conn.peer_gone(now):
                 conn.goodbye(GoodbyeCode.LEASE_EXPIRED, "broker silent")
@@ -326,6 +335,7 @@ class Client:
         self._wake_writer()
         try:
             await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, sub_handle))
+            await self._round_trip()
             yield subscription
         finally:
             subscription._closed = True
@@ -344,6 +354,16 @@ class Client:
             await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, handle))
             conn.free_handle(HandleType.SUBSCRIPTION, handle)
             self._wake_writer()
+
+    async def _round_trip(self) -> None:
+        """Wait until the broker has processed everything sent so far.
+
+        The broker handles a connection's frames in order and answers a Ping
+        after the frames before it, so its Pong proves they were processed.
+        """
+        nonce = self._conn.ping()
+        self._wake_writer()
+        await self._wait_for(lambda: self._pong >= nonce)
 
     # ---------------------------------------------------------------- closing
 

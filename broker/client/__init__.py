@@ -7,14 +7,18 @@ delivered message is what lets the broker send the next ones.
 """
 
 from ._async import Client, Subscription, open_client
+from ._blocking import BlockingClient, BlockingSubscription, connect
 from ._common import ClientError, ConnectionLost, Message, parse_url
 
 __all__ = [
+    "BlockingClient",
+    "BlockingSubscription",
     "Client",
     "ClientError",
     "ConnectionLost",
     "Message",
     "Subscription",
+    "connect",
     "open_client",
     "parse_url",
 ]

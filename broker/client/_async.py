@@ -61,8 +61,8 @@ class Subscription:
     async def __anext__(self) -> Message:
         try:
             return await self.receive()
-        except ConnectionLost:
-            if self._client._goodbye_code in (None, GoodbyeCode.NORMAL):
+        except ConnectionLost as error:
+            if error.code == GoodbyeCode.NORMAL or self._closed:
                 raise StopAsyncIteration from None
             raise
 
@@ -117,6 +117,7 @@ class Client:
         self._goodbye_code: int | None = None
         self._since_yield = 0
         self._pong = 0
+        self._closing = False
         self._writer_done = trio.Event()
         #: Channels the broker says it is withholding guarantees on (advisory).
         self.throttled: set[Channel] = set()
@@ -368,12 +369,26 @@ class Client:
     # ---------------------------------------------------------------- closing
 
     async def aclose(self, *, flush: bool = True) -> None:
-        """Flush (by default), say Goodbye and close the connection."""
+        """Flush (by default), say Goodbye and close the connection.
+
+        With ``flush``, a connection that already broke raises
+        :class:`ConnectionLost` if published messages were never confirmed;
+        ``flush=False`` accepts that. Later calls do nothing.
+        """
+        if self._closing:
+            return
+        self._closing = True
         if self._error is None and not self._conn.closed:
             if flush:
                 await self.flush()
             self._conn.goodbye(GoodbyeCode.NORMAL, "bye")
             self._wake_writer()
+        elif flush and self._unconfirmed():
+            # Never leave quietly with messages the broker may not have routed.
+            raise self._error or ConnectionLost("the client is closed")
+
+    def _unconfirmed(self) -> int:
+        return sum(n - self._confirmed.get(h, 0) for h, n in self._published.items())
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""

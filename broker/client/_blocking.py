@@ -1,0 +1,824 @@
+"""The blocking client, for plain threads: ``with BlockingClient(url) as client``.
+
+It drives the same sans-IO :class:`~broker.protocol.Connection` as the trio
+client, over a plain :class:`socket.socket`, and keeps the same promises:
+
+- **Backpressure reaches the caller.** :meth:`BlockingClient.publish` returns
+  only once the broker's guarantees cover the message; without room it sends
+  what is pending and reads the socket until room appears. A slow broker (or
+  a slow subscriber downstream of it) slows the publishing thread; memory
+  never grows beyond what the broker has promised to buffer.
+- **Consumption is the window.** A delivered message's buffer space is
+  promised to the broker again only once the application has taken the
+  message from its :class:`BlockingSubscription`.
+
+Writes are batched: a publish does not write to the socket by itself. Output
+goes out once ``SEND_THRESHOLD`` bytes are pending, whenever the client is
+about to wait, on :meth:`BlockingClient.flush` and on close, and otherwise
+within half a heartbeat (from the background heartbeat thread).
+
+Threads: every public method takes the client's lock, so the client is safe
+to share, but it is meant for one thread at a time: a call that waits holds
+the lock while it waits (a ``timeout`` covers waiting for the lock too), so
+another thread cannot interrupt it, not even with :meth:`BlockingClient.close`;
+give such calls a timeout instead. A daemon heartbeat thread wakes every half
+heartbeat interval and, if the lock is free, reads what the socket holds
+(answering the broker's pings), pings the broker when this side has been
+silent and sends pending output. It never waits for the lock: when the lock
+is busy, the thread holding it does that work before it returns.
+
+The socket is non-blocking and every wait is a readiness wait on both
+directions, so the client always reads while it waits to write: a broker
+that is itself waiting for us to read cannot deadlock it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+from broker.protocol import (
+    Channel,
+    Confirm,
+    Connection,
+    ConnectionClosed,
+    DeliverReceived,
+    DropAnnounced,
+    Event,
+    FramesAbandoned,
+    GoodbyeCode,
+    HandleType,
+    Headers,
+    NoGuarantees,
+    Policy,
+    Pong,
+    Role,
+    Throttled,
+)
+
+from ._common import ClientError, ConnectionLost, Message, parse_url
+
+__all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
+
+log = logging.getLogger("broker.client")
+
+#: Bytes asked of the socket per ``recv``.
+RECEIVE_SIZE = 64 * 1024
+#: Pending output above this many bytes is written at once (without waiting);
+#: below it, output waits for the next wait, flush, close or heartbeat.
+SEND_THRESHOLD = 64 * 1024
+#: How long :meth:`BlockingClient.close` waits for its Goodbye to be written
+#: and for the broker to close its end.
+LINGER_SECONDS = 1.0
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """``timeout`` seconds from now on the monotonic clock (None: no deadline)."""
+    if timeout is None:
+        return None
+    return time.monotonic() + max(timeout, 0.0)
+
+
+def _heartbeat(
+    client_ref: weakref.ref[BlockingClient], stop: threading.Event, interval: float
+) -> None:
+    """The heartbeat thread's loop; holds the client only weakly between ticks."""
+    while not stop.wait(interval):
+        client = client_ref()
+        if client is None:
+            return
+        client._heartbeat_tick()
+        del client
+
+
+class BlockingSubscription:
+    """Messages of one subscription, in order: ``for message in subscription``.
+
+    Taking a message (:meth:`receive`, :meth:`receive_nowait` or iteration)
+    releases its space in the delivery channel's buffer, which the client
+    promises to the broker again: nothing is consumed on the application's
+    behalf, so a slow consumer slows the publishers feeding it.
+
+    Iteration ends (``StopIteration``) when the subscription or its client
+    was closed by this side, or when the broker closed the connection
+    normally (Goodbye code 0), once every message already received has been
+    taken. Any other end of the connection raises :class:`ConnectionLost`.
+
+    Use it as a context manager (or call :meth:`close`) to unsubscribe.
+    """
+
+    def __init__(self, client: BlockingClient, handle: int, topic: str) -> None:
+        self._client = client
+        #: The subscription handle (on the wire).
+        self.handle = handle
+        #: The topic subscribed to.
+        self.topic = topic
+        #: Deliveries received from the broker so far (taken or not).
+        self.received = 0
+        self._queue: deque[DeliverReceived] = deque()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called (messages may still be queued: see :meth:`receive`)."""
+        return self._closed
+
+    @property
+    def pending(self) -> int:
+        """Messages received and not taken yet."""
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        try:
+            return self.receive()
+        except ConnectionLost:
+            if self._client._ended_normally():
+                raise StopIteration from None
+            raise
+        except ClientError:
+            if self._closed:
+                raise StopIteration from None
+            raise
+
+    def __enter__(self) -> BlockingSubscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message, waiting up to ``timeout`` seconds (None: no limit) for it.
+
+        Messages already received are returned even after the connection
+        ended. Raises :class:`TimeoutError` when the time is up,
+        :class:`ConnectionLost` once the connection has ended and nothing is
+        queued, and :class:`ClientError` if the subscription is closed.
+        """
+        deadline = _deadline(timeout)
+        client = self._client
+        with client._locked(deadline):
+            client._wait_until(lambda: bool(self._queue) or self._closed, deadline, "receive")
+            return self._take()
+
+    def receive_nowait(self) -> Message:
+        """The next message if one is here, reading what the socket holds without waiting.
+
+        Raises :class:`BlockingIOError` (``errno.EAGAIN``) when no message is
+        available now; otherwise as :meth:`receive`.
+        """
+        client = self._client
+        with client._lock:
+            if not self._queue and not self._closed:
+                client._check_open()
+                client._service()
+                if not self._queue:
+                    client._check_open()
+                    raise BlockingIOError(errno.EAGAIN, f"no message on {self.topic!r} yet")
+            return self._take()
+
+    def _take(self) -> Message:
+        """Pop a queued message and release its buffer space (lock held)."""
+        client = self._client
+        if not self._queue:
+            raise ClientError("the subscription is closed")
+        event = self._queue.popleft()
+        client._release(event)
+        client._after_operation(urgent=True)
+        message = event.message
+        return Message(self.topic, message.payload, message.key, message.headers, message.seq)
+
+    def close(self) -> None:
+        """Unsubscribe, without waiting for the broker: free the subscription's handle.
+
+        Idempotent. Messages received and not taken are dropped, and so are
+        deliveries still in flight when they arrive (their buffer space is
+        released either way). Iterating a closed subscription stops; calling
+        :meth:`receive` raises :class:`ClientError`.
+        """
+        client = self._client
+        with client._lock:
+            if self._closed:
+                return
+            self._closed = True
+            client._unsubscribe(self)
+
+
+class BlockingClient:
+    """A connection to a broker for non-async code.
+
+    ``BlockingClient(url)`` connects, says Hello and waits for the broker's
+    Welcome (up to ``connect_timeout`` seconds), raising
+    :class:`ConnectionLost` if it cannot. As a context manager, leaving the
+    block normally flushes (every message published is routed by the
+    broker), then says Goodbye; leaving it with an exception closes at once.
+
+    Every method that waits takes a ``timeout`` in seconds (None: no limit)
+    and raises :class:`TimeoutError` when it is up. Once the connection has
+    ended (broker Goodbye, end of stream, broken socket, lease expired or
+    :meth:`close`), every operation raises :class:`ConnectionLost`, whose
+    ``code`` is the Goodbye code when there was one.
+    """
+
+    def __init__(
+        self,
+        url: str = "127.0.0.1:7400",
+        *,
+        name: str = "blocking-client",
+        connect_timeout: float = 10.0,
+        policy: Policy | None = None,
+    ) -> None:
+        host, port = parse_url(url)
+        self.name = name
+        self._lock = threading.RLock()
+        self._topics: dict[str, int] = {}
+        self._published: dict[int, int] = {}
+        self._confirmed: dict[int, int] = {}
+        self._subscriptions: dict[int, BlockingSubscription] = {}
+        #: Subscription handles closed before their Subscribe was confirmed.
+        self._pending_frees: set[int] = set()
+        self._error: ConnectionLost | None = None
+        self._goodbye_code: int | None = None
+        self._goodbye_by_peer = False
+        self._closed_here = False
+        self._service_requested = False
+        #: The highest nonce of a Pong received (nonces of our Pings increase).
+        self._pong = 0
+        self._wbuf = bytearray()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Channels the broker says it is withholding guarantees on (advisory).
+        self.throttled: set[Channel] = set()
+
+        deadline = time.monotonic() + connect_timeout
+        try:
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
+        except OSError as error:
+            raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
+        self._sock: socket.socket | None = sock
+        self._selector = selectors.DefaultSelector()
+        self._mask = selectors.EVENT_READ
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            self._selector.register(sock, self._mask)
+            self._conn = Connection(Role.CLIENT, policy=policy, now=time.monotonic())
+            self._conn.hello(name)
+            with self._lock:
+                self._wait_until(
+                    lambda: self._conn.welcome_message is not None, deadline, "handshake"
+                )
+        except TimeoutError:
+            self._close_socket()
+            raise ConnectionLost(
+                f"no Welcome from {host}:{port} within {connect_timeout} s"
+            ) from None
+        except BaseException:
+            self._close_socket()
+            raise
+        welcome = self._conn.welcome_message
+        assert welcome is not None
+        self._thread = threading.Thread(
+            target=_heartbeat,
+            args=(weakref.ref(self), self._stop, welcome.heartbeat_ms / 2000),
+            name=f"broker-heartbeat:{name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    # ---------------------------------------------------------------- context manager
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(flush=exc_type is None)
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def closed(self) -> bool:
+        """The connection has ended (by either side); operations raise :class:`ConnectionLost`."""
+        return self._error is not None or self._conn.closed
+
+    def _check_open(self) -> None:
+        """Raise :class:`ConnectionLost` (a fresh one each time) if the connection ended."""
+        error = self._error
+        if error is not None:
+            raise ConnectionLost(error.reason, error.code)
+        if self._conn.closed:
+            raise ConnectionLost("the client is closed")
+
+    def _ended_normally(self) -> bool:
+        """The connection ended by our own close or by the broker's Goodbye 0."""
+        if self._closed_here:
+            return True
+        return self._goodbye_by_peer and self._goodbye_code == GoodbyeCode.NORMAL
+
+    def _fail(self, error: ConnectionLost) -> None:
+        """The connection is over: remember why, write what we can, close the socket."""
+        if self._error is None:
+            self._error = error
+        if self._sock is not None:
+            self._collect_output()
+            self._send_some()
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        self._stop.set()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+            sock.close()
+            self._selector.close()
+        self._wbuf.clear()
+
+    # ---------------------------------------------------------------- I/O
+
+    def _collect_output(self) -> None:
+        """Move what the protocol has queued into the write buffer."""
+        if self._conn.bytes_to_send:
+            self._wbuf += self._conn.data_to_send(time.monotonic())
+
+    def _send_some(self) -> None:
+        """Write as much of the write buffer as the socket takes now (never waits)."""
+        sock = self._sock
+        wbuf = self._wbuf
+        while wbuf and sock is not None:
+            try:
+                sent = sock.send(wbuf)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                self._error = self._error or ConnectionLost(f"connection broken: {error}")
+                self._close_socket()
+                return
+            del wbuf[:sent]
+
+    def _read_available(self) -> None:
+        """Read and process everything the socket holds now (never waits)."""
+        while self._sock is not None:
+            try:
+                data = self._sock.recv(RECEIVE_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                self._fail(ConnectionLost(f"connection broken: {error}"))
+                return
+            if not data:
+                self._fail(ConnectionLost("the broker closed the connection"))
+                return
+            self._handle_events(self._conn.receive_data(data, time.monotonic()))
+
+    def _handle_events(self, events: list[Event]) -> None:
+        conn = self._conn
+        for event in events:
+            if type(event) is DeliverReceived:
+                subscription = self._subscriptions.get(event.message.subscription)
+                if subscription is None or subscription._closed:
+                    self._release(event)  # a subscription being freed
+                else:
+                    subscription._queue.append(event)
+                    subscription.received += 1
+            elif type(event) is Confirm:
+                self._confirmed[event.topic] = event.count
+            elif type(event) is Pong:
+                self._pong = max(self._pong, event.nonce)
+            elif isinstance(event, Throttled):
+                if event.throttled:
+                    self.throttled.add(event.channel)
+                else:
+                    self.throttled.discard(event.channel)
+            elif isinstance(event, ConnectionClosed):
+                self._goodbye_code = event.code
+                self._goodbye_by_peer = event.by_peer
+                if event.by_peer:
+                    self._fail(ConnectionLost(event.reason, event.code))
+                else:
+                    self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
+            elif isinstance(event, DropAnnounced | FramesAbandoned):
+                log.warning("%s: %s", self.name, event)
+        if self._pending_frees and not conn.closed:
+            for handle in list(self._pending_frees):
+                if conn.confirmed(HandleType.SUBSCRIPTION, handle):
+                    self._pending_frees.discard(handle)
+                    conn.free_handle(HandleType.SUBSCRIPTION, handle)
+
+    def _keepalive(self) -> None:
+        """Ping when this side has been silent; give up on a silent broker."""
+        conn = self._conn
+        if conn.closed or conn.welcome_message is None or self._sock is None:
+            return
+        now = time.monotonic()
+        if conn.peer_gone(now):
+            conn.goodbye(GoodbyeCode.LEASE_EXPIRED, "broker silent")
+            self._fail(ConnectionLost("the broker went silent (lease expired)"))
+        elif conn.ping_due(now):
+            conn.ping()
+
+    def _service(self) -> None:
+        """Without waiting: read what is readable, keep alive, write what is pending."""
+        self._service_requested = False
+        if self._sock is None:
+            return
+        self._read_available()
+        self._keepalive()
+        self._collect_output()
+        self._send_some()
+
+    def _heartbeat_tick(self) -> None:
+        """Called by the heartbeat thread: service now, or ask the lock's holder to.
+
+        Never raises: an unexpected error ends the connection (and is logged),
+        so the application sees it as :class:`ConnectionLost` on its next call.
+        """
+        if not self._lock.acquire(blocking=False):
+            self._service_requested = True
+            return
+        try:
+            self._service()
+        except Exception as error:
+            log.exception("%s: heartbeat failed", self.name)
+            self._fail(ConnectionLost(f"heartbeat failed: {error!r}"))
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def _locked(self, deadline: float | None) -> Iterator[None]:
+        """Hold the client's lock, waiting for it no later than ``deadline``.
+
+        Raises :class:`TimeoutError` if another thread holds it until then.
+        """
+        if deadline is None:
+            acquired = self._lock.acquire()
+        else:
+            acquired = self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+        if not acquired:
+            raise TimeoutError("another thread kept the client busy")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _after_operation(self, *, urgent: bool = False) -> None:
+        """End of a call that may have queued output: write it if it is due.
+
+        Publishes are batched (written once ``SEND_THRESHOLD`` bytes are
+        pending); ``urgent`` output (guarantees after a release, frees) is
+        written at once, without waiting.
+        """
+        pending = self._conn.bytes_to_send
+        if pending >= SEND_THRESHOLD or (urgent and pending):
+            self._collect_output()
+            self._send_some()
+        if self._service_requested:
+            self._service()
+
+    def _step(self, deadline: float | None) -> bool:
+        """Wait once for the socket, the next heartbeat or ``deadline``, and process it.
+
+        Pending output is written while waiting; the socket is read whenever
+        it is readable. Returns whether ``deadline`` has passed.
+        """
+        self._collect_output()
+        self._send_some()
+        sock = self._sock
+        if sock is None:
+            self._check_open()
+            raise ConnectionLost("the connection is closed")
+        now = time.monotonic()
+        timeout = None if deadline is None else max(deadline - now, 0.0)
+        conn = self._conn
+        if conn.welcome_message is not None and not conn.closed:
+            until_keepalive = max(conn.next_deadline() - now, 0.0)
+            timeout = until_keepalive if timeout is None else min(timeout, until_keepalive)
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._wbuf else 0)
+        if mask != self._mask:
+            self._selector.modify(sock, mask)
+            self._mask = mask
+        ready = self._selector.select(timeout)
+        if ready:
+            events = ready[0][1]
+            if events & selectors.EVENT_WRITE:
+                self._send_some()
+            if events & selectors.EVENT_READ:
+                self._read_available()
+        self._keepalive()
+        return deadline is not None and time.monotonic() >= deadline
+
+    def _wait_until(self, condition: Callable[[], bool], deadline: float | None, what: str) -> None:
+        """Do I/O until ``condition()`` holds (lock held).
+
+        ``condition`` is checked before each wait and once more after the
+        deadline has passed (so a zero timeout still processes what the
+        socket holds). Raises :class:`ConnectionLost` if the connection ends
+        first and :class:`TimeoutError` if ``deadline`` passes first.
+        """
+        expired = False
+        while not condition():
+            self._check_open()
+            if expired:
+                raise TimeoutError(f"{what} timed out")
+            expired = self._step(deadline)
+
+    def _attempt(self, action: Callable[[], object]) -> bool:
+        """Run ``action`` if the connection is open; False if it lacked guarantees."""
+        self._check_open()
+        try:
+            action()
+        except NoGuarantees:
+            return False
+        return True
+
+    def _release(self, event: DeliverReceived) -> None:
+        """A delivery is done with: free its space (promised again per policy)."""
+        if not self._conn.closed:
+            self._conn.release(event)
+
+    # ---------------------------------------------------------------- topics
+
+    def _topic_nowait(self, topic: str) -> int:
+        """The topic's handle, binding it on first use; :class:`NoGuarantees` if no room."""
+        handle = self._topics.get(topic)
+        if handle is None:
+            self._check_open()
+            handle = self._conn.bind_topic(topic)
+            self._topics[topic] = handle
+            self._published[handle] = 0
+        return handle
+
+    def _topic(self, topic: str, deadline: float | None, what: str) -> int:
+        """The topic's handle, waiting (up to ``deadline``) for room to bind it."""
+        handle = self._topics.get(topic)
+        if handle is None:
+            self._wait_until(
+                lambda: self._attempt(lambda: self._topic_nowait(topic)), deadline, what
+            )
+            handle = self._topics[topic]
+        return handle
+
+    # ---------------------------------------------------------------- publishing
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Publish one message, waiting up to ``timeout`` seconds for the broker's guarantees.
+
+        Once it returns, the broker is certain to accept the message (it is
+        queued for the socket; :meth:`flush` waits until it is routed). While
+        there is no room it writes what is pending and reads the socket, so
+        backpressure from the broker slows the caller. Raises
+        :class:`TimeoutError` (nothing published) when the time is up and
+        :class:`ConnectionLost` if the connection ends. A message too large
+        for the broker's ``max_frame`` raises
+        :class:`~broker.protocol.LocalProtocolError`.
+        """
+        deadline = _deadline(timeout)
+        with self._locked(deadline):
+            handle = self._topic(topic, deadline, "publish")
+            conn = self._conn
+            self._wait_until(
+                lambda: self._attempt(
+                    lambda: conn.publish(handle, payload, key=key, headers=headers)
+                ),
+                deadline,
+                "publish",
+            )
+            self._published[handle] += 1
+            self._after_operation()
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Publish if the guarantees allow it now; else :class:`BlockingIOError`.
+
+        Before giving up it processes what the socket already holds (which
+        may bring guarantees), without waiting. ``BlockingIOError`` (errno
+        ``EAGAIN``) means nothing was published; retry later, or use
+        :meth:`publish`. Once it returns, the broker is certain to accept the
+        message.
+        """
+        with self._lock:
+            for attempt in range(2):
+                self._check_open()
+                try:
+                    handle = self._topic_nowait(topic)
+                    self._conn.publish(handle, payload, key=key, headers=headers)
+                except NoGuarantees:
+                    if attempt == 0:
+                        self._service()
+                        continue
+                    raise BlockingIOError(
+                        errno.EAGAIN, f"no guarantees to publish on {topic!r} now"
+                    ) from None
+                self._published[handle] += 1
+                self._after_operation()
+                return
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Write everything pending and wait until the broker has routed every
+        message published so far (its ``Confirm`` counts cover them).
+
+        Raises :class:`TimeoutError` when ``timeout`` seconds pass first and
+        :class:`ConnectionLost` if the connection has ended or ends first.
+        """
+        deadline = _deadline(timeout)
+        with self._locked(deadline):
+            self._check_open()
+            targets = dict(self._published)
+            self._wait_until(
+                lambda: (
+                    not (self._wbuf or self._conn.bytes_to_send) and self._all_confirmed(targets)
+                ),
+                deadline,
+                "flush",
+            )
+
+    def _all_confirmed(self, targets: dict[int, int]) -> bool:
+        """The broker's Confirm counts cover ``targets`` (publishes per topic handle)."""
+        return all(self._confirmed.get(h, 0) >= n for h, n in targets.items())
+
+    # ---------------------------------------------------------------- subscribing
+
+    def subscribe(
+        self, topic: str, *, mode: str = "reliable", timeout: float | None = None
+    ) -> BlockingSubscription:
+        """Subscribe to ``topic``; returns once the broker has processed the subscription.
+
+        Every message the broker routes on ``topic`` after it returns is
+        delivered (``mode`` ``"reliable"``); in particular every message
+        published, by any client, after it returns.
+
+        It binds the topic if needed, waits until the topic's handle is
+        confirmed, subscribes, and waits until the subscription's handle is
+        confirmed. A confirmed handle is only *certain* to be processed, so
+        it then sends a Ping and waits for its Pong: the broker handles
+        frames in order (and binds on arrival), so the Pong proves the
+        Subscribe was processed. Waits up to ``timeout`` seconds in all
+        (None: no limit). Raises :class:`TimeoutError` or
+        :class:`ConnectionLost`; either way the subscription is closed again.
+        """
+        deadline = _deadline(timeout)
+        with self._locked(deadline):
+            conn = self._conn
+            handle = self._topic(topic, deadline, "subscribe")
+            self._wait_until(
+                lambda: conn.confirmed(HandleType.TOPIC, handle), deadline, "subscribe"
+            )
+            handles: list[int] = []
+            self._wait_until(
+                lambda: self._attempt(lambda: handles.append(conn.subscribe(handle, mode))),
+                deadline,
+                "subscribe",
+            )
+            sub_handle = handles[0]
+            subscription = BlockingSubscription(self, sub_handle, topic)
+            self._subscriptions[sub_handle] = subscription
+            try:
+                self._wait_until(
+                    lambda: conn.confirmed(HandleType.SUBSCRIPTION, sub_handle),
+                    deadline,
+                    "subscribe",
+                )
+                nonce = conn.ping()
+                self._wait_until(lambda: self._pong >= nonce, deadline, "subscribe")
+            except BaseException:
+                subscription.close()
+                raise
+            self._after_operation()
+            return subscription
+
+    def _unsubscribe(self, subscription: BlockingSubscription) -> None:
+        """Free the subscription's handle and release its queue (lock held)."""
+        conn = self._conn
+        handle = subscription.handle
+        self._subscriptions.pop(handle, None)
+        if not conn.closed:
+            if conn.confirmed(HandleType.SUBSCRIPTION, handle):
+                conn.free_handle(HandleType.SUBSCRIPTION, handle)
+            else:
+                self._pending_frees.add(handle)  # freed once the Subscribe is confirmed
+        for event in subscription._queue:
+            self._release(event)
+        subscription._queue.clear()
+        if self._sock is not None:
+            self._collect_output()
+            self._send_some()
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
+        """Flush (by default, up to ``timeout`` seconds), say Goodbye and close the socket.
+
+        Idempotent. On a connection that already ended it is quiet unless
+        ``flush`` is asked for and some published message was never
+        confirmed (then :class:`ConnectionLost`: those messages may be lost).
+        The socket is closed even if flushing fails; the flush's
+        :class:`TimeoutError` or :class:`ConnectionLost` is raised afterwards.
+        """
+        with self._lock:
+            try:
+                if flush and not self._closed_here:
+                    if not self.closed:
+                        self.flush(timeout)
+                    elif not self._all_confirmed(self._published):
+                        self._check_open()
+            finally:
+                self._closed_here = True
+                self._stop.set()
+                if self._sock is not None:
+                    self._say_goodbye()
+                self._close_socket()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(LINGER_SECONDS)
+
+    def _say_goodbye(self) -> None:
+        """Goodbye 0, written within the linger time; then wait for the broker's EOF."""
+        conn = self._conn
+        conn.goodbye(GoodbyeCode.NORMAL, "bye")
+        deadline = time.monotonic() + LINGER_SECONDS
+        self._collect_output()
+        while self._wbuf and self._sock is not None:
+            self._send_some()
+            if self._wbuf and not self._wait_socket(selectors.EVENT_WRITE, deadline):
+                return
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            # Read (and ignore) until the broker closes, so that closing does not
+            # reset the connection before the broker has read our Goodbye.
+            while self._wait_socket(selectors.EVENT_READ, deadline):
+                if not sock.recv(RECEIVE_SIZE):
+                    return
+        except OSError:
+            return  # the connection is going away anyway (or nothing to read yet)
+
+    def _wait_socket(self, mask: int, deadline: float) -> bool:
+        """Wait for readiness ``mask`` until ``deadline``; False if it did not come."""
+        sock = self._sock
+        if sock is None:
+            return False
+        if mask != self._mask:
+            self._selector.modify(sock, mask)
+            self._mask = mask
+        timeout = deadline - time.monotonic()
+        return timeout > 0 and bool(self._selector.select(timeout))
+
+    def statistics(self) -> dict[str, int]:
+        """Messages published/confirmed, live subscriptions, bytes, for scripts and tests."""
+        with self._lock:
+            return {
+                "published": sum(self._published.values()),
+                "confirmed": sum(self._confirmed.values()),
+                "subscriptions": len(self._subscriptions),
+                "bytes_sent": self._conn.bytes_sent,
+                "bytes_received": self._conn.bytes_received,
+                "bytes_unsent": len(self._wbuf) + self._conn.bytes_to_send,
+            }
+
+
+def connect(
+    url: str = "127.0.0.1:7400",
+    *,
+    name: str = "blocking-client",
+    connect_timeout: float = 10.0,
+    policy: Policy | None = None,
+) -> BlockingClient:
+    """Connect a :class:`BlockingClient` to ``url`` (see its constructor)."""
+    return BlockingClient(url, name=name, connect_timeout=connect_timeout, policy=policy)

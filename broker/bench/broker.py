@@ -116,12 +116,19 @@ def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
     _wait_ready(sub)
     pub = _worker({"role": "pub", "url": url, "topics": [{"name": "bench"}], "count": count})
     published = _result(pub, 300)
-    received = _result(sub, 300)["subscribers"]
+    received_all = _result(sub, 300)
+    received = received_all["subscribers"]
     last = max(r["last"] for r in received)
     seconds = (last - published["start"]) / 1e9
     total = sum(r["received"] for r in received)
     lost = count * subscribers - total + sum(r["gaps"] for r in received)
-    return {"per_s": total / seconds, "seconds": seconds, "lost": lost}
+    return {
+        "per_s": total / seconds,
+        "seconds": seconds,
+        "lost": lost,
+        "publisher_cpu": published["cpu_s"] / seconds,
+        "subscriber_cpu": received_all["cpu_s"] / seconds,
+    }
 
 
 def _median_runs(url: str, runs: int, count: int, subscribers: int) -> dict[str, float]:
@@ -141,16 +148,23 @@ def _latency(url: str, rate: float, duration: float) -> dict[str, float]:
     pub = _worker(
         {"role": "pub", "url": url, "topics": [{"name": "lat", "rate": rate}], "duration": duration}
     )
-    _result(pub, duration + 60)
+    published = _result(pub, duration + 60)
     received = _result(sub, duration + 60)["subscribers"][0]
-    return {"rate": rate, **_percentiles(received["latencies"]), "received": received["received"]}
+    return {
+        "rate": rate,
+        **_percentiles(received["latencies"]),
+        "received": received["received"],
+        "send_late_p99_us": _percentiles(published["lateness"].get("lat", []))["p99_us"],
+    }
 
 
 def _slow_consumer(
     url: str, broker: subprocess.Popen[str], slow_rate: float, fast_rate: float, duration: float
 ) -> dict[str, Any]:
+    # Both subscribers outlive the publisher: a subscriber that left early
+    # would free the publisher's slow channel and flatter its rate.
     slow = _worker(
-        {"role": "sub", "url": url, "topic": "slow", "rate": slow_rate, "duration": duration}
+        {"role": "sub", "url": url, "topic": "slow", "rate": slow_rate, "duration": duration + 5}
     )
     fast = _worker(
         {"role": "sub", "url": url, "topic": "fast", "latency": True, "duration": duration + 5}
@@ -182,11 +196,12 @@ def _slow_consumer(
     sampler.join()
     slow_seconds = max((slow_result["last"] - slow_result["first"]) / 1e9, 1e-9)
     slow_published = published["sent"].get("slow", 0)
-    # Steady state: the second half of the run. The first moments fill the
-    # buffers the guarantees allow (a few MB), at full speed, by design.
+    # Steady state: the second half of the publisher's run, while the slow
+    # subscriber is still consuming. The first moments fill the buffers the
+    # guarantees allow (about a megabyte), at full speed, by design.
     timeline = published["timelines"].get("slow", [])
     half = published["start"] + duration * 1e9 / 2
-    steady = [(t, n) for t, n in timeline if t >= half]
+    steady = [(t, n) for t, n in timeline if half <= t <= slow_result["last"]]
     if len(steady) >= 2:
         steady_rate = (steady[-1][1] - steady[0][1]) / ((steady[-1][0] - steady[0][0]) / 1e9)
     else:
@@ -207,6 +222,7 @@ def _slow_consumer(
         "fast_rate": fast_rate,
         "fast_received": fast_result["received"],
         **{f"fast_{k}": v for k, v in _percentiles(fast_result["latencies"]).items()},
+        "fast_send_late_p99_us": _percentiles(published["lateness"].get("fast", []))["p99_us"],
     }
 
 

@@ -779,12 +779,27 @@ class Connection:
 
     def release_frame(self, channel: Channel, size: int) -> list[Event]:
         """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""
+        return self.release_frames(channel, size, 1)
+
+    def release_frames(self, channel: Channel, size: int, count: int) -> list[Event]:
+        """Free ``count`` processed frames of ``size`` bytes in all on ``channel``.
+
+        The same as releasing each frame in turn (:meth:`release_frame`),
+        with guarantees issued once for the lot.
+        """
         if channel.kind not in (ChannelKind.PUBLISH, ChannelKind.DELIVER):
             raise LocalProtocolError("bind channels are released by the protocol itself")
+        if count < 1:
+            raise LocalProtocolError(f"cannot release {count} frames")
         receiver = self._receiver(channel)
+        handle_type = _HANDLE_TYPE_OF_KIND[channel.kind]
+        table = self._table(handle_type)
+        if table.references(channel.index) < count:
+            raise LocalProtocolError(f"{channel}: {count} frames are not buffered")
         receiver.release(size)
         events: list[Event] = []
-        self._release_reference(_HANDLE_TYPE_OF_KIND[channel.kind], channel.index, events)
+        if table.release(channel.index, count):
+            self._on_deleted(handle_type, channel.index, events)
         if channel in self._receivers and self.state is ConnectionState.OPEN:
             self._issue(receiver)
         return events

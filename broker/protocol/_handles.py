@@ -131,12 +131,19 @@ class HandleTable(Generic[V]):
         """A buffered message now references ``handle``."""
         self._bindings[handle].references += 1
 
-    def release(self, handle: int) -> bool:
-        """A buffered message referencing ``handle`` is done; True if it got deleted."""
+    def references(self, handle: int) -> int:
+        """How many buffered messages reference ``handle`` (0 if it is not bound)."""
+        binding = self._bindings.get(handle)
+        return 0 if binding is None else binding.references
+
+    def release(self, handle: int, count: int = 1) -> bool:
+        """``count`` buffered messages referencing ``handle`` are done; True if it got deleted."""
         binding = self._bindings[handle]
-        if binding.references <= 0:
-            raise LocalProtocolError(f"handle {handle} has no references to release")
-        binding.references -= 1
+        if binding.references < count:
+            raise LocalProtocolError(
+                f"handle {handle} has {binding.references} references, cannot release {count}"
+            )
+        binding.references -= count
         return self._delete_if_done(handle, binding)
 
     def _delete_if_done(self, handle: int, binding: Binding[V]) -> bool:

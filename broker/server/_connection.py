@@ -35,7 +35,7 @@ from broker.protocol import (
 )
 
 from ._policy import BrokerPolicy
-from ._topic import Routed, Subscription, Topic
+from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
     from ._broker import Broker
@@ -45,6 +45,10 @@ log = logging.getLogger("broker.server")
 #: Bytes asked of the socket per read. The connection account is checked
 #: between reads; channel frames are bounded by guarantees regardless.
 RECEIVE_SIZE = 64 * 1024
+#: Publishes forwarded to a topic as one actor message (and one loan).
+FORWARD_BATCH = 64
+#: Publishes a resumed channel forwards before yielding to other tasks.
+FORWARD_SLICE = 256
 #: How long a closing connection waits for the client to see its Goodbye.
 LINGER_SECONDS = 1.0
 
@@ -63,6 +67,8 @@ class PublishChannel:
     confirmed: int = 0
     #: A task waits for the account to clear (guarantees are withheld meanwhile).
     waiting: bool = False
+    #: Estimated charge of the deliveries of batches the topic has not routed yet.
+    unrouted_fan_out: int = 0
 
 
 @dataclass(slots=True)
@@ -170,9 +176,9 @@ class ServerConnection:
         # Publishes that were accepted within guarantees are forwarded even
         # though their sender is gone: the guarantee promised they'd be routed.
         for state in list(self.channels.values()):
-            while state.buffer:
-                event = state.buffer.popleft()
-                self._forward(state, event)
+            if state.buffer:
+                self._forward(state, list(state.buffer), 0)
+                state.buffer.clear()
             state.topic.publishers -= 1
             state.topic.release_if_unused()
             state.account.close()
@@ -233,13 +239,18 @@ class ServerConnection:
                 protocol.confirm(handle, state.routed)
         self._confirm_dirty.clear()
 
-    def routed(self, handle: int) -> None:
-        """A topic routed one of this connection's publishes on ``handle``."""
-        state = self.channels.get(handle)
-        if state is not None and not self.protocol.closed:
-            state.routed += 1
-            self._confirm_dirty.add(handle)
+    def routed(self, routed: Routed) -> None:
+        """A topic routed a batch of this connection's publishes."""
+        state = self.channels.get(routed.handle)
+        if state is None:
+            return
+        state.unrouted_fan_out -= routed.fan_out
+        if not self.protocol.closed:
+            state.routed += len(routed.tails)
+            self._confirm_dirty.add(routed.handle)
             self._wakeup.set()
+            if state.buffer and not state.waiting:
+                self._drain(state)
 
     # ================================================================ deliveries
 
@@ -420,15 +431,41 @@ class ServerConnection:
 
     # ================================================================ publish channels
 
-    def _drain(self, state: PublishChannel) -> None:
-        """Forward buffered publishes while the channel's account is clear."""
+    def _drain(self, state: PublishChannel, limit: int = 0) -> None:
+        """Forward buffered publishes (at most ``limit``, if given) while the
+        channel's account is clear.
+
+        Publishes go to the topic in batches of up to ``FORWARD_BATCH``: one
+        actor message and one loan per batch, one release of buffer space. A
+        batch ends with the publish that, counting the deliveries it and
+        the batches still on their way will be charged, takes the account
+        over its high watermark: the debt passes the watermark by about one
+        publish's fan-out, as if publishes were forwarded one at a time.
+        """
         buffer = state.buffer
         account = state.account
         protocol = self.protocol
-        while buffer and not account.blocked:
-            event = buffer.popleft()
-            self._forward(state, event)
-            released = protocol.release(event)
+        left = limit or len(buffer)
+        while buffer and left > 0 and not account.blocked:
+            # While routed, a publish's loan and its deliveries' loans are all
+            # charged: the room is shared by the publishes and their fan-out.
+            # Batches not routed yet will add their fan-out: count it as spent.
+            room = account.high_watermark - account.debt - state.unrouted_fan_out
+            fan_out = len(state.topic.subscriptions)
+            per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
+            batch: list[PublishReceived] = []
+            size = deliveries = 0
+            if room <= 0 and state.unrouted_fan_out > 0:
+                break  # resumed by routed() when the topic has caught up
+            most = min(FORWARD_BATCH, left)
+            while buffer and len(batch) < most and (not batch or size + deliveries <= room):
+                event = buffer.popleft()
+                batch.append(event)
+                size += event.size
+                deliveries += fan_out * (event.size + per_delivery)
+            left -= len(batch)
+            self._forward(state, batch, deliveries)
+            released = protocol.release_frames(state.channel, size, len(batch))
             if released:
                 self._handle_events(released)
         if account.blocked and not state.waiting and not protocol.closed:
@@ -439,23 +476,41 @@ class ServerConnection:
         if self._starved:
             self._fund_starved()
 
-    def _forward(self, state: PublishChannel, event: PublishReceived) -> None:
-        message = event.message
-        tail = encode_deliver_tail(message.payload, message.key, message.headers)
+    def _forward(self, state: PublishChannel, batch: list[PublishReceived], fan_out: int) -> int:
+        """Send ``batch`` to the topic as one loan on the channel's account; returns its size.
+
+        ``fan_out`` estimates what its deliveries will be charged once routed.
+        """
+        tails = []
+        size = 0
+        for event in batch:
+            message = event.message
+            tails.append(encode_deliver_tail(message.payload, message.key, message.headers))
+            size += event.size
+        state.unrouted_fan_out += fan_out
         state.topic.send_nowait(
-            Routed(tail, self, state.channel.index), account=state.account, cost=event.size
+            Routed(tails, self, state.channel.index, fan_out), account=state.account, cost=size
         )
+        return size
 
     async def _await_clear(self, state: PublishChannel) -> None:
-        """Wait for a throttled channel's account to clear, then resume it."""
+        """Wait for a throttled channel's account to clear, then resume it.
+
+        The buffered publishes are forwarded a slice at a time, yielding in
+        between, so that a backlog does not hold up other channels' traffic.
+        """
         await state.account.ensure_clear_funds()
         state.waiting = False
-        if self.channels.get(state.channel.index) is not state or self.protocol.closed:
-            return
-        self.protocol.throttled(state.channel, False)
-        self._drain(state)
-        self.protocol.issue_guarantees(state.channel)
-        self.wake_writer()
+        while self.channels.get(state.channel.index) is state and not self.protocol.closed:
+            if not state.buffer or state.account.blocked:
+                if not state.waiting:
+                    self.protocol.throttled(state.channel, False)
+                    self.protocol.issue_guarantees(state.channel)
+                    self.wake_writer()
+                return
+            self._drain(state, FORWARD_SLICE)
+            self.wake_writer()
+            await trio.lowlevel.checkpoint()
 
     # ================================================================ budgets
 

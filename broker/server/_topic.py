@@ -18,11 +18,14 @@ DELIVER_HEAD_ESTIMATE = 24
 
 @dataclass(slots=True)
 class Routed:
-    """One publish on its way through a topic: the encoded Deliver tail and its origin."""
+    """Publishes on their way through a topic: their encoded Deliver tails, in
+    order, and the publish channel they came from."""
 
-    tail: bytes
+    tails: list[bytes]
     origin: ServerConnection
     handle: int
+    #: What the origin estimated routing them will charge (see ``ServerConnection._drain``).
+    fan_out: int
 
 
 class Subscription:
@@ -52,14 +55,19 @@ class Subscription:
         """Deliveries waiting for the subscriber's guarantees."""
         return len(self._queue)
 
-    def offer(self, account: Account, tail: bytes) -> None:
-        """Queue one delivery, charged to ``account``; send it at once if it fits."""
-        loan = LoanedItem(account, len(tail) + DELIVER_HEAD_ESTIMATE, tail)
+    def offer(self, account: Account, tails: list[bytes]) -> None:
+        """Queue deliveries of ``tails``, each charged to ``account``; send
+        what fits in the subscriber's guarantees at once."""
         queue = self._queue
-        if queue or not self.connection.try_deliver(self, loan):
-            if not queue:
-                self.connection.subscription_stalled(self)
-            queue.append(loan)
+        stalled = bool(queue)
+        try_deliver = self.connection.try_deliver
+        for tail in tails:
+            loan = LoanedItem(account, len(tail) + DELIVER_HEAD_ESTIMATE, tail)
+            if stalled or not try_deliver(self, loan):
+                if not stalled:
+                    stalled = True
+                    self.connection.subscription_stalled(self)
+                queue.append(loan)
 
     def pump(self) -> None:
         """Send queued deliveries while the subscriber's guarantees allow."""
@@ -93,11 +101,11 @@ class Topic(Actor):
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
         account = turn.account
-        tail = routed.tail
+        tails = routed.tails
         for subscription in self.subscriptions:
-            subscription.offer(account, tail)
-        self.messages_in += 1
-        routed.origin.routed(routed.handle)
+            subscription.offer(account, tails)
+        self.messages_in += len(tails)
+        routed.origin.routed(routed)
 
     def subscribe(self, subscription: Subscription) -> None:
         self.subscriptions.append(subscription)

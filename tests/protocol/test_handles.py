@@ -309,3 +309,39 @@ def test_no_publish_while_the_topics_dropped_bind_waits_to_be_resent() -> None:
     pair.run()
     pair.assert_no_errors()
     assert [e.message.payload for e in of(PublishReceived, pair.broker_events)] == [b"kept"]
+
+
+def test_releasing_frames_together_frees_a_freed_topic_like_one_by_one() -> None:
+    pair = ConnectionPair()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    for payload in (b"1", b"22", b"333"):
+        pair.client.publish(topic, payload)
+    pair.run()
+    pair.client.free_handle(HandleType.TOPIC, topic)
+    pair.run()
+    received = of(PublishReceived, pair.broker_events)
+    channel = Channel(ChannelKind.PUBLISH, topic)
+    with pytest.raises(LocalProtocolError):
+        pair.broker.release_frames(channel, received[0].size, 0)
+    with pytest.raises(LocalProtocolError):  # more frames than reference the handle
+        pair.broker.release_frames(channel, sum(e.size for e in received), 4)
+    assert pair.broker.release_frames(channel, received[0].size + received[1].size, 2) == []
+    assert pair.broker.topics.get(topic) is not None  # the third still references it
+    assert pair.broker.release(received[2]) == [HandleDeleted(int(HandleType.TOPIC), topic)]
+
+
+def test_releasing_frames_together_issues_guarantees_once() -> None:
+    pair = ConnectionPair(broker_policy=Policy(publish_capacity=1000, issue_fraction=0.0))
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    for _ in range(5):
+        pair.client.publish(topic, b"x" * 50)
+    pair.run()
+    received = of(PublishReceived, pair.broker_events)
+    channel = Channel(ChannelKind.PUBLISH, topic)
+    before = pair.broker.statistics().frames_sent
+    pair.broker.release_frames(channel, sum(event.size for event in received), len(received))
+    assert pair.broker.statistics().frames_sent == before + 1  # one IssueGuarantees
+    pair.run()
+    assert pair.client.room(channel) == 1000  # every byte promised again

@@ -11,6 +11,7 @@ import trio
 
 from broker.protocol import (
     Channel,
+    ChannelKind,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -30,7 +31,14 @@ from broker.protocol import (
     WelcomeReceived,
 )
 
-from ._common import PUBLISHES_PER_YIELD, ClientError, ConnectionLost, Message, parse_url
+from ._common import (
+    PUBLISHES_PER_YIELD,
+    RELEASE_BATCH,
+    ClientError,
+    ConnectionLost,
+    Message,
+    parse_url,
+)
 
 log = logging.getLogger("broker.client")
 
@@ -54,6 +62,19 @@ class Subscription:
         self._closed = False
         self._since_yield = 0
         self.received = 0
+        #: Consumed messages whose buffer space is not yet released (see RELEASE_BATCH).
+        self._unreleased = 0
+        self._unreleased_size = 0
+
+    def _release(self) -> None:
+        """Free the space of the messages consumed so far (guarantees follow)."""
+        if self._unreleased:
+            client = self._client
+            client._conn.release_frames(
+                Channel(ChannelKind.DELIVER, self.handle), self._unreleased_size, self._unreleased
+            )
+            self._unreleased = self._unreleased_size = 0
+            client._wake_writer()
 
     def __aiter__(self) -> Subscription:
         return self
@@ -73,10 +94,12 @@ class Subscription:
             if self._closed:
                 raise ClientError("the subscription is closed")
             raise trio.WouldBlock
-        event = self._queue.popleft()
-        client = self._client
-        client._conn.release(event)
-        client._wake_writer()
+        queue = self._queue
+        event = queue.popleft()
+        self._unreleased_size += event.size
+        self._unreleased += 1
+        if self._unreleased >= RELEASE_BATCH or not queue:
+            self._release()
         message = event.message
         return Message(self.topic, message.payload, message.key, message.headers, message.seq)
 
@@ -349,6 +372,7 @@ class Client:
         for event in subscription._queue:
             conn.release(event)
         subscription._queue.clear()
+        subscription._release()
         if self._error is not None or conn.closed:
             return
         with trio.move_on_after(10):

@@ -12,6 +12,9 @@ DEFAULT_PORT = 7400
 #: The async client yields to the scheduler at least once per this many
 #: publishes that did not have to wait, so its writer can batch them.
 PUBLISHES_PER_YIELD = 64
+#: Consumed messages whose buffer space a subscription releases together (it
+#: releases sooner when the application has consumed everything received).
+RELEASE_BATCH = 32
 
 
 class ClientError(BrokerError):

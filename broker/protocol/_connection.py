@@ -1040,6 +1040,42 @@ class Connection:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
         return self._send_frame(sender, None, head, tail)
 
+    def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
+        """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
+        sequence numbers from ``first_seq``, as many as the subscriber's
+        guarantees allow, in order; returns how many were queued (0 if none
+        fits). Raises :class:`LocalProtocolError` if the first frame could
+        never be sent (larger than the peer's ``max_frame``); a later one
+        ends the batch before it, and raises on the next call.
+        """
+        sender = self._delivery_sender(subscription)
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        seq = first_seq
+        total = 0
+        put = self._out.append
+        for tail in tails:
+            head, tail = encode_deliver(subscription, seq, tail)
+            size = len(head) + len(tail)
+            if size > room or size > limit:
+                if size > limit and seq == first_seq:
+                    raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                break
+            room -= size
+            total += size
+            put(head)
+            put(tail)
+            seq += 1
+        count = seq - first_seq
+        if count:
+            # Deliveries never go beyond the guarantees (no optimism on
+            # [3, s]), so none is kept for retransmission.
+            sender.record_within_guarantees(count, total)
+            self.frames_sent += count
+            self.bytes_sent += total
+            self._out_size += total
+        return count
+
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")

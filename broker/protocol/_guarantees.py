@@ -474,6 +474,16 @@ class ChannelSender:
         if entry.end > self.covered:
             self.unconfirmed.append(entry)
 
+    def record_within_guarantees(self, frames: int, size: int) -> None:
+        """Account for ``frames`` frames of ``size`` bytes in all, sent within
+        :meth:`room` (so none of them is unconfirmed)."""
+        if size > self.room():
+            raise LocalProtocolError(f"{self.channel}: {size} bytes exceed the room to send")
+        if self.sending_limit is not None:
+            self.sending_limit -= size
+        self._sent += size
+        self.sent_frames += frames
+
     def next_retransmission(self) -> SentFrame | None:
         """The next dropped frame, if the guarantees and own limit now allow it."""
         if not self.retransmit:

@@ -26,7 +26,6 @@ from broker.protocol import (
     HandleType,
     HelloReceived,
     LocalProtocolError,
-    NoGuarantees,
     PublishReceived,
     Role,
     Subscribed,
@@ -254,25 +253,31 @@ class ServerConnection:
 
     # ================================================================ deliveries
 
-    def try_deliver(self, subscription: Subscription, loan: LoanedItem[bytes]) -> bool:
-        """Queue ``loan``'s Deliver for the socket if the guarantees allow."""
-        if self.protocol.closed:
-            loan.repay()  # nobody will read it; the subscription goes away with us
-            return True
+    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
+        """Queue Delivers of ``loans``, in order, as far as the subscriber's
+        guarantees allow; returns how many were taken (the rest stay with
+        the caller). Their loans are repaid once written to the socket."""
+        protocol = self.protocol
+        if protocol.closed:
+            for loan in loans:  # nobody will read them; the subscription goes away with us
+                loan.repay()
+            return len(loans)
         try:
-            self.protocol.deliver_encoded(subscription.handle, subscription.next_seq, loan.item)
-        except NoGuarantees:
-            return False
+            count = protocol.deliver_encoded_many(
+                subscription.handle, subscription.next_seq, [loan.item for loan in loans]
+            )
         except LocalProtocolError:
             # The client is freeing the subscription (the event saying so may
             # still be on its way to us): nothing more is delivered on it.
-            loan.repay()
-            return True
-        subscription.next_seq += 1
-        subscription.delivered += 1
-        self._inflight.append(loan)
-        self._wakeup.set()
-        return True
+            for loan in loans:
+                loan.repay()
+            return len(loans)
+        if count:
+            subscription.next_seq += count
+            subscription.delivered += count
+            self._inflight.extend(loans if count == len(loans) else loans[:count])
+            self._wakeup.set()
+        return count
 
     def subscription_stalled(self, subscription: Subscription) -> None:
         """A subscription of ours waits for our client's guarantees.

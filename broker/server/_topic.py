@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
+#: Queued deliveries offered to the subscriber's connection at a time.
+PUMP_BATCH = 128
 
 
 @dataclass(slots=True)
@@ -58,23 +61,28 @@ class Subscription:
     def offer(self, account: Account, tails: list[bytes]) -> None:
         """Queue deliveries of ``tails``, each charged to ``account``; send
         what fits in the subscriber's guarantees at once."""
+        cost = DELIVER_HEAD_ESTIMATE
+        loans = [LoanedItem(account, len(tail) + cost, tail) for tail in tails]
         queue = self._queue
-        stalled = bool(queue)
-        try_deliver = self.connection.try_deliver
-        for tail in tails:
-            loan = LoanedItem(account, len(tail) + DELIVER_HEAD_ESTIMATE, tail)
-            if stalled or not try_deliver(self, loan):
-                if not stalled:
-                    stalled = True
-                    self.connection.subscription_stalled(self)
-                queue.append(loan)
+        if queue:
+            queue.extend(loans)
+            return
+        taken = self.connection.deliver(self, loans)
+        if taken < len(loans):
+            self.connection.subscription_stalled(self)
+            queue.extend(loans[taken:])
 
     def pump(self) -> None:
         """Send queued deliveries while the subscriber's guarantees allow."""
         queue = self._queue
-        try_deliver = self.connection.try_deliver
-        while queue and try_deliver(self, queue[0]):
-            queue.popleft()
+        deliver = self.connection.deliver
+        while queue:
+            batch = list(itertools.islice(queue, PUMP_BATCH))
+            taken = deliver(self, batch)
+            for _ in range(taken):
+                queue.popleft()
+            if taken < len(batch):
+                return
 
     def close(self) -> None:
         """Leave the topic and repay every queued delivery."""

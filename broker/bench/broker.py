@@ -133,10 +133,15 @@ def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
 
 def _median_runs(url: str, runs: int, count: int, subscribers: int) -> dict[str, float]:
     results = [_fan(url, count, subscribers) for _ in range(runs)]
+    median = statistics.median(r["per_s"] for r in results)
+    middle = min(results, key=lambda r: abs(r["per_s"] - median))
     return {
-        "per_s": statistics.median(r["per_s"] for r in results),
+        "per_s": median,
         "lost": sum(r["lost"] for r in results),
         "runs": runs,
+        # CPU cores each client process kept busy in the median run.
+        "publisher_cpu": middle["publisher_cpu"],
+        "subscriber_cpu": middle["subscriber_cpu"],
     }
 
 
@@ -226,12 +231,22 @@ def _slow_consumer(
     }
 
 
+def _python_speed() -> float:
+    """Seconds this machine's CPython takes for a fixed loop of ten million
+    additions: a yardstick for comparing figures measured on different machines."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.perf_counter() - start
+
+
 def run(quick: bool = False, **options: Any) -> dict[str, Any]:
     """Run every workload against a fresh broker process; returns the figures."""
     count = 20_000 if quick else 200_000
     runs = 1 if quick else 3
     slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"python_loop_10m_s": _python_speed()}
     with _broker_process() as (url, broker):
         cpu0 = _cpu_seconds(broker.pid)
         t0 = time.perf_counter()
@@ -240,8 +255,16 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
         results["one_to_one_msgs_per_s"] = one["per_s"]
         results["one_to_one_lost"] = one["lost"]
         results["one_to_one_broker_cpu_s_per_million"] = (cpu1 - cpu0) / (count * runs) * 1e6
+        results["one_to_one_publisher_cpu"] = one["publisher_cpu"]
+        results["one_to_one_subscriber_cpu"] = one["subscriber_cpu"]
+        cpu1 = _cpu_seconds(broker.pid)
         fan = _median_runs(url, runs, count // 2, 10)
+        cpu2 = _cpu_seconds(broker.pid)
         results["fanout_1_to_10_deliveries_per_s"] = fan["per_s"]
+        results["fanout_broker_cpu_s_per_million_deliveries"] = (
+            (cpu2 - cpu1) / (count // 2 * 10 * runs) * 1e6
+        )
+        results["fanout_subscriber_cpu"] = fan["subscriber_cpu"]
         results["fanout_lost"] = fan["lost"]
         top = one["per_s"]
         for rate in (1_000, 5_000, 20_000, int(top * 0.8)):

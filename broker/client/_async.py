@@ -12,29 +12,22 @@ import trio
 from broker.protocol import (
     Channel,
     ChannelKind,
-    Confirm,
     Connection,
-    ConnectionClosed,
     DeliverReceived,
-    DropAnnounced,
     Event,
-    FramesAbandoned,
     GoodbyeCode,
-    HandleDeleted,
     HandleType,
     Headers,
     NoGuarantees,
     Policy,
-    Pong,
     Role,
-    Throttled,
-    WelcomeReceived,
 )
 
 from ._common import (
     PUBLISHES_PER_YIELD,
     RELEASE_BATCH,
     ClientError,
+    ClientEvents,
     ConnectionLost,
     Message,
     parse_url,
@@ -123,27 +116,23 @@ class Subscription:
         return message
 
 
-class Client:
+class Client(ClientEvents):
     """A connection to a broker; see :func:`open_client`."""
 
     def __init__(self, stream: trio.SocketStream, name: str, policy: Policy | None) -> None:
+        super().__init__()
         self._stream = stream
         self.name = name
         self._conn = Connection(Role.CLIENT, policy=policy, now=trio.current_time())
         self._topics: dict[str, int] = {}
         self._published: dict[int, int] = {}
-        self._confirmed: dict[int, int] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._changed = trio.lowlevel.ParkingLot()
         self._wakeup = trio.Event()
         self._error: ConnectionLost | None = None
-        self._goodbye_code: int | None = None
         self._since_yield = 0
-        self._pong = 0
         self._closing = False
         self._writer_done = trio.Event()
-        #: Channels the broker says it is withholding guarantees on (advisory).
-        self.throttled: set[Channel] = set()
 
     # ---------------------------------------------------------------- running
 
@@ -194,34 +183,11 @@ class Client:
             self._fail(ConnectionLost(f"connection broken: {error}"))
 
     def _handle_events(self, events: list[Event]) -> None:
-        for event in events:
-            if type(event) is DeliverReceived:
-                subscription = self._subscriptions.get(event.message.subscription)
-                if subscription is None or subscription._closed:
-                    self._conn.release(event)  # a subscription being freed
-                else:
-                    subscription._queue.append(event)
-                    subscription.received += 1
-            elif type(event) is Confirm:
-                self._confirmed[event.topic] = event.count
-            elif isinstance(event, Pong):
-                self._pong = max(self._pong, event.nonce)
-            elif isinstance(event, Throttled):
-                if event.throttled:
-                    self.throttled.add(event.channel)
-                else:
-                    self.throttled.discard(event.channel)
-            elif isinstance(event, ConnectionClosed):
-                self._goodbye_code = event.code
-                if event.by_peer:
-                    self._fail(ConnectionLost(event.reason, event.code))
-                else:
-                    self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
-            elif isinstance(event, DropAnnounced | FramesAbandoned):
-                log.warning("%s: %s", self.name, event)
-            elif isinstance(event, HandleDeleted | WelcomeReceived):
-                pass
+        self._apply_events(events)
         self._changed.unpark_all()
+
+    def _release(self, event: DeliverReceived) -> None:
+        self._conn.release(event)
 
     async def _writer(self) -> None:
         conn = self._conn

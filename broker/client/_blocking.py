@@ -47,25 +47,18 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
-    Channel,
-    Confirm,
     Connection,
-    ConnectionClosed,
     DeliverReceived,
-    DropAnnounced,
     Event,
-    FramesAbandoned,
     GoodbyeCode,
     HandleType,
     Headers,
     NoGuarantees,
     Policy,
-    Pong,
     Role,
-    Throttled,
 )
 
-from ._common import ClientError, ConnectionLost, Message, parse_url
+from ._common import ClientError, ClientEvents, ConnectionLost, Message, parse_url
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
 
@@ -220,7 +213,7 @@ class BlockingSubscription:
             client._unsubscribe(self)
 
 
-class BlockingClient:
+class BlockingClient(ClientEvents):
     """A connection to a broker for non-async code.
 
     ``BlockingClient(url)`` connects, says Hello and waits for the broker's
@@ -247,24 +240,18 @@ class BlockingClient:
         host, port = parse_url(url)
         self.name = name
         self._lock = threading.RLock()
+        super().__init__()
         self._topics: dict[str, int] = {}
         self._published: dict[int, int] = {}
-        self._confirmed: dict[int, int] = {}
         self._subscriptions: dict[int, BlockingSubscription] = {}
         #: Subscription handles closed before their Subscribe was confirmed.
         self._pending_frees: set[int] = set()
         self._error: ConnectionLost | None = None
-        self._goodbye_code: int | None = None
-        self._goodbye_by_peer = False
         self._closed_here = False
         self._service_requested = False
-        #: The highest nonce of a Pong received (nonces of our Pings increase).
-        self._pong = 0
         self._wbuf = bytearray()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Channels the broker says it is withholding guarantees on (advisory).
-        self.throttled: set[Channel] = set()
 
         deadline = time.monotonic() + connect_timeout
         try:
@@ -394,32 +381,7 @@ class BlockingClient:
 
     def _handle_events(self, events: list[Event]) -> None:
         conn = self._conn
-        for event in events:
-            if type(event) is DeliverReceived:
-                subscription = self._subscriptions.get(event.message.subscription)
-                if subscription is None or subscription._closed:
-                    self._release(event)  # a subscription being freed
-                else:
-                    subscription._queue.append(event)
-                    subscription.received += 1
-            elif type(event) is Confirm:
-                self._confirmed[event.topic] = event.count
-            elif type(event) is Pong:
-                self._pong = max(self._pong, event.nonce)
-            elif isinstance(event, Throttled):
-                if event.throttled:
-                    self.throttled.add(event.channel)
-                else:
-                    self.throttled.discard(event.channel)
-            elif isinstance(event, ConnectionClosed):
-                self._goodbye_code = event.code
-                self._goodbye_by_peer = event.by_peer
-                if event.by_peer:
-                    self._fail(ConnectionLost(event.reason, event.code))
-                else:
-                    self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
-            elif isinstance(event, DropAnnounced | FramesAbandoned):
-                log.warning("%s: %s", self.name, event)
+        self._apply_events(events)
         if self._pending_frees and not conn.closed:
             for handle in list(self._pending_frees):
                 if conn.confirmed(HandleType.SUBSCRIPTION, handle):

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 from broker.config import ConfigError, parse_address
 from broker.errors import BrokerError
-from broker.protocol import Headers
+from broker.protocol import (
+    Channel,
+    Confirm,
+    ConnectionClosed,
+    DeliverReceived,
+    DropAnnounced,
+    Event,
+    FramesAbandoned,
+    Headers,
+    Pong,
+    Throttled,
+)
+
+log = logging.getLogger("broker.client")
 
 DEFAULT_PORT = 7400
 #: The async client yields to the scheduler at least once per this many
@@ -50,3 +65,60 @@ def parse_url(url: str) -> tuple[str, int]:
         return parse_address(url.rstrip("/"), default_port=DEFAULT_PORT)
     except ConfigError as error:
         raise ClientError(str(error)) from None
+
+
+class ClientEvents:
+    """What both clients do with the protocol's events: deliveries into their
+    subscription's queue, Confirm counts, Pong nonces, Throttled advisories,
+    and the end of the connection.
+
+    A subclass provides ``_fail(error)`` (the connection is over) and
+    ``_release(event)`` (free a delivery nobody will consume); its
+    subscriptions have ``_queue``, ``_closed`` and ``received``.
+    """
+
+    name: str
+    _subscriptions: dict[int, Any]
+
+    def __init__(self) -> None:
+        self._confirmed: dict[int, int] = {}
+        self._goodbye_code: int | None = None
+        self._goodbye_by_peer = False
+        #: The highest nonce of a Pong received (nonces of our Pings increase).
+        self._pong = 0
+        #: Channels the broker says it is withholding guarantees on (advisory).
+        self.throttled: set[Channel] = set()
+
+    def _fail(self, error: ConnectionLost) -> None:
+        raise NotImplementedError
+
+    def _release(self, event: DeliverReceived) -> None:
+        raise NotImplementedError
+
+    def _apply_events(self, events: list[Event]) -> None:
+        for event in events:
+            if type(event) is DeliverReceived:
+                subscription = self._subscriptions.get(event.message.subscription)
+                if subscription is None or subscription._closed:
+                    self._release(event)  # a subscription being freed
+                else:
+                    subscription._queue.append(event)
+                    subscription.received += 1
+            elif type(event) is Confirm:
+                self._confirmed[event.topic] = event.count
+            elif type(event) is Pong:
+                self._pong = max(self._pong, event.nonce)
+            elif isinstance(event, Throttled):
+                if event.throttled:
+                    self.throttled.add(event.channel)
+                else:
+                    self.throttled.discard(event.channel)
+            elif isinstance(event, ConnectionClosed):
+                self._goodbye_code = event.code
+                self._goodbye_by_peer = event.by_peer
+                if event.by_peer:
+                    self._fail(ConnectionLost(event.reason, event.code))
+                else:
+                    self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
+            elif isinstance(event, DropAnnounced | FramesAbandoned):
+                log.warning("%s: %s", self.name, event)

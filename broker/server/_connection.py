@@ -176,7 +176,8 @@ class ServerConnection:
         # though their sender is gone: the guarantee promised they'd be routed.
         for state in list(self.channels.values()):
             if state.buffer:
-                self._forward(state, list(state.buffer), 0)
+                size = sum(event.size for event in state.buffer)
+                self._forward(state, list(state.buffer), size, 0)
                 state.buffer.clear()
             state.topic.publishers -= 1
             state.topic.release_if_unused()
@@ -469,7 +470,7 @@ class ServerConnection:
                 size += event.size
                 deliveries += fan_out * (event.size + per_delivery)
             left -= len(batch)
-            self._forward(state, batch, deliveries)
+            self._forward(state, batch, size, deliveries)
             released = protocol.release_frames(state.channel, size, len(batch))
             if released:
                 self._handle_events(released)
@@ -481,22 +482,19 @@ class ServerConnection:
         if self._starved:
             self._fund_starved()
 
-    def _forward(self, state: PublishChannel, batch: list[PublishReceived], fan_out: int) -> int:
-        """Send ``batch`` to the topic as one loan on the channel's account; returns its size.
-
-        ``fan_out`` estimates what its deliveries will be charged once routed.
-        """
-        tails = []
-        size = 0
-        for event in batch:
-            message = event.message
-            tails.append(encode_deliver_tail(message.payload, message.key, message.headers))
-            size += event.size
+    def _forward(
+        self, state: PublishChannel, batch: list[PublishReceived], size: int, fan_out: int
+    ) -> None:
+        """Send ``batch`` (``size`` bytes of frames) to the topic as one loan on
+        the channel's account; ``fan_out`` estimates what its deliveries will
+        be charged once routed."""
+        tails = [
+            encode_deliver_tail(e.message.payload, e.message.key, e.message.headers) for e in batch
+        ]
         state.unrouted_fan_out += fan_out
         state.topic.send_nowait(
             Routed(tails, self, state.channel.index, fan_out), account=state.account, cost=size
         )
-        return size
 
     async def _await_clear(self, state: PublishChannel) -> None:
         """Wait for a throttled channel's account to clear, then resume it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -42,10 +43,13 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
         if not sep:
             raise ConfigError(f"--set expects NAME=VALUE, got {item!r}")
         overrides[name.strip()] = value.strip()
-    return load_config(args.config, overrides=overrides)
+    return load_config(args.config or os.environ.get("BROKER_CONFIG") or None, overrides=overrides)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from .auth import AuthError
+    from .tls import TLSConfigError
+
     try:
         config = _config_from(args)
     except ConfigError as error:
@@ -53,6 +57,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         trio.run(_serve, config)
+    except (AuthError, TLSConfigError) as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"broker serve: cannot listen: {error}", file=sys.stderr)
         return 1
@@ -80,11 +87,11 @@ async def _serve(config: BrokerConfig) -> None:
 
 
 def _cmd_pub(args: argparse.Namespace) -> int:
-    from .client import ClientError
+    from .errors import BrokerError
 
     try:
         count = trio.run(_pub, args)
-    except (ClientError, OSError) as error:
+    except (BrokerError, OSError) as error:
         print(f"broker pub: {error}", file=sys.stderr)
         return 1
     print(f"published {count} message(s) to {args.topic!r}", file=sys.stderr)
@@ -96,7 +103,7 @@ async def _pub(args: argparse.Namespace) -> int:
 
     key = args.key.encode() if args.key is not None else None
     count = 0
-    async with open_client(args.broker, name="broker-pub") as client:
+    async with open_client(args.broker, name="broker-pub", **_client_options(args)) as client:
         if args.message is not None:
             await client.publish(args.topic, args.message.encode(), key=key)
             count = 1
@@ -109,11 +116,11 @@ async def _pub(args: argparse.Namespace) -> int:
 
 
 def _cmd_sub(args: argparse.Namespace) -> int:
-    from .client import ClientError
+    from .errors import BrokerError
 
     try:
         trio.run(_sub, args)
-    except (ClientError, OSError) as error:
+    except (BrokerError, OSError) as error:
         print(f"broker sub: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -126,7 +133,7 @@ async def _sub(args: argparse.Namespace) -> None:
 
     out = sys.stdout.buffer
     async with (
-        open_client(args.broker, name="broker-sub") as client,
+        open_client(args.broker, name="broker-sub", **_client_options(args)) as client,
         client.subscribe(args.topic) as subscription,
     ):
         print(f"subscribed to {args.topic!r}", file=sys.stderr, flush=True)
@@ -141,13 +148,27 @@ async def _sub(args: argparse.Namespace) -> None:
                 break
 
 
+def _client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``open_client`` keyword arguments from the client flags (token, TLS files)."""
+    from .tls import client_context
+
+    token = args.token if args.token is not None else os.environ.get("BROKER_TOKEN")
+    options: dict[str, Any] = {"token": token or None}
+    if args.tls or args.cafile or args.cert:
+        options["ssl_context"] = client_context(args.cafile, args.cert, args.key_file)
+    return options
+
+
+def _metrics_url(address: str) -> str:
+    url = address.rstrip("/")
+    return url if "://" in url else "http://" + url
+
+
 def _cmd_stat(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    url = args.metrics.rstrip("/")
-    if "://" not in url:
-        url = "http://" + url
+    url = _metrics_url(args.metrics)
     try:
         with urllib.request.urlopen(url + "/stat.json", timeout=10) as response:
             document = json.load(response)
@@ -160,6 +181,22 @@ def _cmd_stat(args: argparse.Namespace) -> int:
     else:
         _print_stat(document)
     return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    url = _metrics_url(args.metrics) + ("/healthz" if args.live else "/readyz")
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            print(f"{url}: {response.status} {response.read().decode(errors='replace').strip()}")
+            return 0
+    except urllib.error.HTTPError as error:
+        print(f"{url}: {error.code} {error.reason}", file=sys.stderr)
+    except (urllib.error.URLError, OSError) as error:
+        print(f"{url}: unreachable: {error}", file=sys.stderr)
+    return 1
 
 
 def _print_stat(document: dict[str, Any]) -> None:
@@ -239,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="Prometheus /metrics address (127.0.0.1:9400; empty to disable)",
     )
-    serve.add_argument("--config", metavar="FILE", help="TOML file ([broker] table)")
+    serve.add_argument(
+        "--config", metavar="FILE", help="TOML file ([broker] table; default: $BROKER_CONFIG)"
+    )
     serve.add_argument(
         "--set",
         action="append",
@@ -252,20 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("topic")
     pub.add_argument("message", nargs="?", help="the payload (default: lines from stdin)")
     pub.add_argument("--key", help="message key")
-    pub.add_argument("--broker", default="127.0.0.1:7400", help="broker address")
     pub.set_defaults(func=_cmd_pub)
 
     subscribe = sub.add_parser("sub", help="print the messages of TOPIC, one per line")
     subscribe.add_argument("topic")
     subscribe.add_argument("--count", type=int, default=0, help="stop after N messages")
     subscribe.add_argument("--show-keys", action="store_true", help="print KEY<TAB>PAYLOAD")
-    subscribe.add_argument("--broker", default="127.0.0.1:7400", help="broker address")
     subscribe.set_defaults(func=_cmd_sub)
+    for client_parser in (pub, subscribe):
+        _add_client_flags(client_parser)
 
     stat = sub.add_parser("stat", help="connections, accounts and channels of a running broker")
     stat.add_argument("--metrics", default="127.0.0.1:9400", help="the broker's metrics address")
     stat.add_argument("--json", action="store_true", help="print the raw JSON")
     stat.set_defaults(func=_cmd_stat)
+
+    health = sub.add_parser(
+        "health",
+        help="exit 0 if a running broker is ready (or, with --live, alive), else 1",
+        description="Ask a broker's HTTP endpoint: /readyz (accepting clients) or, with "
+        "--live, /healthz (its event loop answers). For container health checks.",
+    )
+    health.add_argument("--metrics", default="127.0.0.1:9400", help="the broker's metrics address")
+    health.add_argument("--live", action="store_true", help="liveness instead of readiness")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
+    health.set_defaults(func=_cmd_health)
 
     bench = sub.add_parser("bench", help="run the project's benchmarks")
     bench.add_argument(
@@ -279,6 +329,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="short runs (for smoke tests)")
     bench.set_defaults(func=_cmd_bench)
     return parser
+
+
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker",
+        default="127.0.0.1:7400",
+        help="broker address: HOST:PORT, or tls://HOST:PORT for TLS (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--token", help="credential for a broker that authenticates (or $BROKER_TOKEN)"
+    )
+    parser.add_argument("--tls", action="store_true", help="use TLS (system trust store)")
+    parser.add_argument(
+        "--cafile", help="PEM file of the CA that signed the broker (implies --tls)"
+    )
+    parser.add_argument("--cert", help="PEM client certificate for mutual TLS (implies --tls)")
+    parser.add_argument("--key-file", help="PEM key of --cert (if not in the same file)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,6 +81,17 @@ class BrokerConfig:
     max_connections: int = 10_000
     #: Seconds a graceful shutdown waits for connections to drain.
     shutdown_deadline: float = 5.0
+    #: TLS on the client listener: a PEM certificate chain and its key ("" = plain TCP).
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM file of the CAs that sign client certificates: when set, every client
+    #: must present one (mutual TLS); its common name is the client's identity.
+    tls_client_ca: str = ""
+    #: Seconds a client has to complete the TLS handshake.
+    tls_handshake_timeout: float = 10.0
+    #: TOML file of principals (tokens, certificate identities, limits): when
+    #: set, every client must authenticate in its Hello (see ``broker.auth``).
+    auth_file: str = ""
 
     def __post_init__(self) -> None:
         parse_address(self.listen)
@@ -109,6 +120,12 @@ class BrokerConfig:
             raise ConfigError("need 0 < heartbeat < lease")
         if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:
             raise ConfigError("max_unsent >= 64 KiB, max_connections >= 1, deadline >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: set both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.tls_handshake_timeout <= 0:
+            raise ConfigError("tls_handshake_timeout must be > 0")
 
     @property
     def min_publish_capacity(self) -> int:
@@ -122,6 +139,11 @@ class BrokerConfig:
     @property
     def metrics_address(self) -> tuple[str, int] | None:
         return parse_address(self.metrics_listen) if self.metrics_listen else None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the client listener speaks TLS."""
+        return bool(self.tls_cert)
 
     def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with ``changes`` applied (validated like a new config)."""

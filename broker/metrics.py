@@ -155,6 +155,46 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "in bytes plus a per-event constant.",
     ),
     MetricSpec("broker_peak_debt_bytes", "gauge", "Largest broker_debt_bytes seen so far."),
+    MetricSpec(
+        "broker_ready", "gauge", "1 while the broker accepts clients, 0 while shutting down."
+    ),
+    MetricSpec(
+        "broker_lease_expirations_total",
+        "counter",
+        "Connections closed because the client was silent for its whole lease.",
+    ),
+    MetricSpec(
+        "broker_auth_failures_total",
+        "counter",
+        "Clients refused: no or bad credentials, their principal's connection limit, "
+        "or a topic their principal may not use.",
+        ("reason",),
+    ),
+    MetricSpec(
+        "broker_tls_handshake_failures_total",
+        "counter",
+        "Connections closed because their TLS handshake failed or timed out.",
+    ),
+    # -- per principal (only with an auth file; principals come from the config)
+    MetricSpec(
+        "broker_principal_connections",
+        "gauge",
+        "Authenticated connections of each principal.",
+        ("principal",),
+    ),
+    MetricSpec(
+        "broker_principal_buffer_reserved_bytes",
+        "gauge",
+        "Receive buffer capacity reserved by each principal's connections.",
+        ("principal",),
+    ),
+    MetricSpec(
+        "broker_principal_buffer_budget_bytes",
+        "gauge",
+        "The most each principal's connections may reserve (its budget_share of the "
+        "global budget).",
+        ("principal",),
+    ),
     # -- per connection
     MetricSpec(
         "broker_connection_info",
@@ -342,6 +382,16 @@ class BrokerCollector:
         add("broker_buffer_budget_bytes", [], stats.buffer_budget_bytes)
         add("broker_debt_bytes", [], root.debt)
         add("broker_peak_debt_bytes", [], root.peak_debt)
+        add("broker_ready", [], 1 if broker.ready else 0)
+        security = broker.security
+        add("broker_lease_expirations_total", [], security.lease_expirations)
+        for reason, count in security.auth_failures.items():
+            add("broker_auth_failures_total", [reason], count)
+        add("broker_tls_handshake_failures_total", [], security.tls_handshake_failures)
+        for name, usage in broker.principals.items():
+            add("broker_principal_connections", [name], usage.connections)
+            add("broker_principal_buffer_reserved_bytes", [name], usage.buffer_reserved)
+            add("broker_principal_buffer_budget_bytes", [name], usage.buffer_budget)
         for connection in list(broker.connections.values()):
             self._collect_connection(connection, add)
         yield from families.values()
@@ -465,9 +515,12 @@ def stat_document(broker: Broker) -> dict[str, Any]:
     Layout (all sizes in bytes; an infinite watermark is ``null``)::
 
         {"version": 1,
-         "broker": {"address", "epoch", "closing", "statistics", "account"},
+         "broker": {"address", "epoch", "closing", "tls", "authentication",
+                    "security", "statistics", "account"},
          "budgets": {"global_budget", "buffer_reserved", "connection_budget", ...},
-         "connections": [{"name", "serial", "peer", "client", "state", "account",
+         "principals": {name: {"connections", "buffer_reserved", "buffer_budget"}},
+         "connections": [{"name", "serial", "peer", "client", "principal", "identity",
+                          "state", "account",
                           "counters", "protocol", "buffer_reserved", "unsent_bytes",
                           "channels": [{"kind", "channel", "direction", ...}],
                           "subscriptions": [{"handle", "topic", "mode", ...}]}],
@@ -485,6 +538,9 @@ def stat_document(broker: Broker) -> dict[str, Any]:
             "address": "{}:{}".format(*broker.address),
             "epoch": broker.epoch.hex(),
             "closing": broker.closing,
+            "tls": broker.ssl_context is not None,
+            "authentication": broker.auth is not None,
+            "security": _plain(broker.security),
             "statistics": _plain(statistics),
             "account": _account(broker.account),
         },
@@ -501,6 +557,14 @@ def stat_document(broker: Broker) -> dict[str, Any]:
             "connection_low_watermark": config.connection_low_watermark,
             "max_unsent": config.max_unsent,
             "max_connections": config.max_connections,
+        },
+        "principals": {
+            name: {
+                "connections": usage.connections,
+                "buffer_reserved": usage.buffer_reserved,
+                "buffer_budget": usage.buffer_budget,
+            }
+            for name, usage in broker.principals.items()
         },
         "connections": [_connection_document(c) for c in list(broker.connections.values())],
         "topics": [
@@ -547,6 +611,8 @@ def _connection_document(connection: ServerConnection) -> dict[str, Any]:
         "serial": connection.serial,
         "peer": connection.peer,
         "client": sanitise_label(connection.client_name),
+        "principal": connection.principal.principal.name if connection.principal else None,
+        "identity": connection.identity,
         "state": pstats.state.value,
         "account": _account(connection.account),
         "counters": _plain(connection.counters),
@@ -594,6 +660,8 @@ _INDEX = b"""trio-broker metrics endpoint
 
 /metrics    Prometheus metrics (text exposition format)
 /stat.json  the live broker as JSON (connections, accounts, channels, topics, budgets)
+/healthz    liveness: 200 while the broker's event loop serves requests
+/readyz     readiness: 200 while the broker accepts clients, 503 while shutting down
 """
 
 
@@ -699,11 +767,22 @@ class _MetricsServer:
     def _index() -> tuple[bytes, str]:
         return _INDEX, "text/plain; charset=utf-8"
 
+    @staticmethod
+    def _alive() -> tuple[bytes, str]:
+        return b"ok\n", "text/plain; charset=utf-8"
+
+    def _ready(self) -> tuple[bytes, str]:
+        if not self.broker.ready:
+            raise _HTTPError(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting clients")
+        return b"ready\n", "text/plain; charset=utf-8"
+
     def respond(self, request: _Request) -> bytes:
         """The full response to a well-formed request."""
         routes: dict[str, Callable[[], tuple[bytes, str]]] = {
             "/metrics": self._metrics,
             "/stat.json": self._stat,
+            "/healthz": self._alive,
+            "/readyz": self._ready,
             "/": self._index,
         }
         route = routes.get(request.path)
@@ -714,6 +793,8 @@ class _MetricsServer:
             return _error_response(HTTPStatus.METHOD_NOT_ALLOWED, extra=("Allow: GET, HEAD",))
         try:
             body, content_type = route()
+        except _HTTPError as error:
+            return _error_response(error.status, error.detail, head_only=head_only)
         except Exception:  # a bug of ours: log it, never show it
             log.exception("metrics: %s %s failed", request.method, request.path)
             return _error_response(HTTPStatus.INTERNAL_SERVER_ERROR, head_only=head_only)
@@ -783,6 +864,8 @@ async def serve_metrics(
 
     Routes: ``GET /metrics`` (Prometheus text format, ``CONTENT_TYPE_LATEST``,
     from a private registry), ``GET /stat.json`` (:func:`stat_document`),
+    ``GET /healthz`` (200 whenever it answers: the event loop runs),
+    ``GET /readyz`` (200 while the broker accepts clients, else 503),
     ``GET /`` (a short index); ``HEAD`` on each. Any other path is 404; another
     method on a known path is 405 (with ``Allow``).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +31,8 @@ from ._common import (
     ClientEvents,
     ConnectionLost,
     Message,
-    parse_url,
+    split_url,
+    tls_context_for,
 )
 
 log = logging.getLogger("broker.client")
@@ -119,10 +121,17 @@ class Subscription:
 class Client(ClientEvents):
     """A connection to a broker; see :func:`open_client`."""
 
-    def __init__(self, stream: trio.SocketStream, name: str, policy: Policy | None) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        name: str,
+        policy: Policy | None,
+        token: str | None = None,
+    ) -> None:
         super().__init__()
         self._stream = stream
         self.name = name
+        self._token = token
         self._conn = Connection(Role.CLIENT, policy=policy, now=trio.current_time())
         self._topics: dict[str, int] = {}
         self._published: dict[int, int] = {}
@@ -137,7 +146,7 @@ class Client(ClientEvents):
     # ---------------------------------------------------------------- running
 
     async def _run(self, nursery: trio.Nursery) -> None:
-        self._conn.hello(self.name)
+        self._conn.hello(self.name, token=self._token)
         nursery.start_soon(self._reader)
         nursery.start_soon(self._writer)
         nursery.start_soon(self._keepalive)
@@ -398,17 +407,28 @@ async def open_client(
     name: str = "trio-client",
     policy: Policy | None = None,
     connect_timeout: float = 10.0,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
+
+    TLS is used with ``ssl_context`` or a ``tls://host:port`` URL (then with
+    the system's trust store; see :func:`broker.tls.client_context`); the
+    broker's hostname is checked. ``token`` authenticates the client to a
+    broker that requires it (a refusal raises :class:`ConnectionLost` with
+    code 6).
 
     Leaving the block normally flushes (waits until the broker has routed
     every published message), then says Goodbye.
     """
-    host, port = parse_url(url)
+    host, port, _ = split_url(url)
+    context = tls_context_for(url, ssl_context)
     with trio.fail_after(connect_timeout):
-        stream = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if context is not None:
+            stream = await _secure(stream, context, host)
     async with stream, trio.open_nursery() as nursery:
-        client = Client(stream, name, policy)
+        client = Client(stream, name, policy, token)
         with trio.fail_after(connect_timeout):
             await client._run(nursery)
         try:
@@ -423,3 +443,15 @@ async def open_client(
                 # Let the writer send the Goodbye before the socket closes.
                 await client._writer_done.wait()
             nursery.cancel_scope.cancel()
+
+
+async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -> trio.abc.Stream:
+    """``stream`` wrapped in TLS, handshake done (or :class:`ConnectionLost`)."""
+    secured = trio.SSLStream(stream, context, server_hostname=host)
+    try:
+        await secured.do_handshake()
+    except trio.BrokenResourceError as error:
+        await trio.aclose_forcefully(stream)
+        cause = error.__cause__ or error
+        raise ConnectionLost(f"TLS handshake with {host} failed: {cause}") from None
+    return secured

@@ -39,6 +39,7 @@ import errno
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -58,7 +59,15 @@ from broker.protocol import (
     Role,
 )
 
-from ._common import ClientError, ClientEvents, ConnectionLost, Message, parse_url
+from ._common import (
+    ClientError,
+    ClientEvents,
+    ConnectionLost,
+    Message,
+    split_url,
+    tls_context_for,
+)
+from ._tls import TLSPipe
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
 
@@ -222,6 +231,11 @@ class BlockingClient(ClientEvents):
     block normally flushes (every message published is routed by the
     broker), then says Goodbye; leaving it with an exception closes at once.
 
+    TLS is used with ``ssl_context`` or a ``tls://host:port`` URL (the
+    system's trust store then), checking the broker's hostname; a failed
+    handshake raises :class:`ConnectionLost`. ``token`` authenticates the
+    client to a broker that requires it (refused: code 6).
+
     Every method that waits takes a ``timeout`` in seconds (None: no limit)
     and raises :class:`TimeoutError` when it is up. Once the connection has
     ended (broker Goodbye, end of stream, broken socket, lease expired or
@@ -236,8 +250,11 @@ class BlockingClient(ClientEvents):
         name: str = "blocking-client",
         connect_timeout: float = 10.0,
         policy: Policy | None = None,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        host, port = parse_url(url)
+        host, port, _ = split_url(url)
+        context = tls_context_for(url, ssl_context)
         self.name = name
         self._lock = threading.RLock()
         super().__init__()
@@ -259,6 +276,8 @@ class BlockingClient(ClientEvents):
         except OSError as error:
             raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
         self._sock: socket.socket | None = sock
+        #: TLS between the write buffer and the protocol (None: plain TCP).
+        self._tls = TLSPipe(context, host) if context is not None else None
         self._selector = selectors.DefaultSelector()
         self._mask = selectors.EVENT_READ
         try:
@@ -266,7 +285,7 @@ class BlockingClient(ClientEvents):
             sock.setblocking(False)
             self._selector.register(sock, self._mask)
             self._conn = Connection(Role.CLIENT, policy=policy, now=time.monotonic())
-            self._conn.hello(name)
+            self._conn.hello(name, token=token)
             with self._lock:
                 self._wait_until(
                     lambda: self._conn.welcome_message is not None, deadline, "handshake"
@@ -345,9 +364,16 @@ class BlockingClient(ClientEvents):
     # ---------------------------------------------------------------- I/O
 
     def _collect_output(self) -> None:
-        """Move what the protocol has queued into the write buffer."""
-        if self._conn.bytes_to_send:
-            self._wbuf += self._conn.data_to_send(time.monotonic())
+        """Move what the protocol has queued into the write buffer (through
+        TLS, once its handshake is done)."""
+        tls = self._tls
+        if tls is None:
+            if self._conn.bytes_to_send:
+                self._wbuf += self._conn.data_to_send(time.monotonic())
+            return
+        if tls.established and self._conn.bytes_to_send:
+            tls.send(self._conn.data_to_send(time.monotonic()))
+        self._wbuf += tls.take_output()
 
     def _send_some(self) -> None:
         """Write as much of the write buffer as the socket takes now (never waits)."""
@@ -377,6 +403,20 @@ class BlockingClient(ClientEvents):
             if not data:
                 self._fail(ConnectionLost("the broker closed the connection"))
                 return
+            tls = self._tls
+            if tls is not None:
+                try:
+                    data = tls.receive(data)
+                except ssl.SSLError as error:
+                    self._fail(ConnectionLost(f"TLS error: {error}"))
+                    return
+                self._collect_output()  # handshake replies; the Hello once it is done
+                if tls.closed:
+                    self._handle_events(self._conn.receive_data(data, time.monotonic()))
+                    self._fail(ConnectionLost("the broker closed the connection"))
+                    return
+                if not data:
+                    continue  # records without plaintext (yet): read on
             self._handle_events(self._conn.receive_data(data, time.monotonic()))
 
     def _handle_events(self, events: list[Event]) -> None:
@@ -734,6 +774,9 @@ class BlockingClient(ClientEvents):
         conn.goodbye(GoodbyeCode.NORMAL, "bye")
         deadline = time.monotonic() + LINGER_SECONDS
         self._collect_output()
+        if self._tls is not None and self._tls.established:
+            self._tls.close()  # close_notify after the Goodbye
+            self._collect_output()
         while self._wbuf and self._sock is not None:
             self._send_some()
             if self._wbuf and not self._wait_socket(selectors.EVENT_WRITE, deadline):
@@ -781,6 +824,15 @@ def connect(
     name: str = "blocking-client",
     connect_timeout: float = 10.0,
     policy: Policy | None = None,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> BlockingClient:
     """Connect a :class:`BlockingClient` to ``url`` (see its constructor)."""
-    return BlockingClient(url, name=name, connect_timeout=connect_timeout, policy=policy)
+    return BlockingClient(
+        url,
+        name=name,
+        connect_timeout=connect_timeout,
+        policy=policy,
+        token=token,
+        ssl_context=ssl_context,
+    )

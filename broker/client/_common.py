@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from broker.protocol import (
     Pong,
     Throttled,
 )
+from broker.tls import client_context
 
 log = logging.getLogger("broker.client")
 
@@ -56,15 +58,39 @@ class Message:
     seq: int
 
 
+#: URL schemes of plain TCP and of TLS.
+PLAIN_SCHEMES = ("broker://", "tcp://")
+TLS_SCHEMES = ("brokers://", "tls://")
+
+
 def parse_url(url: str) -> tuple[str, int]:
-    """``"host:port"``, ``"broker://host:port"`` or ``"host"`` -> ``(host, port)``."""
-    for scheme in ("broker://", "tcp://"):
+    """``"host:port"``, ``"broker://host:port"``, ``"tls://host:port"`` or
+    ``"host"`` -> ``(host, port)``."""
+    host, port, _ = split_url(url)
+    return host, port
+
+
+def split_url(url: str) -> tuple[str, int, bool]:
+    """``url`` -> ``(host, port, tls)``: ``tls`` is true for the ``tls://`` and
+    ``brokers://`` schemes; no scheme means plain TCP."""
+    tls = url.startswith(TLS_SCHEMES)
+    for scheme in PLAIN_SCHEMES + TLS_SCHEMES:
         if url.startswith(scheme):
             url = url[len(scheme) :]
     try:
-        return parse_address(url.rstrip("/"), default_port=DEFAULT_PORT)
+        host, port = parse_address(url.rstrip("/"), default_port=DEFAULT_PORT)
     except ConfigError as error:
         raise ClientError(str(error)) from None
+    return host, port, tls
+
+
+def tls_context_for(url: str, ssl_context: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """The TLS context a client connecting to ``url`` uses: ``ssl_context`` if
+    given (TLS whatever the scheme), the system's default for a TLS scheme,
+    else None (plain TCP)."""
+    if ssl_context is not None:
+        return ssl_context
+    return client_context() if split_url(url)[2] else None
 
 
 class ClientEvents:

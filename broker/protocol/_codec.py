@@ -107,8 +107,11 @@ def _fields(message: Message) -> list[Any]:
             return [30, name]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed):
-            return [0, version, {"client": client, "session": session, "processed": processed}]
+        case Hello(version, client, session, processed, token):
+            fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
+            if token is not None:
+                fields["token"] = token
+            return [0, version, fields]
         case Welcome():
             return [
                 1,
@@ -318,18 +321,23 @@ def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
 
 
 _HELLO_KEYS = frozenset({"client", "session", "processed"})
+#: A Hello may also carry a credential (absent when the client has none).
+_HELLO_KEYS_WITH_TOKEN = _HELLO_KEYS | {"token"}
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
 
 
 def _hello(f: list[Any]) -> Hello:
-    rec = _record(f[2], _HELLO_KEYS, "Hello fields")
+    fields = f[2]
+    keys = _HELLO_KEYS_WITH_TOKEN if type(fields) is dict and "token" in fields else _HELLO_KEYS
+    rec = _record(fields, keys, "Hello fields")
     return Hello(
         _u64(f[1], "version"),
         _text(rec["client"], "client"),
         _opt_blob(rec["session"], "session"),
         _u64_map(rec["processed"], "processed"),
+        _text(rec["token"], "token") if "token" in rec else None,
     )
 
 

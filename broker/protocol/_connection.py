@@ -329,12 +329,14 @@ class Connection:
         *,
         session: bytes | None = None,
         processed: dict[int, int] | None = None,
+        token: str | None = None,
     ) -> None:
-        """Client: open the connection (a new session, or resume ``session``)."""
+        """Client: open the connection (a new session, or resume ``session``),
+        presenting ``token`` to a broker that authenticates its clients."""
         self._require_role(Role.CLIENT, "say hello")
         if self.state is not ConnectionState.IDLE:
             raise LocalProtocolError("hello() was already called")
-        message = Hello(PROTOCOL_VERSION, client, session, dict(processed or {}))
+        message = Hello(PROTOCOL_VERSION, client, session, dict(processed or {}), token)
         self._queue(message)
         self.hello_message = message
         self.state = ConnectionState.AWAIT_WELCOME

@@ -36,6 +36,8 @@ class Hello:
     session: bytes | None = None
     #: For a resume: per subscription handle, the last sequence processed.
     processed: dict[int, int] = field(default_factory=dict)
+    #: The client's credential, for a broker that authenticates; ``None`` sends none.
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)

@@ -6,16 +6,19 @@ import contextlib
 import itertools
 import logging
 import secrets
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
+from broker.auth import AUTH_FAILURE_REASONS, AuthFailure, AuthTable, Principal, load_auth_file
 from broker.config import BrokerConfig
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
+from broker.tls import certificate_identity, server_context
 
 from ._connection import ServerConnection
 from ._topic import Topic
@@ -37,11 +40,54 @@ class BrokerStatistics:
     debt: int
 
 
+@dataclass(slots=True, eq=False)
+class PrincipalUsage:
+    """What one principal's live connections hold now."""
+
+    principal: Principal
+    connections: int = 0
+    buffer_reserved: int = 0
+    #: The most its connections may reserve together (its share of the global budget).
+    buffer_budget: int = 0
+
+
+@dataclass(slots=True)
+class SecurityCounters:
+    """Refusals since the broker started (exported as metrics)."""
+
+    auth_failures: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(AUTH_FAILURE_REASONS, 0)
+    )
+    tls_handshake_failures: int = 0
+    lease_expirations: int = 0
+
+
 class Broker:
     """A running broker; obtained from :func:`serve_broker`'s ``task_status``."""
 
-    def __init__(self, config: BrokerConfig, system: ActorSystem) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        system: ActorSystem,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        auth: AuthTable | None = None,
+    ) -> None:
         self.config = config
+        #: TLS for the client listener (None: plain TCP).
+        self.ssl_context = ssl_context
+        #: Who may connect (None: anybody, unauthenticated).
+        self.auth = auth
+        #: Per principal of ``auth``: its connections and buffer reservations.
+        self.principals: dict[str, PrincipalUsage] = {
+            name: PrincipalUsage(principal, buffer_budget=principal.budget(config.global_budget))
+            for name, principal in (auth.principals.items() if auth else ())
+        }
+        self.security = SecurityCounters()
+        #: True while the listener accepts clients (readiness).
+        self.accepting = False
+        #: TLS handshakes in progress (they count against ``max_connections``).
+        self.handshaking = 0
         self.epoch = secrets.token_bytes(8)
         self.system = system
         #: The root account: all connections' debt rolls up here (never blocks).
@@ -86,17 +132,60 @@ class Broker:
             debt=self.account.debt,
         )
 
+    @property
+    def ready(self) -> bool:
+        """Whether the broker accepts new clients now (listening, not shutting down)."""
+        return self.accepting and not self.closing
+
+    def auth_failed(self, reason: AuthFailure) -> None:
+        """Count a refused client."""
+        self.security.auth_failures[reason.value] += 1
+
     async def handle_stream(self, stream: trio.SocketStream) -> None:
         """Serve one accepted TCP connection until it closes."""
-        if self.closing or len(self.connections) >= self.config.max_connections:
+        busy = len(self.connections) + self.handshaking
+        if self.closing or busy >= self.config.max_connections:
             await self._refuse(stream)
             return
-        connection = ServerConnection(self, stream, next(self._serials))
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:  # pragma: no cover - the peer vanished already
+            peer = "?"
+        identity: str | None = None
+        transport: trio.abc.Stream = stream
+        if self.ssl_context is not None:
+            secured = await self._handshake(stream, peer)
+            if secured is None:
+                return
+            transport = secured
+            identity = certificate_identity(secured.getpeercert())
+        connection = ServerConnection(self, transport, next(self._serials), peer, identity)
         self.connections[connection.serial] = connection
         self.connections_total += 1
         self._idle = trio.Event()
         log.info("%s %s: connected", connection.name, connection.peer)
         await connection.run()
+
+    async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[Any] | None:
+        """The TLS stream over ``stream`` once its handshake completes in time,
+        or None (the connection is closed and the failure counted)."""
+        assert self.ssl_context is not None
+        secured = trio.SSLStream(stream, self.ssl_context, server_side=True)
+        self.handshaking += 1
+        try:
+            with trio.move_on_after(self.config.tls_handshake_timeout):
+                await secured.do_handshake()
+                return secured
+            problem = "timed out"
+        except trio.BrokenResourceError as error:
+            problem = str(error.__cause__ or error)
+        finally:
+            self.handshaking -= 1
+        self.security.tls_handshake_failures += 1
+        log.info("%s: TLS handshake failed: %s", peer, problem)
+        await trio.aclose_forcefully(stream)
+        return None
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         self.refused_total += 1
@@ -113,6 +202,7 @@ class Broker:
         if self.closing:
             return
         self.closing = True
+        self.accepting = False
         self._accept_scope.cancel()
         log.info("shutting down: %d connections to drain", len(self.connections))
         for connection in list(self.connections.values()):
@@ -133,11 +223,21 @@ async def serve_broker(
     Returns after :meth:`Broker.shutdown` (graceful: stop accepting, Goodbye 5
     to every client, up to ``config.shutdown_deadline`` seconds to drain).
     Cancelling it instead stops at once, cutting every connection.
+
+    Before listening it loads the TLS files (``tls_cert``, ``tls_key``,
+    ``tls_client_ca``) and the ``auth_file``: a bad one raises
+    :class:`~broker.tls.TLSConfigError` or :class:`~broker.auth.AuthError`.
     """
+    ssl_context = (
+        server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+        if config.tls
+        else None
+    )
+    auth = load_auth_file(config.auth_file) if config.auth_file else None
     host, port = config.listen_address
     listeners = await trio.open_tcp_listeners(port, host=host)
     async with open_system("broker") as system:
-        broker = Broker(config, system)
+        broker = Broker(config, system, ssl_context=ssl_context, auth=auth)
         sockname = listeners[0].socket.getsockname()
         broker.address = (sockname[0], sockname[1])
         try:
@@ -154,7 +254,15 @@ async def serve_broker(
                         )
 
                 await nursery.start(accept)
-                log.info("broker listening on %s:%d", *broker.address)
+                broker.accepting = True
+                log.info(
+                    "broker listening on %s:%d (%s, %s)",
+                    *broker.address,
+                    "TLS" if ssl_context else "plain TCP",
+                    "clients authenticate" if auth else "no authentication",
+                )
+                if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
+                    log.warning("listening on %s without authentication (set auth_file)", host)
                 task_status.started(broker)
         finally:
             for listener in listeners:

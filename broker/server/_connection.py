@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from accounts import Account, LoanedItem
+from broker.auth import AuthFailure
 from broker.protocol import (
     Channel,
     ChannelKind,
@@ -37,7 +38,7 @@ from ._policy import BrokerPolicy
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
-    from ._broker import Broker
+    from ._broker import Broker, PrincipalUsage
 
 log = logging.getLogger("broker.server")
 
@@ -68,6 +69,8 @@ class PublishChannel:
     waiting: bool = False
     #: Estimated charge of the deliveries of batches the topic has not routed yet.
     unrouted_fan_out: int = 0
+    #: The client's principal may publish to the topic (else a publish ends the connection).
+    may_publish: bool = True
 
 
 @dataclass(slots=True)
@@ -91,16 +94,23 @@ class ServerConnection:
     while too much output waits for a client that does not read.
     """
 
-    def __init__(self, broker: Broker, stream: trio.SocketStream, serial: int) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        serial: int,
+        peer: str,
+        identity: str | None = None,
+    ) -> None:
         self.broker = broker
         self.stream = stream
         self.serial = serial
         config = broker.config
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:  # pragma: no cover - the peer vanished already
-            self.peer = "?"
+        self.peer = peer
+        #: The verified client certificate's common name (mutual TLS), if any.
+        self.identity = identity
+        #: The authenticated principal's usage (None while unauthenticated or without auth).
+        self.principal: PrincipalUsage | None = None
         self.name = f"conn-{serial}"
         self.client_name = ""
         self.account = Account(
@@ -160,7 +170,8 @@ class ServerConnection:
         sends for a moment, so that closing does not reset the connection
         before the client has read the Goodbye."""
         with trio.move_on_after(LINGER_SECONDS):
-            await self.stream.send_eof()
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                await self.stream.send_eof()
             while await self.stream.receive_some(RECEIVE_SIZE):
                 pass
 
@@ -192,6 +203,8 @@ class ServerConnection:
         self._inflight = []
         self.account.close()
         self._reserve(-self.buffer_reserved)
+        if self.principal is not None:
+            self.principal.connections -= 1
         self.broker.forget(self)
         log.info("%s %s closed: %s", self.name, self.peer, self.close_reason or "done")
 
@@ -362,6 +375,9 @@ class ServerConnection:
         for event in events:
             if type(event) is PublishReceived:
                 state = self.channels[event.channel.index]
+                if not state.may_publish:
+                    self._deny(f"may not publish to {state.topic.topic_name!r}")
+                    break
                 state.buffer.append(event)
                 touched.add(state)
                 self.counters.messages_in += 1
@@ -372,6 +388,8 @@ class ServerConnection:
                         subscription.pump()
             else:
                 self._handle_other(event)
+                if self.protocol.closed:
+                    break  # nothing after a Goodbye of ours is applied
         for state in touched:
             self._drain(state)
 
@@ -379,6 +397,13 @@ class ServerConnection:
         if isinstance(event, HelloReceived):
             self._on_hello(event)
         elif isinstance(event, TopicBound):
+            may_publish = True
+            if self.principal is not None:
+                principal = self.principal.principal
+                may_publish = principal.may_publish(event.name)
+                if not may_publish and not principal.may_subscribe(event.name):
+                    self._deny(f"may not use topic {event.name!r}")
+                    return
             topic = self.broker.topic(event.name)
             topic.publishers += 1
             channel = Channel(ChannelKind.PUBLISH, event.handle)
@@ -389,8 +414,15 @@ class ServerConnection:
                 parent=self.account,
                 kind="publish",
             )
-            self.channels[event.handle] = PublishChannel(channel, account, topic)
+            self.channels[event.handle] = PublishChannel(
+                channel, account, topic, may_publish=may_publish
+            )
         elif isinstance(event, Subscribed):
+            if self.principal is not None and not self.principal.principal.may_subscribe(
+                event.topic_name
+            ):
+                self._deny(f"may not subscribe to {event.topic_name!r}")
+                return
             topic = self.broker.topic(event.topic_name)
             subscription = Subscription(self, event.handle, topic, event.mode)
             self.subscriptions[event.handle] = subscription
@@ -416,8 +448,42 @@ class ServerConnection:
             self.protocol.goodbye(GoodbyeCode.UNKNOWN_SESSION, "unknown session")
             self.close_reason = "resume of an unknown session"
             return
+        if self.broker.auth is not None and not self._authenticate(hello.token):
+            return
         self.protocol.welcome(session=secrets.token_bytes(16), epoch=self.broker.epoch)
         log.info("%s %s: hello from %r", self.name, self.peer, self.client_name)
+
+    def _authenticate(self, token: str | None) -> bool:
+        """Bind the connection to the principal its credentials prove, within
+        the principal's connection limit; else say Goodbye (6 or 3)."""
+        broker = self.broker
+        assert broker.auth is not None
+        found = broker.auth.authenticate(token, self.identity)
+        if isinstance(found, AuthFailure):
+            self._deny("bad credentials" if token is not None else "credentials required", found)
+            return False
+        usage = broker.principals[found.name]
+        limit = found.max_connections
+        if limit and usage.connections >= limit:
+            broker.auth_failed(AuthFailure.CONNECTION_LIMIT)
+            self._refuse_hello(
+                GoodbyeCode.LIMIT_EXCEEDED, f"{found.name!r} already has {limit} connection(s)"
+            )
+            return False
+        usage.connections += 1
+        usage.buffer_reserved += self.buffer_reserved
+        self.principal = usage
+        return True
+
+    def _deny(self, reason: str, failure: AuthFailure = AuthFailure.TOPIC_DENIED) -> None:
+        """Refuse the client for ``failure``: Goodbye 6 (not authorised)."""
+        self.broker.auth_failed(failure)
+        self._refuse_hello(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}")
+
+    def _refuse_hello(self, code: GoodbyeCode, reason: str) -> None:
+        who = self.principal.principal.name if self.principal else self.identity or "anonymous"
+        log.warning("%s %s (%s): %s", self.name, self.peer, who, reason)
+        self.goodbye(code, reason)
 
     def _on_handle_gone(self, handle_type: int, handle: int) -> None:
         if handle_type == HandleType.SUBSCRIPTION:
@@ -544,14 +610,20 @@ class ServerConnection:
     def _available(self) -> int:
         in_use = self._capacity_in_use()
         self._reserve(in_use - self.buffer_reserved)
-        return min(
+        available = min(
             self.broker.config.connection_budget - in_use,
             self.broker.config.global_budget - self.broker.buffer_reserved,
         )
+        principal = self.principal
+        if principal is not None:
+            available = min(available, principal.buffer_budget - principal.buffer_reserved)
+        return available
 
     def _reserve(self, amount: int) -> None:
         self.buffer_reserved += amount
         self.broker.buffer_reserved += amount
+        if self.principal is not None:
+            self.principal.buffer_reserved += amount
 
     def _shrink_idle_channels(self, needed: int) -> None:
         floor = self.broker.config.min_publish_capacity
@@ -592,6 +664,8 @@ class ServerConnection:
             now = trio.current_time()
             if protocol.peer_gone(now):
                 handshake = protocol.welcome_message is None
+                if not handshake:
+                    self.broker.security.lease_expirations += 1
                 self.goodbye(
                     GoodbyeCode.LEASE_EXPIRED,
                     "no Hello in time" if handshake else "lease expired",

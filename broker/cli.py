@@ -21,6 +21,7 @@ import trio
 
 from . import __version__
 from .config import FIELDS, BrokerConfig, ConfigError, load_config
+from .errors import sole_exception
 
 log = logging.getLogger("broker")
 
@@ -56,7 +57,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
     try:
-        trio.run(_serve, config)
+        try:
+            trio.run(_serve, config)
+        except BaseExceptionGroup as group:
+            raise sole_exception(group) from None
     except (AuthError, TLSConfigError) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2

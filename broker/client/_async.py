@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from broker.errors import sole_exception
 from broker.protocol import (
     Channel,
     ChannelKind,
@@ -419,7 +420,9 @@ async def open_client(
     code 6).
 
     Leaving the block normally flushes (waits until the broker has routed
-    every published message), then says Goodbye.
+    every published message), then says Goodbye. An exception raised in the
+    block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
+    comes out as itself, not wrapped in an exception group.
     """
     host, port, _ = split_url(url)
     context = tls_context_for(url, ssl_context)
@@ -427,22 +430,27 @@ async def open_client(
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if context is not None:
             stream = await _secure(stream, context, host)
-    async with stream, trio.open_nursery() as nursery:
-        client = Client(stream, name, policy, token)
-        with trio.fail_after(connect_timeout):
-            await client._run(nursery)
-        try:
-            yield client
-            await client.aclose()
-        except BaseException:
-            await client.aclose(flush=False)
-            raise
-        finally:
-            with trio.move_on_after(2) as scope:
-                scope.shield = True
-                # Let the writer send the Goodbye before the socket closes.
-                await client._writer_done.wait()
-            nursery.cancel_scope.cancel()
+    try:
+        async with stream, trio.open_nursery() as nursery:
+            client = Client(stream, name, policy, token)
+            with trio.fail_after(connect_timeout):
+                await client._run(nursery)
+            try:
+                yield client
+                await client.aclose()
+            except BaseException:
+                await client.aclose(flush=False)
+                raise
+            finally:
+                with trio.move_on_after(2) as scope:
+                    scope.shield = True
+                    # Let the writer send the Goodbye before the socket closes.
+                    await client._writer_done.wait()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The client's own tasks never raise: whatever the nursery gathered
+        # came from the block (or the handshake). Hand it on as it was raised.
+        raise sole_exception(group) from None
 
 
 async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -> trio.abc.Stream:

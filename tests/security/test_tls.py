@@ -1,0 +1,187 @@
+"""TLS on the client listener, end to end over loopback, with both clients.
+
+Certificates come from trustme (see conftest.py). Every test also checks that
+the broker keeps serving and gives back everything it lent or reserved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from typing import Any
+
+import pytest
+import trio
+
+from broker.client import BlockingClient, ConnectionLost, open_client
+from broker.config import BrokerConfig, ConfigError
+from broker.server import Broker, serve_broker
+from broker.tls import TLSConfigError, certificate_identity, client_context, server_context
+from tests.server.helpers import (
+    TIMEOUT,
+    make_config,
+    running_broker,
+    url,
+    wait_idle,
+    wait_subscribed,
+    wait_until,
+)
+
+from .conftest import Pki
+
+
+def tls_config(pki: Pki, **overrides: Any) -> BrokerConfig:
+    return make_config(tls_cert=str(pki.server_cert), tls_key=str(pki.server_key), **overrides)
+
+
+async def tls_round_trip(broker: Broker, context: ssl.SSLContext, topic: str = "secure") -> None:
+    """A TLS publisher and a TLS subscriber exchange a few messages."""
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_client(url(broker), name="tls-sub", ssl_context=context) as subscriber,
+            open_client(url(broker), name="tls-pub", ssl_context=context) as publisher,
+            subscriber.subscribe(topic) as subscription,
+        ):
+            await wait_subscribed(broker, topic)
+            for i in range(50):
+                await publisher.publish(topic, b"secret %d" % i, key=b"k")
+            received = [(await subscription.receive()).payload for _ in range(50)]
+    assert received == [b"secret %d" % i for i in range(50)]
+
+
+async def test_async_clients_publish_and_subscribe_over_tls(pki: Pki) -> None:
+    async with running_broker(tls_config(pki)) as broker:
+        await tls_round_trip(broker, pki.client())
+        assert broker.security.tls_handshake_failures == 0
+        await wait_idle(broker)
+
+
+async def test_a_tls_url_uses_the_system_trust_store_which_does_not_know_the_test_ca(
+    pki: Pki,
+) -> None:
+    async with running_broker(tls_config(pki)) as broker:
+        with pytest.raises(ConnectionLost, match="TLS handshake"):
+            async with open_client("tls://{}:{}".format(*broker.address)):
+                pass  # pragma: no cover - the handshake fails
+        await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
+        await tls_round_trip(broker, pki.client())  # others are unaffected
+
+
+async def test_the_blocking_client_speaks_tls(pki: Pki) -> None:
+    async with running_broker(tls_config(pki)) as broker:
+        address = "tls://" + url(broker)
+        context = pki.client()
+
+        def exchange() -> list[bytes]:
+            with (
+                BlockingClient(address, name="blocking-sub", ssl_context=context) as sub_client,
+                sub_client.subscribe("blocking") as subscription,
+                BlockingClient(address, name="blocking-pub", ssl_context=context) as publisher,
+            ):
+                # 300 kB, beyond one delivery window: guarantees flow back over TLS.
+                for i in range(300):
+                    publisher.publish("blocking", b"%04d" % i + b"x" * 1000, timeout=TIMEOUT)
+                publisher.flush(timeout=TIMEOUT)
+                return [subscription.receive(timeout=TIMEOUT).payload[:4] for _ in range(300)]
+
+        received = await trio.to_thread.run_sync(exchange)
+        assert received == [b"%04d" % i for i in range(300)]
+        await wait_idle(broker)
+
+
+async def test_a_blocking_client_that_does_not_trust_the_broker_is_refused(pki: Pki) -> None:
+    async with running_broker(tls_config(pki)) as broker:
+        untrusting = client_context(str(pki.other_ca))
+
+        def connect() -> None:
+            BlockingClient(url(broker), ssl_context=untrusting, connect_timeout=TIMEOUT)
+
+        with pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED"):
+            await trio.to_thread.run_sync(connect)
+        await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
+
+
+async def test_a_plain_tcp_client_is_cut_off_and_counted(pki: Pki) -> None:
+    async with running_broker(tls_config(pki)) as broker:
+        with trio.fail_after(TIMEOUT), pytest.raises(ConnectionLost):
+            async with open_client(url(broker)):  # no TLS: its Hello is not a ClientHello
+                pass  # pragma: no cover
+        await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
+        assert not broker.connections
+        await tls_round_trip(broker, pki.client())
+
+
+async def test_a_client_that_never_starts_the_handshake_is_closed_in_time(pki: Pki) -> None:
+    async with running_broker(tls_config(pki, tls_handshake_timeout=0.3)) as broker:
+        with trio.fail_after(TIMEOUT):
+            stream = await trio.open_tcp_stream(*broker.address)
+            async with stream:
+                await wait_until(lambda: broker.handshaking == 1, what="handshake started")
+                # The broker gives up and closes: we read end of stream (or a reset).
+                with contextlib.suppress(trio.BrokenResourceError):
+                    assert await stream.receive_some(1024) == b""
+        assert broker.security.tls_handshake_failures == 1
+        assert broker.handshaking == 0
+
+
+async def test_handshakes_in_progress_count_against_max_connections(pki: Pki) -> None:
+    async with running_broker(tls_config(pki, max_connections=1)) as broker:
+        with trio.fail_after(TIMEOUT):
+            silent = await trio.open_tcp_stream(*broker.address)
+            async with silent:
+                await wait_until(lambda: broker.handshaking == 1, what="handshake started")
+                refused = await trio.open_tcp_stream(*broker.address)
+                async with refused:
+                    # Refused before TLS: a plain Goodbye 3 frame, then the end.
+                    data = b""
+                    while chunk := await refused.receive_some(1024):
+                        data += chunk
+                    assert data[4:7] == bytes([0x83, 0x04, 0x03])  # [4, 3, ...]: Goodbye 3
+        assert broker.refused_total == 1
+
+
+async def test_mutual_tls_requires_a_certificate_from_the_client_ca(pki: Pki) -> None:
+    config = tls_config(pki, tls_client_ca=str(pki.ca))
+    async with running_broker(config) as broker:
+        # Without a certificate, or with one from another CA: no connection.
+        for certificate in (None, pki.mallory):
+            with trio.fail_after(TIMEOUT), pytest.raises(ConnectionLost):
+                async with open_client(url(broker), ssl_context=pki.client(certificate)) as c:
+                    await c.flush()  # TLS 1.3: the refusal may come after the handshake
+        await wait_until(lambda: broker.security.tls_handshake_failures == 2, what="counted")
+        # With alice's certificate: served, and the broker knows who it is.
+        context = pki.client(pki.alice)
+        async with open_client(url(broker), name="alice", ssl_context=context) as client:
+            await client.flush()
+            (connection,) = broker.connections.values()
+            assert connection.identity == "alice"
+        await tls_round_trip(broker, context)
+        await wait_idle(broker)
+
+
+def test_tls_settings_are_checked(pki: Pki) -> None:
+    with pytest.raises(ConfigError, match="together"):
+        make_config(tls_cert=str(pki.server_cert))
+    with pytest.raises(ConfigError, match="needs tls_cert"):
+        make_config(tls_client_ca=str(pki.ca))
+    with pytest.raises(ConfigError, match="tls_handshake_timeout"):
+        tls_config(pki, tls_handshake_timeout=0)
+    with pytest.raises(TLSConfigError, match="cannot load TLS certificate/key"):
+        server_context(str(pki.server_cert), str(pki.ca))  # a key that is not a key
+    with pytest.raises(TLSConfigError, match="client CA"):
+        server_context(str(pki.server_cert), str(pki.server_key), "/nonexistent/ca.pem")
+
+
+async def test_a_broker_with_a_bad_key_file_does_not_start(pki: Pki, tmp_path: Any) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a key")
+    with pytest.raises(TLSConfigError, match=r"bad\.pem"):
+        await serve_broker(make_config(tls_cert=str(pki.server_cert), tls_key=str(bad)))
+
+
+def test_certificate_identity_is_the_subject_common_name() -> None:
+    assert certificate_identity(None) is None
+    assert certificate_identity({}) is None
+    subject = ((("countryName", "XX"),), (("commonName", "alice"),))
+    assert certificate_identity({"subject": subject}) == "alice"
+    assert certificate_identity({"subject": ((("organizationName", "x"),),)}) is None

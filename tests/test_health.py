@@ -1,0 +1,91 @@
+"""Liveness and readiness: ``/healthz``, ``/readyz``, ``broker_ready`` and ``broker health``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from broker import cli
+from broker.config import BrokerConfig
+from broker.metrics import serve_metrics
+from broker.server import Broker, serve_broker
+from tests.test_metrics import get, running, scrape
+
+Address = tuple[str, int]
+
+
+async def test_healthz_and_readyz_answer_while_the_broker_serves() -> None:
+    async with running() as (_broker, metrics):
+        live = await get(metrics, "/healthz")
+        assert (live.status, live.body) == (200, b"ok\n")
+        ready = await get(metrics, "/readyz")
+        assert (ready.status, ready.body) == (200, b"ready\n")
+        assert (await get(metrics, "/readyz", "HEAD")).body == b""
+        assert (await scrape(metrics))("broker_ready") == 1
+        index = await get(metrics, "/")
+        assert b"/healthz" in index.body and b"/readyz" in index.body
+
+
+async def test_readyz_turns_503_when_shutdown_begins_while_healthz_stays_200() -> None:
+    config = BrokerConfig(listen="127.0.0.1:0", metrics_listen="", shutdown_deadline=5.0)
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(serve_broker, config)
+        metrics: Address = await nursery.start(serve_metrics, broker, "127.0.0.1", 0)
+        # A connected client keeps the shutdown draining, so we can look at it.
+        stream = await trio.open_tcp_stream(*broker.address)
+        async with stream:
+            nursery.start_soon(broker.shutdown)
+            await trio.sleep(0.05)
+            assert broker.closing
+            not_ready = await get(metrics, "/readyz")
+            assert not_ready.status == 503
+            assert b"not accepting clients" in not_ready.body
+            assert (await get(metrics, "/healthz")).status == 200
+            assert (await scrape(metrics))("broker_ready") == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_broker_health_exits_0_when_ready_and_1_when_not() -> None:
+    async with running() as (_broker, metrics):
+        address = "{}:{}".format(*metrics)
+        ready = await trio.to_thread.run_sync(cli.main, ["health", "--metrics", address])
+        live = await trio.to_thread.run_sync(cli.main, ["health", "--live", "--metrics", address])
+        assert (ready, live) == (0, 0)
+    # Nobody listens there any more.
+    gone = await trio.to_thread.run_sync(
+        cli.main, ["health", "--metrics", address, "--timeout", "2"]
+    )
+    assert gone == 1
+
+
+def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text('[broker]\nmax_frame = "not a number"\n')
+    environment = {**os.environ, "BROKER_CONFIG": str(config)}
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--listen", "127.0.0.1:0"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "max_frame: expected int" in result.stderr
+
+
+def test_broker_serve_reports_a_bad_auth_file_and_exits_2(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.toml"
+    auth.write_text("[principals.x]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--listen", "127.0.0.1:0"],
+        env={**os.environ, "BROKER_AUTH_FILE": str(auth), "BROKER_METRICS_LISTEN": ""},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "principal 'x' must be a table" in result.stderr or "needs a token" in result.stderr

@@ -103,11 +103,12 @@ def _cmd_pub(args: argparse.Namespace) -> int:
 
 
 async def _pub(args: argparse.Namespace) -> int:
-    from .client import open_client
+    from .client import open_client, parse_servers, route
 
     key = args.key.encode() if args.key is not None else None
     count = 0
-    async with open_client(args.broker, name="broker-pub", **_client_options(args)) as client:
+    server = route(args.topic, parse_servers(args.broker))
+    async with open_client(server, name="broker-pub", **_client_options(args)) as client:
         if args.message is not None:
             await client.publish(args.topic, args.message.encode(), key=key)
             count = 1
@@ -133,11 +134,15 @@ def _cmd_sub(args: argparse.Namespace) -> int:
 
 
 async def _sub(args: argparse.Namespace) -> None:
-    from .client import open_client
+    from .client import open_client, parse_servers, route
 
     out = sys.stdout.buffer
     async with (
-        open_client(args.broker, name="broker-sub", **_client_options(args)) as client,
+        open_client(
+            route(args.topic, parse_servers(args.broker)),
+            name="broker-sub",
+            **_client_options(args),
+        ) as client,
         client.subscribe(args.topic) as subscription,
     ):
         print(f"subscribed to {args.topic!r}", file=sys.stderr, flush=True)
@@ -339,7 +344,8 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--broker",
         default="127.0.0.1:7400",
-        help="broker address: HOST:PORT, or tls://HOST:PORT for TLS (default: %(default)s)",
+        help="broker address: HOST:PORT, or tls://HOST:PORT for TLS; several, comma-separated, "
+        "for brokers that share the topics (the topic's owner is used) (default: %(default)s)",
     )
     parser.add_argument(
         "--token", help="credential for a broker that authenticates (or $BROKER_TOKEN)"

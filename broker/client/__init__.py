@@ -4,21 +4,37 @@
 Both drive :mod:`broker.protocol`; neither re-implements it. Publishing waits
 for the broker's guarantees, so backpressure reaches the caller; consuming a
 delivered message is what lets the broker send the next ones.
+
+:func:`open_cluster_client` and :class:`BlockingClusterClient` spread topics
+over several brokers, each topic on the broker :func:`route` names.
 """
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription, connect
-from ._common import ClientError, ConnectionLost, Message, parse_url
+from ._cluster import (
+    BlockingClusterClient,
+    ClusterClient,
+    open_cluster_client,
+    parse_servers,
+    route,
+)
+from ._common import ClientError, ConnectionLost, Message, parse_url, split_url
 
 __all__ = [
     "BlockingClient",
+    "BlockingClusterClient",
     "BlockingSubscription",
     "Client",
     "ClientError",
+    "ClusterClient",
     "ConnectionLost",
     "Message",
     "Subscription",
     "connect",
     "open_client",
+    "open_cluster_client",
+    "parse_servers",
     "parse_url",
+    "route",
+    "split_url",
 ]

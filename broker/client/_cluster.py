@@ -1,0 +1,195 @@
+"""Several brokers, each owning a share of the topics: routing by topic name.
+
+A broker is one trio process on one core. To scale out, run several and let
+clients route each topic to its owner, computed from the list of brokers by
+rendezvous (highest-random-weight) hashing:
+
+- every client with the same *set* of brokers picks the same owner for a
+  topic (the order of the list does not matter);
+- adding or removing a broker moves only the topics that it gains or loses
+  (about 1/n of them), not the rest.
+
+The brokers know nothing of each other: nothing checks that clients agree on
+the list, and a topic's messages are only where its owner is. See
+``docs/operations.md`` ("Scaling past one process") for what that means.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from broker.protocol import Headers
+
+from ._async import Client, Subscription, open_client
+from ._blocking import BlockingClient, BlockingSubscription
+from ._common import ClientError, split_url
+
+__all__ = [
+    "BlockingClusterClient",
+    "ClusterClient",
+    "open_cluster_client",
+    "parse_servers",
+    "route",
+]
+
+
+def parse_servers(servers: str | Iterable[str]) -> list[str]:
+    """``"a:7400,b:7400"`` (or a list) -> the broker URLs, without blanks or repeats."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    result: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for item in (item.strip() for item in items):
+        if not item:
+            continue
+        host, port, _ = split_url(item)
+        if (host, port) not in seen:
+            seen.add((host, port))
+            result.append(item)
+    if not result:
+        raise ClientError("no broker address given")
+    return result
+
+
+def _weight(server: str, topic: str) -> bytes:
+    host, port, _ = split_url(server)
+    key = f"{host}:{port}\0{topic}".encode()
+    return hashlib.blake2b(key, digest_size=8).digest()
+
+
+def route(topic: str, servers: Sequence[str]) -> str:
+    """The broker of ``servers`` that owns ``topic`` (rendezvous hashing on
+    ``host:port``, so ``tls://a:7400`` and ``a:7400`` are the same broker)."""
+    if not servers:
+        raise ClientError("no broker address given")
+    return max(servers, key=lambda server: _weight(server, topic))
+
+
+class ClusterClient:
+    """One :class:`~broker.client.Client` per broker; each topic goes to its owner.
+
+    Obtained from :func:`open_cluster_client`. Per topic, it keeps every
+    promise of a single client (order, backpressure, flush); across topics
+    on different brokers there is no order.
+    """
+
+    def __init__(self, clients: dict[str, Client]) -> None:
+        self.clients = clients
+        self._servers = list(clients)
+
+    def client_for(self, topic: str) -> Client:
+        """The client connected to ``topic``'s owner."""
+        return self.clients[route(topic, self._servers)]
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """:meth:`Client.publish` on the owner of ``topic``."""
+        await self.client_for(topic).publish(topic, payload, key=key, headers=headers)
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """:meth:`Client.publish_nowait` on the owner of ``topic``."""
+        self.client_for(topic).publish_nowait(topic, payload, key=key, headers=headers)
+
+    def subscribe(
+        self, topic: str, *, mode: str = "reliable"
+    ) -> AbstractAsyncContextManager[Subscription]:
+        """:meth:`Client.subscribe` on the owner of ``topic``."""
+        return self.client_for(topic).subscribe(topic, mode=mode)
+
+    async def flush(self) -> None:
+        """Wait until every broker has routed everything published to it."""
+        for client in self.clients.values():
+            await client.flush()
+
+
+@asynccontextmanager
+async def open_cluster_client(
+    servers: str | Iterable[str], **options: Any
+) -> AsyncIterator[ClusterClient]:
+    """Connect to every broker of ``servers`` (``"a:7400,b:7400"`` or a list)
+    for the duration of the block; ``options`` go to each
+    :func:`~broker.client.open_client`. Leaving flushes every connection."""
+    async with AsyncExitStack() as stack:
+        clients = {
+            server: await stack.enter_async_context(open_client(server, **options))
+            for server in parse_servers(servers)
+        }
+        yield ClusterClient(clients)
+
+
+class BlockingClusterClient:
+    """The blocking counterpart of :class:`ClusterClient` (for threads and
+    Spark tasks): one :class:`~broker.client.BlockingClient` per broker."""
+
+    def __init__(self, servers: str | Iterable[str], **options: Any) -> None:
+        """Connect to every broker of ``servers``; ``options`` go to each
+        :class:`~broker.client.BlockingClient`. If one cannot be reached, the
+        others are closed and its :class:`ConnectionLost` is raised."""
+        self.clients: dict[str, BlockingClient] = {}
+        try:
+            for server in parse_servers(servers):
+                self.clients[server] = BlockingClient(server, **options)
+        except BaseException:
+            self.close(flush=False)
+            raise
+        self._servers = list(self.clients)
+
+    def __enter__(self) -> BlockingClusterClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(flush=exc_type is None)
+
+    def client_for(self, topic: str) -> BlockingClient:
+        """The client connected to ``topic``'s owner."""
+        return self.clients[route(topic, self._servers)]
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """:meth:`BlockingClient.publish` on the owner of ``topic``."""
+        self.client_for(topic).publish(topic, payload, key=key, headers=headers, timeout=timeout)
+
+    def subscribe(
+        self, topic: str, *, mode: str = "reliable", timeout: float | None = None
+    ) -> BlockingSubscription:
+        """:meth:`BlockingClient.subscribe` on the owner of ``topic``."""
+        return self.client_for(topic).subscribe(topic, mode=mode, timeout=timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every broker has routed everything published to it."""
+        for client in self.clients.values():
+            client.flush(timeout)
+
+    def close(self, *, flush: bool = True) -> None:
+        """Close every connection (flushing first, by default); the first
+        failure is raised once all are closed."""
+        failure: BaseException | None = None
+        for client in self.clients.values():
+            try:
+                client.close(flush=flush)
+            except BaseException as error:  # close the others before raising
+                failure = failure or error
+        if failure is not None:
+            raise failure

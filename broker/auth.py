@@ -47,6 +47,7 @@ __all__ = [
     "AuthFailure",
     "AuthTable",
     "Principal",
+    "check_principal_name",
     "load_auth_file",
     "token_digest",
 ]
@@ -131,11 +132,13 @@ class AuthTable:
         self._by_digest: dict[str, Principal] = {}
         self._by_identity: dict[str, Principal] = {}
         for principal, digests, identities in principals:
+            if principal.name in self.principals:
+                raise AuthError(f"principal {principal.name!r} is defined twice")
             self.principals[principal.name] = principal
             for digest in digests:
-                _claim(self._by_digest, digest, principal, "token")
+                _claim(self._by_digest, digest, principal, "a token")
             for identity in identities:
-                _claim(self._by_identity, identity, principal, f"identity {identity!r}")
+                _claim(self._by_identity, identity, principal, f"an identity {identity!r}")
 
     def authenticate(self, token: str | None, identity: str | None) -> Principal | AuthFailure:
         """The principal that ``token`` (if given) or else the certificate
@@ -153,16 +156,16 @@ class AuthTable:
 def _claim(table: dict[str, Principal], key: str, principal: Principal, what: str) -> None:
     other = table.setdefault(key, principal)
     if other is not principal:
-        raise AuthError(f"principals {other.name!r} and {principal.name!r} share a {what}")
+        raise AuthError(f"principals {other.name!r} and {principal.name!r} share {what}")
 
 
 def load_auth_file(path: str | os.PathLike[str]) -> AuthTable:
     """Read and check the auth file at ``path`` (raises :class:`AuthError`)."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
     except OSError as error:
         raise AuthError(f"cannot read auth file {path}: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise AuthError(f"auth file {path}: {error}") from None
     table = data.get("principals")
     if set(data) - {"principals"} or not isinstance(table, dict) or not table:
@@ -170,10 +173,18 @@ def load_auth_file(path: str | os.PathLike[str]) -> AuthTable:
     return AuthTable(_principal(str(path), name, entry) for name, entry in table.items())
 
 
+def check_principal_name(name: str, where: str = "principal") -> None:
+    """Raise :class:`AuthError` unless ``name`` may name a principal: 1-64 of
+    ``A-Z a-z 0-9 _ . -``, starting with a letter or digit (it is a metrics label)."""
+    if not _NAME.fullmatch(name):
+        raise AuthError(
+            f"{where}: names are 1-64 of A-Z a-z 0-9 _ . - (starting with a letter or digit)"
+        )
+
+
 def _principal(source: str, name: str, entry: Any) -> tuple[Principal, list[str], list[str]]:
     where = f"auth file {source}: principal {name!r}"
-    if not _NAME.fullmatch(name):
-        raise AuthError(f"{where}: names are 1-64 of A-Z a-z 0-9 _ . - (not starting with _.-)")
+    check_principal_name(name, where)
     if not isinstance(entry, Mapping):
         raise AuthError(f"{where} must be a table")
     unknown = set(entry) - _KEYS

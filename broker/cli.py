@@ -208,6 +208,24 @@ def _cmd_health(args: argparse.Namespace) -> int:
     return 1
 
 
+def _cmd_token(args: argparse.Namespace) -> int:
+    import secrets
+
+    from .auth import AuthError, check_principal_name, token_digest
+
+    try:
+        check_principal_name(args.principal, f"broker token: {args.principal!r}")
+    except AuthError as error:
+        print(error, file=sys.stderr)
+        return 2
+    token = secrets.token_urlsafe(32)
+    print(f"token: {token}", file=sys.stderr)
+    print("# Give the client the token above (broker pub --token, BROKER_TOKEN, token=...).")
+    print(f"[principals.{args.principal}]")
+    print(f'token_sha256 = "{token_digest(token)}"')
+    return 0
+
+
 def _print_stat(document: dict[str, Any]) -> None:
     broker = document.get("broker", {})
     for key, value in broker.items():
@@ -325,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--live", action="store_true", help="liveness instead of readiness")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
     health.set_defaults(func=_cmd_health)
+
+    token = sub.add_parser(
+        "token",
+        help="make a new client token and its auth-file entry",
+        description="Print a new random token (on stderr) and the [principals.NAME] table "
+        "that admits it (on stdout, for the auth_file; it holds only the token's SHA-256).",
+    )
+    token.add_argument("principal", help="the principal's name in the auth file")
+    token.set_defaults(func=_cmd_token)
 
     bench = sub.add_parser("bench", help="run the project's benchmarks")
     bench.add_argument(

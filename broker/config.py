@@ -186,10 +186,10 @@ def load_config(
     values: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
         except OSError as error:
             raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
-        except tomllib.TOMLDecodeError as error:
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
             raise ConfigError(f"config {path}: {error}") from None
         table = data.get("broker", data)
         if not isinstance(table, dict):

@@ -337,8 +337,15 @@ def _hello(f: list[Any]) -> Hello:
         _text(rec["client"], "client"),
         _opt_blob(rec["session"], "session"),
         _u64_map(rec["processed"], "processed"),
-        _text(rec["token"], "token") if "token" in rec else None,
+        _secret(rec["token"], "token") if "token" in rec else None,
     )
+
+
+def _secret(value: Any, what: str) -> str:
+    """A text field that holds a credential: an error names its type, never its value."""
+    if type(value) is not str:
+        raise _bad(f"{what} must be a text string, got {type(value).__name__}")
+    return value
 
 
 def _welcome(f: list[Any]) -> Welcome:

@@ -1,0 +1,36 @@
+"""``broker token NAME``: a new token, and an auth-file entry that admits it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker import cli
+from broker.auth import load_auth_file
+
+
+def test_the_printed_entry_admits_the_printed_token_and_nothing_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["token", "spark-etl"]) == 0
+    captured = capsys.readouterr()
+    token = captured.err.strip().removeprefix("token: ")
+    assert len(token) >= 40
+    assert token not in captured.out  # the entry holds only its digest
+    path = tmp_path / "auth.toml"
+    path.write_text(captured.out)
+    table = load_auth_file(path)
+    principal = table.authenticate(token, None)
+    assert getattr(principal, "name", None) == "spark-etl"
+    assert table.authenticate(token + "x", None) is not principal
+    # Two calls never print the same token.
+    assert cli.main(["token", "other"]) == 0
+    assert token not in capsys.readouterr().err
+
+
+def test_a_name_that_cannot_name_a_principal_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["token", "not a name"]) == 2
+    assert "names are 1-64" in capsys.readouterr().err

@@ -14,7 +14,14 @@ import trio
 
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
-from broker.auth import AUTH_FAILURE_REASONS, AuthFailure, AuthTable, Principal, load_auth_file
+from broker.auth import (
+    AUTH_FAILURE_REASONS,
+    AuthError,
+    AuthFailure,
+    AuthTable,
+    Principal,
+    load_auth_file,
+)
 from broker.config import BrokerConfig
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
@@ -213,6 +220,20 @@ class Broker:
             self._nursery.cancel_scope.cancel()
 
 
+def _check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:
+    """Refuse a principal whose share of the global budget cannot fund one
+    connection (its clients would wait forever for their first guarantees)."""
+    need = 2 * config.bind_capacity + config.min_publish_capacity
+    for principal in auth.principals.values():
+        budget = principal.budget(config.global_budget)
+        if budget < need:
+            raise AuthError(
+                f"principal {principal.name!r}: budget_share {principal.budget_share} of "
+                f"global_budget is {budget} bytes, less than one connection needs ({need}: "
+                "two bind channels and one publish channel)"
+            )
+
+
 async def serve_broker(
     config: BrokerConfig,
     *,
@@ -234,6 +255,8 @@ async def serve_broker(
         else None
     )
     auth = load_auth_file(config.auth_file) if config.auth_file else None
+    if auth is not None:
+        _check_budget_shares(auth, config)
     host, port = config.listen_address
     listeners = await trio.open_tcp_listeners(port, host=host)
     async with open_system("broker") as system:

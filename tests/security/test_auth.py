@@ -258,3 +258,12 @@ async def test_without_an_auth_file_tokens_are_ignored() -> None:
             (connection,) = broker.connections.values()
             assert connection.principal is None
         assert failures(broker) == {}
+
+
+async def test_a_budget_share_too_small_for_one_connection_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "auth.toml"
+    path.write_text('[principals.tiny]\ntoken = "t"\nbudget_share = 0.0001\n')
+    with pytest.raises(AuthError, match=r"'tiny': budget_share 0.0001 .* 26843 bytes"):
+        await serve_broker(make_config(auth_file=str(path)))

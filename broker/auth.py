@@ -31,14 +31,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any, Final
 
+from .config import read_toml
 from .errors import BrokerError
 
 __all__ = [
@@ -161,12 +160,7 @@ def _claim(table: dict[str, Principal], key: str, principal: Principal, what: st
 
 def load_auth_file(path: str | os.PathLike[str]) -> AuthTable:
     """Read and check the auth file at ``path`` (raises :class:`AuthError`)."""
-    try:
-        data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
-    except OSError as error:
-        raise AuthError(f"cannot read auth file {path}: {error.strerror}") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise AuthError(f"auth file {path}: {error}") from None
+    data = read_toml(path, "auth file", AuthError)
     table = data.get("principals")
     if set(data) - {"principals"} or not isinstance(table, dict) or not table:
         raise AuthError(f"auth file {path}: needs [principals.NAME] tables and nothing else")

@@ -329,7 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
         _add_client_flags(client_parser)
 
     stat = sub.add_parser("stat", help="connections, accounts and channels of a running broker")
-    stat.add_argument("--metrics", default="127.0.0.1:9400", help="the broker's metrics address")
     stat.add_argument("--json", action="store_true", help="print the raw JSON")
     stat.set_defaults(func=_cmd_stat)
 
@@ -339,10 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask a broker's HTTP endpoint: /readyz (accepting clients) or, with "
         "--live, /healthz (its event loop answers). For container health checks.",
     )
-    health.add_argument("--metrics", default="127.0.0.1:9400", help="the broker's metrics address")
     health.add_argument("--live", action="store_true", help="liveness instead of readiness")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
     health.set_defaults(func=_cmd_health)
+    for http_parser in (stat, health):
+        http_parser.add_argument(
+            "--metrics", default="127.0.0.1:9400", help="the broker's metrics address"
+        )
 
     token = sub.add_parser(
         "token",

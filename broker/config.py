@@ -176,6 +176,17 @@ def _apply(base: dict[str, Any], values: Mapping[str, Any], source: str) -> None
         base[name] = _coerce(name, value)
 
 
+def read_toml(path: str | os.PathLike[str], what: str, error: type[BrokerError]) -> dict[str, Any]:
+    """The TOML document at ``path`` (UTF-8); any failure to read or parse it
+    raises ``error`` with a message naming ``what`` and the file."""
+    try:
+        return tomllib.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as failure:
+        raise error(f"cannot read {what} {path}: {failure.strerror}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as failure:
+        raise error(f"{what} {path}: {failure}") from None
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -185,12 +196,7 @@ def load_config(
     """Defaults, then the TOML file at ``path``, then the environment, then ``overrides``."""
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
-        except OSError as error:
-            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-            raise ConfigError(f"config {path}: {error}") from None
+        data = read_toml(path, "config", ConfigError)
         table = data.get("broker", data)
         if not isinstance(table, dict):
             raise ConfigError(f"config {path}: [broker] must be a table")

@@ -139,6 +139,10 @@ class AuthTable:
             for identity in identities:
                 _claim(self._by_identity, identity, principal, f"an identity {identity!r}")
 
+    def has_identities(self) -> bool:
+        """Whether some principal is proved by a certificate identity."""
+        return bool(self._by_identity)
+
     def authenticate(self, token: str | None, identity: str | None) -> Principal | AuthFailure:
         """The principal that ``token`` (if given) or else the certificate
         ``identity`` proves, or why the client is refused."""

@@ -60,7 +60,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             trio.run(_serve, config)
         except BaseExceptionGroup as group:
-            raise sole_exception(group) from None
+            failure = sole_exception(group)
+            if failure is group:
+                raise
+            raise failure from None
     except (AuthError, TLSConfigError) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
@@ -238,7 +241,13 @@ def _print_stat(document: dict[str, Any]) -> None:
         account = connection.get("account", {})
         print(
             f"  {connection.get('name', '?'):<10} {connection.get('peer', '?'):<22} "
-            f"client={connection.get('client', '')!r} debt={account.get('debt', 0)} "
+            f"client={connection.get('client', '')!r} "
+            + "".join(
+                f"{key}={connection[key]!r} "
+                for key in ("principal", "identity")
+                if connection.get(key) is not None
+            )
+            + f"debt={account.get('debt', 0)} "
             f"peak={account.get('peak_debt', 0)} blocked={account.get('blocked', False)}"
         )
         for channel in connection.get("channels", []):

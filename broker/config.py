@@ -22,6 +22,10 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
+#: Hosts that do not leave the machine.
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class ConfigError(BrokerError):
     """A configuration value is missing, malformed or inconsistent."""
 
@@ -89,6 +93,9 @@ class BrokerConfig:
     tls_client_ca: str = ""
     #: Seconds a client has to complete the TLS handshake.
     tls_handshake_timeout: float = 10.0
+    #: Seconds a new connection has to send its Hello (after any TLS handshake),
+    #: however much else it sends meanwhile.
+    hello_timeout: float = 10.0
     #: TOML file of principals (tokens, certificate identities, limits): when
     #: set, every client must authenticate in its Hello (see ``broker.auth``).
     auth_file: str = ""
@@ -124,8 +131,8 @@ class BrokerConfig:
             raise ConfigError("tls_cert and tls_key go together: set both or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
-        if self.tls_handshake_timeout <= 0:
-            raise ConfigError("tls_handshake_timeout must be > 0")
+        if self.tls_handshake_timeout <= 0 or self.hello_timeout <= 0:
+            raise ConfigError("tls_handshake_timeout and hello_timeout must be > 0")
 
     @property
     def min_publish_capacity(self) -> int:

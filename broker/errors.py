@@ -8,15 +8,11 @@ class BrokerError(Exception):
 
 
 def sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside ``group`` (through nested groups), else ``group``.
+    """The one exception inside ``group``, else ``group`` itself.
 
-    trio's nurseries wrap whatever escapes them in exception groups; where a
-    context manager or command knows only one thing can have failed, it hands
-    that on as itself.
+    trio's nurseries wrap whatever escapes them in an exception group; a
+    context manager or command that knows only one thing can have failed
+    hands that on as itself. One level only: a group that the code inside
+    raised on purpose stays a group.
     """
-    while len(group.exceptions) == 1:
-        inner = group.exceptions[0]
-        if not isinstance(inner, BaseExceptionGroup):
-            return inner
-        group = inner
-    return group
+    return group.exceptions[0] if len(group.exceptions) == 1 else group

@@ -425,11 +425,16 @@ async def open_client(
     comes out as itself, not wrapped in an exception group.
     """
     host, port, _ = split_url(url)
-    context = tls_context_for(url, ssl_context)
+    context = tls_context_for(url, ssl_context, token)
     with trio.fail_after(connect_timeout):
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if context is not None:
-            stream = await _secure(stream, context, host)
+            try:
+                stream = await _secure(stream, context, host)
+            except BaseException:  # a timeout or cancellation: the socket goes too
+                await trio.aclose_forcefully(stream)
+                raise
+    failure: BaseException | None = None
     try:
         async with stream, trio.open_nursery() as nursery:
             client = Client(stream, name, policy, token)
@@ -449,8 +454,13 @@ async def open_client(
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # The client's own tasks never raise: whatever the nursery gathered
-        # came from the block (or the handshake). Hand it on as it was raised.
-        raise sole_exception(group) from None
+        # came from the block (or the handshake). Hand it on as it was raised,
+        # outside this handler so that its cause and context stay its own.
+        failure = sole_exception(group)
+        if failure is group:
+            raise
+    if failure is not None:
+        raise failure
 
 
 async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -> trio.abc.Stream:
@@ -459,7 +469,6 @@ async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -
     try:
         await secured.do_handshake()
     except trio.BrokenResourceError as error:
-        await trio.aclose_forcefully(stream)
         cause = error.__cause__ or error
         raise ConnectionLost(f"TLS handshake with {host} failed: {cause}") from None
     return secured

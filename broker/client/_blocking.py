@@ -254,7 +254,7 @@ class BlockingClient(ClientEvents):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         host, port, _ = split_url(url)
-        context = tls_context_for(url, ssl_context)
+        context = tls_context_for(url, ssl_context, token)
         self.name = name
         self._lock = threading.RLock()
         super().__init__()
@@ -371,8 +371,13 @@ class BlockingClient(ClientEvents):
             if self._conn.bytes_to_send:
                 self._wbuf += self._conn.data_to_send(time.monotonic())
             return
-        if tls.established and self._conn.bytes_to_send:
-            tls.send(self._conn.data_to_send(time.monotonic()))
+        try:
+            if tls.established and self._conn.bytes_to_send:
+                tls.send(self._conn.data_to_send(time.monotonic()))
+        except ssl.SSLError as error:
+            self._error = self._error or ConnectionLost(f"TLS error: {error}")
+            self._close_socket()
+            return
         self._wbuf += tls.take_output()
 
     def _send_some(self) -> None:

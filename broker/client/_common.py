@@ -7,7 +7,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from broker.config import ConfigError, parse_address
+from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
 from broker.protocol import (
     Channel,
@@ -84,13 +84,21 @@ def split_url(url: str) -> tuple[str, int, bool]:
     return host, port, tls
 
 
-def tls_context_for(url: str, ssl_context: ssl.SSLContext | None) -> ssl.SSLContext | None:
+def tls_context_for(
+    url: str, ssl_context: ssl.SSLContext | None, token: str | None = None
+) -> ssl.SSLContext | None:
     """The TLS context a client connecting to ``url`` uses: ``ssl_context`` if
     given (TLS whatever the scheme), the system's default for a TLS scheme,
-    else None (plain TCP)."""
+    else None (plain TCP). Sending a ``token`` in clear beyond loopback is
+    logged as a warning."""
+    host, _, tls = split_url(url)
     if ssl_context is not None:
         return ssl_context
-    return client_context() if split_url(url)[2] else None
+    if tls:
+        return client_context()
+    if token is not None and host not in LOOPBACK:
+        log.warning("sending a token to %s without TLS: anyone on the path can read it", host)
+    return None
 
 
 class ClientEvents:

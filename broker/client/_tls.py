@@ -32,6 +32,8 @@ class TLSPipe:
         self.established = False
         #: The broker ended the TLS session (close_notify).
         self.closed = False
+        #: TLS failed (a bad record, a certificate refused): nothing more flows.
+        self.failed = False
         self._advance()  # the ClientHello
 
     def _advance(self) -> None:
@@ -39,10 +41,15 @@ class TLSPipe:
             self._object.do_handshake()
         except ssl.SSLWantReadError:
             return
+        except ssl.SSLError:
+            self.failed = True
+            raise
         self.established = True
 
     def receive(self, data: bytes) -> bytes:
         """The plaintext that ``data`` (from the socket) completes, perhaps none."""
+        if self.failed:
+            return b""
         self._incoming.write(data)
         if not self.established:
             self._advance()
@@ -57,14 +64,25 @@ class TLSPipe:
             except ssl.SSLZeroReturnError:
                 self.closed = True
                 break
-            if not chunk:
+            except ssl.SSLError:
+                self.failed = True
+                raise
+            if not chunk:  # close_notify (CPython returns b"" rather than raising)
+                self.closed = True
                 break
             chunks.append(chunk)
         return b"".join(chunks)
 
     def send(self, data: bytes) -> None:
-        """Encrypt ``data``; its records join :meth:`take_output`."""
-        self._object.write(data)
+        """Encrypt ``data``; its records join :meth:`take_output`. After a
+        failure, nothing more is sent."""
+        if self.failed:
+            return
+        try:
+            self._object.write(data)
+        except ssl.SSLError:
+            self.failed = True
+            raise
 
     def take_output(self) -> bytes:
         """TLS records to write to the socket (handshake, data, alerts)."""
@@ -72,5 +90,7 @@ class TLSPipe:
 
     def close(self) -> None:
         """Queue a close_notify (without waiting for the broker's)."""
+        if self.failed or self.closed:
+            return
         with contextlib.suppress(ssl.SSLError):  # SSLWantReadError included
             self._object.unwrap()

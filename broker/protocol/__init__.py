@@ -26,6 +26,7 @@ from ._codec import (
 )
 from ._connection import (
     DELIVER_SLACK,
+    MAX_HELLO_FRAME,
     Connection,
     ConnectionState,
     ConnectionStatistics,
@@ -107,6 +108,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "DELIVER_SLACK",
     "LENGTH_PREFIX",
+    "MAX_HELLO_FRAME",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
     "TOPIC_BINDS",

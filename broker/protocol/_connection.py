@@ -161,6 +161,9 @@ class ConnectionStatistics:
 DELIVER_SLACK = 32
 #: Goodbye reasons are cut to this many characters (they may echo peer input).
 MAX_REASON = 200
+#: The largest frame body a broker accepts before the client's Hello: what an
+#: unauthenticated peer can make it buffer (``max_frame`` applies after it).
+MAX_HELLO_FRAME = 16 * 1024
 _DEFAULT_HEARTBEAT = 5.0
 _DEFAULT_LEASE = 15.0
 
@@ -205,7 +208,9 @@ class Connection:
         self.bytes_sent = 0
         #: Frames referencing a handle whose bind was dropped, discarded silently.
         self.discarded_frames = 0
-        self._decoder = FrameDecoder(max_frame=max_frame)
+        # A broker accepts only a small frame (the Hello) before the Hello.
+        first = min(max_frame, MAX_HELLO_FRAME) if role is Role.BROKER else max_frame
+        self._decoder = FrameDecoder(max_frame=first)
         self._out: list[bytes] = []
         self._out_size = 0
         self._receivers: dict[Channel, ChannelReceiver] = {}
@@ -419,6 +424,7 @@ class Connection:
             raise RemoteProtocolError(f"unsupported protocol version {message.version}")
         self.hello_message = message
         self.state = ConnectionState.HELLO_RECEIVED
+        self._decoder.max_frame = self.max_frame
         events.append(HelloReceived(message))
 
     def _on_welcome(self, message: Welcome, size: int, events: list[Event]) -> None:

@@ -22,7 +22,7 @@ from broker.auth import (
     Principal,
     load_auth_file,
 )
-from broker.config import BrokerConfig
+from broker.config import LOOPBACK, BrokerConfig
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
@@ -31,6 +31,9 @@ from ._connection import ServerConnection
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
+
+#: The most time spent refusing a connection (its TLS handshake included).
+REFUSAL_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,9 @@ class Broker:
             secured = await self._handshake(stream, peer)
             if secured is None:
                 return
+            if not self.ready:  # the shutdown began during the handshake
+                await self._refuse(secured)
+                return
             transport = secured
             identity = certificate_identity(secured.getpeercert())
         connection = ServerConnection(self, transport, next(self._serials), peer, identity)
@@ -194,14 +200,25 @@ class Broker:
         await trio.aclose_forcefully(stream)
         return None
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        """Goodbye 5 (shutting down) or 3 (too many connections), in TLS on a
+        TLS listener, then close; never more than :data:`REFUSAL_SECONDS`."""
         self.refused_total += 1
         code = GoodbyeCode.SHUTTING_DOWN if self.closing else GoodbyeCode.LIMIT_EXCEEDED
         reason = "shutting down" if self.closing else "too many connections"
-        with trio.move_on_after(1):
-            with contextlib.suppress(trio.BrokenResourceError):
-                await stream.send_all(encode(GoodbyeMessage(int(code), reason)))
-        await stream.aclose()
+        with (
+            trio.move_on_after(REFUSAL_SECONDS),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        ):
+            if self.ssl_context is not None and isinstance(stream, trio.SocketStream):
+                stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
+                await stream.do_handshake()
+            await stream.send_all(encode(GoodbyeMessage(int(code), reason)))
+            # Read until the client closes, so that closing does not reset the
+            # connection (and lose the Goodbye) while its Hello is unread.
+            while await stream.receive_some(4096):
+                pass
+        await trio.aclose_forcefully(stream)
 
     async def shutdown(self) -> None:
         """Stop accepting, say Goodbye 5 to every client and wait (up to the
@@ -284,8 +301,13 @@ async def serve_broker(
                     "TLS" if ssl_context else "plain TCP",
                     "clients authenticate" if auth else "no authentication",
                 )
-                if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
+                if auth is None and host not in LOOPBACK:
                     log.warning("listening on %s without authentication (set auth_file)", host)
+                if auth is not None and not config.tls_client_ca and auth.has_identities():
+                    log.warning(
+                        "the auth file lists certificate identities, but clients present no "
+                        "certificates (set tls_client_ca): those principals need tokens"
+                    )
                 task_status.started(broker)
         finally:
             for listener in listeners:

@@ -133,6 +133,8 @@ class ServerConnection:
             now=trio.current_time(),
         )
         self.buffer_reserved = self._capacity_in_use()
+        #: The Hello must have arrived by then, whatever else the peer sends.
+        self._hello_deadline = trio.current_time() + config.hello_timeout
         self._inflight: list[LoanedItem[bytes]] = []
         self._writing: list[LoanedItem[bytes]] = []
         self._wakeup = trio.Event()
@@ -451,6 +453,8 @@ class ServerConnection:
         if self.broker.auth is not None and not self._authenticate(hello.token):
             return
         self.protocol.welcome(session=secrets.token_bytes(16), epoch=self.broker.epoch)
+        # The bind channels exist now: their buffers count against the budgets.
+        self._reserve(self._capacity_in_use() - self.buffer_reserved)
         log.info("%s %s: hello from %r", self.name, self.peer, self.client_name)
 
     def _authenticate(self, token: str | None) -> bool:
@@ -660,8 +664,14 @@ class ServerConnection:
     async def _keepalive(self) -> None:
         protocol = self.protocol
         while not protocol.closed:
-            await trio.sleep_until(protocol.next_deadline())
+            deadline = protocol.next_deadline()
+            if protocol.welcome_message is None:
+                deadline = min(deadline, self._hello_deadline)
+            await trio.sleep_until(deadline)
             now = trio.current_time()
+            if protocol.welcome_message is None and now >= self._hello_deadline:
+                self.goodbye(GoodbyeCode.LEASE_EXPIRED, "no Hello in time")
+                return
             if protocol.peer_gone(now):
                 handshake = protocol.welcome_message is None
                 if not handshake:

@@ -15,7 +15,9 @@ import pytest
 import trio
 
 from broker.auth import AuthError, token_digest
+from broker.cli import _print_stat
 from broker.client import BlockingClient, ConnectionLost, open_client
+from broker.client._common import tls_context_for
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from broker.protocol import GoodbyeCode
@@ -267,3 +269,46 @@ async def test_a_budget_share_too_small_for_one_connection_is_refused_at_start(
     path.write_text('[principals.tiny]\ntoken = "t"\nbudget_share = 0.0001\n')
     with pytest.raises(AuthError, match=r"'tiny': budget_share 0.0001 .* 26843 bytes"):
         await serve_broker(make_config(auth_file=str(path)))
+
+
+async def test_bind_channels_count_against_the_principal_from_the_welcome_on(
+    auth_config: BrokerConfig,
+) -> None:
+    async with running_broker(auth_config) as broker:
+        async with open_client(url(broker), token="reader-token"):
+            usage = broker.principals["reader"]
+            bind_channels = 2 * auth_config.bind_capacity
+            assert usage.buffer_reserved == bind_channels
+            assert broker.buffer_reserved == bind_channels
+            (connection,) = broker.connections.values()
+            assert connection.buffer_reserved == bind_channels
+        await wait_idle(broker)
+        assert usage.buffer_reserved == 0
+
+
+async def test_identities_without_client_certificates_are_warned_about(
+    auth_config: BrokerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_broker(auth_config):
+        pass
+    assert "lists certificate identities, but clients present no certificates" in caplog.text
+
+
+def test_a_token_sent_in_clear_beyond_loopback_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert tls_context_for("10.0.0.7:7400", None, "secret") is None
+    assert "sending a token to 10.0.0.7 without TLS" in caplog.text
+    assert "secret" not in caplog.text
+    caplog.clear()
+    assert tls_context_for("127.0.0.1:7400", None, "secret") is None
+    assert tls_context_for("tls://10.0.0.7:7400", None, "secret") is not None
+    assert caplog.text == ""
+
+
+def test_broker_stat_shows_principal_and_identity(capsys: pytest.CaptureFixture[str]) -> None:
+    connection = {"name": "conn-1", "peer": "p", "client": "c", "principal": "admin"}
+    _print_stat({"connections": [{**connection, "identity": "alice"}, {"name": "conn-2"}]})
+    lines = capsys.readouterr().out.splitlines()
+    assert "principal='admin' identity='alice'" in lines[-2]
+    assert "principal" not in lines[-1]

@@ -15,6 +15,7 @@ import trio
 
 from broker.client import BlockingClient, ConnectionLost, open_client
 from broker.config import BrokerConfig, ConfigError
+from broker.protocol import PROTOCOL_VERSION, FrameDecoder, Goodbye, GoodbyeCode, Hello, encode
 from broker.server import Broker, serve_broker
 from broker.tls import TLSConfigError, certificate_identity, client_context, server_context
 from tests.server.helpers import (
@@ -130,13 +131,15 @@ async def test_handshakes_in_progress_count_against_max_connections(pki: Pki) ->
             silent = await trio.open_tcp_stream(*broker.address)
             async with silent:
                 await wait_until(lambda: broker.handshaking == 1, what="handshake started")
-                refused = await trio.open_tcp_stream(*broker.address)
+                refused = trio.SSLStream(
+                    await trio.open_tcp_stream(*broker.address),
+                    pki.client(),
+                    server_hostname="127.0.0.1",
+                )
                 async with refused:
-                    # Refused before TLS: a plain Goodbye 3 frame, then the end.
-                    data = b""
-                    while chunk := await refused.receive_some(1024):
-                        data += chunk
-                    assert data[4:7] == bytes([0x83, 0x04, 0x03])  # [4, 3, ...]: Goodbye 3
+                    # Refused: Goodbye 3, inside TLS, then the end.
+                    goodbye = await read_first_frame(refused)
+                    assert goodbye == Goodbye(GoodbyeCode.LIMIT_EXCEEDED, "too many connections")
         assert broker.refused_total == 1
 
 
@@ -185,3 +188,123 @@ def test_certificate_identity_is_the_subject_common_name() -> None:
     subject = ((("countryName", "XX"),), (("commonName", "alice"),))
     assert certificate_identity({"subject": subject}) == "alice"
     assert certificate_identity({"subject": ((("organizationName", "x"),),)}) is None
+
+
+async def read_first_frame(stream: trio.abc.Stream) -> Any:
+    decoder = FrameDecoder(max_frame=1 << 20)
+    with trio.fail_after(TIMEOUT):
+        while True:
+            data = await stream.receive_some(65536)
+            assert data, "closed before any frame"
+            decoder.feed(data)
+            for message, _ in decoder.messages():
+                return message
+
+
+async def test_refusals_are_sent_inside_tls(pki: Pki) -> None:
+    async with running_broker(tls_config(pki, max_connections=1)) as broker:
+        async with open_client(url(broker), ssl_context=pki.client()) as first:
+            with trio.fail_after(TIMEOUT), pytest.raises(ConnectionLost) as refused:
+                async with open_client(url(broker), ssl_context=pki.client()):
+                    pass  # pragma: no cover
+            assert refused.value.code == GoodbyeCode.LIMIT_EXCEEDED
+            assert refused.value.reason == "too many connections"
+
+            def blocking() -> int | None:
+                try:
+                    BlockingClient(url(broker), ssl_context=pki.client(), connect_timeout=TIMEOUT)
+                except ConnectionLost as error:
+                    return error.code
+                return None  # pragma: no cover
+
+            assert await trio.to_thread.run_sync(blocking) == GoodbyeCode.LIMIT_EXCEEDED
+            await first.flush()
+        assert broker.refused_total == 2
+        assert broker.security.tls_handshake_failures == 0
+
+
+async def test_a_handshake_that_ends_during_shutdown_gets_goodbye_5_and_does_not_delay_it(
+    pki: Pki,
+) -> None:
+    config = tls_config(pki, shutdown_deadline=5.0)
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(serve_broker, config)
+        # A client that never answers the Goodbye keeps the shutdown draining
+        # (for the broker's linger time) while the late handshake completes.
+        draining = trio.SSLStream(
+            await trio.open_tcp_stream(*broker.address), pki.client(), server_hostname="127.0.0.1"
+        )
+        await draining.do_handshake()
+        await draining.send_all(encode(Hello(PROTOCOL_VERSION, "draining", None, {})))
+        await wait_until(lambda: len(broker.connections) == 1, what="the first client")
+        raw = await trio.open_tcp_stream(*broker.address)
+        late = trio.SSLStream(raw, pki.client(), server_hostname="127.0.0.1")
+        await wait_until(lambda: broker.handshaking == 1, what="the broker to await a handshake")
+        stopped = trio.Event()
+
+        async def stop() -> None:
+            await broker.shutdown()
+            stopped.set()
+
+        started = trio.current_time()
+        nursery.start_soon(stop)
+        await wait_until(lambda: broker.closing, what="the shutdown to begin")
+        await late.do_handshake()
+        await late.send_all(encode(Hello(PROTOCOL_VERSION, "late", None, {})))
+        goodbye = await read_first_frame(late)
+        assert isinstance(goodbye, Goodbye)
+        assert goodbye.code == GoodbyeCode.SHUTTING_DOWN
+        with trio.fail_after(TIMEOUT):
+            await stopped.wait()
+        assert trio.current_time() - started < config.shutdown_deadline
+        await late.aclose()
+        await draining.aclose()
+
+
+async def test_a_corrupted_tls_stream_ends_the_blocking_client_with_connection_lost(
+    pki: Pki,
+) -> None:
+    """A proxy flips one byte of the broker's stream: the client reports a TLS
+    error as ConnectionLost (never a raw ssl error) and closes its socket."""
+    corrupt = trio.Event()
+
+    async def pipe(source: trio.abc.Stream, sink: trio.abc.Stream, flip: bool) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while data := await source.receive_some(65536):
+                if flip and corrupt.is_set():
+                    data = data[:-1] + bytes([data[-1] ^ 0xFF])
+                await sink.send_all(data)
+
+    async with running_broker(tls_config(pki, heartbeat=0.2, lease=5.0)) as broker:
+
+        async def proxy(client_side: trio.SocketStream) -> None:
+            broker_side = await trio.open_tcp_stream(*broker.address)
+            async with broker_side, trio.open_nursery() as nursery:
+                nursery.start_soon(pipe, client_side, broker_side, False)
+                nursery.start_soon(pipe, broker_side, client_side, True)
+
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, proxy, 0)
+            port = listeners[0].socket.getsockname()[1]
+
+            def run() -> str:
+                client = BlockingClient(f"127.0.0.1:{port}", ssl_context=pki.client())
+                client.publish("t", b"x", timeout=TIMEOUT)
+                client.flush(timeout=TIMEOUT)
+                client.publish("t", b"pending")  # batched, not written yet
+                trio.from_thread.run_sync(corrupt.set)
+                try:
+                    # The broker's next heartbeat arrives corrupted.
+                    for _ in range(100):
+                        client.flush(timeout=TIMEOUT)
+                        client.publish("t", b"more", timeout=TIMEOUT)
+                    raise AssertionError("the corruption went unnoticed")
+                except ConnectionLost as error:
+                    assert client._sock is None
+                    with pytest.raises(ConnectionLost):
+                        client.close()
+                    return str(error)
+
+            reason = await trio.to_thread.run_sync(run)
+            assert "TLS error" in reason
+            nursery.cancel_scope.cancel()

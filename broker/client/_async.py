@@ -436,7 +436,7 @@ async def open_client(
                 raise
     failure: BaseException | None = None
     try:
-        async with stream, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             client = Client(stream, name, policy, token)
             with trio.fail_after(connect_timeout):
                 await client._run(nursery)
@@ -459,8 +459,20 @@ async def open_client(
         failure = sole_exception(group)
         if failure is group:
             raise
+    finally:
+        await _close(stream)
     if failure is not None:
         raise failure
+
+
+async def _close(stream: trio.abc.Stream) -> None:
+    """Close ``stream`` (TLS: with close_notify, for up to a second), shielded:
+    a cancellation around the client must not replace what is propagating."""
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(1):
+            await stream.aclose()
+            return
+        await trio.aclose_forcefully(stream)
 
 
 async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -> trio.abc.Stream:

@@ -308,3 +308,19 @@ async def test_a_corrupted_tls_stream_ends_the_blocking_client_with_connection_l
             reason = await trio.to_thread.run_sync(run)
             assert "TLS error" in reason
             nursery.cancel_scope.cancel()
+
+
+async def test_an_error_raised_while_cancelled_is_not_replaced_by_the_cancellation(
+    pki: Pki,
+) -> None:
+    """Closing the client's stream checkpoints; unshielded, a cancellation
+    around the block replaced the block's own error with Cancelled."""
+    async with running_broker(tls_config(pki)) as broker:
+        with pytest.RaisesGroup(ValueError, allow_unwrapped=True, flatten_subgroups=True):
+            with trio.move_on_after(0.1):
+                async with open_client(url(broker), ssl_context=pki.client()):
+                    try:
+                        await trio.sleep(TIMEOUT)
+                    finally:
+                        raise ValueError("raised while being cancelled")
+        await wait_idle(broker)

@@ -81,6 +81,10 @@ class BrokerConfig:
     #: The reader stops while this many bytes wait to be written to a client
     #: that does not read its socket.
     max_unsent: int = 4 * MiB
+    #: The most a connection's lossy and latest subscription queues hold together
+    #: (each also within its own max_queued_bytes): beyond it, their oldest
+    #: deliveries are dropped.
+    lossy_budget: int = 16 * MiB
     #: Most connections served at once; more are refused with Goodbye 3.
     max_connections: int = 10_000
     #: Seconds a graceful shutdown waits for connections to drain.
@@ -125,6 +129,8 @@ class BrokerConfig:
                 raise ConfigError(f"need 0 <= {low} <= {high}")
         if self.heartbeat <= 0 or self.lease <= self.heartbeat:
             raise ConfigError("need 0 < heartbeat < lease")
+        if self.lossy_budget < 64 * KiB:
+            raise ConfigError("lossy_budget must be at least 64 KiB")
         if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:
             raise ConfigError("max_unsent >= 64 KiB, max_connections >= 1, deadline >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from broker import __version__
 from broker.protocol import Channel, ChannelKind
+from broker.server import DroppingSubscription
 
 if TYPE_CHECKING:
     from accounts import Account
@@ -49,6 +50,7 @@ log = logging.getLogger("broker.metrics")
 __all__ = [
     "CHANNEL_KINDS",
     "CLIENT_NAME_LIMIT",
+    "DELIVERY_DROP_REASONS",
     "DROP_REASONS",
     "METRICS",
     "BrokerCollector",
@@ -67,6 +69,10 @@ CHANNEL_KINDS: Final = ("publish", "deliver", "bind")
 #: ``unbound_handle``: a publish referred to a topic handle whose bind had been
 #: dropped (counted on ``kind="publish"`` only).
 DROP_REASONS: Final = ("beyond_guarantees", "unbound_handle")
+#: Values of the ``reason`` label of dropped deliveries (lossy and latest
+#: subscriptions): ``overflow``, the queue was full and its oldest delivery went;
+#: ``replaced``, a newer delivery with the same key replaced it (``latest``).
+DELIVERY_DROP_REASONS: Final = ("overflow", "replaced")
 #: Longest client name exported as a label value, in characters.
 CLIENT_NAME_LIMIT: Final = 64
 
@@ -323,6 +329,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "Deliveries waiting in this connection's subscription queues for its guarantees.",
         _C,
     ),
+    MetricSpec(
+        "broker_connection_dropped_deliveries_total",
+        "counter",
+        "Deliveries dropped from this connection's lossy and latest subscriptions "
+        "(their publishers are never slowed by them), per reason.",
+        ("connection", "reason"),
+    ),
 )
 
 
@@ -467,6 +480,13 @@ class BrokerCollector:
             [name],
             sum(s.queued for s in connection.subscriptions.values()),
         )
+        dropping = [
+            s for s in connection.subscriptions.values() if isinstance(s, DroppingSubscription)
+        ]
+        overflow = sum(s.dropped_overflow for s in dropping)
+        replaced = sum(s.dropped_replaced for s in dropping)
+        add("broker_connection_dropped_deliveries_total", [name, "overflow"], overflow)
+        add("broker_connection_dropped_deliveries_total", [name, "replaced"], replaced)
 
 
 def _debt(channels: Iterable[PublishChannel]) -> int:
@@ -636,6 +656,17 @@ def _connection_document(connection: ServerConnection) -> dict[str, Any]:
                 "queued": subscription.queued,
                 "delivered": subscription.delivered,
                 "next_seq": subscription.next_seq,
+                **(
+                    {
+                        "dropped_overflow": subscription.dropped_overflow,
+                        "dropped_replaced": subscription.dropped_replaced,
+                        "gaps_sent": subscription.gaps_sent,
+                        "max_queued": subscription.limits.max_queued,
+                        "max_queued_bytes": subscription.limits.max_queued_bytes,
+                    }
+                    if isinstance(subscription, DroppingSubscription)
+                    else {}
+                ),
             }
             for subscription in list(connection.subscriptions.values())
         ],

@@ -21,6 +21,7 @@ from broker.protocol import (
     HandleType,
     Headers,
     NoGuarantees,
+    Options,
     Policy,
     Role,
 )
@@ -58,6 +59,8 @@ class Subscription:
         self._closed = False
         self._since_yield = 0
         self.received = 0
+        #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
+        self.missed = 0
         #: Consumed messages whose buffer space is not yet released (see RELEASE_BATCH).
         self._unreleased = 0
         self._unreleased_size = 0
@@ -314,11 +317,16 @@ class Client(ClientEvents):
     # ---------------------------------------------------------------- subscribing
 
     @asynccontextmanager
-    async def subscribe(self, topic: str, *, mode: str = "reliable") -> AsyncIterator[Subscription]:
+    async def subscribe(
+        self, topic: str, *, mode: str = "reliable", options: Options | None = None
+    ) -> AsyncIterator[Subscription]:
         """Subscribe to ``topic`` for the duration of the block.
 
         Returns once the broker has processed the subscription: every message
-        published after that is delivered.
+        published after that is delivered (``mode="reliable"``). With
+        ``"lossy"`` or ``"latest"`` the broker drops instead of slowing
+        publishers (queue limits in ``options``: ``max_queued``,
+        ``max_queued_bytes``); :attr:`Subscription.missed` counts the drops.
         """
         conn = self._conn
         handle = await self._topic(topic)
@@ -326,7 +334,7 @@ class Client(ClientEvents):
         while True:
             self._check_open()
             try:
-                sub_handle = conn.subscribe(handle, mode)
+                sub_handle = conn.subscribe(handle, mode, options)
                 break
             except NoGuarantees:
                 await self._changed.park()

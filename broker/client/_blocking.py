@@ -55,6 +55,7 @@ from broker.protocol import (
     HandleType,
     Headers,
     NoGuarantees,
+    Options,
     Policy,
     Role,
 )
@@ -126,6 +127,8 @@ class BlockingSubscription:
         self.topic = topic
         #: Deliveries received from the broker so far (taken or not).
         self.received = 0
+        #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
+        self.missed = 0
         self._queue: deque[DeliverReceived] = deque()
         self._closed = False
 
@@ -681,13 +684,22 @@ class BlockingClient(ClientEvents):
     # ---------------------------------------------------------------- subscribing
 
     def subscribe(
-        self, topic: str, *, mode: str = "reliable", timeout: float | None = None
+        self,
+        topic: str,
+        *,
+        mode: str = "reliable",
+        options: Options | None = None,
+        timeout: float | None = None,
     ) -> BlockingSubscription:
         """Subscribe to ``topic``; returns once the broker has processed the subscription.
 
         Every message the broker routes on ``topic`` after it returns is
         delivered (``mode`` ``"reliable"``); in particular every message
-        published, by any client, after it returns.
+        published, by any client, after it returns. With ``mode="lossy"`` or
+        ``"latest"`` the broker drops instead of slowing publishers (queue
+        limits in ``options``: ``max_queued``, ``max_queued_bytes``); the
+        subscription's :attr:`~BlockingSubscription.missed` counts what was
+        dropped.
 
         It binds the topic if needed, waits until the topic's handle is
         confirmed, subscribes, and waits until the subscription's handle is
@@ -707,7 +719,9 @@ class BlockingClient(ClientEvents):
             )
             handles: list[int] = []
             self._wait_until(
-                lambda: self._attempt(lambda: handles.append(conn.subscribe(handle, mode))),
+                lambda: self._attempt(
+                    lambda: handles.append(conn.subscribe(handle, mode, options))
+                ),
                 deadline,
                 "subscribe",
             )

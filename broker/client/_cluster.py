@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from broker.protocol import Headers
+from broker.protocol import Headers, Options
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
@@ -106,10 +106,10 @@ class ClusterClient:
         self.client_for(topic).publish_nowait(topic, payload, key=key, headers=headers)
 
     def subscribe(
-        self, topic: str, *, mode: str = "reliable"
+        self, topic: str, *, mode: str = "reliable", options: Options | None = None
     ) -> AbstractAsyncContextManager[Subscription]:
         """:meth:`Client.subscribe` on the owner of ``topic``."""
-        return self.client_for(topic).subscribe(topic, mode=mode)
+        return self.client_for(topic).subscribe(topic, mode=mode, options=options)
 
     async def flush(self) -> None:
         """Wait until every broker has routed everything published to it."""
@@ -172,10 +172,15 @@ class BlockingClusterClient:
         self.client_for(topic).publish(topic, payload, key=key, headers=headers, timeout=timeout)
 
     def subscribe(
-        self, topic: str, *, mode: str = "reliable", timeout: float | None = None
+        self,
+        topic: str,
+        *,
+        mode: str = "reliable",
+        options: Options | None = None,
+        timeout: float | None = None,
     ) -> BlockingSubscription:
         """:meth:`BlockingClient.subscribe` on the owner of ``topic``."""
-        return self.client_for(topic).subscribe(topic, mode=mode, timeout=timeout)
+        return self.client_for(topic).subscribe(topic, mode=mode, options=options, timeout=timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every broker has routed everything published to it."""

@@ -17,6 +17,7 @@ from broker.protocol import (
     DropAnnounced,
     Event,
     FramesAbandoned,
+    Gap,
     Headers,
     Pong,
     Throttled,
@@ -104,11 +105,11 @@ def tls_context_for(
 class ClientEvents:
     """What both clients do with the protocol's events: deliveries into their
     subscription's queue, Confirm counts, Pong nonces, Throttled advisories,
-    and the end of the connection.
+    Gap notices (``missed``), and the end of the connection.
 
     A subclass provides ``_fail(error)`` (the connection is over) and
     ``_release(event)`` (free a delivery nobody will consume); its
-    subscriptions have ``_queue``, ``_closed`` and ``received``.
+    subscriptions have ``_queue``, ``_closed``, ``received`` and ``missed``.
     """
 
     name: str
@@ -138,6 +139,10 @@ class ClientEvents:
                 else:
                     subscription._queue.append(event)
                     subscription.received += 1
+            elif type(event) is Gap:
+                subscription = self._subscriptions.get(event.subscription)
+                if subscription is not None:
+                    subscription.missed += event.count
             elif type(event) is Confirm:
                 self._confirmed[event.topic] = event.count
             elif type(event) is Pong:

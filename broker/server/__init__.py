@@ -8,6 +8,7 @@ connections, and :meth:`Broker.shutdown`). Parsing bytes is
 
 from ._broker import Broker, BrokerStatistics, serve_broker
 from ._connection import ConnectionCounters, PublishChannel, ServerConnection
+from ._lossy import DroppingSubscription, OptionError, QueueLimits
 from ._policy import BrokerPolicy
 from ._topic import Subscription, Topic
 
@@ -16,7 +17,10 @@ __all__ = [
     "BrokerPolicy",
     "BrokerStatistics",
     "ConnectionCounters",
+    "DroppingSubscription",
+    "OptionError",
     "PublishChannel",
+    "QueueLimits",
     "ServerConnection",
     "Subscription",
     "Topic",

@@ -34,6 +34,7 @@ from broker.protocol import (
     encode_deliver_tail,
 )
 
+from ._lossy import OptionError, make_subscription
 from ._policy import BrokerPolicy
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
@@ -122,6 +123,8 @@ class ServerConnection:
         )
         self.channels: dict[int, PublishChannel] = {}
         self.subscriptions: dict[int, Subscription] = {}
+        #: What this connection's lossy and latest queues hold (see ``lossy_budget``).
+        self.dropping_bytes = 0
         self.counters = ConnectionCounters()
         self.buffer_reserved = 0
         self.protocol = Connection(
@@ -222,7 +225,9 @@ class ServerConnection:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if self._confirm_dirty:
+            if self._confirm_dirty and not protocol.closed:
+                # (A Goodbye read since the routing was noted closes the protocol:
+                # nothing more may be said then.)
                 self._send_confirms()
             # Loans being written stay in _writing, where clean-up finds them
             # if the write never completes (a reset, a shutdown).
@@ -294,6 +299,18 @@ class ServerConnection:
             self._inflight.extend(loans if count == len(loans) else loans[:count])
             self._wakeup.set()
         return count
+
+    def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
+        """Tell the client that ``count`` deliveries from ``first_seq`` were
+        dropped; False if nothing more can be said on the subscription."""
+        if self.protocol.closed:
+            return False
+        try:
+            self.protocol.gap(subscription.handle, first_seq, count)
+        except LocalProtocolError:
+            return False  # the client is freeing the subscription
+        self._wakeup.set()
+        return True
 
     def subscription_stalled(self, subscription: Subscription) -> None:
         """A subscription of ours waits for our client's guarantees.
@@ -426,7 +443,14 @@ class ServerConnection:
                 self._deny(f"may not subscribe to {event.topic_name!r}")
                 return
             topic = self.broker.topic(event.topic_name)
-            subscription = Subscription(self, event.handle, topic, event.mode)
+            try:
+                subscription = make_subscription(
+                    self, event.handle, topic, event.mode, event.options
+                )
+            except OptionError as error:
+                topic.release_if_unused()
+                self.goodbye(GoodbyeCode.PROTOCOL_ERROR, f"Subscribe: {error}")
+                return
             self.subscriptions[event.handle] = subscription
             topic.subscribe(subscription)
         elif isinstance(event, HandleFreeProposed | HandleDeleted):
@@ -563,7 +587,9 @@ class ServerConnection:
         ]
         state.unrouted_fan_out += fan_out
         state.topic.send_nowait(
-            Routed(tails, self, state.channel.index, fan_out), account=state.account, cost=size
+            Routed(tails, self, state.channel.index, fan_out, [e.message.key for e in batch]),
+            account=state.account,
+            cost=size,
         )
 
     async def _await_clear(self, state: PublishChannel) -> None:

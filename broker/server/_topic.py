@@ -29,6 +29,8 @@ class Routed:
     handle: int
     #: What the origin estimated routing them will charge (see ``ServerConnection._drain``).
     fan_out: int
+    #: The publishes' keys, in the same order (``latest`` subscriptions keep one per key).
+    keys: list[bytes | None]
 
 
 class Subscription:
@@ -58,9 +60,10 @@ class Subscription:
         """Deliveries waiting for the subscriber's guarantees."""
         return len(self._queue)
 
-    def offer(self, account: Account, tails: list[bytes]) -> None:
+    def offer(self, account: Account, tails: list[bytes], keys: list[bytes | None]) -> None:
         """Queue deliveries of ``tails``, each charged to ``account``; send
-        what fits in the subscriber's guarantees at once."""
+        what fits in the subscriber's guarantees at once. (``keys`` matter
+        to ``latest`` subscriptions only.)"""
         cost = DELIVER_HEAD_ESTIMATE
         loans = [LoanedItem(account, len(tail) + cost, tail) for tail in tails]
         queue = self._queue
@@ -110,8 +113,9 @@ class Topic(Actor):
         routed: Routed = message
         account = turn.account
         tails = routed.tails
+        keys = routed.keys
         for subscription in self.subscriptions:
-            subscription.offer(account, tails)
+            subscription.offer(account, tails, keys)
         self.messages_in += len(tails)
         routed.origin.routed(routed)
 

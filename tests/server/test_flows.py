@@ -10,10 +10,11 @@ import trio
 
 from broker.client import Client, Message, Subscription, open_client
 from broker.config import KiB
-from broker.protocol import Channel, ChannelKind, Headers, Policy
+from broker.protocol import Channel, ChannelKind, GoodbyeCode, Headers, Policy
 
 from .helpers import (
     DEAF_CONFIG,
+    TIMEOUT,
     assert_round_trip,
     connection_named,
     number_of,
@@ -209,3 +210,22 @@ async def test_client_subscribed_to_its_own_topic(backstop: bool) -> None:
             assert peak <= config["channel_high_watermark"] + 4 * KiB
             await assert_round_trip(broker)
         await wait_idle(broker)
+
+
+async def test_a_confirm_noted_just_before_the_client_left_does_not_crash_the_broker() -> None:
+    """The writer used to send pending Confirms even after the client's Goodbye
+    had closed the protocol: a LocalProtocolError that took the broker down."""
+    async with running_broker() as broker:
+        with trio.fail_after(TIMEOUT):
+            async with open_client(url(broker), name="leaving") as client:
+                await client.publish("t", b"x")
+                await client.flush()
+                connection = connection_named(broker, "leaving")
+                (handle,) = connection.channels
+                state = connection.channels[handle]
+                state.confirmed -= 1  # a routing noted, its Confirm not sent yet...
+                connection._confirm_dirty.add(handle)
+                connection.protocol.goodbye(GoodbyeCode.NORMAL, "bye")  # ...then the close
+                connection.wake_writer()
+                await connection.closed.wait()
+        await assert_round_trip(broker)

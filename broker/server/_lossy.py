@@ -1,0 +1,243 @@
+"""Subscriptions that drop rather than slow their publishers: ``lossy`` and ``latest``.
+
+- ``lossy``: a bounded queue; when it is full, the oldest delivery is dropped.
+- ``latest``: at most one delivery per key waits (a newer one replaces it:
+  the stock-ticker case); the queue is bounded the same way.
+
+Their queued deliveries are charged to the subscription's own account, not
+to the publishers' channels: a lossy subscriber can never slow a publisher,
+and what it holds is bounded by its queue limits instead (its own, and the
+broker's ``lossy_budget`` for all of one connection's such queues). Each delivery gets
+its sequence number when it is queued; the subscriber learns what it missed
+from a ``Gap(first_seq, count)`` sent just before the next delivery.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from accounts import Account, LoanedItem, unlimited
+from broker.protocol import DeliveryMode
+
+from ._topic import DELIVER_HEAD_ESTIMATE, PUMP_BATCH, Subscription, Topic
+
+if TYPE_CHECKING:
+    from ._connection import ServerConnection
+
+#: Default and largest ``max_queued`` (deliveries waiting per subscription).
+DEFAULT_MAX_QUEUED = 1000
+LIMIT_MAX_QUEUED = 1_000_000
+#: Default ``max_queued_bytes``: what their loans amount to (each delivery's
+#: bytes, its Deliver head and the accounts' per-event cost).
+DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024
+LIMIT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024
+
+
+class OptionError(ValueError):
+    """A Subscribe option the broker cannot accept (the client gets Goodbye 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """How much a dropping subscription keeps before it drops the oldest."""
+
+    max_queued: int = DEFAULT_MAX_QUEUED
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object]) -> QueueLimits:
+        """The limits a Subscribe's options ask for (unknown options are refused)."""
+        unknown = set(options) - {"max_queued", "max_queued_bytes"}
+        if unknown:
+            raise OptionError(f"unknown subscribe option(s) {sorted(unknown)[:4]}")
+        count = options.get("max_queued", DEFAULT_MAX_QUEUED)
+        size = options.get("max_queued_bytes", DEFAULT_MAX_QUEUED_BYTES)
+        if type(count) is not int or not 1 <= count <= LIMIT_MAX_QUEUED:
+            raise OptionError(f"max_queued must be an integer in 1..{LIMIT_MAX_QUEUED}")
+        if type(size) is not int or not 1024 <= size <= LIMIT_MAX_QUEUED_BYTES:
+            raise OptionError(
+                f"max_queued_bytes must be an integer in 1024..{LIMIT_MAX_QUEUED_BYTES}"
+            )
+        return cls(count, size)
+
+
+class _Entry:
+    """One queued delivery: its sequence number, its loan (None once dropped), its key."""
+
+    __slots__ = ("key", "loan", "seq")
+
+    def __init__(self, seq: int, loan: LoanedItem[bytes], key: bytes | None) -> None:
+        self.seq = seq
+        self.loan: LoanedItem[bytes] | None = loan
+        self.key = key
+
+
+class DroppingSubscription(Subscription):
+    """A ``lossy`` or ``latest`` subscription (see the module documentation)."""
+
+    __slots__ = (
+        "_assigned",
+        "_bytes",
+        "_entries",
+        "_live",
+        "_newest",
+        "account",
+        "dropped_overflow",
+        "dropped_replaced",
+        "gaps_sent",
+        "limits",
+    )
+
+    def __init__(
+        self,
+        connection: ServerConnection,
+        handle: int,
+        topic: Topic,
+        mode: str,
+        limits: QueueLimits,
+    ) -> None:
+        super().__init__(connection, handle, topic, mode)
+        self.limits = limits
+        #: Pays for this subscription's queue; rolls up to the broker's root
+        #: account and never blocks anybody.
+        self.account: Account = unlimited(
+            f"{connection.name}/{mode}/{handle}", parent=connection.broker.account, kind=mode
+        )
+        #: Deliveries dropped because the queue was full, and because a newer
+        #: delivery with the same key replaced them (``latest``).
+        self.dropped_overflow = 0
+        self.dropped_replaced = 0
+        #: Gap notices sent.
+        self.gaps_sent = 0
+        self._entries: deque[_Entry] = deque()
+        self._newest: dict[bytes | None, _Entry] = {}
+        self._assigned = self.next_seq  # the sequence number of the next queued delivery
+        self._live = 0
+        self._bytes = 0
+
+    @property
+    def queued(self) -> int:
+        return self._live
+
+    @property
+    def dropped(self) -> int:
+        """Deliveries dropped, for every reason."""
+        return self.dropped_overflow + self.dropped_replaced
+
+    def offer(self, account: Account, tails: list[bytes], keys: list[bytes | None]) -> None:
+        """Queue ``tails`` on this subscription's own account (``account``, the
+        publisher's, is not charged), drop what exceeds the limits, send what
+        the subscriber's guarantees allow."""
+        latest = self.mode == DeliveryMode.LATEST
+        cost = DELIVER_HEAD_ESTIMATE
+        for tail, key in zip(tails, keys, strict=True):
+            loan = LoanedItem(self.account, len(tail) + cost, tail)
+            entry = _Entry(self._assigned, loan, key)
+            self._assigned += 1
+            if latest:
+                older = self._newest.get(key)
+                if older is not None:
+                    self._drop(older)
+                    self.dropped_replaced += 1
+                self._newest[key] = entry
+            self._entries.append(entry)
+            self._live += 1
+            self._bytes += loan.amount
+            self.connection.dropping_bytes += loan.amount
+            self._enforce_limits()
+        self.pump()
+
+    def _enforce_limits(self) -> None:
+        limits = self.limits
+        entries = self._entries
+        connection = self.connection
+        budget = connection.broker.config.lossy_budget
+        while (
+            self._live > limits.max_queued
+            or self._bytes > limits.max_queued_bytes
+            or (connection.dropping_bytes > budget and self._live)
+        ):
+            oldest = entries.popleft()
+            if oldest.loan is not None:
+                self._drop(oldest)
+                self.dropped_overflow += 1
+
+    def _drop(self, entry: _Entry) -> None:
+        loan = entry.loan
+        self._forget(entry)
+        assert loan is not None
+        loan.repay()
+
+    def _forget(self, entry: _Entry) -> None:
+        """``entry`` leaves the queue (sent or dropped)."""
+        loan = entry.loan
+        assert loan is not None
+        entry.loan = None
+        self._live -= 1
+        self._bytes -= loan.amount
+        self.connection.dropping_bytes -= loan.amount
+        if self._newest.get(entry.key) is entry:
+            del self._newest[entry.key]
+
+    def pump(self) -> None:
+        """Send queued deliveries while the subscriber's guarantees allow,
+        each run of consecutive sequence numbers after a Gap for what was
+        dropped before it."""
+        entries = self._entries
+        connection = self.connection
+        while entries:
+            while entries and entries[0].loan is None:
+                entries.popleft()
+            if not entries:
+                return
+            first = entries[0].seq
+            if first != self.next_seq:
+                if not connection.gap(self, self.next_seq, first - self.next_seq):
+                    return  # the connection is closing
+                self.gaps_sent += 1
+                self.next_seq = first
+            run: list[_Entry] = []
+            loans: list[LoanedItem[bytes]] = []
+            for entry in entries:
+                if entry.loan is None or entry.seq != first + len(run) or len(run) == PUMP_BATCH:
+                    break
+                run.append(entry)
+                loans.append(entry.loan)
+            taken = connection.deliver(self, loans)
+            for entry in run[:taken]:
+                entries.popleft()
+                self._forget(entry)  # the writer holds (and repays) its loan now
+            if taken < len(run):
+                connection.subscription_stalled(self)
+                return
+
+    def close(self) -> None:
+        """Leave the topic and repay every queued delivery."""
+        self.topic.unsubscribe(self)
+        for entry in self._entries:
+            if entry.loan is not None:
+                entry.loan.repay()
+                entry.loan = None
+        self._entries.clear()
+        self._newest.clear()
+        self.connection.dropping_bytes -= self._bytes
+        self._live = self._bytes = 0
+        self.account.close()
+
+
+def make_subscription(
+    connection: ServerConnection,
+    handle: int,
+    topic: Topic,
+    mode: str,
+    options: Mapping[str, object],
+) -> Subscription:
+    """The subscription a Subscribe asks for (raises :class:`OptionError`)."""
+    if mode == DeliveryMode.RELIABLE:
+        if options:
+            raise OptionError(f"reliable subscriptions take no options, got {sorted(options)[:4]}")
+        return Subscription(connection, handle, topic, mode)
+    return DroppingSubscription(connection, handle, topic, mode, QueueLimits.from_options(options))

@@ -165,6 +165,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "broker_ready", "gauge", "1 while the broker accepts clients, 0 while shutting down."
     ),
     MetricSpec(
+        "broker_internal_errors_total",
+        "counter",
+        "Connections ended by an error of the broker's own (a bug: each is logged with "
+        "its traceback; the broker keeps serving the others).",
+    ),
+    MetricSpec(
         "broker_lease_expirations_total",
         "counter",
         "Connections closed because the client was silent for its whole lease.",
@@ -396,6 +402,7 @@ class BrokerCollector:
         add("broker_debt_bytes", [], root.debt)
         add("broker_peak_debt_bytes", [], root.peak_debt)
         add("broker_ready", [], 1 if broker.ready else 0)
+        add("broker_internal_errors_total", [], broker.internal_errors)
         security = broker.security
         add("broker_lease_expirations_total", [], security.lease_expirations)
         for reason, count in security.auth_failures.items():

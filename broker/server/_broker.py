@@ -107,6 +107,8 @@ class Broker:
         self.buffer_reserved = 0
         self.connections_total = 0
         self.refused_total = 0
+        #: Connections ended by an error of the broker's own (each logged).
+        self.internal_errors = 0
         self.closing = False
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
@@ -178,7 +180,13 @@ class Broker:
         self.connections_total += 1
         self._idle = trio.Event()
         log.info("%s %s: connected", connection.name, connection.peer)
-        await connection.run()
+        try:
+            await connection.run()
+        except Exception:
+            # A bug of ours: it ends this connection (cleaned up by run()), not
+            # the broker. Cancellation is a BaseException and passes through.
+            self.internal_errors += 1
+            log.exception("%s %s: ended by an internal error", connection.name, connection.peer)
 
     async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[Any] | None:
         """The TLS stream over ``stream`` once its handshake completes in time,

@@ -33,6 +33,7 @@ EXPECTED_ALERTS = {
     "BrokerBufferBudgetNearlyFull",
     "BrokerAuthenticationFailures",
     "BrokerQueuedDeliveriesGrowing",
+    "BrokerInternalErrors",
 }
 
 

@@ -4,13 +4,15 @@ fan-out, isolation of a slow topic, and a client that reads what it writes."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import trio
 
-from broker.client import Client, Message, Subscription, open_client
+from broker.client import Client, ConnectionLost, Message, Subscription, open_client
 from broker.config import KiB
 from broker.protocol import Channel, ChannelKind, GoodbyeCode, Headers, Policy
+from broker.server import ServerConnection
 
 from .helpers import (
     DEAF_CONFIG,
@@ -228,4 +230,25 @@ async def test_a_confirm_noted_just_before_the_client_left_does_not_crash_the_br
                 connection.protocol.goodbye(GoodbyeCode.NORMAL, "bye")  # ...then the close
                 connection.wake_writer()
                 await connection.closed.wait()
+        await assert_round_trip(broker)
+
+
+async def test_an_internal_error_ends_one_connection_not_the_broker(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = ServerConnection._on_hello
+
+    def failing(self: ServerConnection, event: Any) -> None:
+        if event.hello.client == "boom":
+            raise RuntimeError("a bug")
+        real(self, event)
+
+    monkeypatch.setattr(ServerConnection, "_on_hello", failing)
+    async with running_broker() as broker:
+        with trio.fail_after(TIMEOUT), pytest.raises(ConnectionLost):
+            async with open_client(url(broker), name="boom"):
+                pass  # pragma: no cover
+        await wait_idle(broker)
+        assert broker.internal_errors == 1
+        assert "ended by an internal error" in caplog.text and "a bug" in caplog.text
         await assert_round_trip(broker)

@@ -85,6 +85,9 @@ class BrokerConfig:
     #: (each also within its own max_queued_bytes): beyond it, their oldest
     #: deliveries are dropped.
     lossy_budget: int = 16 * MiB
+    #: A publish channel withheld (its account above the watermark) for this many
+    #: seconds is announced to its client with Throttled (an advisory).
+    throttle_notice_after: float = 1.0
     #: Most connections served at once; more are refused with Goodbye 3.
     max_connections: int = 10_000
     #: Seconds a graceful shutdown waits for connections to drain.
@@ -129,6 +132,8 @@ class BrokerConfig:
                 raise ConfigError(f"need 0 <= {low} <= {high}")
         if self.heartbeat <= 0 or self.lease <= self.heartbeat:
             raise ConfigError("need 0 < heartbeat < lease")
+        if self.throttle_notice_after < 0:
+            raise ConfigError("throttle_notice_after must be >= 0")
         if self.lossy_budget < 64 * KiB:
             raise ConfigError("lossy_budget must be at least 64 KiB")
         if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:

@@ -627,6 +627,7 @@ def _connection_document(connection: ServerConnection) -> dict[str, Any]:
                 routed=state.routed,
                 confirmed=state.confirmed,
                 throttled=state.waiting,
+                throttle_advised=state.advised,
             )
         channels.append(entry)
     for sender in pstats.senders:

@@ -11,6 +11,7 @@ from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
 from broker.protocol import (
     Channel,
+    ChannelKind,
     Confirm,
     ConnectionClosed,
     DeliverReceived,
@@ -114,6 +115,7 @@ class ClientEvents:
 
     name: str
     _subscriptions: dict[int, Any]
+    _topics: dict[str, int]
 
     def __init__(self) -> None:
         self._confirmed: dict[int, int] = {}
@@ -126,6 +128,21 @@ class ClientEvents:
 
     def _fail(self, error: ConnectionLost) -> None:
         raise NotImplementedError
+
+    def _topic_of(self, channel: Channel) -> str | None:
+        """The topic whose publish channel ``channel`` is (None for other channels)."""
+        if channel.kind == ChannelKind.PUBLISH:
+            for name, bound in self._topics.items():
+                if bound == channel.index:
+                    return name
+        return None
+
+    @property
+    def throttled_topics(self) -> set[str]:
+        """Topics the broker says it withholds guarantees on, for longer than
+        its notice threshold (advisory: publishing to them waits)."""
+        names = {self._topic_of(channel) for channel in self.throttled}
+        return {name for name in names if name is not None}
 
     def _release(self, event: DeliverReceived) -> None:
         raise NotImplementedError
@@ -148,10 +165,13 @@ class ClientEvents:
             elif type(event) is Pong:
                 self._pong = max(self._pong, event.nonce)
             elif isinstance(event, Throttled):
+                topic = self._topic_of(event.channel)
                 if event.throttled:
                     self.throttled.add(event.channel)
+                    log.info("%s: the broker withholds guarantees on topic %r", self.name, topic)
                 else:
                     self.throttled.discard(event.channel)
+                    log.info("%s: topic %r flows again", self.name, topic)
             elif isinstance(event, ConnectionClosed):
                 self._goodbye_code = event.code
                 self._goodbye_by_peer = event.by_peer

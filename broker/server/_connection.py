@@ -68,6 +68,8 @@ class PublishChannel:
     confirmed: int = 0
     #: A task waits for the account to clear (guarantees are withheld meanwhile).
     waiting: bool = False
+    #: The client was told (Throttled) that this channel is withheld.
+    advised: bool = False
     #: Estimated charge of the deliveries of batches the topic has not routed yet.
     unrouted_fan_out: int = 0
     #: The client's principal may publish to the topic (else a publish ends the connection).
@@ -570,7 +572,6 @@ class ServerConnection:
                 self._handle_events(released)
         if account.blocked and not state.waiting and not protocol.closed:
             state.waiting = True
-            protocol.throttled(state.channel, True)
             assert self._nursery is not None
             self._nursery.start_soon(self._await_clear, state)
         if self._starved:
@@ -595,21 +596,37 @@ class ServerConnection:
     async def _await_clear(self, state: PublishChannel) -> None:
         """Wait for a throttled channel's account to clear, then resume it.
 
-        The buffered publishes are forwarded a slice at a time, yielding in
-        between, so that a backlog does not hold up other channels' traffic.
+        A channel still withheld after ``throttle_notice_after`` seconds is
+        announced to the client (Throttled true), and its end too (Throttled
+        false). The buffered publishes are forwarded a slice at a time,
+        yielding in between, so that a backlog does not hold up other
+        channels' traffic.
         """
-        await state.account.ensure_clear_funds()
+        with trio.move_on_after(self.broker.config.throttle_notice_after) as patience:
+            await state.account.ensure_clear_funds()
+        if patience.cancelled_caught:
+            if not state.advised and self._owns(state):
+                state.advised = True
+                self.protocol.throttled(state.channel, True)
+                self.wake_writer()
+            await state.account.ensure_clear_funds()
         state.waiting = False
-        while self.channels.get(state.channel.index) is state and not self.protocol.closed:
+        while self._owns(state):
             if not state.buffer or state.account.blocked:
                 if not state.waiting:
-                    self.protocol.throttled(state.channel, False)
+                    if state.advised:
+                        state.advised = False
+                        self.protocol.throttled(state.channel, False)
                     self.protocol.issue_guarantees(state.channel)
                     self.wake_writer()
                 return
             self._drain(state, FORWARD_SLICE)
             self.wake_writer()
             await trio.lowlevel.checkpoint()
+
+    def _owns(self, state: PublishChannel) -> bool:
+        """``state`` is still this open connection's channel."""
+        return self.channels.get(state.channel.index) is state and not self.protocol.closed
 
     # ================================================================ budgets
 

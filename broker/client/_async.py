@@ -33,6 +33,7 @@ from ._common import (
     ClientEvents,
     ConnectionLost,
     Message,
+    client_policy,
     split_url,
     tls_context_for,
 )
@@ -137,6 +138,7 @@ class Client(ClientEvents):
         self.name = name
         self._token = token
         self._conn = Connection(Role.CLIENT, policy=policy, now=trio.current_time())
+        self._optimistic = self._conn.policy.optimism > 0
         self._topics: dict[str, int] = {}
         self._published: dict[int, int] = {}
         self._subscriptions: dict[int, Subscription] = {}
@@ -406,6 +408,7 @@ class Client(ClientEvents):
             "subscriptions": len(self._subscriptions),
             "bytes_sent": self._conn.bytes_sent,
             "bytes_received": self._conn.bytes_received,
+            "frames_resent": self.frames_resent,
         }
 
 
@@ -418,6 +421,7 @@ async def open_client(
     connect_timeout: float = 10.0,
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    optimism: int = 0,
 ) -> AsyncIterator[Client]:
     """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
 
@@ -427,6 +431,12 @@ async def open_client(
     broker that requires it (a refusal raises :class:`ConnectionLost` with
     code 6).
 
+    ``optimism`` (bytes, per topic) lets :meth:`Client.publish` send that
+    much beyond the broker's guarantees instead of waiting for them. What the
+    broker drops for lack of room it announces, and the client resends
+    exactly those messages, in order, before anything newer: every message
+    still arrives once, in order (``client.frames_resent`` counts the resent).
+
     Leaving the block normally flushes (waits until the broker has routed
     every published message), then says Goodbye. An exception raised in the
     block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
@@ -434,6 +444,7 @@ async def open_client(
     """
     host, port, _ = split_url(url)
     context = tls_context_for(url, ssl_context, token)
+    policy = client_policy(policy, optimism)
     with trio.fail_after(connect_timeout):
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if context is not None:

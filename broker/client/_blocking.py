@@ -65,6 +65,7 @@ from ._common import (
     ClientEvents,
     ConnectionLost,
     Message,
+    client_policy,
     split_url,
     tls_context_for,
 )
@@ -237,7 +238,10 @@ class BlockingClient(ClientEvents):
     TLS is used with ``ssl_context`` or a ``tls://host:port`` URL (the
     system's trust store then), checking the broker's hostname; a failed
     handshake raises :class:`ConnectionLost`. ``token`` authenticates the
-    client to a broker that requires it (refused: code 6).
+    client to a broker that requires it (refused: code 6). ``optimism``
+    (bytes per topic) lets publishing run ahead of the guarantees; what the
+    broker drops is resent, in order, before anything newer (see
+    :func:`~broker.client.open_client`).
 
     Every method that waits takes a ``timeout`` in seconds (None: no limit)
     and raises :class:`TimeoutError` when it is up. Once the connection has
@@ -255,9 +259,11 @@ class BlockingClient(ClientEvents):
         policy: Policy | None = None,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        optimism: int = 0,
     ) -> None:
         host, port, _ = split_url(url)
         context = tls_context_for(url, ssl_context, token)
+        policy = client_policy(policy, optimism)
         self.name = name
         self._lock = threading.RLock()
         super().__init__()
@@ -288,6 +294,7 @@ class BlockingClient(ClientEvents):
             sock.setblocking(False)
             self._selector.register(sock, self._mask)
             self._conn = Connection(Role.CLIENT, policy=policy, now=time.monotonic())
+            self._optimistic = self._conn.policy.optimism > 0
             self._conn.hello(name, token=token)
             with self._lock:
                 self._wait_until(
@@ -833,6 +840,7 @@ class BlockingClient(ClientEvents):
                 "subscriptions": len(self._subscriptions),
                 "bytes_sent": self._conn.bytes_sent,
                 "bytes_received": self._conn.bytes_received,
+                "frames_resent": self.frames_resent,
                 "bytes_unsent": len(self._wbuf) + self._conn.bytes_to_send,
             }
 
@@ -845,6 +853,7 @@ def connect(
     policy: Policy | None = None,
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    optimism: int = 0,
 ) -> BlockingClient:
     """Connect a :class:`BlockingClient` to ``url`` (see its constructor)."""
     return BlockingClient(
@@ -854,4 +863,5 @@ def connect(
         policy=policy,
         token=token,
         ssl_context=ssl_context,
+        optimism=optimism,
     )

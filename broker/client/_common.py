@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import ssl
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from broker.protocol import (
     FramesAbandoned,
     Gap,
     Headers,
+    Policy,
     Pong,
     Throttled,
 )
@@ -86,6 +88,15 @@ def split_url(url: str) -> tuple[str, int, bool]:
     return host, port, tls
 
 
+def client_policy(policy: Policy | None, optimism: int) -> Policy | None:
+    """``policy`` with ``optimism`` bytes of optimistic sending, if asked for."""
+    if optimism < 0:
+        raise ClientError("optimism must be >= 0 bytes")
+    if not optimism:
+        return policy
+    return dataclasses.replace(policy or Policy(), optimism=optimism)
+
+
 def tls_context_for(
     url: str, ssl_context: ssl.SSLContext | None, token: str | None = None
 ) -> ssl.SSLContext | None:
@@ -125,6 +136,11 @@ class ClientEvents:
         self._pong = 0
         #: Channels the broker says it is withholding guarantees on (advisory).
         self.throttled: set[Channel] = set()
+        #: Announced drops of frames sent beyond the guarantees, and how many
+        #: frames they made the client send again (optimistic mode).
+        self.drops_announced = 0
+        self.frames_resent = 0
+        self._optimistic = False
 
     def _fail(self, error: ConnectionLost) -> None:
         raise NotImplementedError
@@ -179,5 +195,12 @@ class ClientEvents:
                     self._fail(ConnectionLost(event.reason, event.code))
                 else:
                     self._fail(ConnectionLost(f"protocol error: {event.reason}", event.code))
-            elif isinstance(event, DropAnnounced | FramesAbandoned):
+            elif isinstance(event, DropAnnounced):
+                # Frames sent beyond the guarantees were dropped; the protocol
+                # retransmits them, in order, before anything new.
+                self.drops_announced += 1
+                self.frames_resent += event.frames
+                level = logging.DEBUG if self._optimistic else logging.WARNING
+                log.log(level, "%s: %s (resending them)", self.name, event)
+            elif isinstance(event, FramesAbandoned):
                 log.warning("%s: %s", self.name, event)

@@ -187,13 +187,14 @@ class BlockingClusterClient:
         for client in self.clients.values():
             client.flush(timeout)
 
-    def close(self, *, flush: bool = True) -> None:
-        """Close every connection (flushing first, by default); the first
-        failure is raised once all are closed."""
+    def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
+        """Close every connection (flushing first, by default, up to
+        ``timeout`` seconds each); the first failure is raised once all are
+        closed."""
         failure: BaseException | None = None
         for client in self.clients.values():
             try:
-                client.close(flush=flush)
+                client.close(flush=flush, timeout=timeout)
             except BaseException as error:  # close the others before raising
                 failure = failure or error
         if failure is not None:

@@ -1,0 +1,176 @@
+"""Publishing rows from Spark tasks: one cached blocking client per Python
+worker, reused across tasks (like Spark's Kafka producer cache)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from broker.client import BlockingClusterClient
+from broker.tls import client_context
+
+from ._options import RowLayout, SinkOptions
+
+log = logging.getLogger("broker.spark")
+
+_clients: dict[tuple[str, str | None, bool, str | None, str], BlockingClusterClient] = {}
+_clients_lock = threading.Lock()
+
+
+def cached_client(options: SinkOptions) -> BlockingClusterClient:
+    """The worker's client for these brokers and credentials (made on first use,
+    made again if its connection ended)."""
+    key = (options.servers, options.token, options.tls, options.cafile, options.client_name)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is not None and any(c.closed for c in client.clients.values()):
+            client.close(flush=False)
+            client = None
+        if client is None:
+            context = client_context(options.cafile) if options.tls else None
+            client = BlockingClusterClient(
+                options.servers,
+                name=options.client_name,
+                token=options.token,
+                ssl_context=context,
+                connect_timeout=options.timeout,
+            )
+            _clients[key] = client
+        return client
+
+
+@atexit.register
+def _close_cached_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            try:
+                client.close(flush=True, timeout=5.0)
+            except Exception:  # the worker is exiting: nothing more to do
+                log.debug("closing a cached client failed", exc_info=True)
+        _clients.clear()
+
+
+@dataclass
+class TaskReport:
+    """What one task published (it travels to the driver in a commit message)."""
+
+    partition: int
+    attempt: int
+    rows: int
+    bytes: int
+    #: Seconds spent in publish and flush calls: waiting for the broker's guarantees.
+    wait_seconds: float
+
+
+def _text(value: Any) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def publish_rows(rows: Iterable[Any], layout: RowLayout, options: SinkOptions) -> TaskReport:
+    """Publish every row within the broker's guarantees (a slow broker slows
+    this call; nothing is buffered beyond what the broker promised), then
+    flush: when it returns, the broker has routed every row. Errors (the
+    broker's Goodbye reason included) propagate and fail the task."""
+    client = cached_client(options)
+    count = size = 0
+    waited = 0.0
+    topic = options.topic
+    for row in rows:
+        value = row[layout.value]
+        if value is None:
+            raise ValueError('a row has a null "value"')
+        payload = _text(value)
+        key = None
+        if layout.key is not None and row[layout.key] is not None:
+            key = _text(row[layout.key])
+        headers = None
+        if layout.headers is not None and row[layout.headers] is not None:
+            headers = [
+                (h[0], bytes(h[1]) if h[1] is not None else b"") for h in row[layout.headers]
+            ]
+        if layout.topic is not None:
+            topic = row[layout.topic]
+            if not topic:
+                raise ValueError('a row has a null or empty "topic"')
+        assert topic is not None
+        started = time.monotonic()
+        client.publish(topic, payload, key=key, headers=headers, timeout=options.timeout)
+        waited += time.monotonic() - started
+        count += 1
+        size += len(payload)
+    started = time.monotonic()
+    client.flush(timeout=options.timeout)
+    waited += time.monotonic() - started
+    partition, attempt = _task_identity()
+    return TaskReport(partition, attempt, count, size, waited)
+
+
+def _task_identity() -> tuple[int, int]:
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - pyspark is there when Spark calls us
+        return -1, 0
+    context = TaskContext.get()
+    if context is None:
+        return -1, 0
+    return context.partitionId(), context.attemptNumber()
+
+
+def publish_partition(
+    rows: Iterator[Any],
+    *,
+    servers: str,
+    topic: str | None = None,
+    **options: str,
+) -> None:
+    """For ``df.foreachPartition(functools.partial(publish_partition, servers=...,
+    topic=...))``: the same publishing as the data source, for code that cannot
+    use it. ``options`` are the data source's options without their
+    ``broker.`` prefix (``token``, ``tls``, ``cafile``, ``timeout``)."""
+    from ._options import check_schema
+
+    spark_options = {"broker.servers": servers, **{f"broker.{k}": v for k, v in options.items()}}
+    if topic is not None:
+        spark_options["topic"] = topic
+    parsed = SinkOptions.parse(spark_options)
+    first = next(rows, None)
+    if first is None:
+        return
+    layout = check_schema(_schema_of(first), parsed)
+
+    def all_rows() -> Iterator[Any]:
+        yield first
+        yield from rows
+
+    report = publish_rows(all_rows(), layout, parsed)
+    log.info("partition %d published %d rows", report.partition, report.rows)
+
+
+def _schema_of(row: Any) -> Any:
+    """A StructType for a Row whose fields are known by name (foreachPartition rows)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    fields = []
+    header = ArrayType(
+        StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    )
+    for name in row.__fields__:
+        value = row[name]
+        if name == "headers":
+            fields.append(StructField(name, header))
+        elif isinstance(value, str | type(None)) and name in ("topic", "key", "value"):
+            fields.append(StructField(name, StringType()))
+        else:
+            fields.append(StructField(name, BinaryType()))
+    return StructType(fields)

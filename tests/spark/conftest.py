@@ -38,8 +38,9 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def broker_address() -> Iterator[str]:
-    """A broker process for the Spark tests, on a free loopback port."""
+def broker_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A broker process for the Spark tests, on a free loopback port: its
+    address and the process."""
     process = subprocess.Popen(
         [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"],
         env={**os.environ, "BROKER_LISTEN": "127.0.0.1:0", "BROKER_METRICS_LISTEN": ""},
@@ -50,8 +51,22 @@ def broker_address() -> Iterator[str]:
     line = process.stdout.readline()
     assert line.startswith("broker listening on "), line
     try:
-        yield line.split()[-1]
+        yield line.split()[-1], process
     finally:
         process.terminate()
         process.communicate(timeout=TIMEOUT)  # also closes the pipe
     assert process.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def broker_address(broker_process: tuple[str, subprocess.Popen[str]]) -> str:
+    return broker_process[0]
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid``."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")

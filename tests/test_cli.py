@@ -76,3 +76,21 @@ def test_bench_protocol_reports_codec_and_connection_rates() -> None:
         "connection_publish_per_s",
     ):
         assert figures[key] > 1000, figures
+
+
+async def test_pub_reads_stdin_lines_across_chunk_boundaries() -> None:
+    from broker.cli import _lines
+
+    class Trickle:
+        """A stream that hands out 3 bytes at a time."""
+
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def read1(self, size: int) -> bytes:
+            chunk, self.data = self.data[:3], self.data[3:]
+            return chunk
+
+    got = [line async for line in _lines(Trickle(b"one\ntwo\n\nlast-no-newline"))]
+    assert got == [b"one", b"two", b"", b"last-no-newline"]
+    assert [line async for line in _lines(Trickle(b"a\nb\n"))] == [b"a", b"b"]

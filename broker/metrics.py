@@ -487,12 +487,9 @@ class BrokerCollector:
             [name],
             sum(s.queued for s in connection.subscriptions.values()),
         )
-        dropping = [
-            s for s in connection.subscriptions.values() if isinstance(s, DroppingSubscription)
-        ]
-        overflow = sum(s.dropped_overflow for s in dropping)
-        replaced = sum(s.dropped_replaced for s in dropping)
-        add("broker_connection_dropped_deliveries_total", [name, "overflow"], overflow)
+        # Kept on the connection, so that a subscription's end never lowers them.
+        overflowed, replaced = counters.deliveries_overflowed, counters.deliveries_replaced
+        add("broker_connection_dropped_deliveries_total", [name, "overflow"], overflowed)
         add("broker_connection_dropped_deliveries_total", [name, "replaced"], replaced)
 
 

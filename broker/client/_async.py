@@ -269,7 +269,8 @@ class Client(ClientEvents):
     ) -> None:
         """Publish if the topic's guarantees allow it now; else :class:`trio.WouldBlock`.
 
-        Once it returns, the broker is certain to accept the message.
+        Once it returns, the broker is certain to accept the message (with
+        ``optimism``: once the client has resent it, if it was dropped).
         """
         handle = self._topic_nowait(topic)
         self._check_open()

@@ -610,7 +610,8 @@ class BlockingClient(ClientEvents):
         """Publish one message, waiting up to ``timeout`` seconds for the broker's guarantees.
 
         Once it returns, the broker is certain to accept the message (it is
-        queued for the socket; :meth:`flush` waits until it is routed). While
+        queued for the socket; :meth:`flush` waits until it is routed); with
+        ``optimism``, the broker may drop it, and the client then resends it. While
         there is no room it writes what is pending and reads the socket, so
         backpressure from the broker slows the caller. Raises
         :class:`TimeoutError` (nothing published) when the time is up and
@@ -646,7 +647,8 @@ class BlockingClient(ClientEvents):
         may bring guarantees), without waiting. ``BlockingIOError`` (errno
         ``EAGAIN``) means nothing was published; retry later, or use
         :meth:`publish`. Once it returns, the broker is certain to accept the
-        message.
+        message (with ``optimism``: once the client has resent it, if it was
+        dropped).
         """
         with self._lock:
             for attempt in range(2):

@@ -83,6 +83,9 @@ class ConnectionCounters:
     messages_out: int = 0
     bytes_out: int = 0
     reader_pauses: int = 0
+    #: Deliveries dropped from lossy/latest queues: overflow, and replaced by a newer one.
+    deliveries_overflowed: int = 0
+    deliveries_replaced: int = 0
 
 
 class ServerConnection:
@@ -301,6 +304,16 @@ class ServerConnection:
             self._inflight.extend(loans if count == len(loans) else loans[:count])
             self._wakeup.set()
         return count
+
+    def has_room(self, subscription: Subscription, size: int) -> bool:
+        """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""
+        if self.protocol.closed:
+            return False
+        try:
+            room = self.protocol.room(Channel(ChannelKind.DELIVER, subscription.handle))
+        except LocalProtocolError:
+            return False  # the subscription is being freed
+        return room >= size
 
     def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
         """Tell the client that ``count`` deliveries from ``first_seq`` were
@@ -553,7 +566,7 @@ class ServerConnection:
             # charged: the room is shared by the publishes and their fan-out.
             # Batches not routed yet will add their fan-out: count it as spent.
             room = account.high_watermark - account.debt - state.unrouted_fan_out
-            fan_out = len(state.topic.subscriptions)
+            fan_out = state.topic.charging  # lossy/latest queues charge nobody here
             per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
             batch: list[PublishReceived] = []
             size = deliveries = 0
@@ -594,14 +607,35 @@ class ServerConnection:
         )
 
     async def _await_clear(self, state: PublishChannel) -> None:
-        """Wait for a throttled channel's account to clear, then resume it.
+        """Resume a throttled channel once its account clears and its buffer
+        is forwarded; ``state.waiting`` stays true until then, so exactly one
+        such task looks after the channel.
 
-        A channel still withheld after ``throttle_notice_after`` seconds is
-        announced to the client (Throttled true), and its end too (Throttled
-        false). The buffered publishes are forwarded a slice at a time,
-        yielding in between, so that a backlog does not hold up other
-        channels' traffic.
+        The buffered publishes are forwarded a slice at a time, yielding in
+        between, so that a backlog does not hold up other channels' traffic;
+        if forwarding (or routing meanwhile) blocks the account again, it
+        waits again. Guarantees are issued when it is done.
         """
+        while self._owns(state):
+            if state.account.blocked:
+                await self._wait_for_funds(state)
+                continue
+            if not state.buffer:
+                break
+            self._drain(state, FORWARD_SLICE)
+            self.wake_writer()
+            await trio.lowlevel.checkpoint()
+        state.waiting = False
+        if self._owns(state):
+            if state.advised:
+                state.advised = False
+                self.protocol.throttled(state.channel, False)
+            self.protocol.issue_guarantees(state.channel)
+            self.wake_writer()
+
+    async def _wait_for_funds(self, state: PublishChannel) -> None:
+        """Wait for the channel's account to clear; a wait longer than
+        ``throttle_notice_after`` is announced to the client (Throttled)."""
         with trio.move_on_after(self.broker.config.throttle_notice_after) as patience:
             await state.account.ensure_clear_funds()
         if patience.cancelled_caught:
@@ -610,19 +644,6 @@ class ServerConnection:
                 self.protocol.throttled(state.channel, True)
                 self.wake_writer()
             await state.account.ensure_clear_funds()
-        state.waiting = False
-        while self._owns(state):
-            if not state.buffer or state.account.blocked:
-                if not state.waiting:
-                    if state.advised:
-                        state.advised = False
-                        self.protocol.throttled(state.channel, False)
-                    self.protocol.issue_guarantees(state.channel)
-                    self.wake_writer()
-                return
-            self._drain(state, FORWARD_SLICE)
-            self.wake_writer()
-            await trio.lowlevel.checkpoint()
 
     def _owns(self, state: PublishChannel) -> bool:
         """``state`` is still this open connection's channel."""

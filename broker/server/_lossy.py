@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from accounts import Account, LoanedItem, unlimited
-from broker.protocol import DeliveryMode
+from broker.protocol import DeliveryMode, encode_deliver
 
 from ._topic import DELIVER_HEAD_ESTIMATE, PUMP_BATCH, Subscription, Topic
 
@@ -91,6 +91,8 @@ class DroppingSubscription(Subscription):
         "limits",
     )
 
+    charges_publishers = False
+
     def __init__(
         self,
         connection: ServerConnection,
@@ -129,10 +131,11 @@ class DroppingSubscription(Subscription):
 
     def offer(self, account: Account, tails: list[bytes], keys: list[bytes | None]) -> None:
         """Queue ``tails`` on this subscription's own account (``account``, the
-        publisher's, is not charged), drop what exceeds the limits, send what
-        the subscriber's guarantees allow."""
+        publisher's, is not charged), send what the subscriber's guarantees
+        allow, then drop what still exceeds the limits."""
         latest = self.mode == DeliveryMode.LATEST
         cost = DELIVER_HEAD_ESTIMATE
+        connection = self.connection
         for tail, key in zip(tails, keys, strict=True):
             loan = LoanedItem(self.account, len(tail) + cost, tail)
             entry = _Entry(self._assigned, loan, key)
@@ -142,28 +145,51 @@ class DroppingSubscription(Subscription):
                 if older is not None:
                     self._drop(older)
                     self.dropped_replaced += 1
+                    connection.counters.deliveries_replaced += 1
                 self._newest[key] = entry
             self._entries.append(entry)
             self._live += 1
             self._bytes += loan.amount
-            self.connection.dropping_bytes += loan.amount
-            self._enforce_limits()
+            connection.dropping_bytes += loan.amount
         self.pump()
+        self._enforce_limits()
+        if len(self._entries) > 2 * self._live + PUMP_BATCH:
+            # Entries replaced (latest) wait in the deque until they reach its
+            # head; compact it so that they cannot pile up behind a stalled one.
+            self._entries = deque(entry for entry in self._entries if entry.loan is not None)
 
     def _enforce_limits(self) -> None:
+        """Drop this queue's oldest deliveries beyond its own limits, then the
+        largest of the connection's dropping queues' oldest while all of them
+        together exceed ``lossy_budget``."""
         limits = self.limits
-        entries = self._entries
+        while self._live > limits.max_queued or self._bytes > limits.max_queued_bytes:
+            self._drop_oldest()
         connection = self.connection
         budget = connection.broker.config.lossy_budget
-        while (
-            self._live > limits.max_queued
-            or self._bytes > limits.max_queued_bytes
-            or (connection.dropping_bytes > budget and self._live)
-        ):
+        while connection.dropping_bytes > budget:
+            largest = max(
+                (
+                    s
+                    for s in connection.subscriptions.values()
+                    if isinstance(s, DroppingSubscription)
+                ),
+                key=lambda s: s._bytes,
+                default=self,
+            )
+            if not largest._live:
+                break
+            largest._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        entries = self._entries
+        while entries:
             oldest = entries.popleft()
             if oldest.loan is not None:
                 self._drop(oldest)
                 self.dropped_overflow += 1
+                self.connection.counters.deliveries_overflowed += 1
+                return
 
     def _drop(self, entry: _Entry) -> None:
         loan = entry.loan
@@ -185,20 +211,33 @@ class DroppingSubscription(Subscription):
     def pump(self) -> None:
         """Send queued deliveries while the subscriber's guarantees allow,
         each run of consecutive sequence numbers after a Gap for what was
-        dropped before it."""
+        dropped before it.
+
+        A Gap is sent only with a delivery that the subscriber has room for,
+        or, for drops at the very end of the queue, once the queue is empty
+        and the subscriber has room again: a subscriber that stopped reading
+        is not sent an ever longer series of Gaps. (A lossy subscription
+        never marks itself stalled: its queue charges no account of its
+        connection, so the connection's reader may pause as usual.)
+        """
         entries = self._entries
         connection = self.connection
-        while entries:
+        while True:
             while entries and entries[0].loan is None:
                 entries.popleft()
             if not entries:
+                if self._assigned != self.next_seq and connection.has_room(self, 1):
+                    self._send_gap(self._assigned)
                 return
-            first = entries[0].seq
-            if first != self.next_seq:
-                if not connection.gap(self, self.next_seq, first - self.next_seq):
-                    return  # the connection is closing
-                self.gaps_sent += 1
-                self.next_seq = first
+            head = entries[0]
+            assert head.loan is not None
+            if head.seq != self.next_seq:
+                frame, tail = encode_deliver(self.handle, head.seq, head.loan.item)
+                if not connection.has_room(self, len(frame) + len(tail)):
+                    return
+                if not self._send_gap(head.seq):
+                    return
+            first = head.seq
             run: list[_Entry] = []
             loans: list[LoanedItem[bytes]] = []
             for entry in entries:
@@ -211,8 +250,15 @@ class DroppingSubscription(Subscription):
                 entries.popleft()
                 self._forget(entry)  # the writer holds (and repays) its loan now
             if taken < len(run):
-                connection.subscription_stalled(self)
                 return
+
+    def _send_gap(self, upto: int) -> bool:
+        """Report the sequence numbers from ``next_seq`` up to ``upto`` as dropped."""
+        if not self.connection.gap(self, self.next_seq, upto - self.next_seq):
+            return False  # the connection is closing or the subscription going
+        self.gaps_sent += 1
+        self.next_seq = upto
+        return True
 
     def close(self) -> None:
         """Leave the topic and repay every queued delivery."""

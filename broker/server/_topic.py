@@ -46,6 +46,10 @@ class Subscription:
 
     __slots__ = ("_queue", "connection", "delivered", "handle", "mode", "next_seq", "topic")
 
+    #: Its queued deliveries are charged to the publishers' channels (the
+    #: fan-out rule); lossy and latest subscriptions pay for their own.
+    charges_publishers = True
+
     def __init__(self, connection: ServerConnection, handle: int, topic: Topic, mode: str) -> None:
         self.connection = connection
         self.handle = handle
@@ -105,6 +109,8 @@ class Topic(Actor):
     def __init__(self, name: str, registry: dict[str, Topic]) -> None:
         self.topic_name = name
         self.subscriptions: list[Subscription] = []
+        #: Subscriptions whose deliveries are charged to the publishers.
+        self.charging = 0
         self.publishers = 0
         self.messages_in = 0
         self._registry = registry
@@ -121,10 +127,12 @@ class Topic(Actor):
 
     def subscribe(self, subscription: Subscription) -> None:
         self.subscriptions.append(subscription)
+        self.charging += subscription.charges_publishers
 
     def unsubscribe(self, subscription: Subscription) -> None:
         if subscription in self.subscriptions:
             self.subscriptions.remove(subscription)
+            self.charging -= subscription.charges_publishers
             self.release_if_unused()
 
     def release_if_unused(self) -> None:

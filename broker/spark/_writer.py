@@ -14,7 +14,7 @@ from typing import Any
 from broker.client import BlockingClusterClient
 from broker.tls import client_context
 
-from ._options import RowLayout, SinkOptions
+from ._options import RowLayout, SinkError, SinkOptions
 
 log = logging.getLogger("broker.spark")
 
@@ -68,7 +68,11 @@ class TaskReport:
 
 
 def _text(value: Any) -> bytes:
-    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    raise TypeError(f"expected string or binary, got {type(value).__name__}")
 
 
 def publish_rows(rows: Iterable[Any], layout: RowLayout, options: SinkOptions) -> TaskReport:
@@ -126,7 +130,7 @@ def publish_partition(
     *,
     servers: str,
     topic: str | None = None,
-    **options: str,
+    **options: object,
 ) -> None:
     """For ``df.foreachPartition(functools.partial(publish_partition, servers=...,
     topic=...))``: the same publishing as the data source, for code that cannot
@@ -134,7 +138,9 @@ def publish_partition(
     ``broker.`` prefix (``token``, ``tls``, ``cafile``, ``timeout``)."""
     from ._options import check_schema
 
-    spark_options = {"broker.servers": servers, **{f"broker.{k}": v for k, v in options.items()}}
+    # Spark passes options as strings; so do we (True -> "true").
+    spark_options = {f"broker.{k}": _option_text(v) for k, v in options.items()}
+    spark_options["broker.servers"] = servers
     if topic is not None:
         spark_options["topic"] = topic
     parsed = SinkOptions.parse(spark_options)
@@ -149,6 +155,10 @@ def publish_partition(
 
     report = publish_rows(all_rows(), layout, parsed)
     log.info("partition %d published %d rows", report.partition, report.rows)
+
+
+def _option_text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _schema_of(row: Any) -> Any:
@@ -169,8 +179,12 @@ def _schema_of(row: Any) -> Any:
         value = row[name]
         if name == "headers":
             fields.append(StructField(name, header))
-        elif isinstance(value, str | type(None)) and name in ("topic", "key", "value"):
+        elif name not in ("topic", "key", "value"):
+            continue  # ignored, as the data source ignores other columns
+        elif isinstance(value, str | None):
             fields.append(StructField(name, StringType()))
-        else:
+        elif isinstance(value, bytes | bytearray):
             fields.append(StructField(name, BinaryType()))
+        else:
+            raise SinkError(f'column "{name}" must be binary or string, not {type(value).__name__}')
     return StructType(fields)

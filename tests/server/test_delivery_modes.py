@@ -221,3 +221,67 @@ async def test_a_connections_lossy_queues_together_stay_within_the_lossy_budget(
                 assert_gaps_match(messages, subscription.missed)
             assert connection.dropping_bytes == 0
         await wait_idle(broker)
+
+
+async def test_a_full_sibling_queue_does_not_starve_a_prompt_subscriber() -> None:
+    """The lossy budget is enforced on the connection's largest queue, and a
+    delivery the subscriber has room for goes out before any limit applies."""
+    budget = 64 * 1024
+    async with (
+        running_broker(lossy_budget=budget) as broker,
+        open_client(url(broker), name="sub", policy=Policy(deliver_capacity=2048)) as client,
+        open_client(url(broker), name="pub") as publisher,
+        client.subscribe("slow", mode="lossy", options={"max_queued_bytes": 1 << 20}),
+        client.subscribe("fast", mode="lossy") as fast,
+        client.subscribe("big", mode="lossy", options={"max_queued_bytes": 1024}) as big,
+    ):
+        await wait_subscribed(broker, "big")
+        for _ in range(200):  # "slow" is never read: it fills the budget
+            await publisher.publish("slow", b"s" * 1000)
+        await publisher.flush()
+        with trio.fail_after(TIMEOUT):
+            for i in range(50):  # "fast" is read as soon as it is published
+                await publisher.publish("fast", b"f%04d" % i)
+                assert (await fast.receive()).payload == b"f%04d" % i
+            assert fast.missed == 0
+            # A delivery larger than max_queued_bytes still goes to a subscriber with room.
+            await publisher.publish("big", b"x" * 1500)
+            assert len((await big.receive()).payload) == 1500
+
+
+async def test_replaced_latest_entries_cannot_pile_up_behind_a_stalled_one() -> None:
+    async with (
+        running_broker() as broker,
+        open_client(url(broker), name="sub", policy=SMALL_WINDOW) as client,
+        open_client(url(broker), name="pub") as publisher,
+        client.subscribe("ticker", mode="latest"),
+    ):
+        await wait_subscribed(broker, "ticker")
+        state = dropping(broker, "ticker")
+        for i in range(100):  # fill the window, then one key stalls at the head
+            await publisher.publish("ticker", b"%d" % i, key=b"cold-%d" % i)
+        for i in range(20_000):  # one hot key updated over and over
+            await publisher.publish("ticker", b"%d" % i, key=b"hot")
+        await publisher.flush()
+        assert state.dropped_replaced >= 19_000
+        assert len(state._entries) <= 2 * state.queued + 128
+
+
+async def test_dropped_delivery_counters_survive_the_subscription() -> None:
+    async with running_broker() as broker:
+        async with (
+            open_client(url(broker), name="sub", policy=SMALL_WINDOW) as client,
+            open_client(url(broker), name="pub") as publisher,
+        ):
+            async with client.subscribe("c", mode="lossy", options={"max_queued": 2}):
+                await wait_subscribed(broker, "c")
+                for i in range(100):
+                    await publisher.publish("c", b"%d" % i)
+                await publisher.flush()
+            connection = next(c for c in broker.connections.values() if c.client_name == "sub")
+            await wait_until(lambda: not connection.subscriptions, what="the unsubscribe")
+            assert connection.counters.deliveries_overflowed > 0
+            document = stat_document(broker)
+            (sub_doc,) = [c for c in document["connections"] if c["client"] == "sub"]
+            assert sub_doc["counters"]["deliveries_overflowed"] > 0
+        await wait_idle(broker)

@@ -258,3 +258,18 @@ def test_a_slow_subscriber_slows_the_job_and_memory_stays_flat(
     # what the broker and the windows hold is a small fraction of 10 MB.
     assert elapsed > 0.7 * rows / rate
     assert peak - before < 64 * 1024 * 1024
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
+def test_foreach_partition_refuses_columns_it_cannot_publish(
+    spark: Any, broker_address: str
+) -> None:
+    import functools
+
+    from broker.spark import publish_partition
+
+    frame = spark.createDataFrame([(5,)], "value int")
+    with pytest.raises(Exception, match='column "value" must be binary or string, not int'):
+        frame.foreachPartition(
+            functools.partial(publish_partition, servers=broker_address, topic="t", tls=False)
+        )

@@ -34,8 +34,7 @@ from ._common import (
     ConnectionLost,
     Message,
     client_policy,
-    split_url,
-    tls_context_for,
+    connection_target,
 )
 
 log = logging.getLogger("broker.client")
@@ -443,8 +442,7 @@ async def open_client(
     block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
     comes out as itself, not wrapped in an exception group.
     """
-    host, port, _ = split_url(url)
-    context = tls_context_for(url, ssl_context, token)
+    host, port, context = connection_target(url, ssl_context, token)
     policy = client_policy(policy, optimism)
     with trio.fail_after(connect_timeout):
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)

@@ -66,8 +66,7 @@ from ._common import (
     ConnectionLost,
     Message,
     client_policy,
-    split_url,
-    tls_context_for,
+    connection_target,
 )
 from ._tls import TLSPipe
 
@@ -261,8 +260,7 @@ class BlockingClient(ClientEvents):
         ssl_context: ssl.SSLContext | None = None,
         optimism: int = 0,
     ) -> None:
-        host, port, _ = split_url(url)
-        context = tls_context_for(url, ssl_context, token)
+        host, port, context = connection_target(url, ssl_context, token)
         policy = client_policy(policy, optimism)
         self.name = name
         self._lock = threading.RLock()

@@ -97,21 +97,19 @@ def client_policy(policy: Policy | None, optimism: int) -> Policy | None:
     return dataclasses.replace(policy or Policy(), optimism=optimism)
 
 
-def tls_context_for(
+def connection_target(
     url: str, ssl_context: ssl.SSLContext | None, token: str | None = None
-) -> ssl.SSLContext | None:
-    """The TLS context a client connecting to ``url`` uses: ``ssl_context`` if
-    given (TLS whatever the scheme), the system's default for a TLS scheme,
-    else None (plain TCP). Sending a ``token`` in clear beyond loopback is
-    logged as a warning."""
-    host, _, tls = split_url(url)
-    if ssl_context is not None:
-        return ssl_context
-    if tls:
-        return client_context()
-    if token is not None and host not in LOOPBACK:
+) -> tuple[str, int, ssl.SSLContext | None]:
+    """Where a client connecting to ``url`` goes, and with which TLS context:
+    ``ssl_context`` if given (TLS whatever the scheme), the system's default
+    for a TLS scheme, else None (plain TCP). Sending a ``token`` in clear
+    beyond loopback is logged as a warning."""
+    host, port, tls = split_url(url)
+    if ssl_context is None and tls:
+        ssl_context = client_context()
+    if ssl_context is None and token is not None and host not in LOOPBACK:
         log.warning("sending a token to %s without TLS: anyone on the path can read it", host)
-    return None
+    return host, port, ssl_context
 
 
 class ClientEvents:

@@ -17,7 +17,7 @@ import trio
 from broker.auth import AuthError, token_digest
 from broker.cli import _print_stat
 from broker.client import BlockingClient, ConnectionLost, open_client
-from broker.client._common import tls_context_for
+from broker.client._common import connection_target
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from broker.protocol import GoodbyeCode
@@ -297,12 +297,12 @@ async def test_identities_without_client_certificates_are_warned_about(
 def test_a_token_sent_in_clear_beyond_loopback_is_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert tls_context_for("10.0.0.7:7400", None, "secret") is None
+    assert connection_target("10.0.0.7:7400", None, "secret") == ("10.0.0.7", 7400, None)
     assert "sending a token to 10.0.0.7 without TLS" in caplog.text
     assert "secret" not in caplog.text
     caplog.clear()
-    assert tls_context_for("127.0.0.1:7400", None, "secret") is None
-    assert tls_context_for("tls://10.0.0.7:7400", None, "secret") is not None
+    assert connection_target("127.0.0.1:7400", None, "secret")[2] is None
+    assert connection_target("tls://10.0.0.7:7400", None, "secret")[2] is not None
     assert caplog.text == ""
 
 

@@ -31,7 +31,6 @@ from ._connection import (
     ConnectionState,
     ConnectionStatistics,
     NoGuarantees,
-    SubscriptionInfo,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
@@ -87,6 +86,7 @@ from ._messages import (
     Welcome,
 )
 from ._policy import Policy
+from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -119,11 +119,13 @@ __all__ = [
     "Apologise",
     "BindTopic",
     "Binding",
+    "BrokerSessionState",
     "Channel",
     "ChannelKind",
     "ChannelMessage",
     "ChannelReceiver",
     "ChannelSender",
+    "ClientSessionState",
     "Confirm",
     "Connection",
     "ConnectionClosed",

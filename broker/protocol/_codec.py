@@ -113,19 +113,18 @@ def _fields(message: Message) -> list[Any]:
                 fields["token"] = token
             return [0, version, fields]
         case Welcome():
-            return [
-                1,
-                message.version,
-                {
-                    "session": message.session,
-                    "resumed": message.resumed,
-                    "epoch": message.epoch,
-                    "lease_ms": message.lease_ms,
-                    "heartbeat_ms": message.heartbeat_ms,
-                    "max_frame": message.max_frame,
-                    "received": message.received,
-                },
-            ]
+            welcome: dict[str, Any] = {
+                "session": message.session,
+                "resumed": message.resumed,
+                "epoch": message.epoch,
+                "lease_ms": message.lease_ms,
+                "heartbeat_ms": message.heartbeat_ms,
+                "max_frame": message.max_frame,
+                "received": message.received,
+            }
+            if message.bound is not None:
+                welcome["bound"] = list(message.bound)
+            return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
 
@@ -326,6 +325,7 @@ _HELLO_KEYS_WITH_TOKEN = _HELLO_KEYS | {"token"}
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
+_WELCOME_KEYS_RESUMED = _WELCOME_KEYS | {"bound"}
 
 
 def _hello(f: list[Any]) -> Hello:
@@ -349,10 +349,18 @@ def _secret(value: Any, what: str) -> str:
 
 
 def _welcome(f: list[Any]) -> Welcome:
-    rec = _record(f[2], _WELCOME_KEYS, "Welcome fields")
+    fields = f[2]
+    resumed = type(fields) is dict and fields.get("resumed") is True
+    # A resumed session says how many handles the broker bound; a new one does not.
+    rec = _record(fields, _WELCOME_KEYS_RESUMED if resumed else _WELCOME_KEYS, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
         raise _bad("session id must be 16 bytes")
+    bound = rec.get("bound")
+    if bound is not None:
+        if type(bound) is not list or len(bound) != 2:
+            raise _bad("bound must be an array of two handle counts")
+        bound = (_u64(bound[0], "bound topics"), _u64(bound[1], "bound subscriptions"))
     return Welcome(
         _u64(f[1], "version"),
         session,
@@ -362,6 +370,7 @@ def _welcome(f: list[Any]) -> Welcome:
         _u64(rec["heartbeat_ms"], "heartbeat_ms"),
         _u64(rec["max_frame"], "max_frame"),
         _u64_map(rec["received"], "received"),
+        bound,
     )
 
 

@@ -74,6 +74,7 @@ from ._messages import (
     Welcome,
 )
 from ._policy import Policy
+from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -127,16 +128,6 @@ class ConnectionState(Enum):
     HELLO_RECEIVED = "hello-received"  # broker, welcome() not yet called
     OPEN = "open"
     CLOSED = "closed"
-
-
-@dataclass(slots=True, frozen=True)
-class SubscriptionInfo:
-    """What a subscription handle is bound to."""
-
-    topic: int
-    topic_name: str
-    mode: str
-    options: Options
 
 
 @dataclass(slots=True, frozen=True)
@@ -202,6 +193,15 @@ class Connection:
         self.publishes_received: dict[int, int] = {}
         #: Client: per subscription handle, the last sequence acknowledged.
         self.processed: dict[int, int] = {}
+        #: Client: per topic handle, the Publish frames the broker has not
+        #: confirmed yet (kept for a resume), and how many it confirmed.
+        self._retained: dict[int, deque[bytes]] = {}
+        self._retained_base: dict[int, int] = {}
+        #: Client: the session this connection resumes (see :meth:`hello`).
+        self._resume: ClientSessionState | None = None
+        #: Broker: handles restored from a session, whose bind frames hold
+        #: space taken off the bind channel's capacity (grown back when freed).
+        self._restored_binds: set[tuple[HandleType, int]] = set()
         self.frames_received = 0
         self.bytes_received = 0
         self.frames_sent = 0
@@ -335,12 +335,24 @@ class Connection:
         session: bytes | None = None,
         processed: dict[int, int] | None = None,
         token: str | None = None,
+        resume: ClientSessionState | None = None,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
-        presenting ``token`` to a broker that authenticates its clients."""
+        presenting ``token`` to a broker that authenticates its clients.
+
+        With ``resume`` (an earlier connection's :meth:`session_state`), the
+        session is resumed: if the broker still has it, every handle is
+        restored and what the broker did not receive (binds, publishes) is
+        sent again, in order, before anything new; otherwise the Welcome says
+        ``resumed=False`` and this is a new, empty session.
+        """
         self._require_role(Role.CLIENT, "say hello")
         if self.state is not ConnectionState.IDLE:
             raise LocalProtocolError("hello() was already called")
+        if resume is not None:
+            session = resume.session
+            processed = {h: resume.processed.get(h, 0) for h in resume.subscriptions}
+            self._resume = resume
         message = Hello(PROTOCOL_VERSION, client, session, dict(processed or {}), token)
         self._queue(message)
         self.hello_message = message
@@ -355,13 +367,24 @@ class Connection:
         lease_ms: int | None = None,
         heartbeat_ms: int | None = None,
         received: dict[int, int] | None = None,
+        restore: BrokerSessionState | None = None,
     ) -> None:
-        """Broker: accept the client's Hello; opens the bind channels."""
+        """Broker: accept the client's Hello; opens the bind channels.
+
+        ``restore`` resumes a session: its handles are bound again (publish
+        channels opened, delivery channels ready), and the Welcome tells the
+        client what the broker received and bound, so that it resends the rest.
+        """
         self._require_role(Role.BROKER, "welcome a client")
         if self.state is not ConnectionState.HELLO_RECEIVED:
             raise LocalProtocolError(f"welcome() needs a Hello first (state {self.state.value})")
         if len(session) != 16:
             raise LocalProtocolError("a session id is 16 bytes")
+        if resumed and restore is None:
+            raise LocalProtocolError("a resumed session needs the state to restore")
+        if restore is not None:
+            resumed = True
+            received = restore.received
         if lease_ms is not None:
             self.liveness.lease = lease_ms / 1000
         if heartbeat_ms is not None:
@@ -375,13 +398,93 @@ class Connection:
             round(self.liveness.heartbeat * 1000),
             self.max_frame,
             dict(received or {}),
+            None if restore is None else (restore.next_topic, restore.next_subscription),
         )
         self._queue(message)
         self.welcome_message = message
         self.peer_max_frame = self.max_frame + DELIVER_SLACK
         self.state = ConnectionState.OPEN
+        if restore is not None:
+            self._restore_broker(restore)
+            return
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
             self._open_receiver(channel)
+
+    def _restore_broker(self, state: BrokerSessionState) -> None:
+        self.topics.restore({h: name for h, (name, _) in state.topics.items()}, state.next_topic)
+        self.subscriptions.restore(
+            {h: info for h, (info, _) in state.subscriptions.items()}, state.next_subscription
+        )
+        held = {HandleType.TOPIC: 0, HandleType.SUBSCRIPTION: 0}
+        for handle_type, bindings in (
+            (HandleType.TOPIC, state.topics),
+            (HandleType.SUBSCRIPTION, state.subscriptions),
+        ):
+            for handle, (_, size) in bindings.items():
+                self._bind_sizes[(handle_type, handle)] = size
+                self._restored_binds.add((handle_type, handle))
+                held[handle_type] += size
+        for handle_type, channel in _BIND_CHANNEL.items():
+            capacity = self.policy.initial_capacity(channel) - held[handle_type]
+            self._open_receiver(channel, max(capacity, 0))
+        self.publishes_received = {h: state.received.get(h, 0) for h in state.topics}
+        for handle in state.topics:
+            self._open_receiver(Channel(ChannelKind.PUBLISH, handle))
+        for handle in state.subscriptions:
+            channel = Channel(ChannelKind.DELIVER, handle)
+            self._senders[channel] = ChannelSender(channel)
+
+    def session_state(self) -> BrokerSessionState | ClientSessionState:
+        """What this side must keep of the session to resume it on a new
+        connection (a broker: its live handles and publish counts; a client:
+        its handles, processed sequence numbers and unconfirmed publishes).
+
+        Valid at any time after the handshake, the connection closed or not.
+        Handles being freed are left out (a client keeps topic handles it
+        proposed to free, and proposes again on resume). A broker that defers
+        bind processing calls :meth:`process_binds` first.
+        """
+        if self.welcome_message is None:
+            raise LocalProtocolError("no session before the handshake")
+        bound = HandleState.BOUND
+        if self.role is Role.BROKER:
+            topics = {
+                h: (b.value, self._bind_sizes.get((HandleType.TOPIC, h), 0))
+                for h, b in self.topics.items()
+                if b.state is bound
+            }
+            return BrokerSessionState(
+                topics,
+                {
+                    h: (b.value, self._bind_sizes.get((HandleType.SUBSCRIPTION, h), 0))
+                    for h, b in self.subscriptions.items()
+                    if b.state is bound
+                },
+                self.topics.next_handle,
+                self.subscriptions.next_handle,
+                {h: self.publishes_received.get(h, 0) for h in topics},
+            )
+        proposed = HandleState.PROPOSED
+        live_topics = {
+            h: b.value for h, b in self.topics.items() if b.state is bound or b.state is proposed
+        }
+        subscriptions = {h: b.value for h, b in self.subscriptions.items() if b.state is bound}
+        return ClientSessionState(
+            session=self.welcome_message.session,
+            epoch=self.welcome_message.epoch,
+            topics=live_topics,
+            freeing_topics=frozenset(
+                h for h, b in self.topics.items() if b.state is HandleState.PROPOSED
+            ),
+            subscriptions=subscriptions,
+            next_topic=self.topics.next_handle,
+            next_subscription=self.subscriptions.next_handle,
+            processed={h: self.processed.get(h, 0) for h in subscriptions},
+            retained={
+                h: (self._retained_base.get(h, 0), tuple(self._retained.get(h, ())))
+                for h in live_topics
+            },
+        )
 
     def goodbye(self, code: GoodbyeCode | int = GoodbyeCode.NORMAL, reason: str = "") -> None:
         """Queue a Goodbye and close; received data is ignored from now on."""
@@ -439,10 +542,73 @@ class Connection:
         self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
         self.liveness.lease = message.lease_ms / 1000
         self.liveness.heartbeat = message.heartbeat_ms / 1000
+        resume = self._resume
+        if message.resumed and (resume is None or message.session != resume.session):
+            raise RemoteProtocolError("Welcome resumes a session this client did not ask for")
+        if message.resumed != (message.bound is not None):
+            raise RemoteProtocolError("Welcome: 'bound' comes with a resumed session only")
         self.state = ConnectionState.OPEN
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
             self._senders[channel] = ChannelSender(channel)
-        events.append(WelcomeReceived(message))
+        resent = 0
+        if message.resumed:
+            assert resume is not None
+            resent = self._restore_client(resume, message)
+        self._resume = None
+        events.append(WelcomeReceived(message, resent))
+
+    def _restore_client(self, state: ClientSessionState, welcome: Welcome) -> int:
+        """Bind the resumed session's handles again and queue, for sending
+        before anything new, what the broker did not receive; returns how
+        many frames that is. Nothing is changed if the Welcome is inconsistent."""
+        assert welcome.bound is not None
+        bound_topics, bound_subscriptions = welcome.bound
+        received = welcome.received
+        if bound_topics > state.next_topic or bound_subscriptions > state.next_subscription:
+            raise RemoteProtocolError("Welcome: the broker bound handles this client never did")
+        for handle, count in received.items():
+            base, frames = state.retained.get(handle, (0, ()))
+            if handle not in state.topics or handle >= bound_topics:
+                raise RemoteProtocolError(f"Welcome: topic handle {handle} is not bound")
+            if not base <= count <= base + len(frames):
+                raise RemoteProtocolError(
+                    f"Welcome: {count} publishes received on topic handle {handle}, "
+                    f"but {base} were confirmed and {base + len(frames)} sent"
+                )
+        # Topic handles below the broker's count that it no longer lists were freed there.
+        topics = {h: name for h, name in state.topics.items() if h >= bound_topics or h in received}
+        self.topics.restore(topics, state.next_topic)
+        self.subscriptions.restore(dict(state.subscriptions), state.next_subscription)
+        self.processed = dict(state.processed)
+        resent = 0
+        binds = self._senders[TOPIC_BINDS]
+        for handle in sorted(topics):
+            channel = Channel(ChannelKind.PUBLISH, handle)
+            sender = self._senders[channel] = ChannelSender(channel)
+            if handle >= bound_topics:
+                resent += self._queue_resend(binds, BindTopic(topics[handle]))
+            base, frames = state.retained.get(handle, (0, ()))
+            count = received.get(handle, 0)
+            missing = frames[count - base :]
+            self._retained[handle] = deque(missing)
+            self._retained_base[handle] = count
+            for frame in missing:
+                sender.retransmit.append(SentFrame(len(frame), frame, None))
+            resent += len(missing)
+        subscribes = self._senders[SUBSCRIPTION_BINDS]
+        for handle, info in sorted(state.subscriptions.items()):
+            if handle >= bound_subscriptions:
+                message = Subscribe(info.topic, info.mode, dict(info.options))
+                resent += self._queue_resend(subscribes, message)
+            self._open_receiver(Channel(ChannelKind.DELIVER, handle))
+        for handle in sorted(state.freeing_topics & topics.keys()):
+            self._queue(self.topics.propose_free(handle))
+        return resent
+
+    def _queue_resend(self, sender: ChannelSender, message: BindTopic | Subscribe) -> int:
+        frame = encode(message, max_frame=self.peer_max_frame)
+        sender.retransmit.append(SentFrame(len(frame), frame, message))
+        return 1
 
     def _check_open(self, message: Message) -> None:
         if self.state is not ConnectionState.OPEN:
@@ -559,10 +725,16 @@ class Connection:
         size = self._bind_sizes.pop((handle_type, handle), None)
         if size is not None:
             receiver = self._receivers[_BIND_CHANNEL[handle_type]]
-            receiver.release(size)
+            if (handle_type, handle) in self._restored_binds:
+                self._restored_binds.discard((handle_type, handle))
+                receiver.grow(size)  # its space was taken off the capacity
+            else:
+                receiver.release(size)
             self._issue(receiver)
         if handle_type == HandleType.TOPIC:
             self.publishes_received.pop(handle, None)
+            self._retained.pop(handle, None)
+            self._retained_base.pop(handle, None)
         else:
             self.processed.pop(handle, None)
         events.append(HandleDeleted(int(handle_type), handle))
@@ -673,8 +845,10 @@ class Connection:
 
     # ================================================================ guarantees
 
-    def _open_receiver(self, channel: Channel) -> ChannelReceiver:
-        receiver = ChannelReceiver(channel, self.policy.initial_capacity(channel))
+    def _open_receiver(self, channel: Channel, capacity: int | None = None) -> ChannelReceiver:
+        if capacity is None:
+            capacity = self.policy.initial_capacity(channel)
+        receiver = ChannelReceiver(channel, capacity)
         self._receivers[channel] = receiver
         self._issue(receiver)
         return receiver
@@ -870,6 +1044,9 @@ class Connection:
         """
         handle_type = _HANDLE_TYPE_OF_BIND_CHANNEL[channel]
         for handle in self._table(handle_type).unbind_last(count):
+            if handle_type == HandleType.TOPIC:
+                self._retained.pop(handle, None)
+                self._retained_base.pop(handle, None)
             handle_channel = _handle_channel(handle_type, handle)
             lost = self._senders.pop(handle_channel, None)
             if lost is not None and (lost.unconfirmed or lost.retransmit):
@@ -993,7 +1170,15 @@ class Connection:
         self._require_open()
         self.topics.resolve_local(topic)
         sender = self._senders[Channel(ChannelKind.PUBLISH, topic)]
-        return self._send_frame(sender, Publish(topic, payload, key, headers))
+        message = Publish(topic, payload, key, headers)
+        frame = encode(message, max_frame=self.peer_max_frame)
+        size = self._send_frame(sender, message, frame)
+        # Kept until the broker confirms it, to be sent again on a resume.
+        retained = self._retained.get(topic)
+        if retained is None:
+            retained = self._retained[topic] = deque()
+        retained.append(frame)
+        return size
 
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:
@@ -1125,7 +1310,24 @@ class Connection:
             raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
         self._check_open(message)
         self._resolve_required(handle_type, handle, events, name)
+        if isinstance(message, Confirm):
+            self._on_confirm(message)
         events.append(message)
+
+    def _on_confirm(self, message: Confirm) -> None:
+        """Confirmed publishes need not be kept for a resume any more."""
+        base = self._retained_base.get(message.topic, 0)
+        retained = self._retained.get(message.topic)
+        if retained is None or message.count <= base:
+            return
+        if message.count - base > len(retained):
+            raise RemoteProtocolError(
+                f"Confirm of {message.count} publishes on topic handle {message.topic}, "
+                f"only {base + len(retained)} sent"
+            )
+        for _ in range(message.count - base):
+            retained.popleft()
+        self._retained_base[message.topic] = message.count
 
     def gap(self, subscription: int, first_seq: int, count: int) -> None:
         """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""

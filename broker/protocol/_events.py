@@ -24,9 +24,14 @@ class HelloReceived:
 
 @dataclass(slots=True)
 class WelcomeReceived:
-    """The broker accepted the connection (client side)."""
+    """The broker accepted the connection (client side).
+
+    On a resumed session, ``resent`` frames (binds and publishes the broker
+    had not received) wait to be sent again, before anything new.
+    """
 
     welcome: Welcome
+    resent: int = 0
 
 
 @dataclass(slots=True)

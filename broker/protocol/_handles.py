@@ -72,6 +72,16 @@ class HandleTable(Generic[V]):
         self.next_handle += 1
         return handle
 
+    def restore(self, bindings: dict[int, V], next_handle: int) -> None:
+        """Bind exactly ``bindings`` (handle -> value), with ``next_handle`` the
+        least never bound: the handles of a resumed session, on a new connection."""
+        if self._bindings or self.next_handle:
+            raise LocalProtocolError("only an unused handle table can be restored")
+        if any(not 0 <= handle < next_handle for handle in bindings):
+            raise LocalProtocolError(f"restored handles must lie below {next_handle}")
+        self._bindings = {handle: Binding(value) for handle, value in sorted(bindings.items())}
+        self.next_handle = next_handle
+
     def get(self, handle: int) -> Binding[V] | None:
         return self._bindings.get(handle)
 

@@ -54,6 +54,9 @@ class Welcome:
     max_frame: int
     #: For a resume: per topic handle, how many publishes the broker received.
     received: dict[int, int] = field(default_factory=dict)
+    #: For a resume (and only then): how many topic and subscription handles
+    #: the broker has bound in the session, so the client resends the rest.
+    bound: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)

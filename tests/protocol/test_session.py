@@ -40,18 +40,13 @@ def test_handshake_states_and_parameters() -> None:
     assert events == [HelloReceived(Hello(PROTOCOL_VERSION, "me", b"s" * 16, {3: 41}))]
     with pytest.raises(LocalProtocolError, match="16 bytes"):
         pair.broker.welcome(session=b"short", epoch=EPOCH)
-    pair.broker.welcome(
-        session=SESSION,
-        epoch=EPOCH,
-        resumed=True,
-        lease_ms=9000,
-        heartbeat_ms=3000,
-        received={0: 7},
-    )
+    with pytest.raises(LocalProtocolError, match="restore"):
+        pair.broker.welcome(session=SESSION, epoch=EPOCH, resumed=True)
+    pair.broker.welcome(session=SESSION, epoch=EPOCH, lease_ms=9000, heartbeat_ms=3000)
     events = pair.to_client(1)
     assert isinstance(events[0], WelcomeReceived)
     welcome = events[0].welcome
-    assert (welcome.resumed, welcome.epoch, welcome.received) == (True, EPOCH, {0: 7})
+    assert (welcome.resumed, welcome.epoch, welcome.received) == (False, EPOCH, {})
     assert pair.client.state is pair.broker.state is ConnectionState.OPEN
     assert (pair.client.liveness.lease, pair.client.liveness.heartbeat) == (9.0, 3.0)
     assert pair.client.peer_max_frame == pair.broker.max_frame

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -14,16 +16,21 @@ from broker.errors import sole_exception
 from broker.protocol import (
     Channel,
     ChannelKind,
+    ClientSessionState,
     Connection,
     DeliverReceived,
     Event,
     GoodbyeCode,
     HandleType,
     Headers,
+    LocalProtocolError,
     NoGuarantees,
     Options,
     Policy,
+    Publish,
     Role,
+    WelcomeReceived,
+    decode_body,
 )
 
 from ._common import (
@@ -40,6 +47,12 @@ from ._common import (
 log = logging.getLogger("broker.client")
 
 RECEIVE_SIZE = 64 * 1024
+#: Goodbye codes after which a client with ``reconnect`` tries again (besides
+#: a broken or silent connection): the broker went away, not the client's fault.
+RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})
+#: First and longest pause between reconnection attempts (doubling in between).
+BACKOFF_FIRST = 0.05
+BACKOFF_MOST = 2.0
 
 
 class Subscription:
@@ -61,19 +74,40 @@ class Subscription:
         self.received = 0
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
+        #: The options it was made with (to subscribe again if the session is lost).
+        self.mode = "reliable"
+        self.options: Options | None = None
+        #: The sequence number of the last message consumed, and of the last acknowledged.
+        self._consumed = 0
+        self._acked = 0
         #: Consumed messages whose buffer space is not yet released (see RELEASE_BATCH).
         self._unreleased = 0
         self._unreleased_size = 0
 
     def _release(self) -> None:
-        """Free the space of the messages consumed so far (guarantees follow)."""
+        """Free the space of the messages consumed so far (guarantees follow)
+        and acknowledge them (the broker holds their loans until then)."""
         if self._unreleased:
             client = self._client
-            client._conn.release_frames(
-                Channel(ChannelKind.DELIVER, self.handle), self._unreleased_size, self._unreleased
-            )
+            conn = client._conn
+            if not conn.closed:
+                conn.release_frames(
+                    Channel(ChannelKind.DELIVER, self.handle),
+                    self._unreleased_size,
+                    self._unreleased,
+                )
+                if not self._closed and self._consumed > self._acked:
+                    with contextlib.suppress(LocalProtocolError):  # being freed
+                        conn.ack(self.handle, self._consumed)
+                        self._acked = self._consumed
             self._unreleased = self._unreleased_size = 0
             client._wake_writer()
+
+    def _reset(self) -> None:
+        """The connection was replaced: what was received and not consumed
+        will be delivered again (the broker resends after the last processed)."""
+        self._queue.clear()
+        self._unreleased = self._unreleased_size = 0
 
     def __aiter__(self) -> Subscription:
         return self
@@ -97,9 +131,10 @@ class Subscription:
         event = queue.popleft()
         self._unreleased_size += event.size
         self._unreleased += 1
+        message = event.message
+        self._consumed = message.seq
         if self._unreleased >= RELEASE_BATCH or not queue:
             self._release()
-        message = event.message
         return Message(self.topic, message.payload, message.key, message.headers, message.seq)
 
     async def receive(self) -> Message:
@@ -131,6 +166,10 @@ class Client(ClientEvents):
         name: str,
         policy: Policy | None,
         token: str | None = None,
+        *,
+        connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
+        reconnect: float = 0.0,
+        on_session_lost: Callable[[], object] | None = None,
     ) -> None:
         super().__init__()
         self._stream = stream
@@ -147,30 +186,71 @@ class Client(ClientEvents):
         self._since_yield = 0
         self._closing = False
         self._writer_done = trio.Event()
+        self._connect = connect
+        self._reconnect = reconnect
+        self._on_session_lost = on_session_lost
+        self._nursery: trio.Nursery | None = None
+        self._scope: trio.CancelScope | None = None
+        #: A broken connection is being replaced (callers wait meanwhile).
+        self._reconnecting = False
+        self._attempt_error: ConnectionLost | None = None
+        self._resent_last = 0
+        #: Sessions resumed on a new connection, and frames they sent again.
+        self.resumes = 0
+        self.frames_resent_on_resume = 0
+        #: Times the broker no longer knew the session (it restarted, or the
+        #: session expired): subscriptions were made again, messages may be lost.
+        self.sessions_lost = 0
 
     # ---------------------------------------------------------------- running
 
     async def _run(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         self._conn.hello(self.name, token=self._token)
-        nursery.start_soon(self._reader)
-        nursery.start_soon(self._writer)
-        nursery.start_soon(self._keepalive)
+        nursery.start_soon(self._serve, self._stream, self._conn)
         self._wake_writer()
         await self._wait_for(lambda: self._conn.welcome_message is not None)
 
+    async def _serve(self, stream: trio.abc.Stream, conn: Connection) -> None:
+        """Run one connection's reader, writer and keepalive (until replaced)."""
+        done = self._writer_done = trio.Event()
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader, stream, conn)
+                nursery.start_soon(self._writer, stream, conn, done)
+                nursery.start_soon(self._keepalive, conn)
+
     def _fail(self, error: ConnectionLost) -> None:
+        if self._reconnecting:
+            self._attempt_error = error  # of a connection being tried
+            self._changed.unpark_all()
+            return
+        if self._error is None and self._may_reconnect(error):
+            self._start_reconnect(error)
+            return
         if self._error is None:
             self._error = error
         self._changed.unpark_all()
         self._wakeup.set()
 
-    def _finished(self) -> bool:
-        return self._conn.closed or self._error is not None
+    def _may_reconnect(self, error: ConnectionLost) -> bool:
+        return (
+            self._reconnect > 0
+            and self._connect is not None
+            and self._nursery is not None
+            and not self._closing
+            and self._conn.welcome_message is not None
+            and (error.code is None or error.code in RECONNECT_CODES)
+        )
+
+    def _ended(self, conn: Connection) -> bool:
+        return conn.closed or self._error is not None
 
     def _check_open(self) -> None:
         if self._error is not None:
             raise self._error
-        if self._conn.closed:
+        if self._conn.closed and not self._reconnecting:
             raise ConnectionLost("the client is closed")
 
     async def _wait_for(self, condition: Callable[[], bool]) -> None:
@@ -181,11 +261,10 @@ class Client(ClientEvents):
     def _wake_writer(self) -> None:
         self._wakeup.set()
 
-    async def _reader(self) -> None:
-        conn = self._conn
+    async def _reader(self, stream: trio.abc.Stream, conn: Connection) -> None:
         try:
             while not conn.closed:
-                data = await self._stream.receive_some(RECEIVE_SIZE)
+                data = await stream.receive_some(RECEIVE_SIZE)
                 if not data:
                     self._fail(ConnectionLost("the broker closed the connection"))
                     return
@@ -197,33 +276,39 @@ class Client(ClientEvents):
             self._fail(ConnectionLost(f"connection broken: {error}"))
 
     def _handle_events(self, events: list[Event]) -> None:
+        for event in events:
+            if type(event) is WelcomeReceived:
+                self._resent_last = event.resent
         self._apply_events(events)
         self._changed.unpark_all()
 
     def _release(self, event: DeliverReceived) -> None:
         self._conn.release(event)
 
-    async def _writer(self) -> None:
-        conn = self._conn
+    async def _writer(self, stream: trio.abc.Stream, conn: Connection, done: trio.Event) -> None:
         try:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 data = conn.data_to_send(trio.current_time())
                 if data:
-                    await self._stream.send_all(data)
-                if conn.closed or self._error is not None:
+                    await stream.send_all(data)
+                if self._error is not None:
+                    return
+                if conn.closed:
+                    if conn.bytes_to_send:  # the Goodbye came while we were sending
+                        self._wakeup.set()
+                        continue
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._fail(ConnectionLost(f"connection broken: {error}"))
         finally:
-            self._writer_done.set()
+            done.set()
 
-    async def _keepalive(self) -> None:
-        conn = self._conn
-        while not self._finished():
+    async def _keepalive(self, conn: Connection) -> None:
+        while not self._ended(conn):
             await trio.sleep_until(conn.next_deadline())
-            if self._finished():  # the connection ended while we slept
+            if self._ended(conn):  # it ended while we slept
                 return
             now = trio.current_time()
             if conn.peer_gone(now):
@@ -233,6 +318,128 @@ class Client(ClientEvents):
             if conn.ping_due(now) and conn.welcome_message is not None:
                 conn.ping()
                 self._wake_writer()
+
+    # ---------------------------------------------------------------- reconnecting
+
+    def _start_reconnect(self, error: ConnectionLost) -> None:
+        """Replace the broken connection, resuming the session (see :func:`open_client`)."""
+        assert self._nursery is not None
+        log.warning("%s: %s; reconnecting", self.name, error)
+        self._reconnecting = True
+        if self._scope is not None:
+            self._scope.cancel()
+        self._nursery.start_soon(trio.aclose_forcefully, self._stream)
+        state = self._resume_state()
+        for subscription in self._subscriptions.values():
+            subscription._reset()
+        self._nursery.start_soon(self._reconnect_loop, state, error)
+        self._changed.unpark_all()
+
+    def _resume_state(self) -> ClientSessionState:
+        """The session as it stands, each open subscription processed up to
+        what the application consumed (the rest is delivered again)."""
+        state = self._conn.session_state()
+        assert isinstance(state, ClientSessionState)
+        live = {
+            handle: info
+            for handle, info in state.subscriptions.items()
+            if (sub := self._subscriptions.get(handle)) is not None and not sub._closed
+        }
+        processed = {handle: self._subscriptions[handle]._consumed for handle in live}
+        return dataclasses.replace(state, subscriptions=live, processed=processed)
+
+    async def _reconnect_loop(self, state: ClientSessionState, error: ConnectionLost) -> None:
+        """Connect again, with exponential backoff, for up to ``reconnect``
+        seconds; then resume the session or, if the broker lost it, make the
+        subscriptions again and resend what it never confirmed."""
+        assert self._connect is not None and self._nursery is not None
+        deadline = trio.current_time() + self._reconnect
+        delay = BACKOFF_FIRST
+        last: BaseException = error
+        while trio.current_time() < deadline:
+            conn = await self._attempt(state, deadline)
+            if isinstance(conn, Connection):
+                welcome = conn.welcome_message
+                assert welcome is not None
+                if welcome.resumed:
+                    self._resumed(state, welcome.received)
+                else:
+                    await self._session_lost(state)
+                self._reconnecting = False
+                self._changed.unpark_all()
+                self._wake_writer()
+                return
+            last = conn
+            if isinstance(conn, ConnectionLost) and conn.code not in (None, *RECONNECT_CODES):
+                break  # refused (not authorised, say): trying again will not help
+            await trio.sleep(max(min(delay, deadline - trio.current_time()), 0))
+            delay = min(delay * 2, BACKOFF_MOST)
+        self._reconnecting = False
+        self._error = ConnectionLost(f"could not reconnect within {self._reconnect} s: {last}")
+        self._changed.unpark_all()
+        self._wakeup.set()
+
+    async def _attempt(self, state: ClientSessionState, deadline: float) -> Connection | Exception:
+        """One connection attempt: the Connection once welcomed, else the error."""
+        assert self._connect is not None and self._nursery is not None
+        try:
+            with trio.fail_after(max(deadline - trio.current_time(), 0)):
+                stream = await self._connect()
+        except (OSError, trio.TooSlowError, ConnectionLost) as error:
+            return error
+        conn = Connection(Role.CLIENT, policy=self._conn.policy, now=trio.current_time())
+        conn.hello(self.name, token=self._token, resume=state)
+        self._conn, self._stream = conn, stream
+        self._attempt_error = None
+        self._pong = 0  # Ping nonces start again
+        self._nursery.start_soon(self._serve, stream, conn)
+        self._wake_writer()
+        with trio.move_on_after(max(deadline - trio.current_time(), 0)):
+            while conn.welcome_message is None and self._attempt_error is None:
+                await self._changed.park()
+        if conn.welcome_message is not None and not conn.closed:
+            return conn
+        if self._scope is not None:
+            self._scope.cancel()
+        await trio.aclose_forcefully(stream)
+        return self._attempt_error or ConnectionLost("no Welcome in time")
+
+    def _resumed(self, state: ClientSessionState, received: dict[int, int]) -> None:
+        for handle, count in received.items():
+            self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
+        self.resumes += 1
+        self.frames_resent_on_resume += self._resent_last
+        log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
+
+    async def _session_lost(self, state: ClientSessionState) -> None:
+        """The broker does not know the session: subscribe again, publish again
+        what it never confirmed (at least once), and tell the application."""
+        self.sessions_lost += 1
+        unconfirmed = sum(len(frames) for _, frames in state.retained.values())
+        log.warning(
+            "%s: the broker lost our session (it restarted, or the session expired): "
+            "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; "
+            "messages published meanwhile were not delivered to us",
+            self.name,
+            len(state.subscriptions),
+            unconfirmed,
+        )
+        self._topics.clear()
+        self._published.clear()
+        self._confirmed.clear()
+        subscriptions = [self._subscriptions[h] for h in sorted(state.subscriptions)]
+        self._subscriptions = {}
+        for subscription in subscriptions:
+            await self._open_subscription(subscription)
+            await self._subscribed(subscription)
+        for handle, (_, frames) in sorted(state.retained.items()):
+            topic = state.topics[handle]
+            for frame in frames:
+                message = decode_body(frame[4:])
+                assert isinstance(message, Publish)
+                await self._publish(topic, message.payload, message.key, message.headers)
+        if self._on_session_lost is not None:
+            self._on_session_lost()
 
     # ---------------------------------------------------------------- topics
 
@@ -270,7 +477,16 @@ class Client(ClientEvents):
 
         Once it returns, the broker is certain to accept the message (with
         ``optimism``: once the client has resent it, if it was dropped).
+        While the client reconnects (see :func:`open_client`) it waits.
         """
+        if self._reconnecting:
+            self._check_open()
+            raise trio.WouldBlock
+        self._publish_now(topic, payload, key, headers)
+
+    def _publish_now(
+        self, topic: str, payload: bytes, key: bytes | None, headers: Headers | None
+    ) -> None:
         handle = self._topic_nowait(topic)
         self._check_open()
         try:
@@ -307,6 +523,17 @@ class Client(ClientEvents):
             self._since_yield = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
 
+    async def _publish(
+        self, topic: str, payload: bytes, key: bytes | None, headers: Headers | None
+    ) -> None:
+        """Publish while reconnecting (the application's publishes wait meanwhile)."""
+        while True:
+            try:
+                self._publish_now(topic, payload, key, headers)
+                return
+            except trio.WouldBlock:
+                await self._changed.park()
+
     async def flush(self) -> None:
         """Wait until the broker has routed every message published so far."""
         await trio.lowlevel.checkpoint()
@@ -330,27 +557,42 @@ class Client(ClientEvents):
         publishers (queue limits in ``options``: ``max_queued``,
         ``max_queued_bytes``); :attr:`Subscription.missed` counts the drops.
         """
-        conn = self._conn
-        handle = await self._topic(topic)
-        await self._wait_for(lambda: conn.confirmed(HandleType.TOPIC, handle))
-        while True:
-            self._check_open()
-            try:
-                sub_handle = conn.subscribe(handle, mode, options)
-                break
-            except NoGuarantees:
-                await self._changed.park()
-        subscription = Subscription(self, sub_handle, topic)
-        self._subscriptions[sub_handle] = subscription
-        self._wake_writer()
+        await self._wait_for(lambda: not self._reconnecting)
+        subscription = Subscription(self, -1, topic)
+        subscription.mode = mode
+        subscription.options = options
+        await self._open_subscription(subscription)
         try:
-            await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, sub_handle))
-            await self._round_trip()
+            await self._subscribed(subscription)
             yield subscription
         finally:
             subscription._closed = True
             with trio.CancelScope(shield=True):
                 await self._unsubscribe(subscription)
+
+    async def _open_subscription(self, subscription: Subscription) -> None:
+        """Send the Subscribe for ``subscription`` (binding its topic first)."""
+        conn = self._conn
+        handle = await self._topic(subscription.topic)
+        await self._wait_for(lambda: conn.confirmed(HandleType.TOPIC, handle))
+        while True:
+            self._check_open()
+            try:
+                sub_handle = conn.subscribe(handle, subscription.mode, subscription.options)
+                break
+            except NoGuarantees:
+                await self._changed.park()
+        subscription.handle = sub_handle
+        subscription._consumed = subscription._acked = 0
+        self._subscriptions[sub_handle] = subscription
+        self._wake_writer()
+
+    async def _subscribed(self, subscription: Subscription) -> None:
+        """Wait until the broker has processed the Subscribe."""
+        conn = self._conn
+        handle = subscription.handle
+        await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, handle))
+        await self._round_trip()
 
     async def _unsubscribe(self, subscription: Subscription) -> None:
         conn = self._conn
@@ -387,6 +629,9 @@ class Client(ClientEvents):
         """
         if self._closing:
             return
+        if self._reconnecting and flush:
+            with contextlib.suppress(ConnectionLost):  # then raised below, if anything is lost
+                await self._wait_for(lambda: not self._reconnecting)
         self._closing = True
         if self._error is None and not self._conn.closed:
             if flush:
@@ -409,6 +654,9 @@ class Client(ClientEvents):
             "bytes_sent": self._conn.bytes_sent,
             "bytes_received": self._conn.bytes_received,
             "frames_resent": self.frames_resent,
+            "resumes": self.resumes,
+            "frames_resent_on_resume": self.frames_resent_on_resume,
+            "sessions_lost": self.sessions_lost,
         }
 
 
@@ -422,6 +670,8 @@ async def open_client(
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     optimism: int = 0,
+    reconnect: float = 0.0,
+    on_session_lost: Callable[[], object] | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
 
@@ -437,6 +687,18 @@ async def open_client(
     exactly those messages, in order, before anything newer: every message
     still arrives once, in order (``client.frames_resent`` counts the resent).
 
+    ``reconnect`` (seconds, default 0: never) makes a client whose connection
+    breaks (or whose broker goes silent or shuts down) connect again, with
+    exponential backoff, for up to that long, and resume its session:
+    subscriptions go on where the application left them and published
+    messages the broker did not receive are sent again, so nothing is lost
+    or delivered twice. Meanwhile publishing and flushing wait. If the broker
+    no longer knows the session (it restarted, or the session outlived its
+    lease), the client subscribes again, publishes again what was never
+    confirmed, logs a warning and calls ``on_session_lost()``:
+    ``client.sessions_lost`` counts these. Messages published to its topics
+    while it had no session were not delivered to it.
+
     Leaving the block normally flushes (waits until the broker has routed
     every published message), then says Goodbye. An exception raised in the
     block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
@@ -444,7 +706,10 @@ async def open_client(
     """
     host, port, context = connection_target(url, ssl_context, token)
     policy = client_policy(policy, optimism)
-    with trio.fail_after(connect_timeout):
+    if reconnect < 0:
+        raise ClientError("reconnect must be >= 0 seconds")
+
+    async def connect() -> trio.abc.Stream:
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if context is not None:
             try:
@@ -452,10 +717,23 @@ async def open_client(
             except BaseException:  # a timeout or cancellation: the socket goes too
                 await trio.aclose_forcefully(stream)
                 raise
+        return stream
+
+    with trio.fail_after(connect_timeout):
+        stream = await connect()
     failure: BaseException | None = None
+    client: Client | None = None
     try:
         async with trio.open_nursery() as nursery:
-            client = Client(stream, name, policy, token)
+            client = Client(
+                stream,
+                name,
+                policy,
+                token,
+                connect=connect,
+                reconnect=reconnect,
+                on_session_lost=on_session_lost,
+            )
             with trio.fail_after(connect_timeout):
                 await client._run(nursery)
             try:
@@ -478,7 +756,7 @@ async def open_client(
         if failure is group:
             raise
     finally:
-        await _close(stream)
+        await _close(stream if client is None else client._stream)
     if failure is not None:
         raise failure
 

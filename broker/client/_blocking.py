@@ -54,6 +54,7 @@ from broker.protocol import (
     GoodbyeCode,
     HandleType,
     Headers,
+    LocalProtocolError,
     NoGuarantees,
     Options,
     Policy,
@@ -61,6 +62,7 @@ from broker.protocol import (
 )
 
 from ._common import (
+    RELEASE_BATCH,
     ClientError,
     ClientEvents,
     ConnectionLost,
@@ -130,6 +132,8 @@ class BlockingSubscription:
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
         self._queue: deque[DeliverReceived] = deque()
+        #: The last sequence number acknowledged to the broker.
+        self._acked = 0
         self._closed = False
 
     @property
@@ -205,8 +209,13 @@ class BlockingSubscription:
             raise ClientError("the subscription is closed")
         event = self._queue.popleft()
         client._release(event)
-        client._after_operation(urgent=True)
         message = event.message
+        # Acknowledge (the broker holds each delivery's loan until then) in
+        # batches, and at once when everything received has been taken.
+        if not self._queue or message.seq - self._acked >= RELEASE_BATCH:
+            client._ack(self.handle, message.seq)
+            self._acked = message.seq
+        client._after_operation(urgent=True)
         return Message(self.topic, message.payload, message.key, message.headers, message.seq)
 
     def close(self) -> None:
@@ -571,6 +580,12 @@ class BlockingClient(ClientEvents):
         """A delivery is done with: free its space (promised again per policy)."""
         if not self._conn.closed:
             self._conn.release(event)
+
+    def _ack(self, handle: int, seq: int) -> None:
+        """Tell the broker every delivery up to ``seq`` on ``handle`` is processed."""
+        if not self._conn.closed:
+            with contextlib.suppress(LocalProtocolError):  # the subscription is being freed
+                self._conn.ack(handle, seq)
 
     # ---------------------------------------------------------------- topics
 

@@ -28,6 +28,7 @@ from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
 
 from ._connection import ServerConnection
+from ._session import SessionTable
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -103,6 +104,8 @@ class Broker:
         #: The root account: all connections' debt rolls up here (never blocks).
         self.account: Account = unlimited("broker", kind="broker")
         self.topics: dict[str, Topic] = {}
+        #: Client sessions: they outlive a broken connection by ``lease`` seconds.
+        self.sessions = SessionTable(config.lease)
         self.connections: dict[int, ServerConnection] = {}
         self.buffer_reserved = 0
         self.connections_total = 0
@@ -239,6 +242,7 @@ class Broker:
         log.info("shutting down: %d connections to drain", len(self.connections))
         for connection in list(self.connections.values()):
             connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+        self.sessions.end_all()  # the detached ones: nobody can resume them now
         with trio.move_on_after(self.config.shutdown_deadline):
             await self._idle.wait()
         if self._nursery is not None:
@@ -291,6 +295,7 @@ async def serve_broker(
         try:
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
+                broker.sessions.start(nursery)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:
@@ -318,6 +323,7 @@ async def serve_broker(
                     )
                 task_status.started(broker)
         finally:
+            broker.sessions.end_all()
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -14,6 +13,8 @@ import trio
 from accounts import Account, LoanedItem
 from broker.auth import AuthFailure
 from broker.protocol import (
+    Ack,
+    BrokerSessionState,
     Channel,
     ChannelKind,
     Connection,
@@ -36,6 +37,7 @@ from broker.protocol import (
 
 from ._lossy import OptionError, make_subscription
 from ._policy import BrokerPolicy
+from ._session import Session
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
@@ -127,7 +129,13 @@ class ServerConnection:
             kind="connection",
         )
         self.channels: dict[int, PublishChannel] = {}
+        #: The session's subscriptions (the session's own dict once welcomed).
         self.subscriptions: dict[int, Subscription] = {}
+        #: The session this connection serves (None before the Welcome).
+        self.session: Session | None = None
+        #: The session ends with this connection (the client said Goodbye, or
+        #: broke the rules); otherwise it waits for a resume.
+        self.ends_session = False
         #: What this connection's lossy and latest queues hold (see ``lossy_budget``).
         self.dropping_bytes = 0
         self.counters = ConnectionCounters()
@@ -193,19 +201,15 @@ class ServerConnection:
         self.wake_writer()
 
     def _cleanup(self) -> None:
-        # Publishes that were accepted within guarantees are forwarded even
-        # though their sender is gone: the guarantee promised they'd be routed.
-        for state in list(self.channels.values()):
-            if state.buffer:
-                size = sum(event.size for event in state.buffer)
-                self._forward(state, list(state.buffer), size, 0)
-                state.buffer.clear()
-            state.topic.publishers -= 1
-            state.topic.release_if_unused()
-            state.account.close()
-        self.channels.clear()
+        session = self.session
+        if session is not None:
+            if self.ends_session or self.broker.closing:
+                self.broker.sessions.end(session)
+            else:
+                self._detach()
+        self._close_channels()
         for subscription in list(self.subscriptions.values()):
-            subscription.close()
+            subscription.close()  # none left if the session went on
         self.subscriptions.clear()
         for loan in (*self._writing, *self._inflight):
             loan.repay()
@@ -217,6 +221,43 @@ class ServerConnection:
             self.principal.connections -= 1
         self.broker.forget(self)
         log.info("%s %s closed: %s", self.name, self.peer, self.close_reason or "done")
+
+    def _detach(self) -> None:
+        """Leave the session to wait for a resume: its record of handles and
+        its subscriptions (which go on queueing) stay; this connection lets go."""
+        session = self.session
+        assert session is not None
+        state = self.protocol.session_state()
+        assert isinstance(state, BrokerSessionState)
+        for handle in list(self.subscriptions):
+            if handle not in state.subscriptions:  # being freed: it goes now
+                self.subscriptions.pop(handle).close()
+        self.subscriptions = {}
+        self.session = None
+        self.broker.sessions.detach(session, state)
+        log.info("%s %s: session %s detached", self.name, self.peer, session.name)
+
+    def hand_over(self) -> None:
+        """The session resumes on another connection while this one still
+        looks alive: let go of it now, forward what was received, and close."""
+        if self.session is None:
+            return
+        self._detach()
+        self._close_channels()
+        self.goodbye(GoodbyeCode.NORMAL, "session resumed on another connection")
+
+    def _close_channels(self) -> None:
+        # Publishes that were accepted within guarantees are forwarded even
+        # though their sender is gone: the guarantee promised they'd be routed.
+        for state in list(self.channels.values()):
+            if state.buffer:
+                size = sum(event.size for event in state.buffer)
+                self._forward(state, list(state.buffer), size, 0)
+                state.buffer.clear()
+            state.topic.publishers -= 1
+            state.topic.release_if_unused()
+            state.account.close()
+        self.channels.clear()
 
     # ================================================================ writer
 
@@ -247,7 +288,6 @@ class ServerConnection:
                     self._nursery_cancel()
                     return
                 counters.bytes_out += len(data)
-            counters.messages_out += len(loans)
             self._writing = []
             for loan in loans:
                 loan.repay()
@@ -285,9 +325,7 @@ class ServerConnection:
         the caller). Their loans are repaid once written to the socket."""
         protocol = self.protocol
         if protocol.closed:
-            for loan in loans:  # nobody will read them; the subscription goes away with us
-                loan.repay()
-            return len(loans)
+            return 0  # they wait in the subscription: for a resume, or to be repaid
         try:
             count = protocol.deliver_encoded_many(
                 subscription.handle, subscription.next_seq, [loan.item for loan in loans]
@@ -301,7 +339,17 @@ class ServerConnection:
         if count:
             subscription.next_seq += count
             subscription.delivered += count
-            self._inflight.extend(loans if count == len(loans) else loans[:count])
+            self.counters.messages_out += count
+            sent = loans if count == len(loans) else loans[:count]
+            if subscription.charges_publishers:
+                # Held until acknowledged. The Ack comes in on our socket: the
+                # reader must not stop on debt that only it can clear.
+                subscription.unacked.extend(sent)
+                self._stalled.add(subscription.handle)
+                if self._funds_scope is not None:
+                    self._funds_scope.cancel()
+            else:
+                self._inflight.extend(sent)
             self._wakeup.set()
         return count
 
@@ -399,13 +447,18 @@ class ServerConnection:
             self._stalled = {
                 handle
                 for handle in self._stalled
-                if (sub := self.subscriptions.get(handle)) is not None and sub.queued
+                if (sub := self.subscriptions.get(handle)) is not None
+                and (sub.queued or sub.unacked)
             }
 
     # ================================================================ events
 
     def _handle_events(self, events: list[Event]) -> None:
         touched: set[PublishChannel] = set()
+        # Events of a read that ended the connection (the client's Goodbye, a
+        # protocol error) all stand: they end with ConnectionClosed. Only a
+        # Goodbye of ours, said while handling them, stops the rest.
+        closed_before = self.protocol.closed
         for event in events:
             if type(event) is PublishReceived:
                 state = self.channels[event.channel.index]
@@ -422,7 +475,7 @@ class ServerConnection:
                         subscription.pump()
             else:
                 self._handle_other(event)
-                if self.protocol.closed:
+                if self.protocol.closed and not closed_before:
                     break  # nothing after a Goodbye of ours is applied
         for state in touched:
             self._drain(state)
@@ -431,26 +484,7 @@ class ServerConnection:
         if isinstance(event, HelloReceived):
             self._on_hello(event)
         elif isinstance(event, TopicBound):
-            may_publish = True
-            if self.principal is not None:
-                principal = self.principal.principal
-                may_publish = principal.may_publish(event.name)
-                if not may_publish and not principal.may_subscribe(event.name):
-                    self._deny(f"may not use topic {event.name!r}")
-                    return
-            topic = self.broker.topic(event.name)
-            topic.publishers += 1
-            channel = Channel(ChannelKind.PUBLISH, event.handle)
-            account = Account(
-                f"{self.name}/publish/{event.handle}",
-                high_watermark=self.broker.config.channel_high_watermark,
-                low_watermark=self.broker.config.channel_low_watermark,
-                parent=self.account,
-                kind="publish",
-            )
-            self.channels[event.handle] = PublishChannel(
-                channel, account, topic, may_publish=may_publish
-            )
+            self._open_publish_channel(event.handle, event.name)
         elif isinstance(event, Subscribed):
             if self.principal is not None and not self.principal.principal.may_subscribe(
                 event.topic_name
@@ -468,9 +502,18 @@ class ServerConnection:
                 return
             self.subscriptions[event.handle] = subscription
             topic.subscribe(subscription)
+        elif type(event) is Ack:
+            acked = self.subscriptions.get(event.subscription)
+            if acked is not None:
+                acked.ack(event.seq)
         elif isinstance(event, HandleFreeProposed | HandleDeleted):
             self._on_handle_gone(event.handle_type, event.handle)
         elif isinstance(event, ConnectionClosed):
+            # A client that says Goodbye 0 is done with its session; one that
+            # breaks the rules loses it. Other Goodbyes (e.g. "broker silent")
+            # leave it to be resumed.
+            if event.error is not None or event.code == GoodbyeCode.NORMAL:
+                self.ends_session = True
             how = "by the client" if event.by_peer else "for a protocol violation"
             self.close_reason = f"closed {how}: code {event.code} {event.reason}"
             if event.error is not None:
@@ -483,18 +526,83 @@ class ServerConnection:
             return  # something after the Hello, in the same read, closed the connection
         hello = event.hello
         self.client_name = hello.client[:64]
-        if hello.session is not None:
-            # Sessions outlive connections only once the session table exists;
-            # until then no session can be resumed, and the client must know.
-            self.protocol.goodbye(GoodbyeCode.UNKNOWN_SESSION, "unknown session")
-            self.close_reason = "resume of an unknown session"
-            return
         if self.broker.auth is not None and not self._authenticate(hello.token):
             return
-        self.protocol.welcome(session=secrets.token_bytes(16), epoch=self.broker.epoch)
+        sessions = self.broker.sessions
+        principal = self.principal.principal.name if self.principal else None
+        session = None
+        if hello.session is not None:
+            session = sessions.find(hello.session, principal)
+            if session is None:
+                log.info(
+                    "%s %s: %r asks for an unknown session: a new one",
+                    self.name,
+                    self.peer,
+                    self.client_name,
+                )
+        if session is not None:
+            self._resume(session, hello.processed)
+        else:
+            self.session = sessions.create(self, principal)
+            self.protocol.welcome(session=self.session.id, epoch=self.broker.epoch)
         # The bind channels exist now: their buffers count against the budgets.
         self._reserve(self._capacity_in_use() - self.buffer_reserved)
         log.info("%s %s: hello from %r", self.name, self.peer, self.client_name)
+
+    def _resume(self, session: Session, processed: dict[int, int]) -> None:
+        """Take over ``session``: its handles, channels and subscriptions; what
+        the client did not process is delivered again, first."""
+        if session.connection is not None:
+            session.connection.hand_over()
+        assert session.state is not None
+        restore, dropped = session.state.for_resume(processed)
+        for handle in dropped:  # the client gave them up
+            session.subscriptions.pop(handle).close()
+        self.broker.sessions.attach(session, self)
+        self.session = session
+        self.subscriptions = session.subscriptions
+        self.protocol.welcome(session=session.id, epoch=self.broker.epoch, restore=restore)
+        for handle, (name, _) in restore.topics.items():
+            state = self._open_publish_channel(handle, name)
+            if state is None:
+                return
+            state.routed = state.confirmed = restore.received.get(handle, 0)
+        redelivered = 0
+        for handle, subscription in self.subscriptions.items():
+            redelivered += subscription.attach(self, processed.get(handle, 0))
+        self.broker.sessions.redelivered_total += redelivered
+        log.info(
+            "%s %s: session %s resumed (%d deliveries sent again)",
+            self.name,
+            self.peer,
+            session.name,
+            redelivered,
+        )
+
+    def _open_publish_channel(self, handle: int, name: str) -> PublishChannel | None:
+        """The broker's side of a newly bound (or restored) topic handle; None
+        (and Goodbye 6) if the client's principal may not use the topic."""
+        may_publish = True
+        if self.principal is not None:
+            principal = self.principal.principal
+            may_publish = principal.may_publish(name)
+            if not may_publish and not principal.may_subscribe(name):
+                self._deny(f"may not use topic {name!r}")
+                return None
+        topic = self.broker.topic(name)
+        topic.publishers += 1
+        account = Account(
+            f"{self.name}/publish/{handle}",
+            high_watermark=self.broker.config.channel_high_watermark,
+            low_watermark=self.broker.config.channel_low_watermark,
+            parent=self.account,
+            kind="publish",
+        )
+        state = PublishChannel(
+            Channel(ChannelKind.PUBLISH, handle), account, topic, may_publish=may_publish
+        )
+        self.channels[handle] = state
+        return state
 
     def _authenticate(self, token: str | None) -> bool:
         """Bind the connection to the principal its credentials prove, within
@@ -520,6 +628,7 @@ class ServerConnection:
 
     def _deny(self, reason: str, failure: AuthFailure = AuthFailure.TOPIC_DENIED) -> None:
         """Refuse the client for ``failure``: Goodbye 6 (not authorised)."""
+        self.ends_session = True
         self.broker.auth_failed(failure)
         self._refuse_hello(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}")
 

@@ -260,6 +260,25 @@ class DroppingSubscription(Subscription):
         self.next_seq = upto
         return True
 
+    def attach(self, connection: ServerConnection, processed: int) -> int:
+        """A resumed connection takes over. Deliveries sent after ``processed``
+        were lost with the old connection: they are reported as a Gap (a
+        dropping subscription keeps nothing once sent). Returns 0 (nothing
+        is sent again)."""
+        self.connection.dropping_bytes -= self._bytes
+        connection.dropping_bytes += self._bytes
+        self.connection = connection
+        lost_from = max(processed + 1, self.acked + 1)
+        if lost_from < self.next_seq:
+            connection.gap(self, lost_from, self.next_seq - lost_from)
+            self.gaps_sent += 1
+        self.acked = self.next_seq - 1
+        self.pump()
+        return 0
+
+    def ack(self, seq: int) -> None:
+        """Acknowledgements only matter to reliable subscriptions."""
+
     def close(self) -> None:
         """Leave the topic and repay every queued delivery."""
         self.topic.unsubscribe(self)

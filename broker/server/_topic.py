@@ -34,17 +34,27 @@ class Routed:
 
 
 class Subscription:
-    """A reliable subscription queue of one subscriber connection.
+    """A reliable subscription queue of one subscriber's session.
 
     Every queued delivery is a loan on the account of the channel whose
-    publish caused it; the loan moves to the subscriber's writer when the
-    Deliver frame is queued within the subscriber's guarantees, and is repaid
-    when its bytes have been handed to the socket. The subscriber's
-    guarantees on its delivery channel are the window: nothing waits in the
-    connection beyond them.
+    publish caused it. Once its Deliver frame is sent (within the
+    subscriber's guarantees: nothing waits in the connection beyond them)
+    the loan stays with the subscription, unacknowledged, until the
+    subscriber's cumulative ``Ack`` covers it; if the connection breaks, the
+    unacknowledged deliveries are sent again on the resumed connection.
     """
 
-    __slots__ = ("_queue", "connection", "delivered", "handle", "mode", "next_seq", "topic")
+    __slots__ = (
+        "_queue",
+        "acked",
+        "connection",
+        "delivered",
+        "handle",
+        "mode",
+        "next_seq",
+        "topic",
+        "unacked",
+    )
 
     #: Its queued deliveries are charged to the publishers' channels (the
     #: fan-out rule); lossy and latest subscriptions pay for their own.
@@ -57,6 +67,9 @@ class Subscription:
         self.mode = mode
         self.next_seq = 1
         self.delivered = 0
+        #: Sent deliveries not acknowledged yet: sequence numbers ``acked + 1`` on.
+        self.unacked: deque[LoanedItem[bytes]] = deque()
+        self.acked = 0
         self._queue: deque[LoanedItem[bytes]] = deque()
 
     @property
@@ -91,11 +104,38 @@ class Subscription:
             if taken < len(batch):
                 return
 
+    def ack(self, seq: int) -> None:
+        """The subscriber processed every delivery up to ``seq``: repay their loans.
+
+        An Ack beyond what was sent covers what was sent.
+        """
+        unacked = self.unacked
+        count = min(seq - self.acked, len(unacked))
+        for _ in range(count):
+            unacked.popleft().repay()
+        if count > 0:
+            self.acked += count
+
+    def attach(self, connection: ServerConnection, processed: int) -> int:
+        """A resumed connection takes over; the subscriber processed up to
+        ``processed``. What it did not process is sent again, first, with its
+        sequence numbers; returns how many deliveries that is."""
+        self.connection = connection
+        self.ack(processed)
+        resend = self.unacked
+        if resend:
+            self.unacked = deque()
+            self._queue.extendleft(reversed(resend))
+        self.next_seq = self.acked + 1
+        self.pump()
+        return len(resend)
+
     def close(self) -> None:
-        """Leave the topic and repay every queued delivery."""
+        """Leave the topic and repay every queued and unacknowledged delivery."""
         self.topic.unsubscribe(self)
-        while self._queue:
-            self._queue.popleft().repay()
+        for queue in (self._queue, self.unacked):
+            while queue:
+                queue.popleft().repay()
 
 
 class Topic(Actor):

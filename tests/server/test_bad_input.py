@@ -247,12 +247,17 @@ async def test_disconnect_mid_frame_is_cleaned_up(stage: str) -> None:
 # ==================================================================== sessions and leases
 
 
-async def test_resume_of_unknown_session_gets_goodbye_7() -> None:
+async def test_resume_of_unknown_session_gets_a_new_session() -> None:
+    """PROTOCOL.md: an unknown session is answered with a fresh one (resumed
+    false), never silently resumed; the client then knows to subscribe again."""
     async with running_broker() as broker:
         async with raw_client(broker) as client:
             await client.hello("resumer", session=bytes(range(16)))
-            await expect_goodbye(client, GoodbyeCode.UNKNOWN_SESSION)
-            assert not any(isinstance(m, Welcome) for m in client.frames)
+            welcome = await client.wait_for_message(Welcome)
+            assert not welcome.resumed and welcome.bound is None
+            assert welcome.session != bytes(range(16))
+            assert list(broker.sessions.sessions) == [welcome.session]
+            assert client.goodbyes() == []
         await assert_round_trip(broker)
         await wait_idle(broker)
 

@@ -169,8 +169,12 @@ async def test_subscriber_that_never_reads_throttles_its_publisher(grant: int) -
 
 async def test_subscriber_vanishing_with_unread_deliveries() -> None:
     """A subscriber that granted plenty but never read disappears (its kernel
-    resets the connection, data unread) while the broker is blocked writing to it."""
-    async with running_broker(**DEAF_CONFIG) as broker:
+    resets the connection, data unread) while the broker is blocked writing to it.
+
+    Its session waits one lease for a resume, its deliveries (and the
+    publisher's debt for them) kept; then it expires and everything is freed.
+    """
+    async with running_broker(**DEAF_CONFIG, heartbeat=0.2, lease=0.6) as broker:
         async with open_client(url(broker), name="publisher") as publisher:
             async with raw_client(broker) as deaf:
                 await subscribe_deaf(deaf, 64 * MiB)
@@ -180,9 +184,15 @@ async def test_subscriber_vanishing_with_unread_deliveries() -> None:
             # raw_client closed the socket with data unread: a reset.
             with trio.fail_after(5):
                 await deaf_connection.closed.wait()
+            assert broker.sessions.detached == 1
+            assert broker.statistics().subscriptions == 1  # still queueing for a resume
+            with pytest.raises(trio.WouldBlock):
+                publisher.publish_nowait("busy", PAYLOAD)
             with trio.fail_after(10):
                 await publisher.publish("busy", PAYLOAD)
                 await publisher.flush()
+            assert broker.sessions.expired_total == 1
+            assert broker.sessions.detached == 0
             await assert_round_trip(broker)
         await wait_idle(broker)
 

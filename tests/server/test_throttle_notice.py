@@ -11,6 +11,7 @@ import trio
 
 from broker.client import open_client
 from broker.metrics import stat_document
+from broker.protocol import Goodbye
 from broker.server import Broker
 
 from .helpers import (
@@ -55,6 +56,7 @@ async def test_a_channel_withheld_past_the_threshold_is_announced_and_then_relea
             assert advised(broker) == [True]
             assert "withholds guarantees on topic 'busy'" in caplog.text
             # The deaf subscriber leaves: its deliveries are repaid, the topic flows.
+            await deaf.send(Goodbye(0, "bye"))  # its session ends with it
             await deaf.aclose()
             await wait_until(lambda: not publisher.throttled_topics, what="Throttled false")
             assert advised(broker) == [False]

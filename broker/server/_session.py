@@ -1,0 +1,155 @@
+"""Sessions: what a client holds on the broker, kept across its connections.
+
+A session owns its subscriptions (queues, unacknowledged deliveries and
+their loans) and the record of its handles. When its connection breaks
+without the client saying Goodbye, the session is *detached*: its
+subscriptions keep queueing (charged, as always, to the publishers, so a
+gone subscriber throttles its publishers instead of growing memory) and it
+waits ``lease`` seconds for a resume. Then it expires and frees everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+import trio
+
+from broker.protocol import BrokerSessionState
+
+if TYPE_CHECKING:
+    from ._connection import ServerConnection
+    from ._topic import Subscription
+
+log = logging.getLogger("broker.server")
+
+
+class Session:
+    """One client session; :class:`SessionTable` creates, resumes and expires them."""
+
+    __slots__ = (
+        "_expiry",
+        "client_name",
+        "connection",
+        "detached_at",
+        "id",
+        "principal",
+        "resumes",
+        "state",
+        "subscriptions",
+    )
+
+    def __init__(self, client_name: str, principal: str | None) -> None:
+        #: Random 128 bits: unique across broker restarts, and unguessable.
+        self.id = secrets.token_bytes(16)
+        self.client_name = client_name
+        #: The principal that created it; only the same principal may resume it.
+        self.principal = principal
+        #: Subscription handle -> its queue (shared with the attached connection).
+        self.subscriptions: dict[int, Subscription] = {}
+        #: The handles as the last connection left them (set on detach).
+        self.state: BrokerSessionState | None = None
+        self.connection: ServerConnection | None = None
+        #: When the last connection broke (None while attached).
+        self.detached_at: float | None = None
+        self.resumes = 0
+        self._expiry: trio.CancelScope | None = None
+
+    @property
+    def name(self) -> str:
+        """A short, log-safe name: the first bytes of the id in hex."""
+        return self.id[:4].hex()
+
+    def close_subscriptions(self) -> None:
+        """Leave every topic and repay every queued and unacknowledged delivery."""
+        for subscription in self.subscriptions.values():
+            subscription.close()
+        self.subscriptions.clear()
+
+
+class SessionTable:
+    """The broker's sessions: created at Hello, detached when their connection
+    breaks, resumed within ``linger`` seconds or expired after it."""
+
+    def __init__(self, linger: float) -> None:
+        self.linger = linger
+        self.sessions: dict[bytes, Session] = {}
+        self.created_total = 0
+        self.resumed_total = 0
+        self.expired_total = 0
+        #: Deliveries sent again on resumes (sent before, never acknowledged).
+        self.redelivered_total = 0
+        #: Seconds of the lease left at each resume (for the histogram).
+        self.resume_lease_left: list[float] = []
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run expiry timers in ``nursery`` (the broker's)."""
+        self._nursery = nursery
+
+    @property
+    def detached(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.connection is None)
+
+    def create(self, connection: ServerConnection, principal: str | None) -> Session:
+        session = Session(connection.client_name, principal)
+        session.subscriptions = connection.subscriptions
+        session.connection = connection
+        self.sessions[session.id] = session
+        self.created_total += 1
+        return session
+
+    def find(self, session_id: bytes, principal: str | None) -> Session | None:
+        """The session a Hello asks to resume, if it lives and is the principal's."""
+        session = self.sessions.get(session_id)
+        if session is None or session.principal != principal:
+            return None
+        return session
+
+    def attach(self, session: Session, connection: ServerConnection) -> None:
+        """``connection`` resumes ``session`` (the caller detached any earlier one)."""
+        assert session.connection is None, "detach the old connection first"
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
+        if session.detached_at is not None:
+            left = self.linger - (trio.current_time() - session.detached_at)
+            self.resume_lease_left.append(max(left, 0.0))
+            del self.resume_lease_left[:-1024]
+        session.connection = connection
+        session.detached_at = None
+        session.resumes += 1
+        self.resumed_total += 1
+
+    def detach(self, session: Session, state: BrokerSessionState) -> None:
+        """The session's connection broke: keep it for ``linger`` seconds."""
+        session.state = state
+        session.connection = None
+        session.detached_at = trio.current_time()
+        if self._nursery is None:  # pragma: no cover - the broker always starts the table
+            self.end(session)
+            return
+        scope = session._expiry = trio.CancelScope()
+        self._nursery.start_soon(self._expire_later, session, scope)
+
+    async def _expire_later(self, session: Session, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep(self.linger)
+            if session.connection is None and self.sessions.get(session.id) is session:
+                self.expired_total += 1
+                log.info("session %s of %r expired", session.name, session.client_name)
+                self.end(session)
+
+    def end(self, session: Session) -> None:
+        """Forget ``session`` and free what it holds."""
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        session.close_subscriptions()
+
+    def end_all(self) -> None:
+        for session in list(self.sessions.values()):
+            self.end(session)

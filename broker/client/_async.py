@@ -194,6 +194,8 @@ class Client(ClientEvents):
         #: A broken connection is being replaced (callers wait meanwhile).
         self._reconnecting = False
         self._attempt_error: ConnectionLost | None = None
+        #: Streams of broken connections (closed soon, and for sure on exit).
+        self._retired: list[trio.abc.Stream] = []
         self._resent_last = 0
         #: Sessions resumed on a new connection, and frames they sent again.
         self.resumes = 0
@@ -328,6 +330,7 @@ class Client(ClientEvents):
         self._reconnecting = True
         if self._scope is not None:
             self._scope.cancel()
+        self._retired.append(self._stream)
         self._nursery.start_soon(trio.aclose_forcefully, self._stream)
         state = self._resume_state()
         for subscription in self._subscriptions.values():
@@ -756,6 +759,10 @@ async def open_client(
         if failure is group:
             raise
     finally:
+        if client is not None:
+            with trio.CancelScope(shield=True):
+                for retired in client._retired:
+                    await trio.aclose_forcefully(retired)
         await _close(stream if client is None else client._stream)
     if failure is not None:
         raise failure

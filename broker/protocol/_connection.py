@@ -199,6 +199,8 @@ class Connection:
         self._retained_base: dict[int, int] = {}
         #: Client: the session this connection resumes (see :meth:`hello`).
         self._resume: ClientSessionState | None = None
+        #: Client: FreeHandles of resumed topics, sent once their resends are.
+        self._frees_after_resend: dict[int, FreeHandle] = {}
         #: Broker: handles restored from a session, whose bind frames hold
         #: space taken off the bind channel's capacity (grown back when freed).
         self._restored_binds: set[tuple[HandleType, int]] = set()
@@ -602,8 +604,22 @@ class Connection:
                 resent += self._queue_resend(subscribes, message)
             self._open_receiver(Channel(ChannelKind.DELIVER, handle))
         for handle in sorted(state.freeing_topics & topics.keys()):
-            self._queue(self.topics.propose_free(handle))
+            # Proposed again once its resent bind and publishes are out.
+            self._frees_after_resend[handle] = self.topics.propose_free(handle)
+        self._send_deferred_frees()
         return resent
+
+    def _send_deferred_frees(self) -> None:
+        """Client: re-propose freeing the resumed topics whose resends are all sent."""
+        if not self._frees_after_resend:
+            return
+        for handle, message in list(self._frees_after_resend.items()):
+            sender = self._senders.get(Channel(ChannelKind.PUBLISH, handle))
+            if (sender is None or not sender.retransmit) and not self._bind_awaits_retransmission(
+                handle
+            ):
+                del self._frees_after_resend[handle]
+                self._queue(message)
 
     def _queue_resend(self, sender: ChannelSender, message: BindTopic | Subscribe) -> int:
         frame = encode(message, max_frame=self.peer_max_frame)
@@ -1030,6 +1046,7 @@ class Connection:
         while (entry := sender.next_retransmission()) is not None:
             sender.record_sent(entry)
             self._put(entry.frame)
+        self._send_deferred_frees()
         abandoned = sender.abandon_stuck_retransmissions()
         if abandoned:
             events.append(FramesAbandoned(sender.channel, len(abandoned)))

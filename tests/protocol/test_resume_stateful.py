@@ -31,12 +31,9 @@ published and the client retains nothing.
 a reconnect: the Welcome then says ``resumed=False`` with nothing resent, and
 the new session starts empty on both sides and works like any other.
 
-KNOWN BUG (see :func:`test_freeing_topic_is_reproposed_after_its_resends`):
-on a resume, the client re-proposes freeing a topic (``FreeHandle``) at once,
-ahead of the bind and publishes it resends, which wait for the new
-connection's guarantees; the broker then closes with a protocol error. The
-machines do not break the connection while a topic being freed still has a
-bind or publish the broker has not received (``AVOID_KNOWN_BUG``).
+A topic being freed when the connection breaks is proposed for freeing
+again only after its resent bind and publishes (found by this machine, see
+:func:`test_freeing_topic_is_reproposed_after_its_resends`).
 """
 
 from __future__ import annotations
@@ -95,8 +92,8 @@ PAD = st.one_of(st.integers(0, 8), st.integers(0, 60))
 class ResumeMachine(RuleBasedStateMachine):
     """A publishing client, a broker endpoint, and broken connections."""
 
-    #: Never break while a resume would hit the known FreeHandle-ordering bug.
-    AVOID_KNOWN_BUG = True
+    #: (True restores the old guard against the FreeHandle-ordering bug, now fixed.)
+    AVOID_KNOWN_BUG = False
 
     # Coverage counters over a whole test run, asserted by the test functions.
     final_checks_passed = 0
@@ -176,7 +173,7 @@ class ResumeMachine(RuleBasedStateMachine):
         assert self.pair.client.state is ConnectionState.OPEN
         assert self.client_record is not None
 
-    def _connect(self) -> None:
+    def _connect(self, *, handshake: bool = False) -> None:
         """A new pair; the client says hello, resuming its record if it has one."""
         self._pair = ConnectionPair(
             client_policy=self.client_policy, broker_policy=self.broker_policy, handshake=False
@@ -185,6 +182,10 @@ class ResumeMachine(RuleBasedStateMachine):
         self.broker_session = None
         self.pair.client.hello("resume-client", resume=self.client_record)
         self.pair.flush()
+        if handshake:
+            self._to_broker(1)  # the Hello: the broker welcomes at once
+            self._to_client(1)  # the Welcome: the client queues its resends
+            assert self.pair.client.state is ConnectionState.OPEN
 
     # ================================================================ moving frames
 
@@ -443,13 +444,14 @@ class ResumeMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self._may_break())
-    @rule(now=st.integers(0, 2))
-    def break_connection(self, now: int) -> None:
-        """Both wires are lost; each side keeps its session record."""
+    @rule(now=st.integers(0, 3), handshake=st.booleans())
+    def break_connection(self, now: int, handshake: bool) -> None:
+        """Both wires are lost; each side keeps its session record. The new
+        pair's Hello and Welcome go at once, or later, frame by frame."""
         if now:
             return  # not this time: breaks are rarer than other steps
         self._break()
-        self._connect()
+        self._connect(handshake=handshake)
 
     def _break(self) -> None:
         pair = self.pair
@@ -493,13 +495,13 @@ class ResumeMachine(RuleBasedStateMachine):
         if self._pair is None:
             return
         client = self.pair.client
+        record = self.client_record  # unchanged while the handshake is incomplete
         if client.welcome_message is not None:
-            record = client.session_state()
-        else:
-            record = self.client_record  # its handshake has not completed: unchanged
+            state = client.session_state()
+            assert isinstance(state, ClientSessionState)
+            record = state
         if record is None:
             return
-        assert isinstance(record, ClientSessionState)
         assert record.topics == self.handles, (record.topics, self.handles)
         for handle, name in self.handles.items():
             base, frames = record.retained.get(handle, (0, ()))
@@ -567,19 +569,19 @@ class ForgetfulResumeMachine(ResumeMachine):
     """The same, and a broker that may forget the session before a reconnect."""
 
     @precondition(lambda self: self._may_break())
-    @rule(now=st.integers(0, 2))
-    def forget_session_and_break(self, now: int) -> None:
+    @rule(now=st.integers(0, 3), handshake=st.booleans())
+    def forget_session_and_break(self, now: int, handshake: bool) -> None:
         """The broker lost the session: the reconnect gets a fresh, empty one."""
         if now:
             return
         self._break()
         assert self.client_record is not None
         self.sessions.pop(self.client_record.session, None)
-        self._connect()
+        self._connect(handshake=handshake)
 
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=250,
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -602,28 +604,23 @@ def test_resume_state_machine() -> None:
 
 def test_resume_with_forgetful_broker_state_machine() -> None:
     _reset(ForgetfulResumeMachine)
-    run_state_machine_as_test(ForgetfulResumeMachine, settings=SETTINGS)
+    run_state_machine_as_test(ForgetfulResumeMachine, settings=settings(SETTINGS, max_examples=150))
     assert ForgetfulResumeMachine.final_checks_passed > 0
     assert ForgetfulResumeMachine.fresh_sessions > 0 and ForgetfulResumeMachine.resumes > 0
 
 
-# ==================================================================== the known bug
+# ==================================================================== a bug it found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume re-proposes FreeHandle ahead of the resent bind/publishes (protocol bug)",
-)
 @pytest.mark.parametrize("bind_lost", [False, True])
 def test_freeing_topic_is_reproposed_after_its_resends(bind_lost: bool) -> None:
     """A topic freed right after its bind or last publish, then the connection
     breaks: the resumed client must resend the lost frames before its FreeHandle.
 
-    ``_restore_client`` queues the FreeHandle at once, while the resends wait
-    in ``retransmit`` for the new connection's guarantees, so the broker gets
-    ``FreeHandle`` first and closes with code 1: "FreeHandle for unbound topic
-    handle 0" (bind lost), or, with the handle deleted, "reference to freed
-    topic handle 0" when the resent Publish follows (publish lost).
+    The resends wait for the new connection's guarantees; a FreeHandle sent
+    at once would reach the broker first, and it would close with code 1:
+    "FreeHandle for unbound topic handle 0" (bind lost), or "reference to
+    freed topic handle 0" when the resent Publish follows (publish lost).
     """
     pair = ConnectionPair()
     topic = pair.client.bind_topic("t")  # within guarantees: confirmed at once
@@ -637,6 +634,10 @@ def test_freeing_topic_is_reproposed_after_its_resends(bind_lost: bool) -> None:
     assert of(WelcomeReceived, new.client_events)[0].resent == 1
     new.run()
     assert new.closed_events() == []
-    received = [e.message.payload for e in of(PublishReceived, new.broker_events)]
-    assert received == ([] if bind_lost else [b"m0"])
+    publishes = of(PublishReceived, new.broker_events)
+    assert [e.message.payload for e in publishes] == ([] if bind_lost else [b"m0"])
+    for event in publishes:  # the broker processes them: the handle may go
+        new.broker.release(event)
+    new.run()
+    assert new.closed_events() == []
     assert len(new.client.topics) == 0 and len(new.broker.topics) == 0

@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from broker import __version__
 from broker.protocol import Channel, ChannelKind
@@ -112,14 +117,16 @@ class MetricSpec:
     """
 
     name: str
-    type: Literal["gauge", "counter"]
+    type: Literal["gauge", "counter", "histogram"]
     documentation: str
     labels: tuple[str, ...] = ()
 
-    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
         """A new, empty metric family for this spec."""
         if self.type == "counter":
             return CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        if self.type == "histogram":
+            return HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
         return GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
 
 
@@ -174,6 +181,35 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "broker_lease_expirations_total",
         "counter",
         "Connections closed because the client was silent for its whole lease.",
+    ),
+    MetricSpec(
+        "broker_sessions",
+        "gauge",
+        "Client sessions: connected, or detached (connection broken, waiting a lease "
+        "for a resume while their subscriptions keep queueing).",
+        ("state",),
+    ),
+    MetricSpec("broker_sessions_created_total", "counter", "Sessions created (Hello)."),
+    MetricSpec("broker_sessions_resumed_total", "counter", "Sessions resumed on a new connection."),
+    MetricSpec(
+        "broker_sessions_expired_total",
+        "counter",
+        "Detached sessions that were not resumed within the lease: everything they held freed.",
+    ),
+    MetricSpec(
+        "broker_session_redelivered_total",
+        "counter",
+        "Deliveries sent again on resumes (sent before, never acknowledged).",
+    ),
+    MetricSpec(
+        "broker_session_unacked_deliveries",
+        "gauge",
+        "Deliveries sent and not yet acknowledged (their loans still charged to publishers).",
+    ),
+    MetricSpec(
+        "broker_session_resume_lease_left_seconds",
+        "histogram",
+        "How much of the lease was left when a detached session was resumed.",
     ),
     MetricSpec(
         "broker_auth_failures_total",
@@ -381,7 +417,9 @@ class BrokerCollector:
         families = {spec.name: spec.family() for spec in METRICS}
 
         def add(name: str, labels: list[str], value: float) -> None:
-            families[name].add_metric(labels, float(value))
+            family = families[name]
+            assert not isinstance(family, HistogramMetricFamily)
+            family.add_metric(labels, float(value))
 
         broker = self.broker
         stats = broker.statistics()
@@ -405,6 +443,19 @@ class BrokerCollector:
         add("broker_internal_errors_total", [], broker.internal_errors)
         security = broker.security
         add("broker_lease_expirations_total", [], security.lease_expirations)
+        sessions = broker.sessions
+        detached = sessions.detached
+        add("broker_sessions", ["connected"], len(sessions.sessions) - detached)
+        add("broker_sessions", ["detached"], detached)
+        add("broker_sessions_created_total", [], sessions.created_total)
+        add("broker_sessions_resumed_total", [], sessions.resumed_total)
+        add("broker_sessions_expired_total", [], sessions.expired_total)
+        add("broker_session_redelivered_total", [], sessions.redelivered_total)
+        add("broker_session_unacked_deliveries", [], sessions.unacked())
+        buckets, total = sessions.lease_left.snapshot()
+        lease_left = families["broker_session_resume_lease_left_seconds"]
+        assert isinstance(lease_left, HistogramMetricFamily)
+        lease_left.add_metric([], buckets=buckets, sum_value=total)
         for reason, count in security.auth_failures.items():
             add("broker_auth_failures_total", [reason], count)
         add("broker_tls_handshake_failures_total", [], security.tls_handshake_failures)

@@ -68,6 +68,34 @@ class Session:
         self.subscriptions.clear()
 
 
+class Histogram:
+    """Cumulative counts of observations per upper bound, and their sum (the
+    Prometheus histogram shape, kept without a registry)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last for +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+        self.counts[-1] += 1
+        self.total += value
+
+    def snapshot(self) -> tuple[list[tuple[str, float]], float]:
+        """``(buckets, sum)`` for a ``HistogramMetricFamily``."""
+        labels = [repr(float(bound)) for bound in self.bounds] + ["+Inf"]
+        return list(zip(labels, map(float, self.counts), strict=True)), self.total
+
+
+#: Seconds of lease left at a resume: most resumes come quickly after a break.
+LEASE_LEFT_BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+
 class SessionTable:
     """The broker's sessions: created at Hello, detached when their connection
     breaks, resumed within ``linger`` seconds or expired after it."""
@@ -80,8 +108,8 @@ class SessionTable:
         self.expired_total = 0
         #: Deliveries sent again on resumes (sent before, never acknowledged).
         self.redelivered_total = 0
-        #: Seconds of the lease left at each resume (for the histogram).
-        self.resume_lease_left: list[float] = []
+        #: Seconds of the lease left at each resume.
+        self.lease_left = Histogram(LEASE_LEFT_BOUNDS)
         self._nursery: trio.Nursery | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -91,6 +119,12 @@ class SessionTable:
     @property
     def detached(self) -> int:
         return sum(1 for s in self.sessions.values() if s.connection is None)
+
+    def unacked(self) -> int:
+        """Deliveries sent and not acknowledged, over every session."""
+        return sum(
+            len(sub.unacked) for s in self.sessions.values() for sub in s.subscriptions.values()
+        )
 
     def create(self, connection: ServerConnection, principal: str | None) -> Session:
         session = Session(connection.client_name, principal)
@@ -115,8 +149,7 @@ class SessionTable:
             session._expiry = None
         if session.detached_at is not None:
             left = self.linger - (trio.current_time() - session.detached_at)
-            self.resume_lease_left.append(max(left, 0.0))
-            del self.resume_lease_left[:-1024]
+            self.lease_left.observe(max(left, 0.0))
         session.connection = connection
         session.detached_at = None
         session.resumes += 1

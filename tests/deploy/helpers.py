@@ -58,6 +58,9 @@ def broker_metric_names() -> frozenset[str]:
     for spec in METRICS:
         if spec.type == "counter":
             assert spec.name.endswith("_total"), f"counter {spec.name} is not named *_total"
+        if spec.type == "histogram":
+            names.update(spec.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+            continue
         names.add(spec.name)
     return frozenset(names)
 

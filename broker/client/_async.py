@@ -319,6 +319,7 @@ class Client(ClientEvents):
                 return
             if conn.ping_due(now) and conn.welcome_message is not None:
                 conn.ping()
+                conn.liveness.on_sent(now)  # one Ping per heartbeat, however slow the send
                 self._wake_writer()
 
     # ---------------------------------------------------------------- reconnecting

@@ -41,8 +41,9 @@ class Liveness:
             self.suspended_at = None
 
     def ping_due(self, now: float) -> bool:
-        """This side has been silent for a heartbeat interval."""
-        return now - self.last_sent >= self.heartbeat
+        """This side has been silent for a heartbeat interval (due exactly at
+        the time :meth:`next_deadline` gives, whatever the float rounding)."""
+        return now >= self.last_sent + self.heartbeat
 
     def silence(self, now: float) -> float:
         """Seconds of the peer's silence that count against its lease."""
@@ -50,8 +51,10 @@ class Liveness:
         return max(until - self.last_received, 0.0)
 
     def peer_gone(self, now: float) -> bool:
-        """The peer has been silent for the whole lease."""
-        return self.silence(now) >= self.lease
+        """The peer has been silent for the whole lease (gone exactly at the
+        time :meth:`next_deadline` gives, whatever the float rounding)."""
+        until = now if self.suspended_at is None else self.suspended_at
+        return until >= self.last_received + self.lease
 
     def next_deadline(self) -> float:
         """The earliest time at which :meth:`ping_due` or :meth:`peer_gone` may change."""

@@ -162,6 +162,8 @@ class ServerConnection:
         self._confirm_dirty: set[int] = set()
         self.closed = trio.Event()
         self.close_reason = ""
+        #: The connection was cut without waiting for the client to read.
+        self._aborted = False
 
     # ================================================================ lifecycle
 
@@ -174,7 +176,8 @@ class ServerConnection:
                 nursery.start_soon(self._keepalive)
                 await self._writer()
                 nursery.cancel_scope.cancel()
-            await self._linger()
+            if not self._aborted:
+                await self._linger()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.close_reason = self.close_reason or f"socket error: {error}"
         finally:
@@ -853,10 +856,19 @@ class ServerConnection:
                     GoodbyeCode.LEASE_EXPIRED,
                     "no Hello in time" if handshake else "lease expired",
                 )
+                # A client that reads nothing would keep the writer (and the
+                # connection) forever: the Goodbye gets a moment, not more.
+                await trio.sleep(LINGER_SECONDS)
+                self.close_reason = self.close_reason or "lease expired"
+                self._aborted = True  # no more lingering for it either
+                self._nursery_cancel()
                 return
             if protocol.ping_due(now):
                 if protocol.welcome_message is not None and not protocol.closed:
                     protocol.ping()
+                    # Counted as sent now: one Ping per heartbeat, however
+                    # long the writer takes to send it.
+                    protocol.liveness.on_sent(now)
                     self.wake_writer()
                 else:
                     protocol.liveness.on_sent(now)  # nothing to ping before the handshake

@@ -325,7 +325,8 @@ class ServerConnection:
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         """Queue Delivers of ``loans``, in order, as far as the subscriber's
         guarantees allow; returns how many were taken (the rest stay with
-        the caller). Their loans are repaid once written to the socket."""
+        the caller). A reliable subscription keeps their loans until the
+        client acknowledges them; others' are repaid once written to the socket."""
         protocol = self.protocol
         if protocol.closed:
             return 0  # they wait in the subscription: for a resume, or to be repaid

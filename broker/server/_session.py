@@ -35,7 +35,6 @@ class Session:
         "detached_at",
         "id",
         "principal",
-        "resumes",
         "state",
         "subscriptions",
     )
@@ -53,7 +52,6 @@ class Session:
         self.connection: ServerConnection | None = None
         #: When the last connection broke (None while attached).
         self.detached_at: float | None = None
-        self.resumes = 0
         self._expiry: trio.CancelScope | None = None
 
     @property
@@ -152,7 +150,6 @@ class SessionTable:
             self.lease_left.observe(max(left, 0.0))
         session.connection = connection
         session.detached_at = None
-        session.resumes += 1
         self.resumed_total += 1
 
     def detach(self, session: Session, state: BrokerSessionState) -> None:

@@ -27,14 +27,15 @@ from broker.protocol import (
     NoGuarantees,
     Options,
     Policy,
-    Publish,
     Role,
     WelcomeReceived,
-    decode_body,
 )
 
 from ._common import (
+    BACKOFF_FIRST,
+    BACKOFF_MOST,
     PUBLISHES_PER_YIELD,
+    RECONNECT_CODES,
     RELEASE_BATCH,
     ClientError,
     ClientEvents,
@@ -42,17 +43,13 @@ from ._common import (
     Message,
     client_policy,
     connection_target,
+    log_session_lost,
+    unconfirmed_publishes,
 )
 
 log = logging.getLogger("broker.client")
 
 RECEIVE_SIZE = 64 * 1024
-#: Goodbye codes after which a client with ``reconnect`` tries again (besides
-#: a broken or silent connection): the broker went away, not the client's fault.
-RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})
-#: First and longest pause between reconnection attempts (doubling in between).
-BACKOFF_FIRST = 0.05
-BACKOFF_MOST = 2.0
 
 
 class Subscription:
@@ -419,15 +416,7 @@ class Client(ClientEvents):
         """The broker does not know the session: subscribe again, publish again
         what it never confirmed (at least once), and tell the application."""
         self.sessions_lost += 1
-        unconfirmed = sum(len(frames) for _, frames in state.retained.values())
-        log.warning(
-            "%s: the broker lost our session (it restarted, or the session expired): "
-            "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; "
-            "messages published meanwhile were not delivered to us",
-            self.name,
-            len(state.subscriptions),
-            unconfirmed,
-        )
+        log_session_lost(self.name, state)
         self._topics.clear()
         self._published.clear()
         self._confirmed.clear()
@@ -436,12 +425,8 @@ class Client(ClientEvents):
         for subscription in subscriptions:
             await self._open_subscription(subscription)
             await self._subscribed(subscription)
-        for handle, (_, frames) in sorted(state.retained.items()):
-            topic = state.topics[handle]
-            for frame in frames:
-                message = decode_body(frame[4:])
-                assert isinstance(message, Publish)
-                await self._publish(topic, message.payload, message.key, message.headers)
+        for topic, message in unconfirmed_publishes(state):
+            await self._publish(topic, message.payload, message.key, message.headers)
         if self._on_session_lost is not None:
             self._on_session_lost()
 

@@ -35,6 +35,7 @@ that is itself waiting for us to read cannot deadlock it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import selectors
@@ -48,6 +49,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
+    ClientSessionState,
     Connection,
     DeliverReceived,
     Event,
@@ -59,9 +61,13 @@ from broker.protocol import (
     Options,
     Policy,
     Role,
+    WelcomeReceived,
 )
 
 from ._common import (
+    BACKOFF_FIRST,
+    BACKOFF_MOST,
+    RECONNECT_CODES,
     RELEASE_BATCH,
     ClientError,
     ClientEvents,
@@ -69,6 +75,8 @@ from ._common import (
     Message,
     client_policy,
     connection_target,
+    log_session_lost,
+    unconfirmed_publishes,
 )
 from ._tls import TLSPipe
 
@@ -132,7 +140,11 @@ class BlockingSubscription:
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
         self._queue: deque[DeliverReceived] = deque()
-        #: The last sequence number acknowledged to the broker.
+        #: The options it was made with (to subscribe again if the session is lost).
+        self.mode = "reliable"
+        self.options: Options | None = None
+        #: The sequence numbers of the last message taken and of the last acknowledged.
+        self._consumed = 0
         self._acked = 0
         self._closed = False
 
@@ -210,6 +222,7 @@ class BlockingSubscription:
         event = self._queue.popleft()
         client._release(event)
         message = event.message
+        self._consumed = message.seq
         # Acknowledge (the broker holds each delivery's loan until then) in
         # batches, and at once when everything received has been taken.
         if not self._queue or message.seq - self._acked >= RELEASE_BATCH:
@@ -217,6 +230,12 @@ class BlockingSubscription:
             self._acked = message.seq
         client._after_operation(urgent=True)
         return Message(self.topic, message.payload, message.key, message.headers, message.seq)
+
+    def _reset(self) -> None:
+        """The connection was replaced: what was received and not taken will be
+        delivered again (the broker resends after the last one taken)."""
+        self._queue.clear()
+        self._acked = self._consumed
 
     def close(self) -> None:
         """Unsubscribe, without waiting for the broker: free the subscription's handle.
@@ -251,11 +270,23 @@ class BlockingClient(ClientEvents):
     broker drops is resent, in order, before anything newer (see
     :func:`~broker.client.open_client`).
 
+    ``reconnect`` (seconds, default 0: never) makes a client whose connection
+    breaks (or whose broker goes silent or shuts down) connect again, with
+    exponential backoff, for up to that long, and resume its session, exactly
+    as :func:`~broker.client.open_client` does: nothing is lost or delivered
+    twice. Calls made meanwhile wait (a connection attempt under way is
+    finished first, so a ``timeout`` may be overrun by up to
+    ``connect_timeout``); the heartbeat thread reconnects an idle client. If
+    the broker no longer knows the session, the client subscribes again,
+    publishes again what was never confirmed, logs a warning and calls
+    ``on_session_lost()`` (from whichever thread was reconnecting).
+
     Every method that waits takes a ``timeout`` in seconds (None: no limit)
     and raises :class:`TimeoutError` when it is up. Once the connection has
-    ended (broker Goodbye, end of stream, broken socket, lease expired or
-    :meth:`close`), every operation raises :class:`ConnectionLost`, whose
-    ``code`` is the Goodbye code when there was one.
+    ended for good (broker Goodbye, end of stream, broken socket, lease
+    expired, reconnection given up, or :meth:`close`), every operation
+    raises :class:`ConnectionLost`, whose ``code`` is the Goodbye code when
+    there was one.
     """
 
     def __init__(
@@ -268,9 +299,15 @@ class BlockingClient(ClientEvents):
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         optimism: int = 0,
+        reconnect: float = 0.0,
+        on_session_lost: Callable[[], object] | None = None,
     ) -> None:
-        host, port, context = connection_target(url, ssl_context, token)
-        policy = client_policy(policy, optimism)
+        if reconnect < 0:
+            raise ClientError("reconnect must be >= 0 seconds")
+        self._host, self._port, self._context = connection_target(url, ssl_context, token)
+        self._policy = client_policy(policy, optimism)
+        self._token = token
+        self._connect_timeout = connect_timeout
         self.name = name
         self._lock = threading.RLock()
         super().__init__()
@@ -285,36 +322,37 @@ class BlockingClient(ClientEvents):
         self._wbuf = bytearray()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-        deadline = time.monotonic() + connect_timeout
-        try:
-            sock = socket.create_connection((host, port), timeout=connect_timeout)
-        except OSError as error:
-            raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
-        self._sock: socket.socket | None = sock
-        #: TLS between the write buffer and the protocol (None: plain TCP).
-        self._tls = TLSPipe(context, host) if context is not None else None
+        self._conn: Connection
+        self._sock: socket.socket | None = None
+        self._tls: TLSPipe | None = None
         self._selector = selectors.DefaultSelector()
         self._mask = selectors.EVENT_READ
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setblocking(False)
-            self._selector.register(sock, self._mask)
-            self._conn = Connection(Role.CLIENT, policy=policy, now=time.monotonic())
-            self._optimistic = self._conn.policy.optimism > 0
-            self._conn.hello(name, token=token)
-            with self._lock:
-                self._wait_until(
-                    lambda: self._conn.welcome_message is not None, deadline, "handshake"
-                )
-        except TimeoutError:
-            self._close_socket()
-            raise ConnectionLost(
-                f"no Welcome from {host}:{port} within {connect_timeout} s"
-            ) from None
-        except BaseException:
-            self._close_socket()
-            raise
+
+        self._reconnect = reconnect
+        self._on_session_lost = on_session_lost
+        #: Why the connection broke while it is being replaced (None: it is not).
+        self._broken: ConnectionLost | None = None
+        #: The session to resume, as it stood when the connection broke, and
+        #: its open subscriptions by handle.
+        self._resume: ClientSessionState | None = None
+        self._resuming: dict[int, BlockingSubscription] = {}
+        self._reconnect_deadline = 0.0
+        self._next_attempt = 0.0
+        self._backoff = BACKOFF_FIRST
+        #: A connection attempt is under way; how it failed, if it did.
+        self._attempting = False
+        self._attempt_error: ConnectionLost | None = None
+        #: Connections welcomed so far (a round trip started on an older one is redone).
+        self._generation = 0
+        self._resent_last = 0
+        #: Sessions resumed on a new connection, and frames they sent again.
+        self.resumes = 0
+        self.frames_resent_on_resume = 0
+        #: Times the broker no longer knew the session (see ``on_session_lost``).
+        self.sessions_lost = 0
+
+        with self._lock:
+            self._open(time.monotonic() + connect_timeout, None)
         welcome = self._conn.welcome_message
         assert welcome is not None
         self._thread = threading.Thread(
@@ -324,6 +362,43 @@ class BlockingClient(ClientEvents):
             daemon=True,
         )
         self._thread.start()
+
+    def _open(self, deadline: float, resume: ClientSessionState | None) -> None:
+        """Connect, say Hello (resuming ``resume``) and wait for the Welcome (lock held).
+
+        Raises :class:`ConnectionLost` if that fails by ``deadline``.
+        """
+        host, port = self._host, self._port
+        try:
+            sock = socket.create_connection(
+                (host, port), timeout=max(deadline - time.monotonic(), 0.001)
+            )
+        except OSError as error:
+            raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
+        self._sock = sock
+        #: TLS between the write buffer and the protocol (None: plain TCP).
+        self._tls = TLSPipe(self._context, host) if self._context is not None else None
+        self._selector = selectors.DefaultSelector()
+        self._mask = selectors.EVENT_READ
+        self._wbuf.clear()
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            self._selector.register(sock, self._mask)
+            policy = self._policy if resume is None else self._conn.policy
+            conn = Connection(Role.CLIENT, policy=policy, now=time.monotonic())
+            self._conn = conn
+            self._optimistic = conn.policy.optimism > 0
+            self._pong = 0  # Ping nonces start again
+            conn.hello(self.name, token=self._token, resume=resume)
+            self._wait_until(lambda: conn.welcome_message is not None, deadline, "handshake")
+        except TimeoutError:
+            self._close_socket()
+            raise ConnectionLost(f"no Welcome from {host}:{port} in time") from None
+        except BaseException:
+            self._close_socket()
+            raise
+        self._generation += 1
 
     # ---------------------------------------------------------------- context manager
 
@@ -342,15 +417,26 @@ class BlockingClient(ClientEvents):
 
     @property
     def closed(self) -> bool:
-        """The connection has ended (by either side); operations raise :class:`ConnectionLost`."""
-        return self._error is not None or self._conn.closed
+        """The connection has ended for good (by either side); operations raise
+        :class:`ConnectionLost`. A connection being replaced is not closed."""
+        if self._error is not None:
+            return True
+        return self._conn.closed and self._broken is None
+
+    @property
+    def reconnecting(self) -> bool:
+        """The connection broke and is being replaced (see ``reconnect``)."""
+        return self._broken is not None and self._error is None
 
     def _check_open(self) -> None:
-        """Raise :class:`ConnectionLost` (a fresh one each time) if the connection ended."""
+        """Raise :class:`ConnectionLost` (a fresh one each time) if the connection
+        ended (or, while reconnecting, if the attempt under way failed)."""
         error = self._error
+        if error is None and self._attempting:
+            error = self._attempt_error
         if error is not None:
             raise ConnectionLost(error.reason, error.code)
-        if self._conn.closed:
+        if self._conn.closed and self._broken is None:
             raise ConnectionLost("the client is closed")
 
     def _ended_normally(self) -> bool:
@@ -360,16 +446,29 @@ class BlockingClient(ClientEvents):
         return self._goodbye_by_peer and self._goodbye_code == GoodbyeCode.NORMAL
 
     def _fail(self, error: ConnectionLost) -> None:
-        """The connection is over: remember why, write what we can, close the socket."""
-        if self._error is None:
-            self._error = error
+        """The connection is over: remember why, write what we can, close the
+        socket; then replace it (``reconnect``) or end the client."""
         if self._sock is not None:
             self._collect_output()
             self._send_some()
         self._close_socket()
+        if self._attempting:
+            self._attempt_error = self._attempt_error or error
+        elif self._error is None and self._broken is None and self._may_reconnect(error):
+            self._start_reconnect(error)
+        elif self._error is None and self._broken is None:
+            self._error = error
+            self._stop.set()
+
+    def _may_reconnect(self, error: ConnectionLost) -> bool:
+        return (
+            self._reconnect > 0
+            and not self._closed_here
+            and self._generation > 0
+            and (error.code is None or error.code in RECONNECT_CODES)
+        )
 
     def _close_socket(self) -> None:
-        self._stop.set()
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(KeyError, ValueError):
@@ -377,6 +476,104 @@ class BlockingClient(ClientEvents):
             sock.close()
             self._selector.close()
         self._wbuf.clear()
+
+    # ---------------------------------------------------------------- reconnecting
+
+    def _start_reconnect(self, error: ConnectionLost) -> None:
+        """Remember the session as it stands; the next wait replaces the connection."""
+        log.warning("%s: %s; reconnecting", self.name, error)
+        self._broken = error
+        state = self._conn.session_state()
+        assert isinstance(state, ClientSessionState)
+        live = {
+            handle: info
+            for handle, info in state.subscriptions.items()
+            if (sub := self._subscriptions.get(handle)) is not None and not sub._closed
+        }
+        processed = {handle: self._subscriptions[handle]._consumed for handle in live}
+        self._resume = dataclasses.replace(state, subscriptions=live, processed=processed)
+        self._resuming = {handle: self._subscriptions[handle] for handle in live}
+        for subscription in self._subscriptions.values():
+            subscription._reset()
+        self._pending_frees.clear()  # given up: the resumed session drops them
+        now = time.monotonic()
+        self._reconnect_deadline = now + self._reconnect
+        self._next_attempt = now
+        self._backoff = BACKOFF_FIRST
+
+    def _reconnect_step(self, deadline: float | None) -> None:
+        """While reconnecting: wait for the next attempt (no later than
+        ``deadline``), or make it; give up once ``reconnect`` seconds passed."""
+        broken = self._broken
+        assert broken is not None
+        now = time.monotonic()
+        if now < self._next_attempt:
+            until = self._next_attempt if deadline is None else min(deadline, self._next_attempt)
+            time.sleep(max(until - now, 0.0))
+            return
+        error = self._reconnect_attempt()
+        if error is None:
+            return
+        self._broken = error
+        refused = error.code not in (None, *RECONNECT_CODES)
+        if refused or time.monotonic() + self._backoff >= self._reconnect_deadline:
+            self._broken = self._resume = None
+            self._error = ConnectionLost(
+                f"could not reconnect within {self._reconnect} s: {error}", error.code
+            )
+            self._stop.set()
+            return
+        self._next_attempt = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MOST)
+
+    def _reconnect_attempt(self) -> ConnectionLost | None:
+        """Connect once and resume the session (or restore a lost one); the error if not."""
+        state = self._resume
+        assert state is not None
+        deadline = min(self._reconnect_deadline, time.monotonic() + self._connect_timeout)
+        self._attempting = True
+        self._attempt_error = None
+        try:
+            self._open(deadline, state)
+            welcome = self._conn.welcome_message
+            assert welcome is not None
+            self._check_open()  # it may have broken right after the Welcome
+            if welcome.resumed:
+                for handle, count in welcome.received.items():
+                    self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
+                self.resumes += 1
+                self.frames_resent_on_resume += self._resent_last
+                log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
+            else:
+                self._restore_lost_session(state, deadline)
+        except (ConnectionLost, TimeoutError) as error:
+            self._close_socket()
+            if isinstance(error, ConnectionLost):
+                return error
+            return ConnectionLost(f"restoring the session timed out: {error}")
+        finally:
+            self._attempting = False
+        self._broken = self._resume = None
+        if self._sock is None:  # it broke again once the session was restored
+            self._start_reconnect(self._attempt_error or ConnectionLost("connection broken"))
+        if not welcome.resumed and self._on_session_lost is not None:
+            self._on_session_lost()
+        return None
+
+    def _restore_lost_session(self, state: ClientSessionState, deadline: float) -> None:
+        """The broker does not know the session: subscribe again and publish
+        again what it never confirmed (at least once)."""
+        self.sessions_lost += 1
+        log_session_lost(self.name, state)
+        self._topics.clear()
+        self._published.clear()
+        self._confirmed.clear()
+        self._subscriptions = {}
+        for handle in sorted(state.subscriptions):
+            subscription = self._resuming[handle]
+            self._open_subscription(subscription, deadline, "restoring the session")
+        for topic, message in unconfirmed_publishes(state):
+            self._publish(topic, message.payload, message.key, message.headers, deadline)
 
     # ---------------------------------------------------------------- I/O
 
@@ -392,8 +589,8 @@ class BlockingClient(ClientEvents):
             if tls.established and self._conn.bytes_to_send:
                 tls.send(self._conn.data_to_send(time.monotonic()))
         except ssl.SSLError as error:
-            self._error = self._error or ConnectionLost(f"TLS error: {error}")
             self._close_socket()
+            self._fail(ConnectionLost(f"TLS error: {error}"))
             return
         self._wbuf += tls.take_output()
 
@@ -407,8 +604,8 @@ class BlockingClient(ClientEvents):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
-                self._error = self._error or ConnectionLost(f"connection broken: {error}")
                 self._close_socket()
+                self._fail(ConnectionLost(f"connection broken: {error}"))
                 return
             del wbuf[:sent]
 
@@ -443,6 +640,9 @@ class BlockingClient(ClientEvents):
 
     def _handle_events(self, events: list[Event]) -> None:
         conn = self._conn
+        for event in events:
+            if type(event) is WelcomeReceived:
+                self._resent_last = event.resent
         self._apply_events(events)
         if self._pending_frees and not conn.closed:
             for handle in list(self._pending_frees):
@@ -473,7 +673,8 @@ class BlockingClient(ClientEvents):
         self._send_some()
 
     def _heartbeat_tick(self) -> None:
-        """Called by the heartbeat thread: service now, or ask the lock's holder to.
+        """Called by the heartbeat thread: service now (or reconnect, when an
+        attempt is due), or ask the lock's holder to.
 
         Never raises: an unexpected error ends the connection (and is logged),
         so the application sees it as :class:`ConnectionLost` on its next call.
@@ -482,9 +683,14 @@ class BlockingClient(ClientEvents):
             self._service_requested = True
             return
         try:
-            self._service()
+            if self._broken is not None and self._error is None:
+                if time.monotonic() >= self._next_attempt:
+                    self._reconnect_step(time.monotonic())
+            else:
+                self._service()
         except Exception as error:
             log.exception("%s: heartbeat failed", self.name)
+            self._broken = None
             self._fail(ConnectionLost(f"heartbeat failed: {error!r}"))
         finally:
             self._lock.release()
@@ -524,13 +730,19 @@ class BlockingClient(ClientEvents):
         """Wait once for the socket, the next heartbeat or ``deadline``, and process it.
 
         Pending output is written while waiting; the socket is read whenever
-        it is readable. Returns whether ``deadline`` has passed.
+        it is readable; a broken connection is replaced (``reconnect``).
+        Returns whether ``deadline`` has passed.
         """
+        if self._broken is not None and not self._attempting:
+            self._reconnect_step(deadline)
+            return deadline is not None and time.monotonic() >= deadline
         self._collect_output()
         self._send_some()
         sock = self._sock
         if sock is None:
             self._check_open()
+            if self._broken is not None and not self._attempting:
+                return False  # it broke just now: reconnect on the next step
             raise ConnectionLost("the connection is closed")
         now = time.monotonic()
         timeout = None if deadline is None else max(deadline - now, 0.0)
@@ -567,14 +779,36 @@ class BlockingClient(ClientEvents):
                 raise TimeoutError(f"{what} timed out")
             expired = self._step(deadline)
 
+    def _ready(self) -> bool:
+        """The connection takes new frames now (it is not being replaced)."""
+        return self._broken is None or self._attempting
+
     def _attempt(self, action: Callable[[], object]) -> bool:
-        """Run ``action`` if the connection is open; False if it lacked guarantees."""
+        """Run ``action`` if the connection is open; False if it lacked
+        guarantees or is being replaced."""
         self._check_open()
+        if not self._ready():
+            return False
         try:
             action()
         except NoGuarantees:
             return False
         return True
+
+    def _round_trip(self, deadline: float | None, what: str) -> None:
+        """Wait until the broker has processed everything sent so far (a Ping's
+        Pong; done again on the new connection if this one is replaced)."""
+        while True:
+            self._wait_until(self._ready, deadline, what)
+            generation = self._generation
+            nonce = self._conn.ping()
+
+            def answered(nonce: int = nonce, generation: int = generation) -> bool:
+                return self._pong >= nonce or self._generation != generation
+
+            self._wait_until(answered, deadline, what)
+            if self._generation == generation:
+                return
 
     def _release(self, event: DeliverReceived) -> None:
         """A delivery is done with: free its space (promised again per policy)."""
@@ -583,7 +817,7 @@ class BlockingClient(ClientEvents):
 
     def _ack(self, handle: int, seq: int) -> None:
         """Tell the broker every delivery up to ``seq`` on ``handle`` is processed."""
-        if not self._conn.closed:
+        if not self._conn.closed and self._ready():
             with contextlib.suppress(LocalProtocolError):  # the subscription is being freed
                 self._conn.ack(handle, seq)
 
@@ -599,15 +833,17 @@ class BlockingClient(ClientEvents):
             self._published[handle] = 0
         return handle
 
-    def _topic(self, topic: str, deadline: float | None, what: str) -> int:
-        """The topic's handle, waiting (up to ``deadline``) for room to bind it."""
-        handle = self._topics.get(topic)
-        if handle is None:
-            self._wait_until(
-                lambda: self._attempt(lambda: self._topic_nowait(topic)), deadline, what
-            )
-            handle = self._topics[topic]
-        return handle
+    def _bound(self, topic: str, deadline: float | None, what: str) -> int:
+        """The topic's handle once the broker confirmed it, binding it (waiting
+        for room) if needed."""
+        handles: list[int] = []
+        self._wait_until(
+            lambda: self._attempt(lambda: handles.append(self._topic_nowait(topic))),
+            deadline,
+            what,
+        )
+        self._wait_until(lambda: self._conn.confirmed(HandleType.TOPIC, handles[0]), deadline, what)
+        return handles[0]
 
     # ---------------------------------------------------------------- publishing
 
@@ -634,17 +870,25 @@ class BlockingClient(ClientEvents):
         """
         deadline = _deadline(timeout)
         with self._locked(deadline):
-            handle = self._topic(topic, deadline, "publish")
-            conn = self._conn
-            self._wait_until(
-                lambda: self._attempt(
-                    lambda: conn.publish(handle, payload, key=key, headers=headers)
-                ),
-                deadline,
-                "publish",
-            )
-            self._published[handle] += 1
+            self._publish(topic, payload, key, headers, deadline)
             self._after_operation()
+
+    def _publish(
+        self,
+        topic: str,
+        payload: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+        deadline: float | None,
+    ) -> None:
+        """Publish, waiting for room (lock held)."""
+
+        def publish_now() -> None:
+            handle = self._topic_nowait(topic)
+            self._conn.publish(handle, payload, key=key, headers=headers)
+            self._published[handle] += 1
+
+        self._wait_until(lambda: self._attempt(publish_now), deadline, "publish")
 
     def publish_nowait(
         self,
@@ -659,13 +903,15 @@ class BlockingClient(ClientEvents):
         Before giving up it processes what the socket already holds (which
         may bring guarantees), without waiting. ``BlockingIOError`` (errno
         ``EAGAIN``) means nothing was published; retry later, or use
-        :meth:`publish`. Once it returns, the broker is certain to accept the
-        message (with ``optimism``: once the client has resent it, if it was
-        dropped).
+        :meth:`publish`; so does a connection being replaced. Once it
+        returns, the broker is certain to accept the message (with
+        ``optimism``: once the client has resent it, if it was dropped).
         """
         with self._lock:
             for attempt in range(2):
                 self._check_open()
+                if not self._ready():
+                    raise BlockingIOError(errno.EAGAIN, "reconnecting to the broker")
                 try:
                     handle = self._topic_nowait(topic)
                     self._conn.publish(handle, payload, key=key, headers=headers)
@@ -690,10 +936,11 @@ class BlockingClient(ClientEvents):
         deadline = _deadline(timeout)
         with self._locked(deadline):
             self._check_open()
-            targets = dict(self._published)
             self._wait_until(
                 lambda: (
-                    not (self._wbuf or self._conn.bytes_to_send) and self._all_confirmed(targets)
+                    self._broken is None
+                    and not (self._wbuf or self._conn.bytes_to_send)
+                    and self._all_confirmed(self._published)
                 ),
                 deadline,
                 "flush",
@@ -734,42 +981,55 @@ class BlockingClient(ClientEvents):
         """
         deadline = _deadline(timeout)
         with self._locked(deadline):
-            conn = self._conn
-            handle = self._topic(topic, deadline, "subscribe")
-            self._wait_until(
-                lambda: conn.confirmed(HandleType.TOPIC, handle), deadline, "subscribe"
-            )
-            handles: list[int] = []
-            self._wait_until(
-                lambda: self._attempt(
-                    lambda: handles.append(conn.subscribe(handle, mode, options))
-                ),
-                deadline,
-                "subscribe",
-            )
-            sub_handle = handles[0]
-            subscription = BlockingSubscription(self, sub_handle, topic)
-            self._subscriptions[sub_handle] = subscription
-            try:
-                self._wait_until(
-                    lambda: conn.confirmed(HandleType.SUBSCRIPTION, sub_handle),
-                    deadline,
-                    "subscribe",
-                )
-                nonce = conn.ping()
-                self._wait_until(lambda: self._pong >= nonce, deadline, "subscribe")
-            except BaseException:
-                subscription.close()
-                raise
+            subscription = BlockingSubscription(self, -1, topic)
+            subscription.mode = mode
+            subscription.options = options
+            self._open_subscription(subscription, deadline, "subscribe")
             self._after_operation()
             return subscription
+
+    def _open_subscription(
+        self, subscription: BlockingSubscription, deadline: float | None, what: str
+    ) -> None:
+        """Subscribe ``subscription`` (binding its topic first) and wait until
+        the broker has processed it; on failure it is closed (lock held)."""
+        handle = self._bound(subscription.topic, deadline, what)
+        handles: list[int] = []
+        self._wait_until(
+            lambda: self._attempt(
+                lambda: handles.append(
+                    self._conn.subscribe(handle, subscription.mode, subscription.options)
+                )
+            ),
+            deadline,
+            what,
+        )
+        subscription.handle = handles[0]
+        subscription._consumed = subscription._acked = 0
+        self._subscriptions[subscription.handle] = subscription
+        try:
+            self._wait_until(
+                lambda: self._conn.confirmed(HandleType.SUBSCRIPTION, subscription.handle),
+                deadline,
+                what,
+            )
+            self._round_trip(deadline, what)
+        except BaseException:
+            subscription.close()
+            raise
 
     def _unsubscribe(self, subscription: BlockingSubscription) -> None:
         """Free the subscription's handle and release its queue (lock held)."""
         conn = self._conn
         handle = subscription.handle
         self._subscriptions.pop(handle, None)
-        if not conn.closed:
+        if not self._ready() and self._resume is not None:
+            # Being replaced: the resumed session leaves it out (the broker drops it).
+            state = self._resume
+            subscriptions = {h: v for h, v in state.subscriptions.items() if h != handle}
+            self._resume = dataclasses.replace(state, subscriptions=subscriptions)
+            self._resuming.pop(handle, None)
+        elif not conn.closed:
             if conn.confirmed(HandleType.SUBSCRIPTION, handle):
                 conn.free_handle(HandleType.SUBSCRIPTION, handle)
             else:
@@ -789,8 +1049,9 @@ class BlockingClient(ClientEvents):
         Idempotent. On a connection that already ended it is quiet unless
         ``flush`` is asked for and some published message was never
         confirmed (then :class:`ConnectionLost`: those messages may be lost).
-        The socket is closed even if flushing fails; the flush's
-        :class:`TimeoutError` or :class:`ConnectionLost` is raised afterwards.
+        A connection being replaced is waited for when flushing. The socket
+        is closed even if flushing fails; the flush's :class:`TimeoutError`
+        or :class:`ConnectionLost` is raised afterwards.
         """
         with self._lock:
             try:
@@ -802,9 +1063,10 @@ class BlockingClient(ClientEvents):
             finally:
                 self._closed_here = True
                 self._stop.set()
-                if self._sock is not None:
+                if self._sock is not None and self._ready():
                     self._say_goodbye()
                 self._close_socket()
+                self._broken = self._resume = None
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(LINGER_SECONDS)
@@ -847,7 +1109,8 @@ class BlockingClient(ClientEvents):
         return timeout > 0 and bool(self._selector.select(timeout))
 
     def statistics(self) -> dict[str, int]:
-        """Messages published/confirmed, live subscriptions, bytes, for scripts and tests."""
+        """Messages published/confirmed, live subscriptions, bytes, resumes, for
+        scripts and tests (bytes count the current connection)."""
         with self._lock:
             return {
                 "published": sum(self._published.values()),
@@ -857,6 +1120,9 @@ class BlockingClient(ClientEvents):
                 "bytes_received": self._conn.bytes_received,
                 "frames_resent": self.frames_resent,
                 "bytes_unsent": len(self._wbuf) + self._conn.bytes_to_send,
+                "resumes": self.resumes,
+                "frames_resent_on_resume": self.frames_resent_on_resume,
+                "sessions_lost": self.sessions_lost,
             }
 
 
@@ -869,6 +1135,8 @@ def connect(
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     optimism: int = 0,
+    reconnect: float = 0.0,
+    on_session_lost: Callable[[], object] | None = None,
 ) -> BlockingClient:
     """Connect a :class:`BlockingClient` to ``url`` (see its constructor)."""
     return BlockingClient(
@@ -879,4 +1147,6 @@ def connect(
         token=token,
         ssl_context=ssl_context,
         optimism=optimism,
+        reconnect=reconnect,
+        on_session_lost=on_session_lost,
     )

@@ -13,6 +13,7 @@ from broker.errors import BrokerError
 from broker.protocol import (
     Channel,
     ChannelKind,
+    ClientSessionState,
     Confirm,
     ConnectionClosed,
     DeliverReceived,
@@ -20,10 +21,13 @@ from broker.protocol import (
     Event,
     FramesAbandoned,
     Gap,
+    GoodbyeCode,
     Headers,
     Policy,
     Pong,
+    Publish,
     Throttled,
+    decode_body,
 )
 from broker.tls import client_context
 
@@ -36,6 +40,12 @@ PUBLISHES_PER_YIELD = 64
 #: Consumed messages whose buffer space a subscription releases together (it
 #: releases sooner when the application has consumed everything received).
 RELEASE_BATCH = 32
+#: Goodbye codes after which a client with ``reconnect`` tries again (besides
+#: a broken or silent connection): the broker went away, not the client's fault.
+RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})
+#: First and longest pause between reconnection attempts (doubling in between).
+BACKOFF_FIRST = 0.05
+BACKOFF_MOST = 2.0
 
 
 class ClientError(BrokerError):
@@ -110,6 +120,32 @@ def connection_target(
     if ssl_context is None and token is not None and host not in LOOPBACK:
         log.warning("sending a token to %s without TLS: anyone on the path can read it", host)
     return host, port, ssl_context
+
+
+def unconfirmed_publishes(state: ClientSessionState) -> list[tuple[str, Publish]]:
+    """The messages of a lost session the broker never confirmed, in the
+    order they were published per topic: ``(topic name, Publish)``."""
+    messages = []
+    for handle, (_, frames) in sorted(state.retained.items()):
+        topic = state.topics[handle]
+        for frame in frames:
+            message = decode_body(frame[4:])
+            assert isinstance(message, Publish)
+            messages.append((topic, message))
+    return messages
+
+
+def log_session_lost(name: str, state: ClientSessionState) -> None:
+    """Say (a warning) that the broker no longer knows the session ``state`` records."""
+    unconfirmed = sum(len(frames) for _, frames in state.retained.values())
+    log.warning(
+        "%s: the broker lost our session (it restarted, or the session expired): "
+        "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; "
+        "messages published meanwhile were not delivered to us",
+        name,
+        len(state.subscriptions),
+        unconfirmed,
+    )
 
 
 class ClientEvents:

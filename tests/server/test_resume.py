@@ -1,7 +1,7 @@
 """Sessions over real TCP: resume after a broken connection loses and
 duplicates nothing; a broker restart is noticed and subscriptions come back.
 
-The connections go through :class:`CuttableProxy`, which the tests cut at
+The connections go through :class:`tests.proxy.CuttableProxy`, which the tests cut at
 random points (both directions at once, data in flight lost), exactly what a
 network failure does to a client and a broker.
 """
@@ -9,86 +9,13 @@ network failure does to a client and a broker.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import trio
 
 from broker.client import open_client
 
+from ..proxy import proxied
 from .helpers import TIMEOUT, running_broker, wait_idle, wait_until
-
-
-class CuttableProxy:
-    """A TCP forwarder to ``target``; :meth:`cut` breaks every connection through it."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.address: tuple[str, int] = ("", 0)
-        self.cuts = 0
-        self.connections = 0
-        self._scopes: set[trio.CancelScope] = set()
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        return f"{host}:{port}"
-
-    async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.address = listeners[0].socket.getsockname()[:2]
-        await trio.serve_listeners(self._forward, listeners, task_status=task_status)
-
-    async def _forward(self, client: trio.SocketStream) -> None:
-        sock = trio.socket.socket()
-        try:
-            await sock.connect(self.target)
-        except OSError:  # refused: nothing to forward
-            sock.close()
-            client.socket.close()
-            return
-        except BaseException:
-            sock.close()
-            client.socket.close()
-            raise
-        upstream = trio.SocketStream(sock)
-        self.connections += 1
-        try:
-            with trio.CancelScope() as scope:
-                self._scopes.add(scope)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope)
-                    nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope)
-        finally:
-            self._scopes.discard(scope)
-            sock.close()  # (synchronous: nothing can interrupt it)
-            client.socket.close()
-
-    async def _pump(
-        self, source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope
-    ) -> None:
-        try:
-            while data := await source.receive_some(65536):
-                await sink.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        done.cancel()
-
-    def cut(self) -> None:
-        """Break every connection now: what is in flight is lost."""
-        self.cuts += 1
-        for scope in list(self._scopes):
-            scope.cancel()
-
-
-@asynccontextmanager
-async def proxied(target: tuple[str, int]) -> AsyncIterator[CuttableProxy]:
-    async with trio.open_nursery() as nursery:
-        proxy = CuttableProxy(target)
-        await nursery.start(proxy.serve)
-        yield proxy
-        nursery.cancel_scope.cancel()
-
 
 TOPICS = ("alpha", "beta")
 

@@ -30,6 +30,8 @@ class SinkOptions:
     cafile: str | None
     timeout: float
     client_name: str
+    #: Seconds a broken connection is retried (and its session resumed); 0: never.
+    reconnect: float = 30.0
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -42,6 +44,7 @@ class SinkOptions:
             "broker.tls",
             "broker.cafile",
             "broker.timeout",
+            "broker.reconnect",
             "broker.client.name",
             "path",
         }
@@ -68,6 +71,12 @@ class SinkOptions:
             raise SinkError('option "broker.timeout" must be a number of seconds') from None
         if not timeout > 0:
             raise SinkError('option "broker.timeout" must be > 0')
+        try:
+            reconnect = float(options.get("broker.reconnect", "30"))
+        except ValueError:
+            raise SinkError('option "broker.reconnect" must be a number of seconds') from None
+        if not reconnect >= 0:
+            raise SinkError('option "broker.reconnect" must be >= 0 (0: never)')
         topic = options.get("topic")
         return cls(
             servers=servers,
@@ -78,6 +87,7 @@ class SinkOptions:
             cafile=options.get("broker.cafile") or None,
             timeout=timeout,
             client_name=options.get("broker.client.name", "spark"),
+            reconnect=reconnect,
         )
 
 

@@ -18,14 +18,21 @@ from ._options import RowLayout, SinkError, SinkOptions
 
 log = logging.getLogger("broker.spark")
 
-_clients: dict[tuple[str, str | None, bool, str | None, str], BlockingClusterClient] = {}
+_clients: dict[tuple[str, str | None, bool, str | None, str, float], BlockingClusterClient] = {}
 _clients_lock = threading.Lock()
 
 
 def cached_client(options: SinkOptions) -> BlockingClusterClient:
     """The worker's client for these brokers and credentials (made on first use,
     made again if its connection ended)."""
-    key = (options.servers, options.token, options.tls, options.cafile, options.client_name)
+    key = (
+        options.servers,
+        options.token,
+        options.tls,
+        options.cafile,
+        options.client_name,
+        options.reconnect,
+    )
     with _clients_lock:
         client = _clients.get(key)
         if client is not None and any(c.closed for c in client.clients.values()):
@@ -39,6 +46,7 @@ def cached_client(options: SinkOptions) -> BlockingClusterClient:
                 token=options.token,
                 ssl_context=context,
                 connect_timeout=options.timeout,
+                reconnect=options.reconnect,
             )
             _clients[key] = client
         return client

@@ -140,6 +140,7 @@ def test_streaming_batches_are_published(spark: Any, broker_address: str, tmp_pa
         ("value string", {"topic": "t", "broker.delivery": "exactly-once"}, "not supported yet"),
         ("value string", {"topic": "t", "broker.tls": "maybe"}, '"broker.tls" must be'),
         ("value string", {"topic": "t", "broker.colour": "red"}, "unknown option"),
+        ("value string", {"topic": "t", "broker.reconnect": "-1"}, '"broker.reconnect" must be'),
     ],
 )
 def test_bad_schemas_and_options_fail_before_any_task(

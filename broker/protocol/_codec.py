@@ -20,11 +20,13 @@ import cbor2
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._messages import (
+    Abort,
     Absolve,
     Ack,
     AnnounceDropping,
     Apologise,
     BindTopic,
+    Commit,
     Confirm,
     Deliver,
     FreeHandle,
@@ -37,10 +39,12 @@ from ._messages import (
     LimitSending,
     Message,
     Options,
+    Outcome,
     Ping,
     Plead,
     Pong,
     Publish,
+    Stage,
     Subscribe,
     Throttled,
     Welcome,
@@ -103,8 +107,16 @@ def _fields(message: Message) -> list[Any]:
             return [22, subscription, first_seq, count]
         case Confirm(topic, count):
             return [23, topic, count]
-        case BindTopic(name):
+        case BindTopic(name, None):
             return [30, name]
+        case BindTopic(name, Stage(batch, member)):
+            return [30, name, [batch, member]]
+        case Commit(request, batch, members):
+            return [40, request, batch, [[member, count] for member, count in members]]
+        case Abort(request, batch):
+            return [41, request, batch]
+        case Outcome(request, status, messages, reason):
+            return [42, request, status, messages, reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
         case Hello(version, client, session, processed, token):
@@ -394,6 +406,46 @@ def _goodbye(f: list[Any]) -> Goodbye:
     return Goodbye(_u64(f[1], "code"), _text(f[2], "reason"))
 
 
+#: Longest batch or member name of a Stage, in characters.
+MAX_STAGE_NAME = 256
+
+
+def _stage_name(value: Any, what: str) -> str:
+    name = _text(value, what)
+    if not name or len(name) > MAX_STAGE_NAME:
+        raise _bad(f"{what} must be 1 to {MAX_STAGE_NAME} characters")
+    return name
+
+
+def _bind_topic(f: list[Any]) -> BindTopic:
+    name = _text(f[1], "topic name")
+    if len(f) == 2:
+        return BindTopic(name)
+    stage = f[2]
+    if type(stage) is not list or len(stage) != 2:
+        raise _bad("a BindTopic stage must be a [batch, member] pair")
+    return BindTopic(name, Stage(_stage_name(stage[0], "batch"), _stage_name(stage[1], "member")))
+
+
+def _commit(f: list[Any]) -> Commit:
+    members = f[3]
+    if type(members) is not list:
+        raise _bad("Commit members must be an array of [member, count] pairs")
+    pairs: list[tuple[str, int]] = []
+    for pair in members:
+        if type(pair) is not list or len(pair) != 2:
+            raise _bad("each Commit member must be a [member, count] pair")
+        pairs.append((_stage_name(pair[0], "member"), _u64(pair[1], "count")))
+    return Commit(_u64(f[1], "request"), _stage_name(f[2], "batch"), pairs)
+
+
+def _outcome(f: list[Any]) -> Outcome:
+    status = _u64(f[2], "status")
+    if status > 3:
+        raise _bad(f"unknown Outcome status {status}")
+    return Outcome(_u64(f[1], "request"), status, _u64(f[3], "messages"), _text(f[4], "reason"))
+
+
 def _subscribe(f: list[Any]) -> Subscribe:
     return Subscribe(_u64(f[1], "topic"), _text(f[2], "mode"), _options(f[3]))
 
@@ -405,8 +457,8 @@ def _free(f: list[Any]) -> FreeHandle:
     return FreeHandle(handle_type, _u64(f[2], "handle"), _bool(f[3], "mine"))
 
 
-#: type code -> (number of array elements, parser)
-_PARSERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
+#: type code -> (number of array elements, or the numbers allowed; parser)
+_PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]] = {
     MessageType.HELLO: (3, _hello),
     MessageType.WELCOME: (3, _welcome),
     MessageType.PING: (2, lambda f: Ping(_u64(f[1], "nonce"))),
@@ -430,10 +482,13 @@ _PARSERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
         lambda f: Gap(_u64(f[1], "subscription"), _u64(f[2], "first_seq"), _u64(f[3], "count")),
     ),
     MessageType.CONFIRM: (3, lambda f: Confirm(_u64(f[1], "topic"), _u64(f[2], "count"))),
-    MessageType.BIND_TOPIC: (2, lambda f: BindTopic(_text(f[1], "topic name"))),
+    MessageType.BIND_TOPIC: ((2, 3), _bind_topic),
     MessageType.SUBSCRIBE: (4, _subscribe),
     MessageType.PUBLISH: (5, _publish),
     MessageType.DELIVER: (6, _deliver),
+    MessageType.COMMIT: (4, _commit),
+    MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
+    MessageType.OUTCOME: (5, _outcome),
 }
 
 
@@ -467,8 +522,12 @@ def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Mess
     if parser is None:
         raise _bad(f"unknown message type {code}")
     arity, parse = parser
-    if len(fields) != arity:
-        raise _bad(f"type {code} has {arity - 1} fields, got {len(fields) - 1}")
+    if isinstance(arity, int):
+        if len(fields) != arity:
+            raise _bad(f"type {code} has {arity - 1} fields, got {len(fields) - 1}")
+    elif len(fields) not in arity:
+        allowed = " or ".join(str(n - 1) for n in arity)
+        raise _bad(f"type {code} has {allowed} fields, got {len(fields) - 1}")
     return parse(fields)
 
 

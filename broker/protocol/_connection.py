@@ -48,11 +48,13 @@ from ._guarantees import (
 from ._handles import Binding, HandleState, HandleTable
 from ._liveness import Liveness
 from ._messages import (
+    Abort,
     Absolve,
     Ack,
     AnnounceDropping,
     Apologise,
     BindTopic,
+    Commit,
     Confirm,
     Deliver,
     FreeHandle,
@@ -65,10 +67,12 @@ from ._messages import (
     LimitSending,
     Message,
     Options,
+    Outcome,
     Ping,
     Plead,
     Pong,
     Publish,
+    Stage,
     Subscribe,
     Throttled,
     Welcome,
@@ -223,6 +227,10 @@ class Connection:
         }
         #: Broker: bytes each live handle holds on its bind channel.
         self._bind_sizes: dict[tuple[HandleType, int], int] = {}
+        #: Topic handles whose publishes are staged, and where.
+        self._stages: dict[int, Stage] = {}
+        #: Client: the number of the last Commit or Abort sent.
+        self._last_request = 0
         self._ping_nonce = 0
         self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
             Publish: self._on_publish,
@@ -246,6 +254,9 @@ class Connection:
             Subscribe: self._on_bind_frame,
             Hello: self._on_hello,
             Welcome: self._on_welcome,
+            Commit: self._on_staging_notice,
+            Abort: self._on_staging_notice,
+            Outcome: self._on_staging_notice,
         }
 
     # ================================================================ bytes in / out
@@ -430,6 +441,7 @@ class Connection:
             capacity = self.policy.initial_capacity(channel) - held[handle_type]
             self._open_receiver(channel, max(capacity, 0))
         self.publishes_received = {h: state.received.get(h, 0) for h in state.topics}
+        self._stages = {h: s for h, s in state.stages.items() if h in state.topics}
         for handle in state.topics:
             self._open_receiver(Channel(ChannelKind.PUBLISH, handle))
         for handle in state.subscriptions:
@@ -465,6 +477,7 @@ class Connection:
                 self.topics.next_handle,
                 self.subscriptions.next_handle,
                 {h: self.publishes_received.get(h, 0) for h in topics},
+                {h: s for h, s in self._stages.items() if h in topics},
             )
         proposed = HandleState.PROPOSED
         live_topics = {
@@ -486,6 +499,7 @@ class Connection:
                 h: (self._retained_base.get(h, 0), tuple(self._retained.get(h, ())))
                 for h in live_topics
             },
+            stages={h: s for h, s in self._stages.items() if h in live_topics},
         )
 
     def goodbye(self, code: GoodbyeCode | int = GoodbyeCode.NORMAL, reason: str = "") -> None:
@@ -580,6 +594,7 @@ class Connection:
         # Topic handles below the broker's count that it no longer lists were freed there.
         topics = {h: name for h, name in state.topics.items() if h >= bound_topics or h in received}
         self.topics.restore(topics, state.next_topic)
+        self._stages = {h: s for h, s in state.stages.items() if h in topics}
         self.subscriptions.restore(dict(state.subscriptions), state.next_subscription)
         self.processed = dict(state.processed)
         resent = 0
@@ -588,7 +603,8 @@ class Connection:
             channel = Channel(ChannelKind.PUBLISH, handle)
             sender = self._senders[channel] = ChannelSender(channel)
             if handle >= bound_topics:
-                resent += self._queue_resend(binds, BindTopic(topics[handle]))
+                bind = BindTopic(topics[handle], self._stages.get(handle))
+                resent += self._queue_resend(binds, bind)
             base, frames = state.retained.get(handle, (0, ()))
             count = received.get(handle, 0)
             missing = frames[count - base :]
@@ -738,6 +754,8 @@ class Connection:
         if sender is not None and (sender.unconfirmed or sender.retransmit):
             lost = len(sender.unconfirmed) + len(sender.retransmit)
             events.append(FramesAbandoned(channel, lost))
+        if handle_type == HandleType.TOPIC:
+            self._stages.pop(handle, None)
         size = self._bind_sizes.pop((handle_type, handle), None)
         if size is not None:
             receiver = self._receivers[_BIND_CHANNEL[handle_type]]
@@ -761,17 +779,20 @@ class Connection:
 
     # ---------------------------------------------------------------- binds (client side)
 
-    def bind_topic(self, name: str) -> int:
+    def bind_topic(self, name: str, stage: Stage | None = None) -> int:
         """Client: bind the next topic handle to ``name``; returns the handle.
 
         Publishing on it may start at once (optimistically, if the policy
         allows); the broker issues the topic's guarantees once it has
-        processed the bind.
+        processed the bind. With a ``stage``, the broker stages what is
+        published on the handle until a :meth:`commit` of the stage's batch.
         """
         self._require_role(Role.CLIENT, "bind topics")
         self._require_open()
-        self._send_frame(self._senders[TOPIC_BINDS], BindTopic(name))
+        self._send_frame(self._senders[TOPIC_BINDS], BindTopic(name, stage))
         handle = self.topics.bind(name)
+        if stage is not None:
+            self._stages[handle] = stage
         self._senders[Channel(ChannelKind.PUBLISH, handle)] = ChannelSender(
             Channel(ChannelKind.PUBLISH, handle)
         )
@@ -790,6 +811,8 @@ class Connection:
         if mode not in DeliveryMode.ALL:
             raise LocalProtocolError(f"unknown delivery mode {mode!r}")
         name = self.topics.resolve_local(topic).value
+        if topic in self._stages:
+            raise LocalProtocolError(f"topic handle {topic} is staged: it cannot be subscribed to")
         if not self.confirmed(HandleType.TOPIC, topic):
             raise LocalProtocolError(f"topic handle {topic} is not confirmed yet")
         opts = dict(options or {})
@@ -810,6 +833,8 @@ class Connection:
             if message.mode not in DeliveryMode.ALL:
                 raise RemoteProtocolError(f"unknown delivery mode {message.mode[:24]!r}")
             self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
+            if message.topic in self._stages:
+                raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
         receiver = self._receivers[message.channel]
         accepted, out = receiver.on_frame(size)
         self._queue_all(out)
@@ -843,7 +868,9 @@ class Connection:
                 handle = self.topics.bind(message.name)
                 self._bind_sizes[(HandleType.TOPIC, handle)] = size
                 self.publishes_received[handle] = 0
-                events.append(TopicBound(handle, message.name))
+                if message.stage is not None:
+                    self._stages[handle] = message.stage
+                events.append(TopicBound(handle, message.name, message.stage))
                 self._open_receiver(Channel(ChannelKind.PUBLISH, handle))
             else:
                 topic_binding = self.topics.get(message.topic)
@@ -1366,6 +1393,50 @@ class Connection:
         self._require_open()
         self._receiver(channel)
         self._queue(Throttled(channel, throttled))
+
+    # ================================================================ staging
+
+    def stage_of(self, topic: int) -> Stage | None:
+        """Where publishes on topic handle ``topic`` are staged (None: routed at once)."""
+        return self._stages.get(topic)
+
+    def commit(self, batch: str, members: list[tuple[str, int]]) -> int:
+        """Client: ask the broker to make the listed members of ``batch``
+        visible, each with the number of publishes it staged, and to discard
+        the batch's other members; returns the request number its
+        :class:`Outcome` will carry."""
+        self._require_role(Role.CLIENT, "commit")
+        self._require_open()
+        self._last_request += 1
+        self._queue(Commit(self._last_request, batch, list(members)))
+        return self._last_request
+
+    def abort(self, batch: str) -> int:
+        """Client: ask the broker to discard everything staged in ``batch``;
+        returns the request number its :class:`Outcome` will carry."""
+        self._require_role(Role.CLIENT, "abort")
+        self._require_open()
+        self._last_request += 1
+        self._queue(Abort(self._last_request, batch))
+        return self._last_request
+
+    def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
+        """Broker: answer Commit or Abort number ``request``."""
+        self._require_role(Role.BROKER, "answer commits")
+        self._require_open()
+        self._queue(Outcome(request, int(status), messages, reason))
+
+    def _on_staging_notice(
+        self, message: Commit | Abort | Outcome, size: int, events: list[Event]
+    ) -> None:
+        """Commit and Abort (client to broker), Outcome (broker to client): checked, passed on."""
+        sent_by = Role.BROKER if isinstance(message, Outcome) else Role.CLIENT
+        if self.role is sent_by:
+            raise RemoteProtocolError(
+                f"{type(message).__name__} is sent by the {sent_by.name.lower()}"
+            )
+        self._check_open(message)
+        events.append(message)
 
     # ================================================================ inspection
 

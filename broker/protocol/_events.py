@@ -2,8 +2,9 @@
 
 Besides these classes, the messages :class:`~broker.protocol.Ack`,
 :class:`~broker.protocol.Gap`, :class:`~broker.protocol.Confirm`,
-:class:`~broker.protocol.Throttled` and :class:`~broker.protocol.Pong` are
-reported as they arrive.
+:class:`~broker.protocol.Throttled`, :class:`~broker.protocol.Pong`,
+:class:`~broker.protocol.Commit`, :class:`~broker.protocol.Abort` and
+:class:`~broker.protocol.Outcome` are reported as they arrive.
 """
 
 from __future__ import annotations
@@ -11,7 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import RemoteProtocolError
-from ._messages import Ack, Confirm, Deliver, Gap, Hello, Options, Pong, Publish, Throttled, Welcome
+from ._messages import (
+    Abort,
+    Ack,
+    Commit,
+    Confirm,
+    Deliver,
+    Gap,
+    Hello,
+    Options,
+    Outcome,
+    Pong,
+    Publish,
+    Stage,
+    Throttled,
+    Welcome,
+)
 from ._types import Channel
 
 
@@ -36,10 +52,12 @@ class WelcomeReceived:
 
 @dataclass(slots=True)
 class TopicBound:
-    """The broker processed a BindTopic: ``handle`` names topic ``name``."""
+    """The broker processed a BindTopic: ``handle`` names topic ``name``
+    (its publishes staged in ``stage``, if given)."""
 
     handle: int
     name: str
+    stage: Stage | None = None
 
 
 @dataclass(slots=True)
@@ -145,4 +163,7 @@ Event = (
     | Confirm
     | Throttled
     | Pong
+    | Commit
+    | Abort
+    | Outcome
 )

@@ -166,12 +166,60 @@ class Confirm:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Where staged publishes wait in the broker until a ``Commit``: a
+    ``batch`` (what one commit makes visible at once) and a ``member`` of it
+    (one writer's attempt)."""
+
+    batch: str
+    member: str
+
+
+@dataclass(slots=True)
+class Commit:
+    """Client: make the listed members of ``batch`` visible, each with the
+    number of publishes it staged, in this order; discard its other members.
+    Answered by an ``Outcome`` with the same ``request``."""
+
+    TYPE: ClassVar[MessageType] = MessageType.COMMIT
+    request: int
+    batch: str
+    members: list[tuple[str, int]]
+
+
+@dataclass(slots=True)
+class Abort:
+    """Client: discard every publish staged in ``batch``; answered by an ``Outcome``."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ABORT
+    request: int
+    batch: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Broker: the answer to ``Commit`` or ``Abort`` number ``request``
+    (``status``: an :class:`OutcomeStatus`; ``messages`` routed or discarded)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.OUTCOME
+    request: int
+    status: int
+    messages: int
+    reason: str = ""
+
+
 @dataclass(slots=True)
 class BindTopic:
-    """Binds the next topic handle to a topic name (channel ``[0,0]``)."""
+    """Binds the next topic handle to a topic name (channel ``[0,0]``).
+
+    With a ``stage``, publishes on the handle are staged, not routed, until
+    a ``Commit`` of the stage's batch lists its member.
+    """
 
     TYPE: ClassVar[MessageType] = MessageType.BIND_TOPIC
     name: str
+    stage: Stage | None = None
 
     @property
     def channel(self) -> Channel:
@@ -241,6 +289,9 @@ ControlMessage = (
     | Ack
     | Gap
     | Confirm
+    | Commit
+    | Abort
+    | Outcome
 )
 ChannelMessage = BindTopic | Subscribe | Publish | Deliver
 Message = ControlMessage | ChannelMessage

@@ -11,9 +11,9 @@ these records resumes the session exactly where the old one stopped
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from ._messages import Options
+from ._messages import Options, Stage
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +40,8 @@ class BrokerSessionState:
     next_subscription: int
     #: Per live topic handle: Publish frames accepted in the whole session.
     received: dict[int, int]
+    #: Live topic handles whose publishes are staged, and where.
+    stages: dict[int, Stage] = field(default_factory=dict)
 
     def for_resume(self, processed: Mapping[int, int]) -> tuple[BrokerSessionState, list[int]]:
         """What to restore for a client resuming with Hello ``processed``, and
@@ -69,6 +71,8 @@ class ClientSessionState:
     #: Per topic handle: how many publishes the broker confirmed, and the
     #: encoded Publish frames sent after those, in order.
     retained: dict[int, tuple[int, tuple[bytes, ...]]]
+    #: Live topic handles whose publishes are staged, and where.
+    stages: dict[int, Stage] = field(default_factory=dict)
 
     def published(self, topic: int) -> int:
         """Publishes sent on ``topic`` in the whole session."""

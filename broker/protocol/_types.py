@@ -94,6 +94,22 @@ class MessageType(IntEnum):
     SUBSCRIBE = 31
     PUBLISH = 32
     DELIVER = 33
+    COMMIT = 40
+    ABORT = 41
+    OUTCOME = 42
+
+
+class OutcomeStatus(IntEnum):
+    """How the broker answered a ``Commit`` or ``Abort`` (``Outcome.status``)."""
+
+    #: The listed members' staged publishes are routed now, in order.
+    COMMITTED = 0
+    #: The batch was committed before: nothing more is routed (idempotent).
+    DUPLICATE = 1
+    #: Every staged publish of the batch is discarded.
+    ABORTED = 2
+    #: Nothing was done (``Outcome.reason`` says why, e.g. a count mismatch).
+    REFUSED = 3
 
 
 class DeliveryMode:

@@ -22,6 +22,7 @@ from broker.protocol import (
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
     U64_MAX,
+    Abort,
     Absolve,
     Ack,
     AnnounceDropping,
@@ -29,6 +30,7 @@ from broker.protocol import (
     BindTopic,
     Channel,
     ChannelKind,
+    Commit,
     Confirm,
     Deliver,
     FrameDecoder,
@@ -44,11 +46,14 @@ from broker.protocol import (
     LocalProtocolError,
     Message,
     MessageType,
+    Outcome,
+    OutcomeStatus,
     Ping,
     Plead,
     Pong,
     Publish,
     RemoteProtocolError,
+    Stage,
     Subscribe,
     Throttled,
     Welcome,
@@ -111,6 +116,14 @@ MESSAGES: list[Message] = [
     Confirm(U64_MAX, U64_MAX),
     BindTopic(""),
     BindTopic("news/ünïcødé/" + "x" * 500),
+    BindTopic("t", Stage("b", "m")),
+    BindTopic("events", Stage("query/" + "q" * 250, "ünï/0")),
+    Commit(0, "b", []),
+    Commit(U64_MAX, "job-1", [("0/0", 5), ("1/1", U64_MAX), ("2/0", 0)]),
+    Abort(0, "b"),
+    Abort(U64_MAX, "x" * 256),
+    Outcome(0, 0, 0, ""),
+    Outcome(U64_MAX, int(OutcomeStatus.REFUSED), U64_MAX, "member 0/0 staged 3, not 5"),
     Subscribe(0, "reliable", {}),
     Subscribe(U64_MAX, "lossy", {"none": None}),
     Subscribe(1, "latest", {"min": I64_MIN, "max": I64_MAX, "zero": 0}),
@@ -580,6 +593,22 @@ MALFORMED: dict[str, dict[str, bytes]] = {
         "nested 100000 deep": _deep(100_000),
         "nested maps": b"\x82\x02" + b"\xa1\x00" * 10_000 + b"\x00",
     },
+    "staging": {
+        "stage not a pair": _body(30, "t", ["b"]),
+        "stage of three": _body(30, "t", ["b", "m", "x"]),
+        "stage null": _body(30, "t", None),
+        "stage empty batch": _body(30, "t", ["", "m"]),
+        "stage batch too long": _body(30, "t", ["b" * 257, "m"]),
+        "stage member not text": _body(30, "t", ["b", 1]),
+        "commit members not an array": _body(40, 1, "b", {"m": 1}),
+        "commit member not a pair": _body(40, 1, "b", [["m"]]),
+        "commit negative count": _body(40, 1, "b", [["m", -1]]),
+        "commit empty member": _body(40, 1, "b", [["", 1]]),
+        "commit empty batch": _body(40, 1, "", []),
+        "abort batch not text": _body(41, 1, b"b"),
+        "outcome unknown status": _body(42, 1, 4, 0, ""),
+        "outcome reason not text": _body(42, 1, 0, 0, None),
+    },
     "invalid utf-8": {
         "bad utf8 topic name": b"\x82\x18\x1e" + _text_item(b"\xff\xfe"),
         "bad utf8 overlong": b"\x82\x18\x1e" + _text_item(b"\xc0\xaf"),
@@ -598,7 +627,9 @@ def _arity_cases() -> dict[str, bytes]:
     for message in MESSAGES:
         fields = cbor2.loads(encode_body(message))
         name = _id(message)
-        cases[f"{name} missing a field"] = cbor2.dumps(fields[:-1])
+        if not (isinstance(message, BindTopic) and message.stage is not None):
+            # (A staged BindTopic without its stage is a plain one.)
+            cases[f"{name} missing a field"] = cbor2.dumps(fields[:-1])
         cases[f"{name} extra field"] = cbor2.dumps([*fields, None])
         cases[f"{name} extra int field"] = cbor2.dumps([*fields, 0])
         cases[f"{name} type code only"] = cbor2.dumps(fields[:1])

@@ -23,6 +23,7 @@ from broker.protocol import (
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
     U64_MAX,
+    Abort,
     Absolve,
     Ack,
     AnnounceDropping,
@@ -30,6 +31,7 @@ from broker.protocol import (
     BindTopic,
     Channel,
     ChannelKind,
+    Commit,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -45,6 +47,7 @@ from broker.protocol import (
     LimitReceiving,
     LimitSending,
     Message,
+    Outcome,
     Ping,
     Plead,
     Pong,
@@ -52,6 +55,7 @@ from broker.protocol import (
     PublishReceived,
     RemoteProtocolError,
     Role,
+    Stage,
     Subscribe,
     Throttled,
     Welcome,
@@ -85,6 +89,8 @@ channels = st.one_of(
     st.builds(Channel, st.sampled_from([ChannelKind.PUBLISH, ChannelKind.DELIVER]), handles),
 )
 short_text = st.text(max_size=6)
+#: Batch and member names of a Stage: 1 to 256 characters.
+stage_names = st.text(min_size=1, max_size=10)
 short_bytes = st.binary(max_size=24)
 headers = st.none() | st.lists(st.tuples(short_text, short_bytes), max_size=3)
 u64_maps = st.dictionaries(u64s, u64s, max_size=3)
@@ -137,7 +143,10 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Ack, handles, u64s),
     st.builds(Gap, handles, u64s, u64s),
     st.builds(Confirm, handles, u64s),
-    st.builds(BindTopic, short_text),
+    st.builds(BindTopic, short_text, st.none() | st.builds(Stage, stage_names, stage_names)),
+    st.builds(Commit, u64s, stage_names, st.lists(st.tuples(stage_names, u64s), max_size=3)),
+    st.builds(Abort, u64s, stage_names),
+    st.builds(Outcome, u64s, st.integers(0, 3), u64s, short_text),
     st.builds(
         Subscribe,
         handles,
@@ -171,6 +180,9 @@ def _peer_messages(receiver: Role) -> st.SearchStrategy[Message]:
             st.builds(FreeHandle, st.integers(0, 1), handles, st.just(True)),
             st.builds(Ack, handles, u64s),
             st.builds(BindTopic, st.sampled_from(["t", "u", "v"])),
+            st.builds(BindTopic, st.just("t"), st.builds(Stage, st.just("b"), st.just("m"))),
+            st.builds(Commit, u64s, st.just("b"), st.just([("m", 1)])),
+            st.builds(Abort, u64s, st.just("b")),
             st.builds(Subscribe, handles, st.sampled_from(["reliable", "lossy", "latest"])),
             st.builds(Publish, handles, short_bytes, st.none() | short_bytes, headers),
         ]
@@ -181,6 +193,7 @@ def _peer_messages(receiver: Role) -> st.SearchStrategy[Message]:
             st.builds(Throttled, client_channels, st.booleans()),
             st.builds(Gap, handles, u64s, u64s),
             st.builds(Confirm, handles, u64s),
+            st.builds(Outcome, u64s, st.integers(0, 3), u64s, short_text),
             st.builds(Deliver, handles, u64s, short_bytes, st.none() | short_bytes, headers),
         ]
     return st.one_of(

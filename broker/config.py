@@ -88,6 +88,14 @@ class BrokerConfig:
     #: A publish channel withheld (its account above the watermark) for this many
     #: seconds is announced to its client with Throttled (an advisory).
     throttle_notice_after: float = 1.0
+    #: Most bytes of staged publishes (exactly-once publishing) held at once; a
+    #: publish beyond it ends its connection with Goodbye 3.
+    staging_limit: int = 256 * MiB
+    #: Seconds a staged batch may wait for its commit or abort before it is discarded.
+    staging_ttl: float = 3600.0
+    #: Committed and aborted batches remembered, so that committing one again
+    #: changes nothing (a retried commit, a streaming batch run twice).
+    staging_remember: int = 100_000
     #: Most connections served at once; more are refused with Goodbye 3.
     max_connections: int = 10_000
     #: Seconds a graceful shutdown waits for connections to drain.
@@ -134,6 +142,8 @@ class BrokerConfig:
             raise ConfigError("need 0 < heartbeat < lease")
         if self.throttle_notice_after < 0:
             raise ConfigError("throttle_notice_after must be >= 0")
+        if self.staging_limit < 0 or self.staging_ttl <= 0 or self.staging_remember < 1:
+            raise ConfigError("staging_limit >= 0, staging_ttl > 0 and staging_remember >= 1")
         if self.lossy_budget < 64 * KiB:
             raise ConfigError("lossy_budget must be at least 64 KiB")
         if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:

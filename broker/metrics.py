@@ -212,6 +212,32 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "How much of the lease was left when a detached session was resumed.",
     ),
     MetricSpec(
+        "broker_staged_messages",
+        "gauge",
+        "Publishes staged (exactly-once publishing), waiting for their batch's commit.",
+    ),
+    MetricSpec("broker_staged_bytes", "gauge", "Bytes the staged publishes hold."),
+    MetricSpec("broker_staged_batches", "gauge", "Staged batches neither committed nor aborted."),
+    MetricSpec(
+        "broker_staging_outcomes_total",
+        "counter",
+        "Answers to commits and aborts: committed, duplicate (committed before: nothing "
+        "more routed), aborted, refused (e.g. a member's count did not match).",
+        ("outcome",),
+    ),
+    MetricSpec(
+        "broker_staging_committed_messages_total",
+        "counter",
+        "Staged publishes made visible by commits.",
+    ),
+    MetricSpec(
+        "broker_staging_discarded_messages_total",
+        "counter",
+        "Staged publishes discarded: aborted, superseded (members a commit left out), "
+        "expired (past staging_ttl), late (staged into a finished batch).",
+        ("reason",),
+    ),
+    MetricSpec(
         "broker_auth_failures_total",
         "counter",
         "Clients refused: no or bad credentials, their principal's connection limit, "
@@ -456,6 +482,15 @@ class BrokerCollector:
         lease_left = families["broker_session_resume_lease_left_seconds"]
         assert isinstance(lease_left, HistogramMetricFamily)
         lease_left.add_metric([], buckets=buckets, sum_value=total)
+        staging = broker.staging
+        add("broker_staged_messages", [], staging.messages)
+        add("broker_staged_bytes", [], staging.size)
+        add("broker_staged_batches", [], len(staging.batches))
+        for outcome, count in staging.counters.outcomes.items():
+            add("broker_staging_outcomes_total", [outcome], count)
+        add("broker_staging_committed_messages_total", [], staging.counters.committed_messages)
+        for reason, count in staging.counters.discarded.items():
+            add("broker_staging_discarded_messages_total", [reason], count)
         for reason, count in security.auth_failures.items():
             add("broker_auth_failures_total", [reason], count)
         add("broker_tls_handshake_failures_total", [], security.tls_handshake_failures)

@@ -18,7 +18,14 @@ from ._cluster import (
     parse_servers,
     route,
 )
-from ._common import ClientError, ConnectionLost, Message, parse_url, split_url
+from ._common import (
+    ClientError,
+    ConnectionLost,
+    Message,
+    StagingRefused,
+    parse_url,
+    split_url,
+)
 
 __all__ = [
     "BlockingClient",
@@ -29,6 +36,7 @@ __all__ = [
     "ClusterClient",
     "ConnectionLost",
     "Message",
+    "StagingRefused",
     "Subscription",
     "connect",
     "open_client",

@@ -425,7 +425,7 @@ class Client(ClientEvents):
         for subscription in subscriptions:
             await self._open_subscription(subscription)
             await self._subscribed(subscription)
-        for topic, message in unconfirmed_publishes(state):
+        for topic, _stage, message in unconfirmed_publishes(state):
             await self._publish(topic, message.payload, message.key, message.headers)
         if self._on_session_lost is not None:
             self._on_session_lost()

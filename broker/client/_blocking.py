@@ -45,7 +45,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
@@ -59,8 +59,10 @@ from broker.protocol import (
     LocalProtocolError,
     NoGuarantees,
     Options,
+    Outcome,
     Policy,
     Role,
+    Stage,
     WelcomeReceived,
 )
 
@@ -73,6 +75,7 @@ from ._common import (
     ClientEvents,
     ConnectionLost,
     Message,
+    check_outcome,
     client_policy,
     connection_target,
     log_session_lost,
@@ -312,6 +315,9 @@ class BlockingClient(ClientEvents):
         self._lock = threading.RLock()
         super().__init__()
         self._topics: dict[str, int] = {}
+        #: Staged topic handles, and publishes made per stage (see ``publish``).
+        self._staged: dict[tuple[str, Stage], int] = {}
+        self._stage_counts: dict[Stage, int] = {}
         self._published: dict[int, int] = {}
         self._subscriptions: dict[int, BlockingSubscription] = {}
         #: Subscription handles closed before their Subscribe was confirmed.
@@ -390,6 +396,7 @@ class BlockingClient(ClientEvents):
             self._conn = conn
             self._optimistic = conn.policy.optimism > 0
             self._pong = 0  # Ping nonces start again
+            self._outcomes.clear()  # and request numbers
             conn.hello(self.name, token=self._token, resume=resume)
             self._wait_until(lambda: conn.welcome_message is not None, deadline, "handshake")
         except TimeoutError:
@@ -566,14 +573,15 @@ class BlockingClient(ClientEvents):
         self.sessions_lost += 1
         log_session_lost(self.name, state)
         self._topics.clear()
+        self._staged.clear()
         self._published.clear()
         self._confirmed.clear()
         self._subscriptions = {}
         for handle in sorted(state.subscriptions):
             subscription = self._resuming[handle]
             self._open_subscription(subscription, deadline, "restoring the session")
-        for topic, message in unconfirmed_publishes(state):
-            self._publish(topic, message.payload, message.key, message.headers, deadline)
+        for topic, stage, message in unconfirmed_publishes(state):
+            self._publish(topic, message.payload, message.key, message.headers, deadline, stage)
 
     # ---------------------------------------------------------------- I/O
 
@@ -823,13 +831,17 @@ class BlockingClient(ClientEvents):
 
     # ---------------------------------------------------------------- topics
 
-    def _topic_nowait(self, topic: str) -> int:
-        """The topic's handle, binding it on first use; :class:`NoGuarantees` if no room."""
-        handle = self._topics.get(topic)
+    def _topic_nowait(self, topic: str, stage: Stage | None = None) -> int:
+        """The topic's handle (staged in ``stage``, if given), binding it on
+        first use; :class:`NoGuarantees` if no room."""
+        handle = self._topics.get(topic) if stage is None else self._staged.get((topic, stage))
         if handle is None:
             self._check_open()
-            handle = self._conn.bind_topic(topic)
-            self._topics[topic] = handle
+            handle = self._conn.bind_topic(topic, stage)
+            if stage is None:
+                self._topics[topic] = handle
+            else:
+                self._staged[(topic, stage)] = handle
             self._published[handle] = 0
         return handle
 
@@ -855,8 +867,13 @@ class BlockingClient(ClientEvents):
         key: bytes | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        stage: Stage | None = None,
     ) -> None:
         """Publish one message, waiting up to ``timeout`` seconds for the broker's guarantees.
+
+        With a ``stage``, the broker holds the message (staged) instead of
+        routing it, until a :meth:`commit` of the stage's batch lists its
+        member; see :meth:`finish_stage`.
 
         Once it returns, the broker is certain to accept the message (it is
         queued for the socket; :meth:`flush` waits until it is routed); with
@@ -870,7 +887,9 @@ class BlockingClient(ClientEvents):
         """
         deadline = _deadline(timeout)
         with self._locked(deadline):
-            self._publish(topic, payload, key, headers, deadline)
+            self._publish(topic, payload, key, headers, deadline, stage)
+            if stage is not None:
+                self._stage_counts[stage] = self._stage_counts.get(stage, 0) + 1
             self._after_operation()
 
     def _publish(
@@ -880,11 +899,12 @@ class BlockingClient(ClientEvents):
         key: bytes | None,
         headers: Headers | None,
         deadline: float | None,
+        stage: Stage | None = None,
     ) -> None:
         """Publish, waiting for room (lock held)."""
 
         def publish_now() -> None:
-            handle = self._topic_nowait(topic)
+            handle = self._topic_nowait(topic, stage)
             self._conn.publish(handle, payload, key=key, headers=headers)
             self._published[handle] += 1
 
@@ -945,6 +965,73 @@ class BlockingClient(ClientEvents):
                 deadline,
                 "flush",
             )
+
+    # ---------------------------------------------------------------- staging
+
+    def finish_stage(self, stage: Stage, timeout: float | None = None) -> int:
+        """Wait until the broker holds every message published with ``stage``
+        (a :meth:`flush`), let go of the stage's topic handles, and return
+        how many messages were published with it: the count its batch's
+        :meth:`commit` must list for ``stage.member``."""
+        deadline = _deadline(timeout)
+        with self._locked(deadline):
+            self.flush(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+            conn = self._conn
+            for key, handle in list(self._staged.items()):
+                if key[1] != stage:
+                    continue
+                del self._staged[key]
+                self._published.pop(handle, None)
+                self._confirmed.pop(handle, None)
+                if not conn.closed and self._ready():
+                    with contextlib.suppress(LocalProtocolError):  # already being freed
+                        conn.free_handle(HandleType.TOPIC, handle)
+            self._after_operation(urgent=True)
+            return self._stage_counts.pop(stage, 0)
+
+    def commit(
+        self, batch: str, members: Iterable[tuple[str, int]], *, timeout: float | None = None
+    ) -> Outcome:
+        """Make the listed members of ``batch`` visible (each with the number
+        of messages it staged, as :meth:`finish_stage` returned it), in this
+        order, and discard the batch's other members; returns once the
+        broker has routed them.
+
+        Idempotent: a batch committed before is answered ``DUPLICATE`` and
+        nothing more is routed (a commit cut off by a broken connection is
+        sent again after the reconnection). Raises
+        :class:`~broker.client.StagingRefused` if the broker refuses (a
+        member's count differs from what it staged: something was lost, so
+        nothing is made visible; or the batch was aborted).
+        """
+        listed = list(members)
+        outcome = self._request(lambda: self._conn.commit(batch, listed), timeout, "commit")
+        return check_outcome(batch, outcome)
+
+    def abort(self, batch: str, *, timeout: float | None = None) -> Outcome:
+        """Discard everything staged in ``batch`` (``outcome.messages``: how
+        many); later publishes staged into it are dropped. Raises
+        :class:`~broker.client.StagingRefused` if the batch was committed."""
+        outcome = self._request(lambda: self._conn.abort(batch), timeout, "abort")
+        return check_outcome(batch, outcome)
+
+    def _request(self, send: Callable[[], int], timeout: float | None, what: str) -> Outcome:
+        """Send a Commit or Abort (``send()`` queues it and returns its number)
+        and wait for its Outcome; sent again on a new connection if the
+        connection is replaced first (both are idempotent)."""
+        deadline = _deadline(timeout)
+        with self._locked(deadline):
+            while True:
+                self._wait_until(self._ready, deadline, what)
+                generation = self._generation
+                request = send()
+
+                def answered(request: int = request, generation: int = generation) -> bool:
+                    return request in self._outcomes or self._generation != generation
+
+                self._wait_until(answered, deadline, what)
+                if self._generation == generation:
+                    return self._outcomes.pop(request)
 
     def _all_confirmed(self, targets: dict[int, int]) -> bool:
         """The broker's Confirm counts cover ``targets`` (publishes per topic handle)."""

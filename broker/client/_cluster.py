@@ -17,11 +17,11 @@ the list, and a topic's messages are only where its owner is. See
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from broker.protocol import Headers, Options
+from broker.protocol import Headers, Options, Outcome, Stage
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
@@ -167,9 +167,44 @@ class BlockingClusterClient:
         key: bytes | None = None,
         headers: Headers | None = None,
         timeout: float | None = None,
+        stage: Stage | None = None,
     ) -> None:
         """:meth:`BlockingClient.publish` on the owner of ``topic``."""
-        self.client_for(topic).publish(topic, payload, key=key, headers=headers, timeout=timeout)
+        self.client_for(topic).publish(
+            topic, payload, key=key, headers=headers, timeout=timeout, stage=stage
+        )
+
+    def finish_stage(self, stage: Stage, timeout: float | None = None) -> dict[str, int]:
+        """:meth:`BlockingClient.finish_stage` on every broker: the messages
+        published with ``stage``, per broker (what each broker's commit lists)."""
+        return {
+            server: client.finish_stage(stage, timeout) for server, client in self.clients.items()
+        }
+
+    def commit(
+        self,
+        batch: str,
+        counts: Mapping[str, Mapping[str, int]],
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Outcome]:
+        """Commit ``batch`` on every broker: ``counts[member]`` is what
+        :meth:`finish_stage` returned for that member's stage (a broker not
+        in it staged nothing of the member). Members are made visible in the
+        order of ``counts``. Each broker commits its own share on its own
+        (there is no atomicity across brokers; a commit sent again is a
+        ``DUPLICATE`` where it was done)."""
+        outcomes = {}
+        for server, client in self.clients.items():
+            members = [(member, per.get(server, 0)) for member, per in counts.items()]
+            outcomes[server] = client.commit(batch, members, timeout=timeout)
+        return outcomes
+
+    def abort(self, batch: str, *, timeout: float | None = None) -> dict[str, Outcome]:
+        """:meth:`BlockingClient.abort` on every broker."""
+        return {
+            server: client.abort(batch, timeout=timeout) for server, client in self.clients.items()
+        }
 
     def subscribe(
         self,

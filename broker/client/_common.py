@@ -23,9 +23,12 @@ from broker.protocol import (
     Gap,
     GoodbyeCode,
     Headers,
+    Outcome,
+    OutcomeStatus,
     Policy,
     Pong,
     Publish,
+    Stage,
     Throttled,
     decode_body,
 )
@@ -50,6 +53,22 @@ BACKOFF_MOST = 2.0
 
 class ClientError(BrokerError):
     """Base class of the client's errors."""
+
+
+class StagingRefused(ClientError):
+    """The broker refused a commit or abort of staged publishes (``reason`` says why)."""
+
+    def __init__(self, batch: str, reason: str) -> None:
+        super().__init__(f"batch {batch!r}: {reason}")
+        self.batch = batch
+        self.reason = reason
+
+
+def check_outcome(batch: str, outcome: Outcome) -> Outcome:
+    """``outcome``, unless it is a refusal (then :class:`StagingRefused`)."""
+    if outcome.status == OutcomeStatus.REFUSED:
+        raise StagingRefused(batch, outcome.reason)
+    return outcome
 
 
 class ConnectionLost(ClientError):
@@ -122,16 +141,19 @@ def connection_target(
     return host, port, ssl_context
 
 
-def unconfirmed_publishes(state: ClientSessionState) -> list[tuple[str, Publish]]:
+def unconfirmed_publishes(
+    state: ClientSessionState,
+) -> list[tuple[str, Stage | None, Publish]]:
     """The messages of a lost session the broker never confirmed, in the
-    order they were published per topic: ``(topic name, Publish)``."""
+    order they were published per topic: ``(topic name, stage, Publish)``."""
     messages = []
     for handle, (_, frames) in sorted(state.retained.items()):
         topic = state.topics[handle]
+        stage = state.stages.get(handle)
         for frame in frames:
             message = decode_body(frame[4:])
             assert isinstance(message, Publish)
-            messages.append((topic, message))
+            messages.append((topic, stage, message))
     return messages
 
 
@@ -175,6 +197,8 @@ class ClientEvents:
         self.drops_announced = 0
         self.frames_resent = 0
         self._optimistic = False
+        #: Outcomes of this connection's commits and aborts, by request number.
+        self._outcomes: dict[int, Outcome] = {}
 
     def _fail(self, error: ConnectionLost) -> None:
         raise NotImplementedError
@@ -214,6 +238,8 @@ class ClientEvents:
                 self._confirmed[event.topic] = event.count
             elif type(event) is Pong:
                 self._pong = max(self._pong, event.nonce)
+            elif type(event) is Outcome:
+                self._outcomes[event.request] = event
             elif isinstance(event, Throttled):
                 topic = self._topic_of(event.channel)
                 if event.throttled:

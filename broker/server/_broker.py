@@ -7,6 +7,7 @@ import itertools
 import logging
 import secrets
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +28,10 @@ from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
 
+from ._commit import route_commit
 from ._connection import ServerConnection
 from ._session import SessionTable
+from ._staging import StagedPublish, StagingArea
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -106,6 +109,13 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
         self.sessions = SessionTable(config.lease)
+        #: Staged publishes waiting for their batch's commit (exactly-once publishing).
+        self.staging = StagingArea(
+            self.account,
+            limit=config.staging_limit,
+            ttl=config.staging_ttl,
+            remember=config.staging_remember,
+        )
         self.connections: dict[int, ServerConnection] = {}
         self.buffer_reserved = 0
         self.connections_total = 0
@@ -129,6 +139,27 @@ class Broker:
             self.topics[name] = topic
             self.system.spawn(topic, name=f"topic:{name[:64]}")
         return topic
+
+    def start_commit(
+        self, account: Account, publishes: list[StagedPublish], done: Callable[[], None]
+    ) -> None:
+        """Route a committed batch's ``publishes`` (charged to ``account``) in
+        the broker's own nursery, so that a commit under way completes even
+        if the committing connection closes; ``done()`` once all are routed."""
+        assert self._nursery is not None
+
+        async def run() -> None:
+            await route_commit(self, account, publishes)
+            done()
+
+        self._nursery.start_soon(run)
+
+    async def _expire_staging(self) -> None:
+        """Discard staged batches left uncommitted for longer than ``staging_ttl``."""
+        interval = min(self.config.staging_ttl / 4, 60.0)
+        while True:
+            await trio.sleep(interval)
+            self.staging.expire(trio.current_time())
 
     def forget(self, connection: ServerConnection) -> None:
         self.connections.pop(connection.serial, None)
@@ -296,6 +327,7 @@ async def serve_broker(
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
                 broker.sessions.start(nursery)
+                nursery.start_soon(broker._expire_staging)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:
@@ -324,6 +356,7 @@ async def serve_broker(
                 task_status.started(broker)
         finally:
             broker.sessions.end_all()
+            broker.staging.clear()
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()

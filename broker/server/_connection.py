@@ -13,10 +13,12 @@ import trio
 from accounts import Account, LoanedItem
 from broker.auth import AuthFailure
 from broker.protocol import (
+    Abort,
     Ack,
     BrokerSessionState,
     Channel,
     ChannelKind,
+    Commit,
     Connection,
     ConnectionClosed,
     DeliverReceived,
@@ -28,8 +30,10 @@ from broker.protocol import (
     HandleType,
     HelloReceived,
     LocalProtocolError,
+    OutcomeStatus,
     PublishReceived,
     Role,
+    Stage,
     Subscribed,
     TopicBound,
     encode_deliver_tail,
@@ -38,6 +42,7 @@ from broker.protocol import (
 from ._lossy import OptionError, make_subscription
 from ._policy import BrokerPolicy
 from ._session import Session
+from ._staging import CommitDecision
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
@@ -76,6 +81,8 @@ class PublishChannel:
     unrouted_fan_out: int = 0
     #: The client's principal may publish to the topic (else a publish ends the connection).
     may_publish: bool = True
+    #: Where its publishes are staged until a commit (None: routed at once).
+    stage: Stage | None = None
 
 
 @dataclass(slots=True)
@@ -469,6 +476,10 @@ class ServerConnection:
                 if not state.may_publish:
                     self._deny(f"may not publish to {state.topic.topic_name!r}")
                     break
+                if state.stage is not None:
+                    if not self._stage(state, event):
+                        break
+                    continue
                 state.buffer.append(event)
                 touched.add(state)
                 self.counters.messages_in += 1
@@ -488,7 +499,12 @@ class ServerConnection:
         if isinstance(event, HelloReceived):
             self._on_hello(event)
         elif isinstance(event, TopicBound):
-            self._open_publish_channel(event.handle, event.name)
+            self._open_publish_channel(event.handle, event.name, event.stage)
+        elif type(event) is Commit:
+            self._commit(event)
+        elif type(event) is Abort:
+            decision = self.broker.staging.abort(self._owner, event.batch)
+            self._answer(event.request, decision)
         elif isinstance(event, Subscribed):
             if self.principal is not None and not self.principal.principal.may_subscribe(
                 event.topic_name
@@ -567,7 +583,7 @@ class ServerConnection:
         self.subscriptions = session.subscriptions
         self.protocol.welcome(session=session.id, epoch=self.broker.epoch, restore=restore)
         for handle, (name, _) in restore.topics.items():
-            state = self._open_publish_channel(handle, name)
+            state = self._open_publish_channel(handle, name, restore.stages.get(handle))
             if state is None:
                 return
             state.routed = state.confirmed = restore.received.get(handle, 0)
@@ -583,9 +599,12 @@ class ServerConnection:
             redelivered,
         )
 
-    def _open_publish_channel(self, handle: int, name: str) -> PublishChannel | None:
-        """The broker's side of a newly bound (or restored) topic handle; None
-        (and Goodbye 6) if the client's principal may not use the topic."""
+    def _open_publish_channel(
+        self, handle: int, name: str, stage: Stage | None = None
+    ) -> PublishChannel | None:
+        """The broker's side of a newly bound (or restored) topic handle (its
+        publishes staged in ``stage``, if given); None (and Goodbye 6) if the
+        client's principal may not use the topic."""
         may_publish = True
         if self.principal is not None:
             principal = self.principal.principal
@@ -603,7 +622,11 @@ class ServerConnection:
             kind="publish",
         )
         state = PublishChannel(
-            Channel(ChannelKind.PUBLISH, handle), account, topic, may_publish=may_publish
+            Channel(ChannelKind.PUBLISH, handle),
+            account,
+            topic,
+            may_publish=may_publish,
+            stage=stage,
         )
         self.channels[handle] = state
         return state
@@ -656,6 +679,77 @@ class ServerConnection:
         state.topic.release_if_unused()
         state.account.close()
         self._fund_starved()
+
+    # ================================================================ staging
+
+    @property
+    def _owner(self) -> str | None:
+        """Whose staged batches this connection may commit: its principal's."""
+        return self.principal.principal.name if self.principal is not None else None
+
+    def _stage(self, state: PublishChannel, event: PublishReceived) -> bool:
+        """Stage a publish of a staged channel: held by the broker, confirmed
+        at once, routed when its batch is committed. False (and Goodbye 3) if
+        the staging area is full."""
+        assert state.stage is not None
+        message = event.message
+        tail = encode_deliver_tail(message.payload, message.key, message.headers)
+        refusal = self.broker.staging.stage(
+            self._owner,
+            state.stage,
+            state.topic.topic_name,
+            tail,
+            message.key,
+            len(tail) + DELIVER_HEAD_ESTIMATE,
+            trio.current_time(),
+        )
+        if refusal is not None:
+            log.warning("%s %s: %s", self.name, self.peer, refusal)
+            self.goodbye(GoodbyeCode.LIMIT_EXCEEDED, refusal)
+            return False
+        self.counters.messages_in += 1
+        released = self.protocol.release_frames(state.channel, event.size, 1)
+        state.routed += 1
+        self._confirm_dirty.add(state.channel.index)
+        self.wake_writer()
+        if released:
+            self._handle_events(released)
+        return True
+
+    def _commit(self, event: Commit) -> None:
+        """Decide a Commit; route what it makes visible (charged to a commit
+        account under this connection's) and answer once it is routed."""
+        decision = self.broker.staging.commit(self._owner, event.batch, event.members)
+        if decision.status is not OutcomeStatus.COMMITTED or not decision.publishes:
+            self._answer(event.request, decision)
+            return
+        config = self.broker.config
+        account = Account(
+            f"{self.name}/commit/{event.request}",
+            high_watermark=config.channel_high_watermark,
+            low_watermark=config.channel_low_watermark,
+            parent=self.account,
+            kind="commit",
+        )
+
+        def routed() -> None:
+            account.close()
+            self._answer(event.request, decision)
+
+        log.info(
+            "%s %s: batch %r committed: %d staged publishes routed",
+            self.name,
+            self.peer,
+            event.batch,
+            decision.messages,
+        )
+        self.broker.start_commit(account, decision.publishes, routed)
+
+    def _answer(self, request: int, decision: CommitDecision) -> None:
+        """Send the Outcome of Commit or Abort ``request`` (if still connected)."""
+        if not self.protocol.closed:
+            self.protocol.outcome(request, decision.status, decision.messages, decision.reason)
+            self.wake_writer()
 
     # ================================================================ publish channels
 

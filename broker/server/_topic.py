@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
@@ -19,13 +19,19 @@ DELIVER_HEAD_ESTIMATE = 24
 PUMP_BATCH = 128
 
 
+class RouteOrigin(Protocol):
+    """Where publishes came from: told when a topic has routed a batch of them."""
+
+    def routed(self, routed: Routed) -> None: ...
+
+
 @dataclass(slots=True)
 class Routed:
     """Publishes on their way through a topic: their encoded Deliver tails, in
     order, and the publish channel they came from."""
 
     tails: list[bytes]
-    origin: ServerConnection
+    origin: RouteOrigin
     handle: int
     #: What the origin estimated routing them will charge (see ``ServerConnection._drain``).
     fan_out: int

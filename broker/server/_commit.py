@@ -1,0 +1,72 @@
+"""Routing a committed batch: its staged publishes go to their topics, in order,
+charged to the committing connection (the fan-out rule) and paced by that
+charge, like any publisher's."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import trio
+
+from accounts import Account
+
+from ._staging import StagedPublish
+from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Topic
+
+if TYPE_CHECKING:
+    from ._broker import Broker
+
+#: Staged publishes sent to a topic as one actor message (one loan).
+COMMIT_BATCH = 64
+
+
+class CommitRun:
+    """Counts the routed publishes of one commit; :attr:`done` is set once
+    every topic has routed all of them to its subscriptions."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self.done = trio.Event()
+        if total == 0:
+            self.done.set()
+
+    def routed(self, routed: Routed) -> None:
+        """A topic routed a batch of this commit's publishes."""
+        self.left -= len(routed.tails)
+        if self.left <= 0:
+            self.done.set()
+
+
+async def route_commit(broker: Broker, account: Account, publishes: list[StagedPublish]) -> None:
+    """Route ``publishes`` (runs per topic in the order given), each batch a
+    loan on ``account``; waits while ``account`` is over its watermark (slow
+    subscribers slow the commit, not the broker's memory) and returns once
+    everything is routed. Staged loans are repaid as their batch is handed on,
+    and all of them, routed or not, if this is cancelled."""
+    run = CommitRun(len(publishes))
+    held: dict[str, Topic] = {}
+    try:
+        for topic_name, group in itertools.groupby(publishes, key=lambda p: p.topic):
+            topic = held.get(topic_name)
+            if topic is None:
+                topic = held[topic_name] = broker.topic(topic_name)
+                topic.publishers += 1  # kept alive until everything is routed
+            run_of_topic = list(group)
+            for start in range(0, len(run_of_topic), COMMIT_BATCH):
+                chunk = run_of_topic[start : start + COMMIT_BATCH]
+                await account.ensure_clear_funds()
+                tails = [p.loan.item for p in chunk]
+                size = sum(len(tail) for tail in tails)
+                fan_out = topic.charging * (size + len(tails) * DELIVER_HEAD_ESTIMATE)
+                keys = [p.key for p in chunk]
+                topic.send_nowait(Routed(tails, run, 0, fan_out, keys), account=account, cost=size)
+                for publish in chunk:
+                    publish.loan.repay()
+        await run.done.wait()
+    finally:
+        for publish in publishes:
+            publish.loan.repay()  # (once only: those handed on already were)
+        for topic in held.values():
+            topic.publishers -= 1
+            topic.release_if_unused()

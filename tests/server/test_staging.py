@@ -1,0 +1,224 @@
+"""Staged publishing over real TCP: nothing is visible before its commit, a
+commit makes exactly the listed members visible once, and whatever goes
+wrong (a count that does not match, an abort, a full staging area, a cut
+connection) nothing is routed twice or half.
+
+Staged publishing is a blocking-client feature (the Spark sink's); the
+clients run in worker threads, the broker in trio.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
+
+import pytest
+import trio
+
+from broker.client import BlockingClient, ConnectionLost, Message, StagingRefused
+from broker.protocol import GoodbyeCode, OutcomeStatus, Stage
+
+from ..proxy import proxied
+from .helpers import TIMEOUT, running_broker, url, wait_idle
+
+
+@contextmanager
+def collecting(client: BlockingClient, topic: str) -> Iterator[list[Message]]:
+    """Subscribe (entered once subscribed) and receive into the list yielded,
+    from a thread, until the block ends."""
+    subscribed = threading.Event()
+    stop = threading.Event()
+    received: list[Message] = []
+
+    def run() -> None:
+        with client.subscribe(topic, timeout=TIMEOUT) as subscription:
+            subscribed.set()
+            while not stop.is_set():
+                with suppress(TimeoutError):
+                    received.append(subscription.receive(timeout=0.02))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert subscribed.wait(TIMEOUT)
+    try:
+        yield received
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """(In a thread) poll ``condition`` until it holds, failing after TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+async def test_staged_messages_appear_only_when_committed_and_only_the_listed_members() -> None:
+    async with running_broker() as broker:
+        address = url(broker)
+
+        def scenario() -> tuple[list[bytes], list[bytes], dict[str, int]]:
+            with (
+                BlockingClient(address, name="sub") as reader,
+                BlockingClient(address, name="task") as task,
+                BlockingClient(address, name="driver") as driver,
+                collecting(reader, "events") as received,
+            ):
+                counts = {}
+                # Three attempts: 0/0 failed half-way, 0/1 and 1/0 succeeded.
+                for member, rows in (("0/0", 3), ("0/1", 5), ("1/0", 4)):
+                    stage = Stage("job-1", member)
+                    for i in range(rows):
+                        task.publish("events", b"%s:%d" % (member.encode(), i), stage=stage)
+                    counts[member] = task.finish_stage(stage, timeout=TIMEOUT)
+                # Staged and confirmed, yet nothing is visible (a plain
+                # publish after them arrives alone).
+                task.publish("events", b"plain")
+                wait_for(lambda: len(received) == 1, "the plain message")
+                before = [m.payload for m in received]
+                outcome = driver.commit("job-1", [("1/0", 4), ("0/1", 5)], timeout=TIMEOUT)
+                assert (outcome.status, outcome.messages) == (OutcomeStatus.COMMITTED, 9)
+                # A commit sent again is a duplicate: nothing more is routed.
+                again = driver.commit("job-1", [("1/0", 4), ("0/1", 5)], timeout=TIMEOUT)
+                assert (again.status, again.messages) == (OutcomeStatus.DUPLICATE, 0)
+                # A late attempt staging into the committed batch is dropped.
+                task.publish("events", b"late", stage=Stage("job-1", "0/2"))
+                assert task.finish_stage(Stage("job-1", "0/2"), timeout=TIMEOUT) == 1
+                driver.publish("events", b"marker")
+                wait_for(lambda: received[-1].payload == b"marker", "the marker")
+                return before, [m.payload for m in received[1:]], counts
+
+        before, after, counts = await trio.to_thread.run_sync(scenario)
+        assert before == [b"plain"]
+        assert counts == {"0/0": 3, "0/1": 5, "1/0": 4}
+        # Listed members, in the order listed; each in its publishing order.
+        expected = [b"1/0:%d" % i for i in range(4)] + [b"0/1:%d" % i for i in range(5)]
+        assert after == [*expected, b"marker"]
+        staging = broker.staging
+        assert staging.counters.discarded == {
+            "aborted": 0,
+            "superseded": 3,
+            "expired": 0,
+            "late": 1,
+        }
+        assert staging.counters.outcomes["committed"] == 1
+        assert staging.counters.outcomes["duplicate"] == 1
+        assert staging.batches == {}
+        await wait_idle(broker)
+
+
+async def test_a_count_that_does_not_match_is_refused_and_nothing_is_visible() -> None:
+    async with running_broker() as broker:
+        address = url(broker)
+
+        def scenario() -> list[bytes]:
+            with (
+                BlockingClient(address, name="sub") as reader,
+                BlockingClient(address, name="task") as task,
+                collecting(reader, "events") as received,
+            ):
+                stage = Stage("job-2", "0/0")
+                for i in range(3):
+                    task.publish("events", b"%d" % i, stage=stage)
+                assert task.finish_stage(stage, timeout=TIMEOUT) == 3
+                with pytest.raises(StagingRefused, match="staged 3 publishes, the commit lists 4"):
+                    task.commit("job-2", [("0/0", 4)], timeout=TIMEOUT)
+                with pytest.raises(StagingRefused, match="listed twice"):
+                    task.commit("job-2", [("0/0", 3), ("0/0", 3)], timeout=TIMEOUT)
+                aborted = task.abort("job-2", timeout=TIMEOUT)
+                assert (aborted.status, aborted.messages) == (OutcomeStatus.ABORTED, 3)
+                with pytest.raises(StagingRefused, match="aborted"):
+                    task.commit("job-2", [("0/0", 3)], timeout=TIMEOUT)
+                # Aborting again is harmless; a committed batch cannot be aborted.
+                assert task.abort("job-2", timeout=TIMEOUT).messages == 0
+                task.commit("job-3", [], timeout=TIMEOUT)
+                with pytest.raises(StagingRefused, match="committed"):
+                    task.abort("job-3", timeout=TIMEOUT)
+                task.publish("events", b"marker")
+                wait_for(lambda: bool(received), "the marker")
+                return [m.payload for m in received]
+
+        assert await trio.to_thread.run_sync(scenario) == [b"marker"]
+        assert broker.staging.counters.discarded["aborted"] == 3
+        assert broker.staging.counters.outcomes["refused"] == 4
+        await wait_idle(broker)
+
+
+async def test_a_full_staging_area_ends_the_connection_with_goodbye_3() -> None:
+    async with running_broker(staging_limit=4096) as broker:
+        address = url(broker)
+
+        def scenario() -> ConnectionLost:
+            task = BlockingClient(address, name="task")
+            try:
+                stage = Stage("big", "0/0")
+                with pytest.raises(ConnectionLost) as lost:
+                    for _ in range(100):
+                        task.publish("events", b"x" * 500, stage=stage, timeout=TIMEOUT)
+                    task.finish_stage(stage, timeout=TIMEOUT)
+                return lost.value
+            finally:
+                task.close(flush=False)
+
+        lost = await trio.to_thread.run_sync(scenario)
+        assert lost.code == GoodbyeCode.LIMIT_EXCEEDED
+        assert "staging area is full" in lost.reason
+        assert broker.staging.size <= 4096
+        await trio.to_thread.run_sync(partial(_abort, url(broker), "big"))
+        assert broker.staging.size == 0
+        await wait_idle(broker)
+
+
+def _abort(address: str, batch: str) -> None:
+    with BlockingClient(address, name="cleaner") as client:
+        client.abort(batch, timeout=TIMEOUT)
+
+
+async def test_staging_survives_cut_connections_exactly_once() -> None:
+    """A task stages 2000 messages through a proxy cut now and then; its
+    count is exact, and the commit makes each message visible once."""
+    count = 2000
+    async with running_broker(heartbeat=0.5, lease=5.0) as broker, proxied(broker.address) as proxy:
+        address = url(broker)
+        done = threading.Event()
+
+        def task() -> int:
+            try:
+                with BlockingClient(proxy.url, name="task", reconnect=TIMEOUT) as client:
+                    stage = Stage("cut", "0/0")
+                    for i in range(count):
+                        client.publish("events", b"%d" % i, stage=stage, timeout=TIMEOUT)
+                    staged = client.finish_stage(stage, timeout=TIMEOUT)
+                    assert client.resumes >= 1
+                    return staged
+            finally:
+                done.set()
+
+        async def cut_now_and_then() -> None:
+            while not done.is_set():
+                await trio.sleep(0.01)
+                proxy.cut()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cut_now_and_then)
+            staged = await trio.to_thread.run_sync(task)
+        assert staged == count
+
+        def commit_and_receive() -> list[int]:
+            with (
+                BlockingClient(address, name="sub") as reader,
+                BlockingClient(address, name="driver") as driver,
+                collecting(reader, "events") as received,
+            ):
+                driver.commit("cut", [("0/0", staged)], timeout=TIMEOUT)
+                driver.publish("events", b"-1")
+                wait_for(lambda: bool(received) and received[-1].payload == b"-1", "the marker")
+                return [int(m.payload) for m in received]
+
+        assert await trio.to_thread.run_sync(commit_and_receive) == [*range(count), -1]
+        await wait_idle(broker)

@@ -106,7 +106,7 @@ class OutcomeStatus(IntEnum):
     COMMITTED = 0
     #: The batch was committed before: nothing more is routed (idempotent).
     DUPLICATE = 1
-    #: Every staged publish of the batch is discarded.
+    #: What the batch had staged is discarded.
     ABORTED = 2
     #: Nothing was done (``Outcome.reason`` says why, e.g. a count mismatch).
     REFUSED = 3

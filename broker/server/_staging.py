@@ -5,9 +5,12 @@ A client binds a topic handle with a :class:`~broker.protocol.Stage`
 usual but kept here instead of being routed. A ``Commit`` of the batch lists
 the members to make visible, with the number of publishes each staged; they
 are routed in that order and the batch's other members (failed or
-duplicate attempts) are discarded. An ``Abort`` discards the whole batch.
-A batch committed or aborted is remembered (the last ``remember`` of them),
-so committing it again changes nothing: a retried commit is idempotent.
+duplicate attempts) are discarded. An ``Abort`` discards what the batch has
+staged so far; the batch may be staged and committed afresh later (a
+streaming micro-batch run again after a failure). A committed batch is
+remembered (the last ``remember`` of them), so committing it again changes
+nothing (a retried commit is idempotent) and anything staged into it later
+is dropped (a late attempt must never become visible).
 
 Batches belong to the principal that staged them (``None`` without
 authentication); only it may commit or abort them. Staged publishes are
@@ -74,7 +77,7 @@ class StagingCounters:
         default_factory=lambda: {status.name.lower(): 0 for status in OutcomeStatus}
     )
     #: Staged publishes discarded: by an abort, as members a commit left out,
-    #: past the ttl, or staged into a batch already committed or aborted.
+    #: past the ttl, or staged into a batch already committed.
     discarded: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(("aborted", "superseded", "expired", "late"), 0)
     )
@@ -91,8 +94,8 @@ class StagingArea:
         self.ttl = ttl
         self.remember = remember
         self.batches: dict[BatchKey, StagedBatch] = {}
-        #: Batches committed or aborted (oldest first): the status they ended with.
-        self.finished: OrderedDict[BatchKey, OutcomeStatus] = OrderedDict()
+        #: Batches committed (oldest first).
+        self.finished: OrderedDict[BatchKey, None] = OrderedDict()
         self.counters = StagingCounters()
         self.size = 0
 
@@ -114,9 +117,9 @@ class StagingArea:
         """Stage one publish (``tail``: its encoded Deliver tail; ``cost``: the
         bytes it holds). Returns why it cannot be staged, or None.
 
-        A publish into a batch already committed or aborted is accepted and
-        dropped at once (a late attempt of a finished batch: its data must
-        never become visible).
+        A publish into a batch already committed is accepted and dropped at
+        once (a late attempt of a finished batch: its data must never become
+        visible).
         """
         batch_key = (owner, stage.batch)
         if batch_key in self.finished:
@@ -147,12 +150,9 @@ class StagingArea:
         anything staged into it since is discarded.
         """
         batch_key = (owner, batch_name)
-        previous = self.finished.get(batch_key)
-        if previous is OutcomeStatus.COMMITTED:
+        if batch_key in self.finished:
             self._count(OutcomeStatus.DUPLICATE)
             return CommitDecision(OutcomeStatus.DUPLICATE, 0, "the batch was committed before")
-        if previous is OutcomeStatus.ABORTED:
-            return self._refuse("the batch was aborted")
         batch = self.batches.get(batch_key)
         staged = {} if batch is None else batch.members
         names = [member for member, _ in members]
@@ -170,14 +170,15 @@ class StagingArea:
             self.size -= batch.size
             left_out = [m for m in staged if m not in set(names)]
             self._discard([p for m in left_out for p in staged[m]], "superseded")
-        self._finish(batch_key, OutcomeStatus.COMMITTED)
+        self._finish(batch_key)
         self.counters.committed_messages += len(publishes)
         return CommitDecision(OutcomeStatus.COMMITTED, len(publishes), "", publishes)
 
     def abort(self, owner: str | None, batch_name: str) -> CommitDecision:
-        """Discard everything staged in ``batch_name`` (refused if it was committed)."""
+        """Discard everything staged in ``batch_name`` so far (refused if it
+        was committed)."""
         batch_key = (owner, batch_name)
-        if self.finished.get(batch_key) is OutcomeStatus.COMMITTED:
+        if batch_key in self.finished:
             return self._refuse("the batch was committed")
         batch = self.batches.pop(batch_key, None)
         discarded = 0
@@ -186,7 +187,7 @@ class StagingArea:
             publishes = [p for member in batch.members.values() for p in member]
             discarded = len(publishes)
             self._discard(publishes, "aborted")
-        self._finish(batch_key, OutcomeStatus.ABORTED)
+        self._count(OutcomeStatus.ABORTED)
         return CommitDecision(OutcomeStatus.ABORTED, discarded)
 
     def expire(self, now: float) -> int:
@@ -218,9 +219,9 @@ class StagingArea:
     def _count(self, status: OutcomeStatus) -> None:
         self.counters.outcomes[status.name.lower()] += 1
 
-    def _finish(self, batch_key: BatchKey, status: OutcomeStatus) -> None:
-        self._count(status)
-        self.finished[batch_key] = status
+    def _finish(self, batch_key: BatchKey) -> None:
+        self._count(OutcomeStatus.COMMITTED)
+        self.finished[batch_key] = None
         self.finished.move_to_end(batch_key)
         while len(self.finished) > self.remember:
             self.finished.popitem(last=False)

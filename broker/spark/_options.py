@@ -55,13 +55,11 @@ class SinkOptions:
         if not servers:
             raise SinkError('option "broker.servers" is required (host:port[,host:port...])')
         delivery = options.get("broker.delivery", AT_LEAST_ONCE).strip().lower()
-        if delivery == EXACTLY_ONCE:
+        if delivery not in (AT_LEAST_ONCE, EXACTLY_ONCE):
             raise SinkError(
-                'option "broker.delivery" = "exactly-once" is not supported yet '
-                '(it needs staged publishing in the broker); use "at-least-once"'
+                f'option "broker.delivery" must be "{AT_LEAST_ONCE}" or "{EXACTLY_ONCE}", '
+                f"got {delivery!r}"
             )
-        if delivery != AT_LEAST_ONCE:
-            raise SinkError(f'option "broker.delivery" must be "{AT_LEAST_ONCE}", got {delivery!r}')
         tls = options.get("broker.tls", "false").strip().lower()
         if tls not in ("true", "false"):
             raise SinkError(f'option "broker.tls" must be true or false, got {tls!r}')

@@ -7,14 +7,16 @@ import atexit
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.client import BlockingClusterClient
+from broker.protocol import Stage
 from broker.tls import client_context
 
-from ._options import RowLayout, SinkError, SinkOptions
+from ._options import AT_LEAST_ONCE, RowLayout, SinkError, SinkOptions
 
 log = logging.getLogger("broker.spark")
 
@@ -73,6 +75,9 @@ class TaskReport:
     bytes: int
     #: Seconds spent in publish and flush calls: waiting for the broker's guarantees.
     wait_seconds: float
+    #: Exactly-once: where the rows were staged, and how many on each broker.
+    stage: Stage | None = None
+    staged: dict[str, int] = field(default_factory=dict)
 
 
 def _text(value: Any) -> bytes:
@@ -83,11 +88,36 @@ def _text(value: Any) -> bytes:
     raise TypeError(f"expected string or binary, got {type(value).__name__}")
 
 
-def publish_rows(rows: Iterable[Any], layout: RowLayout, options: SinkOptions) -> TaskReport:
+def task_stage(batch: str) -> Stage:
+    """The stage of this task attempt in ``batch``: a member name made of the
+    partition, the attempt number and a random part (unique even across
+    application restarts, so a zombie attempt never shares a member)."""
+    partition, attempt = _task_identity()
+    return Stage(batch, f"{partition}/{attempt}/{uuid.uuid4().hex[:12]}")
+
+
+def streaming_batch() -> str:
+    """The batch name of the streaming micro-batch this task belongs to:
+    query id (stable across restarts from a checkpoint) and batch id."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    query = context.getLocalProperty("sql.streaming.queryId") if context else None
+    batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+    if not query or batch is None:
+        raise SinkError("no streaming query id or batch id in the task's context")
+    return f"spark-query-{query}-batch-{batch}"
+
+
+def publish_rows(
+    rows: Iterable[Any], layout: RowLayout, options: SinkOptions, stage: Stage | None = None
+) -> TaskReport:
     """Publish every row within the broker's guarantees (a slow broker slows
     this call; nothing is buffered beyond what the broker promised), then
-    flush: when it returns, the broker has routed every row. Errors (the
-    broker's Goodbye reason included) propagate and fail the task."""
+    flush: when it returns, the broker has routed every row, or with a
+    ``stage``, holds every row staged (the report says how many per broker,
+    for the commit). Errors (the broker's Goodbye reason included) propagate
+    and fail the task."""
     client = cached_client(options)
     count = size = 0
     waited = 0.0
@@ -111,15 +141,23 @@ def publish_rows(rows: Iterable[Any], layout: RowLayout, options: SinkOptions) -
                 raise ValueError('a row has a null or empty "topic"')
         assert topic is not None
         started = time.monotonic()
-        client.publish(topic, payload, key=key, headers=headers, timeout=options.timeout)
+        client.publish(
+            topic, payload, key=key, headers=headers, timeout=options.timeout, stage=stage
+        )
         waited += time.monotonic() - started
         count += 1
         size += len(payload)
     started = time.monotonic()
-    client.flush(timeout=options.timeout)
+    staged: dict[str, int] = {}
+    if stage is None:
+        client.flush(timeout=options.timeout)
+    else:
+        staged = client.finish_stage(stage, timeout=options.timeout)
+        if sum(staged.values()) != count:  # pragma: no cover - a bug, not a condition
+            raise RuntimeError(f"staged {sum(staged.values())} of {count} rows")
     waited += time.monotonic() - started
     partition, attempt = _task_identity()
-    return TaskReport(partition, attempt, count, size, waited)
+    return TaskReport(partition, attempt, count, size, waited, stage, staged)
 
 
 def _task_identity() -> tuple[int, int]:
@@ -152,6 +190,11 @@ def publish_partition(
     if topic is not None:
         spark_options["topic"] = topic
     parsed = SinkOptions.parse(spark_options)
+    if parsed.delivery != AT_LEAST_ONCE:
+        raise SinkError(
+            "publish_partition publishes at least once (there is no driver to commit): "
+            'use the data source for delivery="exactly-once"'
+        )
     first = next(rows, None)
     if first is None:
         return

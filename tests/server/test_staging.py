@@ -132,7 +132,7 @@ async def test_a_count_that_does_not_match_is_refused_and_nothing_is_visible() -
                     task.commit("job-2", [("0/0", 3), ("0/0", 3)], timeout=TIMEOUT)
                 aborted = task.abort("job-2", timeout=TIMEOUT)
                 assert (aborted.status, aborted.messages) == (OutcomeStatus.ABORTED, 3)
-                with pytest.raises(StagingRefused, match="aborted"):
+                with pytest.raises(StagingRefused, match="staged 0 publishes"):
                     task.commit("job-2", [("0/0", 3)], timeout=TIMEOUT)
                 # Aborting again is harmless; a committed batch cannot be aborted.
                 assert task.abort("job-2", timeout=TIMEOUT).messages == 0

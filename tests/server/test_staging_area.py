@@ -98,3 +98,20 @@ def test_clear_repays_everything() -> None:
     assert staging.batches == {}
     assert staging.size == 0
     assert staging.account.debt == 0
+
+
+def test_an_aborted_batch_may_be_staged_and_committed_afresh() -> None:
+    """A streaming micro-batch that failed (aborted) runs again under the same
+    batch name: its new attempt commits; once committed, it never again."""
+    staging = area()
+    stage(staging, None, "query-1/7", "0/0/a", 3)
+    assert staging.abort(None, "query-1/7").messages == 3
+    stage(staging, None, "query-1/7", "0/0/b", 2)
+    decision = staging.commit(None, "query-1/7", [("0/0/b", 2)])
+    assert (decision.status, decision.messages) == (OutcomeStatus.COMMITTED, 2)
+    for publish in decision.publishes:
+        publish.loan.repay()
+    stage(staging, None, "query-1/7", "0/0/c", 2)  # a third run: dropped, late
+    assert staging.messages == 0
+    assert staging.counters.discarded["late"] == 2
+    assert staging.abort(None, "query-1/7").status is OutcomeStatus.REFUSED

@@ -137,7 +137,6 @@ def test_streaming_batches_are_published(spark: Any, broker_address: str, tmp_pa
         ("value string", {}, 'set the "topic" option or give the DataFrame a "topic" column'),
         ("value string, topic int", {}, 'column "topic" must be string'),
         ("value string", {"topic": "t", "broker.delivery": "never"}, '"broker.delivery" must be'),
-        ("value string", {"topic": "t", "broker.delivery": "exactly-once"}, "not supported yet"),
         ("value string", {"topic": "t", "broker.tls": "maybe"}, '"broker.tls" must be'),
         ("value string", {"topic": "t", "broker.colour": "red"}, "unknown option"),
         ("value string", {"topic": "t", "broker.reconnect": "-1"}, '"broker.reconnect" must be'),

@@ -88,9 +88,10 @@ class BrokerConfig:
     #: A publish channel withheld (its account above the watermark) for this many
     #: seconds is announced to its client with Throttled (an advisory).
     throttle_notice_after: float = 1.0
-    #: Most bytes of staged publishes (exactly-once publishing) held at once; a
-    #: publish beyond it ends its connection with Goodbye 3.
-    staging_limit: int = 256 * MiB
+    #: Most bytes of staged publishes (exactly-once publishing) held at once,
+    #: their bookkeeping included; a publish beyond it ends its connection
+    #: with Goodbye 3.
+    staging_limit: int = 512 * MiB
     #: Seconds a staged batch may wait for its commit or abort before it is discarded.
     staging_ttl: float = 3600.0
     #: Committed and aborted batches remembered, so that committing one again

@@ -42,7 +42,7 @@ from broker.protocol import (
 from ._lossy import OptionError, make_subscription
 from ._policy import BrokerPolicy
 from ._session import Session
-from ._staging import CommitDecision
+from ._staging import STAGED_PUBLISH_OVERHEAD, CommitDecision
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
@@ -700,7 +700,7 @@ class ServerConnection:
             state.topic.topic_name,
             tail,
             message.key,
-            len(tail) + DELIVER_HEAD_ESTIMATE,
+            len(tail) + STAGED_PUBLISH_OVERHEAD,
             trio.current_time(),
         )
         if refusal is not None:

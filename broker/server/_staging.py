@@ -30,6 +30,11 @@ from broker.protocol import OutcomeStatus, Stage
 
 log = logging.getLogger("broker.server")
 
+#: What a staged publish holds besides its Deliver tail's bytes (its records
+#: and its loan; measured with tracemalloc on CPython 3.11: about 168 bytes),
+#: so that ``staging_limit`` bounds the memory really used.
+STAGED_PUBLISH_OVERHEAD = 176
+
 #: ``(principal, batch)``: batches of different principals never mix.
 BatchKey = tuple[str | None, str]
 

@@ -216,7 +216,16 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "gauge",
         "Publishes staged (exactly-once publishing), waiting for their batch's commit.",
     ),
-    MetricSpec("broker_staged_bytes", "gauge", "Bytes the staged publishes hold."),
+    MetricSpec(
+        "broker_staged_bytes",
+        "gauge",
+        "Bytes the staged publishes hold (their bookkeeping included).",
+    ),
+    MetricSpec(
+        "broker_staging_limit_bytes",
+        "gauge",
+        "staging_limit: staging beyond it cuts the producer off (Goodbye 3).",
+    ),
     MetricSpec("broker_staged_batches", "gauge", "Staged batches neither committed nor aborted."),
     MetricSpec(
         "broker_staging_outcomes_total",
@@ -485,6 +494,7 @@ class BrokerCollector:
         staging = broker.staging
         add("broker_staged_messages", [], staging.messages)
         add("broker_staged_bytes", [], staging.size)
+        add("broker_staging_limit_bytes", [], staging.limit)
         add("broker_staged_batches", [], len(staging.batches))
         for outcome, count in staging.counters.outcomes.items():
             add("broker_staging_outcomes_total", [outcome], count)

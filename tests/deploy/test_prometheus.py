@@ -34,6 +34,7 @@ EXPECTED_ALERTS = {
     "BrokerAuthenticationFailures",
     "BrokerQueuedDeliveriesGrowing",
     "BrokerInternalErrors",
+    "BrokerStagingNearlyFull",
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import ssl
 from collections import deque
@@ -44,6 +43,7 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
+    resume_state,
     unconfirmed_publishes,
 )
 
@@ -339,15 +339,7 @@ class Client(ClientEvents):
     def _resume_state(self) -> ClientSessionState:
         """The session as it stands, each open subscription processed up to
         what the application consumed (the rest is delivered again)."""
-        state = self._conn.session_state()
-        assert isinstance(state, ClientSessionState)
-        live = {
-            handle: info
-            for handle, info in state.subscriptions.items()
-            if (sub := self._subscriptions.get(handle)) is not None and not sub._closed
-        }
-        processed = {handle: self._subscriptions[handle]._consumed for handle in live}
-        return dataclasses.replace(state, subscriptions=live, processed=processed)
+        return resume_state(self._conn, self._subscriptions)
 
     async def _reconnect_loop(self, state: ClientSessionState, error: ConnectionLost) -> None:
         """Connect again, with exponential backoff, for up to ``reconnect``

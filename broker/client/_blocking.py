@@ -79,6 +79,7 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
+    resume_state,
     unconfirmed_publishes,
 )
 from ._tls import TLSPipe
@@ -490,16 +491,8 @@ class BlockingClient(ClientEvents):
         """Remember the session as it stands; the next wait replaces the connection."""
         log.warning("%s: %s; reconnecting", self.name, error)
         self._broken = error
-        state = self._conn.session_state()
-        assert isinstance(state, ClientSessionState)
-        live = {
-            handle: info
-            for handle, info in state.subscriptions.items()
-            if (sub := self._subscriptions.get(handle)) is not None and not sub._closed
-        }
-        processed = {handle: self._subscriptions[handle]._consumed for handle in live}
-        self._resume = dataclasses.replace(state, subscriptions=live, processed=processed)
-        self._resuming = {handle: self._subscriptions[handle] for handle in live}
+        self._resume = resume_state(self._conn, self._subscriptions)
+        self._resuming = {handle: self._subscriptions[handle] for handle in self._resume.processed}
         for subscription in self._subscriptions.values():
             subscription._reset()
         self._pending_frees.clear()  # given up: the resumed session drops them

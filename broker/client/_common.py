@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from broker.protocol import (
     ChannelKind,
     ClientSessionState,
     Confirm,
+    Connection,
     ConnectionClosed,
     DeliverReceived,
     DropAnnounced,
@@ -139,6 +141,22 @@ def connection_target(
     if ssl_context is None and token is not None and host not in LOOPBACK:
         log.warning("sending a token to %s without TLS: anyone on the path can read it", host)
     return host, port, ssl_context
+
+
+def resume_state(conn: Connection, subscriptions: Mapping[int, Any]) -> ClientSessionState:
+    """The session of ``conn`` as it stands, for a resume: only the open
+    subscriptions of ``subscriptions`` (handle -> subscription), each
+    processed up to what the application consumed (the rest is delivered
+    again)."""
+    state = conn.session_state()
+    assert isinstance(state, ClientSessionState)
+    live = {
+        handle: info
+        for handle, info in state.subscriptions.items()
+        if (sub := subscriptions.get(handle)) is not None and not sub._closed
+    }
+    processed = {handle: subscriptions[handle]._consumed for handle in live}
+    return dataclasses.replace(state, subscriptions=live, processed=processed)
 
 
 def unconfirmed_publishes(

@@ -3,8 +3,6 @@ streaming) and a ``foreachPartition`` helper.
 
 ::
 
-    import broker.spark
-    broker.spark.register(spark)
     (df.write.format("broker")
         .option("broker.servers", "127.0.0.1:7400")
         .option("topic", "events")
@@ -16,7 +14,11 @@ required), ``key``, ``headers`` (``array<struct<key:string,value:binary>>``),
 ``topic`` (unless the ``topic`` option is set). Each task publishes through
 one blocking client cached per Python worker, within the broker's
 guarantees: a slow broker slows the task, nothing buffers beyond what the
-broker promised. Delivery is at least once. Needs ``pip install
+broker promised. Delivery is at least once, or with
+``.option("broker.delivery", "exactly-once")`` exactly once: tasks stage
+their rows and the driver's commit makes exactly the successful attempts
+visible. Installed, the source registers itself (``pyspark_broker``);
+:func:`register` does it explicitly. Needs ``pip install
 trio-broker[spark]`` (pyspark 4 and pyarrow).
 """
 

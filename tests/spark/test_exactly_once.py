@@ -13,7 +13,7 @@ import pytest
 from broker.client import BlockingClient, BlockingSubscription
 
 from .conftest import TIMEOUT
-from .test_sink import fresh_topic
+from .test_sink import flaky_frame, fresh_topic
 
 
 def drain(subscription: BlockingSubscription, expected: int) -> list[bytes]:
@@ -42,19 +42,8 @@ def exactly_once(frame: Any, address: str, topic: str) -> Any:
 def test_a_retried_task_publishes_each_row_once(spark: Any, broker_address: str) -> None:
     """Partition 0's first attempt fails after 50 of its rows were staged
     (local[2,2] retries it): only the successful attempts are committed."""
-    from pyspark import TaskContext
-
     topic = fresh_topic()
-
-    def fail_once(rows: Any) -> Any:
-        for index, row in enumerate(rows):
-            context = TaskContext.get()
-            if context.partitionId() == 0 and context.attemptNumber() == 0 and index == 50:
-                raise RuntimeError("injected failure after 50 rows")
-            yield row
-
-    frame = spark.createDataFrame([(f"r{i}",) for i in range(200)], "value string")
-    flaky = frame.repartition(2).rdd.mapPartitions(fail_once).toDF(frame.schema)
+    flaky = flaky_frame(spark)
     with BlockingClient(broker_address) as client, client.subscribe(topic) as subscription:
         exactly_once(flaky, broker_address, topic).save()
         payloads = drain(subscription, 200)

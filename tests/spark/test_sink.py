@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -67,12 +70,10 @@ def test_a_topic_column_routes_each_row(spark: Any, broker_address: str) -> None
     assert b == {i for i in range(300) if not i % 3}
 
 
-def test_a_retried_task_publishes_again_at_least_once(spark: Any, broker_address: str) -> None:
-    """A task that fails after publishing part of its rows is retried
-    (local[2,2]); under at-least-once its first rows arrive twice."""
+def flaky_frame(spark: Any, rows: int = 200) -> Any:
+    """``rows`` rows ``r0``... in two partitions, whose partition 0 fails on
+    its first attempt after 50 rows (``local[2,2]`` retries it)."""
     from pyspark import TaskContext
-
-    topic = fresh_topic()
 
     def fail_once(rows: Any) -> Any:
         for index, row in enumerate(rows):
@@ -81,8 +82,36 @@ def test_a_retried_task_publishes_again_at_least_once(spark: Any, broker_address
                 raise RuntimeError("injected failure after 50 rows")
             yield row
 
-    frame = spark.createDataFrame([(f"r{i}",) for i in range(200)], "value string")
-    flaky = frame.repartition(2).rdd.mapPartitions(fail_once).toDF(frame.schema)
+    frame = spark.createDataFrame([(f"r{i}",) for i in range(rows)], "value string")
+    return frame.repartition(2).rdd.mapPartitions(fail_once).toDF(frame.schema)
+
+
+def run_script(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a Python script in a new process (its own Spark application, with
+    the workers on this interpreter); fails the test unless it exits 0."""
+    environment = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_a_retried_task_publishes_again_at_least_once(spark: Any, broker_address: str) -> None:
+    """A task that fails after publishing part of its rows is retried
+    (local[2,2]); under at-least-once its first rows arrive twice."""
+    topic = fresh_topic()
+    flaky = flaky_frame(spark)
     with BlockingClient(broker_address) as client, client.subscribe(topic) as subscription:
         (
             flaky.write.format("broker")

@@ -22,7 +22,7 @@ from broker.client import BlockingClient, ConnectionLost, Message, StagingRefuse
 from broker.protocol import GoodbyeCode, OutcomeStatus, Stage
 
 from ..proxy import proxied
-from .helpers import TIMEOUT, running_broker, url, wait_idle
+from .helpers import TIMEOUT, running_broker, url, wait_idle, wait_until
 
 
 @contextmanager
@@ -221,4 +221,57 @@ async def test_staging_survives_cut_connections_exactly_once() -> None:
                 return [int(m.payload) for m in received]
 
         assert await trio.to_thread.run_sync(commit_and_receive) == [*range(count), -1]
+        await wait_idle(broker)
+
+
+async def test_a_commit_into_a_stalled_subscriber_waits_instead_of_growing_memory() -> None:
+    """2,000 staged 1 KiB messages are committed to a subscriber that does
+    not read: routing stops at the commit account's watermark (the Outcome
+    waits), and resumes as the subscriber consumes; all arrive, once."""
+    count = 2000
+    async with running_broker() as broker:
+        address = url(broker)
+        high = broker.config.channel_high_watermark
+
+        def stage_all() -> int:
+            with BlockingClient(address, name="task") as task:
+                stage = Stage("big-commit", "0/0")
+                for i in range(count):
+                    task.publish("wide", b"%04d" % i + b"x" * 1020, stage=stage)
+                return task.finish_stage(stage, timeout=TIMEOUT)
+
+        assert await trio.to_thread.run_sync(stage_all) == count
+        reader = await trio.to_thread.run_sync(partial(BlockingClient, address, name="sub"))
+        driver = await trio.to_thread.run_sync(partial(BlockingClient, address, name="driver"))
+        try:
+            subscription = await trio.to_thread.run_sync(
+                partial(reader.subscribe, "wide", timeout=TIMEOUT)
+            )
+            outcome: list[object] = []
+
+            def commit() -> None:
+                outcome.append(driver.commit("big-commit", [("0/0", count)], timeout=TIMEOUT))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, commit)
+                # Routing stalls: the subscriber reads nothing.
+                await wait_until(lambda: broker.staging.counters.committed_messages == count)
+                await trio.sleep(0.3)
+                (committer,) = [c for c in broker.connections.values() if c.client_name == "driver"]
+                assert not outcome, "the commit cannot be routed yet"
+                # What routing holds is charged to the committer, and bounded.
+                assert 0 < committer.account.debt < 2 * high, (committer.account.debt, high)
+                assert broker.staging.account.debt > 0  # the rest waits, staged
+
+                def consume() -> list[int]:
+                    return [
+                        int(subscription.receive(timeout=TIMEOUT).payload[:4]) for _ in range(count)
+                    ]
+
+                received = await trio.to_thread.run_sync(consume)
+            assert received == list(range(count))
+            assert [o.status for o in outcome] == [OutcomeStatus.COMMITTED]  # type: ignore[attr-defined]
+        finally:
+            for client in (reader, driver):
+                await trio.to_thread.run_sync(partial(client.close, timeout=TIMEOUT))
         await wait_idle(broker)

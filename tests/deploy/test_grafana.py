@@ -37,6 +37,10 @@ REQUIRED_METRICS = {
     "broker_subscriptions",
     "broker_lease_expirations_total",
     "broker_auth_failures_total",
+    "broker_sessions",
+    "broker_staged_bytes",
+    "broker_staging_limit_bytes",
+    "broker_staging_outcomes_total",
 }
 
 

@@ -92,7 +92,8 @@ class BrokerConfig:
     #: their bookkeeping included; a publish beyond it ends its connection
     #: with Goodbye 3.
     staging_limit: int = 512 * MiB
-    #: Seconds a staged batch may wait for its commit or abort before it is discarded.
+    #: Seconds a staged batch that stages nothing more may wait for its commit
+    #: or abort before it is discarded.
     staging_ttl: float = 3600.0
     #: Committed and aborted batches remembered, so that committing one again
     #: changes nothing (a retried commit, a streaming batch run twice).

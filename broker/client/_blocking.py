@@ -1002,9 +1002,10 @@ class BlockingClient(ClientEvents):
         return check_outcome(batch, outcome)
 
     def abort(self, batch: str, *, timeout: float | None = None) -> Outcome:
-        """Discard everything staged in ``batch`` (``outcome.messages``: how
-        many); later publishes staged into it are dropped. Raises
-        :class:`~broker.client.StagingRefused` if the batch was committed."""
+        """Discard what ``batch`` staged so far (``outcome.messages``: how
+        many); the batch may be staged and committed afresh afterwards.
+        Raises :class:`~broker.client.StagingRefused` if the batch was
+        committed."""
         outcome = self._request(lambda: self._conn.abort(batch), timeout, "abort")
         return check_outcome(batch, outcome)
 

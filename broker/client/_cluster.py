@@ -17,6 +17,7 @@ the list, and a topic's messages are only where its owner is. See
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -26,6 +27,8 @@ from broker.protocol import Headers, Options, Outcome, Stage
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
 from ._common import ClientError, split_url
+
+log = logging.getLogger("broker.client")
 
 __all__ = [
     "BlockingClusterClient",
@@ -196,15 +199,28 @@ class BlockingClusterClient:
         ``DUPLICATE`` where it was done)."""
         outcomes = {}
         for server, client in self.clients.items():
-            members = [(member, per.get(server, 0)) for member, per in counts.items()]
+            # (A member that staged nothing here is listed nowhere: the same
+            # to the broker, and it keeps the Commit frame small.)
+            members = [(member, n) for member, per in counts.items() if (n := per.get(server, 0))]
             outcomes[server] = client.commit(batch, members, timeout=timeout)
         return outcomes
 
     def abort(self, batch: str, *, timeout: float | None = None) -> dict[str, Outcome]:
-        """:meth:`BlockingClient.abort` on every broker."""
-        return {
-            server: client.abort(batch, timeout=timeout) for server, client in self.clients.items()
-        }
+        """:meth:`BlockingClient.abort` on every broker, each asked even if
+        another refuses or fails; then the first failure is raised (a
+        :class:`~broker.client.StagingRefused` names a broker where the
+        batch was already committed)."""
+        outcomes: dict[str, Outcome] = {}
+        failure: Exception | None = None
+        for server, client in self.clients.items():
+            try:
+                outcomes[server] = client.abort(batch, timeout=timeout)
+            except Exception as error:  # abort the others first
+                failure = failure or error
+                log.warning("aborting batch %r on %s failed: %s", batch, server, error)
+        if failure is not None:
+            raise failure
+        return outcomes
 
     def subscribe(
         self,

@@ -28,10 +28,10 @@ from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
 
-from ._commit import route_commit
+from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
 from ._session import SessionTable
-from ._staging import StagedPublish, StagingArea
+from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -109,6 +109,8 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
         self.sessions = SessionTable(config.lease)
+        #: Commits being routed, by batch.
+        self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
         #: Staged publishes waiting for their batch's commit (exactly-once publishing).
         self.staging = StagingArea(
             self.account,
@@ -141,16 +143,28 @@ class Broker:
         return topic
 
     def start_commit(
-        self, account: Account, publishes: list[StagedPublish], done: Callable[[], None]
+        self,
+        batch: BatchKey,
+        account: Account,
+        publishes: list[StagedPublish],
+        done: Callable[[], None],
     ) -> None:
         """Route a committed batch's ``publishes`` (charged to ``account``) in
         the broker's own nursery, so that a commit under way completes even
-        if the committing connection closes; ``done()`` once all are routed."""
+        if the committing connection closes; ``done()`` once all are routed.
+        Meanwhile the batch is in :attr:`commits_in_flight`."""
         assert self._nursery is not None
+        running = self.commits_in_flight[batch] = CommitInFlight()
+        running.waiters.append(done)
 
         async def run() -> None:
-            await route_commit(self, account, publishes)
-            done()
+            try:
+                await route_commit(self, account, publishes)
+                for waiter in running.waiters:  # before anybody else hears of it
+                    waiter()
+            finally:
+                del self.commits_in_flight[batch]
+                running.routed.set()
 
         self._nursery.start_soon(run)
 
@@ -271,10 +285,23 @@ class Broker:
         self.accepting = False
         self._accept_scope.cancel()
         log.info("shutting down: %d connections to drain", len(self.connections))
+        deadline = trio.current_time() + self.config.shutdown_deadline
+        if self.commits_in_flight:
+            # A commit cut off half-routed would break exactly-once: let the
+            # commits under way finish (and answer) before anyone is told to go.
+            log.info("waiting for %d commits to be routed", len(self.commits_in_flight))
+            with trio.move_on_at(deadline):
+                for running in list(self.commits_in_flight.values()):
+                    await running.routed.wait()
+            if self.commits_in_flight:
+                log.warning(
+                    "%d commits were still routing at the shutdown deadline: cut off",
+                    len(self.commits_in_flight),
+                )
         for connection in list(self.connections.values()):
             connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
         self.sessions.end_all()  # the detached ones: nobody can resume them now
-        with trio.move_on_after(self.config.shutdown_deadline):
+        with trio.move_on_at(deadline):
             await self._idle.wait()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()

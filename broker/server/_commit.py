@@ -5,6 +5,8 @@ charge, like any publisher's."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -19,6 +21,16 @@ if TYPE_CHECKING:
 
 #: Staged publishes sent to a topic as one actor message (one loan).
 COMMIT_BATCH = 64
+
+
+@dataclass(slots=True, eq=False)
+class CommitInFlight:
+    """A commit being routed: ``waiters`` are called once it is all routed
+    (its own answer, and those of the same commit sent again meanwhile),
+    then ``routed`` is set (also if it was cut off)."""
+
+    routed: trio.Event = field(default_factory=trio.Event)
+    waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
 class CommitRun:

@@ -719,7 +719,14 @@ class ServerConnection:
     def _commit(self, event: Commit) -> None:
         """Decide a Commit; route what it makes visible (charged to a commit
         account under this connection's) and answer once it is routed."""
-        decision = self.broker.staging.commit(self._owner, event.batch, event.members)
+        batch = (self._owner, event.batch)
+        decision = self.broker.staging.commit(*batch, event.members)
+        running = self.broker.commits_in_flight.get(batch)
+        if decision.status is OutcomeStatus.DUPLICATE and running is not None:
+            # The first commit is still routing: "committed before" must
+            # still mean "visible", so answer once it is.
+            running.waiters.append(lambda: self._answer(event.request, decision))
+            return
         if decision.status is not OutcomeStatus.COMMITTED or not decision.publishes:
             self._answer(event.request, decision)
             return
@@ -743,7 +750,7 @@ class ServerConnection:
             event.batch,
             decision.messages,
         )
-        self.broker.start_commit(account, decision.publishes, routed)
+        self.broker.start_commit(batch, account, decision.publishes, routed)
 
     def _answer(self, request: int, decision: CommitDecision) -> None:
         """Send the Outcome of Commit or Abort ``request`` (if still connected)."""

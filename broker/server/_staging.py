@@ -53,7 +53,8 @@ class StagedPublish:
 class StagedBatch:
     """The members of one batch, each with its publishes in the order staged."""
 
-    created: float
+    #: When the batch last staged a publish (its ttl counts from then).
+    last_staged: float
     members: dict[str, list[StagedPublish]] = field(default_factory=dict)
     size: int = 0
 
@@ -138,6 +139,7 @@ class StagingArea:
         batch = self.batches.get(batch_key)
         if batch is None:
             batch = self.batches[batch_key] = StagedBatch(now)
+        batch.last_staged = now
         publish = StagedPublish(topic, LoanedItem(self.account, cost, tail), key)
         batch.members.setdefault(stage.member, []).append(publish)
         batch.size += cost
@@ -196,8 +198,8 @@ class StagingArea:
         return CommitDecision(OutcomeStatus.ABORTED, discarded)
 
     def expire(self, now: float) -> int:
-        """Discard batches staged more than ``ttl`` seconds ago; returns how many."""
-        old = [key for key, batch in self.batches.items() if now - batch.created > self.ttl]
+        """Discard batches that staged nothing for ``ttl`` seconds; returns how many."""
+        old = [key for key, batch in self.batches.items() if now - batch.last_staged > self.ttl]
         for key in old:
             batch = self.batches.pop(key)
             self.size -= batch.size

@@ -84,8 +84,17 @@ class _Publisher:
         return "committed"
 
     def _abort_staged(self, batch: str) -> int:
-        """Discard what the batch staged on every broker; returns how many rows."""
-        outcomes = cached_client(self.options).abort(batch, timeout=self.options.timeout)
+        """Discard what the batch staged on every broker; returns how many rows.
+
+        Never raises: Spark is already failing the job for its own reason,
+        which must not be replaced. A broker that cannot abort (it already
+        committed its share, or is unreachable) is logged; what it staged
+        expires after its ``staging_ttl``."""
+        try:
+            outcomes = cached_client(self.options).abort(batch, timeout=self.options.timeout)
+        except Exception as error:
+            log.error("batch %s: abort failed on some broker: %s", batch, error)
+            return 0
         return sum(o.messages for o in outcomes.values())
 
 

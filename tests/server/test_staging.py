@@ -18,7 +18,13 @@ from functools import partial
 import pytest
 import trio
 
-from broker.client import BlockingClient, ConnectionLost, Message, StagingRefused
+from broker.client import (
+    BlockingClient,
+    BlockingClusterClient,
+    ConnectionLost,
+    Message,
+    StagingRefused,
+)
 from broker.protocol import GoodbyeCode, OutcomeStatus, Stage
 
 from ..proxy import proxied
@@ -275,3 +281,81 @@ async def test_a_commit_into_a_stalled_subscriber_waits_instead_of_growing_memor
             for client in (reader, driver):
                 await trio.to_thread.run_sync(partial(client.close, timeout=TIMEOUT))
         await wait_idle(broker)
+
+
+async def test_a_commit_sent_again_while_the_first_routes_answers_once_it_is_visible() -> None:
+    """A second Commit of a batch whose first commit is still routing (a
+    client that reconnected, say) is a duplicate, but answered only once the
+    batch is visible; and a graceful shutdown lets both finish and answer."""
+    count = 1500
+    async with running_broker(shutdown_deadline=TIMEOUT) as broker:
+        address = url(broker)
+
+        def stage_all() -> int:
+            with BlockingClient(address, name="task") as task:
+                stage = Stage("slow", "0/0")
+                for i in range(count):
+                    task.publish("wide", b"%04d" % i + b"x" * 1020, stage=stage)
+                return task.finish_stage(stage, timeout=TIMEOUT)
+
+        assert await trio.to_thread.run_sync(stage_all) == count
+        clients = [
+            await trio.to_thread.run_sync(partial(BlockingClient, address, name=name))
+            for name in ("sub", "driver", "retry")
+        ]
+        reader, driver, retry = clients
+        try:
+            subscription = await trio.to_thread.run_sync(
+                partial(reader.subscribe, "wide", timeout=TIMEOUT)
+            )
+            answers: dict[str, OutcomeStatus] = {}
+
+            def commit(client: BlockingClient, name: str) -> None:
+                outcome = client.commit("slow", [("0/0", count)], timeout=TIMEOUT)
+                answers[name] = OutcomeStatus(outcome.status)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, commit, driver, "first")
+                await wait_until(lambda: bool(broker.commits_in_flight), what="the commit")
+                nursery.start_soon(trio.to_thread.run_sync, commit, retry, "again")
+                await wait_until(
+                    lambda: broker.staging.counters.outcomes["duplicate"] == 1, what="the retry"
+                )
+                await trio.sleep(0.3)
+                assert answers == {}, "nothing is visible yet: nobody may be told otherwise"
+                # A shutdown now waits for the commit before saying Goodbye.
+                nursery.start_soon(broker.shutdown)
+                await trio.sleep(0.1)
+                received = await trio.to_thread.run_sync(
+                    lambda: [subscription.receive(timeout=TIMEOUT) for _ in range(count)]
+                )
+            assert len(received) == count
+            assert answers == {"first": OutcomeStatus.COMMITTED, "again": OutcomeStatus.DUPLICATE}
+        finally:
+            for client in clients:
+                await trio.to_thread.run_sync(partial(client.close, flush=False))
+
+
+async def test_a_cluster_abort_asks_every_broker_even_when_one_refuses() -> None:
+    """Broker A already committed its share of a batch, broker B did not: an
+    abort refused by A still discards B's share, then says A refused."""
+    async with running_broker() as first, running_broker() as second:
+        servers = [url(first), url(second)]
+
+        def scenario() -> str:
+            with BlockingClusterClient(servers, name="job") as cluster:
+                stage = Stage("split", "0/0")
+                for i in range(40):  # topics spread over both brokers
+                    cluster.publish(f"topic-{i}", b"x", stage=stage)
+                counts = cluster.finish_stage(stage, timeout=TIMEOUT)
+                assert all(counts.values()), counts
+                a = cluster.clients[servers[0]]
+                a.commit("split", [("0/0", counts[servers[0]])], timeout=TIMEOUT)
+                with pytest.raises(StagingRefused) as refused:
+                    cluster.abort("split", timeout=TIMEOUT)
+                return refused.value.reason
+
+        assert await trio.to_thread.run_sync(scenario) == "the batch was committed"
+        assert first.staging.counters.committed_messages > 0
+        assert second.staging.batches == {}
+        assert second.staging.counters.discarded["aborted"] > 0

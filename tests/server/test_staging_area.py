@@ -62,7 +62,8 @@ def test_the_limit_counts_bytes_staged_and_frees_with_commits_and_aborts() -> No
 def test_batches_older_than_the_ttl_expire_and_their_loans_are_repaid() -> None:
     staging = area(ttl=60.0)
     stage(staging, None, "old", "m", 3, now=0.0)
-    stage(staging, None, "new", "m", 2, now=50.0)
+    stage(staging, None, "new", "m", 1, now=0.0)
+    stage(staging, None, "new", "n", 1, now=50.0)  # still staging: its ttl starts again
     assert staging.expire(59.0) == 0
     assert staging.expire(61.0) == 1
     assert set(staging.batches) == {(None, "new")}

@@ -230,6 +230,16 @@ async def test_staging_survives_cut_connections_exactly_once() -> None:
         await wait_idle(broker)
 
 
+def stage_wide(address: str, batch: str, count: int) -> int:
+    """(In a thread) stage ``count`` 1 KiB messages numbered ``0000``... on
+    topic ``wide`` as member ``0/0`` of ``batch``; returns the count staged."""
+    with BlockingClient(address, name="task") as task:
+        stage = Stage(batch, "0/0")
+        for i in range(count):
+            task.publish("wide", b"%04d" % i + b"x" * 1020, stage=stage)
+        return task.finish_stage(stage, timeout=TIMEOUT)
+
+
 async def test_a_commit_into_a_stalled_subscriber_waits_instead_of_growing_memory() -> None:
     """2,000 staged 1 KiB messages are committed to a subscriber that does
     not read: routing stops at the commit account's watermark (the Outcome
@@ -239,14 +249,7 @@ async def test_a_commit_into_a_stalled_subscriber_waits_instead_of_growing_memor
         address = url(broker)
         high = broker.config.channel_high_watermark
 
-        def stage_all() -> int:
-            with BlockingClient(address, name="task") as task:
-                stage = Stage("big-commit", "0/0")
-                for i in range(count):
-                    task.publish("wide", b"%04d" % i + b"x" * 1020, stage=stage)
-                return task.finish_stage(stage, timeout=TIMEOUT)
-
-        assert await trio.to_thread.run_sync(stage_all) == count
+        assert await trio.to_thread.run_sync(stage_wide, address, "big-commit", count) == count
         reader = await trio.to_thread.run_sync(partial(BlockingClient, address, name="sub"))
         driver = await trio.to_thread.run_sync(partial(BlockingClient, address, name="driver"))
         try:
@@ -291,14 +294,7 @@ async def test_a_commit_sent_again_while_the_first_routes_answers_once_it_is_vis
     async with running_broker(shutdown_deadline=TIMEOUT) as broker:
         address = url(broker)
 
-        def stage_all() -> int:
-            with BlockingClient(address, name="task") as task:
-                stage = Stage("slow", "0/0")
-                for i in range(count):
-                    task.publish("wide", b"%04d" % i + b"x" * 1020, stage=stage)
-                return task.finish_stage(stage, timeout=TIMEOUT)
-
-        assert await trio.to_thread.run_sync(stage_all) == count
+        assert await trio.to_thread.run_sync(stage_wide, address, "slow", count) == count
         clients = [
             await trio.to_thread.run_sync(partial(BlockingClient, address, name=name))
             for name in ("sub", "driver", "retry")

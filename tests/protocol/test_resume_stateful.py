@@ -73,6 +73,7 @@ from broker.protocol import (
     Policy,
     Publish,
     PublishReceived,
+    Stage,
     TopicBound,
     WelcomeReceived,
     decode_body,
@@ -101,6 +102,8 @@ class ResumeMachine(RuleBasedStateMachine):
     resumes = 0
     frames_resent = 0
     fresh_sessions = 0
+    #: Resumes with a staged topic handle live (its stage must carry over).
+    staged_resumes = 0
     frees_across_resume = 0
 
     def __init__(self) -> None:
@@ -109,6 +112,7 @@ class ResumeMachine(RuleBasedStateMachine):
         self.client_policy = Policy()
         self.broker_policy = Policy()
         self.deferred_binds = False
+        self.may_stage = False
         # ---- the broker application
         #: Session id -> the broker's record of it (taken when a connection breaks).
         self.sessions: dict[bytes, BrokerSessionState] = {}
@@ -164,6 +168,8 @@ class ResumeMachine(RuleBasedStateMachine):
     ) -> None:
         self.client_policy = Policy(optimism=optimism)
         self.deferred_binds = deferred_binds
+        #: Staged binds are longer than BIND_ROOM's: only on a roomy bind channel.
+        self.may_stage = bind_capacity > BIND_ROOM
         self.broker_policy = Policy(
             publish_capacity=publish_capacity,
             bind_capacity=bind_capacity,
@@ -224,6 +230,7 @@ class ResumeMachine(RuleBasedStateMachine):
                     f"the client to {self.handles.get(event.handle)!r}"
                 )
                 assert event.name not in self.broker_bound, f"{event.name} bound twice"
+                assert event.stage == self.pair.client.stage_of(event.handle), event
                 self.broker_bound.add(event.name)
             elif isinstance(event, PublishReceived):
                 name = event.topic_name
@@ -301,6 +308,8 @@ class ResumeMachine(RuleBasedStateMachine):
             type(self).frames_resent += event.resent
             if self.freeing & set(self.handles.values()):
                 type(self).frees_across_resume += 1
+            if any(client.stage_of(h) for h in self.handles):
+                type(self).staged_resumes += 1
             assert welcome.received == self.expect_received
             assert event.resent == self.expect_resent, (event.resent, self.expect_resent)
             # Topics the broker freed while the client was proposing are gone.
@@ -341,11 +350,14 @@ class ResumeMachine(RuleBasedStateMachine):
     # ================================================================ client rules
 
     @precondition(lambda self: self._client_open() and len(self.handles) < MAX_TOPICS)
-    @rule()
-    def bind_topic(self) -> None:
+    @rule(staged=st.booleans())
+    def bind_topic(self, staged: bool = False) -> None:
+        """Bind the next topic; a staged one (exactly-once publishing) must
+        keep its stage on both sides across every resume."""
         name = f"t{self.next_name:03d}"
+        stage = Stage("batch", name) if staged and self.may_stage else None
         try:
-            handle = self.pair.client.bind_topic(name)
+            handle = self.pair.client.bind_topic(name, stage)
         except NoGuarantees:
             return
         self.next_name += 1
@@ -564,6 +576,8 @@ class ResumeMachine(RuleBasedStateMachine):
         # Freed topics are gone on both sides; every other one is still bound.
         assert not self.freeing & set(self.handles.values())
         assert self._broker_topics() == sorted(self.handles)
+        for handle in self.handles:
+            assert client.stage_of(handle) == self.pair.broker.stage_of(handle), handle
         record = client.session_state()
         assert isinstance(record, ClientSessionState)
         assert all(frames == () for _, frames in record.retained.values()), record.retained
@@ -599,7 +613,7 @@ SETTINGS = settings(
 
 def _reset(machine: type[ResumeMachine]) -> None:
     machine.final_checks_passed = machine.resumes = machine.frames_resent = 0
-    machine.fresh_sessions = machine.frees_across_resume = 0
+    machine.fresh_sessions = machine.frees_across_resume = machine.staged_resumes = 0
 
 
 def test_resume_state_machine() -> None:
@@ -608,6 +622,7 @@ def test_resume_state_machine() -> None:
     assert ResumeMachine.final_checks_passed > 0
     assert ResumeMachine.resumes > 0 and ResumeMachine.frames_resent > 0
     assert ResumeMachine.frees_across_resume > 0
+    assert ResumeMachine.staged_resumes > 0
     assert ResumeMachine.fresh_sessions == 0
 
 

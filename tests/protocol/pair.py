@@ -113,3 +113,41 @@ class ConnectionPair:
     def assert_no_errors(self) -> None:
         closed = self.closed_events()
         assert not closed, f"a peer closed: {closed}"
+
+
+class FrameMover:
+    """For state machines over a :class:`ConnectionPair` (``self.pair``):
+    move frames one at a time, handing what each side reports to the
+    machine's ``_broker_events`` and ``_client_events``."""
+
+    pair: ConnectionPair
+
+    def _broker_events(self, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _client_events(self, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _to_broker(self, frames: int) -> None:
+        """Deliver up to ``frames`` frames to the broker, one at a time."""
+        for _ in range(frames):
+            self.pair.flush()
+            if not self.pair.wire_to_broker:
+                return
+            self._broker_events(self.pair.to_broker(1))
+
+    def _to_client(self, frames: int) -> None:
+        """Deliver up to ``frames`` frames to the client, one at a time."""
+        for _ in range(frames):
+            self.pair.flush()
+            if not self.pair.wire_to_client:
+                return
+            self._client_events(self.pair.to_client(1))
+
+    def _run_all(self) -> None:
+        """Deliver everything both ways, one frame at a time."""
+        self.pair.flush()
+        while self.pair.wire_to_broker or self.pair.wire_to_client:
+            self._to_broker(len(self.pair.wire_to_broker))
+            self._to_client(len(self.pair.wire_to_client))
+            self.pair.flush()

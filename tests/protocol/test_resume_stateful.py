@@ -79,7 +79,7 @@ from broker.protocol import (
     decode_body,
 )
 
-from .pair import ConnectionPair, of
+from .pair import ConnectionPair, FrameMover, of
 from .test_resume import reconnect
 
 EPOCH = b"epoch-resume"
@@ -91,7 +91,7 @@ BIND_ROOM = 12 * MAX_TOPICS
 PAD = st.one_of(st.integers(0, 8), st.integers(0, 60))
 
 
-class ResumeMachine(RuleBasedStateMachine):
+class ResumeMachine(FrameMover, RuleBasedStateMachine):
     """A publishing client, a broker endpoint, and broken connections."""
 
     #: (True restores the old guard against the FreeHandle-ordering bug, now fixed.)
@@ -193,29 +193,6 @@ class ResumeMachine(RuleBasedStateMachine):
             self._to_broker(1)  # the Hello: the broker welcomes at once
             self._to_client(1)  # the Welcome: the client queues its resends
             assert self.pair.client.state is ConnectionState.OPEN
-
-    # ================================================================ moving frames
-
-    def _to_broker(self, frames: int) -> None:
-        for _ in range(frames):
-            self.pair.flush()
-            if not self.pair.wire_to_broker:
-                return
-            self._broker_events(self.pair.to_broker(1))
-
-    def _to_client(self, frames: int) -> None:
-        for _ in range(frames):
-            self.pair.flush()
-            if not self.pair.wire_to_client:
-                return
-            self._client_events(self.pair.to_client(1))
-
-    def _run_all(self) -> None:
-        self.pair.flush()
-        while self.pair.wire_to_broker or self.pair.wire_to_client:
-            self._to_broker(len(self.pair.wire_to_broker))
-            self._to_client(len(self.pair.wire_to_client))
-            self.pair.flush()
 
     # ================================================================ the broker application
 

@@ -66,7 +66,7 @@ from broker.protocol import (
     encode,
 )
 
-from .pair import ConnectionPair
+from .pair import ConnectionPair, FrameMover
 
 TOPIC_NAMES = ["a", "news", "weather-reports-for-the-north"]
 WEATHER = TOPIC_NAMES[2]
@@ -115,7 +115,7 @@ def _sender_snapshot(conn: Connection, sender: ChannelSender) -> tuple[object, .
     )
 
 
-class GuaranteeMachine(RuleBasedStateMachine):
+class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
     """Client and broker endpoints plus a model of what must come out of them."""
 
     #: Runs whose teardown drained the pair and passed every final check.
@@ -210,14 +210,6 @@ class GuaranteeMachine(RuleBasedStateMachine):
         self.pair.assert_no_errors()
         assert len(self.client.topics) == len(topics)
 
-    def _run_all(self) -> None:
-        """Deliver everything both ways, one frame at a time."""
-        self.pair.flush()
-        while self.pair.wire_to_broker or self.pair.wire_to_client:
-            self._to_broker(len(self.pair.wire_to_broker))
-            self._to_client(len(self.pair.wire_to_client))
-            self.pair.flush()
-
     # ================================================================ event bookkeeping
 
     def _broker_events(self, events: list[Event]) -> None:
@@ -240,7 +232,7 @@ class GuaranteeMachine(RuleBasedStateMachine):
                 if event.handle_type == HandleType.SUBSCRIPTION:
                     self.outbound.pop(event.handle, None)
 
-    def _client_frame_events(self, events: list[Event]) -> None:
+    def _client_events(self, events: list[Event]) -> None:
         """Events caused by one frame arriving at the client."""
         bind_drop = bool(events) and (
             isinstance(events[0], DropAnnounced) and events[0].channel == TOPIC_BINDS
@@ -275,22 +267,6 @@ class GuaranteeMachine(RuleBasedStateMachine):
         assert not arrived & set(lost), "an abandoned publish had reached the broker"
         assert not self.guaranteed & set(lost), "a guaranteed publish was abandoned"
         self.abandoned.update(lost)
-
-    def _to_broker(self, frames: int) -> None:
-        for _ in range(frames):
-            if not self.pair.wire_to_broker:
-                self.pair.flush()
-                if not self.pair.wire_to_broker:
-                    return
-            self._broker_events(self.pair.to_broker(1))
-
-    def _to_client(self, frames: int) -> None:
-        for _ in range(frames):
-            if not self.pair.wire_to_client:
-                self.pair.flush()
-                if not self.pair.wire_to_client:
-                    return
-            self._client_frame_events(self.pair.to_client(1))
 
     # ================================================================ choices
 

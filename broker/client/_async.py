@@ -27,7 +27,6 @@ from broker.protocol import (
     Options,
     Policy,
     Role,
-    WelcomeReceived,
 )
 
 from ._common import (
@@ -193,13 +192,6 @@ class Client(ClientEvents):
         self._attempt_error: ConnectionLost | None = None
         #: Streams of broken connections (closed soon, and for sure on exit).
         self._retired: list[trio.abc.Stream] = []
-        self._resent_last = 0
-        #: Sessions resumed on a new connection, and frames they sent again.
-        self.resumes = 0
-        self.frames_resent_on_resume = 0
-        #: Times the broker no longer knew the session (it restarted, or the
-        #: session expired): subscriptions were made again, messages may be lost.
-        self.sessions_lost = 0
 
     # ---------------------------------------------------------------- running
 
@@ -275,9 +267,6 @@ class Client(ClientEvents):
             self._fail(ConnectionLost(f"connection broken: {error}"))
 
     def _handle_events(self, events: list[Event]) -> None:
-        for event in events:
-            if type(event) is WelcomeReceived:
-                self._resent_last = event.resent
         self._apply_events(events)
         self._changed.unpark_all()
 
@@ -355,7 +344,7 @@ class Client(ClientEvents):
                 welcome = conn.welcome_message
                 assert welcome is not None
                 if welcome.resumed:
-                    self._resumed(state, welcome.received)
+                    self._resumed(welcome.received)
                 else:
                     await self._session_lost(state)
                 self._reconnecting = False
@@ -396,13 +385,6 @@ class Client(ClientEvents):
             self._scope.cancel()
         await trio.aclose_forcefully(stream)
         return self._attempt_error or ConnectionLost("no Welcome in time")
-
-    def _resumed(self, state: ClientSessionState, received: dict[int, int]) -> None:
-        for handle, count in received.items():
-            self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
-        self.resumes += 1
-        self.frames_resent_on_resume += self._resent_last
-        log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
 
     async def _session_lost(self, state: ClientSessionState) -> None:
         """The broker does not know the session: subscribe again, publish again

@@ -63,7 +63,6 @@ from broker.protocol import (
     Policy,
     Role,
     Stage,
-    WelcomeReceived,
 )
 
 from ._common import (
@@ -351,12 +350,6 @@ class BlockingClient(ClientEvents):
         self._attempt_error: ConnectionLost | None = None
         #: Connections welcomed so far (a round trip started on an older one is redone).
         self._generation = 0
-        self._resent_last = 0
-        #: Sessions resumed on a new connection, and frames they sent again.
-        self.resumes = 0
-        self.frames_resent_on_resume = 0
-        #: Times the broker no longer knew the session (see ``on_session_lost``).
-        self.sessions_lost = 0
 
         with self._lock:
             self._open(time.monotonic() + connect_timeout, None)
@@ -462,9 +455,11 @@ class BlockingClient(ClientEvents):
         self._close_socket()
         if self._attempting:
             self._attempt_error = self._attempt_error or error
-        elif self._error is None and self._broken is None and self._may_reconnect(error):
+        elif self._error is not None or self._broken is not None:
+            return  # it ended, or is being replaced, already
+        elif self._may_reconnect(error):
             self._start_reconnect(error)
-        elif self._error is None and self._broken is None:
+        else:
             self._error = error
             self._stop.set()
 
@@ -504,8 +499,7 @@ class BlockingClient(ClientEvents):
     def _reconnect_step(self, deadline: float | None) -> None:
         """While reconnecting: wait for the next attempt (no later than
         ``deadline``), or make it; give up once ``reconnect`` seconds passed."""
-        broken = self._broken
-        assert broken is not None
+        assert self._broken is not None
         now = time.monotonic()
         if now < self._next_attempt:
             until = self._next_attempt if deadline is None else min(deadline, self._next_attempt)
@@ -539,11 +533,7 @@ class BlockingClient(ClientEvents):
             assert welcome is not None
             self._check_open()  # it may have broken right after the Welcome
             if welcome.resumed:
-                for handle, count in welcome.received.items():
-                    self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
-                self.resumes += 1
-                self.frames_resent_on_resume += self._resent_last
-                log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
+                self._resumed(welcome.received)
             else:
                 self._restore_lost_session(state, deadline)
         except (ConnectionLost, TimeoutError) as error:
@@ -641,9 +631,6 @@ class BlockingClient(ClientEvents):
 
     def _handle_events(self, events: list[Event]) -> None:
         conn = self._conn
-        for event in events:
-            if type(event) is WelcomeReceived:
-                self._resent_last = event.resent
         self._apply_events(events)
         if self._pending_frees and not conn.closed:
             for handle in list(self._pending_frees):

@@ -32,6 +32,7 @@ from broker.protocol import (
     Publish,
     Stage,
     Throttled,
+    WelcomeReceived,
     decode_body,
 )
 from broker.tls import client_context
@@ -217,6 +218,14 @@ class ClientEvents:
         self._optimistic = False
         #: Outcomes of this connection's commits and aborts, by request number.
         self._outcomes: dict[int, Outcome] = {}
+        #: Frames the last Welcome made the client send again (on a resume).
+        self._resent_last = 0
+        #: Sessions resumed on a new connection, and frames they sent again.
+        self.resumes = 0
+        self.frames_resent_on_resume = 0
+        #: Times the broker no longer knew the session (it restarted, or the
+        #: session expired): subscriptions were made again, messages may be lost.
+        self.sessions_lost = 0
 
     def _fail(self, error: ConnectionLost) -> None:
         raise NotImplementedError
@@ -239,6 +248,15 @@ class ClientEvents:
     def _release(self, event: DeliverReceived) -> None:
         raise NotImplementedError
 
+    def _resumed(self, received: dict[int, int]) -> None:
+        """The session was resumed: the broker had ``received`` publishes per
+        topic handle (confirmed, then); count it and say so."""
+        for handle, count in received.items():
+            self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
+        self.resumes += 1
+        self.frames_resent_on_resume += self._resent_last
+        log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
+
     def _apply_events(self, events: list[Event]) -> None:
         for event in events:
             if type(event) is DeliverReceived:
@@ -258,6 +276,8 @@ class ClientEvents:
                 self._pong = max(self._pong, event.nonce)
             elif type(event) is Outcome:
                 self._outcomes[event.request] = event
+            elif type(event) is WelcomeReceived:
+                self._resent_last = event.resent
             elif isinstance(event, Throttled):
                 topic = self._topic_of(event.channel)
                 if event.throttled:

@@ -13,14 +13,12 @@ import trio
 
 from accounts import Account
 
+from ._connection import FORWARD_BATCH
 from ._staging import StagedPublish
-from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Topic
+from ._topic import Routed, Topic
 
 if TYPE_CHECKING:
     from ._broker import Broker
-
-#: Staged publishes sent to a topic as one actor message (one loan).
-COMMIT_BATCH = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -65,14 +63,15 @@ async def route_commit(broker: Broker, account: Account, publishes: list[StagedP
                 topic = held[topic_name] = broker.topic(topic_name)
                 topic.publishers += 1  # kept alive until everything is routed
             run_of_topic = list(group)
-            for start in range(0, len(run_of_topic), COMMIT_BATCH):
-                chunk = run_of_topic[start : start + COMMIT_BATCH]
+            for start in range(0, len(run_of_topic), FORWARD_BATCH):
+                chunk = run_of_topic[start : start + FORWARD_BATCH]
                 await account.ensure_clear_funds()
                 tails = [p.loan.item for p in chunk]
                 size = sum(len(tail) for tail in tails)
-                fan_out = topic.charging * (size + len(tails) * DELIVER_HEAD_ESTIMATE)
                 keys = [p.key for p in chunk]
-                topic.send_nowait(Routed(tails, run, 0, fan_out, keys), account=account, cost=size)
+                # (No fan-out estimate: the account's own debt paces a commit.)
+                routed = Routed(tails, run, 0, 0, keys)
+                topic.send_nowait(routed, account=account, cost=size)
                 for publish in chunk:
                     publish.loan.repay()
         await run.done.wait()

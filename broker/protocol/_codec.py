@@ -155,7 +155,10 @@ def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     or a field cannot be encoded. The message is not validated beyond what
     encoding needs; :func:`decode_body` is the strict side.
     """
-    body = encode_body(message)
+    if type(message) is Publish and message.headers is None:
+        body = _publish_body(message)
+    else:
+        body = encode_body(message)
     if len(body) > max_frame:
         raise LocalProtocolError(
             f"{type(message).__name__} frame of {len(body)} bytes exceeds max_frame {max_frame}"
@@ -177,6 +180,20 @@ def _cbor_head(major: int, value: int) -> bytes:
 
 
 _DELIVER_HEAD = _cbor_head(4, 6) + _cbor_head(0, 33)
+_PUBLISH_HEAD = _cbor_head(4, 5) + _cbor_head(0, 32)
+
+
+def _publish_body(message: Publish) -> bytes:
+    """The body of a Publish without headers, as :func:`encode_body` makes it."""
+    topic, payload, key = message.topic, message.payload, message.key
+    if type(payload) is not bytes or not (key is None or type(key) is bytes):
+        return encode_body(message)  # says what is wrong with it
+    if type(topic) is not int or not 0 <= topic <= U64_MAX:
+        return encode_body(message)
+    key_part = _NULL if key is None else _cbor_head(2, len(key)) + key
+    return b"".join(
+        (_PUBLISH_HEAD, _cbor_head(0, topic), _cbor_head(2, len(payload)), payload, key_part, _NULL)
+    )
 _NULL = b"\xf6"
 
 
@@ -531,6 +548,89 @@ def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Mess
     return parse(fields)
 
 
+# The two frames that carry messages are most of the traffic. Their usual
+# shape (no headers) is read here directly, without the general decoder;
+# anything else, well-formed or not, goes the general way. Both ways give
+# the same message for the same bytes (tests/protocol/test_codec_fast.py).
+
+_NULL_BYTE = 0xF6
+_UINT_SIZES = {24: 1, 25: 2, 26: 4, 27: 8}
+
+
+def _fast_uint(data: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned integer at ``pos`` and the position after it; (-1, pos) if none."""
+    head = data[pos]
+    if head < 24:
+        return head, pos + 1
+    width = _UINT_SIZES.get(head)
+    if width is None:
+        return -1, pos
+    end = pos + 1 + width
+    return int.from_bytes(data[pos + 1 : end], "big"), end
+
+
+def _fast_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    """The byte string at ``pos`` and the position after it; (None, pos) if none."""
+    head = data[pos]
+    if 0x40 <= head < 0x58:
+        end = pos + 1 + head - 0x40
+        return data[pos + 1 : end], end
+    width = _UINT_SIZES.get(head - 0x40)
+    if width is None:
+        return None, pos
+    start = pos + 1 + width
+    end = start + int.from_bytes(data[pos + 1 : start], "big")
+    return data[start:end], end
+
+
+def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None:
+    """The Publish or Deliver without headers in ``data[start:end]``, or None
+    for any other frame (which the general decoder then reads)."""
+    if end - start < 7 or data[start + 1] != 0x18:
+        return None
+    first = data[start]
+    code = data[start + 2]
+    try:
+        if first == 0x85 and code == 32:
+            topic, pos = _fast_uint(data, start + 3)
+            if topic < 0:
+                return None
+            payload, pos = _fast_bytes(data, pos)
+            if payload is None:
+                return None
+            if data[pos] == _NULL_BYTE:
+                key, pos = None, pos + 1
+            else:
+                key, pos = _fast_bytes(data, pos)
+                if key is None:
+                    return None
+            if pos + 1 != end or data[pos] != _NULL_BYTE:
+                return None
+            return Publish(topic, payload, key, None)
+        if first == 0x86 and code == 33:
+            subscription, pos = _fast_uint(data, start + 3)
+            if subscription < 0:
+                return None
+            seq, pos = _fast_uint(data, pos)
+            if seq < 0:
+                return None
+            payload, pos = _fast_bytes(data, pos)
+            if payload is None:
+                return None
+            if data[pos] == _NULL_BYTE:
+                key, pos = None, pos + 1
+            else:
+                key, pos = _fast_bytes(data, pos)
+                if key is None:
+                    return None
+            if pos + 1 != end or data[pos] != _NULL_BYTE:
+                return None
+            return Deliver(subscription, seq, payload, key, None)
+    except IndexError:
+        return None  # truncated: the general decoder says how
+    return None
+
+
 def decode_body(body: bytes) -> Message:
     """The message in one frame body (the bytes after the length prefix).
 
@@ -594,6 +694,9 @@ class FrameDecoder:
                 if end > available:
                     return
                 start, pos = pos, end
-                yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
+                message = _fast_message(data, start + LENGTH_PREFIX, end)
+                if message is None:
+                    message = _decode_item(decoder, stream, start + LENGTH_PREFIX, end)
+                yield message, end - start
         finally:
             del buffer[:pos]

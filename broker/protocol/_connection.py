@@ -1228,6 +1228,16 @@ class Connection:
         if self.role is not Role.BROKER:
             raise RemoteProtocolError("Publish is sent by clients")
         self._check_open(message)
+        topic = message.topic
+        binding = self.topics._bindings.get(topic)
+        if binding is not None and binding.state is HandleState.BOUND and not binding.peer_done:
+            # The usual case, in short: a bound topic, within the guarantees.
+            channel = Channel(ChannelKind.PUBLISH, topic)
+            if self._receivers[channel].accept_guaranteed(size):
+                binding.references += 1
+                self.publishes_received[topic] += 1
+                events.append(PublishReceived(message, binding.value, channel, size))
+                return
         binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
         if binding is None:
             # An optimistic reference whose bind was dropped (and announced).
@@ -1317,6 +1327,15 @@ class Connection:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
         self._check_open(message)
+        handle = message.subscription
+        binding = self.subscriptions._bindings.get(handle)
+        if binding is not None and not binding.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            channel = Channel(ChannelKind.DELIVER, handle)
+            if self._receivers[channel].accept_guaranteed(size):
+                binding.references += 1
+                events.append(DeliverReceived(message, channel, size))
+                return
         self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Deliver")
         channel = Channel(ChannelKind.DELIVER, message.subscription)
         receiver = self._receivers[channel]

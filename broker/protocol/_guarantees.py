@@ -300,6 +300,22 @@ class ChannelReceiver:
         out.append(AnnounceDropping(self.channel))
         return False, out
 
+    def accept_guaranteed(self, size: int) -> bool:
+        """Accept a frame of ``size`` bytes if it is plainly within the
+        sender's guarantees (no drop under way, no LimitSending): the common
+        case of :meth:`on_frame`, with the same effect. False changes nothing;
+        the caller then goes the way of :meth:`on_frame`."""
+        if self.dropping or self.sending_limit is not None or self.receiving_limit is not None:
+            return False
+        accepted = self._accepted
+        if size > self._issued - accepted - self._absolved:
+            return False  # beyond the guarantees: optimistic, or a violation
+        if size > self._grown - self._shrunk - accepted + self._released:
+            return False
+        self._accepted = accepted + size
+        self.accepted_frames += 1
+        return True
+
     def _fits(self, size: int) -> bool:
         if size > self.free:
             return False

@@ -1216,7 +1216,11 @@ class Connection:
         sender = self._senders[Channel(ChannelKind.PUBLISH, topic)]
         message = Publish(topic, payload, key, headers)
         frame = encode(message, max_frame=self.peer_max_frame)
-        size = self._send_frame(sender, message, frame)
+        size = len(frame)
+        if not self._senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            self._put(frame)  # the usual case, in short: within the guarantees
+        else:
+            self._send_frame(sender, message, frame)
         # Kept until the broker confirms it, to be sent again on a resume.
         retained = self._retained.get(topic)
         if retained is None:

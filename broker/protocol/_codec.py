@@ -694,9 +694,10 @@ class FrameDecoder:
                 if end > available:
                     return
                 start, pos = pos, end
-                message = _fast_message(data, start + LENGTH_PREFIX, end)
-                if message is None:
-                    message = _decode_item(decoder, stream, start + LENGTH_PREFIX, end)
-                yield message, end - start
+                fast = _fast_message(data, start + LENGTH_PREFIX, end)
+                if fast is not None:
+                    yield fast, end - start
+                else:
+                    yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
         finally:
             del buffer[:pos]

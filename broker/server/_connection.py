@@ -329,39 +329,38 @@ class ServerConnection:
 
     # ================================================================ deliveries
 
-    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
-        """Queue Delivers of ``loans``, in order, as far as the subscriber's
-        guarantees allow; returns how many were taken (the rest stay with
-        the caller). A reliable subscription keeps their loans until the
-        client acknowledges them; others' are repaid once written to the socket."""
+    def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
+        """Queue Delivers of ``tails`` (see ``encode_deliver_tail``), in order
+        from the subscription's next sequence number, as far as the
+        subscriber's guarantees allow; returns how many were taken, or None
+        if the subscription can take nothing more (it is being freed)."""
         protocol = self.protocol
         if protocol.closed:
             return 0  # they wait in the subscription: for a resume, or to be repaid
         try:
-            count = protocol.deliver_encoded_many(
-                subscription.handle, subscription.next_seq, [loan.item for loan in loans]
-            )
+            count = protocol.deliver_encoded_many(subscription.handle, subscription.next_seq, tails)
         except LocalProtocolError:
             # The client is freeing the subscription (the event saying so may
-            # still be on its way to us): nothing more is delivered on it.
-            for loan in loans:
-                loan.repay()
-            return len(loans)
+            # still be on its way to us).
+            return None
         if count:
             subscription.next_seq += count
             subscription.delivered += count
             self.counters.messages_out += count
-            sent = loans if count == len(loans) else loans[:count]
-            if subscription.charges_publishers:
-                # Held until acknowledged. The Ack comes in on our socket: the
-                # reader must not stop on debt that only it can clear.
-                subscription.unacked.extend(sent)
-                self._stalled.add(subscription.handle)
-                if self._funds_scope is not None:
-                    self._funds_scope.cancel()
-            else:
-                self._inflight.extend(sent)
             self._wakeup.set()
+        return count
+
+    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
+        """:meth:`send_deliveries` for a subscription that keeps nothing once
+        sent: the loans taken are repaid once written to the socket, the
+        others stay with the caller; returns how many were taken."""
+        count = self.send_deliveries(subscription, [loan.item for loan in loans])
+        if count is None:
+            for loan in loans:
+                loan.repay()
+            return len(loans)
+        if count:
+            self._inflight.extend(loans if count == len(loans) else loans[:count])
         return count
 
     def has_room(self, subscription: Subscription, size: int) -> bool:

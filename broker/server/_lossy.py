@@ -125,6 +125,10 @@ class DroppingSubscription(Subscription):
         return self._live
 
     @property
+    def unacked_deliveries(self) -> int:
+        return 0  # nothing is kept once sent
+
+    @property
     def dropped(self) -> int:
         """Deliveries dropped, for every reason."""
         return self.dropped_overflow + self.dropped_replaced

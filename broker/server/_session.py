@@ -121,7 +121,7 @@ class SessionTable:
     def unacked(self) -> int:
         """Deliveries sent and not acknowledged, over every session."""
         return sum(
-            len(sub.unacked) for s in self.sessions.values() for sub in s.subscriptions.values()
+            sub.unacked_deliveries for s in self.sessions.values() for sub in s.subscriptions.values()
         )
 
     def create(self, connection: ServerConnection, principal: str | None) -> Session:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,7 +14,7 @@ if TYPE_CHECKING:
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
-#: Queued deliveries offered to the subscriber's connection at a time.
+#: Queued deliveries a dropping subscription offers its connection at a time.
 PUMP_BATCH = 128
 
 
@@ -39,19 +38,30 @@ class Routed:
     keys: list[bytes | None]
 
 
+def delivery_loan(account: Account, tails: list[bytes]) -> LoanedItem[list[bytes]]:
+    """One loan for the deliveries of ``tails``: what a loan per delivery
+    would charge in all (each its bytes, its head and the per-event constant)."""
+    per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
+    cost = sum(map(len, tails)) + per_delivery * len(tails) - account.event_cost
+    return LoanedItem(account, max(cost, 0), tails)
+
+
 class Subscription:
     """A reliable subscription queue of one subscriber's session.
 
-    Every queued delivery is a loan on the account of the channel whose
-    publish caused it. Once its Deliver frame is sent (within the
-    subscriber's guarantees: nothing waits in the connection beyond them)
-    the loan stays with the subscription, unacknowledged, until the
-    subscriber's cumulative ``Ack`` covers it; if the connection breaks, the
-    unacknowledged deliveries are sent again on the resumed connection.
+    Every queued delivery is charged to the account of the channel whose
+    publish caused it, one loan per batch the topic routed (a loan per
+    delivery would charge the same). Once their Deliver frames are sent
+    (within the subscriber's guarantees: nothing waits in the connection
+    beyond them) the loan stays with the subscription, unacknowledged, until
+    the subscriber's cumulative ``Ack`` covers the batch's last delivery; if
+    the connection breaks, the unacknowledged deliveries are sent again on
+    the resumed connection.
     """
 
     __slots__ = (
         "_queue",
+        "_queued",
         "acked",
         "connection",
         "delivered",
@@ -73,54 +83,79 @@ class Subscription:
         self.mode = mode
         self.next_seq = 1
         self.delivered = 0
-        #: Sent deliveries not acknowledged yet: sequence numbers ``acked + 1`` on.
-        self.unacked: deque[LoanedItem[bytes]] = deque()
+        #: Sent batches not wholly acknowledged yet, oldest first: the
+        #: sequence number of each one's last delivery, and its loan.
+        self.unacked: deque[tuple[int, LoanedItem[list[bytes]]]] = deque()
         self.acked = 0
-        self._queue: deque[LoanedItem[bytes]] = deque()
+        #: Batches waiting for the subscriber's guarantees, oldest first.
+        self._queue: deque[LoanedItem[list[bytes]]] = deque()
+        self._queued = 0
 
     @property
     def queued(self) -> int:
         """Deliveries waiting for the subscriber's guarantees."""
-        return len(self._queue)
+        return self._queued
+
+    @property
+    def unacked_deliveries(self) -> int:
+        """Deliveries sent and not acknowledged yet."""
+        return self.next_seq - 1 - self.acked
 
     def offer(self, account: Account, tails: list[bytes], keys: list[bytes | None]) -> None:
-        """Queue deliveries of ``tails``, each charged to ``account``; send
-        what fits in the subscriber's guarantees at once. (``keys`` matter
-        to ``latest`` subscriptions only.)"""
-        cost = DELIVER_HEAD_ESTIMATE
-        loans = [LoanedItem(account, len(tail) + cost, tail) for tail in tails]
-        queue = self._queue
-        if queue:
-            queue.extend(loans)
-            return
-        taken = self.connection.deliver(self, loans)
-        if taken < len(loans):
-            self.connection.subscription_stalled(self)
-            queue.extend(loans[taken:])
+        """Queue deliveries of ``tails``, charged to ``account``; send what
+        fits in the subscriber's guarantees at once. (``keys`` matter to
+        ``latest`` subscriptions only.)"""
+        self._queue.append(delivery_loan(account, tails))
+        self._queued += len(tails)
+        if len(self._queue) == 1:
+            self.pump()
 
     def pump(self) -> None:
         """Send queued deliveries while the subscriber's guarantees allow."""
         queue = self._queue
-        deliver = self.connection.deliver
+        connection = self.connection
+        sent_any = False
         while queue:
-            batch = list(itertools.islice(queue, PUMP_BATCH))
-            taken = deliver(self, batch)
-            for _ in range(taken):
+            loan = queue[0]
+            tails = loan.item
+            taken = connection.send_deliveries(self, tails)
+            if taken is None:
+                # The client is freeing the subscription (the event saying so
+                # may still be on its way to us): nothing more is delivered on it.
+                queue.popleft().repay()
+                self._queued -= len(tails)
+                continue
+            if not taken:
+                break
+            sent_any = True
+            self._queued -= taken
+            if taken == len(tails):
                 queue.popleft()
-            if taken < len(batch):
-                return
+                self.unacked.append((self.next_seq - 1, loan))
+                continue
+            # Part of the batch went out: it and the rest get a loan each.
+            loan.repay()
+            self.unacked.append((self.next_seq - 1, delivery_loan(loan.account, tails[:taken])))
+            queue[0] = delivery_loan(loan.account, tails[taken:])
+            break
+        if sent_any or queue:
+            # Held until acknowledged, or waiting for guarantees: both are
+            # cleared by what this client sends, so its reader must go on.
+            connection.subscription_stalled(self)
 
     def ack(self, seq: int) -> None:
-        """The subscriber processed every delivery up to ``seq``: repay their loans.
+        """The subscriber processed every delivery up to ``seq``: repay the
+        loans of the batches that covers wholly.
 
         An Ack beyond what was sent covers what was sent.
         """
+        count = min(seq, self.next_seq - 1) - self.acked
+        if count <= 0:
+            return
+        acked = self.acked = self.acked + count
         unacked = self.unacked
-        count = min(seq - self.acked, len(unacked))
-        for _ in range(count):
-            unacked.popleft().repay()
-        if count > 0:
-            self.acked += count
+        while unacked and unacked[0][0] <= acked:
+            unacked.popleft()[1].repay()
 
     def attach(self, connection: ServerConnection, processed: int) -> int:
         """A resumed connection takes over; the subscriber processed up to
@@ -128,20 +163,31 @@ class Subscription:
         sequence numbers; returns how many deliveries that is."""
         self.connection = connection
         self.ack(processed)
-        resend = self.unacked
+        first = self.acked + 1
+        resend: list[LoanedItem[list[bytes]]] = []
+        count = 0
+        for last, loan in self.unacked:
+            start = last - len(loan.item) + 1
+            if start < first:
+                loan.item = loan.item[first - start :]  # the rest was processed
+            resend.append(loan)
+            count += len(loan.item)
         if resend:
             self.unacked = deque()
             self._queue.extendleft(reversed(resend))
-        self.next_seq = self.acked + 1
+            self._queued += count
+        self.next_seq = first
         self.pump()
-        return len(resend)
+        return count
 
     def close(self) -> None:
         """Leave the topic and repay every queued and unacknowledged delivery."""
         self.topic.unsubscribe(self)
-        for queue in (self._queue, self.unacked):
-            while queue:
-                queue.popleft().repay()
+        while self._queue:
+            self._queue.popleft().repay()
+        while self.unacked:
+            self.unacked.popleft()[1].repay()
+        self._queued = 0
 
 
 class Topic(Actor):

@@ -210,7 +210,7 @@ async def test_broken_connection_detaches_then_expires_and_frees_everything(
                 )
                 connection = connection_named(broker, "vanishing")
                 subscription = connection.subscriptions[0]
-                assert len(subscription.unacked) == 6
+                assert subscription.unacked_deliveries == 6
                 assert broker.account.debt > 0
             # The socket is closed with no Goodbye.
             with trio.fail_after(1):
@@ -222,7 +222,7 @@ async def test_broken_connection_detaches_then_expires_and_frees_everything(
             assert broker.sessions.detached == 1
             assert session.subscriptions == {0: subscription}
             assert broker.topics["leased"].subscriptions  # still queueing for a resume
-            assert len(subscription.unacked) == 6
+            assert subscription.unacked_deliveries == 6
             assert broker.account.debt > 0  # the unacknowledged deliveries' loans
 
             # Still there just before the lease ends...

@@ -554,7 +554,6 @@ def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Mess
 # the same message for the same bytes (tests/protocol/test_codec_fast.py).
 
 _NULL_BYTE = 0xF6
-_UINT_SIZES = {24: 1, 25: 2, 26: 4, 27: 8}
 
 
 def _fast_uint(data: bytes, pos: int) -> tuple[int, int]:
@@ -562,25 +561,46 @@ def _fast_uint(data: bytes, pos: int) -> tuple[int, int]:
     head = data[pos]
     if head < 24:
         return head, pos + 1
-    width = _UINT_SIZES.get(head)
-    if width is None:
-        return -1, pos
-    end = pos + 1 + width
-    return int.from_bytes(data[pos + 1 : end], "big"), end
+    if head == 24:
+        return data[pos + 1], pos + 2
+    if head == 25:
+        return data[pos + 1] << 8 | data[pos + 2], pos + 3
+    if head == 26:
+        return int.from_bytes(data[pos + 1 : pos + 5], "big"), pos + 5
+    if head == 27:
+        return int.from_bytes(data[pos + 1 : pos + 9], "big"), pos + 9
+    return -1, pos
 
 
-def _fast_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    """The byte string at ``pos`` and the position after it; (None, pos) if none."""
+def _fast_blob(data: bytes, pos: int) -> tuple[int, int]:
+    """Where the byte string at ``pos`` starts and stops; (-1, -1) if there is none."""
     head = data[pos]
-    if 0x40 <= head < 0x58:
-        end = pos + 1 + head - 0x40
-        return data[pos + 1 : end], end
-    width = _UINT_SIZES.get(head - 0x40)
-    if width is None:
-        return None, pos
-    start = pos + 1 + width
-    end = start + int.from_bytes(data[pos + 1 : start], "big")
-    return data[start:end], end
+    if 0x40 <= head <= 0x57:
+        return pos + 1, pos + 1 + head - 0x40
+    if head == 0x58:
+        return pos + 2, pos + 2 + data[pos + 1]
+    if 0x59 <= head <= 0x5B:
+        width = 1 << (head - 0x58)
+        start = pos + 1 + width
+        return start, start + int.from_bytes(data[pos + 1 : start], "big")
+    return -1, -1
+
+
+def _fast_tail(data: bytes, pos: int, end: int) -> tuple[bytes, bytes | None] | None:
+    """The payload and key of a message whose headers are null, read from
+    ``pos`` to exactly ``end``; None for anything else."""
+    start, pos = _fast_blob(data, pos)
+    if start < 0:
+        return None
+    payload = data[start:pos]
+    if data[pos] == _NULL_BYTE:
+        if pos + 2 == end and data[pos + 1] == _NULL_BYTE:
+            return payload, None
+        return None
+    start, pos = _fast_blob(data, pos)
+    if start < 0 or pos + 1 != end or data[pos] != _NULL_BYTE:
+        return None
+    return payload, data[start:pos]
 
 
 def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None:
@@ -591,22 +611,6 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
     first = data[start]
     code = data[start + 2]
     try:
-        if first == 0x85 and code == 32:
-            topic, pos = _fast_uint(data, start + 3)
-            if topic < 0:
-                return None
-            payload, pos = _fast_bytes(data, pos)
-            if payload is None:
-                return None
-            if data[pos] == _NULL_BYTE:
-                key, pos = None, pos + 1
-            else:
-                key, pos = _fast_bytes(data, pos)
-                if key is None:
-                    return None
-            if pos + 1 != end or data[pos] != _NULL_BYTE:
-                return None
-            return Publish(topic, payload, key, None)
         if first == 0x86 and code == 33:
             subscription, pos = _fast_uint(data, start + 3)
             if subscription < 0:
@@ -614,18 +618,18 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
             seq, pos = _fast_uint(data, pos)
             if seq < 0:
                 return None
-            payload, pos = _fast_bytes(data, pos)
-            if payload is None:
+            tail = _fast_tail(data, pos, end)
+            if tail is None:
                 return None
-            if data[pos] == _NULL_BYTE:
-                key, pos = None, pos + 1
-            else:
-                key, pos = _fast_bytes(data, pos)
-                if key is None:
-                    return None
-            if pos + 1 != end or data[pos] != _NULL_BYTE:
+            return Deliver(subscription, seq, tail[0], tail[1], None)
+        if first == 0x85 and code == 32:
+            topic, pos = _fast_uint(data, start + 3)
+            if topic < 0:
                 return None
-            return Deliver(subscription, seq, payload, key, None)
+            tail = _fast_tail(data, pos, end)
+            if tail is None:
+                return None
+            return Publish(topic, tail[0], tail[1], None)
     except IndexError:
         return None  # truncated: the general decoder says how
     return None

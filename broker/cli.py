@@ -22,6 +22,7 @@ import trio
 from . import __version__
 from .config import FIELDS, BrokerConfig, ConfigError, load_config
 from .errors import sole_exception
+from .runtime import tune_gc
 
 log = logging.getLogger("broker")
 
@@ -75,6 +76,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 async def _serve(config: BrokerConfig) -> None:
     from .server import serve_broker
+
+    tune_gc(config.gc_threshold)
 
     async with trio.open_nursery() as nursery:
         broker = await nursery.start(serve_broker, config)

@@ -22,6 +22,8 @@ from typing import Any
 import trio
 
 from broker.client import open_client
+from broker.config import BrokerConfig
+from broker.runtime import tune_gc
 
 _STAMP = struct.Struct(">qQ")  # scheduled send time (ns), sequence number
 
@@ -30,6 +32,8 @@ def _payload(size: int, stamp_ns: int, seq: int) -> bytes:
     head = _STAMP.pack(stamp_ns, seq)
     return head + b"x" * max(0, size - len(head))
 
+
+GC_THRESHOLD = BrokerConfig.gc_threshold
 
 #: Waits shorter than this are spent yielding rather than on a timer.
 _SHORT_WAIT_NS = 200_000
@@ -209,6 +213,9 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    # Tuned as the broker tunes itself (BrokerConfig.gc_threshold): the
+    # clients are the load, and should cost what a tuned client costs.
+    tune_gc(GC_THRESHOLD)
     role = spec["role"]
     result = trio.run(_publish if role == "pub" else _subscribe, spec)
     usage = resource.getrusage(resource.RUSAGE_SELF)

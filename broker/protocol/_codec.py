@@ -194,6 +194,8 @@ def _publish_body(message: Publish) -> bytes:
     return b"".join(
         (_PUBLISH_HEAD, _cbor_head(0, topic), _cbor_head(2, len(payload)), payload, key_part, _NULL)
     )
+
+
 _NULL = b"\xf6"
 
 

@@ -120,9 +120,8 @@ class SessionTable:
 
     def unacked(self) -> int:
         """Deliveries sent and not acknowledged, over every session."""
-        return sum(
-            sub.unacked_deliveries for s in self.sessions.values() for sub in s.subscriptions.values()
-        )
+        sessions = self.sessions.values()
+        return sum(sub.unacked_deliveries for s in sessions for sub in s.subscriptions.values())
 
     def create(self, connection: ServerConnection, principal: str | None) -> Session:
         session = Session(connection.client_name, principal)

@@ -12,6 +12,7 @@ from ._account import Account
 from ._errors import AccountsError, LoanLeakWarning
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 _leak_detection = os.environ.get("ACCOUNTS_LEAK_DETECTION", "") not in ("", "0")
 _leaked = 0
@@ -99,6 +100,26 @@ class LoanedItem(Generic[T]):
                 if debtor._blocked and debt <= debtor.low_watermark:
                     debtor._blocked = False
                     debtor._wake_all()
+
+    def split(self, amount: int, item: U) -> LoanedItem[U]:
+        """Move ``amount`` of this outstanding loan to a new loan of ``item``
+        on the same account, and return it: each is repaid on its own, and
+        the account's debt does not change (so neither does its blocked phase).
+        """
+        if self.repaid:
+            raise AccountsError("cannot split a repaid loan")
+        if not 0 <= amount <= self.amount:
+            raise AccountsError(f"cannot split {amount} off a loan of {self.amount}")
+        part: LoanedItem[U] = LoanedItem.__new__(LoanedItem)
+        part.account = self.account
+        part.amount = amount
+        part.item = item
+        part.repaid = False
+        part.origin = _where_made() if _leak_detection else None
+        self.amount -= amount
+        for debtor in self.account._chain:
+            debtor._loans += 1
+        return part
 
     def __enter__(self) -> LoanedItem[T]:
         return self

@@ -38,6 +38,8 @@ log = logging.getLogger("broker.server")
 
 #: The most time spent refusing a connection (its TLS handshake included).
 REFUSAL_SECONDS = 1.0
+#: How often a graceful shutdown looks whether queued deliveries went out.
+SHUTDOWN_POLL = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +279,10 @@ class Broker:
         await trio.aclose_forcefully(stream)
 
     async def shutdown(self) -> None:
-        """Stop accepting, say Goodbye 5 to every client and wait (up to the
-        configured deadline) for their connections to drain."""
+        """Stop accepting; let commits under way finish and queued reliable
+        deliveries go out to their connected subscribers; say Goodbye 5 to
+        every client and wait for their connections to drain: all within the
+        configured deadline."""
         if self.closing:
             return
         self.closing = True
@@ -298,6 +302,8 @@ class Broker:
                     "%d commits were still routing at the shutdown deadline: cut off",
                     len(self.commits_in_flight),
                 )
+        with trio.move_on_at(deadline):
+            await self._send_queued_deliveries()
         for connection in list(self.connections.values()):
             connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
         self.sessions.end_all()  # the detached ones: nobody can resume them now
@@ -305,6 +311,26 @@ class Broker:
             await self._idle.wait()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    async def _send_queued_deliveries(self) -> None:
+        """Return once every reliable delivery queued now (routed, waiting
+        for its subscriber's guarantees) is sent, or its connection closed:
+        its subscriber then reads it before the Goodbye. (Deliveries queued
+        later do not prolong the wait.)"""
+        waiting = [
+            (subscription, subscription.next_seq + subscription.queued)
+            for connection in self.connections.values()
+            for subscription in connection.subscriptions.values()
+            if subscription.charges_publishers and subscription.queued
+        ]
+        while waiting:
+            waiting = [
+                (subscription, target)
+                for subscription, target in waiting
+                if subscription.next_seq < target and not subscription.connection.protocol.closed
+            ]
+            if waiting:
+                await trio.sleep(SHUTDOWN_POLL)
 
 
 def _check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:

@@ -38,12 +38,26 @@ class Routed:
     keys: list[bytes | None]
 
 
+def _charge(account: Account, tails: list[bytes]) -> int:
+    """What a loan per delivery of ``tails`` would charge in all: each its
+    bytes, its head and the per-event constant."""
+    return sum(map(len, tails)) + (DELIVER_HEAD_ESTIMATE + account.event_cost) * len(tails)
+
+
 def delivery_loan(account: Account, tails: list[bytes]) -> LoanedItem[list[bytes]]:
-    """One loan for the deliveries of ``tails``: what a loan per delivery
-    would charge in all (each its bytes, its head and the per-event constant)."""
-    per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
-    cost = sum(map(len, tails)) + per_delivery * len(tails) - account.event_cost
-    return LoanedItem(account, max(cost, 0), tails)
+    """One loan for the deliveries of ``tails``, charging what a loan per
+    delivery would in all."""
+    return LoanedItem(account, _charge(account, tails) - account.event_cost, tails)
+
+
+def _split_off(loan: LoanedItem[list[bytes]], count: int) -> LoanedItem[list[bytes]]:
+    """The first ``count`` deliveries of ``loan`` as a loan of their own
+    (the account's debt unchanged); ``loan`` keeps the rest."""
+    tails = loan.item
+    first = tails[:count]
+    part = loan.split(_charge(loan.account, first), first)
+    loan.item = tails[count:]
+    return part
 
 
 class Subscription:
@@ -133,10 +147,8 @@ class Subscription:
                 queue.popleft()
                 self.unacked.append((self.next_seq - 1, loan))
                 continue
-            # Part of the batch went out: it and the rest get a loan each.
-            loan.repay()
-            self.unacked.append((self.next_seq - 1, delivery_loan(loan.account, tails[:taken])))
-            queue[0] = delivery_loan(loan.account, tails[taken:])
+            # Part of the batch went out: it is held on a loan of its own.
+            self.unacked.append((self.next_seq - 1, _split_off(loan, taken)))
             break
         if sent_any or queue:
             # Held until acknowledged, or waiting for guarantees: both are
@@ -169,7 +181,7 @@ class Subscription:
         for last, loan in self.unacked:
             start = last - len(loan.item) + 1
             if start < first:
-                loan.item = loan.item[first - start :]  # the rest was processed
+                _split_off(loan, first - start).repay()  # those were processed
             resend.append(loan)
             count += len(loan.item)
         if resend:

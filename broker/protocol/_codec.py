@@ -179,8 +179,32 @@ def _cbor_head(major: int, value: int) -> bytes:
     return bytes((major << 5 | 27,)) + value.to_bytes(8, "big")
 
 
+#: CBOR heads of unsigned integers below 24, and of byte strings shorter than 256.
+_SMALL_UINT = [bytes((value,)) for value in range(24)]
+_SHORT_BLOB = [bytes((0x40 | n,)) if n < 24 else bytes((0x58, n)) for n in range(256)]
+
+
 _DELIVER_HEAD = _cbor_head(4, 6) + _cbor_head(0, 33)
 _PUBLISH_HEAD = _cbor_head(4, 5) + _cbor_head(0, 32)
+
+
+def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: int) -> bytes:
+    """The whole frame of ``Publish(topic, payload, key)`` (no headers), as
+    :func:`encode` makes it; the caller vouches that ``topic`` is a u64 and
+    ``payload`` and ``key`` are bytes."""
+    size = len(payload)
+    blob = _SHORT_BLOB[size] if size < 256 else _cbor_head(2, size)
+    handle = _SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic)
+    if key is None:
+        body = len(_PUBLISH_HEAD) + len(handle) + len(blob) + size + 2
+        parts = (_LENGTH.pack(body), _PUBLISH_HEAD, handle, blob, payload, b"\xf6\xf6")
+    else:
+        key_part = _cbor_head(2, len(key)) + key
+        body = len(_PUBLISH_HEAD) + len(handle) + len(blob) + size + len(key_part) + 1
+        parts = (_LENGTH.pack(body), _PUBLISH_HEAD, handle, blob, payload, key_part, _NULL)
+    if body > max_frame:
+        raise LocalProtocolError(f"Publish frame of {body} bytes exceeds max_frame {max_frame}")
+    return b"".join(parts)
 
 
 def _publish_body(message: Publish) -> bytes:
@@ -208,9 +232,30 @@ def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | No
     """
     if headers is None and type(payload) is bytes:
         # The common case, without a trip through the generic encoder.
-        key_part = _NULL if key is None else _cbor_head(2, len(key)) + key
-        return b"".join((_cbor_head(2, len(payload)), payload, key_part, _NULL))
+        size = len(payload)
+        blob = _SHORT_BLOB[size] if size < 256 else _cbor_head(2, size)
+        if key is None:
+            return b"".join((blob, payload, b"\xf6\xf6"))
+        return b"".join((blob, payload, _cbor_head(2, len(key)), key, _NULL))
     return b"".join(cbor2.dumps(item) for item in (payload, key, _wire_headers(headers)))
+
+
+def _uint_head(value: int) -> bytes:
+    return _SMALL_UINT[value] if value < 24 else _cbor_head(0, value)
+
+
+def deliver_heads(subscription: int, first_seq: int, tails: list[bytes]) -> Iterator[bytes]:
+    """The heads of Deliver frames of ``tails`` on ``subscription``, with
+    sequence numbers from ``first_seq``: ``head + tail`` is each frame, as
+    :func:`encode_deliver` makes it. The caller vouches for u64 values."""
+    middle = _DELIVER_HEAD + _uint_head(subscription)
+    fixed = len(middle)
+    pack = _LENGTH.pack
+    seq = first_seq
+    for tail in tails:
+        seq_head = _uint_head(seq)
+        yield pack(fixed + len(seq_head) + len(tail)) + middle + seq_head
+        seq += 1
 
 
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:

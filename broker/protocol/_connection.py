@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ._codec import FrameDecoder, encode, encode_body, encode_deliver
+from ._codec import (
+    FrameDecoder,
+    deliver_heads,
+    encode,
+    encode_body,
+    encode_deliver,
+    encode_publish,
+)
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import (
     ConnectionClosed,
@@ -1210,17 +1217,27 @@ class Connection:
         Raises :class:`NoGuarantees` (nothing sent) if the channel has no
         room; within guarantees the frame is certain to be buffered.
         """
-        self._require_role(Role.CLIENT, "publish")
-        self._require_open()
-        self.topics.resolve_local(topic)
+        if self.role is not Role.CLIENT:
+            self._require_role(Role.CLIENT, "publish")
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        binding = self.topics._bindings.get(topic)
+        if binding is None or binding.state is not HandleState.BOUND:
+            self.topics.resolve_local(topic)  # says what is wrong
         sender = self._senders[Channel(ChannelKind.PUBLISH, topic)]
-        message = Publish(topic, payload, key, headers)
-        frame = encode(message, max_frame=self.peer_max_frame)
+        if headers is None and type(payload) is bytes and (key is None or type(key) is bytes):
+            frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
+        else:
+            frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
         size = len(frame)
         if not self._senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
-            self._put(frame)  # the usual case, in short: within the guarantees
+            # The usual case, in short: within the guarantees.
+            self._out.append(frame)
+            self.frames_sent += 1
+            self.bytes_sent += size
+            self._out_size += size
         else:
-            self._send_frame(sender, message, frame)
+            self._send_frame(sender, Publish(topic, payload, key, headers), frame)
         # Kept until the broker confirms it, to be sent again on a resume.
         retained = self._retained.get(topic)
         if retained is None:
@@ -1300,13 +1317,14 @@ class Connection:
         ends the batch before it, and raises on the next call.
         """
         sender = self._delivery_sender(subscription)
+        if not 0 <= first_seq <= U64_MAX - len(tails):
+            raise LocalProtocolError("seq must be u64")
         room = self._room(sender)
         limit = self.peer_max_frame + LENGTH_PREFIX
         seq = first_seq
         total = 0
         put = self._out.append
-        for tail in tails:
-            head, tail = encode_deliver(subscription, seq, tail)
+        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails):
             size = len(head) + len(tail)
             if size > room or size > limit:
                 if size > limit and seq == first_seq:

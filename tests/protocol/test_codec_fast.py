@@ -18,13 +18,15 @@ from broker.protocol import (
     U64_MAX,
     Deliver,
     FrameDecoder,
+    LocalProtocolError,
     Message,
     Publish,
     RemoteProtocolError,
     decode_body,
     encode,
+    encode_deliver,
 )
-from broker.protocol._codec import _fast_message, _fields
+from broker.protocol._codec import _fast_message, _fields, deliver_heads, encode_publish
 
 #: Sizes on both sides of every CBOR length boundary.
 _edges = st.sampled_from([0, 1, 23, 24, 255, 256, 300, 65535, 65536])
@@ -121,3 +123,25 @@ def test_the_fast_path_takes_the_usual_frames() -> None:
     assert _fast_message(deliver, 0, len(deliver)) == Deliver(3, 1000, b"x" * 100)
     with_headers = encode(Publish(3, b"x", None, [("a", b"b")]))[4:]
     assert _fast_message(with_headers, 0, len(with_headers)) is None
+
+
+@given(_uints, _blobs, _keys)
+def test_the_direct_publish_encoder_writes_what_encode_writes(
+    topic: int, payload: bytes, key: bytes | None
+) -> None:
+    frame = encode_publish(topic, payload, key, max_frame=1 << 20)
+    assert frame == encode(Publish(topic, payload, key), max_frame=1 << 20)
+
+
+@given(_uints, _uints, st.lists(_blobs, max_size=5))
+def test_deliver_heads_are_what_encode_deliver_writes(
+    subscription: int, first: int, tails: list[bytes]
+) -> None:
+    first = min(first, U64_MAX - len(tails))
+    heads = list(deliver_heads(subscription, first, tails))
+    assert heads == [encode_deliver(subscription, first + i, t)[0] for i, t in enumerate(tails)]
+
+
+def test_the_direct_publish_encoder_keeps_to_max_frame() -> None:
+    with pytest.raises(LocalProtocolError, match="max_frame"):
+        encode_publish(1, b"x" * 2000, None, max_frame=1024)

@@ -195,6 +195,7 @@ def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: 
     size = len(payload)
     blob = _SHORT_BLOB[size] if size < 256 else _cbor_head(2, size)
     handle = _SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic)
+    parts: tuple[bytes, ...]
     if key is None:
         body = len(_PUBLISH_HEAD) + len(handle) + len(blob) + size + 2
         parts = (_LENGTH.pack(body), _PUBLISH_HEAD, handle, blob, payload, b"\xf6\xf6")

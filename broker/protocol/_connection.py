@@ -1324,7 +1324,7 @@ class Connection:
         seq = first_seq
         total = 0
         put = self._out.append
-        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails):
+        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
             size = len(head) + len(tail)
             if size > room or size > limit:
                 if size > limit and seq == first_seq:

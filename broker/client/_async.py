@@ -42,6 +42,7 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
+    message_of,
     resume_state,
     unconfirmed_publishes,
 )
@@ -131,7 +132,7 @@ class Subscription:
         self._consumed = message.seq
         if self._unreleased >= RELEASE_BATCH or not queue:
             self._release()
-        return Message(self.topic, message.payload, message.key, message.headers, message.seq)
+        return message_of(self.topic, message)
 
     async def receive(self) -> Message:
         """The next message (waits for it).

@@ -78,6 +78,7 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
+    message_of,
     resume_state,
     unconfirmed_publishes,
 )
@@ -232,7 +233,7 @@ class BlockingSubscription:
             client._ack(self.handle, message.seq)
             self._acked = message.seq
         client._after_operation(urgent=True)
-        return Message(self.topic, message.payload, message.key, message.headers, message.seq)
+        return message_of(self.topic, message)
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not taken will be

@@ -18,6 +18,7 @@ from broker.protocol import (
     Confirm,
     Connection,
     ConnectionClosed,
+    Deliver,
     DeliverReceived,
     DropAnnounced,
     Event,
@@ -92,6 +93,24 @@ class Message:
     key: bytes | None
     headers: Headers | None
     seq: int
+
+
+_new_object = object.__new__
+_set_topic, _set_payload, _set_key, _set_headers, _set_seq = (
+    Message.__dict__[name].__set__ for name in ("topic", "payload", "key", "headers", "seq")
+)
+
+
+def message_of(topic: str, deliver: Deliver) -> Message:
+    """The :class:`Message` of a Deliver on ``topic``: what ``Message(...)``
+    makes, made a few times faster (it is made for every message received)."""
+    message: Message = _new_object(Message)
+    _set_topic(message, topic)
+    _set_payload(message, deliver.payload)
+    _set_key(message, deliver.key)
+    _set_headers(message, deliver.headers)
+    _set_seq(message, deliver.seq)
+    return message
 
 
 #: URL schemes of plain TCP and of TLS.

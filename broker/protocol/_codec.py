@@ -660,12 +660,22 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
     code = data[start + 2]
     try:
         if first == 0x86 and code == 33:
-            subscription, pos = _fast_uint(data, start + 3)
-            if subscription < 0:
-                return None
-            seq, pos = _fast_uint(data, pos)
-            if seq < 0:
-                return None
+            pos = start + 3
+            subscription = data[pos]
+            if subscription < 24:
+                pos += 1
+            else:
+                subscription, pos = _fast_uint(data, pos)
+                if subscription < 0:
+                    return None
+            head = data[pos]
+            if head == 26:  # the usual sequence number: 65536 and on
+                seq = int.from_bytes(data[pos + 1 : pos + 5], "big")
+                pos += 5
+            else:
+                seq, pos = _fast_uint(data, pos)
+                if seq < 0:
+                    return None
             tail = _fast_tail(data, pos, end)
             if tail is None:
                 return None

@@ -284,17 +284,22 @@ class Connection:
         if data:
             self.liveness.on_received(now)
         handlers = self._handlers
+        closed = ConnectionState.CLOSED
+        frames = received = 0
         try:
             for message, size in self._decoder.messages():
-                self.frames_received += 1
-                self.bytes_received += size
+                frames += 1
+                received += size
                 handlers[type(message)](message, size, events)
-                if self.closed:
+                if self.state is closed:
                     break
         except RemoteProtocolError as error:
             reason = self._queue_goodbye(int(error.code), error.reason)
             self.state = ConnectionState.CLOSED
             events.append(ConnectionClosed(int(error.code), reason, False, error))
+        finally:
+            self.frames_received += frames
+            self.bytes_received += received
         return events
 
     def data_to_send(self, now: float | None = None) -> bytes:
@@ -1248,7 +1253,8 @@ class Connection:
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:
             raise RemoteProtocolError("Publish is sent by clients")
-        self._check_open(message)
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
         topic = message.topic
         binding = self.topics._bindings.get(topic)
         if binding is not None and binding.state is HandleState.BOUND and not binding.peer_done:
@@ -1348,7 +1354,8 @@ class Connection:
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
-        self._check_open(message)
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
         handle = message.subscription
         binding = self.subscriptions._bindings.get(handle)
         if binding is not None and not binding.peer_done:

@@ -28,9 +28,9 @@ from broker.runtime import tune_gc
 _STAMP = struct.Struct(">qQ")  # scheduled send time (ns), sequence number
 
 
-def _payload(size: int, stamp_ns: int, seq: int) -> bytes:
-    head = _STAMP.pack(stamp_ns, seq)
-    return head + b"x" * max(0, size - len(head))
+def _filler(size: int) -> bytes:
+    """What follows the stamp in a payload of ``size`` bytes."""
+    return b"x" * max(0, size - _STAMP.size)
 
 
 GC_THRESHOLD = BrokerConfig.gc_threshold
@@ -103,6 +103,8 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
     timelines: dict[str, list[tuple[int, int]]] = {}
     late: dict[str, list[int]] = {}
     start = time.perf_counter_ns()
+    filler = _filler(size)
+    stamp = _STAMP.pack
 
     async with open_client(spec["url"], name="bench-pub") as client:
 
@@ -116,7 +118,7 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
                 if now >= next_sample:
                     samples.append((now, n))
                     next_sample = now + 250_000_000
-                await client.publish(topic, _payload(size, now, n))
+                await client.publish(topic, stamp(now, n) + filler)
                 n += 1
             samples.append((time.perf_counter_ns(), n))
             sent[topic] = n
@@ -131,7 +133,7 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
                 scheduled = t0 + int(n * interval)
                 await timer.sleep_until(scheduled)
                 lateness.append(time.perf_counter_ns() - scheduled)
-                await client.publish(topic, _payload(size, scheduled, n))
+                await client.publish(topic, stamp(scheduled, n) + filler)
             sent[topic] = total
 
         async with trio.open_nursery() as nursery:

@@ -109,15 +109,30 @@ def _percentiles(latencies_ns: list[int]) -> dict[str, float]:
     return {"p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": at(1.0)}
 
 
+def _subscriber_processes(subscribers: int) -> list[int]:
+    """How many subscriber connections each subscriber process holds: the
+    subscribers spread over as many processes as there are cores (a single
+    Python process reading ten connections would measure itself, not the
+    broker)."""
+    processes = max(1, min(subscribers, os.cpu_count() or 1))
+    return [
+        subscribers // processes + (1 if i < subscribers % processes else 0)
+        for i in range(processes)
+    ]
+
+
 def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
-    sub = _worker(
-        {"role": "sub", "url": url, "topic": "bench", "count": count, "connections": subscribers}
-    )
-    _wait_ready(sub)
+    subs = [
+        _worker({"role": "sub", "url": url, "topic": "bench", "count": count, "connections": n})
+        for n in _subscriber_processes(subscribers)
+    ]
+    for sub in subs:
+        _wait_ready(sub)
     pub = _worker({"role": "pub", "url": url, "topics": [{"name": "bench"}], "count": count})
     published = _result(pub, 300)
-    received_all = _result(sub, 300)
-    received = received_all["subscribers"]
+    results = [_result(sub, 300) for sub in subs]
+    received_all = {"cpu_s": sum(r["cpu_s"] for r in results)}
+    received = [one for r in results for one in r["subscribers"]]
     last = max(r["last"] for r in received)
     seconds = (last - published["start"]) / 1e9
     total = sum(r["received"] for r in received)
@@ -128,6 +143,7 @@ def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
         "lost": lost,
         "publisher_cpu": published["cpu_s"] / seconds,
         "subscriber_cpu": received_all["cpu_s"] / seconds,
+        "subscriber_processes": len(subs),
     }
 
 
@@ -142,6 +158,7 @@ def _median_runs(url: str, runs: int, count: int, subscribers: int) -> dict[str,
         # CPU cores each client process kept busy in the median run.
         "publisher_cpu": middle["publisher_cpu"],
         "subscriber_cpu": middle["subscriber_cpu"],
+        "subscriber_processes": middle["subscriber_processes"],
     }
 
 
@@ -265,6 +282,7 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
             (cpu2 - cpu1) / (count // 2 * 10 * runs) * 1e6
         )
         results["fanout_subscriber_cpu"] = fan["subscriber_cpu"]
+        results["fanout_subscriber_processes"] = fan["subscriber_processes"]
         results["fanout_lost"] = fan["lost"]
         top = one["per_s"]
         for rate in (1_000, 5_000, 20_000, int(top * 0.8)):

@@ -1229,7 +1229,7 @@ class Connection:
         binding = self.topics._bindings.get(topic)
         if binding is None or binding.state is not HandleState.BOUND:
             self.topics.resolve_local(topic)  # says what is wrong
-        sender = self._senders[Channel(ChannelKind.PUBLISH, topic)]
+        sender = self._senders[(ChannelKind.PUBLISH, topic)]  # type: ignore[index]
         if headers is None and type(payload) is bytes and (key is None or type(key) is bytes):
             frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
         else:
@@ -1259,11 +1259,12 @@ class Connection:
         binding = self.topics._bindings.get(topic)
         if binding is not None and binding.state is HandleState.BOUND and not binding.peer_done:
             # The usual case, in short: a bound topic, within the guarantees.
-            channel = Channel(ChannelKind.PUBLISH, topic)
-            if self._receivers[channel].accept_guaranteed(size):
+            # (A plain tuple finds the channel's entry without making a Channel.)
+            receiver = self._receivers[(ChannelKind.PUBLISH, topic)]  # type: ignore[index]
+            if receiver.accept_guaranteed(size):
                 binding.references += 1
                 self.publishes_received[topic] += 1
-                events.append(PublishReceived(message, binding.value, channel, size))
+                events.append(PublishReceived(message, binding.value, receiver.channel, size))
                 return
         binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
         if binding is None:
@@ -1360,10 +1361,10 @@ class Connection:
         binding = self.subscriptions._bindings.get(handle)
         if binding is not None and not binding.peer_done:
             # The usual case, in short: a bound subscription, within the guarantees.
-            channel = Channel(ChannelKind.DELIVER, handle)
-            if self._receivers[channel].accept_guaranteed(size):
+            receiver = self._receivers[(ChannelKind.DELIVER, handle)]  # type: ignore[index]
+            if receiver.accept_guaranteed(size):
                 binding.references += 1
-                events.append(DeliverReceived(message, channel, size))
+                events.append(DeliverReceived(message, receiver.channel, size))
                 return
         self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Deliver")
         channel = Channel(ChannelKind.DELIVER, message.subscription)

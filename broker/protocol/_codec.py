@@ -252,11 +252,28 @@ def deliver_heads(subscription: int, first_seq: int, tails: list[bytes]) -> Iter
     middle = _DELIVER_HEAD + _uint_head(subscription)
     fixed = len(middle)
     pack = _LENGTH.pack
+    # The usual sequence numbers (65536 and on) in one struct call per head.
+    pack_wide = _wide_head_struct(fixed).pack
     seq = first_seq
     for tail in tails:
-        seq_head = _uint_head(seq)
-        yield pack(fixed + len(seq_head) + len(tail)) + middle + seq_head
+        if 0x10000 <= seq <= 0xFFFFFFFF:
+            yield pack_wide(fixed + 5 + len(tail), middle, 0x1A, seq)
+        else:
+            seq_head = _uint_head(seq)
+            yield pack(fixed + len(seq_head) + len(tail)) + middle + seq_head
         seq += 1
+
+
+_WIDE_HEADS: dict[int, struct.Struct] = {}
+
+
+def _wide_head_struct(fixed: int) -> struct.Struct:
+    """Packs a Deliver head whose sequence number takes 4 bytes: the frame
+    length, the ``fixed`` bytes before the sequence number, and it."""
+    packer = _WIDE_HEADS.get(fixed)
+    if packer is None:
+        packer = _WIDE_HEADS[fixed] = struct.Struct(f">I{fixed}sBI")
+    return packer
 
 
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:

@@ -693,6 +693,10 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
                 seq, pos = _fast_uint(data, pos)
                 if seq < 0:
                     return None
+            if data[pos] == 0x58 and pos + 4 + data[pos + 1] == end and data[end - 2] == 0xF6:
+                # A payload of 24 to 255 bytes, no key: that and both nulls fill the frame.
+                if data[end - 1] == 0xF6:
+                    return Deliver(subscription, seq, data[pos + 2 : end - 2], None, None)
             tail = _fast_tail(data, pos, end)
             if tail is None:
                 return None
@@ -701,6 +705,9 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
             topic, pos = _fast_uint(data, start + 3)
             if topic < 0:
                 return None
+            if data[pos] == 0x58 and pos + 4 + data[pos + 1] == end and data[end - 2] == 0xF6:
+                if data[end - 1] == 0xF6:
+                    return Publish(topic, data[pos + 2 : end - 2], None, None)
             tail = _fast_tail(data, pos, end)
             if tail is None:
                 return None

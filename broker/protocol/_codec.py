@@ -668,6 +668,17 @@ def _fast_tail(data: bytes, pos: int, end: int) -> tuple[bytes, bytes | None] | 
     return payload, data[start:pos]
 
 
+def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
+    """From ``pos``, a payload of 24 to 255 bytes, a null key and null
+    headers fill the frame exactly (the commonest tail)."""
+    return (
+        data[pos] == 0x58
+        and pos + 4 + data[pos + 1] == end
+        and data[end - 2] == _NULL_BYTE
+        and data[end - 1] == _NULL_BYTE
+    )
+
+
 def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None:
     """The Publish or Deliver without headers in ``data[start:end]``, or None
     for any other frame (which the general decoder then reads)."""
@@ -693,10 +704,8 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
                 seq, pos = _fast_uint(data, pos)
                 if seq < 0:
                     return None
-            if data[pos] == 0x58 and pos + 4 + data[pos + 1] == end and data[end - 2] == 0xF6:
-                # A payload of 24 to 255 bytes, no key: that and both nulls fill the frame.
-                if data[end - 1] == 0xF6:
-                    return Deliver(subscription, seq, data[pos + 2 : end - 2], None, None)
+            if _short_and_plain(data, pos, end):
+                return Deliver(subscription, seq, data[pos + 2 : end - 2], None, None)
             tail = _fast_tail(data, pos, end)
             if tail is None:
                 return None
@@ -705,9 +714,8 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
             topic, pos = _fast_uint(data, start + 3)
             if topic < 0:
                 return None
-            if data[pos] == 0x58 and pos + 4 + data[pos + 1] == end and data[end - 2] == 0xF6:
-                if data[end - 1] == 0xF6:
-                    return Publish(topic, data[pos + 2 : end - 2], None, None)
+            if _short_and_plain(data, pos, end):
+                return Publish(topic, data[pos + 2 : end - 2], None, None)
             tail = _fast_tail(data, pos, end)
             if tail is None:
                 return None

@@ -475,13 +475,27 @@ class Client(ClientEvents):
         tight publishing loop lets the writer batch its frames).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
+        conn = self._conn
+        handle = self._topics.get(topic)
+        published = False
+        if handle is not None and self._error is None and not self._reconnecting:
+            # The usual case, in short: a bound topic on an open connection.
             try:
-                self.publish_nowait(topic, payload, key=key, headers=headers)
-                break
-            except trio.WouldBlock:
-                self._since_yield = 0
-                await self._changed.park()
+                if not conn.closed:
+                    conn.publish(handle, payload, key=key, headers=headers)
+                    self._published[handle] += 1
+                    self._wakeup.set()
+                    published = True
+            except NoGuarantees:
+                pass  # wait for guarantees below
+        if not published:
+            while True:
+                try:
+                    self.publish_nowait(topic, payload, key=key, headers=headers)
+                    break
+                except trio.WouldBlock:
+                    self._since_yield = 0
+                    await self._changed.park()
         self._since_yield += 1
         if self._since_yield >= PUBLISHES_PER_YIELD:
             self._since_yield = 0

@@ -170,6 +170,48 @@ _DEFAULT_HEARTBEAT = 5.0
 _DEFAULT_LEASE = 15.0
 
 
+class _ShortRun:
+    """What the short path of a Publish or Deliver found out about its
+    handle, reused for the frames right after it on the same handle: until
+    another kind of frame is handled, nothing can change the binding or the
+    connection's state, and each frame's guarantees are still checked."""
+
+    __slots__ = ("binding", "channel", "counts", "handle", "kind", "receiver")
+
+    def __init__(
+        self,
+        kind: type,
+        handle: int,
+        binding: Binding[Any],
+        receiver: ChannelReceiver,
+        counts: dict[int, int] | None,
+    ) -> None:
+        self.kind = kind
+        self.handle = handle
+        self.binding = binding
+        self.receiver = receiver
+        self.channel = receiver.channel
+        #: Broker: the per-topic count of accepted publishes (resume data).
+        self.counts = counts
+
+    def take(self, message: Any, size: int, events: list[Event]) -> bool:
+        """Accept ``message`` as its run's short path would; False (nothing
+        changed) if it is on another handle or beyond the guarantees."""
+        counts = self.counts
+        if counts is None:
+            if message.subscription != self.handle or not self.receiver.accept_guaranteed(size):
+                return False
+            self.binding.references += 1
+            events.append(DeliverReceived(message, self.channel, size))
+            return True
+        if message.topic != self.handle or not self.receiver.accept_guaranteed(size):
+            return False
+        self.binding.references += 1
+        counts[self.handle] += 1
+        events.append(PublishReceived(message, self.binding.value, self.channel, size))
+        return True
+
+
 class Connection:
     """The protocol state of one connection, for either role."""
 
@@ -239,6 +281,8 @@ class Connection:
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
         self._ping_nonce = 0
+        #: Set by the short path of the frame just handled (see _ShortRun).
+        self._run: _ShortRun | None = None
         self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
             Publish: self._on_publish,
             Deliver: self._on_deliver,
@@ -286,11 +330,17 @@ class Connection:
         handlers = self._handlers
         closed = ConnectionState.CLOSED
         frames = received = 0
+        run: _ShortRun | None = None
         try:
             for message, size in self._decoder.messages():
                 frames += 1
                 received += size
-                handlers[type(message)](message, size, events)
+                kind = type(message)
+                if run is not None and kind is run.kind and run.take(message, size, events):
+                    continue
+                self._run = None
+                handlers[kind](message, size, events)
+                run = self._run
                 if self.state is closed:
                     break
         except RemoteProtocolError as error:
@@ -1265,6 +1315,7 @@ class Connection:
                 binding.references += 1
                 self.publishes_received[topic] += 1
                 events.append(PublishReceived(message, binding.value, receiver.channel, size))
+                self._run = _ShortRun(Publish, topic, binding, receiver, self.publishes_received)
                 return
         binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
         if binding is None:
@@ -1365,6 +1416,7 @@ class Connection:
             if receiver.accept_guaranteed(size):
                 binding.references += 1
                 events.append(DeliverReceived(message, receiver.channel, size))
+                self._run = _ShortRun(Deliver, handle, binding, receiver, None)
                 return
         self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Deliver")
         channel = Channel(ChannelKind.DELIVER, message.subscription)

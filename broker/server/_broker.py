@@ -302,7 +302,8 @@ class Broker:
                     "%d commits were still routing at the shutdown deadline: cut off",
                     len(self.commits_in_flight),
                 )
-        with trio.move_on_at(deadline):
+        # Half the time left at most: the Goodbyes and the drain get the rest.
+        with trio.move_on_at((trio.current_time() + deadline) / 2):
             await self._send_queued_deliveries()
         for connection in list(self.connections.values()):
             connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
@@ -314,9 +315,10 @@ class Broker:
 
     async def _send_queued_deliveries(self) -> None:
         """Return once every reliable delivery queued now (routed, waiting
-        for its subscriber's guarantees) is sent, or its connection closed:
-        its subscriber then reads it before the Goodbye. (Deliveries queued
-        later do not prolong the wait.)"""
+        for its subscriber's guarantees) is sent, or its subscription or
+        connection is gone: its subscriber then reads it before the Goodbye.
+        (Deliveries queued later do not prolong the wait; the caller bounds
+        it, for subscribers that issue no more guarantees.)"""
         waiting = [
             (subscription, subscription.next_seq + subscription.queued)
             for connection in self.connections.values()
@@ -327,7 +329,10 @@ class Broker:
             waiting = [
                 (subscription, target)
                 for subscription, target in waiting
-                if subscription.next_seq < target and not subscription.connection.protocol.closed
+                if subscription.next_seq < target
+                and subscription.queued
+                and not subscription.connection.protocol.closed
+                and subscription.connection.subscriptions.get(subscription.handle) is subscription
             ]
             if waiting:
                 await trio.sleep(SHUTDOWN_POLL)

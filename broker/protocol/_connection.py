@@ -1280,7 +1280,12 @@ class Connection:
         if binding is None or binding.state is not HandleState.BOUND:
             self.topics.resolve_local(topic)  # says what is wrong
         sender = self._senders[(ChannelKind.PUBLISH, topic)]  # type: ignore[index]
-        if headers is None and type(payload) is bytes and (key is None or type(key) is bytes):
+        if (
+            headers is None
+            and type(payload) is bytes
+            and (key is None or type(key) is bytes)
+            and type(topic) is int
+        ):
             frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
         else:
             frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)

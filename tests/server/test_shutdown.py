@@ -4,8 +4,7 @@ Goodbye and the drain."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -20,9 +19,9 @@ from broker.protocol import (
     IssueGuarantee,
     Subscribe,
 )
-from broker.server import Broker, serve_broker
+from broker.server import Broker
 
-from .helpers import RawClient, make_config, url, wait_until
+from .helpers import RawClient, running_broker, url, wait_until
 
 DEADLINE = 3.0
 DELIVER_0 = Channel(ChannelKind.DELIVER, 0)
@@ -32,26 +31,14 @@ def _queued(broker: Broker) -> int:
     return sum(s.queued for c in broker.connections.values() for s in c.subscriptions.values())
 
 
-@asynccontextmanager
-async def _broker() -> AsyncIterator[tuple[Broker, trio.Event, trio.Nursery]]:
-    returned = trio.Event()
-    config = make_config(shutdown_deadline=DEADLINE)
-
-    async def serve(*, task_status: trio.TaskStatus[Broker]) -> None:
-        await serve_broker(config, task_status=task_status)
-        returned.set()
-
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            broker = await nursery.start(serve)
-            yield broker, returned, nursery
-
-
 async def _stingy_shutdown(meanwhile: Callable[[RawClient], Awaitable[None]]) -> float:
     """A subscriber grants room for three deliveries and never more, twenty
     are queued for it, a bystander idles; shut down (running ``meanwhile``
     alongside), check both got Goodbye 5, and return how long it took."""
-    async with _broker() as (broker, returned, nursery):
+    async with (
+        running_broker(shutdown_deadline=DEADLINE) as broker,
+        trio.open_nursery() as nursery,
+    ):
         stingy = await RawClient.connect(broker)
         await stingy.handshake("stingy")
         await stingy.send(
@@ -71,8 +58,6 @@ async def _stingy_shutdown(meanwhile: Callable[[RawClient], Awaitable[None]]) ->
                 inner.start_soon(broker.shutdown)
                 await meanwhile(stingy)
             took = trio.current_time() - started
-            with trio.fail_after(5):
-                await returned.wait()
         for client in (stingy, bystander):
             await client.read_until_eof()
             assert client.goodbye_code() == GoodbyeCode.SHUTTING_DOWN
@@ -84,7 +69,10 @@ async def test_queued_deliveries_reach_a_subscriber_that_keeps_reading() -> None
     count = 300
     received: list[int] = []
     lost: list[int] = []
-    async with _broker() as (broker, returned, nursery):
+    async with (
+        running_broker(shutdown_deadline=DEADLINE) as broker,
+        trio.open_nursery() as nursery,
+    ):
 
         async def slow_subscriber(task_status: trio.TaskStatus[None]) -> None:
             async with (
@@ -107,8 +95,6 @@ async def test_queued_deliveries_reach_a_subscriber_that_keeps_reading() -> None
             await publisher.flush()
             await wait_until(lambda: _queued(broker) > 0, what="queued deliveries")
             await broker.shutdown()
-        with trio.fail_after(5):
-            await returned.wait()
     assert received == list(range(count))  # everything queued was delivered first
     assert lost == [GoodbyeCode.SHUTTING_DOWN]
 

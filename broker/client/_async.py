@@ -124,6 +124,10 @@ class Subscription:
             if self._closed:
                 raise ClientError("the subscription is closed")
             raise trio.WouldBlock
+        return self._take()
+
+    def _take(self) -> Message:
+        """The next queued message (there is one)."""
         queue = self._queue
         event = queue.popleft()
         self._unreleased_size += event.size
@@ -146,7 +150,9 @@ class Subscription:
             while not self._queue:
                 self._client._check_open()
                 await self._client._changed.park()
-        message = self.receive_nowait()
+            message = self.receive_nowait()  # (or why there is none)
+        else:
+            message = self._take()
         self._since_yield += 1
         if self._since_yield >= PUBLISHES_PER_YIELD:
             self._since_yield = 0

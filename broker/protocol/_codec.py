@@ -285,8 +285,7 @@ def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, byt
     """
     if not (0 <= subscription <= U64_MAX and 0 <= seq <= U64_MAX):
         raise LocalProtocolError("subscription and seq must be u64")
-    middle = _DELIVER_HEAD + _cbor_head(0, subscription) + _cbor_head(0, seq)
-    return _LENGTH.pack(len(middle) + len(tail)) + middle, tail
+    return next(deliver_heads(subscription, seq, [tail])), tail
 
 
 # --------------------------------------------------------------------------- decoding
@@ -688,22 +687,12 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None
     code = data[start + 2]
     try:
         if first == 0x86 and code == 33:
-            pos = start + 3
-            subscription = data[pos]
-            if subscription < 24:
-                pos += 1
-            else:
-                subscription, pos = _fast_uint(data, pos)
-                if subscription < 0:
-                    return None
-            head = data[pos]
-            if head == 26:  # the usual sequence number: 65536 and on
-                seq = int.from_bytes(data[pos + 1 : pos + 5], "big")
-                pos += 5
-            else:
-                seq, pos = _fast_uint(data, pos)
-                if seq < 0:
-                    return None
+            subscription, pos = _fast_uint(data, start + 3)
+            if subscription < 0:
+                return None
+            seq, pos = _fast_uint(data, pos)
+            if seq < 0:
+                return None
             if _short_and_plain(data, pos, end):
                 return Deliver(subscription, seq, data[pos + 2 : end - 2], None, None)
             tail = _fast_tail(data, pos, end)

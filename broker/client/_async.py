@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -17,6 +16,7 @@ from broker.protocol import (
     ChannelKind,
     ClientSessionState,
     Connection,
+    DeliverManyReceived,
     DeliverReceived,
     Event,
     GoodbyeCode,
@@ -42,10 +42,10 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
-    message_of,
     resume_state,
     unconfirmed_publishes,
 )
+from ._inbox import Inbox
 
 log = logging.getLogger("broker.client")
 
@@ -65,7 +65,7 @@ class Subscription:
         self._client = client
         self.handle = handle
         self.topic = topic
-        self._queue: deque[DeliverReceived] = deque()
+        self._inbox = Inbox(topic)
         self._closed = False
         self._since_yield = 0
         self.received = 0
@@ -103,7 +103,7 @@ class Subscription:
     def _reset(self) -> None:
         """The connection was replaced: what was received and not consumed
         will be delivered again (the broker resends after the last processed)."""
-        self._queue.clear()
+        self._inbox.clear()
         self._unreleased = self._unreleased_size = 0
 
     def __aiter__(self) -> Subscription:
@@ -119,7 +119,7 @@ class Subscription:
 
     def receive_nowait(self) -> Message:
         """The next message, or :class:`trio.WouldBlock` if none is here yet."""
-        if not self._queue:
+        if not self._inbox:
             self._client._check_open()
             if self._closed:
                 raise ClientError("the subscription is closed")
@@ -128,15 +128,15 @@ class Subscription:
 
     def _take(self) -> Message:
         """The next queued message (there is one)."""
-        queue = self._queue
-        event = queue.popleft()
-        self._unreleased_size += event.size
-        self._unreleased += 1
-        message = event.message
+        inbox = self._inbox
+        message, size, count = inbox.take()
         self._consumed = message.seq
-        if self._unreleased >= RELEASE_BATCH or not queue:
-            self._release()
-        return message_of(self.topic, message)
+        if count:  # its frame is all taken
+            self._unreleased_size += size
+            self._unreleased += count
+            if self._unreleased >= RELEASE_BATCH or not inbox:
+                self._release()
+        return message
 
     async def receive(self) -> Message:
         """The next message (waits for it).
@@ -145,9 +145,9 @@ class Subscription:
         and otherwise at least once per ``PUBLISHES_PER_YIELD`` calls.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._queue:
+        if not self._inbox:
             self._since_yield = 0
-            while not self._queue:
+            while not self._inbox:
                 self._client._check_open()
                 await self._client._changed.park()
             message = self.receive_nowait()  # (or why there is none)
@@ -204,7 +204,7 @@ class Client(ClientEvents):
 
     async def _run(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        self._conn.hello(self.name, token=self._token)
+        self._conn.hello(self.name, token=self._token, deliver_many=True)
         nursery.start_soon(self._serve, self._stream, self._conn)
         self._wake_writer()
         await self._wait_for(lambda: self._conn.welcome_message is not None)
@@ -277,7 +277,7 @@ class Client(ClientEvents):
         self._apply_events(events)
         self._changed.unpark_all()
 
-    def _release(self, event: DeliverReceived) -> None:
+    def _release(self, event: DeliverReceived | DeliverManyReceived) -> None:
         self._conn.release(event)
 
     async def _writer(self, stream: trio.abc.Stream, conn: Connection, done: trio.Event) -> None:
@@ -377,7 +377,7 @@ class Client(ClientEvents):
         except (OSError, trio.TooSlowError, ConnectionLost) as error:
             return error
         conn = Connection(Role.CLIENT, policy=self._conn.policy, now=trio.current_time())
-        conn.hello(self.name, token=self._token, resume=state)
+        conn.hello(self.name, token=self._token, resume=state, deliver_many=True)
         self._conn, self._stream = conn, stream
         self._attempt_error = None
         self._pong = 0  # Ping nonces start again
@@ -581,9 +581,9 @@ class Client(ClientEvents):
     async def _unsubscribe(self, subscription: Subscription) -> None:
         conn = self._conn
         handle = subscription.handle
-        for event in subscription._queue:
-            conn.release(event)
-        subscription._queue.clear()
+        size, count = subscription._inbox.clear()
+        if count and not conn.closed:
+            conn.release_frames(Channel(ChannelKind.DELIVER, handle), size, count)
         subscription._release()
         if self._error is not None or conn.closed:
             return

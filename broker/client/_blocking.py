@@ -44,13 +44,15 @@ import ssl
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
+    Channel,
+    ChannelKind,
     ClientSessionState,
     Connection,
+    DeliverManyReceived,
     DeliverReceived,
     Event,
     GoodbyeCode,
@@ -78,10 +80,10 @@ from ._common import (
     client_policy,
     connection_target,
     log_session_lost,
-    message_of,
     resume_state,
     unconfirmed_publishes,
 )
+from ._inbox import Inbox
 from ._tls import TLSPipe
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
@@ -143,7 +145,7 @@ class BlockingSubscription:
         self.received = 0
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
-        self._queue: deque[DeliverReceived] = deque()
+        self._inbox = Inbox(topic)
         #: The options it was made with (to subscribe again if the session is lost).
         self.mode = "reliable"
         self.options: Options | None = None
@@ -160,7 +162,7 @@ class BlockingSubscription:
     @property
     def pending(self) -> int:
         """Messages received and not taken yet."""
-        return len(self._queue)
+        return len(self._inbox)
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -199,7 +201,7 @@ class BlockingSubscription:
         deadline = _deadline(timeout)
         client = self._client
         with client._locked(deadline):
-            client._wait_until(lambda: bool(self._queue) or self._closed, deadline, "receive")
+            client._wait_until(lambda: bool(self._inbox) or self._closed, deadline, "receive")
             return self._take()
 
     def receive_nowait(self) -> Message:
@@ -210,10 +212,10 @@ class BlockingSubscription:
         """
         client = self._client
         with client._lock:
-            if not self._queue and not self._closed:
+            if not self._inbox and not self._closed:
                 client._check_open()
                 client._service()
-                if not self._queue:
+                if not self._inbox:
                     client._check_open()
                     raise BlockingIOError(errno.EAGAIN, f"no message on {self.topic!r} yet")
             return self._take()
@@ -221,24 +223,25 @@ class BlockingSubscription:
     def _take(self) -> Message:
         """Pop a queued message and release its buffer space (lock held)."""
         client = self._client
-        if not self._queue:
+        inbox = self._inbox
+        if not inbox:
             raise ClientError("the subscription is closed")
-        event = self._queue.popleft()
-        client._release(event)
-        message = event.message
+        message, size, count = inbox.take()
+        if count:  # its frame is all taken
+            client._release_frames(self.handle, size, count)
         self._consumed = message.seq
         # Acknowledge (the broker holds each delivery's loan until then) in
         # batches, and at once when everything received has been taken.
-        if not self._queue or message.seq - self._acked >= RELEASE_BATCH:
+        if not inbox or message.seq - self._acked >= RELEASE_BATCH:
             client._ack(self.handle, message.seq)
             self._acked = message.seq
         client._after_operation(urgent=True)
-        return message_of(self.topic, message)
+        return message
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not taken will be
         delivered again (the broker resends after the last one taken)."""
-        self._queue.clear()
+        self._inbox.clear()
         self._acked = self._consumed
 
     def close(self) -> None:
@@ -392,7 +395,7 @@ class BlockingClient(ClientEvents):
             self._optimistic = conn.policy.optimism > 0
             self._pong = 0  # Ping nonces start again
             self._outcomes.clear()  # and request numbers
-            conn.hello(self.name, token=self._token, resume=resume)
+            conn.hello(self.name, token=self._token, resume=resume, deliver_many=True)
             self._wait_until(lambda: conn.welcome_message is not None, deadline, "handshake")
         except TimeoutError:
             self._close_socket()
@@ -799,10 +802,16 @@ class BlockingClient(ClientEvents):
             if self._generation == generation:
                 return
 
-    def _release(self, event: DeliverReceived) -> None:
+    def _release(self, event: DeliverReceived | DeliverManyReceived) -> None:
         """A delivery is done with: free its space (promised again per policy)."""
         if not self._conn.closed:
             self._conn.release(event)
+
+    def _release_frames(self, handle: int, size: int, count: int) -> None:
+        """``count`` messages in frames of ``size`` bytes on subscription
+        ``handle`` are done with: free their space."""
+        if not self._conn.closed:
+            self._conn.release_frames(Channel(ChannelKind.DELIVER, handle), size, count)
 
     def _ack(self, handle: int, seq: int) -> None:
         """Tell the broker every delivery up to ``seq`` on ``handle`` is processed."""
@@ -1103,9 +1112,9 @@ class BlockingClient(ClientEvents):
                 conn.free_handle(HandleType.SUBSCRIPTION, handle)
             else:
                 self._pending_frees.add(handle)  # freed once the Subscribe is confirmed
-        for event in subscription._queue:
-            self._release(event)
-        subscription._queue.clear()
+        size, count = subscription._inbox.clear()
+        if count:
+            self._release_frames(handle, size, count)
         if self._sock is not None:
             self._collect_output()
             self._send_some()

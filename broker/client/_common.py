@@ -18,7 +18,7 @@ from broker.protocol import (
     Confirm,
     Connection,
     ConnectionClosed,
-    Deliver,
+    DeliverManyReceived,
     DeliverReceived,
     DropAnnounced,
     Event,
@@ -93,24 +93,6 @@ class Message:
     key: bytes | None
     headers: Headers | None
     seq: int
-
-
-_new_object = object.__new__
-_set_topic, _set_payload, _set_key, _set_headers, _set_seq = (
-    Message.__dict__[name].__set__ for name in ("topic", "payload", "key", "headers", "seq")
-)
-
-
-def message_of(topic: str, deliver: Deliver) -> Message:
-    """The :class:`Message` of a Deliver on ``topic``: what ``Message(...)``
-    makes, made a few times faster (it is made for every message received)."""
-    message: Message = _new_object(Message)
-    _set_topic(message, topic)
-    _set_payload(message, deliver.payload)
-    _set_key(message, deliver.key)
-    _set_headers(message, deliver.headers)
-    _set_seq(message, deliver.seq)
-    return message
 
 
 #: URL schemes of plain TCP and of TLS.
@@ -215,7 +197,7 @@ class ClientEvents:
 
     A subclass provides ``_fail(error)`` (the connection is over) and
     ``_release(event)`` (free a delivery nobody will consume); its
-    subscriptions have ``_queue``, ``_closed``, ``received`` and ``missed``.
+    subscriptions have ``_inbox``, ``_closed``, ``received`` and ``missed``.
     """
 
     name: str
@@ -264,7 +246,7 @@ class ClientEvents:
         names = {self._topic_of(channel) for channel in self.throttled}
         return {name for name in names if name is not None}
 
-    def _release(self, event: DeliverReceived) -> None:
+    def _release(self, event: DeliverReceived | DeliverManyReceived) -> None:
         raise NotImplementedError
 
     def _resumed(self, received: dict[int, int]) -> None:
@@ -278,13 +260,12 @@ class ClientEvents:
 
     def _apply_events(self, events: list[Event]) -> None:
         for event in events:
-            if type(event) is DeliverReceived:
+            if type(event) is DeliverReceived or type(event) is DeliverManyReceived:
                 subscription = self._subscriptions.get(event.message.subscription)
                 if subscription is None or subscription._closed:
                     self._release(event)  # a subscription being freed
                 else:
-                    subscription._queue.append(event)
-                    subscription.received += 1
+                    subscription.received += subscription._inbox.put(event)
             elif type(event) is Gap:
                 subscription = self._subscriptions.get(event.subscription)
                 if subscription is not None:

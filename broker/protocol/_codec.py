@@ -29,6 +29,8 @@ from ._messages import (
     Commit,
     Confirm,
     Deliver,
+    DeliverMany,
+    Entry,
     FreeHandle,
     Gap,
     Goodbye,
@@ -83,6 +85,15 @@ def _fields(message: Message) -> list[Any]:
             return [32, topic, payload, key, _wire_headers(headers)]
         case Deliver(subscription, seq, payload, key, headers):
             return [33, subscription, seq, payload, key, _wire_headers(headers)]
+        case DeliverMany(subscription, first_seq, entries):
+            if not entries or len(entries) > MAX_DELIVER_MANY:
+                raise LocalProtocolError(
+                    f"a DeliverMany carries 1 to {MAX_DELIVER_MANY} entries, not {len(entries)}"
+                )
+            many: list[Any] = [34, subscription, first_seq]
+            for payload, key, headers in entries:
+                many += (payload, key, _wire_headers(headers))
+            return many
         case (
             IssueGuarantee(channel, value)
             | Absolve(channel, value)
@@ -119,10 +130,12 @@ def _fields(message: Message) -> list[Any]:
             return [42, request, status, messages, reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed, token):
+        case Hello(version, client, session, processed, token, deliver_many):
             fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
             if token is not None:
                 fields["token"] = token
+            if deliver_many:
+                fields["deliver_many"] = True
             return [0, version, fields]
         case Welcome():
             welcome: dict[str, Any] = {
@@ -276,6 +289,30 @@ def _wide_head_struct(fixed: int) -> struct.Struct:
     return packer
 
 
+#: Most entries one DeliverMany carries (its array head then takes at most 3 bytes).
+MAX_DELIVER_MANY = (0xFFFF - 3) // 3
+#: Longest length prefix and head of a DeliverMany: what it adds to its entries.
+DELIVER_MANY_HEAD_MAX = LENGTH_PREFIX + 3 + 2 + 9 + 9
+_DELIVER_MANY_TYPE = _cbor_head(0, 34)
+
+
+def deliver_many_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
+    """The length prefix and head of a DeliverMany frame of ``count``
+    entries on ``subscription`` from ``first_seq``, whose entries (Deliver
+    tails, see :func:`encode_deliver_tail`) take ``entries_size`` bytes: the
+    head followed by the tails is the frame. The caller vouches for u64
+    values and ``1 <= count <= MAX_DELIVER_MANY``."""
+    head = b"".join(
+        (
+            _cbor_head(4, 3 + 3 * count),
+            _DELIVER_MANY_TYPE,
+            _uint_head(subscription),
+            _uint_head(first_seq),
+        )
+    )
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:
     """A Deliver frame as two pieces: a small per-subscriber head, then ``tail``.
 
@@ -413,8 +450,9 @@ def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
 
 
 _HELLO_KEYS = frozenset({"client", "session", "processed"})
-#: A Hello may also carry a credential (absent when the client has none).
-_HELLO_KEYS_WITH_TOKEN = _HELLO_KEYS | {"token"}
+#: A Hello may also carry a credential (absent when the client has none) and
+#: say that the client reads DeliverMany frames.
+_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many"})
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
@@ -422,15 +460,19 @@ _WELCOME_KEYS_RESUMED = _WELCOME_KEYS | {"bound"}
 
 
 def _hello(f: list[Any]) -> Hello:
-    fields = f[2]
-    keys = _HELLO_KEYS_WITH_TOKEN if type(fields) is dict and "token" in fields else _HELLO_KEYS
-    rec = _record(fields, keys, "Hello fields")
+    rec = f[2]
+    if type(rec) is not dict or not _HELLO_KEYS <= rec.keys() <= _HELLO_KEYS | _HELLO_KEYS_OPTIONAL:
+        raise _bad(
+            f"Hello fields must be a map with the keys {sorted(_HELLO_KEYS)} "
+            f"and maybe {sorted(_HELLO_KEYS_OPTIONAL)}"
+        )
     return Hello(
         _u64(f[1], "version"),
         _text(rec["client"], "client"),
         _opt_blob(rec["session"], "session"),
         _u64_map(rec["processed"], "processed"),
         _secret(rec["token"], "token") if "token" in rec else None,
+        _bool(rec["deliver_many"], "deliver_many") if "deliver_many" in rec else False,
     )
 
 
@@ -481,6 +523,21 @@ def _deliver(f: list[Any]) -> Deliver:
         _opt_blob(f[4], "key"),
         _headers(f[5]),
     )
+
+
+def _deliver_many(f: list[Any]) -> DeliverMany:
+    count, extra = divmod(len(f) - 3, 3)
+    if count < 1 or extra:
+        raise _bad("a DeliverMany carries whole [payload, key, headers] entries, at least one")
+    subscription = _u64(f[1], "subscription")
+    first_seq = _u64(f[2], "first_seq")
+    if first_seq + count - 1 > U64_MAX:
+        raise _bad("the sequence numbers of a DeliverMany must be u64")
+    entries = [
+        (_blob(f[i], "payload"), _opt_blob(f[i + 1], "key"), _headers(f[i + 2]))
+        for i in range(3, len(f), 3)
+    ]
+    return DeliverMany(subscription, first_seq, entries)
 
 
 def _goodbye(f: list[Any]) -> Goodbye:
@@ -567,6 +624,7 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.SUBSCRIBE: (4, _subscribe),
     MessageType.PUBLISH: (5, _publish),
     MessageType.DELIVER: (6, _deliver),
+    MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),
@@ -604,7 +662,7 @@ def _decode_item(decoder: Any, stream: io.BytesIO, start: int, end: int) -> Mess
         raise _bad(f"unknown message type {code}")
     arity, parse = parser
     if isinstance(arity, int):
-        if len(fields) != arity:
+        if arity and len(fields) != arity:
             raise _bad(f"type {code} has {arity - 1} fields, got {len(fields) - 1}")
     elif len(fields) not in arity:
         allowed = " or ".join(str(n - 1) for n in arity)
@@ -678,14 +736,69 @@ def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
     )
 
 
-def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | None:
-    """The Publish or Deliver without headers in ``data[start:end]``, or None
-    for any other frame (which the general decoder then reads)."""
-    if end - start < 7 or data[start + 1] != 0x18:
+def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
+    """The DeliverMany without headers in ``data[start:end]``, or None for
+    any other frame (which the general decoder then reads)."""
+    first = data[start]
+    if 0x86 <= first <= 0x97:
+        items, pos = first - 0x80, start + 1
+    elif first == 0x98:
+        items, pos = data[start + 1], start + 2
+    elif first == 0x99:
+        items, pos = data[start + 1] << 8 | data[start + 2], start + 3
+    else:
+        return None
+    count, extra = divmod(items - 3, 3)
+    if extra or data[pos] != 0x18 or data[pos + 1] != 34:
+        return None
+    subscription, pos = _fast_uint(data, pos + 2)
+    if subscription < 0:
+        return None
+    first_seq, pos = _fast_uint(data, pos)
+    # Every entry takes at least three bytes: a longer count is not this frame's.
+    if first_seq < 0 or first_seq + count - 1 > U64_MAX or 3 * count > end - pos:
+        return None
+    entries: list[Entry] = []
+    append = entries.append
+    for _ in range(count):
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        start, stop = _fast_blob(data, pos)
+        if start < 0:
+            return None
+        payload = data[start:stop]
+        key: bytes | None = None
+        if data[stop] == _NULL_BYTE:
+            pos = stop + 1
+        else:
+            start, pos = _fast_blob(data, stop)
+            if start < 0:
+                return None
+            key = data[start:pos]
+        if data[pos] != _NULL_BYTE:
+            return None
+        pos += 1
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverMany(subscription, first_seq, entries)
+
+
+def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
+    """The Publish, Deliver or DeliverMany without headers in
+    ``data[start:end]``, or None for any other frame (which the general
+    decoder then reads)."""
+    if end - start < 7:
         return None
     first = data[start]
-    code = data[start + 2]
     try:
+        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] == 34:
+            return _fast_many(data, start, end) if first >= 0x86 else None
+        code = data[start + 2]
         if first == 0x86 and code == 33:
             subscription, pos = _fast_uint(data, start + 3)
             if subscription < 0:

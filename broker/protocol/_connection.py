@@ -22,8 +22,11 @@ from enum import Enum
 from typing import Any
 
 from ._codec import (
+    DELIVER_MANY_HEAD_MAX,
+    MAX_DELIVER_MANY,
     FrameDecoder,
     deliver_heads,
+    deliver_many_head,
     encode,
     encode_body,
     encode_deliver,
@@ -32,6 +35,7 @@ from ._codec import (
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import (
     ConnectionClosed,
+    DeliverManyReceived,
     DeliverReceived,
     DropAnnounced,
     Event,
@@ -64,6 +68,7 @@ from ._messages import (
     Commit,
     Confirm,
     Deliver,
+    DeliverMany,
     FreeHandle,
     Gap,
     Goodbye,
@@ -283,9 +288,12 @@ class Connection:
         self._ping_nonce = 0
         #: Set by the short path of the frame just handled (see _ShortRun).
         self._run: _ShortRun | None = None
+        #: The client reads DeliverMany frames (its Hello said so / this one's does).
+        self._many = False
         self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
             Publish: self._on_publish,
             Deliver: self._on_deliver,
+            DeliverMany: self._on_deliver_many,
             IssueGuarantee: self._on_issue_guarantee,
             Ack: self._on_notice,
             Gap: self._on_notice,
@@ -411,9 +419,15 @@ class Connection:
         processed: dict[int, int] | None = None,
         token: str | None = None,
         resume: ClientSessionState | None = None,
+        deliver_many: bool = False,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
         presenting ``token`` to a broker that authenticates its clients.
+
+        With ``deliver_many`` the Hello says this client reads
+        :class:`DeliverMany` frames, so the broker may deliver many messages
+        in one frame; without it (the default) every delivery comes as a
+        Deliver.
 
         With ``resume`` (an earlier connection's :meth:`session_state`), the
         session is resumed: if the broker still has it, every handle is
@@ -428,9 +442,12 @@ class Connection:
             session = resume.session
             processed = {h: resume.processed.get(h, 0) for h in resume.subscriptions}
             self._resume = resume
-        message = Hello(PROTOCOL_VERSION, client, session, dict(processed or {}), token)
+        message = Hello(
+            PROTOCOL_VERSION, client, session, dict(processed or {}), token, deliver_many
+        )
         self._queue(message)
         self.hello_message = message
+        self._many = deliver_many
         self.state = ConnectionState.AWAIT_WELCOME
 
     def welcome(
@@ -604,6 +621,7 @@ class Connection:
         if message.version != PROTOCOL_VERSION:
             raise RemoteProtocolError(f"unsupported protocol version {message.version}")
         self.hello_message = message
+        self._many = message.deliver_many
         self.state = ConnectionState.HELLO_RECEIVED
         self._decoder.max_frame = self.max_frame
         events.append(HelloReceived(message))
@@ -1056,12 +1074,17 @@ class Connection:
         self._require_referable(channel)
         self._queue(self._sender(channel).absolve(amount))
 
-    def release(self, event: PublishReceived | DeliverReceived) -> list[Event]:
-        """A received Publish or Deliver has been processed: free its buffer space.
+    def release(
+        self, event: PublishReceived | DeliverReceived | DeliverManyReceived
+    ) -> list[Event]:
+        """A received Publish, Deliver or DeliverMany has been processed
+        (all of a DeliverMany's entries): free its buffer space.
 
         Returns the events this causes: a :class:`HandleDeleted` when the
         frame was the last reference to a handle being freed.
         """
+        if type(event) is DeliverManyReceived:
+            return self.release_frames(event.channel, event.size, len(event.message.entries))
         return self.release_frame(event.channel, event.size)
 
     def release_frame(self, channel: Channel, size: int) -> list[Event]:
@@ -1072,7 +1095,8 @@ class Connection:
         """Free ``count`` processed frames of ``size`` bytes in all on ``channel``.
 
         The same as releasing each frame in turn (:meth:`release_frame`),
-        with guarantees issued once for the lot.
+        with guarantees issued once for the lot. A DeliverMany counts as one
+        frame per entry here (each entry references its subscription).
         """
         if channel.kind not in (ChannelKind.PUBLISH, ChannelKind.DELIVER):
             raise LocalProtocolError("bind channels are released by the protocol itself")
@@ -1382,6 +1406,8 @@ class Connection:
         sender = self._delivery_sender(subscription)
         if not 0 <= first_seq <= U64_MAX - len(tails):
             raise LocalProtocolError("seq must be u64")
+        if self._many and len(tails) > 1:
+            return self._deliver_in_many(sender, subscription, first_seq, tails)
         room = self._room(sender)
         limit = self.peer_max_frame + LENGTH_PREFIX
         seq = first_seq
@@ -1408,6 +1434,95 @@ class Connection:
             self._out_size += total
         return count
 
+    def _deliver_in_many(
+        self, sender: ChannelSender, subscription: int, first_seq: int, tails: list[bytes]
+    ) -> int:
+        """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
+        as few frames as the guarantees and ``max_frame`` allow (a frame of
+        one entry goes as a plain Deliver)."""
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        count = len(tails)
+        sent = frames = total = 0
+        while sent < count:
+            # What fits in one frame, its head counted at the longest it can be.
+            cap = min(room, limit) - DELIVER_MANY_HEAD_MAX
+            stop = min(count, sent + MAX_DELIVER_MANY)
+            end = sent
+            body = 0
+            while end < stop:
+                size = len(tails[end])
+                if body + size > cap:
+                    break
+                body += size
+                end += 1
+            if end - sent >= 2:
+                head = deliver_many_head(subscription, first_seq + sent, end - sent, body)
+                size = len(head) + body
+                out.append(head)
+                out += tails[sent:end]
+            else:
+                tail = tails[sent]
+                head = next(deliver_heads(subscription, first_seq + sent, [tail]))
+                size = len(head) + len(tail)
+                if size > room or size > limit:
+                    if size > limit and sent == 0:
+                        raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                    break
+                out.append(head)
+                out.append(tail)
+                end = sent + 1
+            room -= size
+            total += size
+            frames += 1
+            sent = end
+        if sent:
+            sender.record_within_guarantees(frames, total)
+            self.frames_sent += frames
+            self.bytes_sent += total
+            self._out_size += total
+        return sent
+
+    def _on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT or not self._many:
+            raise RemoteProtocolError(
+                "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
+            )
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.subscription
+        entries = len(message.entries)
+        binding = self.subscriptions._bindings.get(handle)
+        if binding is not None and not binding.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            receiver = self._receivers[(ChannelKind.DELIVER, handle)]  # type: ignore[index]
+            if receiver.accept_guaranteed(size):
+                binding.references += entries
+                events.append(DeliverManyReceived(message, receiver.channel, size))
+                return
+        channel = self._accept_delivery("DeliverMany", handle, size, entries, events)
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _accept_delivery(
+        self, what: str, handle: int, size: int, entries: int, events: list[Event]
+    ) -> Channel:
+        """Buffer a delivery frame of ``entries`` messages on subscription
+        ``handle`` (the long way); its channel. Raises if the handle is not
+        bound or the frame is beyond the guarantees."""
+        self._resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
+        channel = Channel(ChannelKind.DELIVER, handle)
+        receiver = self._receivers[channel]
+        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
+            raise RemoteProtocolError(
+                f"{channel}: {what} of {size} bytes beyond the guarantees "
+                f"({receiver.sender_balance} left)",
+                GoodbyeCode.LIMIT_EXCEEDED,
+            )
+        receiver.on_frame(size)
+        self.subscriptions.acquire(handle, entries)
+        return channel
+
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
@@ -1423,17 +1538,7 @@ class Connection:
                 events.append(DeliverReceived(message, receiver.channel, size))
                 self._run = _ShortRun(Deliver, handle, binding, receiver, None)
                 return
-        self._resolve_required(HandleType.SUBSCRIPTION, message.subscription, events, "Deliver")
-        channel = Channel(ChannelKind.DELIVER, message.subscription)
-        receiver = self._receivers[channel]
-        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
-            raise RemoteProtocolError(
-                f"{channel}: Deliver of {size} bytes beyond the guarantees "
-                f"({receiver.sender_balance} left)",
-                GoodbyeCode.LIMIT_EXCEEDED,
-            )
-        receiver.on_frame(size)
-        self.subscriptions.acquire(message.subscription)
+        channel = self._accept_delivery("Deliver", handle, size, 1, events)
         events.append(DeliverReceived(message, channel, size))
 
     # ================================================================ acks, gaps, confirms

@@ -18,6 +18,7 @@ from ._messages import (
     Commit,
     Confirm,
     Deliver,
+    DeliverMany,
     Gap,
     Hello,
     Options,
@@ -91,6 +92,16 @@ class DeliverReceived:
 
 
 @dataclass(slots=True)
+class DeliverManyReceived:
+    """A DeliverMany was buffered; call ``release(event)`` once all its
+    entries are processed (or ``release_frames`` with one count per entry)."""
+
+    message: DeliverMany
+    channel: Channel
+    size: int
+
+
+@dataclass(slots=True)
 class GuaranteesReceived:
     """Room to send on ``channel`` grew; ``balance`` is the new balance."""
 
@@ -152,6 +163,7 @@ Event = (
     | Subscribed
     | PublishReceived
     | DeliverReceived
+    | DeliverManyReceived
     | GuaranteesReceived
     | DropAnnounced
     | FramesAbandoned

@@ -137,9 +137,9 @@ class HandleTable(Generic[V]):
             )
         return binding
 
-    def acquire(self, handle: int) -> None:
-        """A buffered message now references ``handle``."""
-        self._bindings[handle].references += 1
+    def acquire(self, handle: int, count: int = 1) -> None:
+        """``count`` more buffered messages now reference ``handle``."""
+        self._bindings[handle].references += count
 
     def references(self, handle: int) -> int:
         """How many buffered messages reference ``handle`` (0 if it is not bound)."""

@@ -38,6 +38,8 @@ class Hello:
     processed: dict[int, int] = field(default_factory=dict)
     #: The client's credential, for a broker that authenticates; ``None`` sends none.
     token: str | None = field(default=None, repr=False)
+    #: The client reads ``DeliverMany`` frames (the broker then may send them).
+    deliver_many: bool = False
 
 
 @dataclass(slots=True)
@@ -271,6 +273,35 @@ class Deliver:
         return Channel(ChannelKind.DELIVER, self.subscription)
 
 
+#: One delivery inside a :class:`DeliverMany`: payload, key, headers.
+Entry = tuple[bytes, bytes | None, Headers | None]
+
+
+@dataclass(slots=True)
+class DeliverMany:
+    """Consecutive deliveries on subscription handle ``subscription`` in one
+    frame: ``entries[i]`` has sequence number ``first_seq + i``. Sent only to
+    a client whose Hello says it reads them; the same as the Deliver frames
+    of its entries, in one frame counted once against the guarantees."""
+
+    TYPE: ClassVar[MessageType] = MessageType.DELIVER_MANY
+    subscription: int
+    first_seq: int
+    entries: list[Entry]
+
+    @property
+    def channel(self) -> Channel:
+        return Channel(ChannelKind.DELIVER, self.subscription)
+
+    def deliveries(self) -> list[Deliver]:
+        """The entries as the Deliver messages they stand for."""
+        first = self.first_seq
+        return [
+            Deliver(self.subscription, first + i, payload, key, headers)
+            for i, (payload, key, headers) in enumerate(self.entries)
+        ]
+
+
 ControlMessage = (
     Hello
     | Welcome
@@ -293,7 +324,7 @@ ControlMessage = (
     | Abort
     | Outcome
 )
-ChannelMessage = BindTopic | Subscribe | Publish | Deliver
+ChannelMessage = BindTopic | Subscribe | Publish | Deliver | DeliverMany
 Message = ControlMessage | ChannelMessage
 GuaranteeMessage = (
     IssueGuarantee | Absolve | Plead | LimitSending | LimitReceiving | AnnounceDropping | Apologise

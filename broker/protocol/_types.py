@@ -94,6 +94,7 @@ class MessageType(IntEnum):
     SUBSCRIBE = 31
     PUBLISH = 32
     DELIVER = 33
+    DELIVER_MANY = 34
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42

@@ -33,6 +33,7 @@ from broker.protocol import (
     Commit,
     Confirm,
     Deliver,
+    DeliverMany,
     FrameDecoder,
     FreeHandle,
     Gap,
@@ -139,6 +140,10 @@ MESSAGES: list[Message] = [
     Deliver(U64_MAX, U64_MAX, b"x" * 70_000, b"k" * 30, [("a", b"")]),
     Deliver(1, 2, b"p", None, []),
     Deliver(24, 2**32, b"p", b"", [("n", b"1"), ("n", b"2")]),
+    DeliverMany(0, 0, [(b"", None, None)]),
+    DeliverMany(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])]),
+    DeliverMany(3, 2**32, [(b"p" * 100, None, None), (b"", b"", []), (b"q", None, [("n", b"1")])]),
+    DeliverMany(24, U64_MAX - 99, [(bytes([i]) * i, None, None) for i in range(100)]),
 ]
 
 

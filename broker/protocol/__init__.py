@@ -6,7 +6,7 @@ parameter. :class:`Connection` is one end of a connection in either role
 
 - framing and the CBOR codec (:func:`encode`, :func:`decode_body`,
   :class:`FrameDecoder`, :func:`encode_deliver_tail` / :func:`encode_deliver`
-  for encode-once fan-out);
+  / :func:`deliver_many_head` for encode-once fan-out);
 - the guarantee protocol per logical channel (:class:`ChannelReceiver`,
   :class:`ChannelSender`);
 - data handles (:class:`HandleTable`) and heartbeat/lease bookkeeping
@@ -17,8 +17,11 @@ parameter. :class:`Connection` is one end of a connection in either role
 """
 
 from ._codec import (
+    MAX_DELIVER_MANY,
     FrameDecoder,
     decode_body,
+    deliver_many_head,
+    deliver_many_head_size,
     encode,
     encode_body,
     encode_deliver,
@@ -116,6 +119,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "DELIVER_SLACK",
     "LENGTH_PREFIX",
+    "MAX_DELIVER_MANY",
     "MAX_HELLO_FRAME",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
@@ -198,6 +202,8 @@ __all__ = [
     "WelcomeReceived",
     "channel_sender",
     "decode_body",
+    "deliver_many_head",
+    "deliver_many_head_size",
     "encode",
     "encode_body",
     "encode_deliver",

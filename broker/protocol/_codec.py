@@ -291,9 +291,16 @@ def _wide_head_struct(fixed: int) -> struct.Struct:
 
 #: Most entries one DeliverMany carries (its array head then takes at most 3 bytes).
 MAX_DELIVER_MANY = (0xFFFF - 3) // 3
-#: Longest length prefix and head of a DeliverMany: what it adds to its entries.
-DELIVER_MANY_HEAD_MAX = LENGTH_PREFIX + 3 + 2 + 9 + 9
 _DELIVER_MANY_TYPE = _cbor_head(0, 34)
+
+
+def deliver_many_head_size(subscription: int, first_seq: int, count: int) -> int:
+    """The size of :func:`deliver_many_head` for these values: what a
+    DeliverMany adds to its entries (at most 27 bytes)."""
+    items = 3 + 3 * count
+    array = 1 if items < 24 else 2 if items < 0x100 else 3
+    fields = len(_uint_head(subscription)) + len(_uint_head(first_seq))
+    return LENGTH_PREFIX + array + len(_DELIVER_MANY_TYPE) + fields
 
 
 def deliver_many_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
@@ -749,7 +756,7 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     else:
         return None
     count, extra = divmod(items - 3, 3)
-    if extra or data[pos] != 0x18 or data[pos + 1] != 34:
+    if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
         return None
     subscription, pos = _fast_uint(data, pos + 2)
     if subscription < 0:

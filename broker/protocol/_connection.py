@@ -22,11 +22,11 @@ from enum import Enum
 from typing import Any
 
 from ._codec import (
-    DELIVER_MANY_HEAD_MAX,
     MAX_DELIVER_MANY,
     FrameDecoder,
     deliver_heads,
     deliver_many_head,
+    deliver_many_head_size,
     encode,
     encode_body,
     encode_deliver,
@@ -1404,7 +1404,7 @@ class Connection:
         ends the batch before it, and raises on the next call.
         """
         sender = self._delivery_sender(subscription)
-        if not 0 <= first_seq <= U64_MAX - len(tails):
+        if first_seq < 0 or first_seq + len(tails) - 1 > U64_MAX:
             raise LocalProtocolError("seq must be u64")
         if self._many and len(tails) > 1:
             return self._deliver_in_many(sender, subscription, first_seq, tails)
@@ -1446,9 +1446,11 @@ class Connection:
         count = len(tails)
         sent = frames = total = 0
         while sent < count:
-            # What fits in one frame, its head counted at the longest it can be.
-            cap = min(room, limit) - DELIVER_MANY_HEAD_MAX
+            capacity = min(room, limit)
+            seq = first_seq + sent
             stop = min(count, sent + MAX_DELIVER_MANY)
+            # What fits in one frame, its head counted at the longest it can be...
+            cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
             end = sent
             body = 0
             while end < stop:
@@ -1457,14 +1459,24 @@ class Connection:
                     break
                 body += size
                 end += 1
+            # ...then at its real size, a byte or two shorter for fewer entries.
+            while (
+                end < stop
+                and deliver_many_head_size(subscription, seq, end + 1 - sent)
+                + body
+                + len(tails[end])
+                <= capacity
+            ):
+                body += len(tails[end])
+                end += 1
             if end - sent >= 2:
-                head = deliver_many_head(subscription, first_seq + sent, end - sent, body)
+                head = deliver_many_head(subscription, seq, end - sent, body)
                 size = len(head) + body
                 out.append(head)
                 out += tails[sent:end]
             else:
                 tail = tails[sent]
-                head = next(deliver_heads(subscription, first_seq + sent, [tail]))
+                head = next(deliver_heads(subscription, seq, [tail]))
                 size = len(head) + len(tail)
                 if size > room or size > limit:
                     if size > limit and sent == 0:

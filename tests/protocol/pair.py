@@ -51,9 +51,17 @@ class ConnectionPair:
         client_policy: Policy | None = None,
         broker_policy: Policy | None = None,
         handshake: bool = True,
+        deliver_many: bool = False,
+        broker_max_frame: int | None = None,
     ) -> None:
+        """``deliver_many``: the client's Hello says it reads DeliverMany frames.
+        ``broker_max_frame``: the broker's ``max_frame`` (announced in Welcome)."""
         self.client = Connection(Role.CLIENT, policy=client_policy)
-        self.broker = Connection(Role.BROKER, policy=broker_policy)
+        if broker_max_frame is None:
+            self.broker = Connection(Role.BROKER, policy=broker_policy)
+        else:
+            self.broker = Connection(Role.BROKER, policy=broker_policy, max_frame=broker_max_frame)
+        self.deliver_many = deliver_many
         self.wire_to_broker: deque[bytes] = deque()
         self.wire_to_client: deque[bytes] = deque()
         self.client_events: list[Event] = []
@@ -63,7 +71,7 @@ class ConnectionPair:
             self.handshake()
 
     def handshake(self) -> None:
-        self.client.hello("test-client")
+        self.client.hello("test-client", deliver_many=self.deliver_many)
         self.flush()
         events = self.to_broker()
         assert isinstance(events[0], HelloReceived)

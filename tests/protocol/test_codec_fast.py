@@ -1,6 +1,7 @@
-"""The codec's fast path for Publish and Deliver agrees with the general decoder.
+"""The codec's fast path for Publish, Deliver and DeliverMany agrees with the
+general decoder.
 
-``FrameDecoder`` reads the usual shape of the two message-carrying frames
+``FrameDecoder`` reads the usual shape of the message-carrying frames
 directly. For any bytes, what it yields must be exactly what the general
 (cbor2-based, strict) decoder yields: the same message, or the same refusal.
 """
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 from broker.protocol import (
     U64_MAX,
     Deliver,
+    DeliverMany,
+    Entry,
     FrameDecoder,
     LocalProtocolError,
     Message,
@@ -25,8 +28,17 @@ from broker.protocol import (
     decode_body,
     encode,
     encode_deliver,
+    encode_deliver_tail,
 )
-from broker.protocol._codec import _fast_message, _fields, deliver_heads, encode_publish
+from broker.protocol._codec import (
+    MAX_DELIVER_MANY,
+    _fast_message,
+    _fields,
+    deliver_heads,
+    deliver_many_head,
+    deliver_many_head_size,
+    encode_publish,
+)
 
 #: Sizes on both sides of every CBOR length boundary.
 _edges = st.sampled_from([0, 1, 23, 24, 255, 256, 300, 65535, 65536])
@@ -35,9 +47,33 @@ _uints = st.one_of(
 )
 _blobs = st.one_of(st.binary(max_size=40), _edges.map(lambda n: b"p" * n))
 _keys = st.none() | _blobs
+#: DeliverMany entry counts: small ones, and both sides of the CBOR array
+#: length boundaries (3 + 3N items: N=6 -> 21 items in the one-byte head,
+#: N=7 -> 24 and N=84 -> 255 in a 0x98 head, N=85 -> 258 in a 0x99 head).
+_counts = st.one_of(st.integers(1, 30), st.sampled_from([6, 7, 8, 84, 85]))
+#: Entry payloads and keys: every blob head (short, 0x58 -- the commonest
+#: entry has its own shortcut --, 0x59), kept small since entries are many.
+_entry_blobs = st.one_of(
+    st.binary(max_size=30), st.sampled_from([0, 1, 23, 24, 255, 256, 300]).map(lambda n: b"e" * n)
+)
+_plain_entries = st.tuples(_entry_blobs, st.none() | _entry_blobs, st.none())
+#: Where a DeliverMany's sequence numbers start, as a gap below U64_MAX too.
+_seq_bases = st.sampled_from([0, 23, 24, 70_000, 2**32])
+
+
+@st.composite
+def _deliver_manys(draw: st.DrawFn) -> DeliverMany:
+    count = draw(_counts)
+    entries = draw(st.lists(_plain_entries, min_size=count, max_size=count))
+    first = draw(_uints | _seq_bases)
+    first = min(first, U64_MAX - count + 1)  # the last entry's seq stays u64
+    return DeliverMany(draw(_uints), first, entries)
+
+
 _messages = st.one_of(
     st.builds(Publish, _uints, _blobs, _keys, st.none()),
     st.builds(Deliver, _uints, _uints, _blobs, _keys, st.none()),
+    _deliver_manys(),
 )
 
 
@@ -61,7 +97,9 @@ def _through_decoder(body: bytes) -> Message | str:
 
 
 @given(_messages)
-def test_fast_path_reads_what_the_general_decoder_reads(message: Publish | Deliver) -> None:
+def test_fast_path_reads_what_the_general_decoder_reads(
+    message: Publish | Deliver | DeliverMany,
+) -> None:
     body = cbor2.dumps(_fields(message))
     assert _fast_message(body, 0, len(body)) == message
     assert _general(body) == message
@@ -69,7 +107,9 @@ def test_fast_path_reads_what_the_general_decoder_reads(message: Publish | Deliv
 
 
 @given(_messages, st.data())
-def test_damaged_frames_are_read_alike(message: Publish | Deliver, data: st.DataObject) -> None:
+def test_damaged_frames_are_read_alike(
+    message: Publish | Deliver | DeliverMany, data: st.DataObject
+) -> None:
     body = bytearray(cbor2.dumps(_fields(message)))
     for _ in range(data.draw(st.integers(1, 3))):
         what = data.draw(st.sampled_from(["flip", "cut", "insert"]))
@@ -114,6 +154,138 @@ def test_edge_shapes_are_read_alike(body: bytes) -> None:
     assert _through_decoder(body) == general
 
 
+@given(_deliver_manys(), st.data())
+def test_damaged_deliver_many_heads_are_read_alike(
+    message: DeliverMany, data: st.DataObject
+) -> None:
+    """Damage where a DeliverMany's fast reader does most of its checking:
+    the array head, type code, handle and first sequence number, and the
+    frame's end."""
+    body = bytearray(cbor2.dumps(_fields(message)))
+    for _ in range(data.draw(st.integers(1, 3))):
+        what = data.draw(st.sampled_from(["flip", "cut", "insert", "count"]))
+        at = data.draw(st.integers(0, min(len(body), 14)))
+        if what == "flip" and at < len(body):
+            body[at] = data.draw(st.integers(0, 255))
+        elif what == "cut":
+            del body[len(body) - data.draw(st.integers(0, min(len(body), 8))) :]
+        elif what == "insert":
+            body[at:at] = data.draw(st.binary(min_size=1, max_size=3))
+        elif body[0] in (0x98, 0x99):  # another item count in the same head
+            body[1] = data.draw(st.integers(0, 255))
+        elif body[0] >= 0x86:
+            body[0] = data.draw(st.integers(0x80, 0x97))
+    if not body:
+        return
+    damaged = bytes(body)
+    fast = _fast_message(damaged, 0, len(damaged))
+    general = _general(damaged)
+    if fast is not None:
+        assert fast == general
+    assert _through_decoder(damaged) == general
+
+
+def _many_body(head: bytes, *fields: object) -> bytes:
+    """A DeliverMany-like body: the array head ``head`` as given (whatever
+    item count it says), then type code 34 and ``fields``."""
+    return head + b"".join(cbor2.dumps(f) for f in (34, *fields))
+
+
+_A = (b"a", None, None)
+_B = (b"b" * 30, b"k", None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Non-minimal array heads: 0x98 and 0x99 with a small count, and 0x9A.
+        _many_body(b"\x98\x06", 1, 5, *_A),
+        _many_body(b"\x98\x09", 1, 5, *_A, *_B),
+        _many_body(b"\x99\x00\x06", 1, 5, *_A),
+        _many_body(b"\x99\x00\x09", 1, 5, *_A, *_B),
+        _many_body(b"\x9a\x00\x00\x00\x06", 1, 5, *_A),
+        # The shortest heads around the boundaries.
+        cbor2.dumps(_fields(DeliverMany(1, 5, [_A] * 6))),
+        cbor2.dumps(_fields(DeliverMany(1, 5, [_A] * 7))),
+        cbor2.dumps(_fields(DeliverMany(1, 5, [_B] * 84))),
+        cbor2.dumps(_fields(DeliverMany(1, 5, [_B] * 85))),
+        # An entry with headers (empty or not): the general way only.
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b", None, [["h", b"v"]]]),
+        cbor2.dumps([34, 1, 5, b"a", None, []]),
+        cbor2.dumps([34, 1, 5, b"a" * 30, None, []]),
+        cbor2.dumps([34, 1, 5, b"a" * 30, None, [["h", b"v"]], b"b", None, None]),
+        cbor2.dumps([34, 1, 5, b"a" * 30, None, [], b"b", None, None]),
+        cbor2.dumps([34, 1, 5, b"a" * 30, b"k", []]),
+        # Item counts that are not 3 + a multiple of 3, in every head form.
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b"]),
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b", None]),
+        cbor2.dumps([34, 1, 5, b"a", None]),
+        cbor2.dumps([34, 1, 5, *([b"a", None, None] * 8), b"x"]),
+        _many_body(b"\x98\x07", 1, 5, *_A, b"x"),
+        _many_body(b"\x99\x00\x08", 1, 5, *_A, b"x", None),
+        # A head whose count runs beyond the frame, or stops before its end.
+        _many_body(b"\x87", 1, 5, *_A),
+        _many_body(b"\x88", 1, 5, *_A),
+        _many_body(b"\x98\x07", 1, 5, *_A),
+        _many_body(b"\x99\x00\x08", 1, 5, *_A),
+        _many_body(b"\x8a", 1, 5, *_A, *_B),
+        _many_body(b"\x98\x09", 1, 5, *_A),
+        _many_body(b"\x98\x06", 1, 5, *_A, *_A),
+        _many_body(b"\x98\xff", 1, 5, *_A),
+        _many_body(b"\x99\xff\xff", 1, 5, *_A),
+        # Sequence numbers: the last one at U64_MAX, and one past it.
+        cbor2.dumps([34, 1, U64_MAX, b"a", None, None]),
+        cbor2.dumps([34, 1, U64_MAX - 1, b"a", None, None, b"b", None, None]),
+        cbor2.dumps([34, 1, U64_MAX, b"a", None, None, b"b", None, None]),
+        cbor2.dumps([34, 1, U64_MAX - 1, *([b"a", None, None] * 3)]),
+        cbor2.dumps([34, 1, U64_MAX + 1, b"a", None, None]),
+        cbor2.dumps([34, U64_MAX + 1, 0, b"a", None, None]),
+        # A trailing byte, a truncated last entry.
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b", None, None]) + b"\x00",
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b", None, None]) + b"\xf6",
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b" * 30, None, None])[:-1],
+        cbor2.dumps([34, 1, 5, b"a", None, None, b"b" * 30, None, None])[:-3],
+        # Wrong field types: text payload or key, negative or text handle,
+        # a non-null non-blob key, headers not an array.
+        cbor2.dumps([34, 1, 5, "a", None, None]),
+        cbor2.dumps([34, 1, 5, b"a" * 30, "k", None]),
+        cbor2.dumps([34, -1, 5, b"a", None, None]),
+        cbor2.dumps([34, 1, -5, b"a", None, None]),
+        cbor2.dumps([34, "1", 5, b"a", None, None]),
+        cbor2.dumps([34, 1, 5, b"a", 7, None]),
+        cbor2.dumps([34, 1, 5, b"a", None, b"h"]),
+        cbor2.dumps([34, 1, 5, b"a", None, False]),
+        # Non-minimal integers (CBOR allows them).
+        bytes([0x86, 0x18, 0x22, 0x19, 0x00, 0x01, 0x1B, *bytes(7), 5, 0x41, 0x61, 0xF6, 0xF6]),
+        # Another type code where the fast reader looks for 34.
+        cbor2.dumps([35, 1, 5, b"a", None, None]),
+        bytes([0x86, 0x19, 0x00, 0x22, 0x01, 0x05, 0x41, 0x61, 0xF6, 0xF6]),
+        # An indefinite-length array.
+        b"\x9f" + cbor2.dumps([34, 1, 5, b"a", None, None])[1:] + b"\xff",
+    ],
+)
+def test_deliver_many_edge_shapes_are_read_alike(body: bytes) -> None:
+    fast = _fast_message(body, 0, len(body))
+    general = _general(body)
+    if fast is not None:
+        assert fast == general
+    assert _through_decoder(body) == general
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        bytes([0x98, 0x03, 0x18, 0x22, 0x01, 0x18, 0x05]),
+        bytes([0x99, 0x00, 0x03, 0x18, 0x22, 0x01, 0x05]),
+        bytes([0x98, 0x00, 0x18, 0x22, 0x01, 0x18, 0x05]),
+    ],
+)
+def test_a_deliver_many_head_without_entries_is_refused(body: bytes) -> None:
+    assert isinstance(_general(body), str)  # the general decoder refuses it
+    assert _fast_message(body, 0, len(body)) is None
+    assert isinstance(_through_decoder(body), str)
+
+
 def test_the_fast_path_takes_the_usual_frames() -> None:
     """Publish and Deliver without headers are read by the fast path (or the
     point of it is lost); a frame with headers is not."""
@@ -123,6 +295,26 @@ def test_the_fast_path_takes_the_usual_frames() -> None:
     assert _fast_message(deliver, 0, len(deliver)) == Deliver(3, 1000, b"x" * 100)
     with_headers = encode(Publish(3, b"x", None, [("a", b"b")]))[4:]
     assert _fast_message(with_headers, 0, len(with_headers)) is None
+    many = DeliverMany(3, 70_000, [(b"x" * 100, None, None), (b"y", b"k", None)] * 40)
+    body = encode(many)[4:]
+    assert _fast_message(body, 0, len(body)) == many
+    many.entries[-1] = (b"y", b"k", [("a", b"b")])
+    body = encode(many)[4:]
+    assert _fast_message(body, 0, len(body)) is None
+    assert _general(body) == many
+
+
+def test_the_largest_deliver_many_is_read_and_a_larger_one_not_written() -> None:
+    """MAX_DELIVER_MANY entries take a 0x99 head (the longest the fast
+    reader knows) and are read alike; one more, or none, cannot be encoded."""
+    many = DeliverMany(1, 0, [(b"", None, None)] * MAX_DELIVER_MANY)
+    body = encode(many)[4:]
+    assert body[0] == 0x99
+    assert _fast_message(body, 0, len(body)) == many
+    assert _general(body) == many
+    for entries in ([], [(b"", None, None)] * (MAX_DELIVER_MANY + 1)):
+        with pytest.raises(LocalProtocolError, match="entries"):
+            encode(DeliverMany(1, 0, entries))
 
 
 @given(_uints, _blobs, _keys)
@@ -145,3 +337,37 @@ def test_deliver_heads_are_what_encode_deliver_writes(
 def test_the_direct_publish_encoder_keeps_to_max_frame() -> None:
     with pytest.raises(LocalProtocolError, match="max_frame"):
         encode_publish(1, b"x" * 2000, None, max_frame=1024)
+
+
+_head_entries = st.tuples(
+    _entry_blobs,
+    st.none() | _entry_blobs,
+    st.none() | st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=2),
+)
+
+
+@given(
+    _uints,
+    st.lists(_head_entries, min_size=1, max_size=30)
+    | _counts.map(lambda n: [(b"e", None, None)] * n),
+    st.sampled_from([0, 23, 24, 70_000, 2**32, None]),
+)
+def test_deliver_many_head_and_tails_are_what_encode_writes(
+    subscription: int, entries: list[Entry], base: int | None
+) -> None:
+    """A DeliverMany frame written as its head and the Deliver tails of its
+    entries (from every sequence base; None: the last entry at U64_MAX)."""
+    count = len(entries)
+    first = U64_MAX - count + 1 if base is None else base
+    tails = [encode_deliver_tail(*entry) for entry in entries]
+    size = sum(len(tail) for tail in tails)
+    head = deliver_many_head(subscription, first, count, size)
+    frame = encode(DeliverMany(subscription, first, entries), max_frame=1 << 24)
+    assert head + b"".join(tails) == frame
+    assert len(head) == deliver_many_head_size(subscription, first, count) <= 27
+    assert _through_decoder(frame[4:]) == DeliverMany(subscription, first, entries)
+
+
+def test_the_longest_deliver_many_head_is_27_bytes() -> None:
+    head = deliver_many_head(U64_MAX, U64_MAX - MAX_DELIVER_MANY + 1, MAX_DELIVER_MANY, 0)
+    assert len(head) == 27

@@ -20,6 +20,13 @@ every publish arrived exactly once in order unless reported abandoned (and
 none sent within guarantees was ever lost), and that the handle tables match
 with no references left.
 
+A second machine, :class:`DeliverManyMachine`, runs the same steps with a
+client whose Hello asks for DeliverMany frames: the broker delivers its
+queues with ``deliver_encoded_many`` (so many deliveries share a frame), and
+the client also releases DeliverMany frames in parts (some entries and some
+of the bytes at a time). Its invariants add that each buffered entry holds
+one reference on its subscription handle.
+
 The regression tests at the end pin the bugs the machine found (all fixed).
 """
 
@@ -49,6 +56,9 @@ from broker.protocol import (
     ChannelReceiver,
     ChannelSender,
     Connection,
+    Deliver,
+    DeliverMany,
+    DeliverManyReceived,
     DeliverReceived,
     DropAnnounced,
     Event,
@@ -64,6 +74,7 @@ from broker.protocol import (
     PublishReceived,
     Subscribed,
     encode,
+    encode_deliver_tail,
 )
 
 from .pair import ConnectionPair, FrameMover
@@ -120,6 +131,8 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
 
     #: Runs whose teardown drained the pair and passed every final check.
     final_checks_passed = 0
+    #: The client's Hello asks for DeliverMany frames.
+    deliver_many = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,7 +154,9 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         self.next_seq: dict[int, int] = {}
         self.delivered: dict[int, list[tuple[int, bytes | None, bytes]]] = {}
         self.client_got: dict[int, list[tuple[int, bytes | None, bytes]]] = {}
-        self.client_pending: deque[DeliverReceived] = deque()
+        #: Client: deliveries not released yet (a DeliverMany released in
+        #: part stands here as what is left of it).
+        self.client_pending: deque[DeliverReceived | DeliverManyReceived] = deque()
         #: Sizes of the client's bind frames per handle.
         self.bind_size: dict[HandleType, dict[int, int]] = {
             HandleType.TOPIC: {},
@@ -194,6 +209,7 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         self._pair = ConnectionPair(
             client_policy=Policy(optimism=optimism, deliver_capacity=300),
             broker_policy=self.broker_policy,
+            deliver_many=self.deliver_many,
         )
         if not batching:
             for conn in (self.client, self.broker):
@@ -244,6 +260,10 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
                 self.client_got.setdefault(message.subscription, []).append(
                     (message.seq, message.key, message.payload)
                 )
+            elif isinstance(event, DeliverManyReceived):
+                assert self.deliver_many, "a DeliverMany to a client that did not ask"
+                assert len(event.message.entries) >= 2, "one entry goes as a Deliver"
+                self._deliver_many_received(event)
             elif isinstance(event, DropAnnounced):
                 if bind_drop and position > 0 and event.channel.kind == ChannelKind.PUBLISH:
                     self.forgotten_frames[event.channel] += event.frames
@@ -253,6 +273,13 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
                     self.announced_bytes[event.channel] += event.size
             elif isinstance(event, FramesAbandoned):
                 self._abandoned(event)
+
+    def _deliver_many_received(self, event: DeliverManyReceived) -> None:
+        self.client_pending.append(event)
+        for message in event.message.deliveries():
+            self.client_got.setdefault(message.subscription, []).append(
+                (message.seq, message.key, message.payload)
+            )
 
     def _abandoned(self, event: FramesAbandoned) -> None:
         self.abandoned_frames[event.channel] += event.frames
@@ -682,6 +709,19 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
             assert self.client.receiver(channel).buffered == pending[channel]
 
     @invariant()
+    def each_buffered_delivery_references_its_subscription(self) -> None:
+        if self._pair is None:
+            return
+        references: Counter[int] = Counter()
+        for delivered in self.client_pending:
+            if isinstance(delivered, DeliverManyReceived):
+                references[delivered.channel.index] += len(delivered.message.entries)
+            else:
+                references[delivered.channel.index] += 1
+        for handle, binding in self.client.subscriptions.items():
+            assert binding.references == references[handle], handle
+
+    @invariant()
     def sender_never_ahead_of_receiver(self) -> None:
         if self._pair is None:
             return
@@ -741,12 +781,16 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
             self._broker_events(self.broker.process_binds())
             self._broker_process(len(self.broker_pending))
             progress |= self._broker_deliver()
-            while self.client_pending:
-                self.client.release(self.client_pending.popleft())
+            self._release_pending()
             self.pair.flush()
             if not progress and not self.pair.wire_to_broker and not self.pair.wire_to_client:
                 return
         raise AssertionError("the connection never became quiet")
+
+    def _release_pending(self) -> None:
+        """The client releases everything it holds (at the end)."""
+        while self.client_pending:
+            self.client.release(self.client_pending.popleft())
 
     def teardown(self) -> None:
         if self._pair is None or sys.exc_info()[0] is not None:
@@ -754,7 +798,7 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         self._drain()
         self.pair.assert_no_errors()
         self.check_final_state()
-        GuaranteeMachine.final_checks_passed += 1
+        type(self).final_checks_passed += 1
 
     def check_final_state(self) -> None:
         client, broker = self.client, self.broker
@@ -817,6 +861,152 @@ def test_guarantee_protocol_state_machine() -> None:
         ),
     )
     assert GuaranteeMachine.final_checks_passed > 0
+
+
+class DeliverManyMachine(GuaranteeMachine):
+    """The same, with a client that reads DeliverMany frames: the broker
+    delivers with ``deliver_encoded_many`` and the client releases
+    DeliverMany frames whole or in parts."""
+
+    final_checks_passed = 0
+    deliver_many = True
+    #: Over all runs: DeliverMany frames the client received, and parts of
+    #: them released by the rule (at random) and at the end (entry by entry).
+    frames_received = 0
+    parts_released = 0
+    entries_released_alone = 0
+
+    def _deliver_many_received(self, event: DeliverManyReceived) -> None:
+        DeliverManyMachine.frames_received += 1
+        super()._deliver_many_received(event)
+
+    def _broker_deliver(self, most: int | None = None) -> bool:
+        progress = False
+        for handle in sorted(self.outbound):
+            queue = self.outbound[handle]
+            if not queue:
+                continue
+            channel = Channel(ChannelKind.DELIVER, handle)
+            sender = self.broker.sender(channel)
+            batch = list(queue)[:most]
+            tails = [encode_deliver_tail(payload, key, None) for key, payload in batch]
+            seq = self.next_seq[handle]
+            before = _sender_snapshot(self.broker, sender)
+            balance = sender.balance
+            frames_sent, bytes_sent = self.broker.frames_sent, self.broker.bytes_sent
+            count = self.broker.deliver_encoded_many(handle, seq, tails)
+            if count == 0:
+                assert _sender_snapshot(self.broker, sender) == before
+                continue
+            frames = self.broker.frames_sent - frames_sent
+            size = self.broker.bytes_sent - bytes_sent
+            assert size <= balance, "the broker sent beyond the guarantees"
+            assert sender.balance == balance - size
+            assert 1 <= frames <= count
+            if count < len(batch):
+                # It stopped where the guarantees end: not even the next
+                # message alone fits in what is left.
+                key, payload = batch[count]
+                nxt = encode(Deliver(handle, seq + count, payload, key, None))
+                assert len(nxt) > self.broker.room(channel)
+            for _ in range(count):
+                key, payload = queue.popleft()
+                self.delivered[handle].append((self.next_seq[handle], key, payload))
+                self.next_seq[handle] += 1
+            progress = True
+        return progress
+
+    @precondition(lambda self: any(self.outbound.values()))
+    @rule(most=st.integers(1, 6))
+    def broker_deliver_some(self, most: int) -> None:
+        self._broker_deliver(most)
+
+    @precondition(lambda self: self._subscribed_topics())
+    @rule(pick=st.integers(0, 1000), sizes=st.lists(PAYLOAD_SIZES, min_size=2, max_size=10))
+    def publish_and_deliver(self, pick: int, sizes: list[int]) -> None:
+        """Publish on a subscribed topic and carry it all the way to the
+        client: the broker then has several messages to deliver at once."""
+        topic = _pick(self._subscribed_topics(), pick)
+        assert isinstance(topic, int)
+        for size in sizes:
+            self._publish(topic, size)
+        self._run_all()
+        self._broker_process(len(self.broker_pending))
+        self._broker_deliver()
+        self._run_all()
+
+    def _subscribed_topics(self) -> list[int]:
+        if self._pair is None:
+            return []
+        subscribed = {
+            binding.value.topic
+            for _, binding in self.client.subscriptions.items()
+            if binding.state is HandleState.BOUND
+        }
+        return [topic for topic in self._client_topics() if topic in subscribed]
+
+    def _release_pending(self) -> None:
+        """At the end, every other DeliverMany is released entry by entry
+        (a byte each, the rest with the last entry)."""
+        while self.client_pending:
+            event = self.client_pending.popleft()
+            if isinstance(event, DeliverManyReceived) and event.message.first_seq % 2:
+                entries = len(event.message.entries)
+                for _ in range(entries - 1):
+                    assert self.client.release_frames(event.channel, 1, 1) == []
+                    DeliverManyMachine.entries_released_alone += 1
+                self.client.release_frames(event.channel, event.size - entries + 1, 1)
+            else:
+                self.client.release(event)
+
+    @precondition(
+        lambda self: any(
+            isinstance(e, DeliverManyReceived) and e.size >= 2 for e in self.client_pending
+        )
+    )
+    @rule(pick=st.integers(0, 1000), entries=st.integers(1, 1000), size=st.integers(1, 1000))
+    def client_release_part(self, pick: int, entries: int, size: int) -> None:
+        """Release some of a DeliverMany's entries and some of its bytes."""
+        candidates = [
+            i
+            for i, e in enumerate(self.client_pending)
+            if isinstance(e, DeliverManyReceived) and e.size >= 2
+        ]
+        index = candidates[pick % len(candidates)]
+        event = self.client_pending[index]
+        assert isinstance(event, DeliverManyReceived)
+        message = event.message
+        total = len(message.entries)
+        count = entries % total or total  # all of them: what is left of the size stays
+        part = 1 + size % (event.size - 1)
+        references = self.client.subscriptions.references(message.subscription)
+        if count == total:
+            # One reference too many is refused, and changes nothing.
+            with pytest.raises(LocalProtocolError):
+                self.client.release_frames(event.channel, part, references + 1)
+            count -= 1
+            if count == 0:
+                return
+        assert self.client.release_frames(event.channel, part, count) == []
+        DeliverManyMachine.parts_released += 1
+        rest = DeliverMany(message.subscription, message.first_seq + count, message.entries[count:])
+        self.client_pending[index] = DeliverManyReceived(rest, event.channel, event.size - part)
+
+
+def test_deliver_many_state_machine() -> None:
+    run_state_machine_as_test(
+        DeliverManyMachine,
+        settings=settings(
+            max_examples=250,
+            stateful_step_count=80,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    assert DeliverManyMachine.final_checks_passed > 0
+    assert DeliverManyMachine.frames_received > 0
+    assert DeliverManyMachine.parts_released > 0
+    assert DeliverManyMachine.entries_released_alone > 0
 
 
 # ==================================================================== regressions

@@ -70,6 +70,7 @@ from broker.protocol import (
 from ._common import (
     BACKOFF_FIRST,
     BACKOFF_MOST,
+    BATCH_MOST,
     RECONNECT_CODES,
     RELEASE_BATCH,
     ClientError,
@@ -204,6 +205,23 @@ class BlockingSubscription:
             client._wait_until(lambda: bool(self._inbox) or self._closed, deadline, "receive")
             return self._take()
 
+    def receive_batch(
+        self, max_messages: int = BATCH_MOST, timeout: float | None = None
+    ) -> list[Message]:
+        """The messages here, oldest first, at most ``max_messages``, waiting
+        up to ``timeout`` seconds for at least one; otherwise as :meth:`receive`.
+
+        For consumers that handle messages in bulk: one call per batch
+        instead of one per message.
+        """
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        deadline = _deadline(timeout)
+        client = self._client
+        with client._locked(deadline):
+            client._wait_until(lambda: bool(self._inbox) or self._closed, deadline, "receive")
+            return self._take_batch(max_messages)
+
     def receive_nowait(self) -> Message:
         """The next message if one is here, reading what the socket holds without waiting.
 
@@ -222,21 +240,27 @@ class BlockingSubscription:
 
     def _take(self) -> Message:
         """Pop a queued message and release its buffer space (lock held)."""
+        return self._take_batch(1)[0]
+
+    def _take_batch(self, limit: int) -> list[Message]:
+        """Pop up to ``limit`` queued messages and release the space of the
+        frames they complete (lock held)."""
         client = self._client
         inbox = self._inbox
         if not inbox:
             raise ClientError("the subscription is closed")
-        message, size, count = inbox.take()
-        if count:  # its frame is all taken
+        messages, size, count = inbox.take_many(limit)
+        if count:  # frames all taken
             client._release_frames(self.handle, size, count)
-        self._consumed = message.seq
+        seq = messages[-1].seq
+        self._consumed = seq
         # Acknowledge (the broker holds each delivery's loan until then) in
         # batches, and at once when everything received has been taken.
-        if not inbox or message.seq - self._acked >= RELEASE_BATCH:
-            client._ack(self.handle, message.seq)
-            self._acked = message.seq
+        if not inbox or seq - self._acked >= RELEASE_BATCH:
+            client._ack(self.handle, seq)
+            self._acked = seq
         client._after_operation(urgent=True)
-        return message
+        return messages
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not taken will be

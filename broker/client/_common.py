@@ -47,6 +47,8 @@ PUBLISHES_PER_YIELD = 64
 #: Consumed messages whose buffer space a subscription releases together (it
 #: releases sooner when the application has consumed everything received).
 RELEASE_BATCH = 32
+#: The most messages ``receive_batch()`` returns unless told otherwise.
+BATCH_MOST = 1024
 #: Goodbye codes after which a client with ``reconnect`` tries again (besides
 #: a broken or silent connection): the broker went away, not the client's fault.
 RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})

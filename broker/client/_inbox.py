@@ -93,6 +93,21 @@ class Inbox:
             return message, size, count
         return message, 0, 0
 
+    def take_many(self, limit: int) -> tuple[list[Message], int, int]:
+        """The next messages, at most ``limit`` (at least one is queued),
+        with the size and message count of the frames they complete."""
+        messages = self._messages
+        popleft = messages.popleft
+        taken = [popleft() for _ in range(min(limit, len(messages)))]
+        last = taken[-1].seq
+        ends = self._ends
+        size = count = 0
+        while ends and ends[0][0] <= last:
+            _, frame_size, frame_count = ends.popleft()
+            size += frame_size
+            count += frame_count
+        return taken, size, count
+
     def clear(self) -> tuple[int, int]:
         """Drop everything queued; returns the size and message count of
         the frames it held (all of each frame, taken messages included),

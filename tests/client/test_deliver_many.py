@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
 
-from broker.client import open_client
+from broker.client import ClientError, open_client
 from broker.protocol import Policy
 
 from ..server.helpers import wait_until
@@ -111,3 +112,60 @@ async def test_a_blocking_subscriber_reads_deliver_many_and_closes_mid_frame() -
 
         assert await trio.to_thread.run_sync(round_trip) == 0
         assert broker.statistics().subscriptions == 0
+
+
+async def test_receive_batch_takes_what_is_here_in_order_and_frees_the_window() -> None:
+    window = 4096  # far less than COUNT messages: batches must reopen it
+    async with (
+        running_broker() as (_broker, url),
+        open_client(url, name="reader", policy=Policy(deliver_capacity=window)) as reader,
+        reader.subscribe("t") as sub,
+    ):
+        with pytest.raises(trio.WouldBlock):
+            sub.receive_batch_nowait()
+        with pytest.raises(ValueError, match="at least 1"):
+            await sub.receive_batch(0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish, url, "t", COUNT)
+            seqs: list[int] = []
+            sizes: list[int] = []
+            with trio.fail_after(SAFETY):
+                while len(seqs) < COUNT:
+                    batch = await sub.receive_batch(20)
+                    sizes.append(len(batch))
+                    for message in batch:
+                        assert message.payload[:8] == b"%08d" % len(seqs)
+                        seqs.append(message.seq)
+        assert seqs == list(range(1, COUNT + 1))
+        assert max(sizes) == 20  # at most what was asked for, and more than one at once
+        assert not sub._inbox
+
+
+async def test_a_blocking_receive_batch_takes_what_is_here_in_order() -> None:
+    async with (
+        running_broker() as (_broker, url),
+        blocking_client(url, name="reader", policy=Policy(deliver_capacity=4096)) as reader,
+    ):
+        sub = await trio.to_thread.run_sync(partial(reader.subscribe, "t", timeout=SAFETY))
+
+        def take_all() -> tuple[list[int], int]:
+            with pytest.raises(ValueError, match="at least 1"):
+                sub.receive_batch(0)
+            seqs: list[int] = []
+            most = 0
+            while len(seqs) < COUNT:
+                batch = sub.receive_batch(15, timeout=SAFETY)
+                most = max(most, len(batch))
+                seqs += [message.seq for message in batch]
+            with pytest.raises(TimeoutError):
+                sub.receive_batch(timeout=0.01)
+            sub.close()
+            with pytest.raises(ClientError):
+                sub.receive_batch(timeout=SAFETY)
+            return seqs, most
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish, url, "t", COUNT)
+            seqs, most = await trio.to_thread.run_sync(take_all)
+        assert seqs == list(range(1, COUNT + 1))
+        assert most == 15

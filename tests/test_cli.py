@@ -78,6 +78,23 @@ def test_bench_protocol_reports_codec_and_connection_rates() -> None:
         assert figures[key] > 1000, figures
 
 
+def test_bench_broker_runs_every_workload_and_loses_nothing() -> None:
+    result = run_broker("bench", "broker", "--quick", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["broker"]
+    assert figures["throughput_subscribers_call"] == "receive_batch"
+    for key in (
+        "one_to_one_msgs_per_s",
+        "fanout_1_to_10_deliveries_per_s",
+        "fanout_receive_each_deliveries_per_s",
+    ):
+        assert figures[key] > 1000, figures
+    for key in ("one_to_one_lost", "fanout_lost", "fanout_receive_each_lost", "slow_lost"):
+        assert figures[key] == 0, figures
+    assert figures["fanout_subscriber_processes"] >= 1
+    assert figures["slow_received"] == figures["slow_published"] > 0
+
+
 async def test_pub_reads_stdin_lines_across_chunk_boundaries() -> None:
     from broker.cli import _lines
 

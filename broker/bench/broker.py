@@ -121,11 +121,11 @@ def _subscriber_processes(subscribers: int) -> list[int]:
     ]
 
 
-def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
-    subs = [
-        _worker({"role": "sub", "url": url, "topic": "bench", "count": count, "connections": n})
-        for n in _subscriber_processes(subscribers)
-    ]
+def _fan(url: str, count: int, subscribers: int, batch: bool = True) -> dict[str, float]:
+    """``count`` messages published to ``subscribers`` subscriptions, which
+    take them with ``receive_batch()`` (``batch``) or one ``receive()`` each."""
+    spec = {"role": "sub", "url": url, "topic": "bench", "count": count, "batch": batch}
+    subs = [_worker({**spec, "connections": n}) for n in _subscriber_processes(subscribers)]
     for sub in subs:
         _wait_ready(sub)
     pub = _worker({"role": "pub", "url": url, "topics": [{"name": "bench"}], "count": count})
@@ -147,8 +147,10 @@ def _fan(url: str, count: int, subscribers: int) -> dict[str, float]:
     }
 
 
-def _median_runs(url: str, runs: int, count: int, subscribers: int) -> dict[str, float]:
-    results = [_fan(url, count, subscribers) for _ in range(runs)]
+def _median_runs(
+    url: str, runs: int, count: int, subscribers: int, batch: bool = True
+) -> dict[str, float]:
+    results = [_fan(url, count, subscribers, batch) for _ in range(runs)]
     median = statistics.median(r["per_s"] for r in results)
     middle = min(results, key=lambda r: abs(r["per_s"] - median))
     return {
@@ -263,7 +265,11 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
     count = 20_000 if quick else 200_000
     runs = 1 if quick else 3
     slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
-    results: dict[str, Any] = {"python_loop_10m_s": _python_speed()}
+    results: dict[str, Any] = {
+        "python_loop_10m_s": _python_speed(),
+        # How the throughput runs' subscribers take their messages.
+        "throughput_subscribers_call": "receive_batch",
+    }
     with _broker_process() as (url, broker):
         cpu0 = _cpu_seconds(broker.pid)
         t0 = time.perf_counter()
@@ -284,6 +290,11 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
         results["fanout_subscriber_cpu"] = fan["subscriber_cpu"]
         results["fanout_subscriber_processes"] = fan["subscriber_processes"]
         results["fanout_lost"] = fan["lost"]
+        # The same with every message taken by its own receive() call.
+        each = _median_runs(url, runs, count // 2, 10, batch=False)
+        results["fanout_receive_each_deliveries_per_s"] = each["per_s"]
+        results["fanout_receive_each_subscriber_cpu"] = each["subscriber_cpu"]
+        results["fanout_receive_each_lost"] = each["lost"]
         top = one["per_s"]
         for rate in (1_000, 5_000, 20_000, int(top * 0.8)):
             figures = _latency(url, rate, 1.0 if quick else 3.0)

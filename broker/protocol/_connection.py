@@ -1451,14 +1451,18 @@ class Connection:
             stop = min(count, sent + MAX_DELIVER_MANY)
             # What fits in one frame, its head counted at the longest it can be...
             cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
-            end = sent
-            body = 0
-            while end < stop:
-                size = len(tails[end])
-                if body + size > cap:
-                    break
-                body += size
-                end += 1
+            body = sum(map(len, tails[sent:stop]))
+            if body <= cap:
+                end = stop  # the usual case: all of them
+            else:
+                end = sent
+                body = 0
+                while end < stop:
+                    size = len(tails[end])
+                    if body + size > cap:
+                        break
+                    body += size
+                    end += 1
             # ...then at its real size, a byte or two shorter for fewer entries.
             while (
                 end < stop

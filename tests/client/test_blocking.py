@@ -70,6 +70,17 @@ def record(i: int) -> tuple[bytes, bytes | None, Headers | None]:
     return payload, key, headers
 
 
+def bound_after_round_trip(reader: BlockingClient) -> int:
+    """The subscription handles ``reader`` has bound once a publish is
+    confirmed. The Confirm comes after the broker's answer to a FreeHandle and
+    the deliveries that were in flight: all processed by then, so a freed
+    subscription's handle is deleted unless a delivery was never released."""
+    reader.publish("other", b"ping", timeout=SAFETY)
+    reader.flush(timeout=SAFETY)
+    assert not reader.closed
+    return reader._conn.statistics().subscriptions_bound
+
+
 def check(message: Message, topic: str, i: int) -> None:
     payload, key, headers = record(i)
     assert (message.topic, message.payload, message.key, message.headers) == (
@@ -322,16 +333,7 @@ async def test_closing_a_subscription_frees_it_and_releases_its_deliveries() -> 
             assert confirmed == total
             assert broker.statistics().subscriptions == 0
 
-            def round_trip() -> int:
-                # The Confirm comes after the broker's FreeHandle answer and the
-                # deliveries that were in flight: all processed by now.
-                reader.publish("other", b"ping", timeout=SAFETY)
-                reader.flush(timeout=SAFETY)
-                assert not reader.closed
-                # The handle is deleted: the client released every delivery.
-                return reader._conn.statistics().subscriptions_bound
-
-            assert await trio.to_thread.run_sync(round_trip) == 0
+            assert await trio.to_thread.run_sync(bound_after_round_trip, reader) == 0
 
 
 async def test_connection_lost_when_the_broker_shuts_down() -> None:

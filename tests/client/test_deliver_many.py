@@ -14,7 +14,7 @@ from broker.client import ClientError, open_client
 from broker.protocol import Policy
 
 from ..server.helpers import wait_until
-from .test_blocking import SAFETY, blocking_client, running_broker
+from .test_blocking import SAFETY, blocking_client, bound_after_round_trip, running_broker
 
 COUNT = 3000
 #: Messages the blocking subscriber leaves untaken when it closes.
@@ -104,13 +104,7 @@ async def test_a_blocking_subscriber_reads_deliver_many_and_closes_mid_frame() -
         assert seqs == list(range(1, COUNT - TAKEN + 1))
         assert reader._conn.frames_received < COUNT // 2
 
-        def round_trip() -> int:
-            reader.publish("other", b"ping", timeout=SAFETY)
-            reader.flush(timeout=SAFETY)
-            assert not reader.closed
-            return reader._conn.statistics().subscriptions_bound
-
-        assert await trio.to_thread.run_sync(round_trip) == 0
+        assert await trio.to_thread.run_sync(bound_after_round_trip, reader) == 0
         assert broker.statistics().subscriptions == 0
 
 

@@ -850,17 +850,21 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         assert out.receiving_limit == into.receiving_limit, context
 
 
-def test_guarantee_protocol_state_machine() -> None:
+def _run_machine(machine: type[GuaranteeMachine], max_examples: int) -> None:
     run_state_machine_as_test(
-        GuaranteeMachine,
+        machine,
         settings=settings(
-            max_examples=300,
+            max_examples=max_examples,
             stateful_step_count=80,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    assert GuaranteeMachine.final_checks_passed > 0
+    assert machine.final_checks_passed > 0
+
+
+def test_guarantee_protocol_state_machine() -> None:
+    _run_machine(GuaranteeMachine, 300)
 
 
 class DeliverManyMachine(GuaranteeMachine):
@@ -994,16 +998,7 @@ class DeliverManyMachine(GuaranteeMachine):
 
 
 def test_deliver_many_state_machine() -> None:
-    run_state_machine_as_test(
-        DeliverManyMachine,
-        settings=settings(
-            max_examples=250,
-            stateful_step_count=80,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
-    assert DeliverManyMachine.final_checks_passed > 0
+    _run_machine(DeliverManyMachine, 250)
     assert DeliverManyMachine.frames_received > 0
     assert DeliverManyMachine.parts_released > 0
     assert DeliverManyMachine.entries_released_alone > 0

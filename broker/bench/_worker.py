@@ -161,6 +161,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     duration: float = spec.get("duration", 0.0)
     record: bool = spec.get("latency", False)
     batch = spec.get("batch", True) and not rate and not record
+    lean = count and not batch and not rate and not record
     results: list[dict[str, Any]] = []
     ready = 0
 
@@ -191,6 +192,18 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                         received += 1
                     last = time.perf_counter_ns()
                     first = first or last
+                # Flat out, one receive() per message: as lean a loop.
+                while lean and received < count:
+                    message = await subscription.receive()
+                    _stamp, seq = _STAMP.unpack_from(message.payload)
+                    if seq != expected:
+                        gaps += abs(seq - expected)
+                    expected = seq + 1
+                    received += 1
+                    if received == 1:
+                        first = time.perf_counter_ns()
+                if lean:
+                    last = time.perf_counter_ns()
                 while not count or received < count:
                     if interval and received:
                         due = first + int(received * interval)

@@ -78,34 +78,26 @@ class Subscription:
         #: The sequence number of the last message consumed, and of the last acknowledged.
         self._consumed = 0
         self._acked = 0
-        #: Consumed messages whose buffer space is not yet released (see RELEASE_BATCH).
-        self._unreleased = 0
-        self._unreleased_size = 0
 
     def _release(self) -> None:
         """Free the space of the messages consumed so far (guarantees follow)
         and acknowledge them (the broker holds their loans until then)."""
-        if self._unreleased:
+        size, count = self._inbox.collect()
+        if count:
             client = self._client
             conn = client._conn
             if not conn.closed:
-                conn.release_frames(
-                    Channel(ChannelKind.DELIVER, self.handle),
-                    self._unreleased_size,
-                    self._unreleased,
-                )
+                conn.release_frames(Channel(ChannelKind.DELIVER, self.handle), size, count)
                 if not self._closed and self._consumed > self._acked:
                     with contextlib.suppress(LocalProtocolError):  # being freed
                         conn.ack(self.handle, self._consumed)
                         self._acked = self._consumed
-            self._unreleased = self._unreleased_size = 0
             client._wake_writer()
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not consumed
         will be delivered again (the broker resends after the last processed)."""
         self._inbox.clear()
-        self._unreleased = self._unreleased_size = 0
 
     def __aiter__(self) -> Subscription:
         return self
@@ -130,13 +122,11 @@ class Subscription:
     def _take(self) -> Message:
         """The next queued message (there is one)."""
         inbox = self._inbox
-        message, size, count = inbox.take()
+        message = inbox.take()
         self._consumed = message.seq
-        if count:  # its frame is all taken
-            self._unreleased_size += size
-            self._unreleased += count
-            if self._unreleased >= RELEASE_BATCH or not inbox:
-                self._release()
+        done = inbox.done_count
+        if done and (done >= RELEASE_BATCH or not inbox.messages):
+            self._release()
         return message
 
     def receive_batch_nowait(self, max_messages: int = BATCH_MOST) -> list[Message]:
@@ -144,15 +134,13 @@ class Subscription:
         least one), or :class:`trio.WouldBlock` if none is here yet."""
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
-        if not self._inbox:
+        inbox = self._inbox
+        if not inbox.messages:
             self.receive_nowait()  # raises why there is none
-        messages, size, count = self._inbox.take_many(max_messages)
+        messages = inbox.take_many(max_messages)
         self._consumed = messages[-1].seq
-        if count:
-            self._unreleased_size += size
-            self._unreleased += count
-            if self._unreleased >= RELEASE_BATCH or not self._inbox:
-                self._release()
+        if inbox.done_count >= RELEASE_BATCH or (inbox.done_count and not inbox.messages):
+            self._release()
         return messages
 
     async def receive_batch(self, max_messages: int = BATCH_MOST) -> list[Message]:
@@ -180,9 +168,9 @@ class Subscription:
         and otherwise at least once per ``PUBLISHES_PER_YIELD`` calls.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._inbox:
+        if not self._inbox.messages:
             self._since_yield = 0
-            while not self._inbox:
+            while not self._inbox.messages:
                 self._client._check_open()
                 await self._client._changed.park()
             message = self.receive_nowait()  # (or why there is none)

@@ -249,7 +249,8 @@ class BlockingSubscription:
         inbox = self._inbox
         if not inbox:
             raise ClientError("the subscription is closed")
-        messages, size, count = inbox.take_many(limit)
+        messages = inbox.take_many(limit)
+        size, count = inbox.collect()
         if count:  # frames all taken
             client._release_frames(self.handle, size, count)
         seq = messages[-1].seq

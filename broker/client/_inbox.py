@@ -49,71 +49,81 @@ class Inbox:
     order, and the buffer space their frames hold.
 
     A frame (a Deliver, or a DeliverMany of many messages) holds its space
-    until its last message is taken: :meth:`take` says when, and how much
-    to release then (one release count per message).
+    until its last message is taken; the space of frames taken whole adds up
+    until :meth:`collect` hands it out for releasing (one release count per
+    message).
     """
 
-    __slots__ = ("_ends", "_messages", "topic")
+    __slots__ = ("_ends", "done_count", "done_size", "messages", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
-        self._messages: deque[Message] = deque()
+        #: The messages not taken yet, oldest first (read-only for callers).
+        self.messages: deque[Message] = deque()
         #: Per frame not wholly taken: its last sequence number, its size and
         #: how many messages it holds.
         self._ends: deque[tuple[int, int, int]] = deque()
+        #: Frames taken whole and not yet collected: their size and messages.
+        self.done_size = 0
+        self.done_count = 0
 
     def __len__(self) -> int:
-        return len(self._messages)
+        return len(self.messages)
 
     def __bool__(self) -> bool:
-        return bool(self._messages)
+        return bool(self.messages)
 
     def put(self, event: DeliverReceived | DeliverManyReceived) -> int:
         """Queue the messages of a received frame; returns how many."""
         if type(event) is DeliverReceived:
             deliver = event.message
-            self._messages.append(message_of(self.topic, deliver))
+            self.messages.append(message_of(self.topic, deliver))
             self._ends.append((deliver.seq, event.size, 1))
             return 1
         assert type(event) is DeliverManyReceived
         many = event.message
         messages = messages_of(self.topic, many.first_seq, many.entries)
-        self._messages.extend(messages)
+        self.messages.extend(messages)
         self._ends.append((messages[-1].seq, event.size, len(messages)))
         return len(messages)
 
-    def take(self) -> tuple[Message, int, int]:
-        """The next message (there is one), with the size and message count
-        of the frame it completes; ``(message, 0, 0)`` while its frame has
-        more messages to take."""
-        message = self._messages.popleft()
+    def take(self) -> Message:
+        """The next message (there is one)."""
+        message = self.messages.popleft()
         ends = self._ends
-        if ends[0][0] == message.seq:
+        if ends[0][0] == message.seq:  # its frame is all taken
             _, size, count = ends.popleft()
-            return message, size, count
-        return message, 0, 0
+            self.done_size += size
+            self.done_count += count
+        return message
 
-    def take_many(self, limit: int) -> tuple[list[Message], int, int]:
-        """The next messages, at most ``limit`` (at least one is queued),
-        with the size and message count of the frames they complete."""
-        messages = self._messages
+    def take_many(self, limit: int) -> list[Message]:
+        """The next messages, at most ``limit`` (at least one is queued)."""
+        messages = self.messages
         popleft = messages.popleft
         taken = [popleft() for _ in range(min(limit, len(messages)))]
         last = taken[-1].seq
         ends = self._ends
-        size = count = 0
         while ends and ends[0][0] <= last:
-            _, frame_size, frame_count = ends.popleft()
-            size += frame_size
-            count += frame_count
-        return taken, size, count
+            _, size, count = ends.popleft()
+            self.done_size += size
+            self.done_count += count
+        return taken
+
+    def collect(self) -> tuple[int, int]:
+        """The size and message count of the frames taken whole since the
+        last call, to be released now."""
+        done = self.done_size, self.done_count
+        self.done_size = self.done_count = 0
+        return done
 
     def clear(self) -> tuple[int, int]:
         """Drop everything queued; returns the size and message count of
-        the frames it held (all of each frame, taken messages included),
-        which are then released in one go."""
-        size = sum(end[1] for end in self._ends)
-        count = sum(end[2] for end in self._ends)
-        self._messages.clear()
+        every frame not released yet (taken whole and not collected, or
+        held, partly taken or not), to be released in one go."""
+        size = self.done_size + sum(end[1] for end in self._ends)
+        count = self.done_count + sum(end[2] for end in self._ends)
+        self.messages.clear()
         self._ends.clear()
+        self.done_size = self.done_count = 0
         return size, count

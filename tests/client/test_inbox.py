@@ -34,7 +34,7 @@ def test_messages_come_out_in_order_with_their_sequence_numbers() -> None:
     assert inbox.put(many(2, 3, 50)) == 3
     assert inbox.put(one(5)) == 1
     assert len(inbox) == 5
-    taken = [inbox.take()[0] for _ in range(5)]
+    taken = [inbox.take() for _ in range(5)]
     assert [m.seq for m in taken] == [1, 2, 3, 4, 5]
     assert [m.payload for m in taken] == [b"p1", b"p2", b"p3", b"p4", b"p5"]
     assert [m.key for m in taken] == [None, None, b"k", None, None]
@@ -46,20 +46,38 @@ def test_a_frame_is_released_whole_when_its_last_message_is_taken() -> None:
     inbox = Inbox("t")
     inbox.put(many(10, 3, 77))
     inbox.put(one(13, size=21))
-    assert inbox.take()[1:] == (0, 0)
-    assert inbox.take()[1:] == (0, 0)
-    assert inbox.take()[1:] == (77, 3)  # the DeliverMany: its size, one count per entry
-    assert inbox.take()[1:] == (21, 1)
+    inbox.take()
+    inbox.take()
+    assert inbox.collect() == (0, 0)  # the DeliverMany is only partly taken
+    inbox.take()
+    assert inbox.collect() == (77, 3)  # its size, one count per entry
+    assert inbox.collect() == (0, 0)  # handed out once
+    inbox.take()
+    assert inbox.collect() == (21, 1)
 
 
-def test_clear_gives_back_every_frame_held_even_one_partly_taken() -> None:
+def test_take_many_stops_at_its_limit_and_counts_whole_frames_only() -> None:
     inbox = Inbox("t")
-    inbox.put(many(1, 4, 100))
-    inbox.put(one(5, size=30))
+    inbox.put(one(1, size=20))
+    inbox.put(many(2, 4, 90))
+    assert [m.seq for m in inbox.take_many(3)] == [1, 2, 3]
+    assert inbox.collect() == (20, 1)
+    assert [m.seq for m in inbox.take_many(100)] == [4, 5]
+    assert inbox.collect() == (90, 4)
+    assert not inbox
+
+
+def test_clear_gives_back_every_frame_not_released_even_one_partly_taken() -> None:
+    inbox = Inbox("t")
+    inbox.put(one(1, size=10))
+    inbox.put(many(2, 4, 100))
+    inbox.put(one(6, size=30))
+    inbox.take()  # a whole frame, not collected yet
     inbox.take()  # part of the DeliverMany: its space is still held
-    assert inbox.clear() == (130, 5)
+    assert inbox.clear() == (140, 6)
     assert not inbox and len(inbox) == 0
     assert inbox.clear() == (0, 0)
+    assert inbox.collect() == (0, 0)
 
 
 @pytest.mark.parametrize("headers", [None, [("h", b"v"), ("h", b"w")]])

@@ -170,7 +170,7 @@ class Subscription:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self._inbox.messages:
             self._since_yield = 0
-            while not self._inbox.messages:
+            while not self._inbox.messages and not self._closed:
                 self._client._check_open()
                 await self._client._changed.park()
             message = self.receive_nowait()  # (or why there is none)
@@ -286,6 +286,11 @@ class Client(ClientEvents):
         try:
             while not conn.closed:
                 data = await stream.receive_some(RECEIVE_SIZE)
+                if stream in self._retired:
+                    # Replaced while this read was under way (a read can
+                    # return after its cancellation): what it brought belongs
+                    # to the old connection, and the resume sends it again.
+                    return
                 if not data:
                     self._fail(ConnectionLost("the broker closed the connection"))
                     return
@@ -603,12 +608,21 @@ class Client(ClientEvents):
 
     async def _unsubscribe(self, subscription: Subscription) -> None:
         conn = self._conn
-        handle = subscription.handle
         size, count = subscription._inbox.clear()
         if count and not conn.closed:
-            conn.release_frames(Channel(ChannelKind.DELIVER, handle), size, count)
+            conn.release_frames(Channel(ChannelKind.DELIVER, subscription.handle), size, count)
         subscription._release()
-        if self._error is not None or conn.closed:
+        if self._reconnecting:
+            # The session being resumed still holds the subscription: free it
+            # on the connection that replaces this one.
+            with trio.move_on_after(10):
+                try:
+                    await self._wait_for(lambda: not self._reconnecting)
+                except ConnectionLost:
+                    return
+            conn = self._conn
+        handle = subscription.handle  # (a new one if the session was made again)
+        if self._error is not None or conn.closed or self._reconnecting:
             return
         with trio.move_on_after(10):
             await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, handle))

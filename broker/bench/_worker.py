@@ -161,7 +161,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     duration: float = spec.get("duration", 0.0)
     record: bool = spec.get("latency", False)
     batch = spec.get("batch", True) and not rate and not record
-    lean = count and not batch and not rate and not record
+    lean = count and not duration and not batch and not rate and not record
     results: list[dict[str, Any]] = []
     ready = 0
 

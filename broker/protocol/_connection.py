@@ -1451,9 +1451,11 @@ class Connection:
             stop = min(count, sent + MAX_DELIVER_MANY)
             # What fits in one frame, its head counted at the longest it can be...
             cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
-            body = sum(map(len, tails[sent:stop]))
+            # The usual case: all of them fit the first frame (summed in one
+            # go; once a batch needs several frames, they are measured one by one).
+            body = sum(map(len, tails[sent:stop])) if not frames else cap + 1
             if body <= cap:
-                end = stop  # the usual case: all of them
+                end = stop
             else:
                 end = sent
                 body = 0

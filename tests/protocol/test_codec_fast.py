@@ -173,10 +173,11 @@ def test_damaged_deliver_many_heads_are_read_alike(
             del body[len(body) - data.draw(st.integers(0, min(len(body), 8))) :]
         elif what == "insert":
             body[at:at] = data.draw(st.binary(min_size=1, max_size=3))
-        elif body[0] in (0x98, 0x99):  # another item count in the same head
-            body[1] = data.draw(st.integers(0, 255))
-        elif body[0] >= 0x86:
-            body[0] = data.draw(st.integers(0x80, 0x97))
+        elif what == "count" and len(body) > 1:  # another item count in the same head
+            if body[0] in (0x98, 0x99):
+                body[1] = data.draw(st.integers(0, 255))
+            elif body[0] >= 0x86:
+                body[0] = data.draw(st.integers(0x80, 0x97))
     if not body:
         return
     damaged = bytes(body)

@@ -715,21 +715,34 @@ def _fast_blob(data: bytes, pos: int) -> tuple[int, int]:
     return -1, -1
 
 
+def _fast_entry(data: bytes, pos: int) -> tuple[bytes, bytes | None, int] | None:
+    """The payload and key of a ``payload, key, null`` run of fields (the
+    tail of a message without headers) at ``pos``, and the position after
+    it; None for anything else."""
+    start, stop = _fast_blob(data, pos)
+    if start < 0:
+        return None
+    payload = data[start:stop]
+    if data[stop] == _NULL_BYTE:
+        key = None
+        pos = stop + 1
+    else:
+        start, pos = _fast_blob(data, stop)
+        if start < 0:
+            return None
+        key = data[start:pos]
+    if data[pos] != _NULL_BYTE:
+        return None
+    return payload, key, pos + 1
+
+
 def _fast_tail(data: bytes, pos: int, end: int) -> tuple[bytes, bytes | None] | None:
     """The payload and key of a message whose headers are null, read from
     ``pos`` to exactly ``end``; None for anything else."""
-    start, pos = _fast_blob(data, pos)
-    if start < 0:
+    entry = _fast_entry(data, pos)
+    if entry is None or entry[2] != end:
         return None
-    payload = data[start:pos]
-    if data[pos] == _NULL_BYTE:
-        if pos + 2 == end and data[pos + 1] == _NULL_BYTE:
-            return payload, None
-        return None
-    start, pos = _fast_blob(data, pos)
-    if start < 0 or pos + 1 != end or data[pos] != _NULL_BYTE:
-        return None
-    return payload, data[start:pos]
+    return entry[0], entry[1]
 
 
 def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
@@ -774,21 +787,10 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
                 append((data[pos + 2 : stop], None, None))
                 pos = stop + 2
                 continue
-        start, stop = _fast_blob(data, pos)
-        if start < 0:
+        entry = _fast_entry(data, pos)
+        if entry is None:
             return None
-        payload = data[start:stop]
-        key: bytes | None = None
-        if data[stop] == _NULL_BYTE:
-            pos = stop + 1
-        else:
-            start, pos = _fast_blob(data, stop)
-            if start < 0:
-                return None
-            key = data[start:pos]
-        if data[pos] != _NULL_BYTE:
-            return None
-        pos += 1
+        payload, key, pos = entry
         append((payload, key, None))
     if pos != end:
         return None

@@ -124,10 +124,24 @@ class Subscription:
         inbox = self._inbox
         message = inbox.take()
         self._consumed = message.seq
+        if inbox.done_count:  # (rare mid-frame: not worth a call per message)
+            self._release_if_due()
+        return message
+
+    def _release_if_due(self) -> None:
+        """Release what whole frames taken hold, once RELEASE_BATCH messages'
+        worth is waiting or the application has taken everything received."""
+        inbox = self._inbox
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._release()
-        return message
+
+    async def _wait_for_messages(self) -> None:
+        """Until a message is here or the subscription is closed (raises
+        :class:`ConnectionLost` if the connection ends first)."""
+        while not self._inbox.messages and not self._closed:
+            self._client._check_open()
+            await self._client._changed.park()
 
     def receive_batch_nowait(self, max_messages: int = BATCH_MOST) -> list[Message]:
         """The messages here now, oldest first, at most ``max_messages`` (at
@@ -139,8 +153,7 @@ class Subscription:
             self.receive_nowait()  # raises why there is none
         messages = inbox.take_many(max_messages)
         self._consumed = messages[-1].seq
-        if inbox.done_count >= RELEASE_BATCH or (inbox.done_count and not inbox.messages):
-            self._release()
+        self._release_if_due()
         return messages
 
     async def receive_batch(self, max_messages: int = BATCH_MOST) -> list[Message]:
@@ -154,12 +167,8 @@ class Subscription:
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         await trio.lowlevel.checkpoint()
-        while not self._inbox:
-            self._client._check_open()
-            if self._closed:
-                break  # receive_batch_nowait says so
-            await self._client._changed.park()
-        return self.receive_batch_nowait(max_messages)
+        await self._wait_for_messages()
+        return self.receive_batch_nowait(max_messages)  # (or why there is none)
 
     async def receive(self) -> Message:
         """The next message (waits for it).
@@ -170,9 +179,7 @@ class Subscription:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self._inbox.messages:
             self._since_yield = 0
-            while not self._inbox.messages and not self._closed:
-                self._client._check_open()
-                await self._client._changed.park()
+            await self._wait_for_messages()
             message = self.receive_nowait()  # (or why there is none)
         else:
             message = self._take()

@@ -25,7 +25,7 @@ import pytest
 from broker.config import load_config, parse_address
 
 from . import dockerfile as df
-from .helpers import DEPLOY, K8S, REPO, load_yaml_all
+from .helpers import DEPLOY, K8S, REPO, load_yaml_all, missing_tool, require_tool
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -391,9 +391,10 @@ def _python_for_the_image(as_nobody: bool) -> str:
             argv = _as_nobody(argv)
         if subprocess.run(argv, capture_output=True, check=False).returncode == 0:
             return candidate
-    pytest.fail(
-        f"no Python >= 3.11 with venv and ensurepip usable by uid {NOBODY} among {candidates}",
-        pytrace=False,
+    missing_tool(
+        "python3.11 with venv",
+        f"apt-get install python3.11-venv: a Python >= 3.11 with venv and ensurepip usable by "
+        f"uid {NOBODY} among {candidates}",
     )
 
 
@@ -462,8 +463,10 @@ def test_the_dockerfile_steps_build_a_broker_that_runs_unprivileged(
       the health check must fail.
     """
     as_nobody = os.geteuid() == 0
-    if as_nobody and shutil.which("setpriv") is None:
-        pytest.fail("running as root needs setpriv (util-linux) to drop to nobody", pytrace=False)
+    if as_nobody:
+        require_tool(
+            "setpriv", "apt-get install util-linux; running as root needs it to drop to nobody"
+        )
     python = _python_for_the_image(as_nobody)
     shims = script_root / "python-shims"
     shims.mkdir()

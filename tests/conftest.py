@@ -7,10 +7,16 @@ import gc
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 import accounts
 
 accounts.set_leak_detection(True)
+
+# Property tests check behaviour, not speed: no per-example deadline (the
+# default 200 ms fails on a loaded or slower machine).
+settings.register_profile("broker", deadline=None)
+settings.load_profile("broker")
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -77,3 +77,33 @@ async def proxied(target: tuple[str, int]) -> AsyncIterator[CuttableProxy]:
         await nursery.start(proxy.serve)
         yield proxy
         nursery.cancel_scope.cancel()
+
+
+async def cut_on_progress(
+    proxy: CuttableProxy,
+    progress: Callable[[], int],
+    done: Callable[[], bool],
+    *,
+    step: int,
+    pause: Callable[[], float] = lambda: 0.0,
+) -> None:
+    """Cut ``proxy`` again and again until ``done()``, each time once
+    ``progress()`` (messages received, say) has grown by ``step`` since the
+    last cut and then ``pause()`` seconds have passed.
+
+    Cutting by progress rather than on a timer keeps the test about
+    behaviour: on a slow or loaded machine the clients still make headway
+    between cuts instead of being cut during every reconnection (a livelock
+    that only a fast machine escapes)."""
+    while not done():
+        mark = progress()
+        while True:  # (polled: the progress is counted by other threads too)
+            if progress() >= mark + step or done():
+                break
+            await trio.sleep(0.002)
+        if done():
+            return
+        await trio.sleep(pause())
+        if done():
+            return
+        proxy.cut()

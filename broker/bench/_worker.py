@@ -160,6 +160,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     rate: float = spec.get("rate", 0.0)
     duration: float = spec.get("duration", 0.0)
     record: bool = spec.get("latency", False)
+    drain_idle: float = spec.get("drain_idle", 0.0)
     batch = spec.get("batch", True) and not rate and not record
     lean = count and not duration and not batch and not rate and not record
     results: list[dict[str, Any]] = []
@@ -222,9 +223,24 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                     received += 1
                     if record:
                         latencies.append(now - stamp)
+            # Then, if asked, take what is still queued at full speed, until
+            # nothing has come for ``drain_idle`` seconds: a reliable
+            # subscriber gets everything in the end, however slow it was.
+            drained = 0
+            while drain_idle:
+                with trio.move_on_after(drain_idle):
+                    for message in await subscription.receive_batch():
+                        _stamp, seq = _STAMP.unpack_from(message.payload)
+                        if seq != expected:
+                            gaps += abs(seq - expected)
+                        expected = seq + 1
+                        drained += 1
+                    continue
+                break
         results.append(
             {
                 "received": received,
+                "drained": drained,
                 "first": first,
                 "last": last,
                 "gaps": gaps,

@@ -188,7 +188,15 @@ def _slow_consumer(
     # Both subscribers outlive the publisher: a subscriber that left early
     # would free the publisher's slow channel and flatter its rate.
     slow = _worker(
-        {"role": "sub", "url": url, "topic": "slow", "rate": slow_rate, "duration": duration + 5}
+        {
+            "role": "sub",
+            "url": url,
+            "topic": "slow",
+            "rate": slow_rate,
+            "duration": duration + 5,
+            # Then whatever is still queued, to count every message in.
+            "drain_idle": 2.0,
+        }
     )
     fast = _worker(
         {"role": "sub", "url": url, "topic": "fast", "latency": True, "duration": duration + 5}
@@ -241,7 +249,7 @@ def _slow_consumer(
         "slow_publisher_rate_steady": steady_rate,
         "slow_publisher_rate_overall": slow_published / duration,
         "slow_published": slow_published,
-        "slow_received": slow_result["received"],
+        "slow_received": slow_result["received"] + slow_result["drained"],
         "lost": slow_result["gaps"] + fast_result["gaps"],
         "fast_rate": fast_rate,
         "fast_received": fast_result["received"],

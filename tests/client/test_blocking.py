@@ -434,14 +434,14 @@ async def test_leaving_the_block_flushes_but_not_on_an_exception() -> None:
 
 
 async def test_heartbeats_keep_an_idle_client_connected() -> None:
-    async with running_broker(heartbeat=0.1, lease=0.5) as (broker, url):
+    async with running_broker(heartbeat=0.25, lease=1.5) as (broker, url):
 
         def idle() -> tuple[dict[str, int], dict[str, int]]:
             with BlockingClient(url) as client:
                 before = client.statistics()
                 # Idle for longer than the lease: only the heartbeat thread
                 # talks to the broker meanwhile.
-                threading.Event().wait(1.0)
+                threading.Event().wait(3.0)
                 after = client.statistics()
                 assert not client.closed
                 client.publish("alive", b"still here", timeout=SAFETY)

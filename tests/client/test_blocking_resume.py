@@ -17,7 +17,7 @@ import trio
 
 from broker.client import BlockingClient, ConnectionLost
 
-from ..proxy import proxied
+from ..proxy import cut_on_progress, proxied
 from ..server.helpers import TIMEOUT, running_broker, wait_idle, wait_until
 
 
@@ -51,11 +51,14 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
         async def cut_now_and_then() -> None:
             # (Never once the subscriber is done: its Goodbye would be cut
             # off, and its session would wait out the lease.)
-            while True:
-                await trio.sleep(rng.uniform(0.01, 0.1))
-                if len(received) == count:
-                    return
-                proxy.cut()
+            # Each cut waits for 500 more messages received since the last.
+            await cut_on_progress(
+                proxy,
+                lambda: len(received),
+                lambda: len(received) == count,
+                step=500,
+                pause=lambda: rng.uniform(0.0, 0.05),
+            )
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.to_thread.run_sync, consume)

@@ -39,7 +39,7 @@ from broker.protocol import (
 from broker.server import Broker, ServerConnection, serve_broker
 
 #: The safety net of every wait in these tests (seconds).
-TIMEOUT = 10.0
+TIMEOUT = 30.0
 #: What one loan costs on top of its bytes (accounts.DEFAULT_EVENT_COST).
 EVENT_COST = 128
 

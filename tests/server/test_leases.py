@@ -407,10 +407,10 @@ async def test_lease_expiry_closes_a_connection_whose_writer_is_blocked() -> Non
     """Real clock. A subscriber grants plenty, then neither reads nor sends
     (a hung process): the broker's writer blocks on the full socket. Its lease
     runs out; the connection must still close and the session detach."""
-    lease = 0.25
+    lease = 2.0  # (long enough for the publisher to fill the socket on a loaded machine)
     big = 16 * MiB
     config = {
-        "heartbeat": 0.125,
+        "heartbeat": 0.5,
         "lease": lease,
         "channel_high_watermark": big,
         "channel_low_watermark": big // 2,

@@ -27,7 +27,7 @@ from broker.client import (
 )
 from broker.protocol import GoodbyeCode, OutcomeStatus, Stage
 
-from ..proxy import proxied
+from ..proxy import cut_on_progress, proxied
 from .helpers import TIMEOUT, running_broker, url, wait_idle, wait_until
 
 
@@ -192,6 +192,7 @@ async def test_staging_survives_cut_connections_exactly_once() -> None:
     async with running_broker(heartbeat=0.5, lease=5.0) as broker, proxied(broker.address) as proxy:
         address = url(broker)
         done = threading.Event()
+        published = [0]
 
         def task() -> int:
             try:
@@ -199,6 +200,7 @@ async def test_staging_survives_cut_connections_exactly_once() -> None:
                     stage = Stage("cut", "0/0")
                     for i in range(count):
                         client.publish("events", b"%d" % i, stage=stage, timeout=TIMEOUT)
+                        published[0] = i + 1
                     staged = client.finish_stage(stage, timeout=TIMEOUT)
                     assert client.resumes >= 1
                     return staged
@@ -206,9 +208,8 @@ async def test_staging_survives_cut_connections_exactly_once() -> None:
                 done.set()
 
         async def cut_now_and_then() -> None:
-            while not done.is_set():
-                await trio.sleep(0.01)
-                proxy.cut()
+            # Each cut waits for 50 more messages staged since the last.
+            await cut_on_progress(proxy, lambda: published[0], done.is_set, step=50)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cut_now_and_then)

@@ -30,3 +30,28 @@ def test_the_examples_cover_hello_bind_publish_and_guarantee() -> None:
         "encode(IssueGuarantee(",
     ):
         assert example in text
+
+
+REPO = DOC.parent.parent
+#: Every Markdown file a user reads: the README, docs/, deploy/ and examples/.
+USER_DOCS = sorted(
+    [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("deploy/**/*.md")],
+)
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+OUTSIDE = re.compile(r"shared/|\bseeds?/|\b(?:PROTOCOL|ARCHITECTURE|BENCHMARKS|SPARK-NOTES)\.md")
+
+
+def test_the_docs_stand_alone() -> None:
+    """No page cites a file outside the repository (the design notes it
+    started from are not shipped), and every relative link resolves."""
+    assert len(USER_DOCS) >= 6
+    for page in USER_DOCS:
+        text = page.read_text(encoding="utf-8")
+        outside = OUTSIDE.findall(text)
+        assert not outside, f"{page.relative_to(REPO)} cites files outside the repository: {outside}"
+        for target in LINK.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            resolved = (page.parent / target).resolve()
+            assert resolved.exists(), f"{page.relative_to(REPO)} links to missing {target}"
+            assert resolved.is_relative_to(REPO), f"{page.relative_to(REPO)}: {target} is outside"

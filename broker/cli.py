@@ -281,11 +281,30 @@ def _print_stat(document: dict[str, Any]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
+    unknown = [suite for suite in args.suites if suite not in BENCH_SUITES]
+    if unknown:
+        print(
+            f"broker bench: unknown suite {unknown[0]!r} (choose from {', '.join(BENCH_SUITES)})",
+            file=sys.stderr,
+        )
+        return 2
+
+    # Progress goes to a terminal's stderr only: stdout stays the result.
+    def progress(step: str) -> None:
+        print(f"  {step}...", file=sys.stderr, flush=True)
+
+    on_terminal = sys.stderr.isatty()
     results: dict[str, Any] = {}
-    for suite in args.suites or list(BENCH_SUITES):
+    suites = args.suites or list(BENCH_SUITES)
+    for number, suite in enumerate(suites, 1):
         module = importlib.import_module(BENCH_SUITES[suite][0])
         run: Callable[..., dict[str, Any]] = module.run
-        results[suite] = run(quick=args.quick)
+        if on_terminal:
+            print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
+        if suite == "broker" and on_terminal:
+            results[suite] = run(quick=args.quick, progress=progress)
+        else:
+            results[suite] = run(quick=args.quick)
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
@@ -382,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "suites",
         nargs="*",
-        choices=sorted(BENCH_SUITES),
+        # (Checked in _cmd_bench: Python 3.11's argparse refuses an empty list
+        # against choices for nargs="*".)
+        metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
         help="which suites to run (default: all); "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
     )

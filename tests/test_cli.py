@@ -111,3 +111,17 @@ async def test_pub_reads_stdin_lines_across_chunk_boundaries() -> None:
     got = [line async for line in _lines(Trickle(b"one\ntwo\n\nlast-no-newline"))]
     assert got == [b"one", b"two", b"", b"last-no-newline"]
     assert [line async for line in _lines(Trickle(b"a\nb\n"))] == [b"a", b"b"]
+
+
+def test_bench_without_a_suite_means_every_suite_and_refuses_an_unknown_one() -> None:
+    """Python 3.11's argparse refused ``broker bench`` with no suite
+    (``invalid choice: []``)."""
+    from broker.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "--quick"]).suites == []
+    assert build_parser().parse_args(["bench", "actors", "broker"]).suites == ["actors", "broker"]
+    result = run_broker("bench", "nope")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "broker bench: unknown suite 'nope' (choose from actors, protocol, broker)"
+    )

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -268,8 +268,11 @@ def _python_speed() -> float:
     return time.perf_counter() - start
 
 
-def run(quick: bool = False, **options: Any) -> dict[str, Any]:
-    """Run every workload against a fresh broker process; returns the figures."""
+def run(
+    quick: bool = False, progress: Callable[[str], None] = lambda _step: None, **options: Any
+) -> dict[str, Any]:
+    """Run every workload against a fresh broker process; returns the figures.
+    ``progress`` is told, in a few words, which workload starts."""
     count = 20_000 if quick else 200_000
     runs = 1 if quick else 3
     slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
@@ -281,6 +284,7 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
     with _broker_process() as (url, broker):
         cpu0 = _cpu_seconds(broker.pid)
         t0 = time.perf_counter()
+        progress(f"1->1 throughput, {runs} x {count:,} messages")
         one = _median_runs(url, runs, count, 1)
         cpu1 = _cpu_seconds(broker.pid)
         results["one_to_one_msgs_per_s"] = one["per_s"]
@@ -289,6 +293,7 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
         results["one_to_one_publisher_cpu"] = one["publisher_cpu"]
         results["one_to_one_subscriber_cpu"] = one["subscriber_cpu"]
         cpu1 = _cpu_seconds(broker.pid)
+        progress(f"1->10 fan-out, {runs} x {count // 2:,} messages")
         fan = _median_runs(url, runs, count // 2, 10)
         cpu2 = _cpu_seconds(broker.pid)
         results["fanout_1_to_10_deliveries_per_s"] = fan["per_s"]
@@ -299,12 +304,14 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
         results["fanout_subscriber_processes"] = fan["subscriber_processes"]
         results["fanout_lost"] = fan["lost"]
         # The same with every message taken by its own receive() call.
+        progress("1->10 fan-out with one receive() per message")
         each = _median_runs(url, runs, count // 2, 10, batch=False)
         results["fanout_receive_each_deliveries_per_s"] = each["per_s"]
         results["fanout_receive_each_subscriber_cpu"] = each["subscriber_cpu"]
         results["fanout_receive_each_lost"] = each["lost"]
         top = one["per_s"]
         for rate in (1_000, 5_000, 20_000, int(top * 0.8)):
+            progress(f"open-loop latency at {rate:,} msg/s")
             figures = _latency(url, rate, 1.0 if quick else 3.0)
             for key, value in figures.items():
                 if key != "rate":
@@ -312,6 +319,7 @@ def run(quick: bool = False, **options: Any) -> dict[str, Any]:
         results["bench_seconds_so_far"] = time.perf_counter() - t0
         results["broker_peak_rss_mib"] = _proc_status(broker.pid, "VmHWM") / 2**20
     with _broker_process() as (url, broker):
+        progress(f"slow consumer for {slow_duration:.0f} s, then its backlog")
         slow = _slow_consumer(url, broker, max(top * 0.01, 50), 1_000, slow_duration)
         results.update({f"slow_{k}" if not k.startswith("slow") else k: v for k, v in slow.items()})
         results["slow_broker_peak_rss_mib"] = _proc_status(broker.pid, "VmHWM") / 2**20

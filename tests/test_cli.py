@@ -78,6 +78,7 @@ def test_bench_protocol_reports_codec_and_connection_rates() -> None:
         assert figures[key] > 1000, figures
 
 
+@pytest.mark.slow
 def test_bench_broker_runs_every_workload_and_loses_nothing() -> None:
     result = run_broker("bench", "broker", "--quick", "--json")
     assert result.returncode == 0, result.stderr

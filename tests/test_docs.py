@@ -48,7 +48,7 @@ def test_the_docs_stand_alone() -> None:
     for page in USER_DOCS:
         text = page.read_text(encoding="utf-8")
         outside = OUTSIDE.findall(text)
-        assert not outside, f"{page.relative_to(REPO)} cites files outside the repository: {outside}"
+        assert not outside, f"{page.relative_to(REPO)} cites files outside the repo: {outside}"
         for target in LINK.findall(text):
             if "://" in target or target.startswith("mailto:"):
                 continue

@@ -14,6 +14,13 @@ import pytest
 TIMEOUT = 60
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Spark test is slow (a JVM, a local Spark session): ``-m "not slow"`` skips them."""
+    for item in items:
+        if "tests/spark/" in item.nodeid:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -554,8 +554,13 @@ class Client(ClientEvents):
                 await self._changed.park()
 
     async def flush(self) -> None:
-        """Wait until the broker has routed every message published so far."""
+        """Wait until the broker has routed every message published so far.
+
+        Raises :class:`ConnectionLost` if the connection has ended (even with
+        nothing outstanding) or ends first, like ``BlockingClient.flush``.
+        """
         await trio.lowlevel.checkpoint()
+        self._check_open()
         self._wake_writer()
         targets = dict(self._published)
         await self._wait_for(

@@ -20,7 +20,10 @@ the secret out of it), or, with mutual TLS, by a certificate whose subject
 common name is one of the principal's ``identities``. A token, when given,
 decides: a wrong token is refused even if the certificate would do. Topic
 patterns are shell-style (``fnmatch``, case-sensitive): ``*`` matches any
-run of characters, dots included.
+run of characters, dots included. A pattern that could never match a valid
+topic name (a character no name may hold, not NFC, or a shortest match
+longer than the name limit; see :func:`broker.protocol.topic_pattern_problem`)
+is refused when the file is read.
 
 Nothing here does I/O beyond reading the file; the server applies the
 answers (see ``docs/operations.md``).
@@ -39,6 +42,7 @@ from typing import Any, Final
 
 from .config import read_toml
 from .errors import BrokerError
+from .protocol import topic_pattern_problem
 
 __all__ = [
     "AUTH_FAILURE_REASONS",
@@ -206,10 +210,20 @@ def _principal(source: str, name: str, entry: Any) -> tuple[Principal, list[str]
         name,
         max_connections=max_connections,
         budget_share=float(share),
-        publish=tuple(_strings(entry, "publish", where, default=["*"])),
-        subscribe=tuple(_strings(entry, "subscribe", where, default=["*"])),
+        publish=_patterns(entry, "publish", where),
+        subscribe=_patterns(entry, "subscribe", where),
     )
     return principal, digests, identities
+
+
+def _patterns(entry: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    """``entry[key]``: topic patterns (default: all), each one able to match a topic name."""
+    patterns = _strings(entry, key, where, default=["*"])
+    for pattern in patterns:
+        problem = topic_pattern_problem(pattern)
+        if problem is not None:
+            raise AuthError(f"{where}: {key} pattern {pattern[:40]!r}: {problem}")
+    return tuple(patterns)
 
 
 def _strings(

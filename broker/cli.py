@@ -96,9 +96,22 @@ async def _serve(config: BrokerConfig) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _bad_topic(command: str, topic: str) -> bool:
+    """Print one line and say so if ``topic`` breaks the topic-name rule
+    (checked before connecting, so a bad name never reaches the broker)."""
+    from .protocol import topic_name_problem
+
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        print(f"broker {command}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def _cmd_pub(args: argparse.Namespace) -> int:
     from .errors import BrokerError
 
+    if _bad_topic("pub", args.topic):
+        return 2
     try:
         count = trio.run(_pub, args)
     except (BrokerError, OSError) as error:
@@ -140,6 +153,8 @@ async def _lines(stream: Any) -> AsyncIterator[bytes]:
 def _cmd_sub(args: argparse.Namespace) -> int:
     from .errors import BrokerError
 
+    if _bad_topic("sub", args.topic):
+        return 2
     try:
         trio.run(_sub, args)
     except (BrokerError, OSError) as error:

@@ -7,7 +7,13 @@ delivered message is what lets the broker send the next ones.
 
 :func:`open_cluster_client` and :class:`BlockingClusterClient` spread topics
 over several brokers, each topic on the broker :func:`route` names.
+
+Every entry point that takes a topic name checks it first (the rule is
+:func:`check_topic_name`; a bad name raises :class:`TopicNameError`, a
+``ValueError``, before anything is sent).
 """
+
+from broker.protocol import TopicNameError, check_topic_name
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription, connect
@@ -38,6 +44,8 @@ __all__ = [
     "Message",
     "StagingRefused",
     "Subscription",
+    "TopicNameError",
+    "check_topic_name",
     "connect",
     "open_client",
     "open_cluster_client",

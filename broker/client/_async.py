@@ -27,6 +27,7 @@ from broker.protocol import (
     Options,
     Policy,
     Role,
+    check_topic_name,
 )
 
 from ._common import (
@@ -482,9 +483,11 @@ class Client(ClientEvents):
 
         Once it returns, the broker is certain to accept the message (with
         ``optimism``: once the client has resent it, if it was dropped).
-        While the client reconnects (see :func:`open_client`) it waits.
+        While the client reconnects (see :func:`open_client`) it waits. A bad
+        ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
         if self._reconnecting:
+            check_topic_name(topic)
             self._check_open()
             raise trio.WouldBlock
         self._publish_now(topic, payload, key, headers)
@@ -513,7 +516,8 @@ class Client(ClientEvents):
 
         Always checks for cancellation; yields to other tasks when it waits,
         and otherwise at least once per ``PUBLISHES_PER_YIELD`` calls (so a
-        tight publishing loop lets the writer batch its frames).
+        tight publishing loop lets the writer batch its frames). A bad
+        ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         conn = self._conn
@@ -530,6 +534,8 @@ class Client(ClientEvents):
             except NoGuarantees:
                 pass  # wait for guarantees below
         if not published:
+            if handle is None:
+                check_topic_name(topic)
             while True:
                 try:
                     self.publish_nowait(topic, payload, key=key, headers=headers)
@@ -554,8 +560,13 @@ class Client(ClientEvents):
                 await self._changed.park()
 
     async def flush(self) -> None:
-        """Wait until the broker has routed every message published so far."""
+        """Wait until the broker has routed every message published so far.
+
+        Raises :class:`ConnectionLost` if the connection has ended (even with
+        nothing outstanding) or ends first, like ``BlockingClient.flush``.
+        """
         await trio.lowlevel.checkpoint()
+        self._check_open()
         self._wake_writer()
         targets = dict(self._published)
         await self._wait_for(
@@ -575,7 +586,9 @@ class Client(ClientEvents):
         ``"lossy"`` or ``"latest"`` the broker drops instead of slowing
         publishers (queue limits in ``options``: ``max_queued``,
         ``max_queued_bytes``); :attr:`Subscription.missed` counts the drops.
+        A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
+        check_topic_name(topic)
         await self._wait_for(lambda: not self._reconnecting)
         subscription = Subscription(self, -1, topic)
         subscription.mode = mode

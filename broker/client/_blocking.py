@@ -65,6 +65,7 @@ from broker.protocol import (
     Policy,
     Role,
     Stage,
+    check_topic_name,
 )
 
 from ._common import (
@@ -898,8 +899,10 @@ class BlockingClient(ClientEvents):
         :class:`TimeoutError` (nothing published) when the time is up and
         :class:`ConnectionLost` if the connection ends. A message too large
         for the broker's ``max_frame`` raises
-        :class:`~broker.protocol.LocalProtocolError`.
+        :class:`~broker.protocol.LocalProtocolError`, a bad ``topic`` name
+        :class:`~broker.protocol.TopicNameError`.
         """
+        check_topic_name(topic)
         deadline = _deadline(timeout)
         with self._locked(deadline):
             self._publish(topic, payload, key, headers, deadline, stage)
@@ -940,8 +943,10 @@ class BlockingClient(ClientEvents):
         ``EAGAIN``) means nothing was published; retry later, or use
         :meth:`publish`; so does a connection being replaced. Once it
         returns, the broker is certain to accept the message (with
-        ``optimism``: once the client has resent it, if it was dropped).
+        ``optimism``: once the client has resent it, if it was dropped). A
+        bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
+        check_topic_name(topic)
         with self._lock:
             for attempt in range(2):
                 self._check_open()
@@ -1081,7 +1086,9 @@ class BlockingClient(ClientEvents):
         Subscribe was processed. Waits up to ``timeout`` seconds in all
         (None: no limit). Raises :class:`TimeoutError` or
         :class:`ConnectionLost`; either way the subscription is closed again.
+        A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
+        check_topic_name(topic)
         deadline = _deadline(timeout)
         with self._locked(deadline):
             subscription = BlockingSubscription(self, -1, topic)

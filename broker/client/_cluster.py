@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from broker.protocol import Headers, Options, Outcome, Stage
+from broker.protocol import Headers, Options, Outcome, Stage, check_topic_name
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
@@ -83,7 +83,9 @@ class ClusterClient:
         self._servers = list(clients)
 
     def client_for(self, topic: str) -> Client:
-        """The client connected to ``topic``'s owner."""
+        """The client connected to ``topic``'s owner; a ``topic`` that breaks
+        the topic-name rule raises :class:`~broker.protocol.TopicNameError`."""
+        check_topic_name(topic)
         return self.clients[route(topic, self._servers)]
 
     async def publish(
@@ -159,7 +161,9 @@ class BlockingClusterClient:
         self.close(flush=exc_type is None)
 
     def client_for(self, topic: str) -> BlockingClient:
-        """The client connected to ``topic``'s owner."""
+        """The client connected to ``topic``'s owner; a ``topic`` that breaks
+        the topic-name rule raises :class:`~broker.protocol.TopicNameError`."""
+        check_topic_name(topic)
         return self.clients[route(topic, self._servers)]
 
     def publish(

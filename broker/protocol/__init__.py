@@ -11,7 +11,8 @@ parameter. :class:`Connection` is one end of a connection in either role
   :class:`ChannelSender`);
 - data handles (:class:`HandleTable`) and heartbeat/lease bookkeeping
   (:class:`Liveness`);
-- :class:`Policy`, the decisions left to the application.
+- :class:`Policy`, the decisions left to the application;
+- the topic-name rule (:func:`check_topic_name`, :data:`MAX_TOPIC_NAME`).
 
 ``docs/protocol.md`` is the normative description of the wire format.
 """
@@ -95,6 +96,15 @@ from ._messages import (
     Throttled,
     Welcome,
 )
+from ._names import (
+    MAX_TOPIC_NAME,
+    MIN_TOPIC_NAME,
+    TOPIC_NAME_RULE,
+    TopicNameError,
+    check_topic_name,
+    topic_name_problem,
+    topic_pattern_problem,
+)
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
@@ -121,9 +131,12 @@ __all__ = [
     "LENGTH_PREFIX",
     "MAX_DELIVER_MANY",
     "MAX_HELLO_FRAME",
+    "MAX_TOPIC_NAME",
+    "MIN_TOPIC_NAME",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
     "TOPIC_BINDS",
+    "TOPIC_NAME_RULE",
     "U64_MAX",
     "Abort",
     "Absolve",
@@ -198,9 +211,11 @@ __all__ = [
     "SubscriptionInfo",
     "Throttled",
     "TopicBound",
+    "TopicNameError",
     "Welcome",
     "WelcomeReceived",
     "channel_sender",
+    "check_topic_name",
     "decode_body",
     "deliver_many_head",
     "deliver_many_head_size",
@@ -208,4 +223,6 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
+    "topic_name_problem",
+    "topic_pattern_problem",
 ]

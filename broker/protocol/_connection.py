@@ -89,6 +89,7 @@ from ._messages import (
     Throttled,
     Welcome,
 )
+from ._names import check_topic_name, topic_name_problem
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
@@ -866,9 +867,12 @@ class Connection:
         allows); the broker issues the topic's guarantees once it has
         processed the bind. With a ``stage``, the broker stages what is
         published on the handle until a :meth:`commit` of the stage's batch.
+        A name that breaks the topic-name rule raises :class:`TopicNameError`
+        and sends nothing.
         """
         self._require_role(Role.CLIENT, "bind topics")
         self._require_open()
+        check_topic_name(name)
         self._send_frame(self._senders[TOPIC_BINDS], BindTopic(name, stage))
         handle = self.topics.bind(name)
         if stage is not None:
@@ -915,6 +919,8 @@ class Connection:
             self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
             if message.topic in self._stages:
                 raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
+        elif (problem := topic_name_problem(message.name)) is not None:
+            raise RemoteProtocolError(f"BindTopic: {problem}")
         receiver = self._receivers[message.channel]
         accepted, out = receiver.on_frame(size)
         self._queue_all(out)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.protocol import topic_name_problem
 
 #: ``broker.delivery`` values.
 AT_LEAST_ONCE = "at-least-once"
@@ -76,6 +77,8 @@ class SinkOptions:
         if not reconnect >= 0:
             raise SinkError('option "broker.reconnect" must be >= 0 (0: never)')
         topic = options.get("topic")
+        if topic and (problem := topic_name_problem(topic)) is not None:
+            raise SinkError(f'option "topic": {problem}')
         return cls(
             servers=servers,
             topic=topic if topic else None,

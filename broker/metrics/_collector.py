@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,6 +31,8 @@ from broker import __version__
 from ._figures import Figures, Totals, connection_figures
 from ._specs import METRICS, sanitise_label
 
+log = logging.getLogger("broker.metrics")
+
 if TYPE_CHECKING:
     from broker.server import Broker, ServerConnection, Topic
 
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
 CHUNK: Final = 16
 #: Seconds a snapshot is reused by later scrapes (Prometheus scrapes every 15 s or more).
 MAX_AGE: Final = 1.0
+#: Unsent output that puts a connection with no queued deliveries among those
+#: behind (less is a heartbeat or a reply on its way, not a backlog).
+BACKLOG_UNSENT: Final = 64 * 1024
 
 T = TypeVar("T")
 #: A walk: a generator that yields where the loop may take a turn, and returns its result.
@@ -88,18 +94,19 @@ class _Best(Generic[T]):
 class Snapshot:
     """One walk's result: what a scrape exports, and what ``/stat.json`` sums up.
 
-    ``top`` holds the detailed connections: those with the most debt first,
-    then those with the longest backlog (``top_topics``: the ``top`` topics
-    with the most queued deliveries, then messages); ``totals`` the
-    broker-wide sums (closed connections' counters included); ``finished`` the
-    trio time the walk ended.
+    ``top`` holds the serials of the detailed connections: those with the
+    most debt first, then those with the longest backlog; ``top_topics`` the
+    figures of the ``top`` topics with the most queued deliveries, then
+    messages; ``totals`` the broker-wide sums (closed connections' counters
+    included); ``finished`` the trio time the walk ended. It refers to no
+    connection or topic, so a cached snapshot keeps nothing alive.
     """
 
     families: list[Metric]
     totals: Totals
-    top: list[ServerConnection]
-    #: The topics with the most queued deliveries (then messages), and that number.
-    top_topics: list[tuple[Topic, int]]
+    top: list[int]
+    #: ``{"name", "publishers", "subscriptions", "queued", "messages_in"}`` of each.
+    top_topics: list[dict[str, Any]]
     connections: int
     topics: int
     subscriptions: int
@@ -150,7 +157,8 @@ class BrokerCollector:
     - Per-connection families carry at most ``2 * top`` connections
       (default: the broker's ``metrics_top``): the ``top`` with the most debt
       (blocked ones first; ties: the oldest), and up to ``top`` more with the
-      most queued deliveries, then unsent bytes (only connections with some).
+      most queued deliveries, then unsent bytes (only connections with queued
+      deliveries or :data:`BACKLOG_UNSENT` unsent bytes).
       A closed connection's series are gone from the next walk on.
     - Each per-connection family with a ``total`` is summed over every
       connection into its broker-wide family; a counter's total includes what
@@ -199,7 +207,10 @@ class BrokerCollector:
             hooks.remove(self._retire)
 
     def _retire(self, connection: ServerConnection) -> None:
-        self._closed.add(connection_figures(connection), counters_only=True)
+        try:
+            self._closed.add(connection_figures(connection), counters_only=True)
+        except Exception:  # a bug of ours: the broker's cleanup must go on
+            log.exception("metrics: cannot count %s's totals", connection.name)
 
     # ------------------------------------------------------------ prometheus_client
 
@@ -277,7 +288,7 @@ class BrokerCollector:
                 figures["broker_connection_queued_deliveries", ()],
                 figures["broker_connection_unsent_bytes", ()],
             )
-            if any(backlog):
+            if backlog[0] > 0 or backlog[1] >= BACKLOG_UNSENT:
                 behind.offer(backlog, (connection, figures))
         topics = list(broker.topics.values())
         subscriptions = queued = 0
@@ -295,8 +306,17 @@ class BrokerCollector:
         snapshot = Snapshot(
             families=[],
             totals=totals,
-            top=[connection for connection, _ in top],
-            top_topics=busiest.best(),
+            top=[connection.serial for connection, _ in top],
+            top_topics=[
+                {
+                    "name": topic.topic_name,
+                    "publishers": topic.publishers,
+                    "subscriptions": len(topic.subscriptions),
+                    "queued": waiting,
+                    "messages_in": topic.messages_in,
+                }
+                for topic, waiting in busiest.best()
+            ],
             connections=len(live),
             topics=len(topics),
             subscriptions=subscriptions,
@@ -381,7 +401,9 @@ class BrokerCollector:
 def metrics_registry(
     broker: Broker, *, top: int | None = None, max_age: float = MAX_AGE, chunk: int = CHUNK
 ) -> CollectorRegistry:
-    """A new private registry holding only a :class:`BrokerCollector` of ``broker``."""
+    """A new private registry holding only a :class:`BrokerCollector` of
+    ``broker`` (which follows the broker's closing connections for as long as
+    the broker lives: make one per broker, not one per scrape)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker, top=top, max_age=max_age, chunk=chunk))
     return registry

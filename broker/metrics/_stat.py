@@ -118,9 +118,11 @@ def _totals(snapshot: Snapshot) -> dict[str, Any]:
 
 def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
     connections: list[dict[str, Any]] = []
-    for connection in snapshot.top:
-        connections.append(_connection_document(connection))
-        yield
+    for serial in snapshot.top:
+        connection = broker.connections.get(serial)
+        if connection is not None:  # else it closed since the walk
+            connections.append(_connection_document(connection))
+            yield
     config = broker.config
     statistics = BrokerStatistics(
         connections=len(broker.connections),
@@ -170,16 +172,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         "connections_total": snapshot.connections,
         "topics_total": snapshot.topics,
         "connections": connections,
-        "topics": [
-            {
-                "name": topic.topic_name,
-                "publishers": topic.publishers,
-                "subscriptions": len(topic.subscriptions),
-                "queued": queued,
-                "messages_in": topic.messages_in,
-            }
-            for topic, queued in snapshot.top_topics
-        ],
+        "topics": [dict(topic) for topic in snapshot.top_topics],
     }
 
 

@@ -55,6 +55,12 @@ class BrokerConfig:
     listen: str = "127.0.0.1:7400"
     #: Where Prometheus scrapes ``/metrics`` ("" disables the endpoint).
     metrics_listen: str = "127.0.0.1:9400"
+    #: Connections ``/metrics`` exports per-connection series of, and
+    #: ``/stat.json`` details: this many with the most debt (blocked ones
+    #: first), and up to this many more with the most queued deliveries or
+    #: unsent output; ``/stat.json`` lists this many topics (most queued
+    #: first). Totals always cover every connection; 0 details none.
+    metrics_top: int = 10
     #: Largest frame body a client may send (announced in Welcome).
     max_frame: int = 64 * KiB
     #: Heartbeat interval and lease announced to clients.
@@ -128,6 +134,8 @@ class BrokerConfig:
         parse_address(self.listen)
         if self.metrics_listen:
             parse_address(self.metrics_listen)
+        if self.metrics_top < 0:
+            raise ConfigError("metrics_top must be >= 0 (0 exports no per-connection series)")
         if self.gc_threshold < 0:
             raise ConfigError("gc_threshold must be >= 0 (0 keeps Python's own)")
         if self.max_frame < 1024:

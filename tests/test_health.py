@@ -12,8 +12,10 @@ import trio
 from broker import cli
 from broker.config import BrokerConfig
 from broker.metrics import serve_metrics
+from broker.metrics._http import MAX_CLIENTS
 from broker.server import Broker, serve_broker
 from tests.test_metrics import get, running, scrape
+from tests.test_metrics_http import hold_idle
 
 Address = tuple[str, int]
 
@@ -28,6 +30,21 @@ async def test_healthz_and_readyz_answer_while_the_broker_serves() -> None:
         assert (await scrape(metrics))("broker_ready") == 1
         index = await get(metrics, "/")
         assert b"/healthz" in index.body and b"/readyz" in index.body
+
+
+async def test_idle_connections_to_the_metrics_port_do_not_fail_the_probes() -> None:
+    # More idle connections than the server keeps waiting: it closes the
+    # surplus, and a probe still gets its answer (never a 503).
+    async with running() as (_broker, metrics):
+        with trio.fail_after(30):
+            async with hold_idle(metrics, MAX_CLIENTS + 16, 16, unanswered=False):
+                live = await get(metrics, "/healthz")
+                assert (live.status, live.body) == (200, b"ok\n")
+                assert (await get(metrics, "/readyz")).status == 200
+                address = "{}:{}".format(*metrics)
+                argv = ["health", "--live", "--metrics", address, "--timeout", "10"]
+                assert await trio.to_thread.run_sync(cli.main, argv) == 0
+                assert (await get(metrics, "/metrics")).status == 200
 
 
 async def test_readyz_turns_503_when_shutdown_begins_while_healthz_stays_200() -> None:

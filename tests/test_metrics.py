@@ -1,10 +1,11 @@
-"""The Prometheus collector, /stat.json and the metrics HTTP server, over real loopback TCP."""
+"""The Prometheus collector and /stat.json, over real loopback TCP (the HTTP
+server's own behaviour: tests/test_metrics_http.py)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -15,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import open_client
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, ConfigError, load_config
 from broker.metrics import (
     CHANNEL_KINDS,
     CLIENT_NAME_LIMIT,
@@ -38,12 +39,22 @@ Labels = frozenset[tuple[str, str]]
 
 
 @asynccontextmanager
-async def running(**serve_options: Any) -> AsyncIterator[tuple[Broker, Address]]:
-    """A broker on a free port and its metrics server on another; on a normal
-    exit the broker is shut down gracefully, then the metrics server stopped."""
-    config = BrokerConfig(listen="127.0.0.1:0", metrics_listen="", shutdown_deadline=2.0)
+async def running(
+    *, config: dict[str, Any] | None = None, **serve_options: Any
+) -> AsyncIterator[tuple[Broker, Address]]:
+    """A broker (``config``: settings) on a free port and its metrics server
+    on another, its snapshots never reused unless ``max_age`` says so; on a
+    normal exit the broker is shut down gracefully, then the metrics server
+    stopped."""
+    settings: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "metrics_listen": "",
+        "shutdown_deadline": 2.0,
+        **(config or {}),
+    }
+    serve_options.setdefault("max_age", 0.0)
     async with trio.open_nursery() as nursery:
-        broker: Broker = await nursery.start(serve_broker, config)
+        broker: Broker = await nursery.start(serve_broker, BrokerConfig(**settings))
         metrics: Address = await nursery.start(
             partial(serve_metrics, **serve_options), broker, "127.0.0.1", 0
         )
@@ -352,7 +363,11 @@ async def test_stat_json_lists_connections_channels_subscriptions_and_topics() -
             # The same document, directly, is strict JSON (no NaN or Infinity).
             json.dumps(stat_document(broker), allow_nan=False)
 
-        assert document["version"] == 1
+        assert document["version"] == 2
+        assert document["connections_total"] == 2
+        assert document["topics_total"] == 1
+        assert document["totals"]["broker_received_messages_total"] == 1
+        assert document["totals"]["broker_channel_debt_bytes"] == {"publish": 0}
         assert document["broker"]["address"] == url(broker)
         assert document["broker"]["statistics"]["connections"] == 2
         assert document["broker"]["account"]["high_watermark"] is None  # unlimited
@@ -383,96 +398,171 @@ async def test_stat_json_lists_connections_channels_subscriptions_and_topics() -
         }
 
 
-# ====================================================================== HTTP
+# ====================================================================== bounds
 
 
-async def test_index_head_query_and_not_found() -> None:
-    async with running() as (_broker, address):
-        index = await get(address, "/")
-        assert index.status == 200
-        assert b"/metrics" in index.body and b"/stat.json" in index.body
-        assert (await get(address, "/metrics?debug=1")).status == 200
-        head = await get(address, "/metrics", method="HEAD")
-        assert head.status == 200
-        assert head.body == b""
-        assert int(head.headers["content-length"]) > 0
-        for path in ("/nope", "/metrics/", "/stat.json.bak"):
-            missing = await get(address, path)
-            assert missing.status == 404
-            assert missing.headers["connection"] == "close"
+async def open_clients(stack: AsyncExitStack, broker: Broker, count: int, start: int = 0) -> None:
+    """``count`` more clients, named ``c<start>``..., each publishing once to topic ``t``."""
+    for index in range(start, start + count):
+        client = await stack.enter_async_context(open_client(url(broker), name=f"c{index}"))
+        await client.publish("t", b"x")
+        await client.flush()
 
 
-async def test_other_methods_are_not_allowed() -> None:
-    async with running() as (_broker, address):
-        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
-            response = await get(address, "/metrics", method=method)
-            assert response.status == 405
-            assert response.headers["allow"] == "GET, HEAD"
-        body = b"a=1"
-        response = await http(
-            address,
-            b"POST /stat.json HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
-        )
-        assert response.status == 405
+async def test_the_series_count_does_not_grow_with_the_connections() -> None:
+    top = BrokerConfig().metrics_top
+    async with running() as (broker, address), AsyncExitStack() as stack:
+        await open_clients(stack, broker, top)
+        counts = []
+        for extra in range(3):
+            await open_clients(stack, broker, 1, start=top + extra)
+            result = await scrape(address)
+            assert result("broker_connections_open") == top + extra + 1
+            counts.append(len(result.samples))
+        assert counts[0] == counts[1] == counts[2]
+        assert result("broker_connections_detailed") == top
+        assert result("broker_received_messages_total") == top + 3
+        info = [n for n, _ in result.samples if n == "broker_connection_info"]
+        assert len(info) == top
 
 
-@pytest.mark.parametrize(
-    ("request_bytes", "status"),
-    [
-        (b"\x00\x01\x02garbage\xff\r\n\r\n", 400),
-        (b"GET\r\n\r\n", 400),
-        (b"GET /metrics\r\n\r\n", 400),
-        (b"GET /metrics HTTP/1.1 extra\r\n\r\n", 400),
-        (b"GET metrics HTTP/1.1\r\n\r\n", 400),
-        (b"GET /metrics FTP/1.0\r\n\r\n", 400),
-        (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
-        (b"GET /m\xe9trics HTTP/1.1\r\n\r\n", 400),
-        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
-        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
-        (b"GET /metrics HTTP/1.1\r\n", 400),  # the client half-closes mid-request
-    ],
-)
-async def test_bad_requests_get_an_error_and_the_server_keeps_serving(
-    request_bytes: bytes, status: int
-) -> None:
-    async with running() as (_broker, address):
-        response = await http(address, request_bytes, half_close=True)
-        assert response.status == status
-        assert response.headers["connection"] == "close"
-        assert b"Traceback" not in response.body
-        assert (await get(address, "/metrics")).status == 200
+async def test_each_total_is_the_sum_of_its_per_connection_series() -> None:
+    async with running() as (broker, address), AsyncExitStack() as stack:
+        await open_clients(stack, broker, 3)
+        result = await scrape(address)
+        assert result("broker_connections_detailed") == 3  # all of them
+        checked = set()
+        for spec in METRICS:
+            for (name, labels), value in result.samples.items():
+                if name != spec.total:
+                    continue
+                summed = sum(
+                    v
+                    for (n, other), v in result.samples.items()
+                    if n == spec.name and {x for x in other if x[0] != "connection"} == labels
+                )
+                assert value == summed, (name, labels)
+                checked.add(name)
+        assert checked == {spec.total for spec in METRICS if spec.total}
 
 
-async def test_a_silent_client_times_out_with_408() -> None:
-    async with running(read_timeout=0.2) as (_broker, address):
-        with trio.fail_after(5):
-            stream = await trio.open_tcp_stream(*address)
-            async with stream:
-                await stream.send_all(b"GET /metrics HTTP/1.1\r\n")  # and never finishes
-                data = bytearray()
-                while chunk := await stream.receive_some(65536):
-                    data += chunk
-        assert parse_response(bytes(data)).status == 408
-        # A client that connects and vanishes does not disturb the server either.
-        with trio.fail_after(5):
-            stream = await trio.open_tcp_stream(*address)
-            await stream.aclose()
-        assert (await get(address, "/metrics")).status == 200
+async def test_a_closed_connection_leaves_its_counts_in_the_totals() -> None:
+    async with (
+        running(config={"metrics_top": 1}) as (broker, address),
+        open_client(url(broker), name="stays") as stays,
+    ):
+        async with open_client(url(broker), name="leaves") as leaves:
+            for _ in range(3):
+                await leaves.publish("t", b"x")
+            await leaves.flush()
+            await stays.publish("t", b"y")
+            await stays.flush()
+            during = await scrape(address)
+            assert during("broker_received_messages_total") == 4
+            assert during("broker_connections_detailed") == 1
+        after = await wait_until(address, lambda s: s("broker_connections_open") == 1)
+        assert after("broker_received_messages_total") == 4
+        for name in ("broker_received_bytes_total", "broker_sent_bytes_total"):
+            assert after(name) >= during(name) > 0
 
 
-async def test_too_many_concurrent_requests_get_503() -> None:
-    async with running(max_clients=1) as (_broker, address):
-        with trio.fail_after(5):
-            holder = await trio.open_tcp_stream(*address)
-            async with holder:
-                await holder.send_all(b"GET / HTTP/1.1\r\n")  # holds the only slot
-                while (response := await get(address, "/")).status != 503:
-                    assert response.status == 200  # the holder's handler has not started yet
-                    await trio.sleep(0.01)
-                assert response.headers["connection"] == "close"
-            while True:  # the holder's handler may still be finishing
-                response = await get(address, "/")
-                if response.status == 200:
-                    break
-                assert response.status == 503
-                await trio.sleep(0.01)
+async def test_the_detailed_connections_have_the_most_debt_or_the_longest_backlog() -> None:
+    async with running(config={"metrics_top": 1}) as (broker, address):
+        small = Policy(deliver_capacity=4096)
+        async with (
+            open_client(url(broker), name="idle"),
+            open_client(url(broker), name="subscriber", policy=small) as subscriber,
+            subscriber.subscribe("t"),
+            open_client(url(broker), name="publisher") as publisher,
+        ):
+            for _ in range(20):
+                await publisher.publish("t", b"p" * 1000)
+            await publisher.flush()  # routed: most wait in the subscriber's queue
+            result = await scrape(address)
+            # The idle connection is the oldest (it wins ties) but owes and holds nothing.
+            detailed = {
+                dict(labels)["client"]
+                for name, labels in result.samples
+                if name == "broker_connection_info"
+            }
+            assert detailed == {"publisher", "subscriber"}
+            assert result("broker_connections_detailed") == 2
+            publisher_name = result.connection_named("publisher")
+            subscriber_name = result.connection_named("subscriber")
+            assert result("broker_connection_debt_bytes", connection=publisher_name) > 0
+            queued = result("broker_connection_queued_deliveries", connection=subscriber_name)
+            assert queued == result("broker_queued_deliveries") > 0
+            document = json.loads((await get(address, "/stat.json")).body)
+            assert [c["client"] for c in document["connections"]] == ["publisher", "subscriber"]
+
+
+async def test_a_walk_gives_the_loop_a_turn_between_pieces() -> None:
+    async with running() as (broker, _address), AsyncExitStack() as stack:
+        await open_clients(stack, broker, 7)
+        collector = BrokerCollector(broker, chunk=2, max_age=0)
+        seen: list[int] = []  # how far the walk was, each time another task ran
+        walked = trio.Event()
+
+        async def watch() -> None:
+            while not walked.is_set():
+                seen.append(collector.visited)
+                await trio.lowlevel.checkpoint()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                snapshot = await collector.snapshot()
+                walked.set()
+        finally:
+            collector.close()
+        assert snapshot.connections == collector.visited == 7
+        # Another task ran while the walk was half done (the order of the two
+        # within each scheduling batch is random, so some values may be missed).
+        assert any(0 < visited < 7 for visited in seen), seen
+        # ... and during each piece of the walk: 4 pieces of connections at least.
+        assert len(seen) >= 4, seen
+
+
+async def test_scrapes_share_a_walk_and_reuse_it_for_max_age() -> None:
+    async with running() as (broker, _address), AsyncExitStack() as stack:
+        await open_clients(stack, broker, 3)
+        cached = BrokerCollector(broker, chunk=1, max_age=3600)
+        fresh = BrokerCollector(broker, chunk=1, max_age=0)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(cached.snapshot)
+            assert cached.walks == 1
+            assert (await cached.text()).startswith(b"# HELP broker_build_info")
+            assert cached.walks == 1
+            await fresh.snapshot()
+            await fresh.snapshot()
+            assert fresh.walks == 2
+        finally:
+            cached.close()
+            fresh.close()
+
+
+async def test_stat_json_details_the_busiest_connections_and_topics_with_totals() -> None:
+    async with running(config={"metrics_top": 2}) as (broker, address):
+        async with AsyncExitStack() as stack:
+            for index in range(4):
+                client = await stack.enter_async_context(open_client(url(broker), name=f"c{index}"))
+                for _ in range(index + 1):
+                    await client.publish(f"t{index}", b"x")
+                await client.flush()
+            document = json.loads((await get(address, "/stat.json")).body)
+        assert document["connections_total"] == 4
+        assert [c["client"] for c in document["connections"]] == ["c0", "c1"]  # ties: oldest
+        assert document["topics_total"] == 4
+        assert [t["name"] for t in document["topics"]] == ["t3", "t2"]  # most messages
+        assert document["totals"]["broker_received_messages_total"] == 10
+        assert document["broker"]["statistics"]["connections"] == 4
+
+
+def test_metrics_top_is_a_setting() -> None:
+    assert BrokerConfig().metrics_top == 10
+    assert load_config(environ={"BROKER_METRICS_TOP": "3"}).metrics_top == 3
+    assert load_config(environ={}, overrides={"metrics_top": "0"}).metrics_top == 0
+    with pytest.raises(ConfigError, match="metrics_top must be >= 0"):
+        BrokerConfig(metrics_top=-1)

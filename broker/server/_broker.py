@@ -121,6 +121,10 @@ class Broker:
             remember=config.staging_remember,
         )
         self.connections: dict[int, ServerConnection] = {}
+        #: Called with each connection as the broker forgets it, once its
+        #: cleanup is done (its counters final): metrics fold them into
+        #: broker-wide totals. A hook must be quick and must not raise.
+        self.connection_closed_hooks: list[Callable[[ServerConnection], None]] = []
         self.buffer_reserved = 0
         self.connections_total = 0
         self.refused_total = 0
@@ -178,7 +182,9 @@ class Broker:
             self.staging.expire(trio.current_time())
 
     def forget(self, connection: ServerConnection) -> None:
-        self.connections.pop(connection.serial, None)
+        if self.connections.pop(connection.serial, None) is not None:
+            for hook in self.connection_closed_hooks:
+                hook(connection)
         if not self.connections:
             self._idle.set()
 

@@ -24,11 +24,14 @@ REQUIRED_METRICS = {
     "broker_connection_peak_debt_bytes",
     "broker_connection_blocked",
     "broker_connection_throttled_seconds_total",
-    "broker_connection_received_messages_total",  # throughput in and out
+    "broker_connections_blocked",
+    "broker_received_messages_total",  # throughput in and out, over every connection
+    "broker_sent_messages_total",
+    "broker_received_bytes_total",
+    "broker_sent_bytes_total",
+    "broker_connection_received_messages_total",  # ... and the busiest connections
     "broker_connection_sent_messages_total",
-    "broker_connection_received_bytes_total",
-    "broker_connection_sent_bytes_total",
-    "broker_connection_dropped_frames_total",  # drops by reason
+    "broker_dropped_frames_total",  # drops by reason
     "broker_queued_deliveries",
     "broker_buffer_reserved_bytes",  # reserved vs budget
     "broker_buffer_budget_bytes",

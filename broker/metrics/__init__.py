@@ -1,0 +1,47 @@
+"""Prometheus metrics, a JSON status document and a small HTTP endpoint for a running broker.
+
+- :data:`METRICS` lists every exported family (:mod:`._specs`).
+- :class:`BrokerCollector` is a custom Prometheus collector (:mod:`._collector`).
+  A scrape walks the broker in pieces, giving the event loop a turn between
+  them, and the walk is reused for a second; the series count does not grow
+  with the connections: per-connection series exist for the ``metrics_top``
+  connections with the most debt and as many with the longest backlog, and
+  broker-wide families sum every connection.
+- :func:`stat_document` is the same state as one bounded JSON-ready ``dict``
+  (what ``broker stat`` shows; :mod:`._stat`).
+- :func:`serve_metrics` serves both, and the probes ``/healthz`` and
+  ``/readyz``, over HTTP/1.1 (parsed by ``h11``) on trio, in the broker's own
+  thread (:mod:`._http`).
+
+Everything here reads broker state from the broker's trio thread, never from
+another thread.
+"""
+
+from ._collector import BrokerCollector, Snapshot, metrics_registry
+from ._http import serve_metrics
+from ._specs import (
+    CHANNEL_KINDS,
+    CLIENT_NAME_LIMIT,
+    DELIVERY_DROP_REASONS,
+    DROP_REASONS,
+    METRICS,
+    MetricSpec,
+    sanitise_label,
+)
+from ._stat import build_stat_document, stat_document
+
+__all__ = [
+    "CHANNEL_KINDS",
+    "CLIENT_NAME_LIMIT",
+    "DELIVERY_DROP_REASONS",
+    "DROP_REASONS",
+    "METRICS",
+    "BrokerCollector",
+    "MetricSpec",
+    "Snapshot",
+    "build_stat_document",
+    "metrics_registry",
+    "sanitise_label",
+    "serve_metrics",
+    "stat_document",
+]

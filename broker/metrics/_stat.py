@@ -1,0 +1,253 @@
+"""The live broker as one JSON-ready document: ``/stat.json``, what ``broker stat`` shows.
+
+Its size does not grow with the connections or topics: it details the
+connections a :class:`~broker.metrics.BrokerCollector` snapshot details
+(``metrics_top`` with the most debt, and as many with the longest backlog),
+``metrics_top`` topics (the most queued deliveries first), and of each
+detailed connection
+its first :data:`LIST_LIMIT` channels and subscriptions; ``totals`` and the
+``*_total`` counts cover everything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final
+
+from broker.protocol import Channel, ChannelKind
+from broker.server import BrokerStatistics, DroppingSubscription
+
+from ._collector import BrokerCollector, Snapshot, Walk, run_in_pieces, run_now
+from ._specs import kind_name, sanitise_label
+
+if TYPE_CHECKING:
+    from accounts import Account
+    from broker.server import Broker, ServerConnection
+
+#: Most channels, and most subscriptions, listed per detailed connection.
+LIST_LIMIT: Final = 256
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data: dataclasses and mappings become dicts,
+    channels ``[kind, index]``, enums their value, non-finite floats ``None``."""
+    if isinstance(value, Channel):
+        return [int(value.kind), int(value.index)]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return str(value)
+
+
+def _account(account: Account) -> dict[str, Any]:
+    document: dict[str, Any] = _plain(account.statistics())
+    return document
+
+
+def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> dict[str, Any]:
+    """The live broker as a JSON-ready ``dict`` (``json.dumps(..., allow_nan=False)``
+    succeeds on it), built at once: what ``GET /stat.json`` returns and
+    ``broker stat`` shows.
+
+    With ``collector`` (the metrics server's), its snapshot is used and the
+    counter totals include closed connections; without, a temporary collector
+    walks the broker and the counter totals cover the live connections only.
+
+    Layout (all sizes in bytes; an infinite watermark is ``null``)::
+
+        {"version": 2,
+         "broker": {"address", "epoch", "closing", "tls", "authentication",
+                    "security", "statistics", "account"},
+         "budgets": {"global_budget", "buffer_reserved", "connection_budget", ...},
+         "principals": {name: {"connections", "buffer_reserved", "buffer_budget"}},
+         "totals": {family: value, or {label value: ...} per label},
+         "connections_total": N, "topics_total": N,
+         "connections": [{"name", "serial", "peer", "client", "principal", "identity",
+                          "state", "account",
+                          "counters", "protocol", "buffer_reserved", "unsent_bytes",
+                          "channels_total", "subscriptions_total",
+                          "channels": [{"kind", "channel", "direction", ...}],
+                          "subscriptions": [{"handle", "topic", "mode", ...}]}],
+         "topics": [{"name", "publishers", "subscriptions", "queued", "messages_in"}]}
+
+    ``connections`` lists the collector's detailed connections (the most debt
+    first, then the longest backlog); ``topics`` its ``top`` topics, most
+    queued deliveries first.
+    ``client`` is sanitised like the metrics label. Topic names are given in
+    full (JSON escapes them).
+    """
+    if collector is not None:
+        return run_now(_document(broker, collector.snapshot_now()))
+    temporary = BrokerCollector(broker, max_age=0)
+    try:
+        return run_now(_document(broker, temporary.snapshot_now()))
+    finally:
+        temporary.close()
+
+
+async def build_stat_document(broker: Broker, collector: BrokerCollector) -> dict[str, Any]:
+    """:func:`stat_document` of ``collector``'s snapshot, giving the loop a
+    turn between the connections it details."""
+    snapshot = await collector.snapshot()
+    return await run_in_pieces(_document(broker, snapshot))
+
+
+def _totals(snapshot: Snapshot) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for (name, labels), value in snapshot.totals.values.items():
+        if not labels:
+            document[name] = value
+            continue
+        level = document.setdefault(name, {})
+        for label in labels[:-1]:
+            level = level.setdefault(label, {})
+        level[labels[-1]] = value
+    return document
+
+
+def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
+    connections: list[dict[str, Any]] = []
+    for serial in snapshot.top:
+        connection = broker.connections.get(serial)
+        if connection is not None:  # else it closed since the walk
+            connections.append(_connection_document(connection))
+            yield
+    config = broker.config
+    statistics = BrokerStatistics(
+        connections=len(broker.connections),
+        connections_total=broker.connections_total,
+        refused_total=broker.refused_total,
+        topics=snapshot.topics,
+        subscriptions=snapshot.subscriptions,
+        buffer_reserved_bytes=broker.buffer_reserved,
+        buffer_budget_bytes=config.global_budget,
+        debt=broker.account.debt,
+    )
+    return {
+        "version": 2,
+        "broker": {
+            "address": "{}:{}".format(*broker.address),
+            "epoch": broker.epoch.hex(),
+            "closing": broker.closing,
+            "tls": broker.ssl_context is not None,
+            "authentication": broker.auth is not None,
+            "security": _plain(broker.security),
+            "statistics": _plain(statistics),
+            "account": _account(broker.account),
+        },
+        "budgets": {
+            "global_budget": config.global_budget,
+            "buffer_reserved": broker.buffer_reserved,
+            "connection_budget": config.connection_budget,
+            "publish_capacity": config.publish_capacity,
+            "min_publish_capacity": config.min_publish_capacity,
+            "bind_capacity": config.bind_capacity,
+            "channel_high_watermark": config.channel_high_watermark,
+            "channel_low_watermark": config.channel_low_watermark,
+            "connection_high_watermark": config.connection_high_watermark,
+            "connection_low_watermark": config.connection_low_watermark,
+            "max_unsent": config.max_unsent,
+            "max_connections": config.max_connections,
+        },
+        "principals": {
+            name: {
+                "connections": usage.connections,
+                "buffer_reserved": usage.buffer_reserved,
+                "buffer_budget": usage.buffer_budget,
+            }
+            for name, usage in broker.principals.items()
+        },
+        "totals": _totals(snapshot),
+        "connections_total": snapshot.connections,
+        "topics_total": snapshot.topics,
+        "connections": connections,
+        "topics": [dict(topic) for topic in snapshot.top_topics],
+    }
+
+
+def _connection_document(connection: ServerConnection) -> dict[str, Any]:
+    protocol = connection.protocol
+    pstats = protocol.statistics()
+    channels: list[dict[str, Any]] = []
+    for receiver in pstats.receivers[:LIST_LIMIT]:
+        entry: dict[str, Any] = {"kind": kind_name(receiver.channel), "direction": "in"}
+        entry.update(_plain(receiver))
+        state = (
+            connection.channels.get(receiver.channel.index)
+            if receiver.channel.kind == ChannelKind.PUBLISH
+            else None
+        )
+        if state is not None:
+            entry.update(
+                topic=state.topic.topic_name,
+                account=_account(state.account),
+                buffered_publishes=len(state.buffer),
+                routed=state.routed,
+                confirmed=state.confirmed,
+                throttled=state.waiting,
+                throttle_advised=state.advised,
+            )
+        channels.append(entry)
+    for sender in pstats.senders[: max(0, LIST_LIMIT - len(channels))]:
+        entry = {"kind": kind_name(sender.channel), "direction": "out"}
+        entry.update(_plain(sender))
+        channels.append(entry)
+    subscriptions = list(connection.subscriptions.values())
+    return {
+        "name": connection.name,
+        "serial": connection.serial,
+        "peer": connection.peer,
+        "client": sanitise_label(connection.client_name),
+        "principal": connection.principal.principal.name if connection.principal else None,
+        "identity": connection.identity,
+        "state": pstats.state.value,
+        "account": _account(connection.account),
+        "counters": _plain(connection.counters),
+        "protocol": {
+            "frames_received": pstats.frames_received,
+            "bytes_received": pstats.bytes_received,
+            "frames_sent": pstats.frames_sent,
+            "bytes_sent": pstats.bytes_sent,
+            "discarded_frames": pstats.discarded_frames,
+            "topics_bound": pstats.topics_bound,
+            "subscriptions_bound": pstats.subscriptions_bound,
+        },
+        "buffer_reserved": connection.buffer_reserved,
+        "unsent_bytes": protocol.bytes_to_send,
+        "channels_total": len(pstats.receivers) + len(pstats.senders),
+        "subscriptions_total": len(subscriptions),
+        "channels": channels,
+        "subscriptions": [
+            {
+                "handle": subscription.handle,
+                "topic": subscription.topic.topic_name,
+                "mode": subscription.mode,
+                "queued": subscription.queued,
+                "delivered": subscription.delivered,
+                "next_seq": subscription.next_seq,
+                **(
+                    {
+                        "dropped_overflow": subscription.dropped_overflow,
+                        "dropped_replaced": subscription.dropped_replaced,
+                        "gaps_sent": subscription.gaps_sent,
+                        "max_queued": subscription.limits.max_queued,
+                        "max_queued_bytes": subscription.limits.max_queued_bytes,
+                    }
+                    if isinstance(subscription, DroppingSubscription)
+                    else {}
+                ),
+            }
+            for subscription in subscriptions[:LIST_LIMIT]
+        ],
+    }

@@ -215,6 +215,7 @@ class ServerConnection:
         if session is not None:
             if self.ends_session or self.broker.closing:
                 self.broker.sessions.end(session)
+                session.connection = self.session = None  # (a cycle otherwise)
             else:
                 self._detach()
         self._close_channels()

@@ -32,7 +32,7 @@ from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
 from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
-from ._topic import Topic
+from ._topic import Subscription, Topic
 
 log = logging.getLogger("broker.server")
 
@@ -127,6 +127,11 @@ class Broker:
         #: Connections ended by an error of the broker's own (each logged).
         self.internal_errors = 0
         self.closing = False
+        #: The shutdown sent every confirmed reliable delivery queued for a
+        #: connected subscriber before its Goodbyes (False: time ran out first).
+        self.shutdown_drained = False
+        #: Connections the shutdown cut at its deadline (they had not drained).
+        self.shutdown_cut = 0
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
         self._serials = itertools.count(1)
@@ -279,10 +284,19 @@ class Broker:
         await trio.aclose_forcefully(stream)
 
     async def shutdown(self) -> None:
-        """Stop accepting; let commits under way finish and queued reliable
-        deliveries go out to their connected subscribers; say Goodbye 5 to
-        every client and wait for their connections to drain: all within the
-        configured deadline."""
+        """Shut down gracefully, within ``shutdown_deadline`` seconds.
+
+        1. Stop accepting clients, and publishes: from now on a publish (or
+           a Commit) is neither routed nor confirmed; its client keeps it to
+           publish again (see ``docs/operations.md``).
+        2. Let commits under way finish, and the topics route what was
+           forwarded to them; then send the reliable deliveries queued to
+           their connected subscribers as fast as those issue guarantees, for
+           at most half the time left: whatever a client saw confirmed reaches
+           every connected subscriber that keeps reading.
+        3. Send each client its last Confirms and Goodbye 5, and wait for the
+           connections to drain; at the deadline the rest are cut.
+        """
         if self.closing:
             return
         self.closing = True
@@ -304,33 +318,57 @@ class Broker:
                 )
         # Half the time left at most: the Goodbyes and the drain get the rest.
         with trio.move_on_at((trio.current_time() + deadline) / 2):
+            await self._route_forwarded()
             await self._send_queued_deliveries()
+            self.shutdown_drained = True
+        if not self.shutdown_drained:
+            log.warning(
+                "shutting down: %d deliveries still queued for connected subscribers "
+                "after half the shutdown deadline: they are dropped",
+                sum(queued for _, queued in self._queued_deliveries()),
+            )
         for connection in list(self.connections.values()):
-            connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+            connection.shutting_down()
         self.sessions.end_all()  # the detached ones: nobody can resume them now
         with trio.move_on_at(deadline):
             await self._idle.wait()
+        self.shutdown_cut = len(self.connections)
+        if self.shutdown_cut:
+            log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _send_queued_deliveries(self) -> None:
-        """Return once every reliable delivery queued now (routed, waiting
-        for its subscriber's guarantees) is sent, or its subscription or
-        connection is gone: its subscriber then reads it before the Goodbye.
-        (Deliveries queued later do not prolong the wait; the caller bounds
-        it, for subscribers that issue no more guarantees.)"""
-        waiting = [
-            (subscription, subscription.next_seq + subscription.queued)
+    async def _route_forwarded(self) -> None:
+        """Return once the topics have routed every publish forwarded to them
+        (none is forwarded once the shutdown began)."""
+        topics = list(self.topics.values())
+        while topics:
+            topics = [topic for topic in topics if topic.statistics().mailbox]
+            if topics:
+                await trio.sleep(SHUTDOWN_POLL)
+
+    def _queued_deliveries(self) -> list[tuple[Subscription, int]]:
+        """Each reliable subscription of a connected subscriber with deliveries
+        queued (waiting for its guarantees), and how many."""
+        return [
+            (subscription, subscription.queued)
             for connection in self.connections.values()
+            if not connection.protocol.closed
             for subscription in connection.subscriptions.values()
             if subscription.charges_publishers and subscription.queued
         ]
+
+    async def _send_queued_deliveries(self) -> None:
+        """Return once every reliable delivery queued (routed, waiting for its
+        subscriber's guarantees) is sent, or its subscription or connection is
+        gone. Nothing is routed meanwhile, so the queues only shrink; the
+        caller bounds the wait, for subscribers that issue no more guarantees."""
+        waiting = [subscription for subscription, _ in self._queued_deliveries()]
         while waiting:
             waiting = [
-                (subscription, target)
-                for subscription, target in waiting
-                if subscription.next_seq < target
-                and subscription.queued
+                subscription
+                for subscription in waiting
+                if subscription.queued
                 and not subscription.connection.protocol.closed
                 and subscription.connection.subscriptions.get(subscription.handle) is subscription
             ]

@@ -210,6 +210,13 @@ class ServerConnection:
             self.close_reason = self.close_reason or f"goodbye {int(code)}: {reason}"
         self.wake_writer()
 
+    def shutting_down(self) -> None:
+        """The broker shuts down: send the last Confirms (of what was routed),
+        then Goodbye 5."""
+        if self._confirm_dirty and not self.protocol.closed:
+            self._send_confirms()
+        self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+
     def _cleanup(self) -> None:
         session = self.session
         if session is not None:
@@ -260,8 +267,10 @@ class ServerConnection:
     def _close_channels(self) -> None:
         # Publishes that were accepted within guarantees are forwarded even
         # though their sender is gone: the guarantee promised they'd be routed.
+        # (Not once a shutdown began: they are never confirmed, and the client
+        # publishes them again.)
         for state in list(self.channels.values()):
-            if state.buffer:
+            if state.buffer and not self.broker.closing:
                 size = sum(event.size for event in state.buffer)
                 self._forward(state, list(state.buffer), size, 0)
                 state.buffer.clear()
@@ -472,6 +481,8 @@ class ServerConnection:
         closed_before = self.protocol.closed
         for event in events:
             if type(event) is PublishReceived:
+                if self.broker.closing:
+                    continue  # a shutdown accepts none: never routed, never confirmed
                 state = self.channels[event.channel.index]
                 if not state.may_publish:
                     self._deny(f"may not publish to {state.topic.topic_name!r}")
@@ -501,7 +512,8 @@ class ServerConnection:
         elif isinstance(event, TopicBound):
             self._open_publish_channel(event.handle, event.name, event.stage)
         elif type(event) is Commit:
-            self._commit(event)
+            if not self.broker.closing:  # unanswered: the client sees Goodbye 5 instead
+                self._commit(event)
         elif type(event) is Abort:
             decision = self.broker.staging.abort(self._owner, event.batch)
             self._answer(event.request, decision)
@@ -771,6 +783,8 @@ class ServerConnection:
         over its high watermark: the debt passes the watermark by about one
         publish's fan-out, as if publishes were forwarded one at a time.
         """
+        if self.broker.closing:
+            return  # a shutdown forwards nothing more (nothing more is confirmed)
         buffer = state.buffer
         account = state.account
         protocol = self.protocol
@@ -834,13 +848,13 @@ class ServerConnection:
             if state.account.blocked:
                 await self._wait_for_funds(state)
                 continue
-            if not state.buffer:
+            if not state.buffer or self.broker.closing:
                 break
             self._drain(state, FORWARD_SLICE)
             self.wake_writer()
             await trio.lowlevel.checkpoint()
         state.waiting = False
-        if self._owns(state):
+        if self._owns(state) and not self.broker.closing:
             if state.advised:
                 state.advised = False
                 self.protocol.throttled(state.channel, False)

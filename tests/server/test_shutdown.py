@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.client import ConnectionLost, open_client
+from broker.client import BlockingClient, ConnectionLost, open_client
 from broker.protocol import (
     BindTopic,
     Channel,
@@ -241,3 +241,35 @@ async def test_a_publish_the_shutdown_did_not_accept_is_published_again_by_the_c
         await publisher.aclose()  # everything confirmed now
         assert publisher.sessions_lost == 1
         assert "news" not in second.topics  # the confirmed ones were not sent again
+
+
+async def test_the_blocking_client_does_not_drop_what_the_shutdown_did_not_confirm() -> None:
+    """A BlockingClient that publishes once the shutdown began: its flush and
+    its close say the messages may be lost (ConnectionLost, code 5)."""
+    async with running_broker(shutdown_deadline=DEADLINE) as broker:
+        stingy = await RawClient.connect(broker)
+        await stingy.handshake("stingy")
+        await stingy.send(
+            BindTopic("news"), Subscribe(0, "reliable", {}), IssueGuarantee(DELIVER_0, 3000)
+        )
+        await wait_until(lambda: broker.statistics().subscriptions == 1)
+        async with open_client(url(broker), name="pub") as publisher:
+            for _ in range(20):
+                await publisher.publish("news", b"x" * 1000)
+        client = await trio.to_thread.run_sync(lambda: BlockingClient(url(broker), name="sync"))
+        errors: list[int | None] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(broker.shutdown)
+            await wait_until(lambda: broker.closing)
+
+            def publish_then_close() -> None:
+                client.publish("late", b"not accepted", timeout=TIMEOUT)
+                for attempt in (lambda: client.flush(timeout=TIMEOUT), client.close):
+                    try:
+                        attempt()
+                    except ConnectionLost as error:
+                        errors.append(error.code)
+
+            await trio.to_thread.run_sync(publish_then_close)
+        assert errors == [GoodbyeCode.SHUTTING_DOWN, GoodbyeCode.SHUTTING_DOWN]
+        await stingy.aclose()

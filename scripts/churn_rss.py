@@ -31,6 +31,18 @@ def free_port() -> int:
         return port
 
 
+def wait_listening(port: int) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -86,7 +98,7 @@ def main() -> None:
         env=os.environ.copy(),
     )
     try:
-        time.sleep(1.5)
+        wait_listening(port)
         start = rss_mib(broker.pid)
         print(f"start: broker RSS {start:6.1f} MiB")
         figures = trio.run(run, f"127.0.0.1:{port}", broker.pid, args.cycles, args.connections)

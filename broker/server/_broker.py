@@ -30,6 +30,8 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._peerlog import LINE_CHARS, PeerLog, shown
+from ._peers import AddressTable, address_key, peer_key
 from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
@@ -100,6 +102,14 @@ class Broker:
             for name, principal in (auth.principals.items() if auth else ())
         }
         self.security = SecurityCounters()
+        #: Per client address: connections not welcomed yet, failed authentications.
+        self.peers = AddressTable(
+            config.max_unwelcomed_per_address,
+            config.auth_failure_delay,
+            config.auth_failure_delay_max,
+        )
+        #: Log lines clients cause, rate-limited per client address.
+        self.peer_log = PeerLog(log, trio.current_time)
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).
@@ -184,6 +194,7 @@ class Broker:
 
     def forget(self, connection: ServerConnection) -> None:
         self.connections.pop(connection.serial, None)
+        self.peers.remove(peer_key(connection.peer), connection.protocol)
         if not self.connections:
             self._idle.set()
 
@@ -218,11 +229,22 @@ class Broker:
             host, port = stream.socket.getpeername()[:2]
             peer = f"{host}:{port}"
         except OSError:  # pragma: no cover - the peer vanished already
-            peer = "?"
+            host = peer = "?"
+        address = address_key(host)
+        # Bounded per address once the broker is half full: then no address
+        # can take the slots left from everybody else.
+        if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
+            self.peer_log.info(peer, "%s: refused: too many connections not welcomed yet", peer)
+            await self._refuse(stream, "too many connections from your address before Hello")
+            return
         identity: str | None = None
         transport: trio.abc.Stream = stream
         if self.ssl_context is not None:
-            secured = await self._handshake(stream, peer)
+            self.peers.handshake_started(address)
+            try:
+                secured = await self._handshake(stream, peer)
+            finally:
+                self.peers.handshake_ended(address)
             if secured is None:
                 return
             if not self.ready:  # the shutdown began during the handshake
@@ -232,9 +254,10 @@ class Broker:
             identity = certificate_identity(secured.getpeercert())
         connection = ServerConnection(self, transport, next(self._serials), peer, identity)
         self.connections[connection.serial] = connection
+        self.peers.add(address, connection.protocol)
         self.connections_total += 1
         self._idle = trio.Event()
-        log.info("%s %s: connected", connection.name, connection.peer)
+        self.peer_log.info(peer, "%s %s: connected", connection.name, peer)
         try:
             await connection.run()
         except Exception:
@@ -259,16 +282,16 @@ class Broker:
         finally:
             self.handshaking -= 1
         self.security.tls_handshake_failures += 1
-        log.info("%s: TLS handshake failed: %s", peer, problem)
+        self.peer_log.info(peer, "%s: TLS handshake failed: %s", peer, shown(problem, LINE_CHARS))
         await trio.aclose_forcefully(stream)
         return None
 
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
-        """Goodbye 5 (shutting down) or 3 (too many connections), in TLS on a
+    async def _refuse(self, stream: trio.abc.Stream, reason: str = "too many connections") -> None:
+        """Goodbye 5 (shutting down) or 3 (``reason``: a limit), in TLS on a
         TLS listener, then close; never more than :data:`REFUSAL_SECONDS`."""
         self.refused_total += 1
         code = GoodbyeCode.SHUTTING_DOWN if self.closing else GoodbyeCode.LIMIT_EXCEEDED
-        reason = "shutting down" if self.closing else "too many connections"
+        reason = "shutting down" if self.closing else reason
         with (
             trio.move_on_after(REFUSAL_SECONDS),
             contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),

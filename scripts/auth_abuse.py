@@ -3,11 +3,14 @@
 ``guess``: 50 connections at once guess tokens from one address for a few
 seconds; prints the guesses answered per second.
 
+``log``: one authenticated client is denied a 15,000-character topic name
+again and again for a few seconds; prints the bytes the broker logged.
+
 ``squat``: one address opens connections that never say Hello, up to
 ``max_connections`` (200) and beyond, while a client from another address
 (127.0.0.2) connects 50 times; prints how many of those were refused.
 
-    python scripts/auth_abuse.py guess|squat
+    python scripts/auth_abuse.py guess|log|squat
 """
 
 from __future__ import annotations
@@ -27,7 +30,15 @@ import trio
 from broker.client import ConnectionLost, open_client
 from broker.protocol import Connection, ConnectionClosed, Role, WelcomeReceived
 
-AUTH_FILE = '[principals.app]\ntoken = "the-right-token"\n'
+AUTH_FILE = """
+[principals.app]
+token = "the-right-token"
+
+[principals.narrow]
+token = "narrow-token"
+publish = ["allowed.*"]
+subscribe = ["allowed.*"]
+"""
 
 
 def free_port() -> int:
@@ -96,6 +107,20 @@ async def hello_from(source: str, host: str, port: int) -> bool:
         await trio.aclose_forcefully(stream)
 
 
+async def deny(url: str, seconds: float) -> int:
+    attempts = 0
+    deadline = trio.current_time() + seconds
+    while trio.current_time() < deadline:
+        attempts += 1
+        try:
+            async with open_client(url, token="narrow-token") as client:
+                await client.publish("x" * 15_000, b"x")
+                await client.flush()
+        except ConnectionLost:
+            pass
+    return attempts
+
+
 async def squat(host: str, port: int) -> None:
     held: list[trio.SocketStream] = []
     refused = welcomed = 0
@@ -127,21 +152,33 @@ async def squat(host: str, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("attack", choices=["guess", "squat"])
+    parser.add_argument("attack", choices=["guess", "log", "squat"])
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         auth = Path(tmp) / "auth.toml"
         auth.write_text(AUTH_FILE)
-        command = [sys.executable, "-m", "broker", "--log-level", "ERROR", "serve"]
+        level = "INFO" if args.attack == "log" else "ERROR"
+        command = [sys.executable, "-m", "broker", "--log-level", level, "serve"]
         command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
         command += ["--set", f"auth_file={auth}", "--set", "max_connections=200"]
-        broker = subprocess.Popen(command, env=os.environ.copy())
+        log = Path(tmp) / "broker.log"
+        with log.open("wb") as output:
+            broker = subprocess.Popen(command, env=os.environ.copy(), stderr=output)
         try:
             wait_listening(port)
             if args.attack == "guess":
                 trio.run(guess, f"127.0.0.1:{port}", args.seconds)
+            elif args.attack == "log":
+                before = log.stat().st_size
+                attempts = trio.run(deny, f"127.0.0.1:{port}", args.seconds)
+                time.sleep(0.5)
+                logged = log.stat().st_size - before
+                print(
+                    f"{attempts} denied attempts in {args.seconds:.0f} s: {logged} bytes "
+                    f"logged ({logged / attempts:.0f} per attempt, {logged / args.seconds:.0f}/s)"
+                )
             else:
                 trio.run(squat, "127.0.0.1", port)
         finally:

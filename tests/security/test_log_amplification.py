@@ -97,7 +97,7 @@ async def test_a_denied_topic_name_is_logged_short(
                 await client.publish(LONG_NAME, b"x")
                 await client.flush()
         assert caught.value.code == GoodbyeCode.NOT_AUTHORISED
-        assert len(caught.value.reason) < 2 * SHOWN_CHARS  # the Goodbye's reason too
+        assert len(caught.value.reason) < SHOWN_CHARS + 100  # the Goodbye's reason too
         logged = [record.getMessage() for record in caplog.records]
         assert any("may not use topic 'xxxx" in line for line in logged), logged
         assert sum(map(len, logged)) < 2000, logged
@@ -122,6 +122,6 @@ async def test_one_client_cannot_flood_the_log(
         elapsed = trio.current_time() - started
         lines = len(caplog.records)
         assert lines <= LOG_BURST + LOG_RATE * elapsed + 1
-        # Each attempt would log four lines (connected, hello, denied, closed).
-        assert broker.peer_log.suppressed_total == 4 * attempts - lines
+        # Each attempt would log at least three lines (hello, denied, closed).
+        assert broker.peer_log.suppressed_total >= 3 * attempts - lines
         assert sum(len(record.getMessage()) for record in caplog.records) < 300 * lines

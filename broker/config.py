@@ -119,6 +119,16 @@ class BrokerConfig:
     #: Seconds a new connection has to send its Hello (after any TLS handshake),
     #: however much else it sends meanwhile.
     hello_timeout: float = 10.0
+    #: Most connections from one client address (an IPv6 /64) not welcomed yet
+    #: (in their TLS handshake, before their Hello, or waiting for a refusal)
+    #: while the broker serves half of ``max_connections`` or more; more are
+    #: refused with Goodbye 3. 0: no limit.
+    max_unwelcomed_per_address: int = 64
+    #: A failed authentication is refused after this many seconds, doubled for
+    #: each further failure in a row from the same address...
+    auth_failure_delay: float = 0.5
+    #: ...up to this many (0 and 0: refused at once).
+    auth_failure_delay_max: float = 10.0
     #: The broker process's garbage collector runs a young collection after
     #: this many new container objects (Python's default is 700; 0 leaves
     #: Python's settings alone). Every message makes a few short-lived objects
@@ -173,6 +183,10 @@ class BrokerConfig:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         if self.tls_handshake_timeout <= 0 or self.hello_timeout <= 0:
             raise ConfigError("tls_handshake_timeout and hello_timeout must be > 0")
+        if self.max_unwelcomed_per_address < 0:
+            raise ConfigError("max_unwelcomed_per_address must be >= 0 (0: no limit)")
+        if not 0 <= self.auth_failure_delay <= self.auth_failure_delay_max:
+            raise ConfigError("need 0 <= auth_failure_delay <= auth_failure_delay_max")
 
     @property
     def min_publish_capacity(self) -> int:

@@ -291,33 +291,6 @@ class Connection:
         self._run: _ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
         self._many = False
-        self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
-            Publish: self._on_publish,
-            Deliver: self._on_deliver,
-            DeliverMany: self._on_deliver_many,
-            IssueGuarantee: self._on_issue_guarantee,
-            Ack: self._on_notice,
-            Gap: self._on_notice,
-            Confirm: self._on_notice,
-            Ping: self._on_ping,
-            Pong: self._on_passthrough,
-            Throttled: self._on_throttled,
-            Goodbye: self._on_goodbye,
-            Absolve: self._on_absolve,
-            Plead: self._on_plead,
-            LimitSending: self._on_limit_sending,
-            LimitReceiving: self._on_limit_receiving,
-            AnnounceDropping: self._on_announce_dropping,
-            Apologise: self._on_apologise,
-            FreeHandle: self._on_free_handle,
-            BindTopic: self._on_bind_frame,
-            Subscribe: self._on_bind_frame,
-            Hello: self._on_hello,
-            Welcome: self._on_welcome,
-            Commit: self._on_staging_notice,
-            Abort: self._on_staging_notice,
-            Outcome: self._on_staging_notice,
-        }
 
     # ================================================================ bytes in / out
 
@@ -336,7 +309,7 @@ class Connection:
         self._decoder.feed(data)
         if data:
             self.liveness.on_received(now)
-        handlers = self._handlers
+        handlers = _HANDLERS
         closed = ConnectionState.CLOSED
         frames = received = 0
         run: _ShortRun | None = None
@@ -348,7 +321,7 @@ class Connection:
                 if run is not None and kind is run.kind and run.take(message, size, events):
                     continue
                 self._run = None
-                handlers[kind](message, size, events)
+                handlers[kind](self, message, size, events)
                 run = self._run
                 if self.state is closed:
                     break
@@ -1706,3 +1679,34 @@ class Connection:
             receivers=[r.statistics() for r in self._receivers.values()],
             senders=[s.statistics() for s in self._senders.values()],
         )
+
+
+#: How each received message is handled: unbound, as a per-connection table of
+#: bound methods would make every connection a cycle only the collector frees.
+_HANDLERS: dict[type, Callable[[Connection, Any, int, list[Event]], None]] = {
+    Publish: Connection._on_publish,
+    Deliver: Connection._on_deliver,
+    DeliverMany: Connection._on_deliver_many,
+    IssueGuarantee: Connection._on_issue_guarantee,
+    Ack: Connection._on_notice,
+    Gap: Connection._on_notice,
+    Confirm: Connection._on_notice,
+    Ping: Connection._on_ping,
+    Pong: Connection._on_passthrough,
+    Throttled: Connection._on_throttled,
+    Goodbye: Connection._on_goodbye,
+    Absolve: Connection._on_absolve,
+    Plead: Connection._on_plead,
+    LimitSending: Connection._on_limit_sending,
+    LimitReceiving: Connection._on_limit_receiving,
+    AnnounceDropping: Connection._on_announce_dropping,
+    Apologise: Connection._on_apologise,
+    FreeHandle: Connection._on_free_handle,
+    BindTopic: Connection._on_bind_frame,
+    Subscribe: Connection._on_bind_frame,
+    Hello: Connection._on_hello,
+    Welcome: Connection._on_welcome,
+    Commit: Connection._on_staging_notice,
+    Abort: Connection._on_staging_notice,
+    Outcome: Connection._on_staging_notice,
+}

@@ -30,9 +30,11 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._peerlog import LINE_CHARS, PeerLog, shown
+from ._peers import AddressTable, address_key, peer_key
 from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
-from ._topic import Topic
+from ._topic import Subscription, Topic
 
 log = logging.getLogger("broker.server")
 
@@ -100,6 +102,14 @@ class Broker:
             for name, principal in (auth.principals.items() if auth else ())
         }
         self.security = SecurityCounters()
+        #: Per client address: connections not welcomed yet, failed authentications.
+        self.peers = AddressTable(
+            config.max_unwelcomed_per_address,
+            config.auth_failure_delay,
+            config.auth_failure_delay_max,
+        )
+        #: Log lines clients cause, rate-limited per client address.
+        self.peer_log = PeerLog(log, trio.current_time)
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).
@@ -131,6 +141,11 @@ class Broker:
         #: Connections ended by an error of the broker's own (each logged).
         self.internal_errors = 0
         self.closing = False
+        #: The shutdown sent every confirmed reliable delivery queued for a
+        #: connected subscriber before its Goodbyes (False: time ran out first).
+        self.shutdown_drained = False
+        #: Connections the shutdown cut at its deadline (they had not drained).
+        self.shutdown_cut = 0
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
         self._serials = itertools.count(1)
@@ -185,6 +200,7 @@ class Broker:
         if self.connections.pop(connection.serial, None) is not None:
             for hook in self.connection_closed_hooks:
                 hook(connection)
+        self.peers.remove(peer_key(connection.peer), connection.protocol)
         if not self.connections:
             self._idle.set()
 
@@ -219,11 +235,22 @@ class Broker:
             host, port = stream.socket.getpeername()[:2]
             peer = f"{host}:{port}"
         except OSError:  # pragma: no cover - the peer vanished already
-            peer = "?"
+            host = peer = "?"
+        address = address_key(host)
+        # Bounded per address once the broker is half full: then no address
+        # can take the slots left from everybody else.
+        if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
+            self.peer_log.info(peer, "%s: refused: too many connections not welcomed yet", peer)
+            await self._refuse(stream, "too many connections from your address before Hello")
+            return
         identity: str | None = None
         transport: trio.abc.Stream = stream
         if self.ssl_context is not None:
-            secured = await self._handshake(stream, peer)
+            self.peers.handshake_started(address)
+            try:
+                secured = await self._handshake(stream, peer)
+            finally:
+                self.peers.handshake_ended(address)
             if secured is None:
                 return
             if not self.ready:  # the shutdown began during the handshake
@@ -233,9 +260,10 @@ class Broker:
             identity = certificate_identity(secured.getpeercert())
         connection = ServerConnection(self, transport, next(self._serials), peer, identity)
         self.connections[connection.serial] = connection
+        self.peers.add(address, connection.protocol)
         self.connections_total += 1
         self._idle = trio.Event()
-        log.info("%s %s: connected", connection.name, connection.peer)
+        self.peer_log.info(peer, "%s %s: connected", connection.name, peer)
         try:
             await connection.run()
         except Exception:
@@ -260,16 +288,16 @@ class Broker:
         finally:
             self.handshaking -= 1
         self.security.tls_handshake_failures += 1
-        log.info("%s: TLS handshake failed: %s", peer, problem)
+        self.peer_log.info(peer, "%s: TLS handshake failed: %s", peer, shown(problem, LINE_CHARS))
         await trio.aclose_forcefully(stream)
         return None
 
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
-        """Goodbye 5 (shutting down) or 3 (too many connections), in TLS on a
+    async def _refuse(self, stream: trio.abc.Stream, reason: str = "too many connections") -> None:
+        """Goodbye 5 (shutting down) or 3 (``reason``: a limit), in TLS on a
         TLS listener, then close; never more than :data:`REFUSAL_SECONDS`."""
         self.refused_total += 1
         code = GoodbyeCode.SHUTTING_DOWN if self.closing else GoodbyeCode.LIMIT_EXCEEDED
-        reason = "shutting down" if self.closing else "too many connections"
+        reason = "shutting down" if self.closing else reason
         with (
             trio.move_on_after(REFUSAL_SECONDS),
             contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
@@ -285,10 +313,19 @@ class Broker:
         await trio.aclose_forcefully(stream)
 
     async def shutdown(self) -> None:
-        """Stop accepting; let commits under way finish and queued reliable
-        deliveries go out to their connected subscribers; say Goodbye 5 to
-        every client and wait for their connections to drain: all within the
-        configured deadline."""
+        """Shut down gracefully, within ``shutdown_deadline`` seconds.
+
+        1. Stop accepting clients, and publishes: from now on a publish (or
+           a Commit) is neither routed nor confirmed; its client keeps it to
+           publish again (see ``docs/operations.md``).
+        2. Let commits under way finish, and the topics route what was
+           forwarded to them; then send the reliable deliveries queued to
+           their connected subscribers as fast as those issue guarantees, for
+           at most half the time left: whatever a client saw confirmed reaches
+           every connected subscriber that keeps reading.
+        3. Send each client its last Confirms and Goodbye 5, and wait for the
+           connections to drain; at the deadline the rest are cut.
+        """
         if self.closing:
             return
         self.closing = True
@@ -310,33 +347,57 @@ class Broker:
                 )
         # Half the time left at most: the Goodbyes and the drain get the rest.
         with trio.move_on_at((trio.current_time() + deadline) / 2):
+            await self._route_forwarded()
             await self._send_queued_deliveries()
+            self.shutdown_drained = True
+        if not self.shutdown_drained:
+            log.warning(
+                "shutting down: %d deliveries still queued for connected subscribers "
+                "after half the shutdown deadline: they are dropped",
+                sum(queued for _, queued in self._queued_deliveries()),
+            )
         for connection in list(self.connections.values()):
-            connection.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+            connection.shutting_down()
         self.sessions.end_all()  # the detached ones: nobody can resume them now
         with trio.move_on_at(deadline):
             await self._idle.wait()
+        self.shutdown_cut = len(self.connections)
+        if self.shutdown_cut:
+            log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _send_queued_deliveries(self) -> None:
-        """Return once every reliable delivery queued now (routed, waiting
-        for its subscriber's guarantees) is sent, or its subscription or
-        connection is gone: its subscriber then reads it before the Goodbye.
-        (Deliveries queued later do not prolong the wait; the caller bounds
-        it, for subscribers that issue no more guarantees.)"""
-        waiting = [
-            (subscription, subscription.next_seq + subscription.queued)
+    async def _route_forwarded(self) -> None:
+        """Return once the topics have routed every publish forwarded to them
+        (none is forwarded once the shutdown began)."""
+        topics = list(self.topics.values())
+        while topics:
+            topics = [topic for topic in topics if topic.statistics().mailbox]
+            if topics:
+                await trio.sleep(SHUTDOWN_POLL)
+
+    def _queued_deliveries(self) -> list[tuple[Subscription, int]]:
+        """Each reliable subscription of a connected subscriber with deliveries
+        queued (waiting for its guarantees), and how many."""
+        return [
+            (subscription, subscription.queued)
             for connection in self.connections.values()
+            if not connection.protocol.closed
             for subscription in connection.subscriptions.values()
             if subscription.charges_publishers and subscription.queued
         ]
+
+    async def _send_queued_deliveries(self) -> None:
+        """Return once every reliable delivery queued (routed, waiting for its
+        subscriber's guarantees) is sent, or its subscription or connection is
+        gone. Nothing is routed meanwhile, so the queues only shrink; the
+        caller bounds the wait, for subscribers that issue no more guarantees."""
+        waiting = [subscription for subscription, _ in self._queued_deliveries()]
         while waiting:
             waiting = [
-                (subscription, target)
-                for subscription, target in waiting
-                if subscription.next_seq < target
-                and subscription.queued
+                subscription
+                for subscription in waiting
+                if subscription.queued
                 and not subscription.connection.protocol.closed
                 and subscription.connection.subscriptions.get(subscription.handle) is subscription
             ]

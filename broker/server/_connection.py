@@ -40,6 +40,8 @@ from broker.protocol import (
 )
 
 from ._lossy import OptionError, make_subscription
+from ._peerlog import LINE_CHARS, shown
+from ._peers import peer_key
 from ._policy import BrokerPolicy
 from ._session import Session
 from ._staging import STAGED_PUBLISH_OVERHEAD, CommitDecision
@@ -47,8 +49,6 @@ from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscription, Topic
 
 if TYPE_CHECKING:
     from ._broker import Broker, PrincipalUsage
-
-log = logging.getLogger("broker.server")
 
 #: Bytes asked of the socket per read. The connection account is checked
 #: between reads; channel frames are bounded by guarantees regardless.
@@ -171,6 +171,8 @@ class ServerConnection:
         self.close_reason = ""
         #: The connection was cut without waiting for the client to read.
         self._aborted = False
+        #: A refusal held back (a failed authentication): the writer waits.
+        self._held: trio.CancelScope | None = None
 
     # ================================================================ lifecycle
 
@@ -210,11 +212,21 @@ class ServerConnection:
             self.close_reason = self.close_reason or f"goodbye {int(code)}: {reason}"
         self.wake_writer()
 
+    def shutting_down(self) -> None:
+        """The broker shuts down: send the last Confirms (of what was routed),
+        then Goodbye 5 (or a refusal held back, now)."""
+        if self._held is not None:
+            self._held.cancel()
+        if self._confirm_dirty and not self.protocol.closed:
+            self._send_confirms()
+        self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+
     def _cleanup(self) -> None:
         session = self.session
         if session is not None:
             if self.ends_session or self.broker.closing:
                 self.broker.sessions.end(session)
+                session.connection = self.session = None  # (a cycle otherwise)
             else:
                 self._detach()
         self._close_channels()
@@ -230,7 +242,12 @@ class ServerConnection:
         if self.principal is not None:
             self.principal.connections -= 1
         self.broker.forget(self)
-        log.info("%s %s closed: %s", self.name, self.peer, self.close_reason or "done")
+        self._log(logging.INFO, "closed: %s", self.close_reason or "done")
+
+    def _log(self, level: int, message: str, *args: object) -> None:
+        """Log a line about this connection: rate-limited per client address
+        (client input in ``args`` goes through ``shown()``)."""
+        self.broker.peer_log.log(level, self.peer, "%s %s: " + message, self.name, self.peer, *args)
 
     def _detach(self) -> None:
         """Leave the session to wait for a resume: its record of handles and
@@ -245,7 +262,7 @@ class ServerConnection:
         self.subscriptions = {}
         self.session = None
         self.broker.sessions.detach(session, state)
-        log.info("%s %s: session %s detached", self.name, self.peer, session.name)
+        self._log(logging.INFO, "session %s detached", session.name)
 
     def hand_over(self) -> None:
         """The session resumes on another connection while this one still
@@ -259,8 +276,10 @@ class ServerConnection:
     def _close_channels(self) -> None:
         # Publishes that were accepted within guarantees are forwarded even
         # though their sender is gone: the guarantee promised they'd be routed.
+        # (Not once a shutdown began: they are never confirmed, and the client
+        # publishes them again.)
         for state in list(self.channels.values()):
-            if state.buffer:
+            if state.buffer and not self.broker.closing:
                 size = sum(event.size for event in state.buffer)
                 self._forward(state, list(state.buffer), size, 0)
                 state.buffer.clear()
@@ -281,6 +300,10 @@ class ServerConnection:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
+            if self._held is not None:
+                with self._held:
+                    await trio.sleep_forever()
+                self._held = None
             if self._confirm_dirty and not protocol.closed:
                 # (A Goodbye read since the routing was noted closes the protocol:
                 # nothing more may be said then.)
@@ -471,9 +494,11 @@ class ServerConnection:
         closed_before = self.protocol.closed
         for event in events:
             if type(event) is PublishReceived:
+                if self.broker.closing:
+                    continue  # a shutdown accepts none: never routed, never confirmed
                 state = self.channels[event.channel.index]
                 if not state.may_publish:
-                    self._deny(f"may not publish to {state.topic.topic_name!r}")
+                    self._deny(f"may not publish to {shown(state.topic.topic_name)}")
                     break
                 if state.stage is not None:
                     if not self._stage(state, event):
@@ -500,7 +525,8 @@ class ServerConnection:
         elif isinstance(event, TopicBound):
             self._open_publish_channel(event.handle, event.name, event.stage)
         elif type(event) is Commit:
-            self._commit(event)
+            if not self.broker.closing:  # unanswered: the client sees Goodbye 5 instead
+                self._commit(event)
         elif type(event) is Abort:
             decision = self.broker.staging.abort(self._owner, event.batch)
             self._answer(event.request, decision)
@@ -508,7 +534,7 @@ class ServerConnection:
             if self.principal is not None and not self.principal.principal.may_subscribe(
                 event.topic_name
             ):
-                self._deny(f"may not subscribe to {event.topic_name!r}")
+                self._deny(f"may not subscribe to {shown(event.topic_name)}")
                 return
             topic = self.broker.topic(event.topic_name)
             try:
@@ -534,9 +560,9 @@ class ServerConnection:
             if event.error is not None or event.code == GoodbyeCode.NORMAL:
                 self.ends_session = True
             how = "by the client" if event.by_peer else "for a protocol violation"
-            self.close_reason = f"closed {how}: code {event.code} {event.reason}"
+            self.close_reason = f"closed {how}: code {event.code} {shown(event.reason)}"
             if event.error is not None:
-                log.warning("%s %s: %s", self.name, self.peer, event.error)
+                self._log(logging.WARNING, "%s", shown(str(event.error), LINE_CHARS))
         elif isinstance(event, DeliverReceived):  # pragma: no cover - the protocol refuses it
             raise AssertionError("a broker never receives Deliver")
 
@@ -553,12 +579,7 @@ class ServerConnection:
         if hello.session is not None:
             session = sessions.find(hello.session, principal)
             if session is None:
-                log.info(
-                    "%s %s: %r asks for an unknown session: a new one",
-                    self.name,
-                    self.peer,
-                    self.client_name,
-                )
+                self._log(logging.INFO, "%s asks for an unknown session", shown(self.client_name))
         if session is not None:
             self._resume(session, hello.processed)
         else:
@@ -566,7 +587,7 @@ class ServerConnection:
             self.protocol.welcome(session=self.session.id, epoch=self.broker.epoch)
         # The bind channels exist now: their buffers count against the budgets.
         self._reserve(self._capacity_in_use() - self.buffer_reserved)
-        log.info("%s %s: hello from %r", self.name, self.peer, self.client_name)
+        self._log(logging.INFO, "hello from %s", shown(self.client_name))
 
     def _resume(self, session: Session, processed: dict[int, int]) -> None:
         """Take over ``session``: its handles, channels and subscriptions; what
@@ -590,13 +611,7 @@ class ServerConnection:
         for handle, subscription in self.subscriptions.items():
             redelivered += subscription.attach(self, processed.get(handle, 0))
         self.broker.sessions.redelivered_total += redelivered
-        log.info(
-            "%s %s: session %s resumed (%d deliveries sent again)",
-            self.name,
-            self.peer,
-            session.name,
-            redelivered,
-        )
+        self._log(logging.INFO, "session %s resumed (%d sent again)", session.name, redelivered)
 
     def _open_publish_channel(
         self, handle: int, name: str, stage: Stage | None = None
@@ -609,7 +624,7 @@ class ServerConnection:
             principal = self.principal.principal
             may_publish = principal.may_publish(name)
             if not may_publish and not principal.may_subscribe(name):
-                self._deny(f"may not use topic {name!r}")
+                self._deny(f"may not use topic {shown(name)}")
                 return None
         topic = self.broker.topic(name)
         topic.publishers += 1
@@ -637,7 +652,10 @@ class ServerConnection:
         assert broker.auth is not None
         found = broker.auth.authenticate(token, self.identity)
         if isinstance(found, AuthFailure):
-            self._deny("bad credentials" if token is not None else "credentials required", found)
+            # Held back longer for each failure in a row from the address: no guessing.
+            hold = broker.peers.failed(peer_key(self.peer), trio.current_time())
+            reason = "bad credentials" if token is not None else "credentials required"
+            self._deny(reason, found, hold)
             return False
         usage = broker.principals[found.name]
         limit = found.max_connections
@@ -652,15 +670,22 @@ class ServerConnection:
         self.principal = usage
         return True
 
-    def _deny(self, reason: str, failure: AuthFailure = AuthFailure.TOPIC_DENIED) -> None:
-        """Refuse the client for ``failure``: Goodbye 6 (not authorised)."""
+    def _deny(
+        self, reason: str, failure: AuthFailure = AuthFailure.TOPIC_DENIED, hold: float = 0.0
+    ) -> None:
+        """Refuse the client for ``failure``: Goodbye 6 (not authorised), sent
+        after ``hold`` seconds (nothing it sent after is applied)."""
         self.ends_session = True
         self.broker.auth_failed(failure)
-        self._refuse_hello(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}")
+        self._refuse_hello(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}", hold)
 
-    def _refuse_hello(self, code: GoodbyeCode, reason: str) -> None:
+    def _refuse_hello(self, code: GoodbyeCode, reason: str, hold: float = 0.0) -> None:
+        """Say Goodbye for ``reason`` (client input in it already ``shown()``),
+        logged; the writer holds it back ``hold`` seconds."""
         who = self.principal.principal.name if self.principal else self.identity or "anonymous"
-        log.warning("%s %s (%s): %s", self.name, self.peer, who, reason)
+        self._log(logging.WARNING, "(%s) %s", shown(who), reason)
+        if hold > 0:
+            self._held = trio.CancelScope(deadline=trio.current_time() + hold)
         self.goodbye(code, reason)
 
     def _on_handle_gone(self, handle_type: int, handle: int) -> None:
@@ -703,7 +728,7 @@ class ServerConnection:
             trio.current_time(),
         )
         if refusal is not None:
-            log.warning("%s %s: %s", self.name, self.peer, refusal)
+            self._log(logging.WARNING, "%s", refusal)
             self.goodbye(GoodbyeCode.LIMIT_EXCEEDED, refusal)
             return False
         self.counters.messages_in += 1
@@ -742,12 +767,8 @@ class ServerConnection:
             account.close()
             self._answer(event.request, decision)
 
-        log.info(
-            "%s %s: batch %r committed: %d staged publishes routed",
-            self.name,
-            self.peer,
-            event.batch,
-            decision.messages,
+        self._log(
+            logging.INFO, "batch %s committed: %d to route", shown(event.batch), decision.messages
         )
         self.broker.start_commit(batch, account, decision.publishes, routed)
 
@@ -770,6 +791,8 @@ class ServerConnection:
         over its high watermark: the debt passes the watermark by about one
         publish's fan-out, as if publishes were forwarded one at a time.
         """
+        if self.broker.closing:
+            return  # a shutdown forwards nothing more (nothing more is confirmed)
         buffer = state.buffer
         account = state.account
         protocol = self.protocol
@@ -833,13 +856,13 @@ class ServerConnection:
             if state.account.blocked:
                 await self._wait_for_funds(state)
                 continue
-            if not state.buffer:
+            if not state.buffer or self.broker.closing:
                 break
             self._drain(state, FORWARD_SLICE)
             self.wake_writer()
             await trio.lowlevel.checkpoint()
         state.waiting = False
-        if self._owns(state):
+        if self._owns(state) and not self.broker.closing:
             if state.advised:
                 state.advised = False
                 self.protocol.throttled(state.channel, False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from broker.protocol import Channel, ChannelKind, Policy
@@ -24,7 +25,9 @@ class BrokerPolicy(Policy):
             publish_capacity=config.publish_capacity,
             deliver_capacity=0,
         )
-        self._connection = connection
+        # A proxy: the connection holds its protocol, which holds this policy;
+        # a strong reference back would leave every closed connection a cycle.
+        self._connection: ServerConnection = weakref.proxy(connection)
 
     def initial_capacity(self, channel: Channel) -> int:
         if channel.kind == ChannelKind.PUBLISH:

@@ -18,6 +18,8 @@ import trio
 
 from broker.protocol import BrokerSessionState
 
+from ._peerlog import shown
+
 if TYPE_CHECKING:
     from ._connection import ServerConnection
     from ._topic import Subscription
@@ -167,7 +169,7 @@ class SessionTable:
             await trio.sleep(self.linger)
             if session.connection is None and self.sessions.get(session.id) is session:
                 self.expired_total += 1
-                log.info("session %s of %r expired", session.name, session.client_name)
+                log.info("session %s of %s expired", session.name, shown(session.client_name))
                 self.end(session)
 
     def end(self, session: Session) -> None:

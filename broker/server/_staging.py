@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from accounts import Account, LoanedItem, unlimited
 from broker.protocol import OutcomeStatus, Stage
 
+from ._peerlog import shown
+
 log = logging.getLogger("broker.server")
 
 #: What a staged publish holds besides its Deliver tail's bytes (its records
@@ -205,8 +207,8 @@ class StagingArea:
             self.size -= batch.size
             self._discard([p for member in batch.members.values() for p in member], "expired")
             log.warning(
-                "staged batch %r of %s discarded: neither committed nor aborted within %s s",
-                key[1],
+                "staged batch %s of %s discarded: neither committed nor aborted within %s s",
+                shown(key[1]),
                 "anonymous clients" if key[0] is None else repr(key[0]),
                 self.ttl,
             )

@@ -5,7 +5,7 @@ messages a second, publishes flat out from another client, sends SIGTERM
 after a second and counts the messages the broker confirmed to the
 publisher that never reached the subscriber.
 
-    python scripts/shutdown_loss.py [--runs 10]
+    python tests/measure/shutdown_loss.py [--runs 10]
 """
 
 from __future__ import annotations

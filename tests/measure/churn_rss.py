@@ -2,7 +2,7 @@
 with the default settings (``gc_threshold`` and ``gc.freeze`` included) and
 cycles of N clients that connect, publish a message, subscribe, and leave.
 
-    python scripts/churn_rss.py [--cycles 20] [--connections 1000]
+    python tests/measure/churn_rss.py [--cycles 20] [--connections 1000]
 
 Prints the broker's RSS (MiB) after each cycle. Linux only (reads /proc).
 """

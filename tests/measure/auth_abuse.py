@@ -10,7 +10,7 @@ again and again for a few seconds; prints the bytes the broker logged.
 ``max_connections`` (200) and beyond, while a client from another address
 (127.0.0.2) connects 50 times; prints how many of those were refused.
 
-    python scripts/auth_abuse.py guess|log|squat
+    python tests/measure/auth_abuse.py guess|log|squat
 """
 
 from __future__ import annotations

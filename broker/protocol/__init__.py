@@ -18,7 +18,6 @@ parameter. :class:`Connection` is one end of a connection in either role
 
 from ._codec import (
     MAX_DELIVER_MANY,
-    FrameDecoder,
     decode_body,
     deliver_many_head,
     deliver_many_head_size,
@@ -30,6 +29,7 @@ from ._codec import (
 from ._connection import (
     DELIVER_SLACK,
     MAX_HELLO_FRAME,
+    PIECE_OVERHEAD,
     Connection,
     ConnectionState,
     ConnectionStatistics,
@@ -49,9 +49,11 @@ from ._events import (
     HelloReceived,
     PublishReceived,
     Subscribed,
+    SubscriptionDropped,
     TopicBound,
     WelcomeReceived,
 )
+from ._framing import FrameDecoder
 from ._guarantees import (
     ChannelReceiver,
     ChannelSender,
@@ -121,6 +123,7 @@ __all__ = [
     "LENGTH_PREFIX",
     "MAX_DELIVER_MANY",
     "MAX_HELLO_FRAME",
+    "PIECE_OVERHEAD",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
     "TOPIC_BINDS",
@@ -195,6 +198,7 @@ __all__ = [
     "Stage",
     "Subscribe",
     "Subscribed",
+    "SubscriptionDropped",
     "SubscriptionInfo",
     "Throttled",
     "TopicBound",

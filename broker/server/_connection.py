@@ -428,7 +428,7 @@ class ServerConnection:
             self._nursery.cancel_scope.cancel()
 
     async def _pause_if_needed(self) -> None:
-        if self.protocol.bytes_to_send > self.broker.config.max_unsent:
+        if self.protocol.memory_to_send > self.broker.config.max_unsent:
             # The client does not read: stop reading until the writer drains.
             self.counters.reader_pauses += 1
             self._drained = trio.Event()

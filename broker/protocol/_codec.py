@@ -510,7 +510,7 @@ def _welcome(f: list[Any]) -> Welcome:
             raise _bad("bound must be an array of two handle counts")
         bound = (_u64(bound[0], "bound topics"), _u64(bound[1], "bound subscriptions"))
     surviving = rec.get("subscriptions")
-    if surviving is not None:
+    if "subscriptions" in rec:
         if type(surviving) is not list:
             raise _bad("subscriptions must be an array of subscription handles")
         surviving = tuple(_u64(handle, "subscription") for handle in surviving)

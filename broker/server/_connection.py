@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable
@@ -311,7 +312,8 @@ class ServerConnection:
             state = self.channels.get(handle)
             if state is not None and state.routed != state.confirmed:
                 state.confirmed = state.routed
-                protocol.confirm(handle, state.routed)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    protocol.confirm(handle, state.routed)
         self._confirm_dirty.clear()
 
     def routed(self, routed: Routed) -> None:
@@ -842,7 +844,8 @@ class ServerConnection:
         if self._owns(state):
             if state.advised:
                 state.advised = False
-                self.protocol.throttled(state.channel, False)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    self.protocol.throttled(state.channel, False)
             self.protocol.issue_guarantees(state.channel)
             self.wake_writer()
 
@@ -854,7 +857,8 @@ class ServerConnection:
         if patience.cancelled_caught:
             if not state.advised and self._owns(state):
                 state.advised = True
-                self.protocol.throttled(state.channel, True)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    self.protocol.throttled(state.channel, True)
                 self.wake_writer()
             await state.account.ensure_clear_funds()
 

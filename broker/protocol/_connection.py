@@ -92,6 +92,7 @@ from ._messages import (
 )
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo, check_welcome
+from ._short_run import ShortRun
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -180,48 +181,6 @@ _DEFAULT_HEARTBEAT = 5.0
 _DEFAULT_LEASE = 15.0
 
 
-class _ShortRun:
-    """What the short path of a Publish or Deliver found out about its
-    handle, reused for the frames right after it on the same handle: until
-    another kind of frame is handled, nothing can change the binding or the
-    connection's state, and each frame's guarantees are still checked."""
-
-    __slots__ = ("binding", "channel", "counts", "handle", "kind", "receiver")
-
-    def __init__(
-        self,
-        kind: type,
-        handle: int,
-        binding: Binding[Any],
-        receiver: ChannelReceiver,
-        counts: dict[int, int] | None,
-    ) -> None:
-        self.kind = kind
-        self.handle = handle
-        self.binding = binding
-        self.receiver = receiver
-        self.channel = receiver.channel
-        #: Broker: the per-topic count of accepted publishes (resume data).
-        self.counts = counts
-
-    def take(self, message: Any, size: int, events: list[Event]) -> bool:
-        """Accept ``message`` as its run's short path would; False (nothing
-        changed) if it is on another handle or beyond the guarantees."""
-        counts = self.counts
-        if counts is None:
-            if message.subscription != self.handle or not self.receiver.accept_guaranteed(size):
-                return False
-            self.binding.references += 1
-            events.append(DeliverReceived(message, self.channel, size))
-            return True
-        if message.topic != self.handle or not self.receiver.accept_guaranteed(size):
-            return False
-        self.binding.references += 1
-        counts[self.handle] += 1
-        events.append(PublishReceived(message, self.binding.value, self.channel, size))
-        return True
-
-
 class Connection:
     """The protocol state of one connection, for either role."""
 
@@ -291,8 +250,8 @@ class Connection:
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
         self._ping_nonce = 0
-        #: Set by the short path of the frame just handled (see _ShortRun).
-        self._run: _ShortRun | None = None
+        #: Set by the short path of the frame just handled (see ShortRun).
+        self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
         self._many = False
         self._handlers: dict[type, Callable[[Any, int, list[Event]], None]] = {
@@ -343,7 +302,7 @@ class Connection:
         handlers = self._handlers
         closed = ConnectionState.CLOSED
         frames = received = 0
-        run: _ShortRun | None = None
+        run: ShortRun | None = None
         try:
             for message, size in self._decoder.messages():
                 frames += 1
@@ -1363,7 +1322,7 @@ class Connection:
                 binding.references += 1
                 self.publishes_received[topic] += 1
                 events.append(PublishReceived(message, binding.value, receiver.channel, size))
-                self._run = _ShortRun(Publish, topic, binding, receiver, self.publishes_received)
+                self._run = ShortRun(Publish, topic, binding, receiver, self.publishes_received)
                 return
         binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
         if binding is None:
@@ -1573,7 +1532,7 @@ class Connection:
             if receiver.accept_guaranteed(size):
                 binding.references += 1
                 events.append(DeliverReceived(message, receiver.channel, size))
-                self._run = _ShortRun(Deliver, handle, binding, receiver, None)
+                self._run = ShortRun(Deliver, handle, binding, receiver, None)
                 return
         channel = self._accept_delivery("Deliver", handle, size, 1, events)
         events.append(DeliverReceived(message, channel, size))

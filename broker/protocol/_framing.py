@@ -8,12 +8,17 @@ decodes each frame once it is whole.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Iterator
 
-from ._codec import _LENGTH, _decode_item, _fast_message, _new_decoder
+from ._codec import _decode_item, _fast_message, _new_decoder
 from ._errors import RemoteProtocolError
 from ._messages import Message
 from ._types import DEFAULT_MAX_FRAME, LENGTH_PREFIX, GoodbyeCode
+
+#: The length prefix. (Made here, not imported: Python 3.11 compiles a method
+#: call on an imported name as an attribute load, a bound method per frame.)
+_LENGTH = struct.Struct(">I")
 
 
 class FrameDecoder:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import socket
+import threading
 import tracemalloc
 from collections.abc import Mapping
+from functools import partial
 
 import pytest
 import trio
 
-from broker.client import ClientError, open_client
+from broker.client import BlockingClient, ClientError, open_client
 from broker.config import MiB
 from broker.protocol import (
     BindTopic,
@@ -171,14 +173,9 @@ async def test_a_topic_freed_while_throttled_hears_nothing_more_about_itself() -
 # ==================================================================== item 16
 
 
-async def test_a_resume_after_the_broker_ended_a_subscription_keeps_the_connection(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The broker no longer has one of the session's subscriptions when the
-    client resumes (as after the broker freed it while the client was away):
-    its Welcome says which survive, the client ends that one (receiving from
-    it raises ClientError) and goes on with the rest on the same connection.
-    Before, the client restored it and the broker closed with Goodbye 1."""
+def end_subscriptions_to_gone_on_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the broker's sessions lose their subscriptions to topic "gone"
+    when they are resumed, as if the broker had ended them meanwhile."""
     for_resume = BrokerSessionState.for_resume
 
     def ending_gone(
@@ -190,6 +187,17 @@ async def test_a_resume_after_the_broker_ended_a_subscription_keeps_the_connecti
         return dataclasses.replace(restore, subscriptions=kept), dropped + gone
 
     monkeypatch.setattr(BrokerSessionState, "for_resume", ending_gone)
+
+
+async def test_a_resume_after_the_broker_ended_a_subscription_keeps_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker no longer has one of the session's subscriptions when the
+    client resumes (as after the broker freed it while the client was away):
+    its Welcome says which survive, the client ends that one (receiving from
+    it raises ClientError) and goes on with the rest on the same connection.
+    Before, the client restored it and the broker closed with Goodbye 1."""
+    end_subscriptions_to_gone_on_resume(monkeypatch)
     async with (
         running_broker() as broker,
         proxied(broker.address) as proxy,
@@ -213,4 +221,39 @@ async def test_a_resume_after_the_broker_ended_a_subscription_keeps_the_connecti
                 await stack.aclose()
         assert client.resumes == 1 and client.sessions_lost == 0
         assert broker.sessions.resumed_total == 1
+        assert broker.internal_errors == 0
+
+
+async def test_a_blocking_client_too_ends_that_subscription_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same with the blocking client: iterating the ended subscription
+    stops, closing it returns at once, the other one goes on."""
+    end_subscriptions_to_gone_on_resume(monkeypatch)
+    subscribed, cut = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+    async with (
+        running_broker() as broker,
+        proxied(broker.address) as proxy,
+        open_client(url(broker), name="pub") as publisher,
+    ):
+
+        def subscriber() -> None:
+            with BlockingClient(proxy.url, name="sub", reconnect=TIMEOUT) as client:
+                kept = client.subscribe("kept", timeout=TIMEOUT)
+                gone = client.subscribe("gone", timeout=TIMEOUT)
+                subscribed.set()
+                assert cut.wait(TIMEOUT)
+                seen["after"] = kept.receive(timeout=TIMEOUT).payload  # (resumes first)
+                seen["gone"] = list(gone)
+                gone.close()
+                seen["resumes"] = client.resumes
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, subscriber)
+            await trio.to_thread.run_sync(partial(subscribed.wait, TIMEOUT))
+            proxy.cut()
+            cut.set()
+            await publisher.publish("kept", b"after")
+        assert seen == {"after": b"after", "gone": [], "resumes": 1}
         assert broker.internal_errors == 0

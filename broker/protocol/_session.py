@@ -92,7 +92,9 @@ def check_welcome(welcome: Welcome, resume: ClientSessionState | None) -> None:
         raise RemoteProtocolError("Welcome with unusable max_frame, heartbeat or lease")
     if not welcome.resumed:
         if welcome.bound is not None or welcome.subscriptions is not None:
-            raise RemoteProtocolError("Welcome: 'bound' comes with a resumed session only")
+            raise RemoteProtocolError(
+                "Welcome: 'bound' and 'subscriptions' come with a resumed session only"
+            )
         return
     if resume is None or welcome.session != resume.session:
         raise RemoteProtocolError("Welcome resumes a session this client did not ask for")

@@ -644,6 +644,8 @@ class Client(ClientEvents):
         handle = subscription.handle  # (a new one if the session was made again)
         if self._error is not None or conn.closed or self._reconnecting:
             return
+        if handle not in conn.subscriptions:
+            return  # the session no longer has it (the broker ended it)
         with trio.move_on_after(10):
             await self._wait_for(lambda: conn.confirmed(HandleType.SUBSCRIPTION, handle))
             conn.free_handle(HandleType.SUBSCRIPTION, handle)

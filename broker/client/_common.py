@@ -32,6 +32,7 @@ from broker.protocol import (
     Pong,
     Publish,
     Stage,
+    SubscriptionDropped,
     Throttled,
     WelcomeReceived,
     decode_body,
@@ -304,3 +305,12 @@ class ClientEvents:
                 log.log(level, "%s: %s (resending them)", self.name, event)
             elif isinstance(event, FramesAbandoned):
                 log.warning("%s: %s", self.name, event)
+            elif isinstance(event, SubscriptionDropped):
+                # The resumed session no longer has it: it ends (receiving
+                # from it raises ClientError); the rest goes on.
+                dropped = self._subscriptions.pop(event.subscription, None)
+                if dropped is not None:
+                    dropped._closed = True
+                log.warning(
+                    "%s: the broker ended our subscription to %r", self.name, event.topic_name
+                )

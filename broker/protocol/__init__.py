@@ -19,7 +19,6 @@ parameter. :class:`Connection` is one end of a connection in either role
 
 from ._codec import (
     MAX_DELIVER_MANY,
-    FrameDecoder,
     decode_body,
     deliver_many_head,
     deliver_many_head_size,
@@ -31,6 +30,7 @@ from ._codec import (
 from ._connection import (
     DELIVER_SLACK,
     MAX_HELLO_FRAME,
+    PIECE_OVERHEAD,
     Connection,
     ConnectionState,
     ConnectionStatistics,
@@ -50,9 +50,11 @@ from ._events import (
     HelloReceived,
     PublishReceived,
     Subscribed,
+    SubscriptionDropped,
     TopicBound,
     WelcomeReceived,
 )
+from ._framing import FrameDecoder
 from ._guarantees import (
     ChannelReceiver,
     ChannelSender,
@@ -133,6 +135,7 @@ __all__ = [
     "MAX_HELLO_FRAME",
     "MAX_TOPIC_NAME",
     "MIN_TOPIC_NAME",
+    "PIECE_OVERHEAD",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
     "TOPIC_BINDS",
@@ -208,6 +211,7 @@ __all__ = [
     "Stage",
     "Subscribe",
     "Subscribed",
+    "SubscriptionDropped",
     "SubscriptionInfo",
     "Throttled",
     "TopicBound",

@@ -5,7 +5,7 @@ holding exactly one CBOR array ``[type, field, ...]``. Decoding is strict:
 anything that is not exactly a well-formed message of a known type becomes a
 :class:`RemoteProtocolError` carrying the Goodbye code to send, and never
 another exception. Decoding has no side effects, so a bad frame is never
-half-applied.
+half-applied. Cutting a byte stream into frames is :mod:`._framing`'s job.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import io
 import math
 import struct
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import Any
 
 import cbor2
@@ -57,7 +58,6 @@ from ._types import (
     U64_MAX,
     Channel,
     ChannelKind,
-    GoodbyeCode,
     MessageType,
 )
 
@@ -149,6 +149,8 @@ def _fields(message: Message) -> list[Any]:
             }
             if message.bound is not None:
                 welcome["bound"] = list(message.bound)
+            if message.subscriptions is not None:
+                welcome["subscriptions"] = list(message.subscriptions)
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
@@ -493,8 +495,12 @@ def _secret(value: Any, what: str) -> str:
 def _welcome(f: list[Any]) -> Welcome:
     fields = f[2]
     resumed = type(fields) is dict and fields.get("resumed") is True
-    # A resumed session says how many handles the broker bound; a new one does not.
-    rec = _record(fields, _WELCOME_KEYS_RESUMED if resumed else _WELCOME_KEYS, "Welcome fields")
+    # A resumed session says how many handles the broker bound, and maybe
+    # which subscriptions survive; a new one says neither.
+    keys = _WELCOME_KEYS
+    if resumed:
+        keys = _WELCOME_KEYS_RESUMED | ({"subscriptions"} & fields.keys())
+    rec = _record(fields, keys, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
         raise _bad("session id must be 16 bytes")
@@ -503,6 +509,13 @@ def _welcome(f: list[Any]) -> Welcome:
         if type(bound) is not list or len(bound) != 2:
             raise _bad("bound must be an array of two handle counts")
         bound = (_u64(bound[0], "bound topics"), _u64(bound[1], "bound subscriptions"))
+    surviving = rec.get("subscriptions")
+    if "subscriptions" in rec:
+        if type(surviving) is not list:
+            raise _bad("subscriptions must be an array of subscription handles")
+        surviving = tuple(_u64(handle, "subscription") for handle in surviving)
+        if any(a >= b for a, b in pairwise(surviving)):
+            raise _bad("subscriptions must be in ascending order, without repeats")
     return Welcome(
         _u64(f[1], "version"),
         session,
@@ -513,6 +526,7 @@ def _welcome(f: list[Any]) -> Welcome:
         _u64(rec["max_frame"], "max_frame"),
         _u64_map(rec["received"], "received"),
         bound,
+        surviving,
     )
 
 
@@ -845,64 +859,3 @@ def decode_body(body: bytes) -> Message:
     """
     stream = io.BytesIO(body)
     return _decode_item(_new_decoder(stream), stream, 0, len(body))
-
-
-class FrameDecoder:
-    """Incremental decoder: feed bytes split anywhere, take whole messages out.
-
-    Each message comes with its frame size (length prefix plus body), the
-    amount a channel message counts against guarantees. A length prefix of 0
-    or above ``max_frame`` is refused as soon as its four bytes arrive,
-    before the body is buffered.
-    """
-
-    __slots__ = ("_buffer", "max_frame")
-
-    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        self.max_frame = max_frame
-        self._buffer = bytearray()
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet part of a whole frame."""
-        return len(self._buffer)
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes."""
-        self._buffer += data
-
-    def messages(self) -> Iterator[tuple[Message, int]]:
-        """Yield ``(message, frame_size)`` for every whole frame buffered.
-
-        A frame counts as consumed once it is yielded (or found malformed);
-        stopping early leaves the frames after it buffered.
-        """
-        buffer = self._buffer
-        if len(buffer) < LENGTH_PREFIX:
-            return
-        data = bytes(buffer)
-        available = len(data)
-        stream = io.BytesIO(data)
-        decoder = _new_decoder(stream)
-        pos = 0
-        try:
-            while available - pos >= LENGTH_PREFIX:
-                (length,) = _LENGTH.unpack_from(data, pos)
-                if length == 0:
-                    raise RemoteProtocolError("malformed frame: empty frame")
-                if length > self.max_frame:
-                    raise RemoteProtocolError(
-                        f"frame of {length} bytes exceeds max_frame {self.max_frame}",
-                        GoodbyeCode.FRAME_TOO_LARGE,
-                    )
-                end = pos + LENGTH_PREFIX + length
-                if end > available:
-                    return
-                start, pos = pos, end
-                fast = _fast_message(data, start + LENGTH_PREFIX, end)
-                if fast is not None:
-                    yield fast, end - start
-                else:
-                    yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
-        finally:
-            del buffer[:pos]

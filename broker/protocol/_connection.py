@@ -23,7 +23,6 @@ from typing import Any
 
 from ._codec import (
     MAX_DELIVER_MANY,
-    FrameDecoder,
     deliver_heads,
     deliver_many_head,
     deliver_many_head_size,
@@ -46,9 +45,11 @@ from ._events import (
     HelloReceived,
     PublishReceived,
     Subscribed,
+    SubscriptionDropped,
     TopicBound,
     WelcomeReceived,
 )
+from ._framing import FrameDecoder
 from ._guarantees import (
     ChannelReceiver,
     ChannelSender,
@@ -91,7 +92,8 @@ from ._messages import (
 )
 from ._names import check_topic_name, topic_name_problem
 from ._policy import Policy
-from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
+from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo, check_welcome
+from ._short_run import ShortRun
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -172,50 +174,12 @@ MAX_REASON = 200
 #: The largest frame body a broker accepts before the client's Hello: what an
 #: unauthenticated peer can make it buffer (``max_frame`` applies after it).
 MAX_HELLO_FRAME = 16 * 1024
+#: What CPython spends on one queued output piece besides its bytes: the
+#: header and allocator rounding of a small ``bytes`` object (at most 48)
+#: and its slot in the queue's list (8, plus the list's over-allocation).
+PIECE_OVERHEAD = 64
 _DEFAULT_HEARTBEAT = 5.0
 _DEFAULT_LEASE = 15.0
-
-
-class _ShortRun:
-    """What the short path of a Publish or Deliver found out about its
-    handle, reused for the frames right after it on the same handle: until
-    another kind of frame is handled, nothing can change the binding or the
-    connection's state, and each frame's guarantees are still checked."""
-
-    __slots__ = ("binding", "channel", "counts", "handle", "kind", "receiver")
-
-    def __init__(
-        self,
-        kind: type,
-        handle: int,
-        binding: Binding[Any],
-        receiver: ChannelReceiver,
-        counts: dict[int, int] | None,
-    ) -> None:
-        self.kind = kind
-        self.handle = handle
-        self.binding = binding
-        self.receiver = receiver
-        self.channel = receiver.channel
-        #: Broker: the per-topic count of accepted publishes (resume data).
-        self.counts = counts
-
-    def take(self, message: Any, size: int, events: list[Event]) -> bool:
-        """Accept ``message`` as its run's short path would; False (nothing
-        changed) if it is on another handle or beyond the guarantees."""
-        counts = self.counts
-        if counts is None:
-            if message.subscription != self.handle or not self.receiver.accept_guaranteed(size):
-                return False
-            self.binding.references += 1
-            events.append(DeliverReceived(message, self.channel, size))
-            return True
-        if message.topic != self.handle or not self.receiver.accept_guaranteed(size):
-            return False
-        self.binding.references += 1
-        counts[self.handle] += 1
-        events.append(PublishReceived(message, self.binding.value, self.channel, size))
-        return True
 
 
 class Connection:
@@ -287,8 +251,8 @@ class Connection:
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
         self._ping_nonce = 0
-        #: Set by the short path of the frame just handled (see _ShortRun).
-        self._run: _ShortRun | None = None
+        #: Set by the short path of the frame just handled (see ShortRun).
+        self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
         self._many = False
 
@@ -312,7 +276,7 @@ class Connection:
         handlers = _HANDLERS
         closed = ConnectionState.CLOSED
         frames = received = 0
-        run: _ShortRun | None = None
+        run: ShortRun | None = None
         try:
             for message, size in self._decoder.messages():
                 frames += 1
@@ -352,6 +316,14 @@ class Connection:
     def bytes_to_send(self) -> int:
         """Bytes queued for the peer that :meth:`data_to_send` has not returned yet."""
         return self._out_size
+
+    @property
+    def memory_to_send(self) -> int:
+        """An upper estimate of the memory the output queue holds: its bytes
+        plus :data:`PIECE_OVERHEAD` per queued piece. Bound this, not
+        :attr:`bytes_to_send`, for a peer that does not read: many tiny
+        frames (a Pong per Ping) cost several times their bytes."""
+        return self._out_size + PIECE_OVERHEAD * len(self._out)
 
     @property
     def closed(self) -> bool:
@@ -448,9 +420,11 @@ class Connection:
             raise LocalProtocolError("a session id is 16 bytes")
         if resumed and restore is None:
             raise LocalProtocolError("a resumed session needs the state to restore")
+        surviving = None
         if restore is not None:
             resumed = True
             received = restore.received
+            surviving = self._surviving_subscriptions(restore)
         if lease_ms is not None:
             self.liveness.lease = lease_ms / 1000
         if heartbeat_ms is not None:
@@ -465,6 +439,7 @@ class Connection:
             self.max_frame,
             dict(received or {}),
             None if restore is None else (restore.next_topic, restore.next_subscription),
+            surviving,
         )
         self._queue(message)
         self.welcome_message = message
@@ -475,6 +450,15 @@ class Connection:
             return
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
             self._open_receiver(channel)
+
+    def _surviving_subscriptions(self, state: BrokerSessionState) -> tuple[int, ...] | None:
+        """The Welcome's ``subscriptions``: those ``state`` keeps, if it lacks
+        one the Hello listed below its count (else None: all survive)."""
+        assert self.hello_message is not None
+        listed = self.hello_message.processed
+        if all(h >= state.next_subscription or h in state.subscriptions for h in listed):
+            return None
+        return tuple(sorted(state.subscriptions))
 
     def _restore_broker(self, state: BrokerSessionState) -> None:
         self.topics.restore({h: name for h, (name, _) in state.topics.items()}, state.next_topic)
@@ -603,54 +587,48 @@ class Connection:
     def _on_welcome(self, message: Welcome, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT or self.state is not ConnectionState.AWAIT_WELCOME:
             raise RemoteProtocolError("unexpected Welcome")
-        if message.version != PROTOCOL_VERSION:
-            raise RemoteProtocolError(f"unsupported protocol version {message.version}")
-        if message.max_frame < 64 or message.heartbeat_ms == 0 or message.lease_ms == 0:
-            raise RemoteProtocolError("Welcome with unusable max_frame, heartbeat or lease")
+        resume = self._resume
+        check_welcome(message, resume)  # a refused Welcome changes nothing
         self.welcome_message = message
         self.peer_max_frame = message.max_frame
         self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
         self.liveness.lease = message.lease_ms / 1000
         self.liveness.heartbeat = message.heartbeat_ms / 1000
-        resume = self._resume
-        if message.resumed and (resume is None or message.session != resume.session):
-            raise RemoteProtocolError("Welcome resumes a session this client did not ask for")
-        if message.resumed != (message.bound is not None):
-            raise RemoteProtocolError("Welcome: 'bound' comes with a resumed session only")
         self.state = ConnectionState.OPEN
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
             self._senders[channel] = ChannelSender(channel)
         resent = 0
+        dropped: list[Event] = []
         if message.resumed:
             assert resume is not None
-            resent = self._restore_client(resume, message)
+            resent = self._restore_client(resume, message, dropped)
         self._resume = None
         events.append(WelcomeReceived(message, resent))
+        events += dropped
 
-    def _restore_client(self, state: ClientSessionState, welcome: Welcome) -> int:
+    def _restore_client(
+        self, state: ClientSessionState, welcome: Welcome, dropped: list[Event]
+    ) -> int:
         """Bind the resumed session's handles again and queue, for sending
         before anything new, what the broker did not receive; returns how
-        many frames that is. Nothing is changed if the Welcome is inconsistent."""
+        many frames that is. Subscriptions the broker no longer has are
+        left out, each reported in ``dropped``. The Welcome is checked."""
         assert welcome.bound is not None
         bound_topics, bound_subscriptions = welcome.bound
         received = welcome.received
-        if bound_topics > state.next_topic or bound_subscriptions > state.next_subscription:
-            raise RemoteProtocolError("Welcome: the broker bound handles this client never did")
-        for handle, count in received.items():
-            base, frames = state.retained.get(handle, (0, ()))
-            if handle not in state.topics or handle >= bound_topics:
-                raise RemoteProtocolError(f"Welcome: topic handle {handle} is not bound")
-            if not base <= count <= base + len(frames):
-                raise RemoteProtocolError(
-                    f"Welcome: {count} publishes received on topic handle {handle}, "
-                    f"but {base} were confirmed and {base + len(frames)} sent"
-                )
         # Topic handles below the broker's count that it no longer lists were freed there.
         topics = {h: name for h, name in state.topics.items() if h >= bound_topics or h in received}
         self.topics.restore(topics, state.next_topic)
         self._stages = {h: s for h, s in state.stages.items() if h in topics}
-        self.subscriptions.restore(dict(state.subscriptions), state.next_subscription)
-        self.processed = dict(state.processed)
+        # So are subscription handles it does not list, when it lists them.
+        subscriptions = dict(state.subscriptions)
+        if welcome.subscriptions is not None:
+            for handle in sorted(set(subscriptions).difference(welcome.subscriptions)):
+                if handle < bound_subscriptions:
+                    name = subscriptions.pop(handle).topic_name
+                    dropped.append(SubscriptionDropped(handle, name))
+        self.subscriptions.restore(subscriptions, state.next_subscription)
+        self.processed = {h: n for h, n in state.processed.items() if h in subscriptions}
         resent = 0
         binds = self._senders[TOPIC_BINDS]
         for handle in sorted(topics):
@@ -668,7 +646,7 @@ class Connection:
                 sender.retransmit.append(SentFrame(len(frame), frame, None))
             resent += len(missing)
         subscribes = self._senders[SUBSCRIPTION_BINDS]
-        for handle, info in sorted(state.subscriptions.items()):
+        for handle, info in sorted(subscriptions.items()):
             if handle >= bound_subscriptions:
                 message = Subscribe(info.topic, info.mode, dict(info.options))
                 resent += self._queue_resend(subscribes, message)
@@ -1323,7 +1301,7 @@ class Connection:
                 binding.references += 1
                 self.publishes_received[topic] += 1
                 events.append(PublishReceived(message, binding.value, receiver.channel, size))
-                self._run = _ShortRun(Publish, topic, binding, receiver, self.publishes_received)
+                self._run = ShortRun(Publish, topic, binding, receiver, self.publishes_received)
                 return
         binding = self._resolve_peer_reference(HandleType.TOPIC, message.topic, events)
         if binding is None:
@@ -1533,7 +1511,7 @@ class Connection:
             if receiver.accept_guaranteed(size):
                 binding.references += 1
                 events.append(DeliverReceived(message, receiver.channel, size))
-                self._run = _ShortRun(Deliver, handle, binding, receiver, None)
+                self._run = ShortRun(Deliver, handle, binding, receiver, None)
                 return
         channel = self._accept_delivery("Deliver", handle, size, 1, events)
         events.append(DeliverReceived(message, channel, size))
@@ -1567,19 +1545,24 @@ class Connection:
         events.append(message)
 
     def _on_confirm(self, message: Confirm) -> None:
-        """Confirmed publishes need not be kept for a resume any more."""
-        base = self._retained_base.get(message.topic, 0)
-        retained = self._retained.get(message.topic)
-        if retained is None or message.count <= base:
-            return
-        if message.count - base > len(retained):
+        """Confirmed publishes need not be kept for a resume any more.
+
+        The count is cumulative over the session: it never goes back, and
+        never exceeds the Publish frames sent on the handle (a repeat of the
+        last count changes nothing)."""
+        topic, count = message.topic, message.count
+        base = self._retained_base.get(topic, 0)
+        retained = self._retained.get(topic)
+        sent = base + (len(retained) if retained is not None else 0)
+        if not base <= count <= sent:
             raise RemoteProtocolError(
-                f"Confirm of {message.count} publishes on topic handle {message.topic}, "
-                f"only {base + len(retained)} sent"
+                f"Confirm of {count} publishes on topic handle {topic}: "
+                f"{base} confirmed before, {sent} sent"
             )
-        for _ in range(message.count - base):
-            retained.popleft()
-        self._retained_base[message.topic] = message.count
+        if retained is not None and count > base:
+            for _ in range(count - base):
+                retained.popleft()
+            self._retained_base[topic] = count
 
     def gap(self, subscription: int, first_seq: int, count: int) -> None:
         """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
@@ -1596,9 +1579,13 @@ class Connection:
         self._queue(Confirm(topic, count))
 
     def throttled(self, channel: Channel, throttled: bool) -> None:
-        """Broker: advise the client that ``channel`` is (no longer) withheld."""
+        """Broker: advise the client that ``channel`` is (no longer) withheld.
+
+        Refused (:class:`LocalProtocolError`, nothing sent) for the channel of
+        a topic handle being freed: the client may have deleted it already.
+        """
         self._require_role(Role.BROKER, "throttle")
-        self._require_open()
+        self._require_referable(channel)
         self._receiver(channel)
         self._queue(Throttled(channel, throttled))
 

@@ -147,6 +147,17 @@ class HandleDeleted:
 
 
 @dataclass(slots=True)
+class SubscriptionDropped:
+    """Client: the resumed session no longer has this subscription (the
+    broker ended it while the client was away, its ``Welcome`` says so).
+    The handle is gone on this side too; nothing more will be delivered on
+    it, and the application should end whatever consumes it."""
+
+    subscription: int
+    topic_name: str
+
+
+@dataclass(slots=True)
 class ConnectionClosed:
     """The connection is over: a Goodbye was received, or sent after ``error``."""
 
@@ -169,6 +180,7 @@ Event = (
     | FramesAbandoned
     | HandleFreeProposed
     | HandleDeleted
+    | SubscriptionDropped
     | ConnectionClosed
     | Ack
     | Gap

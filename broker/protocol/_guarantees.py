@@ -24,8 +24,8 @@ Limits (both decided here, see docs/protocol.md):
 - ``LimitSending(bound)`` counts every byte of every frame the sender puts on
   the channel after it (dropped frames and retransmissions included) plus
   every ``Absolve``. Both ends see the same frames in the same order, so they
-  agree exactly. A bound equal to the remaining one is accepted and changes
-  nothing; only a looser one is an error.
+  agree exactly. A new bound must be below the remaining one: an equal or
+  looser one is an error (both ends know the remaining bound exactly).
 - ``LimitReceiving(bound)`` counts guarantee bytes the receiver issues after
   it. Outstanding guarantees stay valid; beyond them the receiver accepts an
   optimistic frame only if it could still confirm it within the bound. Both
@@ -54,9 +54,10 @@ from ._types import U64_MAX, Channel, GoodbyeCode
 def _tightened(
     channel: Channel, name: str, current: int | None, bound: int, error: type[Exception]
 ) -> int:
-    """``bound`` if it is no looser than ``current`` (equal is allowed), else ``error``."""
-    if current is not None and bound > current:
-        raise error(f"{channel}: {name} {bound} is looser than {current}")
+    """``bound`` if it is tighter than ``current`` (strictly: an equal bound
+    would say nothing new), else ``error``."""
+    if current is not None and bound >= current:
+        raise error(f"{channel}: {name} {bound} does not tighten the remaining bound {current}")
     return bound
 
 

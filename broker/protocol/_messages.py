@@ -59,6 +59,10 @@ class Welcome:
     #: For a resume (and only then): how many topic and subscription handles
     #: the broker has bound in the session, so the client resends the rest.
     bound: tuple[int, int] | None = None
+    #: For a resume in which the broker no longer has a subscription the
+    #: client's Hello listed (and only then): the subscription handles the
+    #: session still has, ascending. None: every one listed survives.
+    subscriptions: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)

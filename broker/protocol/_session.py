@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ._messages import Options, Stage
+from ._errors import RemoteProtocolError
+from ._messages import Options, Stage, Welcome
+from ._types import PROTOCOL_VERSION
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,3 +80,40 @@ class ClientSessionState:
         """Publishes sent on ``topic`` in the whole session."""
         base, frames = self.retained.get(topic, (0, ()))
         return base + len(frames)
+
+
+def check_welcome(welcome: Welcome, resume: ClientSessionState | None) -> None:
+    """Raise :class:`RemoteProtocolError` unless a client that asked to
+    resume ``resume`` (None: a new session) can accept ``welcome``; checked
+    before the Welcome changes anything."""
+    if welcome.version != PROTOCOL_VERSION:
+        raise RemoteProtocolError(f"unsupported protocol version {welcome.version}")
+    if welcome.max_frame < 64 or welcome.heartbeat_ms == 0 or welcome.lease_ms == 0:
+        raise RemoteProtocolError("Welcome with unusable max_frame, heartbeat or lease")
+    if not welcome.resumed:
+        if welcome.bound is not None or welcome.subscriptions is not None:
+            raise RemoteProtocolError(
+                "Welcome: 'bound' and 'subscriptions' come with a resumed session only"
+            )
+        return
+    if resume is None or welcome.session != resume.session:
+        raise RemoteProtocolError("Welcome resumes a session this client did not ask for")
+    if welcome.bound is None:
+        raise RemoteProtocolError("Welcome: a resumed session comes with 'bound'")
+    bound_topics, bound_subscriptions = welcome.bound
+    if bound_topics > resume.next_topic or bound_subscriptions > resume.next_subscription:
+        raise RemoteProtocolError("Welcome: the broker bound handles this client never did")
+    for handle, count in welcome.received.items():
+        base, frames = resume.retained.get(handle, (0, ()))
+        if handle not in resume.topics or handle >= bound_topics:
+            raise RemoteProtocolError(f"Welcome: topic handle {handle} is not bound")
+        if not base <= count <= base + len(frames):
+            raise RemoteProtocolError(
+                f"Welcome: {count} publishes received on topic handle {handle}, "
+                f"but {base} were confirmed and {base + len(frames)} sent"
+            )
+    for handle in welcome.subscriptions or ():
+        if handle not in resume.subscriptions or handle >= bound_subscriptions:
+            raise RemoteProtocolError(
+                f"Welcome: subscription handle {handle} is not one this client resumes"
+            )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable
@@ -334,7 +335,8 @@ class ServerConnection:
             state = self.channels.get(handle)
             if state is not None and state.routed != state.confirmed:
                 state.confirmed = state.routed
-                protocol.confirm(handle, state.routed)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    protocol.confirm(handle, state.routed)
         self._confirm_dirty.clear()
 
     def routed(self, routed: Routed) -> None:
@@ -451,7 +453,7 @@ class ServerConnection:
             self._nursery.cancel_scope.cancel()
 
     async def _pause_if_needed(self) -> None:
-        if self.protocol.bytes_to_send > self.broker.config.max_unsent:
+        if self.protocol.memory_to_send > self.broker.config.max_unsent:
             # The client does not read: stop reading until the writer drains.
             self.counters.reader_pauses += 1
             self._drained = trio.Event()
@@ -865,7 +867,8 @@ class ServerConnection:
         if self._owns(state) and not self.broker.closing:
             if state.advised:
                 state.advised = False
-                self.protocol.throttled(state.channel, False)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    self.protocol.throttled(state.channel, False)
             self.protocol.issue_guarantees(state.channel)
             self.wake_writer()
 
@@ -877,7 +880,8 @@ class ServerConnection:
         if patience.cancelled_caught:
             if not state.advised and self._owns(state):
                 state.advised = True
-                self.protocol.throttled(state.channel, True)
+                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                    self.protocol.throttled(state.channel, True)
                 self.wake_writer()
             await state.account.ensure_clear_funds()
 

@@ -11,6 +11,7 @@ from broker.protocol import (
     Apologise,
     Channel,
     ChannelKind,
+    Confirm,
     ConnectionClosed,
     Deliver,
     DropAnnounced,
@@ -120,13 +121,13 @@ def test_the_broker_never_delivers_beyond_guarantees() -> None:
         pair.broker.deliver(sub, 2, b"x" * 10)  # optimism does not apply to deliveries
 
 
-def test_limit_sending_equal_is_accepted_looser_is_refused_exceeding_is_code_3() -> None:
+def test_limit_sending_must_tighten_strictly_exceeding_is_code_3() -> None:
     pair = ConnectionPair()
     _, channel = open_topic(pair)
     pair.client.limit_sending(channel, 100)
-    pair.client.limit_sending(channel, 100)  # equal: allowed, changes nothing
-    with pytest.raises(LocalProtocolError, match="looser"):
-        pair.client.limit_sending(channel, 101)
+    for bound in (100, 101):  # equal or looser: refused, nothing sent
+        with pytest.raises(LocalProtocolError, match="does not tighten"):
+            pair.client.limit_sending(channel, bound)
     pair.run()
     assert pair.broker.receiver(channel).sending_limit == 100
     pair.client.publish(channel.index, b"x" * 50)
@@ -138,7 +139,7 @@ def test_limit_sending_equal_is_accepted_looser_is_refused_exceeding_is_code_3()
         pair.client.publish(channel.index, b"x" * 100)  # would break its own bound
     # A looser bound or an oversized frame from the peer is a protocol error.
     events = pair.broker.receive_data(encode(LimitSending(channel, left + 1)), 0.0)
-    assert "looser" in closed_by(events).reason
+    assert "does not tighten" in closed_by(events).reason
     pair2 = ConnectionPair()
     _, ch2 = open_topic(pair2)
     pair2.broker.receive_data(encode(LimitSending(ch2, 5)), 0.0)
@@ -164,9 +165,9 @@ def test_limit_receiving_bounds_future_guarantees_and_closes_at_zero() -> None:
     pair = ConnectionPair(broker_policy=Policy(publish_capacity=100))
     _, channel = open_topic(pair)
     pair.broker.limit_receiving(channel, 30)
-    with pytest.raises(LocalProtocolError, match="looser"):
-        pair.broker.limit_receiving(channel, 31)
-    pair.broker.limit_receiving(channel, 30)  # equal: allowed
+    for bound in (31, 30):  # looser or equal: refused, nothing sent
+        with pytest.raises(LocalProtocolError, match="does not tighten"):
+            pair.broker.limit_receiving(channel, bound)
     pair.run()
     sender = pair.client.sender(channel)
     assert sender.receiving_limit == 30
@@ -347,3 +348,90 @@ def test_control_messages_about_unconfirmed_or_freed_handles_are_refused_locally
     pair2.client.free_handle(HandleType.TOPIC, topic2)
     with pytest.raises(LocalProtocolError):
         pair2.client.limit_sending(channel2, 5)
+
+
+@pytest.mark.parametrize("who", ["client", "broker"])
+def test_throttled_about_a_topic_being_freed_is_refused_locally(who: str) -> None:
+    """Once the broker has sent its FreeHandle (answering the client's, or
+    proposing), it says nothing more about the topic, not even Throttled:
+    the client may have deleted the handle already (issue 18, item 13)."""
+    pair = ConnectionPair()
+    topic, channel = open_topic(pair)
+    pair.client.publish(topic, b"still buffered at the broker")
+    pair.broker.throttled(channel, True)  # while bound: fine
+    pair.run()
+    if who == "client":
+        pair.client.free_handle(HandleType.TOPIC, topic)
+        pair.to_broker()  # the broker answers with its own FreeHandle
+    else:
+        pair.broker.free_handle(HandleType.TOPIC, topic)
+    # The buffered publish keeps the handle (and its channel) at the broker...
+    assert channel in pair.broker.receiving_channels
+    for action in (
+        lambda: pair.broker.throttled(channel, False),
+        lambda: pair.broker.confirm(topic, 1),
+    ):
+        with pytest.raises(LocalProtocolError, match="being freed"):
+            action()
+    pair.run()
+    # ...until it is processed; the client saw nothing about the topic after it.
+    (received,) = of(PublishReceived, pair.broker_events)
+    pair.broker.release(received)
+    pair.run()
+    pair.assert_no_errors()
+    assert topic not in pair.client.topics and topic not in pair.broker.topics
+
+
+def confirm_counts(published: int, counts: list[int]) -> list[ConnectionClosed]:
+    """A client that published ``published`` times on a topic receives
+    Confirms with ``counts``, in order; the closes that causes."""
+    pair = ConnectionPair()
+    topic, _ = open_topic(pair)
+    for _ in range(published):
+        pair.client.publish(topic, b"m")
+    pair.run()
+    events = []
+    for count in counts:
+        events += pair.client.receive_data(encode(Confirm(topic, count)), 0.0)
+    return of(ConnectionClosed, events)
+
+
+@pytest.mark.parametrize(
+    ("published", "counts", "fine"),
+    [
+        (0, [0], True),  # nothing published, nothing confirmed: a (pointless) repeat
+        (1, [1], True),
+        (3, [1, 3], True),
+        (3, [2, 2], True),  # a repeat of the last count changes nothing
+        (0, [1], False),  # nothing was published
+        (0, [5], False),
+        (1, [2], False),  # more than was published
+        (3, [2, 1], False),  # a count going backwards
+        (3, [3, 0], False),
+    ],
+)
+def test_confirm_counts_follow_one_rule(published: int, counts: list[int], fine: bool) -> None:
+    """A Confirm count never goes back and never exceeds the publishes sent
+    on the handle in the session; anything else is code 1 (issue 18, item 15)."""
+    closed = confirm_counts(published, counts)
+    if fine:
+        assert closed == []
+    else:
+        assert len(closed) == 1 and closed[0].code == GoodbyeCode.PROTOCOL_ERROR
+        assert "Confirm of" in closed[0].reason
+
+
+def test_a_repeated_limit_is_a_protocol_error_from_either_end() -> None:
+    """An equal bound does not tighten: refused from the peer (code 1), in
+    both directions (issue 18, item 17)."""
+    pair = ConnectionPair()
+    _, channel = open_topic(pair)
+    pair.client.limit_sending(channel, 100)
+    pair.broker.limit_receiving(channel, 1000)
+    pair.run()
+    events = pair.broker.receive_data(encode(LimitSending(channel, 100)), 0.0)
+    assert closed_by(events).code == GoodbyeCode.PROTOCOL_ERROR
+    assert pair.broker.receiver(channel).sending_limit == 100  # unchanged
+    events = pair.client.receive_data(encode(LimitReceiving(channel, 1000)), 0.0)
+    assert closed_by(events).code == GoodbyeCode.PROTOCOL_ERROR
+    assert pair.client.sender(channel).receiving_limit == 1000  # unchanged

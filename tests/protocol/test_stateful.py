@@ -482,7 +482,7 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
             assert _sender_snapshot(self.client, sender) == before
             limit = sender.sending_limit
             waiting = sum(entry.size for entry in sender.retransmit)
-            assert (limit is not None and bound > limit) or bound < waiting
+            assert (limit is not None and bound >= limit) or bound < waiting
             return
         assert sender.sending_limit == bound
 
@@ -597,7 +597,7 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         try:
             self.broker.limit_receiving(channel, bound)
         except LocalProtocolError:
-            assert (limit is not None and bound > limit) or bound < owed
+            assert (limit is not None and bound >= limit) or bound < owed
             assert receiver.receiving_limit == limit
             return
         assert receiver.receiving_limit == bound
@@ -645,7 +645,7 @@ class GuaranteeMachine(FrameMover, RuleBasedStateMachine):
         try:
             self.broker.limit_sending(channel, bound)
         except LocalProtocolError:
-            assert limit is not None and bound > limit
+            assert limit is not None and bound >= limit
             return
         assert sender.sending_limit == bound
 

@@ -1,0 +1,232 @@
+"""The topic handles a client holds, and letting go of the ones it no longer uses.
+
+A client binds a topic on first use and keeps its handle, but a connection
+can hold only so many: the broker funds a limited number of publish
+channels (``connection_budget``: about 60 at the defaults), bind frames of
+live handles fill ``[0, 0]`` (``bind_capacity``), and the client keeps at most
+``max_topics``. So the client *releases* (``FreeHandle``) the handle it has
+used least recently, preferring one with nothing unconfirmed:
+
+- when it holds ``max_topics`` handles and binds another;
+- when a bind finds no room on ``[0, 0]``;
+- when the broker opens a topic's channel without capacity (it says
+  ``Throttled`` at once): the capacity of the released channel funds it.
+
+A topic being released takes no new publishes until every publish made on
+it is confirmed (routed); then its ``FreeHandle`` goes out, and publishing to
+it again binds it anew. Per-topic order is kept: the new handle's publishes
+follow messages already routed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from broker.protocol import Channel, ChannelKind, Connection, HandleType, LocalProtocolError
+
+#: Topic handles a client holds at once unless told otherwise.
+DEFAULT_MAX_TOPICS = 1000
+
+
+class TopicCache:
+    """Topic handles by key (a topic name; the blocking client keys a staged
+    topic by ``(name, stage)``), least recently used first, and their release.
+
+    ``published`` and ``confirmed`` (handle -> count) are the client's own
+    tallies: a handle is released only once ``confirmed`` covers
+    ``published``, and both entries go when the handle is deleted.
+    """
+
+    def __init__(
+        self, max_topics: int, published: dict[int, int], confirmed: dict[int, int]
+    ) -> None:
+        if max_topics < 1:
+            raise ValueError("max_topics must be at least 1")
+        self.max_topics = max_topics
+        #: Usable handles by key, in least recently used order (approximately:
+        #: a handle used since the last sweep is moved to the end then).
+        self.handles: dict[Hashable, int] = {}
+        self._published = published
+        self._confirmed = confirmed
+        #: Handles being released whose FreeHandle is not sent yet.
+        self._releasing: dict[int, Hashable] = {}
+        self._releasing_keys: set[Hashable] = set()
+        #: Handles whose FreeHandle is sent (deleted once the broker answers).
+        self._freeing: set[int] = set()
+        #: Each handle's publish count at the last sweep (-1: bound since).
+        self._seen: dict[int, int] = {}
+        #: Handles that must stay bound for now (a Subscribe is being made on them).
+        self._pins: dict[int, int] = {}
+        #: Handles whose channel the broker opened without capacity.
+        self._starved: set[int] = set()
+        #: Releases asked for (starved channels) that found nothing to release yet.
+        self._owed = 0
+        #: Handles released so far, and their publish and Confirm counts.
+        self.released = 0
+        self.released_published = 0
+        self.released_confirmed = 0
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def blocked(self, key: Hashable) -> bool:
+        """``key``'s handle is being released: publishing to it waits."""
+        return key in self._releasing_keys
+
+    def add(self, key: Hashable, handle: int) -> None:
+        """``handle`` is now bound to ``key``."""
+        self.handles[key] = handle
+        self._published[handle] = 0
+        self._confirmed[handle] = 0
+        self._seen[handle] = -1
+
+    def clear(self) -> None:
+        """The session is gone (and its handles with it)."""
+        self.handles.clear()
+        self._releasing.clear()
+        self._releasing_keys.clear()
+        self._freeing.clear()
+        self._seen.clear()
+        self._pins.clear()
+        self._starved.clear()
+        self._owed = 0
+
+    # ---------------------------------------------------------------- pins
+
+    def pin(self, handle: int) -> None:
+        self._pins[handle] = self._pins.get(handle, 0) + 1
+
+    def unpin(self, handle: int) -> None:
+        count = self._pins.pop(handle, 0) - 1
+        if count > 0:
+            self._pins[handle] = count
+
+    # ---------------------------------------------------------------- asking for room
+
+    def before_bind(self, conn: Connection) -> None:
+        """A new topic is about to be bound: keep within ``max_topics``."""
+        if len(self.handles) >= self.max_topics:
+            self._retire_one(conn)
+
+    def bind_blocked(self, conn: Connection) -> bool:
+        """A bind found no room on ``[0, 0]``: release a handle unless one
+        is on its way out already. True if a FreeHandle was queued."""
+        if not (self._releasing or self._freeing or self._owed):
+            self._retire_one(conn)
+        return self.pump(conn)
+
+    def on_throttled(self, conn: Connection, channel: Channel, throttled: bool) -> bool:
+        """The broker says it (no longer) withholds ``channel``'s guarantees;
+        True if ``channel`` is a publish channel it opened without capacity
+        (and, for the end of it, that was funded since)."""
+        if channel.kind != ChannelKind.PUBLISH:
+            return False
+        handle = channel.index
+        if not throttled:
+            if handle in self._starved:
+                self._starved.discard(handle)
+                return True
+            return False
+        try:
+            never_funded = conn.sender(channel).statistics().received_bytes == 0
+        except LocalProtocolError:
+            return False  # freed meanwhile
+        if never_funded and handle not in self._starved:
+            self._starved.add(handle)
+            self._owed += 1
+        return never_funded
+
+    # ---------------------------------------------------------------- releasing
+
+    def pump(self, conn: Connection) -> bool:
+        """Release what was asked for, and send the FreeHandles of released
+        handles whose publishes are all confirmed; True if any was queued."""
+        if not (self._releasing or self._owed) or conn.closed:
+            return False
+        while self._owed and self._retire_one(conn):
+            self._owed -= 1
+        queued = False
+        for handle, key in list(self._releasing.items()):
+            if self._pins.get(handle) or self._confirmed.get(handle, 0) < self._published.get(
+                handle, 0
+            ):
+                continue
+            try:
+                conn.free_handle(HandleType.TOPIC, handle)
+            except LocalProtocolError:
+                continue  # not confirmed yet, or a Subscribe naming it is not: later
+            del self._releasing[handle]
+            self._releasing_keys.discard(key)
+            self._freeing.add(handle)
+            queued = True
+        return queued
+
+    def _retire_one(self, conn: Connection) -> bool:
+        """Mark the least recently used releasable handle for release (one
+        with nothing unconfirmed if there is such); False if there is none."""
+        victim = self._victim(conn)
+        if victim is None:
+            return False
+        handle = self.handles.pop(victim)
+        self._seen.pop(handle, None)
+        self._releasing[handle] = victim
+        self._releasing_keys.add(victim)
+        return True
+
+    def _victim(self, conn: Connection) -> Hashable | None:
+        busy: Hashable | None = None
+        for sweep in range(2):
+            for key, handle in list(self.handles.items()):
+                if handle in self._pins or handle in self._starved:
+                    continue
+                count = self._published.get(handle, 0)
+                if self._seen.get(handle) != count and sweep == 0:
+                    # Used since the last sweep: a second chance, at the end.
+                    self._seen[handle] = count
+                    del self.handles[key]
+                    self.handles[key] = handle
+                    continue
+                if not conn.confirmed(HandleType.TOPIC, handle):
+                    continue
+                if self._confirmed.get(handle, 0) >= count:
+                    return key
+                if busy is None:
+                    busy = key
+            if busy is not None:
+                return busy
+        return None
+
+    def on_deleted(self, handle: int) -> None:
+        """Topic ``handle`` is deleted (released, freed by the broker, or its
+        bind undone): forget it."""
+        if handle in self._freeing:
+            self._freeing.discard(handle)
+        else:  # not released by us: forget its key too
+            for key, bound in list(self.handles.items()):
+                if bound == handle:
+                    del self.handles[key]
+        self._starved.discard(handle)
+        self._seen.pop(handle, None)
+        self._pins.pop(handle, None)
+        key = self._releasing.pop(handle, None)
+        if key is not None:
+            self._releasing_keys.discard(key)
+        self.released += 1
+        self.released_published += self._published.pop(handle, 0)
+        self.released_confirmed += self._confirmed.pop(handle, 0)
+
+    def statistics(self) -> dict[str, int]:
+        """Messages published and confirmed (released handles included), and
+        topic handles held and released."""
+        return {
+            "published": sum(self._published.values()) + self.released_published,
+            "confirmed": sum(self._confirmed.values()) + self.released_confirmed,
+            "topics": len(self.handles),
+            "topics_released": self.released,
+        }
+
+    def on_free_proposed(self, handle: int) -> None:
+        """The broker proposed freeing topic ``handle``: publish anew on a new one."""
+        for key, bound in list(self.handles.items()):
+            if bound == handle:
+                del self.handles[key]

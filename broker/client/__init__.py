@@ -21,6 +21,7 @@ from ._cluster import (
 from ._common import (
     ClientError,
     ConnectionLost,
+    LimitReached,
     Message,
     StagingRefused,
     parse_url,
@@ -35,6 +36,7 @@ __all__ = [
     "ClientError",
     "ClusterClient",
     "ConnectionLost",
+    "LimitReached",
     "Message",
     "StagingRefused",
     "Subscription",

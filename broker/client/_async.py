@@ -216,7 +216,7 @@ class Client(ClientEvents):
         self._optimistic = self._conn.policy.optimism > 0
         self._published: dict[int, int] = {}
         #: Topic handles (see ``_topics.py``): released when unused for longest.
-        self._cache = TopicCache(max_topics, self._published, self._confirmed)
+        self._cache = TopicCache(max_topics, self._published, self._confirmed, trio.current_time)
         self._topics = self._cache.handles
         self._subscriptions: dict[int, Subscription] = {}
         self._changed = trio.lowlevel.ParkingLot()
@@ -510,7 +510,9 @@ class Client(ClientEvents):
         try:
             self._conn.publish(handle, payload, key=key, headers=headers)
         except NoGuarantees:
+            self._cache.want(handle)
             raise trio.WouldBlock from None
+        self._cache.served(handle)
         self._published[handle] += 1
         self._wakeup.set()
 

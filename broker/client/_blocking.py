@@ -352,7 +352,7 @@ class BlockingClient(ClientEvents):
         self._published: dict[int, int] = {}
         #: Topic handles by name, and by (name, stage) for staged ones (see
         #: ``_topics.py``): released when unused for longest.
-        self._cache = TopicCache(max_topics, self._published, self._confirmed)
+        self._cache = TopicCache(max_topics, self._published, self._confirmed, time.monotonic)
         self._topics = self._cache.handles
         #: Publishes made per stage (see ``publish``).
         self._stage_counts: dict[Stage, int] = {}
@@ -940,12 +940,26 @@ class BlockingClient(ClientEvents):
     ) -> None:
         """Publish, waiting for room (lock held)."""
 
-        def publish_now() -> None:
-            handle = self._topic_nowait(topic, stage)
-            self._conn.publish(handle, payload, key=key, headers=headers)
-            self._published[handle] += 1
+        self._wait_until(
+            lambda: self._attempt(
+                lambda: self._publish_on(self._topic_nowait(topic, stage), payload, key, headers)
+            ),
+            deadline,
+            "publish",
+        )
 
-        self._wait_until(lambda: self._attempt(publish_now), deadline, "publish")
+    def _publish_on(
+        self, handle: int, payload: bytes, key: bytes | None, headers: Headers | None
+    ) -> None:
+        """Publish on topic ``handle`` if its guarantees allow it now (else
+        :class:`NoGuarantees`, and the topic cache knows a publish waits)."""
+        try:
+            self._conn.publish(handle, payload, key=key, headers=headers)
+        except NoGuarantees:
+            self._cache.want(handle)
+            raise
+        self._cache.served(handle)
+        self._published[handle] += 1
 
     def publish_nowait(
         self,
@@ -970,16 +984,15 @@ class BlockingClient(ClientEvents):
                 if not self._ready():
                     raise BlockingIOError(errno.EAGAIN, "reconnecting to the broker")
                 try:
-                    handle = self._topic_nowait(topic)
-                    self._conn.publish(handle, payload, key=key, headers=headers)
+                    self._publish_on(self._topic_nowait(topic), payload, key, headers)
                 except NoGuarantees:
                     if attempt == 0:
                         self._service()
                         continue
+                    self._after_operation(urgent=True)  # (releases that make room)
                     raise BlockingIOError(
                         errno.EAGAIN, f"no guarantees to publish on {topic!r} now"
                     ) from None
-                self._published[handle] += 1
                 self._after_operation()
                 return
 

@@ -2,15 +2,23 @@
 
 A client binds a topic on first use and keeps its handle, but a connection
 can hold only so many: the broker funds a limited number of publish
-channels (``connection_budget``: about 60 at the defaults), bind frames of
-live handles fill ``[0, 0]`` (``bind_capacity``), and the client keeps at most
-``max_topics``. So the client *releases* (``FreeHandle``) the handle it has
-used least recently, preferring one with nothing unconfirmed:
+channels at once (``connection_budget`` over one frame each: 63 at the
+defaults), bind frames of live handles fill ``[0, 0]`` (``bind_capacity``),
+and the client keeps at most ``max_topics``. So the client *releases*
+(``FreeHandle``) the handle it has used least recently, preferring one with
+nothing unconfirmed:
 
 - when it holds ``max_topics`` handles and binds another;
 - when a bind finds no room on ``[0, 0]``;
-- when the broker opens a topic's channel without capacity (it says
-  ``Throttled`` at once): the capacity of the released channel funds it.
+- when the broker opens a channel without capacity (it says ``Throttled``
+  at once) and a publish waits for it: the released channel's capacity
+  funds it. Such a channel nobody publishes to (a topic bound only to
+  subscribe to it) is released itself: it only holds a place in the
+  broker's queue.
+- when it holds as many handles as the broker funded when it last had to
+  starve one (for ``LEARNED_FOR`` seconds after): then the FreeHandle goes
+  out with the new bind, which the freed capacity funds at once, saving a
+  round trip per new topic.
 
 A topic being released takes no new publishes until every publish made on
 it is confirmed (routed); then its ``FreeHandle`` goes out, and publishing to
@@ -20,12 +28,15 @@ follow messages already routed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from broker.protocol import Channel, ChannelKind, Connection, HandleType, LocalProtocolError
 
 #: Topic handles a client holds at once unless told otherwise.
 DEFAULT_MAX_TOPICS = 1000
+#: How long the number of channels the broker funded, learned when it
+#: starved one, bounds the handles held (it may fund more later).
+LEARNED_FOR = 1.0
 
 
 class TopicCache:
@@ -35,10 +46,15 @@ class TopicCache:
     ``published`` and ``confirmed`` (handle -> count) are the client's own
     tallies: a handle is released only once ``confirmed`` covers
     ``published``, and both entries go when the handle is deleted.
+    ``clock()`` is the client's monotonic time in seconds.
     """
 
     def __init__(
-        self, max_topics: int, published: dict[int, int], confirmed: dict[int, int]
+        self,
+        max_topics: int,
+        published: dict[int, int],
+        confirmed: dict[int, int],
+        clock: Callable[[], float],
     ) -> None:
         if max_topics < 1:
             raise ValueError("max_topics must be at least 1")
@@ -48,26 +64,30 @@ class TopicCache:
         self.handles: dict[Hashable, int] = {}
         self._published = published
         self._confirmed = confirmed
+        self._clock = clock
         #: Handles being released whose FreeHandle is not sent yet.
         self._releasing: dict[int, Hashable] = {}
         self._releasing_keys: set[Hashable] = set()
         #: Handles whose FreeHandle is sent (deleted once the broker answers).
         self._freeing: set[int] = set()
+        #: Released or being released handles that had capacity to give back.
+        self._funding: set[int] = set()
         #: Each handle's publish count at the last sweep (-1: bound since).
         self._seen: dict[int, int] = {}
         #: Handles that must stay bound for now (a Subscribe is being made on them).
         self._pins: dict[int, int] = {}
-        #: Handles whose channel the broker opened without capacity.
+        #: Handles whose channel the broker opened without capacity (yet).
         self._starved: set[int] = set()
-        #: Releases asked for (starved channels) that found nothing to release yet.
-        self._owed = 0
+        #: Handles a publish waits on for guarantees.
+        self._wanted: set[int] = set()
+        #: Channels the broker funded when it last starved one, and until when
+        #: that bounds the handles held.
+        self._funded = max_topics
+        self._funded_until = 0.0
         #: Handles released so far, and their publish and Confirm counts.
         self.released = 0
         self.released_published = 0
         self.released_confirmed = 0
-
-    def __len__(self) -> int:
-        return len(self.handles)
 
     def blocked(self, key: Hashable) -> bool:
         """``key``'s handle is being released: publishing to it waits."""
@@ -82,18 +102,21 @@ class TopicCache:
 
     def clear(self) -> None:
         """The session is gone (and its handles with it)."""
-        self.handles.clear()
-        self._releasing.clear()
-        self._releasing_keys.clear()
-        self._freeing.clear()
-        self._seen.clear()
-        self._pins.clear()
-        self._starved.clear()
-        self._owed = 0
-
-    # ---------------------------------------------------------------- pins
+        for items in (
+            self.handles,
+            self._releasing,
+            self._releasing_keys,
+            self._freeing,
+            self._funding,
+            self._seen,
+            self._pins,
+            self._starved,
+            self._wanted,
+        ):
+            items.clear()
 
     def pin(self, handle: int) -> None:
+        """Keep ``handle`` bound until :meth:`unpin` (a Subscribe names it)."""
         self._pins[handle] = self._pins.get(handle, 0) + 1
 
     def unpin(self, handle: int) -> None:
@@ -104,16 +127,28 @@ class TopicCache:
     # ---------------------------------------------------------------- asking for room
 
     def before_bind(self, conn: Connection) -> None:
-        """A new topic is about to be bound: keep within ``max_topics``."""
-        if len(self.handles) >= self.max_topics:
-            self._retire_one(conn)
+        """A new topic is about to be bound: keep within ``max_topics`` (and
+        what the broker funds, if known), releasing first."""
+        limit = self.max_topics
+        if self._clock() < self._funded_until:
+            limit = min(limit, self._funded)
+        if len(self.handles) >= limit and self._retire_one(conn):
+            self.pump(conn)  # (its FreeHandle goes out before the bind)
 
     def bind_blocked(self, conn: Connection) -> bool:
         """A bind found no room on ``[0, 0]``: release a handle unless one
         is on its way out already. True if a FreeHandle was queued."""
-        if not (self._releasing or self._freeing or self._owed):
+        if not (self._releasing or self._freeing):
             self._retire_one(conn)
         return self.pump(conn)
+
+    def want(self, handle: int) -> None:
+        """A publish on ``handle`` waits for guarantees."""
+        self._wanted.add(handle)
+
+    def served(self, handle: int) -> None:
+        """A publish on ``handle`` that waited went out."""
+        self._wanted.discard(handle)
 
     def on_throttled(self, conn: Connection, channel: Channel, throttled: bool) -> bool:
         """The broker says it (no longer) withholds ``channel``'s guarantees;
@@ -133,18 +168,30 @@ class TopicCache:
             return False  # freed meanwhile
         if never_funded and handle not in self._starved:
             self._starved.add(handle)
-            self._owed += 1
+            held = sum(1 for h in self.handles.values() if h not in self._starved)
+            self._funded = max(held, 1)
+            self._funded_until = self._clock() + LEARNED_FOR
         return never_funded
 
     # ---------------------------------------------------------------- releasing
 
     def pump(self, conn: Connection) -> bool:
-        """Release what was asked for, and send the FreeHandles of released
-        handles whose publishes are all confirmed; True if any was queued."""
-        if not (self._releasing or self._owed) or conn.closed:
+        """Release what starved channels need, and send the FreeHandles of
+        released handles whose publishes are all confirmed; True if any
+        FreeHandle was queued."""
+        if not (self._releasing or self._starved) or conn.closed:
             return False
-        while self._owed and self._retire_one(conn):
-            self._owed -= 1
+        for handle in list(self._starved):  # starved, and nobody publishes to it
+            if not (
+                handle in self._wanted
+                or handle in self._pins
+                or handle in self._releasing
+                or handle in self._freeing
+            ):
+                self._retire(self._key_of(handle), handle)
+        deficit = len(self._wanted & self._starved) - len(self._funding)
+        while deficit > 0 and self._retire_one(conn):
+            deficit -= 1
         queued = False
         for handle, key in list(self._releasing.items()):
             if self._pins.get(handle) or self._confirmed.get(handle, 0) < self._published.get(
@@ -161,16 +208,32 @@ class TopicCache:
             queued = True
         return queued
 
+    def _key_of(self, handle: int) -> Hashable | None:
+        for key, bound in self.handles.items():
+            if bound == handle:
+                return key
+        return None
+
+    def _retire(self, key: Hashable | None, handle: int) -> None:
+        """Mark ``handle`` (bound to ``key``) for release: publishes to the
+        key wait until its FreeHandle is sent."""
+        if key is None:
+            return  # being released already
+        del self.handles[key]
+        self._seen.pop(handle, None)
+        self._releasing[handle] = key
+        self._releasing_keys.add(key)
+        if handle not in self._starved:
+            self._funding.add(handle)
+
     def _retire_one(self, conn: Connection) -> bool:
-        """Mark the least recently used releasable handle for release (one
-        with nothing unconfirmed if there is such); False if there is none."""
+        """Mark the least recently used releasable handle with capacity for
+        release (one with nothing unconfirmed if there is such); False if
+        there is none."""
         victim = self._victim(conn)
         if victim is None:
             return False
-        handle = self.handles.pop(victim)
-        self._seen.pop(handle, None)
-        self._releasing[handle] = victim
-        self._releasing_keys.add(victim)
+        self._retire(victim, self.handles[victim])
         return True
 
     def _victim(self, conn: Connection) -> Hashable | None:
@@ -196,16 +259,17 @@ class TopicCache:
                 return busy
         return None
 
+    # ---------------------------------------------------------------- deleted
+
     def on_deleted(self, handle: int) -> None:
         """Topic ``handle`` is deleted (released, freed by the broker, or its
         bind undone): forget it."""
         if handle in self._freeing:
             self._freeing.discard(handle)
         else:  # not released by us: forget its key too
-            for key, bound in list(self.handles.items()):
-                if bound == handle:
-                    del self.handles[key]
-        self._starved.discard(handle)
+            self.on_free_proposed(handle)
+        for items in (self._funding, self._starved, self._wanted):
+            items.discard(handle)
         self._seen.pop(handle, None)
         self._pins.pop(handle, None)
         key = self._releasing.pop(handle, None)
@@ -214,6 +278,12 @@ class TopicCache:
         self.released += 1
         self.released_published += self._published.pop(handle, 0)
         self.released_confirmed += self._confirmed.pop(handle, 0)
+
+    def on_free_proposed(self, handle: int) -> None:
+        """The broker proposed freeing topic ``handle``: publish anew on a new one."""
+        key = self._key_of(handle)
+        if key is not None:
+            del self.handles[key]
 
     def statistics(self) -> dict[str, int]:
         """Messages published and confirmed (released handles included), and
@@ -224,9 +294,3 @@ class TopicCache:
             "topics": len(self.handles),
             "topics_released": self.released,
         }
-
-    def on_free_proposed(self, handle: int) -> None:
-        """The broker proposed freeing topic ``handle``: publish anew on a new one."""
-        for key, bound in list(self.handles.items()):
-            if bound == handle:
-                del self.handles[key]

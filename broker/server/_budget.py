@@ -78,9 +78,10 @@ class ConnectionBudget:
         self.config = config
         self.ledger = ledger
         self.protocol: Connection
-        #: Publish channels opened without capacity, oldest first; the value
-        #: says whether the client was told (Throttled).
-        self.starved: OrderedDict[Channel, bool] = OrderedDict()
+        #: Publish channels opened without capacity, oldest first, and since when.
+        self.starved: OrderedDict[Channel, float] = OrderedDict()
+        #: Those the client was told about (Throttled).
+        self._advised: set[Channel] = set()
         #: When each publish channel last received a publish.
         self._active: dict[int, float] = {}
         self._next_growth: dict[int, float] = {}
@@ -95,24 +96,42 @@ class ConnectionBudget:
     def capacity_in_use(self) -> int:
         """Capacity counted against the budgets: every publish channel's, and
         each bind channel's up to ``bind_capacity``."""
+        return self._survey()[0]
+
+    def _survey(self) -> tuple[int, bool, int]:
+        """:meth:`capacity_in_use`; whether an idle publish channel is above
+        one frame (so that shrinking could free something); and how much
+        shrinks under way will free (once the senders absolve)."""
         protocol = self.protocol
         bind_capacity = self.config.bind_capacity
-        total = 0
+        floor = self.config.min_publish_capacity
+        total = pending = 0
+        shrinkable = False
         for channel in protocol.receiving_channels:
-            capacity = protocol.receiver(channel).capacity
+            receiver = protocol.receiver(channel)
+            capacity = receiver.capacity
             if channel.kind == ChannelKind.PUBLISH:
                 total += capacity
+                shrinkable = shrinkable or (capacity > floor and not receiver.buffered)
+                target = receiver.target_capacity
+                if target is not None:
+                    pending += capacity - target
             elif channel.kind != ChannelKind.DELIVER:
                 total += min(capacity, bind_capacity)
-        return total
+        return total, shrinkable, pending
 
     def available(self) -> int:
         """Capacity a channel may be given now (negative when over budget);
         books the capacity in use first."""
-        in_use = self.capacity_in_use()
+        return self._available()[0]
+
+    def _available(self) -> tuple[int, bool, int]:
+        """:meth:`available`, and the rest of :meth:`_survey`."""
+        in_use, shrinkable, pending = self._survey()
         ledger = self.ledger
         ledger.reserve(in_use - ledger.buffer_reserved)
-        return min(self.config.connection_budget - in_use, ledger.spare_budget())
+        spare = min(self.config.connection_budget - in_use, ledger.spare_budget())
+        return spare, shrinkable, pending
 
     # ---------------------------------------------------------------- publish channels
 
@@ -120,27 +139,40 @@ class ConnectionBudget:
         """Capacity for a new publish channel (0: starved, funded later)."""
         config = self.config
         self._prune_starved()
+        now = trio.current_time()
         if self.starved:
-            self.starved[channel] = False  # those opened before it come first
+            self.starved[channel] = now  # those opened before it come first
             return 0
         want = config.publish_capacity
-        available = self.available()
-        if available < want:
+        available, shrinkable, _ = self._available()
+        if available < want and shrinkable:
             self._shrink_idle(want - available, exclude=channel.index, quiet_only=False)
             available = self.available()
-        grant = min(want, available)
-        if grant < config.min_publish_capacity:
-            self.starved[channel] = False
+        grant = self._grant(available)
+        if not grant:
+            self.starved[channel] = now
             return 0
         self.ledger.reserve(grant)
         return grant
+
+    def _grant(self, available: int) -> int:
+        """What a new channel gets out of ``available`` bytes: all it asks
+        for, or (the budget being short) one frame; 0 if not even that. (A
+        share of what is left would only be pleaded back for the next one.)"""
+        config = self.config
+        if available >= config.publish_capacity:
+            return config.publish_capacity
+        return config.min_publish_capacity if available >= config.min_publish_capacity else 0
 
     def note_busy(self, channel: Channel, now: float) -> None:
         """Publishes arrived on ``channel``: it is active, and if it was
         shrunk it takes room back (from quiet channels, if need be)."""
         index = channel.index
         self._active[index] = now
-        if now < self._next_growth.get(index, 0.0) or self.starved:
+        due = self._next_growth.get(index)
+        if due is None:  # (a channel is busy if still so a while later)
+            self._next_growth[index] = now + GROW_EVERY
+        if due is None or now < due or self.starved:
             return
         want = self.config.publish_capacity
         try:
@@ -151,8 +183,8 @@ class ConnectionBudget:
             return
         self._next_growth[index] = now + GROW_EVERY
         missing = want - receiver.capacity
-        available = self.available()
-        if available < missing:
+        available, shrinkable, _ = self._available()
+        if available < missing and shrinkable:
             self._shrink_idle(missing - available, exclude=index, quiet_only=True)
             available = self.available()
         grant = min(missing, available)
@@ -163,6 +195,7 @@ class ConnectionBudget:
     def forget(self, channel: Channel) -> None:
         """``channel``'s handle is gone."""
         self.starved.pop(channel, None)
+        self._advised.discard(channel)
         self._active.pop(channel.index, None)
         self._next_growth.pop(channel.index, None)
 
@@ -199,6 +232,7 @@ class ConnectionBudget:
         """Drop starved channels whose handle was freed."""
         for channel in [c for c in self.starved if not self._has(c)]:
             del self.starved[channel]
+            self._advised.discard(channel)
 
     def _has(self, channel: Channel) -> bool:
         try:
@@ -225,26 +259,44 @@ class ConnectionBudget:
         queued = False
         if self.starved:
             self._prune_starved()
-            floor = self.config.min_publish_capacity
             while self.starved:
-                channel, advised = next(iter(self.starved.items()))
-                available = self.available()
-                if available < floor:
+                channel = next(iter(self.starved))
+                grant = self._grant(self.available())
+                if not grant:
                     break
-                grant = min(self.config.publish_capacity, available)
                 del self.starved[channel]
                 self.ledger.reserve(grant)
                 protocol.grow(channel, grant)
-                if advised and self._may_advise(channel):
-                    protocol.throttled(channel, False)
+                if channel in self._advised:
+                    self._advised.discard(channel)
+                    if self._may_advise(channel):
+                        protocol.throttled(channel, False)
                 queued = True
-            for channel, advised in self.starved.items():
-                if not advised and self._may_advise(channel):
-                    protocol.throttled(channel, True)
-                    self.starved[channel] = True
-                    queued = True
+            if self.starved:
+                queued = self._advise_starved() or queued
         if self._binds_dirty:
             queued = self._size_subscription_binds() or queued
+        return queued
+
+    def _advise_starved(self) -> bool:
+        """Tell the client (Throttled) about the starved channels that no
+        shrink under way will fund, and about those starved for longer than
+        ``throttle_notice_after``: then it is up to the client to free a
+        handle. True if something was queued."""
+        advised = self._advised
+        if len(advised) == len(self.starved):
+            return False
+        available, _, pending = self._available()
+        fundable = max(available + pending, 0) // self.config.min_publish_capacity
+        patience = trio.current_time() - self.config.throttle_notice_after
+        queued = False
+        for position, (channel, since) in enumerate(self.starved.items()):
+            if channel in advised or (position < fundable and since > patience):
+                continue
+            if self._may_advise(channel):
+                self.protocol.throttled(channel, True)
+                advised.add(channel)
+                queued = True
         return queued
 
     # ---------------------------------------------------------------- subscriptions

@@ -460,18 +460,12 @@ class Client(ClientEvents):
         handle = self._topics.get(topic)
         if handle is None:
             self._check_open()
-            cache, conn = self._cache, self._conn
-            if cache.blocked(topic):  # being released: bound anew once it is
-                raise trio.WouldBlock
-            cache.before_bind(conn)
             try:
-                handle = conn.bind_topic(topic)
+                handle = self._cache.bind(self._conn, topic, topic)
             except NoGuarantees:
-                if cache.bind_blocked(conn):
-                    self._wake_writer()
                 raise trio.WouldBlock from None
-            cache.add(topic, handle)
-            self._wake_writer()
+            finally:
+                self._wake_writer()  # (the bind, or a release making room)
         return handle
 
     async def _topic(self, topic: str) -> int:
@@ -508,12 +502,9 @@ class Client(ClientEvents):
         handle = self._topic_nowait(topic)
         self._check_open()
         try:
-            self._conn.publish(handle, payload, key=key, headers=headers)
+            self._cache.publish(self._conn, handle, payload, key, headers)
         except NoGuarantees:
-            self._cache.want(handle)
             raise trio.WouldBlock from None
-        self._cache.served(handle)
-        self._published[handle] += 1
         self._wakeup.set()
 
     async def publish(

@@ -863,16 +863,7 @@ class BlockingClient(ClientEvents):
         handle = self._topics.get(key)
         if handle is None:
             self._check_open()
-            cache, conn = self._cache, self._conn
-            if cache.blocked(key):
-                raise NoGuarantees(f"topic {topic!r} is being released")
-            cache.before_bind(conn)
-            try:
-                handle = conn.bind_topic(topic, stage)
-            except NoGuarantees:
-                cache.bind_blocked(conn)
-                raise
-            cache.add(key, handle)
+            handle = self._cache.bind(self._conn, key, topic, stage)
         return handle
 
     def _bound(self, topic: str, deadline: float | None, what: str) -> int:
@@ -940,26 +931,11 @@ class BlockingClient(ClientEvents):
     ) -> None:
         """Publish, waiting for room (lock held)."""
 
-        self._wait_until(
-            lambda: self._attempt(
-                lambda: self._publish_on(self._topic_nowait(topic, stage), payload, key, headers)
-            ),
-            deadline,
-            "publish",
-        )
+        def publish_now() -> None:
+            handle = self._topic_nowait(topic, stage)
+            self._cache.publish(self._conn, handle, payload, key, headers)
 
-    def _publish_on(
-        self, handle: int, payload: bytes, key: bytes | None, headers: Headers | None
-    ) -> None:
-        """Publish on topic ``handle`` if its guarantees allow it now (else
-        :class:`NoGuarantees`, and the topic cache knows a publish waits)."""
-        try:
-            self._conn.publish(handle, payload, key=key, headers=headers)
-        except NoGuarantees:
-            self._cache.want(handle)
-            raise
-        self._cache.served(handle)
-        self._published[handle] += 1
+        self._wait_until(lambda: self._attempt(publish_now), deadline, "publish")
 
     def publish_nowait(
         self,
@@ -984,7 +960,8 @@ class BlockingClient(ClientEvents):
                 if not self._ready():
                     raise BlockingIOError(errno.EAGAIN, "reconnecting to the broker")
                 try:
-                    self._publish_on(self._topic_nowait(topic), payload, key, headers)
+                    handle = self._topic_nowait(topic)
+                    self._cache.publish(self._conn, handle, payload, key, headers)
                 except NoGuarantees:
                     if attempt == 0:
                         self._service()

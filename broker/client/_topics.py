@@ -30,7 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from broker.protocol import Channel, ChannelKind, Connection, HandleType, LocalProtocolError
+from broker.protocol import (
+    Channel,
+    ChannelKind,
+    Connection,
+    HandleType,
+    Headers,
+    LocalProtocolError,
+    NoGuarantees,
+    Stage,
+)
 
 #: Topic handles a client holds at once unless told otherwise.
 DEFAULT_MAX_TOPICS = 1000
@@ -89,16 +98,44 @@ class TopicCache:
         self.released_published = 0
         self.released_confirmed = 0
 
-    def blocked(self, key: Hashable) -> bool:
-        """``key``'s handle is being released: publishing to it waits."""
-        return key in self._releasing_keys
-
-    def add(self, key: Hashable, handle: int) -> None:
-        """``handle`` is now bound to ``key``."""
+    def bind(self, conn: Connection, key: Hashable, topic: str, stage: Stage | None = None) -> int:
+        """The handle of ``key`` (``topic``, staged in ``stage`` if given),
+        binding it on first use: :class:`NoGuarantees` if there is no room
+        for the bind (a release is under way, then), or while the key's
+        previous handle is being released (it is bound anew once it is)."""
+        handle = self.handles.get(key)
+        if handle is not None:
+            return handle
+        if key in self._releasing_keys:
+            raise NoGuarantees(f"topic {topic!r} is being released")
+        self.before_bind(conn)
+        try:
+            handle = conn.bind_topic(topic, stage)
+        except NoGuarantees:
+            self.bind_blocked(conn)
+            raise
         self.handles[key] = handle
-        self._published[handle] = 0
-        self._confirmed[handle] = 0
+        self._published[handle] = self._confirmed[handle] = 0
         self._seen[handle] = -1
+        return handle
+
+    def publish(
+        self,
+        conn: Connection,
+        handle: int,
+        payload: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> None:
+        """Publish on ``handle`` if its guarantees allow it now, counting it;
+        else :class:`NoGuarantees` (and a release may be due, see :meth:`pump`)."""
+        try:
+            conn.publish(handle, payload, key=key, headers=headers)
+        except NoGuarantees:
+            self._wanted.add(handle)
+            raise
+        self._wanted.discard(handle)
+        self._published[handle] += 1
 
     def clear(self) -> None:
         """The session is gone (and its handles with it)."""
@@ -141,14 +178,6 @@ class TopicCache:
         if not (self._releasing or self._freeing):
             self._retire_one(conn)
         return self.pump(conn)
-
-    def want(self, handle: int) -> None:
-        """A publish on ``handle`` waits for guarantees."""
-        self._wanted.add(handle)
-
-    def served(self, handle: int) -> None:
-        """A publish on ``handle`` that waited went out."""
-        self._wanted.discard(handle)
 
     def on_throttled(self, conn: Connection, channel: Channel, throttled: bool) -> bool:
         """The broker says it (no longer) withholds ``channel``'s guarantees;

@@ -32,6 +32,7 @@ from broker.protocol import (
     Pong,
     Throttled,
 )
+from broker.server import _budget as budget_module
 
 from .helpers import (
     TIMEOUT,
@@ -257,4 +258,41 @@ async def test_a_blocking_client_at_the_subscription_limit_can_make_room() -> No
         assert limit - 2 <= count <= limit
         assert again == count
         assert "max_subscriptions" in message
+        await wait_idle(broker)
+
+
+# ==================================================================== taking room back
+
+
+async def test_a_busy_channel_takes_back_the_room_of_quiet_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Topic "a" was halved to fund a third topic; once it is busy again
+    and the others have been quiet, it grows back to publish_capacity with
+    room pleaded back from them, within the connection budget."""
+    monkeypatch.setattr(budget_module, "IDLE_AFTER", 0.05)
+    monkeypatch.setattr(budget_module, "GROW_EVERY", 0.01)
+    config = {
+        "max_frame": 1024,
+        "publish_capacity": 8 * KiB,
+        "bind_capacity": 1024,
+        "connection_budget": 2 * 1024 + 2 * 8 * KiB,
+    }
+    async with running_broker(**config) as broker:
+        async with open_client(url(broker), name="regrow") as client:
+            with trio.fail_after(TIMEOUT):
+                for topic in "abc":
+                    await client.publish(topic, b"x")
+                await client.flush()
+            protocol = connection_named(broker, "regrow").protocol
+            a = protocol.receiver(publish_channel(0))
+            assert a.capacity < config["publish_capacity"]  # halved to fund "c"
+
+            await trio.sleep(0.1)  # "b" and "c" are quiet now
+            with trio.fail_after(TIMEOUT):
+                while a.capacity < config["publish_capacity"]:
+                    await client.publish("a", b"y" * 500)
+                    await trio.sleep(0.001)
+            capacities = [protocol.receiver(c).capacity for c in protocol.receiving_channels]
+            assert sum(capacities) <= config["connection_budget"]
         await wait_idle(broker)

@@ -303,6 +303,7 @@ class ClientEvents:
         topic handle (confirmed, then); count it and say so."""
         for handle, count in received.items():
             self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
+        self._cache.connection_replaced()
         self.resumes += 1
         self.frames_resent_on_resume += self._resent_last
         log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)

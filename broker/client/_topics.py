@@ -152,6 +152,12 @@ class TopicCache:
         ):
             items.clear()
 
+    def connection_replaced(self) -> None:
+        """The session resumed on a new connection: the broker funds its
+        channels anew (and says again which it cannot)."""
+        self._starved.clear()
+        self._funded_until = 0.0
+
     def pin(self, handle: int) -> None:
         """Keep ``handle`` bound until :meth:`unpin` (a Subscribe names it)."""
         self._pins[handle] = self._pins.get(handle, 0) + 1

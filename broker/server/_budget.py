@@ -179,9 +179,9 @@ class ConnectionBudget:
             receiver = self.protocol.receiver(channel)
         except LocalProtocolError:
             return  # freed
+        self._next_growth[index] = now + GROW_EVERY
         if receiver.capacity >= want or receiver.target_capacity is not None:
             return
-        self._next_growth[index] = now + GROW_EVERY
         missing = want - receiver.capacity
         available, shrinkable, _ = self._available()
         if available < missing and shrinkable:

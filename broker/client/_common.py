@@ -332,6 +332,7 @@ class ClientEvents:
                 self._on_throttled(event)
             elif type(event) is HandleDeleted and event.handle_type == HandleType.TOPIC:
                 self._cache.on_deleted(event.handle)
+                self.throttled.discard(Channel(ChannelKind.PUBLISH, event.handle))
             elif type(event) is HandleFreeProposed and event.handle_type == HandleType.TOPIC:
                 self._cache.on_free_proposed(event.handle)
             elif isinstance(event, ConnectionClosed):

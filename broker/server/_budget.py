@@ -1,14 +1,16 @@
 """One connection's receive buffers: who gets the connection budget, and when.
 
-A new publish channel asks for ``publish_capacity`` bytes. When the
-connection's (or the broker's, or the principal's) budget is spent, idle
-channels (nothing buffered; quiet ones first) are halved, down to one frame,
-pleading with their sender to give the rest back. A channel that still gets
-less than one frame starts with none: it is *starved*, the client is told so
-at once (``Throttled``), and it is funded, in the order the channels were
-opened, as soon as room frees up (a shrink completes, a handle is freed).
-A busy channel below ``publish_capacity`` takes room back from channels
-quiet for ``IDLE_AFTER`` seconds.
+A new publish channel asks for ``publish_capacity`` bytes; when the
+connection's (or the broker's, or the principal's) budget is short, it gets
+one frame (``max_frame + 64``). When not even that is left, idle channels
+(nothing buffered; quiet ones first) are halved, down to one frame, pleading
+with their sender to give the rest back. A channel that still gets nothing
+starts with none: it is *starved*, and funded, in the order the channels
+were opened, as soon as room frees up (a shrink completes, a handle is
+freed). The client is told (``Throttled``) at once, unless the shrinks under
+way will fund it (then only if that takes ``throttle_notice_after``): it is
+up to the client to free a handle. A busy channel below ``publish_capacity``
+takes room back from channels quiet for ``IDLE_AFTER`` seconds.
 
 The subscription bind channel ``[1, 0]`` grows as subscriptions are made
 (every live subscription keeps its Subscribe frame's bytes charged there),
@@ -85,8 +87,7 @@ class ConnectionBudget:
         #: When each publish channel last received a publish.
         self._active: dict[int, float] = {}
         self._next_growth: dict[int, float] = {}
-        #: The subscription bind channel needs sizing (subscriptions changed,
-        #: or it could not get all the room it wanted).
+        #: The subscription bind channel needs sizing (subscriptions changed).
         self._binds_dirty = False
         #: The client was told that the subscription limit holds back [1, 0].
         self.subscription_limit_advised = False

@@ -70,8 +70,12 @@ class BrokerConfig:
     #: to one frame (``max_frame + 64``), to fund new ones.
     publish_capacity: int = 256 * KiB
     #: Buffer capacity of each bind channel (live handles hold their bind bytes,
-    #: so this also bounds how many topics and subscriptions a connection binds).
+    #: so this bounds how many topics a connection binds at once; the
+    #: subscription bind channel grows past it up to ``max_subscriptions``).
     bind_capacity: int = 16 * KiB
+    #: Most subscriptions one connection holds at once: the broker grants room
+    #: for no more Subscribe frames (and says Throttled on ``[1, 0]`` near it).
+    max_subscriptions: int = 10_000
     #: Buffer budget of one connection, shared by its channels.
     connection_budget: int = 4 * MiB
     #: Buffer budget of the whole broker, shared by its connections.
@@ -157,6 +161,8 @@ class BrokerConfig:
             )
         if self.bind_capacity < 1024:
             raise ConfigError("bind_capacity must be at least 1024 bytes")
+        if self.max_subscriptions < 1:
+            raise ConfigError("max_subscriptions must be at least 1")
         if self.connection_budget < 2 * self.bind_capacity + self.min_publish_capacity:
             raise ConfigError("connection_budget must fund both bind channels and one publish")
         if self.global_budget < self.connection_budget:

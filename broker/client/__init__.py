@@ -27,6 +27,7 @@ from ._cluster import (
 from ._common import (
     ClientError,
     ConnectionLost,
+    LimitReached,
     Message,
     StagingRefused,
     parse_url,
@@ -41,6 +42,7 @@ __all__ = [
     "ClientError",
     "ClusterClient",
     "ConnectionLost",
+    "LimitReached",
     "Message",
     "StagingRefused",
     "Subscription",

@@ -12,6 +12,7 @@ import trio
 
 from broker.errors import sole_exception
 from broker.protocol import (
+    SUBSCRIPTION_BINDS,
     Channel,
     ChannelKind,
     ClientSessionState,
@@ -45,9 +46,11 @@ from ._common import (
     connection_target,
     log_session_lost,
     resume_state,
+    subscription_limit,
     unconfirmed_publishes,
 )
 from ._inbox import Inbox
+from ._topics import DEFAULT_MAX_TOPICS, TopicCache
 
 log = logging.getLogger("broker.client")
 
@@ -204,6 +207,7 @@ class Client(ClientEvents):
         connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
         reconnect: float = 0.0,
         on_session_lost: Callable[[], object] | None = None,
+        max_topics: int = DEFAULT_MAX_TOPICS,
     ) -> None:
         super().__init__()
         self._stream = stream
@@ -211,8 +215,10 @@ class Client(ClientEvents):
         self._token = token
         self._conn = Connection(Role.CLIENT, policy=policy, now=trio.current_time())
         self._optimistic = self._conn.policy.optimism > 0
-        self._topics: dict[str, int] = {}
         self._published: dict[int, int] = {}
+        #: Topic handles (see ``_topics.py``): released when unused for longest.
+        self._cache = TopicCache(max_topics, self._published, self._confirmed, trio.current_time)
+        self._topics = self._cache.handles
         self._subscriptions: dict[int, Subscription] = {}
         self._changed = trio.lowlevel.ParkingLot()
         self._wakeup = trio.Event()
@@ -311,6 +317,8 @@ class Client(ClientEvents):
 
     def _handle_events(self, events: list[Event]) -> None:
         self._apply_events(events)
+        if not self._reconnecting and self._cache.pump(self._conn):
+            self._wakeup.set()
         self._changed.unpark_all()
 
     def _release(self, event: DeliverReceived | DeliverManyReceived) -> None:
@@ -434,7 +442,7 @@ class Client(ClientEvents):
         what it never confirmed (at least once), and tell the application."""
         self.sessions_lost += 1
         log_session_lost(self.name, state)
-        self._topics.clear()
+        self._cache.clear()
         self._published.clear()
         self._confirmed.clear()
         subscriptions = [self._subscriptions[h] for h in sorted(state.subscriptions)]
@@ -454,12 +462,11 @@ class Client(ClientEvents):
         if handle is None:
             self._check_open()
             try:
-                handle = self._conn.bind_topic(topic)
+                handle = self._cache.bind(self._conn, topic, topic)
             except NoGuarantees:
                 raise trio.WouldBlock from None
-            self._topics[topic] = handle
-            self._published[handle] = 0
-            self._wake_writer()
+            finally:
+                self._wake_writer()  # (the bind, or a release making room)
         return handle
 
     async def _topic(self, topic: str) -> int:
@@ -498,10 +505,9 @@ class Client(ClientEvents):
         handle = self._topic_nowait(topic)
         self._check_open()
         try:
-            self._conn.publish(handle, payload, key=key, headers=headers)
+            self._cache.publish(self._conn, handle, payload, key, headers)
         except NoGuarantees:
             raise trio.WouldBlock from None
-        self._published[handle] += 1
         self._wakeup.set()
 
     async def publish(
@@ -569,8 +575,8 @@ class Client(ClientEvents):
         self._check_open()
         self._wake_writer()
         targets = dict(self._published)
-        await self._wait_for(
-            lambda: all(self._confirmed.get(h, 0) >= n for h, n in targets.items())
+        await self._wait_for(  # (a handle released since had all its publishes confirmed)
+            lambda: all(self._confirmed.get(h, n) >= n for h, n in targets.items())
         )
 
     # ---------------------------------------------------------------- subscribing
@@ -606,14 +612,25 @@ class Client(ClientEvents):
         """Send the Subscribe for ``subscription`` (binding its topic first)."""
         conn = self._conn
         handle = await self._topic(subscription.topic)
-        await self._wait_for(lambda: conn.confirmed(HandleType.TOPIC, handle))
-        while True:
-            self._check_open()
-            try:
-                sub_handle = conn.subscribe(handle, subscription.mode, subscription.options)
-                break
-            except NoGuarantees:
-                await self._changed.park()
+        self._cache.pin(handle)  # kept bound until the Subscribe naming it is sent
+        try:
+            await self._wait_for(lambda: conn.confirmed(HandleType.TOPIC, handle))
+            checked = False
+            while True:
+                self._check_open()
+                try:
+                    sub_handle = conn.subscribe(handle, subscription.mode, subscription.options)
+                    break
+                except NoGuarantees:
+                    if SUBSCRIPTION_BINDS not in self.throttled:
+                        await self._changed.park()
+                    elif checked:  # at the broker's limit: no room after a round trip
+                        raise subscription_limit(len(self._subscriptions)) from None
+                    else:  # near it: the room for what it has processed comes first
+                        await self._round_trip()
+                        checked = True
+        finally:
+            self._cache.unpin(handle)
         subscription.handle = sub_handle
         subscription._consumed = subscription._acked = 0
         self._subscriptions[sub_handle] = subscription
@@ -691,8 +708,7 @@ class Client(ClientEvents):
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""
         return {
-            "published": sum(self._published.values()),
-            "confirmed": sum(self._confirmed.values()),
+            **self._cache.statistics(),
             "subscriptions": len(self._subscriptions),
             "bytes_sent": self._conn.bytes_sent,
             "bytes_received": self._conn.bytes_received,
@@ -715,6 +731,7 @@ async def open_client(
     optimism: int = 0,
     reconnect: float = 0.0,
     on_session_lost: Callable[[], object] | None = None,
+    max_topics: int = DEFAULT_MAX_TOPICS,
 ) -> AsyncIterator[Client]:
     """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
 
@@ -742,6 +759,11 @@ async def open_client(
     ``client.sessions_lost`` counts these. Messages published to its topics
     while it had no session were not delivered to it.
 
+    ``max_topics`` bounds the topic handles the client holds at once (any
+    number of topics may be published to): past it, and whenever the broker
+    has no room for another topic, the client releases the one it used least
+    recently, once everything published to it is confirmed.
+
     Leaving the block normally flushes (waits until the broker has routed
     every published message), then says Goodbye. An exception raised in the
     block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
@@ -751,6 +773,8 @@ async def open_client(
     policy = client_policy(policy, optimism)
     if reconnect < 0:
         raise ClientError("reconnect must be >= 0 seconds")
+    if max_topics < 1:
+        raise ClientError("max_topics must be at least 1")
 
     async def connect() -> trio.abc.Stream:
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
@@ -776,6 +800,7 @@ async def open_client(
                 connect=connect,
                 reconnect=reconnect,
                 on_session_lost=on_session_lost,
+                max_topics=max_topics,
             )
             with trio.fail_after(connect_timeout):
                 await client._run(nursery)

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
+    SUBSCRIPTION_BINDS,
     Channel,
     ChannelKind,
     ClientSessionState,
@@ -83,10 +84,12 @@ from ._common import (
     connection_target,
     log_session_lost,
     resume_state,
+    subscription_limit,
     unconfirmed_publishes,
 )
 from ._inbox import Inbox
 from ._tls import TLSPipe
+from ._topics import DEFAULT_MAX_TOPICS, TopicCache
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
 
@@ -334,9 +337,12 @@ class BlockingClient(ClientEvents):
         optimism: int = 0,
         reconnect: float = 0.0,
         on_session_lost: Callable[[], object] | None = None,
+        max_topics: int = DEFAULT_MAX_TOPICS,
     ) -> None:
         if reconnect < 0:
             raise ClientError("reconnect must be >= 0 seconds")
+        if max_topics < 1:
+            raise ClientError("max_topics must be at least 1")
         self._host, self._port, self._context = connection_target(url, ssl_context, token)
         self._policy = client_policy(policy, optimism)
         self._token = token
@@ -344,11 +350,13 @@ class BlockingClient(ClientEvents):
         self.name = name
         self._lock = threading.RLock()
         super().__init__()
-        self._topics: dict[str, int] = {}
-        #: Staged topic handles, and publishes made per stage (see ``publish``).
-        self._staged: dict[tuple[str, Stage], int] = {}
-        self._stage_counts: dict[Stage, int] = {}
         self._published: dict[int, int] = {}
+        #: Topic handles by name, and by (name, stage) for staged ones (see
+        #: ``_topics.py``): released when unused for longest.
+        self._cache = TopicCache(max_topics, self._published, self._confirmed, time.monotonic)
+        self._topics = self._cache.handles
+        #: Publishes made per stage (see ``publish``).
+        self._stage_counts: dict[Stage, int] = {}
         self._subscriptions: dict[int, BlockingSubscription] = {}
         #: Subscription handles closed before their Subscribe was confirmed.
         self._pending_frees: set[int] = set()
@@ -585,8 +593,7 @@ class BlockingClient(ClientEvents):
         again what it never confirmed (at least once)."""
         self.sessions_lost += 1
         log_session_lost(self.name, state)
-        self._topics.clear()
-        self._staged.clear()
+        self._cache.clear()
         self._published.clear()
         self._confirmed.clear()
         self._subscriptions = {}
@@ -662,6 +669,8 @@ class BlockingClient(ClientEvents):
     def _handle_events(self, events: list[Event]) -> None:
         conn = self._conn
         self._apply_events(events)
+        if self._ready():
+            self._cache.pump(conn)
         if self._pending_frees and not conn.closed:
             for handle in list(self._pending_frees):
                 if conn.confirmed(HandleType.SUBSCRIPTION, handle):
@@ -849,16 +858,13 @@ class BlockingClient(ClientEvents):
 
     def _topic_nowait(self, topic: str, stage: Stage | None = None) -> int:
         """The topic's handle (staged in ``stage``, if given), binding it on
-        first use; :class:`NoGuarantees` if no room."""
-        handle = self._topics.get(topic) if stage is None else self._staged.get((topic, stage))
+        first use; :class:`NoGuarantees` if no room (or the handle is being
+        released: it is bound anew once it is)."""
+        key = topic if stage is None else (topic, stage)
+        handle = self._topics.get(key)
         if handle is None:
             self._check_open()
-            handle = self._conn.bind_topic(topic, stage)
-            if stage is None:
-                self._topics[topic] = handle
-            else:
-                self._staged[(topic, stage)] = handle
-            self._published[handle] = 0
+            handle = self._cache.bind(self._conn, key, topic, stage)
         return handle
 
     def _bound(self, topic: str, deadline: float | None, what: str) -> int:
@@ -870,7 +876,14 @@ class BlockingClient(ClientEvents):
             deadline,
             what,
         )
-        self._wait_until(lambda: self._conn.confirmed(HandleType.TOPIC, handles[0]), deadline, what)
+        self._cache.pin(handles[0])  # the caller unpins it once its Subscribe is sent
+        try:
+            self._wait_until(
+                lambda: self._conn.confirmed(HandleType.TOPIC, handles[0]), deadline, what
+            )
+        except BaseException:
+            self._cache.unpin(handles[0])
+            raise
         return handles[0]
 
     # ---------------------------------------------------------------- publishing
@@ -923,8 +936,7 @@ class BlockingClient(ClientEvents):
 
         def publish_now() -> None:
             handle = self._topic_nowait(topic, stage)
-            self._conn.publish(handle, payload, key=key, headers=headers)
-            self._published[handle] += 1
+            self._cache.publish(self._conn, handle, payload, key, headers)
 
         self._wait_until(lambda: self._attempt(publish_now), deadline, "publish")
 
@@ -954,15 +966,15 @@ class BlockingClient(ClientEvents):
                     raise BlockingIOError(errno.EAGAIN, "reconnecting to the broker")
                 try:
                     handle = self._topic_nowait(topic)
-                    self._conn.publish(handle, payload, key=key, headers=headers)
+                    self._cache.publish(self._conn, handle, payload, key, headers)
                 except NoGuarantees:
                     if attempt == 0:
                         self._service()
                         continue
+                    self._after_operation(urgent=True)  # (releases that make room)
                     raise BlockingIOError(
                         errno.EAGAIN, f"no guarantees to publish on {topic!r} now"
                     ) from None
-                self._published[handle] += 1
                 self._after_operation()
                 return
 
@@ -997,10 +1009,10 @@ class BlockingClient(ClientEvents):
         with self._locked(deadline):
             self.flush(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
             conn = self._conn
-            for key, handle in list(self._staged.items()):
-                if key[1] != stage:
+            for key, handle in list(self._topics.items()):
+                if not isinstance(key, tuple) or key[1] != stage:
                     continue
-                del self._staged[key]
+                del self._topics[key]
                 self._published.pop(handle, None)
                 self._confirmed.pop(handle, None)
                 if not conn.closed and self._ready():
@@ -1055,8 +1067,9 @@ class BlockingClient(ClientEvents):
                     return self._outcomes.pop(request)
 
     def _all_confirmed(self, targets: dict[int, int]) -> bool:
-        """The broker's Confirm counts cover ``targets`` (publishes per topic handle)."""
-        return all(self._confirmed.get(h, 0) >= n for h, n in targets.items())
+        """The broker's Confirm counts cover ``targets`` (publishes per topic
+        handle; a handle released since had all its publishes confirmed)."""
+        return all(self._confirmed.get(h, n) >= n for h, n in targets.items())
 
     # ---------------------------------------------------------------- subscribing
 
@@ -1105,15 +1118,22 @@ class BlockingClient(ClientEvents):
         the broker has processed it; on failure it is closed (lock held)."""
         handle = self._bound(subscription.topic, deadline, what)
         handles: list[int] = []
-        self._wait_until(
-            lambda: self._attempt(
+
+        def subscribe_now() -> bool:
+            return self._attempt(
                 lambda: handles.append(
                     self._conn.subscribe(handle, subscription.mode, subscription.options)
                 )
-            ),
-            deadline,
-            what,
-        )
+            )
+
+        try:
+            self._wait_until(
+                lambda: subscribe_now() or self._subscribe_near_limit(subscribe_now, deadline),
+                deadline,
+                what,
+            )
+        finally:
+            self._cache.unpin(handle)
         subscription.handle = handles[0]
         subscription._consumed = subscription._acked = 0
         self._subscriptions[subscription.handle] = subscription
@@ -1127,6 +1147,19 @@ class BlockingClient(ClientEvents):
         except BaseException:
             subscription.close()
             raise
+
+    def _subscribe_near_limit(self, subscribe: Callable[[], bool], deadline: float | None) -> bool:
+        """``subscribe()`` found no room: if the broker says it is near its
+        limit, try again after a round trip (the room for what it processed
+        comes first), and raise :class:`LimitReached` if there is still none."""
+        if SUBSCRIPTION_BINDS not in self.throttled:
+            return False
+        self._round_trip(deadline, "subscribe")
+        if subscribe():
+            return True
+        if SUBSCRIPTION_BINDS in self.throttled:
+            raise subscription_limit(len(self._subscriptions))
+        return False
 
     def _unsubscribe(self, subscription: BlockingSubscription) -> None:
         """Free the subscription's handle and release its queue (lock held)."""
@@ -1223,8 +1256,7 @@ class BlockingClient(ClientEvents):
         scripts and tests (bytes count the current connection)."""
         with self._lock:
             return {
-                "published": sum(self._published.values()),
-                "confirmed": sum(self._confirmed.values()),
+                **self._cache.statistics(),
                 "subscriptions": len(self._subscriptions),
                 "bytes_sent": self._conn.bytes_sent,
                 "bytes_received": self._conn.bytes_received,

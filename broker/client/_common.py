@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
 from broker.protocol import (
+    SUBSCRIPTION_BINDS,
     Channel,
     ChannelKind,
     ClientSessionState,
@@ -25,6 +26,9 @@ from broker.protocol import (
     FramesAbandoned,
     Gap,
     GoodbyeCode,
+    HandleDeleted,
+    HandleFreeProposed,
+    HandleType,
     Headers,
     Outcome,
     OutcomeStatus,
@@ -38,6 +42,8 @@ from broker.protocol import (
     decode_body,
 )
 from broker.tls import client_context
+
+from ._topics import TopicCache
 
 log = logging.getLogger("broker.client")
 
@@ -60,6 +66,19 @@ BACKOFF_MOST = 2.0
 
 class ClientError(BrokerError):
     """Base class of the client's errors."""
+
+
+class LimitReached(ClientError):
+    """A limit of the broker's stops the operation: the message says which
+    and what to do. Nothing was done; the connection goes on."""
+
+
+def subscription_limit(subscriptions: int) -> LimitReached:
+    """The error of a Subscribe the broker has no room for at its limit."""
+    return LimitReached(
+        f"the broker allows no more subscriptions on this connection ({subscriptions} held; "
+        "its max_subscriptions setting): close some, or subscribe on another connection"
+    )
 
 
 class StagingRefused(ClientError):
@@ -205,7 +224,9 @@ class ClientEvents:
 
     name: str
     _subscriptions: dict[int, Any]
-    _topics: dict[str, int]
+    _topics: dict[Hashable, int]
+    _cache: TopicCache
+    _conn: Connection
 
     def __init__(self) -> None:
         self._confirmed: dict[int, int] = {}
@@ -237,9 +258,9 @@ class ClientEvents:
     def _topic_of(self, channel: Channel) -> str | None:
         """The topic whose publish channel ``channel`` is (None for other channels)."""
         if channel.kind == ChannelKind.PUBLISH:
-            for name, bound in self._topics.items():
+            for key, bound in self._topics.items():
                 if bound == channel.index:
-                    return name
+                    return str(key[0]) if isinstance(key, tuple) else str(key)
         return None
 
     @property
@@ -252,11 +273,38 @@ class ClientEvents:
     def _release(self, event: DeliverReceived | DeliverManyReceived) -> None:
         raise NotImplementedError
 
+    def _on_throttled(self, event: Throttled) -> None:
+        channel = event.channel
+        if event.throttled:
+            self.throttled.add(channel)
+        else:
+            self.throttled.discard(channel)
+        if channel == SUBSCRIPTION_BINDS:
+            log.log(
+                logging.INFO if event.throttled else logging.DEBUG,
+                "%s: %s",
+                self.name,
+                "near the broker's limit of subscriptions per connection"
+                if event.throttled
+                else "no longer near the broker's subscription limit",
+            )
+            return
+        topic = self._topic_of(channel)
+        if self._cache.on_throttled(self._conn, channel, event.throttled):
+            # A new channel the broker has no room for yet: the client
+            # releases a topic it no longer uses to make some (see _topics).
+            log.debug("%s: no capacity for topic %r yet", self.name, topic)
+        elif event.throttled:
+            log.info("%s: the broker withholds guarantees on topic %r", self.name, topic)
+        else:
+            log.info("%s: topic %r flows again", self.name, topic)
+
     def _resumed(self, received: dict[int, int]) -> None:
         """The session was resumed: the broker had ``received`` publishes per
         topic handle (confirmed, then); count it and say so."""
         for handle, count in received.items():
             self._confirmed[handle] = max(self._confirmed.get(handle, 0), count)
+        self._cache.connection_replaced()
         self.resumes += 1
         self.frames_resent_on_resume += self._resent_last
         log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
@@ -282,13 +330,12 @@ class ClientEvents:
             elif type(event) is WelcomeReceived:
                 self._resent_last = event.resent
             elif isinstance(event, Throttled):
-                topic = self._topic_of(event.channel)
-                if event.throttled:
-                    self.throttled.add(event.channel)
-                    log.info("%s: the broker withholds guarantees on topic %r", self.name, topic)
-                else:
-                    self.throttled.discard(event.channel)
-                    log.info("%s: topic %r flows again", self.name, topic)
+                self._on_throttled(event)
+            elif type(event) is HandleDeleted and event.handle_type == HandleType.TOPIC:
+                self._cache.on_deleted(event.handle)
+                self.throttled.discard(Channel(ChannelKind.PUBLISH, event.handle))
+            elif type(event) is HandleFreeProposed and event.handle_type == HandleType.TOPIC:
+                self._cache.on_free_proposed(event.handle)
             elif isinstance(event, ConnectionClosed):
                 self._goodbye_code = event.code
                 self._goodbye_by_peer = event.by_peer

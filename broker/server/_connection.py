@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from broker.protocol import (
     encode_deliver_tail,
 )
 
+from ._budget import ConnectionBudget
 from ._lossy import OptionError, make_subscription
 from ._peerlog import LINE_CHARS, shown
 from ._peers import peer_key
@@ -148,15 +150,29 @@ class ServerConnection:
         self.dropping_bytes = 0
         self.counters = ConnectionCounters()
         self.buffer_reserved = 0
+        # No reference cycles through the connection: the budget books into a
+        # proxy of it, the policy sees the budget through a proxy and the
+        # channels through their dict, so a closed connection is freed by
+        # reference counting (see test_churn).
+        #: Who gets the connection's receive-buffer budget, and when.
+        self.budget = ConnectionBudget(config, weakref.proxy(self))
+        channels = self.channels
+
+        def publish_blocked(index: int) -> bool:
+            """Publish channel ``index``'s account withholds its guarantees."""
+            state = channels.get(index)
+            return state is not None and state.account.blocked
+
         self.protocol = Connection(
             Role.BROKER,
-            policy=BrokerPolicy(self),
+            policy=BrokerPolicy(weakref.proxy(self.budget), publish_blocked),
             max_frame=config.max_frame,
             heartbeat=config.heartbeat,
             lease=config.lease,
             now=trio.current_time(),
         )
-        self.buffer_reserved = self._capacity_in_use()
+        self.budget.protocol = self.protocol
+        self.buffer_reserved = self.budget.capacity_in_use()
         #: The Hello must have arrived by then, whatever else the peer sends.
         self._hello_deadline = trio.current_time() + config.hello_timeout
         self._inflight: list[LoanedItem[bytes]] = []
@@ -164,7 +180,6 @@ class ServerConnection:
         self._wakeup = trio.Event()
         self._drained = trio.Event()
         self._stalled: set[int] = set()
-        self._starved: list[Channel] = []
         self._funds_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._confirm_dirty: set[int] = set()
@@ -239,7 +254,7 @@ class ServerConnection:
         self._writing = []
         self._inflight = []
         self.account.close()
-        self._reserve(-self.buffer_reserved)
+        self.reserve(-self.buffer_reserved)
         if self.principal is not None:
             self.principal.connections -= 1
         self.broker.forget(self)
@@ -443,8 +458,8 @@ class ServerConnection:
             events = protocol.receive_data(data, trio.current_time())
             if events:
                 self._handle_events(events)
-            if self._starved and not protocol.closed:
-                self._fund_starved()  # an Absolve may have completed a shrink
+            # (An Absolve may have completed a shrink; handles may have gone.)
+            self.budget.settle()
             if protocol.bytes_to_send or protocol.closed:
                 self._wakeup.set()
 
@@ -518,8 +533,11 @@ class ServerConnection:
                 self._handle_other(event)
                 if self.protocol.closed and not closed_before:
                     break  # nothing after a Goodbye of ours is applied
-        for state in touched:
-            self._drain(state)
+        if touched:
+            now = trio.current_time()
+            for state in touched:
+                self.budget.note_busy(state.channel, now)
+                self._drain(state)
 
     def _handle_other(self, event: Event) -> None:
         if isinstance(event, HelloReceived):
@@ -549,6 +567,7 @@ class ServerConnection:
                 return
             self.subscriptions[event.handle] = subscription
             topic.subscribe(subscription)
+            self.budget.subscriptions_changed()
         elif type(event) is Ack:
             acked = self.subscriptions.get(event.subscription)
             if acked is not None:
@@ -588,7 +607,8 @@ class ServerConnection:
             self.session = sessions.create(self, principal)
             self.protocol.welcome(session=self.session.id, epoch=self.broker.epoch)
         # The bind channels exist now: their buffers count against the budgets.
-        self._reserve(self._capacity_in_use() - self.buffer_reserved)
+        self.reserve(self.budget.capacity_in_use() - self.buffer_reserved)
+        self.budget.subscriptions_changed()
         self._log(logging.INFO, "hello from %s", shown(self.client_name))
 
     def _resume(self, session: Session, processed: dict[int, int]) -> None:
@@ -696,15 +716,18 @@ class ServerConnection:
             if subscription is not None:
                 subscription.close()
             self._stalled.discard(handle)
+            self.budget.subscriptions_changed()
             return
         state = self.channels.get(handle)
         if state is None or state.buffer:
             return  # buffered publishes keep the handle; HandleDeleted comes later
         del self.channels[handle]
+        self.budget.forget(state.channel)
         state.topic.publishers -= 1
         state.topic.release_if_unused()
         state.account.close()
-        self._fund_starved()
+        if self.budget.settle():  # its capacity may fund a starved channel
+            self.wake_writer()
 
     # ================================================================ staging
 
@@ -825,8 +848,8 @@ class ServerConnection:
             state.waiting = True
             assert self._nursery is not None
             self._nursery.start_soon(self._await_clear, state)
-        if self._starved:
-            self._fund_starved()
+        if self.budget.settle():  # a shrink may have completed
+            self.wake_writer()
 
     def _forward(
         self, state: PublishChannel, batch: list[PublishReceived], size: int, fan_out: int
@@ -891,77 +914,22 @@ class ServerConnection:
 
     # ================================================================ budgets
 
-    def _capacity_in_use(self) -> int:
-        protocol = self.protocol
-        return sum(protocol.receiver(c).capacity for c in protocol.receiving_channels)
-
-    def fund_channel(self, channel: Channel) -> int:
-        """Capacity for a new publish channel, from the connection's and broker's budgets.
-
-        When the budget is spent, idle channels are shrunk (pleading their
-        sender) down to one frame; a channel that still gets nothing waits
-        until space frees up.
-        """
-        config = self.broker.config
-        want = config.publish_capacity
-        available = self._available()
-        if available < want:
-            self._shrink_idle_channels(want - available)
-            available = self._available()
-        grant = min(want, available)
-        if grant < config.min_publish_capacity:
-            grant = 0
-            self._starved.append(channel)
-        self._reserve(grant)
-        return grant
-
-    def _available(self) -> int:
-        in_use = self._capacity_in_use()
-        self._reserve(in_use - self.buffer_reserved)
-        available = min(
-            self.broker.config.connection_budget - in_use,
-            self.broker.config.global_budget - self.broker.buffer_reserved,
-        )
+    def spare_budget(self) -> int:
+        """What the broker's and the principal's budgets still allow (see
+        :class:`ConnectionBudget`)."""
+        spare = self.broker.config.global_budget - self.broker.buffer_reserved
         principal = self.principal
         if principal is not None:
-            available = min(available, principal.buffer_budget - principal.buffer_reserved)
-        return available
+            spare = min(spare, principal.buffer_budget - principal.buffer_reserved)
+        return spare
 
-    def _reserve(self, amount: int) -> None:
+    def reserve(self, amount: int) -> None:
+        """Book ``amount`` more bytes of capacity as reserved by this
+        connection (and its broker and principal)."""
         self.buffer_reserved += amount
         self.broker.buffer_reserved += amount
         if self.principal is not None:
             self.principal.buffer_reserved += amount
-
-    def _shrink_idle_channels(self, needed: int) -> None:
-        floor = self.broker.config.min_publish_capacity
-        protocol = self.protocol
-        idle = [
-            protocol.receiver(state.channel) for state in self.channels.values() if not state.buffer
-        ]
-        idle.sort(key=lambda receiver: receiver.capacity, reverse=True)
-        for receiver in idle:
-            if needed <= 0 or receiver.capacity <= floor:
-                break
-            before = receiver.capacity
-            protocol.set_capacity(receiver.channel, max(floor, before // 2))
-            needed -= before - receiver.capacity
-
-    def _fund_starved(self) -> None:
-        protocol = self.protocol
-        while self._starved:
-            channel = self._starved[0]
-            if channel.index not in self.channels:
-                self._starved.pop(0)
-                continue
-            available = self._available()
-            if available < self.broker.config.min_publish_capacity:
-                return
-            grant = min(self.broker.config.publish_capacity, available)
-            self._reserve(grant)
-            protocol.grow(channel, grant)
-            self._starved.pop(0)
-            self.wake_writer()
 
     # ================================================================ keepalive
 

@@ -2,40 +2,47 @@
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from broker.protocol import Channel, ChannelKind, Policy
+from broker.protocol import SUBSCRIPTION_BINDS, Channel, ChannelKind, ChannelReceiver, Policy
 
-if TYPE_CHECKING:
-    from ._connection import ServerConnection
+from ._budget import ConnectionBudget
 
 
 class BrokerPolicy(Policy):
     """Guarantees on a publish channel are issued only while its account is clear.
 
     A new publish channel is funded from the connection's and the broker's
-    buffer budgets (shrinking idle channels when they are spent).
+    buffer budgets (see :class:`ConnectionBudget`); the subscription bind
+    channel never offers room beyond what ``max_subscriptions`` allows.
+    ``blocked(index)`` says whether publish channel ``index``'s account
+    withholds its guarantees.
     """
 
-    def __init__(self, connection: ServerConnection) -> None:
-        config = connection.broker.config
+    def __init__(self, budget: ConnectionBudget, blocked: Callable[[int], bool]) -> None:
+        config = budget.config
         super().__init__(
             bind_capacity=config.bind_capacity,
             publish_capacity=config.publish_capacity,
             deliver_capacity=0,
         )
-        # A proxy: the connection holds its protocol, which holds this policy;
-        # a strong reference back would leave every closed connection a cycle.
-        self._connection: ServerConnection = weakref.proxy(connection)
+        self._budget = budget
+        self._blocked = blocked
 
     def initial_capacity(self, channel: Channel) -> int:
         if channel.kind == ChannelKind.PUBLISH:
-            return self._connection.fund_channel(channel)
+            return self._budget.fund(channel)
+        if channel == SUBSCRIPTION_BINDS:
+            return self._budget.subscription_room()
         return super().initial_capacity(channel)
 
     def may_issue(self, channel: Channel) -> bool:
         if channel.kind != ChannelKind.PUBLISH:
             return True
-        state = self._connection.channels.get(channel.index)
-        return state is None or not state.account.blocked
+        return not self._blocked(channel.index)
+
+    def amount_to_issue(self, receiver: ChannelReceiver) -> int:
+        amount = super().amount_to_issue(receiver)
+        if amount > 0 and receiver.channel == SUBSCRIPTION_BINDS:
+            return min(amount, self._budget.subscription_issue_cap(receiver))
+        return amount

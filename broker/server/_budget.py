@@ -1,0 +1,345 @@
+"""One connection's receive buffers: who gets the connection budget, and when.
+
+A new publish channel asks for ``publish_capacity`` bytes; when the
+connection's (or the broker's, or the principal's) budget is short, it gets
+one frame (``max_frame + 64``). When not even that is left, idle channels
+(nothing buffered; quiet ones first) are halved, down to one frame, pleading
+with their sender to give the rest back. A channel that still gets nothing
+starts with none: it is *starved*, and funded, in the order the channels
+were opened, as soon as room frees up (a shrink completes, a handle is
+freed). The client is told (``Throttled``) at once, unless the shrinks under
+way will fund it (then only if that takes ``throttle_notice_after``): it is
+up to the client to free a handle. A busy channel below ``publish_capacity``
+takes room back from channels quiet for ``IDLE_AFTER`` seconds.
+
+The subscription bind channel ``[1, 0]`` grows as subscriptions are made
+(every live subscription keeps its Subscribe frame's bytes charged there),
+but never offers room for more Subscribe frames than the connection may
+still make under ``max_subscriptions``: the broker keeps that many bound at
+most, and says ``Throttled`` on ``[1, 0]`` when the limit is what holds the
+room back. Those bytes are bounded by ``max_subscriptions``, not by
+``connection_budget``: only the first ``bind_capacity`` of each bind channel
+counts against the budgets (bind frames are counted, never stored).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.protocol import (
+    SUBSCRIPTION_BINDS,
+    Channel,
+    ChannelKind,
+    ChannelReceiver,
+    Connection,
+    DeliveryMode,
+    HandleState,
+    LocalProtocolError,
+    Subscribe,
+    encode,
+)
+
+#: A publish channel with nothing buffered and no publish for this long is
+#: quiet: a busy channel may take its room.
+IDLE_AFTER = 1.0
+#: A busy channel below ``publish_capacity`` asks for more at most this often.
+GROW_EVERY = 0.25
+#: The smallest Subscribe frame there can be: room for ``n`` more
+#: subscriptions is at most ``n`` times this many bytes.
+SMALLEST_SUBSCRIBE = min(len(encode(Subscribe(0, mode, {}))) for mode in DeliveryMode.ALL)
+
+
+class Ledger(Protocol):
+    """Where a connection's reserved capacity is booked (the connection, the
+    broker and the principal's usage)."""
+
+    buffer_reserved: int
+
+    def reserve(self, amount: int) -> None:
+        """Book ``amount`` more bytes (negative: fewer) as reserved."""
+        ...
+
+    def spare_budget(self) -> int:
+        """What the broker's and the principal's budgets still allow."""
+        ...
+
+
+class ConnectionBudget:
+    """The receive-buffer decisions of one connection (see the module).
+
+    Set :attr:`protocol` once the connection's protocol exists; call
+    :meth:`settle` after each read and whenever capacity may have freed up,
+    and wake the writer when it returns True.
+    """
+
+    def __init__(self, config: BrokerConfig, ledger: Ledger) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.protocol: Connection
+        #: Publish channels opened without capacity, oldest first, and since when.
+        self.starved: OrderedDict[Channel, float] = OrderedDict()
+        #: Those the client was told about (Throttled).
+        self._advised: set[Channel] = set()
+        #: When each publish channel last received a publish.
+        self._active: dict[int, float] = {}
+        self._next_growth: dict[int, float] = {}
+        #: The subscription bind channel needs sizing (subscriptions changed).
+        self._binds_dirty = False
+        #: The client was told that the subscription limit holds back [1, 0].
+        self.subscription_limit_advised = False
+
+    # ---------------------------------------------------------------- accounting
+
+    def capacity_in_use(self) -> int:
+        """Capacity counted against the budgets: every publish channel's, and
+        each bind channel's up to ``bind_capacity``."""
+        return self._survey()[0]
+
+    def _survey(self) -> tuple[int, bool, int]:
+        """:meth:`capacity_in_use`; whether an idle publish channel is above
+        one frame (so that shrinking could free something); and how much
+        shrinks under way will free (once the senders absolve)."""
+        protocol = self.protocol
+        bind_capacity = self.config.bind_capacity
+        floor = self.config.min_publish_capacity
+        total = pending = 0
+        shrinkable = False
+        for channel in protocol.receiving_channels:
+            receiver = protocol.receiver(channel)
+            capacity = receiver.capacity
+            if channel.kind == ChannelKind.PUBLISH:
+                total += capacity
+                shrinkable = shrinkable or (capacity > floor and not receiver.buffered)
+                target = receiver.target_capacity
+                if target is not None:
+                    pending += capacity - target
+            elif channel.kind != ChannelKind.DELIVER:
+                total += min(capacity, bind_capacity)
+        return total, shrinkable, pending
+
+    def available(self) -> int:
+        """Capacity a channel may be given now (negative when over budget);
+        books the capacity in use first."""
+        return self._available()[0]
+
+    def _available(self) -> tuple[int, bool, int]:
+        """:meth:`available`, and the rest of :meth:`_survey`."""
+        in_use, shrinkable, pending = self._survey()
+        ledger = self.ledger
+        ledger.reserve(in_use - ledger.buffer_reserved)
+        spare = min(self.config.connection_budget - in_use, ledger.spare_budget())
+        return spare, shrinkable, pending
+
+    # ---------------------------------------------------------------- publish channels
+
+    def fund(self, channel: Channel) -> int:
+        """Capacity for a new publish channel (0: starved, funded later)."""
+        config = self.config
+        self._prune_starved()
+        now = trio.current_time()
+        if self.starved:
+            self.starved[channel] = now  # those opened before it come first
+            return 0
+        want = config.publish_capacity
+        available, shrinkable, _ = self._available()
+        if available < want and shrinkable:
+            self._shrink_idle(want - available, exclude=channel.index, quiet_only=False)
+            available = self.available()
+        grant = self._grant(available)
+        if not grant:
+            self.starved[channel] = now
+            return 0
+        self.ledger.reserve(grant)
+        return grant
+
+    def _grant(self, available: int) -> int:
+        """What a new channel gets out of ``available`` bytes: all it asks
+        for, or (the budget being short) one frame; 0 if not even that. (A
+        share of what is left would only be pleaded back for the next one.)"""
+        config = self.config
+        if available >= config.publish_capacity:
+            return config.publish_capacity
+        return config.min_publish_capacity if available >= config.min_publish_capacity else 0
+
+    def note_busy(self, channel: Channel, now: float) -> None:
+        """Publishes arrived on ``channel``: it is active, and if it was
+        shrunk it takes room back (from quiet channels, if need be)."""
+        index = channel.index
+        self._active[index] = now
+        due = self._next_growth.get(index)
+        if due is None:  # (a channel is busy if still so a while later)
+            self._next_growth[index] = now + GROW_EVERY
+        if due is None or now < due or self.starved:
+            return
+        want = self.config.publish_capacity
+        try:
+            receiver = self.protocol.receiver(channel)
+        except LocalProtocolError:
+            return  # freed
+        self._next_growth[index] = now + GROW_EVERY
+        if receiver.capacity >= want or receiver.target_capacity is not None:
+            return
+        missing = want - receiver.capacity
+        available, shrinkable, _ = self._available()
+        if available < missing and shrinkable:
+            self._shrink_idle(missing - available, exclude=index, quiet_only=True)
+            available = self.available()
+        grant = min(missing, available)
+        if grant > 0 and self._may_advise(channel):
+            self.ledger.reserve(grant)
+            self.protocol.grow(channel, grant)
+
+    def forget(self, channel: Channel) -> None:
+        """``channel``'s handle is gone."""
+        self.starved.pop(channel, None)
+        self._advised.discard(channel)
+        self._active.pop(channel.index, None)
+        self._next_growth.pop(channel.index, None)
+
+    def _shrink_idle(self, needed: int, *, exclude: int, quiet_only: bool) -> None:
+        """Halve idle publish channels (biggest first, quiet ones before the
+        others), down to one frame, until ``needed`` bytes are on their way
+        back. Only channels the protocol still has are looked at: handles
+        freed in the read being handled are gone from it already."""
+        protocol = self.protocol
+        floor = self.config.min_publish_capacity
+        now = trio.current_time()
+        candidates: list[tuple[bool, int, ChannelReceiver]] = []
+        for channel in protocol.receiving_channels:
+            if channel.kind != ChannelKind.PUBLISH or channel.index == exclude:
+                continue
+            receiver = protocol.receiver(channel)
+            if receiver.buffered or receiver.capacity <= floor:
+                continue
+            last = self._active.get(channel.index)
+            recent = last is not None and now - last < IDLE_AFTER
+            if recent and quiet_only:
+                continue
+            candidates.append((recent, -receiver.capacity, receiver))
+        candidates.sort(key=lambda entry: entry[:2])
+        for _, _, receiver in candidates:
+            if needed <= 0:
+                break
+            before = receiver.capacity
+            target = max(floor, before // 2)
+            protocol.set_capacity(receiver.channel, target)
+            needed -= before - target  # reclaimed now, or once the sender absolves
+
+    def _prune_starved(self) -> None:
+        """Drop starved channels whose handle was freed."""
+        for channel in [c for c in self.starved if not self._has(c)]:
+            del self.starved[channel]
+            self._advised.discard(channel)
+
+    def _has(self, channel: Channel) -> bool:
+        try:
+            self.protocol.receiver(channel)
+        except LocalProtocolError:
+            return False
+        return True
+
+    def _may_advise(self, channel: Channel) -> bool:
+        """The broker may still send about ``channel`` (its handle is neither
+        freed nor being freed)."""
+        binding = self.protocol.topics.get(channel.index)
+        return binding is not None and binding.state is HandleState.BOUND and self._has(channel)
+
+    # ---------------------------------------------------------------- settling
+
+    def settle(self) -> bool:
+        """Fund starved channels that room now allows (oldest first), tell
+        the client about the ones still starved, and size the subscription
+        bind channel; True if something was queued to send."""
+        protocol = self.protocol
+        if protocol.closed or (not self.starved and not self._binds_dirty):
+            return False
+        queued = False
+        if self.starved:
+            self._prune_starved()
+            while self.starved:
+                channel = next(iter(self.starved))
+                grant = self._grant(self.available())
+                if not grant:
+                    break
+                del self.starved[channel]
+                self.ledger.reserve(grant)
+                protocol.grow(channel, grant)
+                if channel in self._advised:
+                    self._advised.discard(channel)
+                    if self._may_advise(channel):
+                        protocol.throttled(channel, False)
+                queued = True
+            if self.starved:
+                queued = self._advise_starved() or queued
+        if self._binds_dirty:
+            queued = self._size_subscription_binds() or queued
+        return queued
+
+    def _advise_starved(self) -> bool:
+        """Tell the client (Throttled) about the starved channels that no
+        shrink under way will fund, and about those starved for longer than
+        ``throttle_notice_after``: then it is up to the client to free a
+        handle. True if something was queued."""
+        advised = self._advised
+        if len(advised) == len(self.starved):
+            return False
+        available, _, pending = self._available()
+        fundable = max(available + pending, 0) // self.config.min_publish_capacity
+        patience = trio.current_time() - self.config.throttle_notice_after
+        queued = False
+        for position, (channel, since) in enumerate(self.starved.items()):
+            if channel in advised or (position < fundable and since > patience):
+                continue
+            if self._may_advise(channel):
+                self.protocol.throttled(channel, True)
+                advised.add(channel)
+                queued = True
+        return queued
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def subscriptions_changed(self) -> None:
+        """Subscriptions were made or freed: size ``[1, 0]`` at the next settle."""
+        self._binds_dirty = True
+
+    def subscription_room(self) -> int:
+        """Free room ``[1, 0]`` may have: ``bind_capacity``, but never room for
+        more Subscribe frames than the connection may still make."""
+        left = max(self.config.max_subscriptions - len(self.protocol.subscriptions), 0)
+        return min(self.config.bind_capacity, left * SMALLEST_SUBSCRIBE)
+
+    def subscription_issue_cap(self, receiver: ChannelReceiver) -> int:
+        """The most that may be issued on ``[1, 0]`` now: the client never
+        holds guarantees beyond :meth:`subscription_room` (a negative balance,
+        optimistic frames accepted, is always confirmed)."""
+        return max(self.subscription_room() - receiver.sender_balance, 0)
+
+    def _size_subscription_binds(self) -> bool:
+        self._binds_dirty = False
+        protocol = self.protocol
+        try:
+            receiver = protocol.receiver(SUBSCRIPTION_BINDS)
+        except LocalProtocolError:
+            return False  # before the Welcome
+        queued = False
+        room = self.subscription_room()
+        free = receiver.capacity - receiver.buffered
+        near_limit = room < self.config.bind_capacity
+        if free > room:
+            # Unpromised (the issue cap saw to it): reclaimed at once.
+            protocol.set_capacity(
+                SUBSCRIPTION_BINDS, receiver.capacity - (free - room), plead=False
+            )
+        elif free < room and (near_limit or 2 * free < room):
+            issued = receiver.issued_total
+            protocol.grow(SUBSCRIPTION_BINDS, room - free)
+            queued = receiver.issued_total != issued
+        if near_limit != self.subscription_limit_advised:
+            self.subscription_limit_advised = near_limit
+            protocol.throttled(SUBSCRIPTION_BINDS, near_limit)
+            queued = True
+        return queued

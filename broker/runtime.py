@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+from collections.abc import Callable
 
 
 def tune_gc(threshold: int) -> None:
@@ -26,3 +29,29 @@ def tune_gc(threshold: int) -> None:
         gc.freeze()
         _, older, oldest = gc.get_threshold()
         gc.set_threshold(threshold, older, oldest)
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
+    return trim
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Hand the memory the C allocator holds free back to the operating
+    system (glibc's ``malloc_trim``); False where there is no such call.
+
+    Payloads above 512 bytes live in glibc's heap, which keeps freed pages
+    for reuse: after a burst (a large staged batch committed, a backlog
+    drained) the process's RSS would otherwise stay at its peak. The call
+    walks the heap, so run it in a worker thread (it releases the GIL)."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True

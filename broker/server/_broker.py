@@ -30,6 +30,7 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._session import SessionTable
@@ -130,6 +131,8 @@ class Broker:
             ttl=config.staging_ttl,
             remember=config.staging_remember,
         )
+        #: Hands freed heap memory back once the debt falls after a burst.
+        self.memory = MemoryReturn(self.account)
         self.connections: dict[int, ServerConnection] = {}
         #: Called with each connection as the broker forgets it, once its
         #: cleanup is done (its counters final): metrics fold them into
@@ -453,6 +456,7 @@ async def serve_broker(
                 broker._nursery = nursery
                 broker.sessions.start(nursery)
                 nursery.start_soon(broker._expire_staging)
+                nursery.start_soon(broker.memory.run)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:

@@ -20,6 +20,9 @@ from broker.client import BlockingClient, ConnectionLost
 from ..proxy import cut_on_progress, proxied
 from ..server.helpers import TIMEOUT, running_broker, wait_idle, wait_until
 
+#: The publisher publishes in this many phases, each after a cut of its own.
+PHASES = 4
+
 
 async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
     """A blocking publisher and a blocking subscriber, 20,000 messages, the
@@ -44,6 +47,10 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
         def publish() -> None:
             with BlockingClient(url, name="pub", reconnect=TIMEOUT) as client:
                 for i in range(count):
+                    if i and i % (count // PHASES) == 0:
+                        # Each phase after the first starts with a cut of its
+                        # own, whatever the timing of the others.
+                        trio.from_thread.run_sync(proxy.cut)
                     client.publish("ticks", b"%d" % i, timeout=TIMEOUT)
                 client.flush(timeout=TIMEOUT)
                 stats["pub"] = client.statistics()
@@ -51,12 +58,12 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
         async def cut_now_and_then() -> None:
             # (Never once the subscriber is done: its Goodbye would be cut
             # off, and its session would wait out the lease.)
-            # Each cut waits for 500 more messages received since the last.
+            # Each cut waits for 200 more messages received since the last.
             await cut_on_progress(
                 proxy,
                 lambda: len(received),
                 lambda: len(received) == count,
-                step=500,
+                step=200,
                 pause=lambda: rng.uniform(0.0, 0.05),
             )
 
@@ -67,7 +74,7 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
             with trio.fail_after(4 * TIMEOUT):
                 await trio.to_thread.run_sync(publish)
         assert received == list(range(count))
-        assert proxy.cuts >= 3
+        assert proxy.cuts >= PHASES - 1
         assert stats["pub"]["published"] == stats["pub"]["confirmed"] == count
         assert stats["pub"]["sessions_lost"] == stats["sub"]["sessions_lost"] == 0
         assert stats["pub"]["resumes"] + stats["sub"]["resumes"] >= 2

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import trio
+from _process import free_port, wait_listening  # (tests/measure is sys.path[0])
 
 from broker.client import ConnectionLost, open_client
 from broker.protocol import Connection, ConnectionClosed, Role, WelcomeReceived
@@ -39,25 +39,6 @@ token = "narrow-token"
 publish = ["allowed.*"]
 subscribe = ["allowed.*"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 async def guess(url: str, seconds: float) -> None:

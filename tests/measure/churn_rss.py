@@ -11,44 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import trio
+from _process import free_port, rss_mib, wait_listening  # (tests/measure is sys.path[0])
 
 from broker.client import open_client
 
 #: Clients connected at once (more overflow the listen backlog: slow retries).
 CONCURRENT = 100
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 async def one_client(url: str, index: int, limiter: trio.CapacityLimiter) -> None:

@@ -13,37 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import trio
+from _process import free_port, wait_listening  # (tests/measure is sys.path[0])
 
 from broker.client import ConnectionLost, open_client
 
 #: The subscriber sleeps this long after every ten messages (about 5,000/s).
 PACE = 0.002
 PAYLOAD = b"x" * 100
-
-
-def wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def one_run(url: str, broker: subprocess.Popen[bytes]) -> tuple[int, int, int]:

@@ -37,6 +37,32 @@ def _queued(broker: Broker) -> int:
     return sum(s.queued for c in broker.connections.values() for s in c.subscriptions.values())
 
 
+async def _read_numbers(
+    broker: Broker,
+    received: list[int],
+    ends: list[int | None],
+    every: int,
+    pause: float,
+    *,
+    task_status: trio.TaskStatus[None],
+) -> None:
+    """Subscribe to "news" and append each message's leading number to
+    ``received``, pausing ``pause`` seconds after every ``every`` messages;
+    the Goodbye code that ends the subscription goes to ``ends``."""
+    async with (
+        open_client(url(broker), name="sub") as client,
+        client.subscribe("news") as subscription,
+    ):
+        task_status.started()
+        try:
+            async for message in subscription:
+                received.append(int(message.payload.split(b" ")[0]))
+                if len(received) % every == 0:
+                    await trio.sleep(pause)
+        except ConnectionLost as error:
+            ends.append(error.code)
+
+
 async def _stingy_shutdown(
     meanwhile: Callable[[RawClient], Awaitable[None]],
 ) -> tuple[Broker, float]:
@@ -77,26 +103,12 @@ async def _stingy_shutdown(
 async def test_queued_deliveries_reach_a_subscriber_that_keeps_reading() -> None:
     count = 300
     received: list[int] = []
-    lost: list[int] = []
+    lost: list[int | None] = []
     async with (
         running_broker(shutdown_deadline=DEADLINE) as broker,
         trio.open_nursery() as nursery,
     ):
-
-        async def slow_subscriber(task_status: trio.TaskStatus[None]) -> None:
-            async with (
-                open_client(url(broker), name="sub") as client,
-                client.subscribe("news") as subscription,
-            ):
-                task_status.started()
-                try:
-                    async for message in subscription:
-                        received.append(int(message.payload.split(b" ")[0]))
-                        await trio.sleep(0.001)
-                except ConnectionLost as error:
-                    lost.append(error.code)
-
-        await nursery.start(slow_subscriber)
+        await nursery.start(_read_numbers, broker, received, lost, 1, 0.001)
         await wait_until(lambda: broker.statistics().subscriptions == 1)
         async with open_client(url(broker), name="pub") as publisher:
             for i in range(count):
@@ -146,22 +158,8 @@ async def test_every_confirmed_publish_reaches_a_subscriber_that_keeps_reading()
         running_broker(shutdown_deadline=DEADLINE) as broker,
         trio.open_nursery() as nursery,
     ):
-
-        async def subscriber(task_status: trio.TaskStatus[None]) -> None:
-            async with (
-                open_client(url(broker), name="sub") as client,
-                client.subscribe("news") as subscription,
-            ):
-                task_status.started()
-                try:
-                    async for message in subscription:
-                        received.append(int(message.payload.split(b" ")[0]))
-                        if len(received) % 10 == 0:
-                            await trio.sleep(0.005)  # about 2,000 a second
-                except ConnectionLost as error:
-                    ends.append(error.code)
-
-        await nursery.start(subscriber)
+        # About 2,000 messages a second.
+        await nursery.start(_read_numbers, broker, received, ends, 10, 0.005)
         await wait_until(lambda: broker.statistics().subscriptions == 1)
         async with open_client(url(broker), name="pub") as publisher:
 

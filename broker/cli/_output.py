@@ -13,8 +13,10 @@ import base64
 import json
 import string
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..client import Message
+if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
+    from ..client import Message
 
 #: Placeholders of ``--format`` and what they stand for.
 PLACEHOLDERS = {
@@ -69,9 +71,9 @@ def template_printer(template: str) -> Callable[[Message], bytes]:
             known = ", ".join("{" + key + "}" for key in PLACEHOLDERS)
             shown = "{" + name + "}" if name else "{}"
             raise FormatError(f"unknown placeholder {shown} (known: {known})")
-    sample = Message("t", b"", None, None, 0)
+    sample: dict[str, object] = {name: "" for name in PLACEHOLDERS} | {"seq": 0, "size": 0}
     try:
-        template.format_map(_text_fields(sample))
+        template.format_map(sample)
     except (ValueError, TypeError) as error:
         raise FormatError(f"malformed template: {error}") from None
 

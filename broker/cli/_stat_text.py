@@ -132,10 +132,10 @@ def _budgets(document: Mapping[str, Any]) -> list[str]:
 
 
 def _principals(document: Mapping[str, Any]) -> list[str]:
-    principals = _dict(document, "principals")
-    if not principals:
+    if "principals" not in document:
         return []
-    lines = ["", f"{len(principals)} principal(s)"]
+    principals = _dict(document, "principals")
+    lines = ["", f"principals ({len(principals)})"]
     for name, usage in principals.items():
         usage = usage if isinstance(usage, Mapping) else {"value": usage}
         lines += _pairs(usage.items(), "  ", f"{_value(name)}  ")
@@ -146,7 +146,7 @@ def _topics(document: Mapping[str, Any]) -> list[str]:
     if "topics" not in document:
         return []
     topics = _list(document, "topics")
-    lines = ["", f"{len(topics)} topic(s)"]
+    lines = ["", f"topics ({len(topics)})"]
     if not topics:
         return lines
     names = [repr(topic.get("name", "?")) for topic in topics]
@@ -191,7 +191,7 @@ def _connections(document: Mapping[str, Any]) -> list[str]:
     if "connections" not in document:
         return []
     connections = _list(document, "connections")
-    lines = ["", f"{len(connections)} connection(s)"]
+    lines = ["", f"connections ({len(connections)})"]
     for connection in connections:
         lines += _connection(connection)
     return lines

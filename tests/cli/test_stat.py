@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from broker.cli._stat_text import render
@@ -29,7 +31,7 @@ def test_the_text_shows_budgets_topics_and_subscriptions(served: Served) -> None
     assert lines[budgets + 1].startswith("  buffer_reserved=")
     assert "of global_budget=268435456 (" in lines[budgets + 1]
     assert "connection_high_watermark=" in result.stdout
-    topics = lines.index("1 topic(s)")
+    topics = lines.index("topics (1)")
     assert lines[topics + 1].split() == [
         "name",
         "publishers",
@@ -55,7 +57,7 @@ def test_the_text_tolerates_missing_detail_and_new_sections() -> None:
     assert text.splitlines() == [
         "broker       10.0.0.1:7400",
         "",
-        "1 connection(s)",
+        "connections (1)",
         "  conn-9  ?  client=''",
         "",
         "totals",
@@ -145,3 +147,50 @@ def test_watch_on_a_terminal_redraws_the_screen(served: Served) -> None:
     screen = shown.split(b"\x1b[H\x1b[2J")[1].decode()
     assert f"{served.metrics}  every 0.1 s (Ctrl-C to stop)" in screen
     assert "\r\nbudgets\r\n" in screen
+
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def stat_references() -> set[str]:
+    """The names docs/operations.md tells a reader to look for in `broker stat`
+    (the backquoted words of each sentence that starts with it)."""
+    text = " ".join(OPERATIONS.read_text(encoding="utf-8").split())
+    names: set[str] = set()
+    for sentence in re.findall(r"`broker stat`[^.]*\.", text):
+        names |= set(re.findall(r"`([^`]+)`", sentence))
+    return {
+        name
+        for name in names
+        if not name.startswith(("broker", "curl")) and not name.startswith("broker_")
+    }
+
+
+def test_what_the_operations_runbooks_name_is_in_the_text(served: Served) -> None:
+    """Before: the runbooks pointed at `budgets` and `topics[].queued`, which
+    only `broker stat --json` showed."""
+    names = stat_references()
+    assert {"budgets", "buffer_reserved", "topics", "queued", "debt"} <= names
+    subscriber = Subscriber("news", "--broker", served.address)
+    publisher = subprocess.Popen(
+        broker_command("pub", "news", "--broker", served.address),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert publisher.stdin is not None and subscriber.process.stdout is not None
+        publisher.stdin.write(b"hello\n")
+        publisher.stdin.flush()
+        assert subscriber.process.stdout.readline() == b"hello\n"
+        result = run("stat", "--metrics", served.metrics)  # both connected
+        publisher.stdin.close()
+        assert publisher.wait(TIMEOUT) == 0
+    finally:
+        subscriber.kill()
+        if publisher.poll() is None:
+            publisher.kill()
+        publisher.wait(TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    words = set(re.findall(r"[a-z_]+", result.stdout))
+    assert names <= words, names - words

@@ -137,24 +137,28 @@ async def _serve(config: BrokerConfig) -> None:
             check_free(*metrics)
         except OSError as error:
             raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
-    async with trio.open_nursery() as nursery:
-        try:
-            broker = await nursery.start(serve_broker, config)
-        except OSError as error:
-            raise CannotListen("clients", config.listen_address, "--listen", error) from None
-        lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
-        if metrics is not None:
-            from ..metrics import serve_metrics
-
+    # Signals are taken from the start: a SIGINT or SIGTERM that comes while
+    # the broker starts (or just as it says it listens) stops it gracefully.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
             try:
-                host, port = await nursery.start(serve_metrics, broker, *metrics)
+                broker = await nursery.start(serve_broker, config)
             except OSError as error:
-                raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
-            lines.append(f"metrics on http://{host}:{port}/metrics")
-        print("\n".join(lines), flush=True)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                raise CannotListen("clients", config.listen_address, "--listen", error) from None
+            lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
+            if metrics is not None:
+                from ..metrics import serve_metrics
+
+                try:
+                    host, port = await nursery.start(serve_metrics, broker, *metrics)
+                except OSError as error:
+                    raise CannotListen(
+                        "HTTP (metrics)", metrics, "--metrics-listen", error
+                    ) from None
+                lines.append(f"metrics on http://{host}:{port}/metrics")
+            print("\n".join(lines), flush=True)
             async for signum in signals:
                 log.info("%s: shutting down gracefully", signal.Signals(signum).name)
                 break
-        await broker.shutdown()
-        nursery.cancel_scope.cancel()
+            await broker.shutdown()
+            nursery.cancel_scope.cancel()

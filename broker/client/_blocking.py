@@ -292,7 +292,9 @@ class BlockingClient(ClientEvents):
 
     ``BlockingClient(url)`` connects, says Hello and waits for the broker's
     Welcome (up to ``connect_timeout`` seconds), raising
-    :class:`ConnectionLost` if it cannot. As a context manager, leaving the
+    :class:`ConnectionLost` if it cannot: the broker's refusal, or one line
+    that says what answered if it was no broker (see
+    :func:`~broker.client.open_client`). As a context manager, leaving the
     block normally flushes (every message published is routed by the
     broker), then says Goodbye; leaving it with an exception closes at once.
 

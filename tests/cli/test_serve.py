@@ -3,7 +3,9 @@ named in one line, the metrics port checked before the broker says it listens.""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,7 +13,7 @@ import pytest
 
 from broker.cli import build_parser
 
-from .helpers import broker_command, run, serving
+from .helpers import TIMEOUT, broker_command, run, serving
 
 
 @pytest.mark.parametrize(
@@ -76,3 +78,26 @@ def test_the_module_runs_as_the_command() -> None:
     result = run("--version")
     assert result.returncode == 0
     assert result.stdout.startswith("broker ")
+
+
+def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
+    """Before: SIGINT right after "broker listening" came before the signal
+    handler was in place: exit status 1 and a KeyboardInterrupt traceback."""
+    process = subprocess.Popen(
+        broker_command("serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("broker listening on ")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err
+    assert "SIGINT: shutting down gracefully" in err
+    assert "Traceback" not in err

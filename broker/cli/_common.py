@@ -215,9 +215,11 @@ def run_interruptibly(
     try:
         trio.run(main)
     except BaseExceptionGroup as group:
-        failure = sole_exception(group)
-        if isinstance(failure, BaseExceptionGroup):
-            raise
+        failure = group
+        while isinstance(failure, BaseExceptionGroup):  # nurseries in nurseries
+            if (inner := sole_exception(failure)) is failure:
+                raise
+            failure = inner
     except (BrokerError, OSError) as error:
         failure = error
     if isinstance(failure, BrokerError | OSError):

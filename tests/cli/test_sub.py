@@ -260,3 +260,14 @@ def test_json_line_uses_one_encoding_for_every_bytes_field() -> None:
         "aw==",
         [["h", "/w=="]],
     )
+
+
+def test_an_option_the_broker_refuses_is_one_line(served: Served) -> None:
+    result = run(
+        "sub", "news", "--mode", "lossy", "--max-queued", "5000000", "--broker", served.address
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "broker sub: goodbye 1: Subscribe: max_queued must be an integer in 1..1000000"
+    )
+    assert "Traceback" not in result.stderr

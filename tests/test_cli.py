@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -97,21 +98,21 @@ def test_bench_broker_runs_every_workload_and_loses_nothing() -> None:
 
 
 async def test_pub_reads_stdin_lines_across_chunk_boundaries() -> None:
-    from broker.cli import _lines
+    from broker.cli._pub import _lines
 
-    class Trickle:
-        """A stream that hands out 3 bytes at a time."""
+    def trickle(data: bytes) -> Callable[[int], bytes]:
+        """A read function that hands out 3 bytes at a time."""
+        rest = [data]
 
-        def __init__(self, data: bytes) -> None:
-            self.data = data
-
-        def read1(self, size: int) -> bytes:
-            chunk, self.data = self.data[:3], self.data[3:]
+        def read(size: int) -> bytes:
+            chunk, rest[0] = rest[0][:3], rest[0][3:]
             return chunk
 
-    got = [line async for line in _lines(Trickle(b"one\ntwo\n\nlast-no-newline"))]
+        return read
+
+    got = [line async for line in _lines(trickle(b"one\ntwo\n\nlast-no-newline"))]
     assert got == [b"one", b"two", b"", b"last-no-newline"]
-    assert [line async for line in _lines(Trickle(b"a\nb\n"))] == [b"a", b"b"]
+    assert [line async for line in _lines(trickle(b"a\nb\n"))] == [b"a", b"b"]
 
 
 def test_bench_without_a_suite_means_every_suite_and_refuses_an_unknown_one() -> None:

@@ -35,6 +35,7 @@ from ._common import (
     BACKOFF_FIRST,
     BACKOFF_MOST,
     BATCH_MOST,
+    PEER_CLOSED,
     PUBLISHES_PER_YIELD,
     RECONNECT_CODES,
     RELEASE_BATCH,
@@ -46,6 +47,7 @@ from ._common import (
     connection_target,
     log_session_lost,
     resume_state,
+    show_address,
     subscription_limit,
     unconfirmed_publishes,
 )
@@ -306,8 +308,10 @@ class Client(ClientEvents):
                     # to the old connection, and the resume sends it again.
                     return
                 if not data:
-                    self._fail(ConnectionLost("the broker closed the connection"))
+                    self._fail(ConnectionLost(PEER_CLOSED))
                     return
+                if conn.welcome_message is None:
+                    self._keep_answer(data)
                 events = conn.receive_data(data, trio.current_time())
                 self._handle_events(events)
                 if conn.bytes_to_send:
@@ -766,8 +770,14 @@ async def open_client(
 
     Leaving the block normally flushes (waits until the broker has routed
     every published message), then says Goodbye. An exception raised in the
-    block, or by the handshake (:class:`ConnectionLost`, ``trio.TooSlowError``),
-    comes out as itself, not wrapped in an exception group.
+    block comes out as itself, not wrapped in an exception group.
+
+    Connecting raises :class:`OSError` if nothing listens at ``url``, and
+    :class:`ConnectionLost` if the connection (TCP and TLS) or the handshake
+    takes longer than ``connect_timeout`` seconds, if the broker refuses the
+    client (its Goodbye's code and reason), or if what answers is no broker:
+    one line such as ``127.0.0.1:9400 did not answer as a broker (it looks
+    like HTTP)``.
     """
     host, port, context = connection_target(url, ssl_context, token)
     policy = client_policy(policy, optimism)
@@ -786,8 +796,12 @@ async def open_client(
                 raise
         return stream
 
-    with trio.fail_after(connect_timeout):
-        stream = await connect()
+    address = show_address(host, port)
+    try:
+        with trio.fail_after(connect_timeout):
+            stream = await connect()
+    except trio.TooSlowError:
+        raise ConnectionLost(f"cannot connect to {address} within {connect_timeout:g} s") from None
     failure: BaseException | None = None
     client: Client | None = None
     try:
@@ -802,8 +816,13 @@ async def open_client(
                 on_session_lost=on_session_lost,
                 max_topics=max_topics,
             )
-            with trio.fail_after(connect_timeout):
-                await client._run(nursery)
+            try:
+                with trio.fail_after(connect_timeout):
+                    await client._run(nursery)
+            except (trio.TooSlowError, ConnectionLost) as error:
+                lost = error if isinstance(error, ConnectionLost) else None
+                tls = context is not None
+                raise client._handshake_error(lost, address, connect_timeout, tls) from None
             try:
                 yield client
                 await client.aclose()

@@ -73,6 +73,7 @@ from ._common import (
     BACKOFF_FIRST,
     BACKOFF_MOST,
     BATCH_MOST,
+    PEER_CLOSED,
     RECONNECT_CODES,
     RELEASE_BATCH,
     ClientError,
@@ -84,6 +85,7 @@ from ._common import (
     connection_target,
     log_session_lost,
     resume_state,
+    show_address,
     subscription_limit,
     unconfirmed_publishes,
 )
@@ -294,7 +296,9 @@ class BlockingClient(ClientEvents):
 
     ``BlockingClient(url)`` connects, says Hello and waits for the broker's
     Welcome (up to ``connect_timeout`` seconds), raising
-    :class:`ConnectionLost` if it cannot. As a context manager, leaving the
+    :class:`ConnectionLost` if it cannot: the broker's refusal, or one line
+    that says what answered if it was no broker (see
+    :func:`~broker.client.open_client`). As a context manager, leaving the
     block normally flushes (every message published is routed by the
     broker), then says Goodbye; leaving it with an exception closes at once.
 
@@ -407,6 +411,8 @@ class BlockingClient(ClientEvents):
         Raises :class:`ConnectionLost` if that fails by ``deadline``.
         """
         host, port = self._host, self._port
+        self._answer = b""
+        waited = round(deadline - time.monotonic(), 1)
         try:
             sock = socket.create_connection(
                 (host, port), timeout=max(deadline - time.monotonic(), 0.001)
@@ -431,9 +437,11 @@ class BlockingClient(ClientEvents):
             self._outcomes.clear()  # and request numbers
             conn.hello(self.name, token=self._token, resume=resume, deliver_many=True)
             self._wait_until(lambda: conn.welcome_message is not None, deadline, "handshake")
-        except TimeoutError:
+        except (TimeoutError, ConnectionLost) as error:
             self._close_socket()
-            raise ConnectionLost(f"no Welcome from {host}:{port} in time") from None
+            lost = error if isinstance(error, ConnectionLost) else None
+            tls = self._context is not None
+            raise self._handshake_error(lost, show_address(host, port), waited, tls) from None
         except BaseException:
             self._close_socket()
             raise
@@ -648,7 +656,7 @@ class BlockingClient(ClientEvents):
                 self._fail(ConnectionLost(f"connection broken: {error}"))
                 return
             if not data:
-                self._fail(ConnectionLost("the broker closed the connection"))
+                self._fail(ConnectionLost(PEER_CLOSED))
                 return
             tls = self._tls
             if tls is not None:
@@ -660,10 +668,12 @@ class BlockingClient(ClientEvents):
                 self._collect_output()  # handshake replies; the Hello once it is done
                 if tls.closed:
                     self._handle_events(self._conn.receive_data(data, time.monotonic()))
-                    self._fail(ConnectionLost("the broker closed the connection"))
+                    self._fail(ConnectionLost(PEER_CLOSED))
                     return
                 if not data:
                     continue  # records without plaintext (yet): read on
+            if self._conn.welcome_message is None:
+                self._keep_answer(data)
             self._handle_events(self._conn.receive_data(data, time.monotonic()))
 
     def _handle_events(self, events: list[Event]) -> None:

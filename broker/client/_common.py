@@ -62,6 +62,10 @@ RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOW
 #: First and longest pause between reconnection attempts (doubling in between).
 BACKOFF_FIRST = 0.05
 BACKOFF_MOST = 2.0
+#: Why a connection ended when its peer closed it (end of stream, no Goodbye).
+PEER_CLOSED = "the broker closed the connection"
+#: How many of a peer's first bytes a client keeps, to say what answered its Hello.
+ANSWER_KEPT = 64
 
 
 class ClientError(BrokerError):
@@ -104,6 +108,38 @@ class ConnectionLost(ClientError):
         super().__init__(reason if code is None else f"goodbye {code}: {reason}")
         self.code = code
         self.reason = reason
+
+
+def show_address(host: str, port: int) -> str:
+    """``host:port`` as a user types it (``[host]:port`` for an IPv6 address)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def not_a_broker(
+    address: str, answer: bytes, *, waited: float | None = None, tls: bool = False
+) -> ConnectionLost:
+    """The error of a peer at ``address`` that did not answer a Hello as a
+    broker does, in one line that says what it looks like: ``answer`` is the
+    first bytes it sent (empty: none), ``waited`` the seconds it stayed silent
+    (None: it closed the connection), ``tls`` whether the client spoke TLS."""
+    if answer.startswith(b"HTTP/"):
+        what = "it looks like HTTP"
+    elif answer.startswith(b"SSH-"):
+        what = "it looks like SSH"
+    elif answer[:1] in (b"\x15", b"\x16") and answer[1:2] == b"\x03" and not tls:
+        what = f"it answered in TLS: use tls://{address}"
+    elif answer:
+        what = f"it sent {answer[:24]!r}"
+    elif waited is not None:
+        what = f"no answer within {waited:g} s"
+    elif tls:
+        what = "it closed the connection without a word"
+    else:
+        what = (
+            "it closed the connection without a word, as a TLS broker does "
+            f"to a plain client: for TLS use tls://{address}"
+        )
+    return ConnectionLost(f"{address} did not answer as a broker ({what})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +287,33 @@ class ClientEvents:
         #: Times the broker no longer knew the session (it restarted, or the
         #: session expired): subscriptions were made again, messages may be lost.
         self.sessions_lost = 0
+        #: The first bytes the peer sent before its Welcome (see ``_keep_answer``).
+        self._answer = b""
 
     def _fail(self, error: ConnectionLost) -> None:
         raise NotImplementedError
+
+    def _keep_answer(self, data: bytes | bytearray | memoryview) -> None:
+        """Keep the start of what the peer sent before its Welcome (read
+        before the protocol sees it), to say what answered if it was no broker."""
+        if len(self._answer) < ANSWER_KEPT:
+            self._answer += bytes(data[: ANSWER_KEPT - len(self._answer)])
+
+    def _handshake_error(
+        self, error: ConnectionLost | None, address: str, waited: float, tls: bool
+    ) -> ConnectionLost:
+        """What a failed handshake with ``address`` raises: ``error`` (None:
+        no Welcome within ``waited`` seconds) as it is when the broker said
+        Goodbye (a refusal) or the transport failed, else a
+        :func:`not_a_broker` line: the peer answered what no broker sends,
+        closed without a word, or stayed silent."""
+        if error is None:
+            return not_a_broker(address, self._answer, waited=waited, tls=tls)
+        if error.code is not None and not self._goodbye_by_peer:  # its bytes broke the protocol
+            return not_a_broker(address, self._answer, tls=tls)
+        if error.code is None and error.reason == PEER_CLOSED:
+            return not_a_broker(address, self._answer, tls=tls)
+        return error
 
     def _topic_of(self, channel: Channel) -> str | None:
         """The topic whose publish channel ``channel`` is (None for other channels)."""

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from broker.auth import AuthError, token_digest
-from broker.cli import _print_stat
+from broker.cli._stat_text import render
 from broker.client import BlockingClient, ConnectionLost, open_client
 from broker.client._common import connection_target
 from broker.config import BrokerConfig
@@ -306,9 +306,9 @@ def test_a_token_sent_in_clear_beyond_loopback_is_warned_about(
     assert caplog.text == ""
 
 
-def test_broker_stat_shows_principal_and_identity(capsys: pytest.CaptureFixture[str]) -> None:
+def test_broker_stat_shows_principal_and_identity() -> None:
     connection = {"name": "conn-1", "peer": "p", "client": "c", "principal": "admin"}
-    _print_stat({"connections": [{**connection, "identity": "alice"}, {"name": "conn-2"}]})
-    lines = capsys.readouterr().out.splitlines()
+    text = render({"connections": [{**connection, "identity": "alice"}, {"name": "conn-2"}]})
+    lines = text.splitlines()
     assert "principal='admin' identity='alice'" in lines[-2]
     assert "principal" not in lines[-1]

@@ -1,0 +1,68 @@
+"""The ``broker`` command line.
+
+``broker serve`` runs the broker; ``broker pub`` / ``broker sub`` publish and
+print messages; ``broker stat`` shows a running broker's budgets, topics,
+connections, accounts and channels; ``broker health`` answers container
+health checks; ``broker token`` makes client credentials; ``broker bench``
+runs the project's own benchmarks. One module per command; :func:`main` is
+the console script, :func:`build_parser` its argument parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+
+from .. import __version__
+from . import _bench, _health, _pub, _serve, _stat, _sub, _token
+from ._common import EXIT_INTERRUPTED, LOG_LEVELS
+
+__all__ = ["build_parser", "main"]
+
+EXAMPLES = """
+  broker serve                                  # a broker on 127.0.0.1:7400
+  broker sub news                               # print the messages of 'news'
+  broker pub news hello                         # publish one
+  broker stat --watch                           # watch it work
+  broker COMMAND --help                         # each command's options and examples
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``broker`` command."""
+    parser = argparse.ArgumentParser(
+        prog="broker",
+        description="A flow-controlled pub/sub broker of actors on trio.",
+        epilog="examples:\n" + EXAMPLES.strip("\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        default="INFO",
+        choices=LOG_LEVELS,
+        help="logging level, before or after the command (default: %(default)s)",
+    )
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, help="(broker COMMAND --help for more)"
+    )
+    for command in (_serve, _pub, _sub, _stat, _health, _token, _bench):
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``broker`` command; returns the process exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (start-up)
+        return EXIT_INTERRUPTED

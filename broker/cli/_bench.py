@@ -1,0 +1,91 @@
+"""``broker bench``: the project's own benchmarks, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._common import Subparsers, add_command
+
+#: Benchmark suites: name -> (module, help). Imported lazily so that
+#: ``broker --help`` stays fast and needs nothing beyond the core dependencies.
+BENCH_SUITES: dict[str, tuple[str, str]] = {
+    "actors": ("broker.bench.actors", "loaned sends through actor mailboxes"),
+    "protocol": ("broker.bench.protocol", "frame encode/decode and the sans-IO connection"),
+    "broker": (
+        "broker.bench.broker",
+        "a real broker process: 1->1, 1->10, latency, slow consumer",
+    ),
+}
+
+EXAMPLES = """
+  broker bench                                  # every suite (a few minutes)
+  broker bench actors protocol --quick          # short runs of two suites
+  broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
+"""
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "bench",
+        help="run the project's benchmarks",
+        description="Run benchmark suites and print their figures (a table, or JSON). "
+        "On a terminal, progress goes to stderr; stdout is only the result.",
+        examples=EXAMPLES,
+    )
+    parser.add_argument(
+        "suites",
+        nargs="*",
+        # (Checked in run: Python 3.11's argparse refuses an empty list
+        # against choices for nargs="*".)
+        metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
+        help="which suites to run (default: all); "
+        + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--quick", action="store_true", help="short runs (for smoke tests)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+
+    unknown = [suite for suite in args.suites if suite not in BENCH_SUITES]
+    if unknown:
+        print(
+            f"broker bench: unknown suite {unknown[0]!r} (choose from {', '.join(BENCH_SUITES)})",
+            file=sys.stderr,
+        )
+        return 2
+
+    # Progress goes to a terminal's stderr only: stdout stays the result.
+    def progress(step: str) -> None:
+        print(f"  {step}...", file=sys.stderr, flush=True)
+
+    on_terminal = sys.stderr.isatty()
+    results: dict[str, Any] = {}
+    suites = args.suites or list(BENCH_SUITES)
+    for number, suite in enumerate(suites, 1):
+        module = importlib.import_module(BENCH_SUITES[suite][0])
+        bench: Callable[..., dict[str, Any]] = module.run
+        if on_terminal:
+            print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
+        if suite == "broker" and on_terminal:
+            results[suite] = bench(quick=args.quick, progress=progress)
+        else:
+            results[suite] = bench(quick=args.quick)
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    else:
+        for suite, result in results.items():
+            print(f"== {suite}")
+            width = max(len(k) for k in result)
+            for key, value in result.items():
+                shown = f"{value:,.0f}" if isinstance(value, float) and value > 100 else value
+                print(f"  {key:<{width}}  {shown}")
+    return 0

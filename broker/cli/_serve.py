@@ -1,0 +1,164 @@
+"""``broker serve``: run the broker (and its metrics endpoint) until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import trio
+
+from ..config import FIELDS, BrokerConfig, ConfigError, load_config
+from ..errors import sole_exception
+from ..runtime import tune_gc
+from ._common import Subparsers, add_command
+
+log = logging.getLogger("broker")
+
+EXAMPLES = """
+  broker serve                                  # clients on 127.0.0.1:7400, metrics on :9400
+  broker serve --listen 0.0.0.0:7400 --config broker.toml
+  broker serve --set connection_budget=8388608 --log-level DEBUG
+  broker serve --metrics-listen ''              # no HTTP endpoint
+"""
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "serve",
+        help="run the broker",
+        description="Run the broker until SIGINT/SIGTERM (then: stop accepting, Goodbye 5, "
+        "drain). Settings: defaults < --config TOML < BROKER_<NAME> environment < flags. "
+        "Both addresses are bound before it says it listens.",
+        examples=EXAMPLES,
+    )
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", help="client address (default: 127.0.0.1:7400)"
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="HTTP address of /metrics, /stat.json, /healthz, /readyz "
+        "(default: 127.0.0.1:9400; '' disables it)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="TOML file ([broker] table; default: $BROKER_CONFIG)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="any setting, e.g. --set connection_budget=8388608 (repeatable): " + ", ".join(FIELDS),
+    )
+    parser.set_defaults(func=run)
+
+
+class CannotListen(Exception):
+    """An address of the broker's is taken (or otherwise cannot be listened on)."""
+
+    def __init__(self, what: str, address: tuple[str, int], flag: str, error: OSError) -> None:
+        host, port = address
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = error.strerror or str(error)
+        hint = ""
+        if error.errno == errno.EADDRINUSE:
+            hint = f" (another process has it: stop it, or choose another with {flag})"
+        super().__init__(f"cannot listen for {what} on {shown}: {reason}{hint}")
+
+
+def _config_from(args: argparse.Namespace) -> BrokerConfig:
+    overrides: dict[str, Any] = {"listen": args.listen, "metrics_listen": args.metrics_listen}
+    for item in args.set or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects NAME=VALUE, got {item!r}")
+        overrides[name.strip()] = value.strip()
+    return load_config(args.config or os.environ.get("BROKER_CONFIG") or None, overrides=overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..auth import AuthError
+    from ..tls import TLSConfigError
+
+    try:
+        config = _config_from(args)
+    except ConfigError as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            trio.run(_serve, config)
+        except BaseExceptionGroup as group:
+            failure = sole_exception(group)
+            if failure is group:
+                raise
+            raise failure from None
+    except (AuthError, TLSConfigError) as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 2
+    except CannotListen as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_free(host: str, port: int) -> None:
+    """Raise :class:`OSError` if a listener could not bind ``host:port`` now
+    (every address ``host`` resolves to; ``SO_REUSEADDR`` as trio sets it, so
+    connections of an earlier run waiting out TIME_WAIT do not count)."""
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
+
+
+async def _serve(config: BrokerConfig) -> None:
+    from ..server import serve_broker
+
+    tune_gc(config.gc_threshold)
+    metrics = config.metrics_address
+    # The metrics port is checked before the broker starts (and says it
+    # listens): a taken port stops it with one line, not after a "listening".
+    if metrics is not None and metrics[1] != 0:
+        try:
+            check_free(*metrics)
+        except OSError as error:
+            raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    # Signals are taken from the start: a SIGINT or SIGTERM that comes while
+    # the broker starts (or just as it says it listens) stops it gracefully.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                broker = await nursery.start(serve_broker, config)
+            except OSError as error:
+                raise CannotListen("clients", config.listen_address, "--listen", error) from None
+            lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
+            if metrics is not None:
+                from ..metrics import serve_metrics
+
+                try:
+                    host, port = await nursery.start(serve_metrics, broker, *metrics)
+                except OSError as error:
+                    raise CannotListen(
+                        "HTTP (metrics)", metrics, "--metrics-listen", error
+                    ) from None
+                lines.append(f"metrics on http://{host}:{port}/metrics")
+            print("\n".join(lines), flush=True)
+            async for signum in signals:
+                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+                break
+            await broker.shutdown()
+            nursery.cancel_scope.cancel()

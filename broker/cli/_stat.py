@@ -1,0 +1,121 @@
+"""``broker stat``: a running broker's budgets, topics, connections, accounts
+and channels (its ``/stat.json``), once or refreshed like ``top``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ._common import DEFAULT_METRICS, Subparsers, add_command, positive_float
+from ._stat_text import render
+
+#: Seconds between refreshes of ``--watch`` without a number.
+WATCH_DEFAULT = 2.0
+#: Moves to the top left and clears the terminal (ANSI), as ``top`` redraws.
+CLEAR = "\x1b[H\x1b[2J"
+
+EXAMPLES = """
+  broker stat                                   # once, as text
+  broker stat --watch                           # refresh every 2 s until Ctrl-C
+  broker stat --watch 0.5 --metrics 10.0.0.5:9400
+  broker stat --json | jq '.topics[] | select(.queued > 0)'
+  broker stat --json --watch 10 >> stat.jsonl   # a snapshot a line, every 10 s
+
+The text shows the sections of the JSON by their names: broker (address,
+statistics, account), budgets, principals, topics (publishers,
+subscriptions, queued, messages_in), then each connection with its account
+(debt), buffer_reserved and unsent_bytes, its channels and its
+subscriptions (mode, queued, delivered). --watch redraws the screen on a
+terminal; into a file or pipe it appends each snapshot after a line with
+its time. A broker that does not answer is said, and watched for again.
+"""
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "stat",
+        help="budgets, topics, connections, accounts and channels of a running broker",
+        description="Show what a running broker's /stat.json holds (from its metrics "
+        "address), as text or JSON, once or every few seconds.",
+        examples=EXAMPLES,
+    )
+    parser.add_argument(
+        "--metrics",
+        default=DEFAULT_METRICS,
+        metavar="HOST:PORT",
+        help="the broker's metrics address (its metrics_listen) (default: %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON document")
+    parser.add_argument(
+        "-w",
+        "--watch",
+        nargs="?",
+        const=WATCH_DEFAULT,
+        type=positive_float,
+        metavar="SECONDS",
+        help=f"refresh every SECONDS (default {WATCH_DEFAULT:g}) until Ctrl-C",
+    )
+    parser.set_defaults(func=run)
+
+
+def metrics_url(address: str) -> str:
+    """``HOST:PORT`` (or a URL) -> the endpoint's base URL."""
+    url = address.rstrip("/")
+    return url if "://" in url else "http://" + url
+
+
+def fetch(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """``url/stat.json`` as a dict; raises :class:`OSError` or :class:`ValueError`."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/stat.json", timeout=timeout) as response:
+        document = json.load(response)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    return document
+
+
+def _snapshot(url: str, as_json: bool, *, compact: bool) -> tuple[str, bool]:
+    """One snapshot as text (newline-terminated), and whether it was read."""
+    try:
+        document = fetch(url)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        return f"broker stat: cannot read {url}/stat.json: {reason}\n", False
+    if as_json:
+        return json.dumps(document, indent=None if compact else 2) + "\n", True
+    return render(document), True
+
+
+def run(args: argparse.Namespace) -> int:
+    url = metrics_url(args.metrics)
+    if args.watch is None:
+        text, ok = _snapshot(url, args.json, compact=False)
+        (sys.stdout if ok else sys.stderr).write(text)
+        return 0 if ok else 1
+    on_terminal = sys.stdout.isatty()
+    try:
+        while True:
+            text, ok = _snapshot(url, args.json, compact=True)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            if on_terminal:
+                head = f"{stamp}  {url}  every {args.watch:g} s (Ctrl-C to stop)\n\n"
+                sys.stdout.write(CLEAR + head + text)
+            elif not ok:
+                sys.stderr.write(f"{stamp} {text}")
+            elif args.json:
+                sys.stdout.write(text)
+            else:
+                sys.stdout.write(f"--- {stamp}\n{text}")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0  # the way to stop watching
+    except BrokenPipeError:  # the reader went away (`| head`): that ends it, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,235 @@
+"""The text form of a broker's ``/stat.json`` (what ``broker stat`` prints).
+
+Sections and fields carry the JSON's names, so what a runbook names in the
+JSON (``budgets``, ``topics[].queued``, a connection's ``buffer_reserved``)
+is found in the text by the same word. Every part is optional: a document
+without per-connection detail, or with sections this version does not know
+(shown as ``name=value`` pairs), still prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Width the ``name=value`` lines are wrapped to.
+WIDTH = 100
+
+#: Account fields shown (the JSON has more).
+ACCOUNT_FIELDS = ("debt", "peak_debt", "loans", "blocked", "seconds_blocked", "waiters")
+CHANNEL_FIELDS = {
+    "publish": ("capacity", "buffered", "sender_balance", "routed", "confirmed", "dropped_frames"),
+    "bind": ("capacity", "buffered", "sender_balance", "dropped_frames"),
+    "deliver": ("balance", "sent_frames", "sent_bytes", "unconfirmed_frames", "drops_announced"),
+}
+SUBSCRIPTION_FIELDS = (
+    "queued",
+    "delivered",
+    "next_seq",
+    "dropped_overflow",
+    "dropped_replaced",
+    "gaps_sent",
+    "max_queued",
+    "max_queued_bytes",
+)
+TOPIC_COLUMNS = ("publishers", "subscriptions", "queued", "messages_in")
+#: Top-level keys shown by their own sections (any other is shown generically).
+KNOWN = {"version", "broker", "budgets", "principals", "topics", "connections", "connections_total"}
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)  # true, false, null: as the JSON says
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return value if value and value.isprintable() and " " not in value else repr(value)
+    if isinstance(value, Mapping):
+        return "{" + " ".join(f"{k}={_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _pairs(items: Iterable[tuple[str, Any]], indent: str, first: str = "") -> list[str]:
+    """``name=value`` words, wrapped at :data:`WIDTH`; the first line starts with ``first``."""
+    items = list(items)
+    if not items:
+        return []
+    lines: list[str] = []
+    line = indent + first
+    for name, value in items:
+        word = f"{name}={_value(value)}"
+        if line.strip() and len(line) + 1 + len(word) > WIDTH:
+            lines.append(line.rstrip())
+            line = indent + " " * len(first)
+        line += ("" if line.endswith(" ") or not line.strip() else " ") + word
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
+def _picked(mapping: Mapping[str, Any], keys: Iterable[str]) -> list[tuple[str, Any]]:
+    return [(key, mapping[key]) for key in keys if key in mapping]
+
+
+def _flat(mapping: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Nested mappings as ``outer.inner`` pairs."""
+    items: list[tuple[str, Any]] = []
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            items += [(f"{key}.{k}", v) for k, v in _flat(value)]
+        else:
+            items.append((key, value))
+    return items
+
+
+def _dict(document: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = document.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = document.get(key)
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _broker(document: Mapping[str, Any]) -> list[str]:
+    broker = _dict(document, "broker")
+    if not broker:
+        return []
+    words = [str(broker.get("address", "?"))]
+    if "epoch" in broker:
+        words.append(f"epoch {broker['epoch']}")
+    if "tls" in broker:
+        words.append("TLS" if broker["tls"] else "plain TCP")
+    if "authentication" in broker:
+        words.append("clients authenticate" if broker["authentication"] else "no authentication")
+    if broker.get("closing"):
+        words.append("SHUTTING DOWN")
+    lines = ["broker       " + "  ".join(words)]
+    lines += _pairs(_dict(broker, "statistics").items(), "", "statistics   ")
+    lines += _pairs(_picked(_dict(broker, "account"), ACCOUNT_FIELDS), "", "account      ")
+    lines += _pairs(_flat(_dict(broker, "security")), "", "security     ")
+    return lines
+
+
+def _budgets(document: Mapping[str, Any]) -> list[str]:
+    budgets = _dict(document, "budgets")
+    if not budgets:
+        return []
+    lines = ["", "budgets"]
+    reserved, total = budgets.get("buffer_reserved"), budgets.get("global_budget")
+    rest = dict(budgets)
+    if isinstance(reserved, int) and isinstance(total, int) and total > 0:
+        share = f"{100 * reserved / total:.1f} %"
+        lines.append(f"  buffer_reserved={reserved} of global_budget={total} ({share})")
+        del rest["buffer_reserved"], rest["global_budget"]
+    return lines + _pairs(rest.items(), "  ")
+
+
+def _principals(document: Mapping[str, Any]) -> list[str]:
+    if "principals" not in document:
+        return []
+    principals = _dict(document, "principals")
+    lines = ["", f"principals ({len(principals)})"]
+    for name, usage in principals.items():
+        usage = usage if isinstance(usage, Mapping) else {"value": usage}
+        lines += _pairs(usage.items(), "  ", f"{_value(name)}  ")
+    return lines
+
+
+def _topics(document: Mapping[str, Any]) -> list[str]:
+    if "topics" not in document:
+        return []
+    topics = _list(document, "topics")
+    lines = ["", f"topics ({len(topics)})"]
+    if not topics:
+        return lines
+    names = [repr(topic.get("name", "?")) for topic in topics]
+    width = max(len("name"), *(len(name) for name in names))
+    lines.append("  " + "name".ljust(width) + "".join(f"  {c:>13}" for c in TOPIC_COLUMNS))
+    for name, topic in zip(names, topics, strict=True):
+        cells = "".join(f"  {_value(topic.get(c, '')):>13}" for c in TOPIC_COLUMNS)
+        lines.append(f"  {name.ljust(width)}{cells}")
+    return lines
+
+
+def _connection(connection: Mapping[str, Any]) -> list[str]:
+    words = [str(connection.get("name", "?")), str(connection.get("peer", "?"))]
+    head: list[tuple[str, Any]] = [("client", repr(connection.get("client", "")))]
+    head += [
+        (key, repr(connection[key]))
+        for key in ("principal", "identity")
+        if connection.get(key) is not None
+    ]
+    head += _picked(connection, ("state",))
+    head += _picked(_dict(connection, "account"), ("debt", "peak_debt", "blocked"))
+    head += _picked(connection, ("buffer_reserved", "unsent_bytes"))
+    head += _picked(_dict(connection, "counters"), ("messages_in", "messages_out"))
+    head += _picked(_dict(connection, "protocol"), ("discarded_frames",))
+    lines = _pairs(head, "  ", "  ".join(words) + "  ")
+    for channel in _list(connection, "channels"):
+        kind = str(channel.get("kind", "?"))
+        number = _value(channel.get("channel", "?"))  # [kind, index]: bind channels are two
+        fields = _picked(channel, CHANNEL_FIELDS.get(kind, ("capacity", "buffered", "balance")))
+        if "topic" in channel:
+            fields.insert(0, ("topic", repr(channel["topic"])))
+            fields += _picked(_dict(channel, "account"), ("debt",))
+            fields += [("throttled", True)] if channel.get("throttled") else []
+        lines += _pairs(fields, "      ", f"{kind} {number}  ")
+    for subscription in _list(connection, "subscriptions"):
+        items: list[tuple[str, Any]] = [("topic", repr(subscription.get("topic", "?")))]
+        items += _picked(subscription, ("mode", *SUBSCRIPTION_FIELDS))
+        lines += _pairs(items, "      ", f"subscription {subscription.get('handle', '?')}  ")
+    return lines
+
+
+def _connections(document: Mapping[str, Any]) -> list[str]:
+    if "connections" not in document:
+        return []
+    connections = _list(document, "connections")
+    total = document.get("connections_total", len(connections))
+    shown = f"{total}" if total == len(connections) else f"{total}, the busiest {len(connections)}"
+    lines = ["", f"connections ({shown})"]
+    for connection in connections:
+        lines += _connection(connection)
+    return lines
+
+
+def _others(document: Mapping[str, Any]) -> list[str]:
+    """Sections this version does not know, as ``name=value`` pairs."""
+    lines: list[str] = []
+    for key, value in document.items():
+        if key in KNOWN:
+            continue
+        if isinstance(value, Mapping):
+            lines += ["", key, *_pairs(_flat(value), "  ")]
+        elif isinstance(value, list):
+            lines += ["", f"{key} ({len(value)})"]
+            for item in value:
+                if isinstance(item, Mapping):
+                    lines += _pairs(_flat(item), "    ", "- ")
+                else:
+                    lines.append(f"  - {_value(item)}")
+        else:
+            lines += ["", f"{key} {_value(value)}"]
+    return lines
+
+
+def render(document: Mapping[str, Any]) -> str:
+    """``document`` (a ``/stat.json``) as text lines, newline-terminated."""
+    lines = [
+        *_broker(document),
+        *_budgets(document),
+        *_principals(document),
+        *_topics(document),
+        *_connections(document),
+        *_others(document),
+    ]
+    while lines and not lines[0]:
+        del lines[0]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,230 @@
+"""``broker sub``: print the messages of one or more topics."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ._common import (
+    EXIT_INTERRUPTED,
+    Interrupt,
+    Subparsers,
+    add_client_flags,
+    add_command,
+    client_options,
+    positive_float,
+    positive_int,
+    refuse_topics,
+    run_interruptibly,
+    unescape,
+)
+from ._output import PLACEHOLDERS, FormatError, json_line, raw, template_printer
+
+EXAMPLES = r"""
+  broker sub news                               # each payload on a line, as it is
+  broker sub news --count 1 --timeout 5         # one message, or give up after 5 s
+  broker sub news alerts --format '{topic} {seq} {key} {payload}'
+  broker sub news --show-keys                   # KEY<TAB>PAYLOAD
+  broker sub news --json | jq .payload          # one JSON object per line
+  broker sub prices --mode latest --max-queued 100   # drops rather than slows publishers
+
+Output: by default each payload as it is, then a newline (a payload that
+holds newlines spans lines). --format and --show-keys escape every field
+(backslash, tab, CR, LF, other control characters and bytes that are not
+UTF-8 become \\ \t \r \n \xNN), so each message is exactly one line and the
+template's separators always separate. --json prints one object per line:
+{"topic", "seq", "key", "headers": [[NAME, VALUE]...], "payload", "encoding"},
+where "encoding" is "utf-8" (payload, key and header values as text) or
+"base64" (all of them in base64, when one is not UTF-8).
+Several topics: messages of each topic in order, topics interleaved as they
+arrive. Exit status: 0 after --count messages or --timeout seconds of
+silence, 1 on an error, 130 on Ctrl-C.
+"""
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "sub",
+        help="print the messages of one or more topics, one per line",
+        description="Subscribe to each TOPIC and print its messages as they arrive "
+        "(on stdout; what it does on stderr).",
+        examples=EXAMPLES,
+    )
+    parser.add_argument("topics", nargs="+", metavar="TOPIC", help="a topic to subscribe to")
+    stop = parser.add_argument_group("when to stop (default: never)")
+    stop.add_argument(
+        "-c", "--count", type=positive_int, metavar="N", help="stop after N messages in all"
+    )
+    stop.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop when nothing has arrived for SECONDS",
+    )
+    out = parser.add_argument_group("output (default: each payload as it is)")
+    shape = out.add_mutually_exclusive_group()
+    shape.add_argument(
+        "-F",
+        "--format",
+        metavar="TEMPLATE",
+        help="print each message through TEMPLATE, placeholders "
+        + ", ".join("{" + name + "}" for name in PLACEHOLDERS)
+        + r" (escaped; '\t' and '\n' in TEMPLATE are a tab and a newline)",
+    )
+    shape.add_argument(
+        "--show-keys",
+        action="store_true",
+        help=r"print KEY<TAB>PAYLOAD (the same as --format '{key}\t{payload}')",
+    )
+    shape.add_argument("--json", action="store_true", help="print one JSON object per line")
+    mode = parser.add_argument_group("delivery mode")
+    mode.add_argument(
+        "--mode",
+        choices=("reliable", "lossy", "latest"),
+        default="reliable",
+        help="reliable: publishers slow down for this subscriber; lossy: the oldest waiting "
+        "messages are dropped when it falls behind; latest: only the newest of each key "
+        "waits (default: %(default)s)",
+    )
+    mode.add_argument(
+        "--max-queued",
+        type=positive_int,
+        metavar="N",
+        help="lossy/latest: messages that may wait at the broker (default: 1000)",
+    )
+    mode.add_argument(
+        "--max-queued-bytes",
+        type=positive_int,
+        metavar="BYTES",
+        help="lossy/latest: bytes that may wait at the broker (default: 1 MiB)",
+    )
+    add_client_flags(parser)
+    parser.set_defaults(func=run, parser=parser)
+
+
+@dataclass
+class _Tally:
+    received: int = 0
+    missed: int = 0
+    timed_out: bool = False
+    pipe_closed: bool = False
+
+
+def _printer(args: argparse.Namespace) -> Callable[[Any], bytes]:
+    if args.json:
+        return json_line
+    if args.show_keys:
+        return template_printer("{key}\t{payload}")
+    if args.format is not None:
+        return template_printer(unescape(args.format))
+    return raw
+
+
+def run(args: argparse.Namespace) -> int:
+    parser: argparse.ArgumentParser = args.parser
+    options: dict[str, int | str | bool | float | None] = {}
+    if args.max_queued is not None:
+        options["max_queued"] = args.max_queued
+    if args.max_queued_bytes is not None:
+        options["max_queued_bytes"] = args.max_queued_bytes
+    if options and args.mode == "reliable":
+        parser.error("--max-queued and --max-queued-bytes need --mode lossy or latest")
+    try:
+        printer = _printer(args)
+    except FormatError as error:
+        parser.error(f"--format: {error}")
+    refused = refuse_topics("sub", args.topics)
+    if refused is not None:
+        return refused
+    tally = _Tally()
+
+    async def body(interrupt: Interrupt) -> None:
+        await _sub(args, options or None, printer, tally, interrupt)
+
+    interrupt, status = run_interruptibly("sub", body)
+    if tally.pipe_closed:
+        # The reader of stdout went away (`| head -1`): that ends it, quietly
+        # (what is still buffered for stdout goes nowhere instead of failing).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    missed = f", {tally.missed} missed (dropped by the broker)" if tally.missed else ""
+    if status is not None:
+        return status
+    if interrupt.interrupted:
+        print(f"broker sub: interrupted: {tally.received} message(s){missed}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if tally.timed_out:
+        print(
+            f"broker sub: nothing for {args.timeout:g} s: stopping after "
+            f"{tally.received} message(s){missed}",
+            file=sys.stderr,
+        )
+    elif missed:
+        print(f"broker sub: {tally.received} message(s){missed}", file=sys.stderr)
+    return 0
+
+
+async def _sub(
+    args: argparse.Namespace,
+    options: dict[str, int | str | bool | float | None] | None,
+    printer: Callable[[Any], bytes],
+    tally: _Tally,
+    interrupt: Interrupt,
+) -> None:
+    from ..client import Subscription, open_cluster_client, parse_servers, route
+
+    servers = parse_servers(args.broker)
+    owners = sorted({route(topic, servers) for topic in args.topics})
+    out = sys.stdout.buffer
+    async with (
+        open_cluster_client(owners, name="broker-sub", **client_options(args)) as cluster,
+        AsyncExitStack() as stack,
+    ):
+        subscriptions: list[Subscription] = []
+        for topic in dict.fromkeys(args.topics):
+            context = cluster.subscribe(topic, mode=args.mode, options=options)
+            subscriptions.append(await stack.enter_async_context(context))
+        shown = ", ".join(repr(topic) for topic in dict.fromkeys(args.topics))
+        print(f"subscribed to {shown}", file=sys.stderr, flush=True)
+        # Cancelled when nothing arrived for --timeout seconds (each batch moves it on).
+        silence = trio.CancelScope()
+
+        def heard() -> None:
+            if args.timeout is not None:
+                silence.deadline = trio.current_time() + args.timeout
+
+        async def pump(subscription: Subscription, done: trio.CancelScope) -> None:
+            while True:
+                batch = await subscription.receive_batch()
+                if args.count is not None:
+                    batch = batch[: args.count - tally.received]
+                try:
+                    out.write(b"".join(printer(message) for message in batch))
+                    out.flush()
+                except BrokenPipeError:
+                    tally.pipe_closed = True
+                    done.cancel()
+                    return
+                tally.received += len(batch)
+                heard()
+                if args.count is not None and tally.received >= args.count:
+                    done.cancel()
+                    return
+
+        heard()
+        try:
+            with interrupt.working(), silence:
+                async with trio.open_nursery() as nursery:
+                    for subscription in subscriptions:
+                        nursery.start_soon(pump, subscription, nursery.cancel_scope)
+            tally.timed_out = silence.cancelled_caught
+        finally:
+            tally.missed = sum(subscription.missed for subscription in subscriptions)

@@ -1,0 +1,67 @@
+"""``broker pub`` and ``broker sub`` pointed at something that is not a
+broker (an HTTP server, the broker's own metrics port) fail with one line."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from .helpers import Served, run
+
+HTTP_ANSWER = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@contextmanager
+def http_server() -> Iterator[str]:
+    """A server on 127.0.0.1 that answers whatever it is sent with an HTTP 400."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(4096)
+                connection.sendall(HTTP_ANSWER)
+                connection.shutdown(socket.SHUT_WR)
+                connection.recv(4096)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("command", [["pub", "news", "x"], ["sub", "news"]])
+def test_an_http_server_is_named_in_one_line(command: list[str]) -> None:
+    """Before: ``frame of 1213486160 bytes exceeds max_frame 1048576``."""
+    with http_server() as address:
+        result = run(*command, "--broker", address)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"broker {command[0]}: {address} did not answer as a broker (it looks like HTTP)\n"
+    )
+
+
+def test_the_metrics_port_is_named_in_one_line(served: Served) -> None:
+    """Before: a 10 s wait, then a 40-line ``trio.TooSlowError`` traceback.
+    (The metrics endpoint waits up to 10 s for a request line, then answers
+    408; the client waits 10 s for a Welcome: either may end it first.)"""
+    address = served.metrics.removeprefix("http://")
+    result = run("pub", "news", "x", "--broker", address)
+    assert result.returncode == 1
+    assert result.stderr in (
+        f"broker pub: {address} did not answer as a broker (no answer within 10 s)\n",
+        f"broker pub: {address} did not answer as a broker (it looks like HTTP)\n",
+    )

@@ -1,0 +1,103 @@
+"""``broker serve``: ``--log-level`` after the command, and a taken address
+named in one line, the metrics port checked before the broker says it listens."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from broker.cli import build_parser
+
+from .helpers import TIMEOUT, broker_command, run, serving
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["serve"], "INFO"),
+        (["--log-level", "DEBUG", "serve"], "DEBUG"),
+        (["serve", "--log-level", "DEBUG"], "DEBUG"),
+        (["serve", "--log-level", "warning"], "WARNING"),
+        (["--log-level", "ERROR", "sub", "news", "--log-level", "DEBUG"], "DEBUG"),
+        (["--log-level", "ERROR", "stat"], "ERROR"),
+    ],
+)
+def test_log_level_before_or_after_the_command(argv: list[str], level: str) -> None:
+    """Before: ``broker serve --log-level DEBUG`` was refused."""
+    assert build_parser().parse_args(argv).log_level == level
+
+
+def test_serve_runs_with_log_level_after_the_command() -> None:
+    # `broker --log-level WARNING serve ... --log-level INFO`: the later one wins.
+    with serving("--log-level", "INFO") as served:
+        pass
+    assert " INFO broker.server: broker listening on " in served.stderr
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that another socket listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def test_a_taken_client_port_is_named() -> None:
+    """Before: ``cannot listen: [Errno 98] Address already in use`` (which address?)."""
+    with taken_port() as port:
+        result = run("serve", "--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"broker serve: cannot listen for clients on 127.0.0.1:{port}: Address already in use "
+        "(another process has it: stop it, or choose another with --listen)"
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_a_taken_metrics_port_is_named_before_listening_is_said() -> None:
+    """Before: "broker listening on ..." first, then an error naming no address."""
+    with taken_port() as port:
+        result = run("serve", "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"broker serve: cannot listen for HTTP (metrics) on 127.0.0.1:{port}: Address already "
+        "in use (another process has it: stop it, or choose another with --metrics-listen)\n"
+    )
+
+
+def test_the_module_runs_as_the_command() -> None:
+    assert broker_command()[1:] == ["-m", "broker"]
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("broker ")
+
+
+def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
+    """Before: SIGINT right after "broker listening" came before the signal
+    handler was in place: exit status 1 and a KeyboardInterrupt traceback."""
+    process = subprocess.Popen(
+        broker_command("serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("broker listening on ")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err
+    assert "SIGINT: shutting down gracefully" in err
+    assert "Traceback" not in err

@@ -158,3 +158,14 @@ async def test_unfinished_requests_beyond_max_clients_are_closed_without_an_answ
             async with hold_idle(address, 6, 4, send=b"GET /metrics HTTP/1.1\r\n") as held:
                 assert len(held) == 2
                 assert (await get(address, "/healthz")).status == 200
+
+
+async def test_bytes_that_cannot_start_a_request_get_400_at_once() -> None:
+    """A broker client pointed at the metrics port sends a binary Hello, with
+    no line end: it is answered 400 at once (before, the server waited for a
+    line end until its 10 s read timeout), so the client can say what it
+    reached. (``http`` gives up after 5 s.)"""
+    async with running() as (_broker, address):
+        response = await http(address, b"\x00\x00\x00\x10\xa5binary hello")
+        assert response.status == 400
+        assert b"not an HTTP request" in response.body

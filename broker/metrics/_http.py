@@ -13,6 +13,7 @@ walk of the broker that gives the loop a turn between pieces
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,11 @@ from ._stat import build_stat_document
 
 if TYPE_CHECKING:
     from broker.server import Broker
+
+#: How many first bytes of a request are checked for the start of a method.
+METHOD_MOST = 16
+#: What those bytes may be: a method's letters, then a space (or not yet).
+_METHOD_START = re.compile(rb"[A-Z]{1,15}(?: .*)?|", re.DOTALL)
 
 log = logging.getLogger("broker.metrics")
 
@@ -202,11 +208,19 @@ class _MetricsServer:
         stream: trio.SocketStream, connection: h11.Connection
     ) -> h11.Request | _Response:
         """The request h11 parses from ``stream``, or the error response for what it refuses."""
+        start = b""
         try:
             while True:
                 event = connection.next_event()
                 if event is h11.NEED_DATA:
-                    connection.receive_data(await stream.receive_some(MAX_REQUEST_HEAD))
+                    data = await stream.receive_some(MAX_REQUEST_HEAD)
+                    if len(start) < METHOD_MOST:
+                        start += data[: METHOD_MOST - len(start)]
+                        if not _METHOD_START.fullmatch(start):
+                            # Not HTTP (a broker client sent here, say): say
+                            # so at once instead of waiting for a line end.
+                            return _error(HTTPStatus.BAD_REQUEST, "not an HTTP request")
+                    connection.receive_data(data)
                 elif isinstance(event, h11.Request):
                     return event
                 else:  # ConnectionClosed (or PAUSED): nothing to answer

@@ -13,9 +13,9 @@ walk of the broker that gives the loop a turn between pieces
 from __future__ import annotations
 
 import itertools
-import re
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus

@@ -943,6 +943,12 @@ class Connection:
             return False
         return self.confirmed(handle_type, channel.index)
 
+    def may_reference(self, channel: Channel) -> bool:
+        """Whether this side may still send control messages about ``channel``
+        (``confirm``, ``throttled``, guarantees): the connection is open and
+        the channel's handle is confirmed and not being freed."""
+        return not self.closed and self._may_reference(channel)
+
     def _require_referable(self, channel: Channel) -> None:
         """Refuse a control message about a handle this side may not reference
         (unconfirmed, or being freed): the peer would close the connection."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import weakref
 from collections import deque
@@ -350,7 +349,7 @@ class ServerConnection:
             state = self.channels.get(handle)
             if state is not None and state.routed != state.confirmed:
                 state.confirmed = state.routed
-                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                if protocol.may_reference(state.channel):  # not when its topic is being freed
                     protocol.confirm(handle, state.routed)
         self._confirm_dirty.clear()
 
@@ -890,7 +889,7 @@ class ServerConnection:
         if self._owns(state) and not self.broker.closing:
             if state.advised:
                 state.advised = False
-                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                if self.protocol.may_reference(state.channel):  # not when being freed
                     self.protocol.throttled(state.channel, False)
             self.protocol.issue_guarantees(state.channel)
             self.wake_writer()
@@ -903,7 +902,7 @@ class ServerConnection:
         if patience.cancelled_caught:
             if not state.advised and self._owns(state):
                 state.advised = True
-                with contextlib.suppress(LocalProtocolError):  # its topic is being freed
+                if self.protocol.may_reference(state.channel):  # not when being freed
                     self.protocol.throttled(state.channel, True)
                 self.wake_writer()
             await state.account.ensure_clear_funds()

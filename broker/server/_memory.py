@@ -5,7 +5,7 @@ burst (a large staged batch committed and delivered, a backlog drained) the
 debt falls back, but the C allocator keeps the freed heap pages for reuse,
 so the process's RSS would stay at its peak. :class:`MemoryReturn` watches
 the debt and, once it has fallen ``threshold`` bytes below its peak since
-the last return, asks for the free pages to be handed back
+the last return and stopped falling, asks for the free pages to be handed back
 (:func:`broker.runtime.release_free_memory`, in a worker thread).
 """
 
@@ -38,17 +38,22 @@ class MemoryReturn:
         self.account = account
         self.threshold = threshold
         self.peak = account.debt
+        self._last = account.debt
         #: Times memory was handed back.
         self.returns = 0
 
     def due(self) -> bool:
         """Record the debt now; True once it has fallen ``threshold`` below
-        the peak since the last return (which this then counts as done)."""
+        the peak since the last return and stopped falling (a drain under
+        way frees more: one return at its end gives back all of it). This
+        then counts as done."""
         debt = self.account.debt
+        falling = debt < self._last
+        self._last = debt
         if debt > self.peak:
             self.peak = debt
             return False
-        if self.peak - debt < self.threshold:
+        if falling or self.peak - debt < self.threshold:
             return False
         self.peak = debt
         self.returns += 1

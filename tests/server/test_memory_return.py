@@ -24,21 +24,24 @@ class FakeAccount:
     debt: int = 0
 
 
-def test_memory_is_due_once_the_debt_falls_a_threshold_below_its_peak() -> None:
+def test_memory_is_due_once_the_debt_has_fallen_a_threshold_and_settled() -> None:
     account = FakeAccount()
     memory = MemoryReturn(account, threshold=10)
     account.debt = 100
     assert not memory.due()  # a new peak
     account.debt = 91
     assert not memory.due()  # 9 below it
-    account.debt = 90
-    assert memory.due()  # 10 below: hand back, and start again from here
+    account.debt = 85
+    assert not memory.due()  # 15 below, but still falling: a drain under way
+    assert memory.due()  # settled 15 below the peak: hand back, start again from here
     assert memory.returns == 1
     assert not memory.due()
     account.debt = 95
     assert not memory.due()
     account.debt = 80
-    assert memory.due()  # 15 below the peak of 95 since the last return
+    assert not memory.due()  # falling
+    account.debt = 82
+    assert memory.due()  # 13 below the peak of 95 since the last return, not falling
     assert memory.returns == 2
 
 
@@ -62,7 +65,10 @@ async def test_the_watcher_releases_in_a_thread_when_due(
             await trio.testing.wait_all_tasks_blocked()
         assert calls == []  # the debt has not fallen
         account.debt = 0
-        mock_clock.jump(CHECK_EVERY)
+        mock_clock.jump(CHECK_EVERY)  # seen falling
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == []
+        mock_clock.jump(CHECK_EVERY)  # seen settled
         assert await trio.to_thread.run_sync(released.wait, 30.0)
         for _ in range(10):
             mock_clock.jump(CHECK_EVERY)

@@ -127,3 +127,13 @@ def test_bench_without_a_suite_means_every_suite_and_refuses_an_unknown_one() ->
     assert result.stderr.strip() == (
         "broker bench: unknown suite 'nope' (choose from actors, protocol, broker)"
     )
+
+
+def test_every_suite_reports_the_yardstick_beside_its_figures() -> None:
+    """Figures from different machines compare only with the machine's speed
+    beside them: each suite reports ``python_loop_10m_s``."""
+    result = run_broker("bench", "actors", "protocol", "--quick", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for suite in ("actors", "protocol"):
+        assert figures[suite]["python_loop_10m_s"] > 0, figures[suite]

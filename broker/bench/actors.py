@@ -29,6 +29,8 @@ import trio.lowlevel
 from accounts import Account
 from actors import Actor, Turn, open_system
 
+from ._yardstick import python_loop_10m_s
+
 PAYLOAD = b"x" * 100
 
 
@@ -106,7 +108,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Run the suite; figures are per second, medians of 3 runs (1 if quick)."""
     n = 20_000 if quick else 300_000
     shapes = ["task_to_actor", "actor_to_actor", "pipeline_2_hops", "fanout_1_to_10"]
-    result: dict[str, Any] = {"events_per_run": n}
+    result: dict[str, Any] = {"python_loop_10m_s": python_loop_10m_s(), "events_per_run": n}
     for shape in shapes:
         rates = sorted(n / trio.run(_scenario, n, shape) for _ in range(1 if quick else 3))
         result[f"{shape}_per_s"] = rates[len(rates) // 2]

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ._yardstick import python_loop_10m_s
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -258,16 +260,6 @@ def _slow_consumer(
     }
 
 
-def _python_speed() -> float:
-    """Seconds this machine's CPython takes for a fixed loop of ten million
-    additions: a yardstick for comparing figures measured on different machines."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(10_000_000):
-        total += i
-    return time.perf_counter() - start
-
-
 def run(
     quick: bool = False, progress: Callable[[str], None] = lambda _step: None, **options: Any
 ) -> dict[str, Any]:
@@ -277,7 +269,7 @@ def run(
     runs = 1 if quick else 3
     slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
     results: dict[str, Any] = {
-        "python_loop_10m_s": _python_speed(),
+        "python_loop_10m_s": python_loop_10m_s(),
         # How the throughput runs' subscribers take their messages.
         "throughput_subscribers_call": "receive_batch",
     }

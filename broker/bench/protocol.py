@@ -37,6 +37,8 @@ from broker.protocol import (
     encode_deliver_tail,
 )
 
+from ._yardstick import python_loop_10m_s
+
 PAYLOAD = b"x" * 100
 CHUNK = 65536
 
@@ -107,6 +109,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     frames = 20_000 if quick else 300_000
     runs = 1 if quick else 3
     return {
+        "python_loop_10m_s": python_loop_10m_s(),
         "payload_bytes": len(PAYLOAD),
         "frames_per_run": frames,
         "encode_publish_per_s": _rate(_encode_publish, frames, runs),

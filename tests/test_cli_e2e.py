@@ -6,48 +6,18 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-TIMEOUT = 30
-
-
-def broker_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "broker", *args]
+from tests.cli.helpers import TIMEOUT, broker_command, serving
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
-    process = subprocess.Popen(
-        broker_command(
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        listening = process.stdout.readline()
-        metrics = process.stdout.readline()
-        assert listening.startswith("broker listening on "), listening
-        assert metrics.startswith("metrics on http://"), metrics
-        address = listening.split()[-1]
-        metrics_url = metrics.split()[-1].removesuffix("/metrics")
-        yield address, metrics_url, process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=TIMEOUT)  # closes the pipes
+    with serving() as server:
+        yield server.address, server.metrics, server.process
 
 
 def test_pub_sub_round_trip_metrics_stat_and_graceful_stop(

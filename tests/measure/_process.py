@@ -4,6 +4,7 @@ process to listen, and a process's resident memory."""
 from __future__ import annotations
 
 import socket
+import sys
 import time
 
 
@@ -35,3 +36,13 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise LookupError(f"no VmRSS for process {pid}")
+
+
+def serve_command(port: int, log_level: str = "WARNING", *settings: str) -> list[str]:
+    """``broker serve`` on 127.0.0.1:``port`` without a metrics endpoint;
+    ``settings`` are ``NAME=VALUE`` (each passed with ``--set``)."""
+    command = [sys.executable, "-m", "broker", "--log-level", log_level, "serve"]
+    command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
+    for setting in settings:
+        command += ["--set", setting]
+    return command

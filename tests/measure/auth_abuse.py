@@ -19,13 +19,12 @@ import argparse
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
-from _process import free_port, wait_listening  # (tests/measure is sys.path[0])
+from _process import free_port, serve_command, wait_listening  # (tests/measure is sys.path[0])
 
 from broker.client import ConnectionLost, open_client
 from broker.protocol import Connection, ConnectionClosed, Role, WelcomeReceived
@@ -141,9 +140,7 @@ def main() -> None:
         auth = Path(tmp) / "auth.toml"
         auth.write_text(AUTH_FILE)
         level = "INFO" if args.attack == "log" else "ERROR"
-        command = [sys.executable, "-m", "broker", "--log-level", level, "serve"]
-        command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
-        command += ["--set", f"auth_file={auth}", "--set", "max_connections=200"]
+        command = serve_command(port, level, f"auth_file={auth}", "max_connections=200")
         log = Path(tmp) / "broker.log"
         with log.open("wb") as output:
             broker = subprocess.Popen(command, env=os.environ.copy(), stderr=output)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 
 import trio
-from _process import free_port, rss_mib, wait_listening  # (tests/measure is sys.path[0])
+from _process import (  # (tests/measure is sys.path[0])
+    free_port,
+    rss_mib,
+    serve_command,
+    wait_listening,
+)
 
 from broker.client import open_client
 
@@ -55,18 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     broker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-listen",
-            "",
-        ],
+        serve_command(port, "WARNING"),
         env=os.environ.copy(),
     )
     try:

@@ -14,10 +14,9 @@ import argparse
 import os
 import signal
 import subprocess
-import sys
 
 import trio
-from _process import free_port, wait_listening  # (tests/measure is sys.path[0])
+from _process import free_port, serve_command, wait_listening  # (tests/measure is sys.path[0])
 
 from broker.client import ConnectionLost, open_client
 
@@ -73,18 +72,7 @@ def main() -> None:
     for run in range(args.runs):
         port = free_port()
         broker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "broker",
-                "--log-level",
-                "ERROR",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--metrics-listen",
-                "",
-            ],
+            serve_command(port, "ERROR"),
             env=os.environ.copy(),
         )
         try:

@@ -84,11 +84,6 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     total: str = ""
 
-    @property
-    def per_connection(self) -> bool:
-        """Whether the family has one series (or one per kind...) per connection."""
-        return "connection" in self.labels
-
     def family(self) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
         """A new, empty metric family for this spec."""
         if self.type == "counter":

@@ -570,8 +570,47 @@ class Connection:
         return self.liveness.peer_gone(now)
 
     def next_deadline(self) -> float:
-        """When to look at :meth:`ping_due` / :meth:`peer_gone` next."""
+        """When to call :meth:`handle_timer` next."""
         return self.liveness.next_deadline()
+
+    def handle_timer(self, now: float) -> list[Event]:
+        """Run the keepalive timers at ``now``; returns what happened.
+
+        When the peer has been silent for its whole lease, this queues a
+        ``Goodbye`` (code LEASE_EXPIRED), closes, and returns one
+        :class:`ConnectionClosed` (``by_peer`` false, no ``error``). Otherwise,
+        once this side has been silent for a heartbeat interval, it queues a
+        ``Ping`` (after the handshake only) and counts it as sent at ``now``,
+        so a slow writer still sends one Ping per heartbeat. Call it at
+        :meth:`next_deadline` (earlier or later is harmless).
+        """
+        if self.state is ConnectionState.CLOSED:
+            return []
+        liveness = self.liveness
+        if liveness.peer_gone(now):
+            if self.role is Role.CLIENT:
+                reason = "broker silent"
+            elif self.hello_message is None:
+                reason = "no Hello in time"
+            else:
+                reason = "lease expired"
+            reason = self._queue_goodbye(int(GoodbyeCode.LEASE_EXPIRED), reason)
+            self.state = ConnectionState.CLOSED
+            return [ConnectionClosed(int(GoodbyeCode.LEASE_EXPIRED), reason, False)]
+        if liveness.ping_due(now):
+            if self.state is ConnectionState.OPEN:
+                self.ping()
+            liveness.on_sent(now)
+        return []
+
+    def suspend_reading(self, now: float) -> None:
+        """This side stopped reading (e.g. its account is in debt): the peer's
+        silence from ``now`` on does not count against its lease."""
+        self.liveness.suspend(now)
+
+    def resume_reading(self, now: float) -> None:
+        """This side reads again; the time spent suspended is forgiven."""
+        self.liveness.resume(now)
 
     def _on_hello(self, message: Hello, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER or self.state is not ConnectionState.AWAIT_HELLO:

@@ -175,3 +175,43 @@ def test_ping_needs_an_open_connection() -> None:
     client.hello("c")
     with pytest.raises(LocalProtocolError):
         client.ping()  # the broker would refuse a Ping before Welcome
+
+
+def test_handle_timer_pings_once_per_heartbeat_and_nothing_before() -> None:
+    pair = ConnectionPair()
+    client = pair.client
+    heartbeat = client.liveness.heartbeat
+    assert client.handle_timer(heartbeat - 0.1) == []
+    assert client.bytes_to_send == 0
+    assert client.handle_timer(heartbeat) == []
+    queued = client.bytes_to_send
+    assert queued > 0  # a Ping
+    assert client.handle_timer(heartbeat + 0.1) == []  # counted as sent at once
+    assert client.bytes_to_send == queued
+    assert client.next_deadline() == min(2 * heartbeat, client.liveness.lease)
+
+
+def test_handle_timer_closes_a_connection_whose_peer_went_silent() -> None:
+    pair = ConnectionPair()
+    broker = pair.broker
+    lease = broker.liveness.lease
+    broker.suspend_reading(1.0)  # not reading: the silence does not count
+    assert broker.handle_timer(lease + 50.0) == [] and not broker.closed
+    broker.resume_reading(51.0)
+    events = broker.handle_timer(lease + 50.0)
+    assert events == [ConnectionClosed(int(GoodbyeCode.LEASE_EXPIRED), "lease expired", False)]
+    assert broker.closed and broker.handle_timer(lease + 99.0) == []
+    pair.run()
+    assert pair.client_events[-1] == ConnectionClosed(
+        int(GoodbyeCode.LEASE_EXPIRED), "lease expired", True
+    )
+
+
+def test_handle_timer_before_the_hello_says_so_and_never_pings() -> None:
+    broker = Connection(Role.BROKER, lease=10.0, heartbeat=3.0)
+    assert broker.handle_timer(3.0) == [] and broker.bytes_to_send == 0
+    (closed,) = broker.handle_timer(10.0)
+    assert isinstance(closed, ConnectionClosed) and closed.reason == "no Hello in time"
+    client = Connection(Role.CLIENT, lease=10.0)
+    client.hello("c")
+    assert client.handle_timer(10.0)[0].reason == "broker silent"

@@ -7,21 +7,37 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from accounts import Account, LoanedItem
 
 from ._errors import ActorFailed, NotInTurnError, NotSpawnedError
-
-if TYPE_CHECKING:
-    from ._system import ActorSystem
-    from ._timers import Timer
+from ._timers import Timer
 
 log = logging.getLogger("actors")
 
 ActorT = TypeVar("ActorT", bound="Actor")
+
+
+class ActorHost(Protocol):
+    """What an actor needs of the system it runs in (an
+    :class:`~actors.ActorSystem`): spawning, the accounts that system-level
+    events are charged to, and being told of deaths and unhandled failures."""
+
+    account: Account
+    timers: Account
+    _dead_letters: int
+
+    def spawn(
+        self, actor: ActorT, *, name: str | None = None, supervisor: Actor | None = None
+    ) -> ActorT: ...
+
+    def _forget(self, actor: Actor) -> None: ...
+
+    def _unhandled(self, actor: Actor, error: BaseException) -> None: ...
+
 
 #: Turns an actor takes before it yields to the scheduler, when its mailbox
 #: never runs dry. Large enough to amortise the yield, small enough that no
@@ -126,7 +142,7 @@ class Actor:
 
     name: str
     _state: ActorState = ActorState.NEW
-    _system: ActorSystem | None = None
+    _system: ActorHost | None = None
 
     # -- to override -------------------------------------------------------
 
@@ -159,7 +175,7 @@ class Actor:
 
     # -- runtime state -----------------------------------------------------
 
-    def _attach(self, system: ActorSystem, name: str, supervisor: Actor | None) -> None:
+    def _attach(self, system: ActorHost, name: str, supervisor: Actor | None) -> None:
         if self._state is not ActorState.NEW:
             raise NotSpawnedError(f"actor {self!r} was already spawned")
         self.name = name
@@ -180,7 +196,7 @@ class Actor:
         self._timers: set[Timer] = set()
 
     @property
-    def system(self) -> ActorSystem:
+    def system(self) -> ActorHost:
         """The system the actor was spawned in."""
         if self._system is None:
             raise NotSpawnedError(f"{type(self).__name__} has not been spawned")
@@ -300,10 +316,8 @@ class Actor:
     def after(self, delay: float, message: Any) -> Timer:
         """Send ``message`` to this actor once, ``delay`` seconds from now,
         charged to an account of the timer's own."""
-        from ._timers import Timer
-
         self._check_running()
-        return Timer._start(self, message, delay=delay, period=None)
+        return self._start_timer(message, delay, None)
 
     def every(self, period: float, message: Any, *, first: float | None = None) -> Timer:
         """Send ``message`` to this actor every ``period`` seconds (first
@@ -312,10 +326,18 @@ class Actor:
         its turn sent) is still outstanding: a tick that falls due meanwhile
         goes out as soon as that is repaid, and the ones after it that fell
         due too are skipped, never piled up."""
-        from ._timers import Timer
-
         self._check_running()
-        return Timer._start(self, message, delay=period if first is None else first, period=period)
+        return self._start_timer(message, period if first is None else first, period)
+
+    def _start_timer(self, message: Any, delay: float, period: float | None) -> Timer:
+        timer = Timer(self, message, delay, period, self.system.timers)
+        self._timers.add(timer)
+        self.start_soon(timer._run)
+        return timer
+
+    def _timer_done(self, timer: Timer) -> None:
+        """``timer`` was cancelled or fired its last: forget it."""
+        self._timers.discard(timer)
 
     # -- the actor's task --------------------------------------------------
 

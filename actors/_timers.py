@@ -5,14 +5,23 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from accounts import Account, LoanedItem
 
-if TYPE_CHECKING:
-    from ._actor import Actor
+
+class TimerHost(Protocol):
+    """What a timer needs of the actor it sends to (an :class:`~actors.Actor`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def _deliver(self, item: LoanedItem[Any]) -> None: ...
+
+    def _timer_done(self, timer: Timer) -> None: ...
+
 
 _serial = itertools.count(1)
 
@@ -43,7 +52,9 @@ class Timer:
     while one tick is outstanding, so ticks never pile up in a busy mailbox.
     """
 
-    def __init__(self, actor: Actor, message: Any, delay: float, period: float | None) -> None:
+    def __init__(
+        self, actor: TimerHost, message: Any, delay: float, period: float | None, parent: Account
+    ) -> None:
         if delay < 0 or (period is not None and not period > 0):
             raise ValueError(f"timer needs delay >= 0 and period > 0, got {delay}, {period}")
         self.actor = actor
@@ -54,20 +65,13 @@ class Timer:
         # it above a zero high watermark, and it clears when that is repaid.
         high = 0 if period is not None else math.inf
         self.account = Account(
-            name, high_watermark=high, low_watermark=high, parent=actor.system.timers, kind="timer"
+            name, high_watermark=high, low_watermark=high, parent=parent, kind="timer"
         )
         self._deadline = trio.current_time() + delay
         self._cancel_scope = trio.CancelScope()
         self._fired = 0
         self._skipped = 0
         self._active = True
-
-    @classmethod
-    def _start(cls, actor: Actor, message: Any, *, delay: float, period: float | None) -> Timer:
-        timer = cls(actor, message, delay, period)
-        actor._timers.add(timer)
-        actor.start_soon(timer._run)
-        return timer
 
     @property
     def active(self) -> bool:
@@ -79,7 +83,7 @@ class Timer:
         if self._active:
             self._active = False
             self._cancel_scope.cancel()
-            self.actor._timers.discard(self)
+            self.actor._timer_done(self)
             self.account.close()
 
     def statistics(self) -> TimerStatistics:

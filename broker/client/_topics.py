@@ -88,7 +88,7 @@ class TopicCache:
         #: Handles whose channel the broker opened without capacity (yet).
         self._starved: set[int] = set()
         #: Handles a publish waits on for guarantees.
-        self._wanted: set[int] = set()
+        self.wanted: set[int] = set()
         #: Channels the broker funded when it last starved one, and until when
         #: that bounds the handles held.
         self._funded = max_topics
@@ -132,9 +132,9 @@ class TopicCache:
         try:
             conn.publish(handle, payload, key=key, headers=headers)
         except NoGuarantees:
-            self._wanted.add(handle)
+            self.wanted.add(handle)
             raise
-        self._wanted.discard(handle)
+        self.wanted.discard(handle)
         self._published[handle] += 1
 
     def clear(self) -> None:
@@ -148,7 +148,7 @@ class TopicCache:
             self._seen,
             self._pins,
             self._starved,
-            self._wanted,
+            self.wanted,
         ):
             items.clear()
 
@@ -218,13 +218,13 @@ class TopicCache:
             return False
         for handle in list(self._starved):  # starved, and nobody publishes to it
             if not (
-                handle in self._wanted
+                handle in self.wanted
                 or handle in self._pins
                 or handle in self._releasing
                 or handle in self._freeing
             ):
                 self._retire(self._key_of(handle), handle)
-        deficit = len(self._wanted & self._starved) - len(self._funding)
+        deficit = len(self.wanted & self._starved) - len(self._funding)
         while deficit > 0 and self._retire_one(conn):
             deficit -= 1
         queued = False
@@ -303,7 +303,7 @@ class TopicCache:
             self._freeing.discard(handle)
         else:  # not released by us: forget its key too
             self.on_free_proposed(handle)
-        for items in (self._funding, self._starved, self._wanted):
+        for items in (self._funding, self._starved, self.wanted):
             items.discard(handle)
         self._seen.pop(handle, None)
         self._pins.pop(handle, None)

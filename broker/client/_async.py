@@ -509,10 +509,16 @@ class Client(SessionView):
             await self._run_flow(flows.open_subscription(self._session, subscription))
             yield subscription
         finally:
+            subscription._closed = True
+            if self._reconnecting:
+                # The session being resumed still holds the subscription: free
+                # it on the connection that replaces this one.
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    with contextlib.suppress(ConnectionLost):
+                        await self._ready_for_the_application()
             if subscription.handle >= 0:
                 self._session.unsubscribe(subscription)
                 self._wake_writer()
-            subscription._closed = True
             self._changed.unpark_all()
 
     # ---------------------------------------------------------------- closing

@@ -201,7 +201,10 @@ class Client(SessionView):
                 nursery.start_soon(self._writer, stream, conn, done)
                 nursery.start_soon(self._keepalive, conn)
 
-    def _fail(self, error: ConnectionLost) -> None:
+    def _fail(self, error: ConnectionLost, conn: Connection) -> None:
+        """``conn`` ended with ``error`` (nothing to do if it was replaced already)."""
+        if conn is not self._session.conn:
+            return
         ending = self._session.fail(error, trio.current_time())
         if ending is Ending.RECONNECT:
             self._start_reconnect()
@@ -210,20 +213,24 @@ class Client(SessionView):
         self._changed.unpark_all()
 
     def _check_open(self) -> None:
-        self._session.check_open()
+        """Raise :class:`ConnectionLost` if the client has ended (a connection
+        being replaced has not: the application's calls wait meanwhile)."""
+        self._session.check_open(attempt=False)
 
-    async def _wait_for(self, condition: Callable[[], bool]) -> None:
+    async def _wait_for(self, condition: Callable[[], bool], *, attempt: bool = False) -> None:
+        """Until ``condition()`` holds; raises :class:`ConnectionLost` if the
+        client ends first (or, with ``attempt``, the connection attempt fails)."""
         while not condition():
-            self._check_open()
+            self._session.check_open(attempt=attempt)
             self._wake_writer()  # (what the condition's attempt queued)
             await self._changed.park()
 
-    async def _run_flow(self, steps: flows.Steps[T]) -> T:
+    async def _run_flow(self, steps: flows.Steps[T], *, attempt: bool = False) -> T:
         """Run one of the session's flows to its result, waiting as it asks."""
         try:
             condition = next(steps)
             while True:
-                await self._wait_for(condition)
+                await self._wait_for(condition, attempt=attempt)
                 self._wake_writer()
                 condition = steps.send(None)
         except StopIteration as stop:
@@ -250,16 +257,16 @@ class Client(SessionView):
                     # to the old connection, and the resume sends it again.
                     return
                 if not data:
-                    self._fail(ConnectionLost(PEER_CLOSED))
+                    self._fail(ConnectionLost(PEER_CLOSED), conn)
                     return
                 lost = session.receive_data(data, trio.current_time())
                 if lost is not None:
-                    self._fail(lost)
+                    self._fail(lost, conn)
                 if conn.bytes_to_send:
                     self._wakeup.set()
                 self._changed.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._fail(ConnectionLost(f"connection broken: {error}"))
+            self._fail(ConnectionLost(f"connection broken: {error}"), conn)
 
     async def _writer(self, stream: trio.abc.Stream, conn: Connection, done: trio.Event) -> None:
         try:
@@ -277,7 +284,7 @@ class Client(SessionView):
                         continue
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._fail(ConnectionLost(f"connection broken: {error}"))
+            self._fail(ConnectionLost(f"connection broken: {error}"), conn)
         finally:
             done.set()
 
@@ -298,7 +305,7 @@ class Client(SessionView):
                 return
             lost = session.handle_timer(trio.current_time())
             if lost is not None:
-                self._fail(lost)
+                self._fail(lost, conn)
                 return
             if conn.bytes_to_send:
                 self._wake_writer()
@@ -362,7 +369,7 @@ class Client(SessionView):
                 session.check_open()
                 lost = session.attempt_welcomed()
                 if lost is not None:
-                    await self._run_flow(flows.restore(session, lost))
+                    await self._run_flow(flows.restore(session, lost), attempt=True)
             return lost is not None
         except (ConnectionLost, trio.TooSlowError) as error:
             if self._scope is not None:
@@ -513,9 +520,12 @@ class Client(SessionView):
             if self._reconnecting:
                 # The session being resumed still holds the subscription: free
                 # it on the connection that replaces this one.
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    with contextlib.suppress(ConnectionLost):
-                        await self._ready_for_the_application()
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(10),
+                    contextlib.suppress(ConnectionLost),
+                ):
+                    await self._ready_for_the_application()
             if subscription.handle >= 0:
                 self._session.unsubscribe(subscription)
                 self._wake_writer()

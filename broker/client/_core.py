@@ -225,11 +225,12 @@ class ClientSession:
         self.broken = self.resume = self.plan = None
         self.attempting = self.ready = False
 
-    def check_open(self) -> None:
+    def check_open(self, *, attempt: bool = True) -> None:
         """Raise :class:`ConnectionLost` (a fresh one each time) if the client
-        ended (or, while reconnecting, if the attempt under way failed)."""
+        ended (or, while reconnecting and ``attempt``, if the attempt under
+        way failed: what the code making the attempt wants to know)."""
         error = self.error
-        if error is None and self.attempting:
+        if error is None and attempt and self.attempting:
             error = self.attempt_error
         if error is not None:
             raise ConnectionLost(error.reason, error.code)

@@ -2,16 +2,15 @@
 
 Each flow is a generator of conditions (``Callable[[], bool]``): the driver
 waits, in its own way and doing I/O meanwhile, until the condition yielded
-holds, then resumes the flow (``_run`` in ``_async.py`` and
-``_blocking.py``); what the flow returns is the result. A
-driver that gives up (timeout, cancellation) closes the generator, which
-undoes what the flow holds (pins).
+holds, then resumes the flow (with :class:`Flow`); what the flow returns is
+the result. A driver that gives up (timeout, cancellation) closes the
+generator, which undoes what the flow holds (pins).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from typing import TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import Generic, TypeVar, cast
 
 from broker.protocol import ClientSessionState, Connection, HandleType, Headers, Outcome, Stage
 
@@ -22,6 +21,33 @@ from ._subscription import SubscriptionState
 T = TypeVar("T")
 #: A flow: conditions to wait for, one after the other, then a result.
 Steps = Generator[Callable[[], bool], None, T]
+
+
+class Flow(Generic[T]):
+    """How a driver runs a flow: ``with Flow(steps) as flow``, wait for each
+    condition of ``for condition in flow``, then take ``flow.result``.
+    Leaving the block early (a timeout, a cancellation) closes the flow."""
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self._steps = steps
+        self._done = False
+        self._result: T | None = None
+
+    def __enter__(self) -> Flow[T]:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._steps.close()
+
+    def __iter__(self) -> Iterator[Callable[[], bool]]:
+        self._result = yield from self._steps
+        self._done = True
+
+    @property
+    def result(self) -> T:
+        """What the flow returned (once iterated to its end)."""
+        assert self._done
+        return cast(T, self._result)
 
 
 def session_ready(session: ClientSession) -> Callable[[], bool]:

@@ -13,7 +13,7 @@ import pytest
 from broker.client import ConnectionLost, LimitReached, StagingRefused
 from broker.client._common import check_outcome
 from broker.client._core import ClientSession, Ending
-from broker.client._flows import Steps, open_subscription, request, restore, round_trip
+from broker.client._flows import Flow, Steps, open_subscription, request, restore, round_trip
 from broker.client._resume import BACKOFF_MOST, ReconnectPlan, unconfirmed_publishes
 from broker.client._subscription import RELEASE_BATCH, SubscriptionState
 from broker.protocol import (
@@ -105,9 +105,8 @@ def connected(broker: FakeBroker, **options: Any) -> ClientSession:
 
 def run(steps: Steps[T], broker: FakeBroker, session: ClientSession) -> T:
     """Drive a flow as a driver does, the fake broker answering."""
-    try:
-        condition = next(steps)
-        while True:
+    with Flow(steps) as flow:
+        for condition in flow:
             for _ in range(20):
                 if condition():
                     break
@@ -115,10 +114,7 @@ def run(steps: Steps[T], broker: FakeBroker, session: ClientSession) -> T:
                 broker.pump(session)
             else:
                 raise AssertionError("a flow's condition never held")
-            condition = steps.send(None)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
+    return flow.result
 
 
 def publish(

@@ -167,6 +167,7 @@ class ClientSession:
 
     @property
     def optimistic(self) -> bool:
+        """Publishing may run ahead of the guarantees (drops are then expected)."""
         return self.conn.policy.optimism > 0
 
     def receive_data(

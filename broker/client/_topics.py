@@ -35,7 +35,6 @@ from broker.protocol import (
     ChannelKind,
     Connection,
     HandleType,
-    Headers,
     LocalProtocolError,
     NoGuarantees,
     Stage,
@@ -87,7 +86,8 @@ class TopicCache:
         self._pins: dict[int, int] = {}
         #: Handles whose channel the broker opened without capacity (yet).
         self._starved: set[int] = set()
-        #: Handles a publish waits on for guarantees.
+        #: Handles a publish waits on for guarantees (the session adds a
+        #: handle when a publish finds none, and removes it once one succeeds).
         self.wanted: set[int] = set()
         #: Channels the broker funded when it last starved one, and until when
         #: that bounds the handles held.
@@ -118,24 +118,6 @@ class TopicCache:
         self._published[handle] = self._confirmed[handle] = 0
         self._seen[handle] = -1
         return handle
-
-    def publish(
-        self,
-        conn: Connection,
-        handle: int,
-        payload: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> None:
-        """Publish on ``handle`` if its guarantees allow it now, counting it;
-        else :class:`NoGuarantees` (and a release may be due, see :meth:`pump`)."""
-        try:
-            conn.publish(handle, payload, key=key, headers=headers)
-        except NoGuarantees:
-            self.wanted.add(handle)
-            raise
-        self.wanted.discard(handle)
-        self._published[handle] += 1
 
     def clear(self) -> None:
         """The session is gone (and its handles with it)."""

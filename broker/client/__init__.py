@@ -8,6 +8,13 @@ delivered message is what lets the broker send the next ones.
 :func:`open_cluster_client` and :class:`BlockingClusterClient` spread topics
 over several brokers, each topic on the broker :func:`route` names.
 
+Inside, one sans-IO session (``_core.py``: the protocol connection, topic
+handles, counters, inboxes, what to resume; ``_flows.py``: the operations
+that wait, as generators of conditions; ``_resume.py``: the reconnection
+plan) is driven by a thin trio driver (``_trio_driver.py``, under
+``_async.py``) and a thin blocking driver (``_blocking_driver.py`` over
+``_socket.py``, under ``_blocking.py``); ``_cluster.py`` routes over either.
+
 Every entry point that takes a topic name checks it first (the rule is
 :func:`check_topic_name`; a bad name raises :class:`TopicNameError`, a
 ``ValueError``, before anything is sent).

@@ -20,7 +20,7 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from broker.protocol import Headers, Options, Outcome, Stage, check_topic_name
 
@@ -70,23 +70,51 @@ def route(topic: str, servers: Sequence[str]) -> str:
     return max(servers, key=lambda server: _weight(server, topic))
 
 
-class ClusterClient:
-    """One :class:`~broker.client.Client` per broker; each topic goes to its owner.
+C = TypeVar("C")
 
-    Obtained from :func:`open_cluster_client`. Per topic, it keeps every
-    promise of a single client (order, backpressure, flush); across topics
-    on different brokers there is no order.
-    """
 
-    def __init__(self, clients: dict[str, Client]) -> None:
+class _Routing(Generic[C]):
+    """Clients (of either driver) by broker URL, and which owns a topic;
+    what both cluster clients share."""
+
+    def __init__(self, clients: dict[str, C]) -> None:
         self.clients = clients
         self._servers = list(clients)
 
-    def client_for(self, topic: str) -> Client:
+    def client_for(self, topic: str) -> C:
         """The client connected to ``topic``'s owner; a ``topic`` that breaks
         the topic-name rule raises :class:`~broker.protocol.TopicNameError`."""
         check_topic_name(topic)
         return self.clients[route(topic, self._servers)]
+
+    def _shares(self, counts: Mapping[str, Mapping[str, int]]) -> dict[str, list[tuple[str, int]]]:
+        """Per broker, the members of a commit (``counts[member][server]``
+        staged there), in the order of ``counts``. A member that staged
+        nothing on a broker is listed nowhere: the same to the broker, and
+        it keeps the Commit frame small."""
+        return {
+            server: [(member, n) for member, per in counts.items() if (n := per.get(server, 0))]
+            for server in self.clients
+        }
+
+
+def _first_failure(
+    batch: str, server: str, error: Exception, failure: Exception | None
+) -> Exception:
+    """Log that aborting ``batch`` on ``server`` failed; the failure to raise
+    once every broker was asked (the first)."""
+    log.warning("aborting batch %r on %s failed: %s", batch, server, error)
+    return failure or error
+
+
+class ClusterClient(_Routing[Client]):
+    """One :class:`~broker.client.Client` per broker; each topic goes to its owner.
+
+    Obtained from :func:`open_cluster_client`. Per topic, it keeps every
+    promise of a single client (order, backpressure, flush); across topics
+    on different brokers there is no order. Staging works as with
+    :class:`BlockingClusterClient`.
+    """
 
     async def publish(
         self,
@@ -95,9 +123,10 @@ class ClusterClient:
         *,
         key: bytes | None = None,
         headers: Headers | None = None,
+        stage: Stage | None = None,
     ) -> None:
         """:meth:`Client.publish` on the owner of ``topic``."""
-        await self.client_for(topic).publish(topic, payload, key=key, headers=headers)
+        await self.client_for(topic).publish(topic, payload, key=key, headers=headers, stage=stage)
 
     def publish_nowait(
         self,
@@ -121,6 +150,34 @@ class ClusterClient:
         for client in self.clients.values():
             await client.flush()
 
+    async def finish_stage(self, stage: Stage) -> dict[str, int]:
+        """:meth:`Client.finish_stage` on every broker: the messages
+        published with ``stage``, per broker (what each broker's commit lists)."""
+        return {server: await client.finish_stage(stage) for server, client in self.clients.items()}
+
+    async def commit(
+        self, batch: str, counts: Mapping[str, Mapping[str, int]]
+    ) -> dict[str, Outcome]:
+        """Commit ``batch`` on every broker, as :meth:`BlockingClusterClient.commit`."""
+        shares = self._shares(counts)
+        return {
+            server: await client.commit(batch, shares[server])
+            for server, client in self.clients.items()
+        }
+
+    async def abort(self, batch: str) -> dict[str, Outcome]:
+        """:meth:`Client.abort` on every broker, as :meth:`BlockingClusterClient.abort`."""
+        outcomes: dict[str, Outcome] = {}
+        failure: Exception | None = None
+        for server, client in self.clients.items():
+            try:
+                outcomes[server] = await client.abort(batch)
+            except Exception as error:  # abort the others first
+                failure = _first_failure(batch, server, error, failure)
+        if failure is not None:
+            raise failure
+        return outcomes
+
 
 @asynccontextmanager
 async def open_cluster_client(
@@ -137,7 +194,7 @@ async def open_cluster_client(
         yield ClusterClient(clients)
 
 
-class BlockingClusterClient:
+class BlockingClusterClient(_Routing[BlockingClient]):
     """The blocking counterpart of :class:`ClusterClient` (for threads and
     Spark tasks): one :class:`~broker.client.BlockingClient` per broker."""
 
@@ -145,7 +202,7 @@ class BlockingClusterClient:
         """Connect to every broker of ``servers``; ``options`` go to each
         :class:`~broker.client.BlockingClient`. If one cannot be reached, the
         others are closed and its :class:`ConnectionLost` is raised."""
-        self.clients: dict[str, BlockingClient] = {}
+        super().__init__({})
         try:
             for server in parse_servers(servers):
                 self.clients[server] = BlockingClient(server, **options)
@@ -159,12 +216,6 @@ class BlockingClusterClient:
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.close(flush=exc_type is None)
-
-    def client_for(self, topic: str) -> BlockingClient:
-        """The client connected to ``topic``'s owner; a ``topic`` that breaks
-        the topic-name rule raises :class:`~broker.protocol.TopicNameError`."""
-        check_topic_name(topic)
-        return self.clients[route(topic, self._servers)]
 
     def publish(
         self,
@@ -201,13 +252,11 @@ class BlockingClusterClient:
         order of ``counts``. Each broker commits its own share on its own
         (there is no atomicity across brokers; a commit sent again is a
         ``DUPLICATE`` where it was done)."""
-        outcomes = {}
-        for server, client in self.clients.items():
-            # (A member that staged nothing here is listed nowhere: the same
-            # to the broker, and it keeps the Commit frame small.)
-            members = [(member, n) for member, per in counts.items() if (n := per.get(server, 0))]
-            outcomes[server] = client.commit(batch, members, timeout=timeout)
-        return outcomes
+        shares = self._shares(counts)
+        return {
+            server: client.commit(batch, shares[server], timeout=timeout)
+            for server, client in self.clients.items()
+        }
 
     def abort(self, batch: str, *, timeout: float | None = None) -> dict[str, Outcome]:
         """:meth:`BlockingClient.abort` on every broker, each asked even if
@@ -220,8 +269,7 @@ class BlockingClusterClient:
             try:
                 outcomes[server] = client.abort(batch, timeout=timeout)
             except Exception as error:  # abort the others first
-                failure = failure or error
-                log.warning("aborting batch %r on %s failed: %s", batch, server, error)
+                failure = _first_failure(batch, server, error, failure)
         if failure is not None:
             raise failure
         return outcomes

@@ -35,7 +35,6 @@ from broker.protocol import (
     ChannelKind,
     Connection,
     HandleType,
-    Headers,
     LocalProtocolError,
     NoGuarantees,
     Stage,
@@ -87,8 +86,9 @@ class TopicCache:
         self._pins: dict[int, int] = {}
         #: Handles whose channel the broker opened without capacity (yet).
         self._starved: set[int] = set()
-        #: Handles a publish waits on for guarantees.
-        self._wanted: set[int] = set()
+        #: Handles a publish waits on for guarantees (the session adds a
+        #: handle when a publish finds none, and removes it once one succeeds).
+        self.wanted: set[int] = set()
         #: Channels the broker funded when it last starved one, and until when
         #: that bounds the handles held.
         self._funded = max_topics
@@ -119,24 +119,6 @@ class TopicCache:
         self._seen[handle] = -1
         return handle
 
-    def publish(
-        self,
-        conn: Connection,
-        handle: int,
-        payload: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> None:
-        """Publish on ``handle`` if its guarantees allow it now, counting it;
-        else :class:`NoGuarantees` (and a release may be due, see :meth:`pump`)."""
-        try:
-            conn.publish(handle, payload, key=key, headers=headers)
-        except NoGuarantees:
-            self._wanted.add(handle)
-            raise
-        self._wanted.discard(handle)
-        self._published[handle] += 1
-
     def clear(self) -> None:
         """The session is gone (and its handles with it)."""
         for items in (
@@ -148,7 +130,7 @@ class TopicCache:
             self._seen,
             self._pins,
             self._starved,
-            self._wanted,
+            self.wanted,
         ):
             items.clear()
 
@@ -218,13 +200,13 @@ class TopicCache:
             return False
         for handle in list(self._starved):  # starved, and nobody publishes to it
             if not (
-                handle in self._wanted
+                handle in self.wanted
                 or handle in self._pins
                 or handle in self._releasing
                 or handle in self._freeing
             ):
                 self._retire(self._key_of(handle), handle)
-        deficit = len(self._wanted & self._starved) - len(self._funding)
+        deficit = len(self.wanted & self._starved) - len(self._funding)
         while deficit > 0 and self._retire_one(conn):
             deficit -= 1
         queued = False
@@ -303,7 +285,7 @@ class TopicCache:
             self._freeing.discard(handle)
         else:  # not released by us: forget its key too
             self.on_free_proposed(handle)
-        for items in (self._funding, self._starved, self._wanted):
+        for items in (self._funding, self._starved, self.wanted):
             items.discard(handle)
         self._seen.pop(handle, None)
         self._pins.pop(handle, None)

@@ -1,0 +1,131 @@
+"""Resuming a session on a new connection, sans-IO: what to resume, what to
+send again when the broker lost the session, and when to try again.
+
+Time is passed in (``now``, in seconds of any monotonic clock): the trio
+driver passes ``trio.current_time()``, the blocking one ``time.monotonic()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from broker.protocol import (
+    ClientSessionState,
+    Connection,
+    GoodbyeCode,
+    Publish,
+    Stage,
+    decode_body,
+)
+
+from ._common import ConnectionLost
+
+log = logging.getLogger("broker.client")
+
+#: Goodbye codes after which a client with ``reconnect`` tries again (besides
+#: a broken or silent connection): the broker went away, not the client's fault.
+RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})
+#: First and longest pause between reconnection attempts (doubling in between).
+BACKOFF_FIRST = 0.05
+BACKOFF_MOST = 2.0
+
+
+class Consumer(Protocol):
+    """What a resume needs of a subscription: whether it is closed and the
+    sequence number of the last message the application consumed."""
+
+    _closed: bool
+    _consumed: int
+
+
+def resume_state(conn: Connection, subscriptions: Mapping[int, Consumer]) -> ClientSessionState:
+    """The session of ``conn`` as it stands, for a resume: only the open
+    subscriptions of ``subscriptions`` (handle -> subscription), each
+    processed up to what the application consumed (the rest is delivered
+    again)."""
+    state = conn.session_state()
+    assert isinstance(state, ClientSessionState)
+    live = {
+        handle: info
+        for handle, info in state.subscriptions.items()
+        if (sub := subscriptions.get(handle)) is not None and not sub._closed
+    }
+    processed = {handle: subscriptions[handle]._consumed for handle in live}
+    return dataclasses.replace(state, subscriptions=live, processed=processed)
+
+
+def without_subscription(state: ClientSessionState, handle: int) -> ClientSessionState:
+    """``state`` without subscription ``handle`` (closed while reconnecting:
+    the resumed session leaves it out, and the broker drops it)."""
+    subscriptions = {h: v for h, v in state.subscriptions.items() if h != handle}
+    processed = {h: v for h, v in state.processed.items() if h != handle}
+    return dataclasses.replace(state, subscriptions=subscriptions, processed=processed)
+
+
+def unconfirmed_publishes(
+    state: ClientSessionState,
+) -> list[tuple[str, Stage | None, Publish]]:
+    """The messages of a lost session the broker never confirmed, in the
+    order they were published per topic: ``(topic name, stage, Publish)``."""
+    messages = []
+    for handle, (_, frames) in sorted(state.retained.items()):
+        topic = state.topics[handle]
+        stage = state.stages.get(handle)
+        for frame in frames:
+            message = decode_body(frame[4:])
+            assert isinstance(message, Publish)
+            messages.append((topic, stage, message))
+    return messages
+
+
+def log_session_lost(name: str, state: ClientSessionState) -> None:
+    """Say (a warning) that the broker no longer knows the session ``state`` records."""
+    unconfirmed = sum(len(frames) for _, frames in state.retained.values())
+    log.warning(
+        "%s: the broker lost our session (it restarted, or the session expired): "
+        "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; "
+        "messages published meanwhile were not delivered to us",
+        name,
+        len(state.subscriptions),
+        unconfirmed,
+    )
+
+
+def may_retry(error: ConnectionLost) -> bool:
+    """A connection that ended with ``error`` may be replaced: it broke, went
+    silent, or the broker went away (not a refusal of this client)."""
+    return error.code is None or error.code in RECONNECT_CODES
+
+
+class ReconnectPlan:
+    """When to try connecting again after a connection broke at ``now``:
+    at once, then with exponential backoff (``BACKOFF_FIRST`` doubling to
+    ``BACKOFF_MOST``), for up to ``reconnect`` seconds in all."""
+
+    def __init__(self, now: float, reconnect: float) -> None:
+        self.reconnect = reconnect
+        #: No attempt starts at or after this time.
+        self.deadline = now + reconnect
+        #: When the next attempt is due.
+        self.next_attempt = now
+        self._backoff = BACKOFF_FIRST
+
+    def attempt_deadline(self, now: float, connect_timeout: float) -> float:
+        """How long an attempt starting at ``now`` may take (connection and handshake)."""
+        return min(self.deadline, now + connect_timeout)
+
+    def failed(self, error: ConnectionLost, now: float) -> ConnectionLost | None:
+        """An attempt failed at ``now`` with ``error``: None if another is due
+        (at :attr:`next_attempt`), else the error the client ends with (the
+        broker refused it, or the time is up)."""
+        refused = not may_retry(error)
+        if refused or now + self._backoff >= self.deadline:
+            return ConnectionLost(
+                f"could not reconnect within {self.reconnect} s: {error}", error.code
+            )
+        self.next_attempt = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MOST)
+        return None

@@ -1,0 +1,87 @@
+"""What both clients keep of a subscription, and how consuming frees room.
+
+:class:`SubscriptionState` is the sans-IO part of a subscription: its handle,
+options, inbox and counters, and taking messages from the inbox, which
+releases the room of consumed frames (and acknowledges them) in batches. The
+drivers' :class:`~broker.client.Subscription` and
+:class:`~broker.client.BlockingSubscription` add the waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from broker.protocol import Options
+
+from ._common import Message
+from ._inbox import Inbox
+
+#: Consumed messages whose buffer space a subscription releases together (it
+#: releases sooner when the application has consumed everything received).
+RELEASE_BATCH = 32
+#: The most messages ``receive_batch()`` returns unless told otherwise.
+BATCH_MOST = 1024
+
+
+class Releaser(Protocol):
+    """Who frees the room of consumed messages (the client session)."""
+
+    def release(self, subscription: SubscriptionState) -> None: ...
+
+
+class SubscriptionState:
+    """One subscription's handle, options, inbox and counters.
+
+    ``releaser`` is the session whose connection the room of consumed
+    messages goes back to.
+    """
+
+    def __init__(self, releaser: Releaser, handle: int, topic: str) -> None:
+        self._releaser = releaser
+        #: The subscription handle (on the wire; a new one if the session is made again).
+        self.handle = handle
+        #: The topic subscribed to.
+        self.topic = topic
+        self._inbox = Inbox(topic)
+        self._closed = False
+        #: Deliveries received from the broker so far (taken or not).
+        self.received = 0
+        #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
+        self.missed = 0
+        #: The options it was made with (to subscribe again if the session is lost).
+        self.mode = "reliable"
+        self.options: Options | None = None
+        #: The sequence numbers of the last message consumed and of the last acknowledged.
+        self._consumed = 0
+        self._acked = 0
+
+    def _take(self) -> Message:
+        """The next queued message (there is one)."""
+        inbox = self._inbox
+        message = inbox.take()
+        self._consumed = message.seq
+        if inbox.done_count:  # (rare mid-frame: not worth a call per message)
+            self._release_if_due()
+        return message
+
+    def _take_many(self, limit: int) -> list[Message]:
+        """The next queued messages, at most ``limit`` (at least one is queued)."""
+        messages = self._inbox.take_many(limit)
+        self._consumed = messages[-1].seq
+        self._release_if_due()
+        return messages
+
+    def _release_if_due(self) -> None:
+        """Release what whole frames taken hold, once ``RELEASE_BATCH``
+        messages' worth is waiting or the application has taken everything
+        received."""
+        inbox = self._inbox
+        done = inbox.done_count
+        if done and (done >= RELEASE_BATCH or not inbox.messages):
+            self._releaser.release(self)
+
+    def _reset(self) -> None:
+        """The connection was replaced: what was received and not consumed
+        will be delivered again (the broker resends after the last consumed)."""
+        self._inbox.clear()
+        self._acked = self._consumed

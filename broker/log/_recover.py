@@ -1,0 +1,93 @@
+"""Opening a topic directory: scan its term files, cut at the first record
+that is torn, corrupt or out of sequence, and report what was cut."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+
+from ._files import fsync_dir, list_terms, map_file, remove_term, term_path
+from ._format import scan
+from ._term import Term
+from ._types import LogConfig, Recovery
+
+__all__ = ["recover"]
+
+
+def _release(data: bytes | mmap.mmap) -> None:
+    if isinstance(data, mmap.mmap):
+        with contextlib.suppress(BufferError):
+            data.close()
+
+
+def _cut_file(path: Path, size: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
+    """The terms of the topic in ``directory``, oldest first, the last one
+    loaded into a buffer of its capacity ready for appends (created, at
+    base 1, if there is none); and what had to be cut.
+
+    Every term is scanned (checksums, consecutive offsets, times never
+    decreasing, each term starting where the previous one ended). At the
+    first bad record the term file is truncated there and becomes the
+    active term; the term files after it are removed, their records counted
+    as cut.
+    """
+    terms: list[Term] = []
+    cut_bytes = cut_records = cut_terms = 0
+    details: list[str] = []
+    files = list_terms(directory)
+    expected = files[0][0] if files else 1
+    min_time = 0
+    broken = False
+    for base, path in files:
+        if not broken and base != expected:
+            details.append(f"term {base} does not follow offset {expected - 1}")
+            broken = True
+        data = map_file(path)
+        try:
+            size = len(data)
+            found = scan(data, size, base, min_time)
+        finally:
+            _release(data)
+        if broken:
+            cut_records += found.count
+            cut_bytes += size
+            cut_terms += 1
+            details.append(f"removed term {base}: {found.count} records, {size} bytes")
+            remove_term(path)
+            continue
+        if found.cut:
+            broken = True
+            cut_bytes += found.cut
+            kind = "zeros" if found.zeros else "a torn or corrupt record"
+            details.append(
+                f"cut term {base} at byte {found.end} after offset {found.next_offset - 1}: "
+                f"{found.cut} bytes of {kind}"
+            )
+            _cut_file(path, found.end)
+        terms.append(Term(base, max(config.term_bytes, found.end), None, found))
+        expected = found.next_offset
+        if found.last_time is not None:
+            min_time = found.last_time
+    if not terms:
+        term_path(directory, expected).touch()
+        fsync_dir(directory)
+        terms.append(Term(expected, config.term_bytes, None))
+    active = terms[-1]
+    buffer = bytearray(active.capacity)
+    if active.used:
+        with open(term_path(directory, active.base), "rb") as file:
+            file.readinto(memoryview(buffer)[: active.used])
+    active.load(buffer)
+    recovery = Recovery(cut_bytes, cut_records, cut_terms, details)
+    return terms, recovery

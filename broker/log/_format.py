@@ -58,7 +58,7 @@ def write_record(
     size = len(body)
     start = pos + HEADER_SIZE
     end = start + size
-    buffer[start:end] = body
+    view[start:end] = body  # (a memoryview assigns faster than the bytearray)
     _REST.pack_into(buffer, pos + 4, size, offset, time_ms)
     _CRC.pack_into(buffer, pos, crc32(view[pos + 4 : end]))
     return end

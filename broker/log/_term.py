@@ -112,10 +112,11 @@ class Term:
         """Append one record (the caller checked :meth:`fits` and that
         ``time_ms`` is not below :attr:`last_time`); returns its offset."""
         buffer = self._buffer
-        assert isinstance(buffer, bytearray), "only the active term appends"
+        view = self._view
+        assert isinstance(buffer, bytearray) and view is not None, "only the active term appends"
         positions = self.positions
         offset = self.base + len(positions) - 1
-        positions.append(write_record(buffer, self.view, positions[-1], body, offset, time_ms))
+        positions.append(write_record(buffer, view, positions[-1], body, offset, time_ms))
         if self.first_time is None:
             self.first_time = time_ms
         self.last_time = time_ms

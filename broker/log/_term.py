@@ -34,6 +34,7 @@ class Term:
 
     __slots__ = (
         "_buffer",
+        "_readonly",
         "_view",
         "base",
         "capacity",
@@ -52,7 +53,10 @@ class Term:
         self.base = base
         self.capacity = capacity
         self._buffer: Buffer | None = buffer
-        self._view: memoryview | None = None if buffer is None else memoryview(buffer)
+        self._view: memoryview | None = None
+        self._readonly: memoryview | None = None
+        if buffer is not None:
+            self.load(buffer)
         if scan is None:
             self.positions: array[int] = array("I", [0])
             self.first_time: int | None = None
@@ -96,11 +100,12 @@ class Term:
         """Give an unloaded term its buffer back (a map of its file)."""
         self._buffer = buffer
         self._view = memoryview(buffer)
+        self._readonly = self._view.toreadonly()
 
     def unload(self) -> None:
         """Drop the buffer (slices already handed out keep it alive)."""
         self._buffer = None
-        self._view = None
+        self._view = self._readonly = None
 
     # -------------------------------------------------------------- writing
 
@@ -134,8 +139,8 @@ class Term:
     # -------------------------------------------------------------- reading
 
     def bodies(self, offset: int, max_records: int, max_bytes: int) -> list[memoryview]:
-        """The bodies of records from ``offset`` on (slices of the buffer, no
-        copy): at most ``max_records``, and no more than ``max_bytes`` of
+        """The bodies of records from ``offset`` on (read-only slices of the
+        buffer, no copy): at most ``max_records``, and no more than ``max_bytes`` of
         stored bytes (headers included) unless the first alone is larger.
         Empty if ``offset`` is at or past the end; the term must be loaded."""
         positions = self.positions
@@ -145,7 +150,8 @@ class Term:
             return []
         limit = bisect_right(positions, positions[first] + max_bytes, first + 1, stop + 1) - 1
         stop = max(first + 1, min(stop, limit))
-        view = self.view
+        view = self._readonly
+        assert view is not None, "the term is loaded"
         starts = positions[first:stop]
         ends = positions[first + 1 : stop + 1]
         return [view[start + HEADER_SIZE : end] for start, end in zip(starts, ends, strict=True)]

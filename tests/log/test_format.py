@@ -37,12 +37,17 @@ def test_scan_finds_every_record_written(bodies: list[bytes], first: int) -> Non
     assert found.count == len(bodies)
     assert found.cut == 0 and found.end == len(buffer)
     assert found.next_offset == first + len(bodies)
-    got = [bytes(buffer[a + HEADER_SIZE : b]) for a, b in zip(found.positions, found.positions[1:])]
+    ends = found.positions[1:]
+    got = [
+        bytes(buffer[a + HEADER_SIZE : b]) for a, b in zip(found.positions[:-1], ends, strict=True)
+    ]
     assert got == bodies
 
 
 @given(st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=10), st.data())
-def test_a_torn_tail_is_cut_at_the_last_whole_record(bodies: list[bytes], data: st.DataObject) -> None:
+def test_a_torn_tail_is_cut_at_the_last_whole_record(
+    bodies: list[bytes], data: st.DataObject
+) -> None:
     buffer = _term(bodies)
     limit = data.draw(st.integers(0, len(buffer) - 1))
     found = scan(buffer, limit, 1)

@@ -46,7 +46,7 @@ MAX_BODY = 0xFFFFFFFF
 
 
 def write_record(
-    buffer: bytearray,
+    buffer: bytearray | mmap.mmap,
     view: memoryview,
     pos: int,
     body: bytes | memoryview,
@@ -58,7 +58,7 @@ def write_record(
     size = len(body)
     start = pos + HEADER_SIZE
     end = start + size
-    view[start:end] = body  # (a memoryview assigns faster than the bytearray)
+    view[start:end] = body  # (a memoryview assigns faster than a bytearray)
     _REST.pack_into(buffer, pos + 4, size, offset, time_ms)
     _CRC.pack_into(buffer, pos, crc32(view[pos + 4 : end]))
     return end

@@ -1,10 +1,10 @@
 """TopicLog: one topic's append-only log of terms, and its readers.
 
-Records go into the active term's in-memory buffer and from there to its
+Records go into the active term's in-memory buffer (an anonymous map) and from there to its
 file (:meth:`TopicLog.write`, or before the append returns with
 ``flush="always"``); a full term is sealed (written and fsynced) and a new
 one started, named by its first offset. Reads return slices of the term
-buffers: the active term's bytearray or a sealed term's read-only map.
+buffers: the active term's buffer or a sealed term's read-only file map.
 
 Nothing here reads a clock: every method that needs the time takes it
 (``now_ms``, ms since the epoch). Not thread-safe: one owner calls it all.
@@ -29,7 +29,7 @@ from ._files import (
 )
 from ._format import check_size
 from ._recover import recover
-from ._term import Term
+from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery, Run, Start
 
 __all__ = ["Reader", "TopicLog"]
@@ -250,10 +250,12 @@ class TopicLog:
         new_file = TermFile(term_path(self.directory, base), create=True)
         self._file.close()
         self._file = new_file
-        self._active = Term(base, capacity, bytearray(capacity))
+        self._active = Term(base, capacity, new_buffer(capacity))
         self._terms.append(self._active)
         self._written = 0
-        self._keep_mapped(sealed)
+        # Its memory goes back once no run read from it is held; later reads
+        # map its file (in the page cache: just written).
+        sealed.unload()
 
     # ------------------------------------------------------------------ retention
 

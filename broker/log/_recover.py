@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ._files import fsync_dir, list_terms, map_file, remove_term, term_path
 from ._format import scan
-from ._term import Term
+from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
 __all__ = ["recover"]
@@ -84,7 +84,7 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
         fsync_dir(directory)
         terms.append(Term(expected, config.term_bytes, None))
     active = terms[-1]
-    buffer = bytearray(active.capacity)
+    buffer = new_buffer(active.capacity)
     if active.used:
         with open(term_path(directory, active.base), "rb") as file:
             file.readinto(memoryview(buffer)[: active.used])

@@ -1,6 +1,7 @@
 """A term: a run of consecutive records in one buffer, sans-IO.
 
-The active term appends into a preallocated ``bytearray`` of its capacity;
+The active term appends into a preallocated buffer of its capacity (an
+anonymous map, see :func:`new_buffer`);
 committed bytes are never rewritten, so the memoryview slices handed to
 readers stay valid (and unchanged) for as long as they are held, even after
 the term is sealed, evicted or deleted. A sealed term's buffer may be
@@ -16,11 +17,18 @@ from bisect import bisect_right
 
 from ._format import HEADER_SIZE, Scan, record_time, write_record
 
-__all__ = ["Buffer", "Term"]
+__all__ = ["Buffer", "Term", "new_buffer"]
 
-#: What a term's records live in: the active term's bytearray, or a
+#: What a term's records live in: the active term's anonymous map, or a
 #: sealed term's bytes or read-only map.
 Buffer = bytearray | bytes | mmap.mmap
+
+
+def new_buffer(capacity: int) -> mmap.mmap:
+    """A zeroed, writable buffer for an active term: an anonymous map, so
+    memory is only taken as records are written into it (a ``bytearray``
+    would touch every page up front)."""
+    return mmap.mmap(-1, capacity)
 
 
 class Term:
@@ -118,7 +126,7 @@ class Term:
         ``time_ms`` is not below :attr:`last_time`); returns its offset."""
         buffer = self._buffer
         view = self._view
-        assert isinstance(buffer, bytearray) and view is not None, "only the active term appends"
+        assert not isinstance(buffer, bytes | None) and view is not None, "not the active term"
         positions = self.positions
         offset = self.base + len(positions) - 1
         positions.append(write_record(buffer, view, positions[-1], body, offset, time_ms))

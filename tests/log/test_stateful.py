@@ -112,7 +112,9 @@ class LogMachine(RuleBasedStateMachine):
             self._last_time = time_ms
         self._sync_first()
 
-    @rule(start=st.sampled_from(["earliest", "latest", "offset", "time"]), value=st.integers(1, 300))
+    @rule(
+        start=st.sampled_from(["earliest", "latest", "offset", "time"]), value=st.integers(1, 300)
+    )
     def add_reader(self, start: str, value: int) -> None:
         if start == "earliest":
             where = Start.earliest()

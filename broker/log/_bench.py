@@ -80,7 +80,7 @@ def _replay(directory: Path, count: int, label: str) -> None:
 def main(argv: list[str]) -> None:
     count = int(argv[0]) if argv else 1_000_000
     always_count = max(1, count // 100)
-    print(f"python_loop_10m_s {python_loop_10m_s():.3f}")
+    print(f"python_loop_10m_s {python_loop_10m_s():.3f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "batch"
         config = LogConfig(flush="batch", flush_interval_ms=1000)
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> None:
         config = LogConfig(flush="always")
         seconds = _append(directory, config, always_count, 1)
         _rate("append, always (fsync each)", always_count, seconds)
-    print(f"python_loop_10m_s {python_loop_10m_s():.3f}")
+    print(f"python_loop_10m_s {python_loop_10m_s():.3f}", flush=True)
 
 
 if __name__ == "__main__":

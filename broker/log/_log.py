@@ -384,7 +384,9 @@ class TopicLog:
 
     def close(self) -> None:
         """Flush (write and fsync) and close the file; idempotent. Slices
-        already read stay valid."""
+        already read stay valid. If the flush fails (the disk is still full)
+        the log is closed all the same, the error raised, and the records
+        not yet written are lost (those up to :attr:`written_offset` are not)."""
         if self._closed:
             return
         try:

@@ -2,8 +2,9 @@
 
 Appends records of 100 bytes (``flush="batch"``, written every 1000
 records as a broker would at the end of each batch, fsynced at close),
-replays them from the earliest offset in runs of 1024 (once from memory in
-the writing process, once from the mapped term files after reopening),
+reopens the log (which scans and checks every record), replays them from
+the earliest offset in runs of 1024 (from the mapped term files; then, in
+another log, from memory in the writing process),
 then appends fewer records with ``flush="always"`` (an fsync per append).
 Prints ``python_loop_10m_s`` beside, the time of an empty 10M-step loop in
 this process, to read the numbers against the machine's speed.
@@ -33,7 +34,7 @@ def python_loop_10m_s() -> float:
 def _rate(label: str, count: int, seconds: float) -> None:
     mb = count * RECORD / 1e6
     print(
-        f"{label:<34} {count:>9} records {seconds:7.3f} s  "
+        f"{label:<38} {count:>9} records {seconds:7.3f} s  "
         f"{count / seconds:>12,.0f} records/s  {mb / seconds:8.1f} MB/s"
     )
 
@@ -60,8 +61,11 @@ def _append(directory: Path, config: LogConfig, count: int, per_call: int) -> fl
 
 
 def _replay(directory: Path, count: int, label: str) -> None:
+    start = time.perf_counter()
     with LogStore(directory) as store:
         log = store.topic("bench")
+        _rate("reopen (scan, checksum every record)", count, time.perf_counter() - start)
+        assert log.recovery.clean
         reader = log.reader(Start.earliest())
         seen = size = 0
         start = time.perf_counter()

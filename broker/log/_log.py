@@ -132,17 +132,17 @@ class TopicLog:
         (:class:`LogWriteError`) or :class:`RecordTooLarge`, and then
         nothing was appended.
         """
-        active = self._active
-        if self._always or self._write_error is not None or not active.fits(len(tail)):
-            self.append_many((tail,), now_ms)
-            return self._active.next_offset - 1
-        if self._closed:
-            raise LogClosed(f"the log of {self.topic!r} is closed")
-        time_ms = now_ms if now_ms > self._last_time else self._last_time
-        self._last_time = time_ms
-        if self._dirty_since is None:
-            self._dirty_since = now_ms
-        return active.append(tail, time_ms)
+        if not (self._always or self._write_error is not None or self._closed):
+            last = self._last_time
+            time_ms = now_ms if now_ms > last else last
+            offset = self._active.append(tail, time_ms)
+            if offset:
+                self._last_time = time_ms
+                if self._dirty_since is None:
+                    self._dirty_since = now_ms
+                return offset
+        self.append_many((tail,), now_ms)
+        return self._active.next_offset - 1
 
     def append_many(self, tails: Sequence[bytes | memoryview], now_ms: int) -> int:
         """Append records received at ``now_ms`` (one receive time for the
@@ -165,11 +165,11 @@ class TopicLog:
         done = 0
         try:
             for tail in tails:
-                if not active.fits(len(tail)):
+                if not active.append(tail, time_ms):
                     self._rotate()
                     active = self._active
                     kept = 0
-                active.append(tail, time_ms)
+                    active.append(tail, time_ms)
                 done += 1
         except (LogFull, LogWriteError):
             if not done:

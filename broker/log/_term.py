@@ -117,19 +117,21 @@ class Term:
 
     # -------------------------------------------------------------- writing
 
-    def fits(self, size: int) -> bool:
-        """Whether a record with a body of ``size`` bytes fits after the last one."""
-        return self.positions[-1] + HEADER_SIZE + size <= self.capacity
-
     def append(self, body: bytes | memoryview, time_ms: int) -> int:
-        """Append one record (the caller checked :meth:`fits` and that
-        ``time_ms`` is not below :attr:`last_time`); returns its offset."""
+        """Append one record if it fits after the last one; returns its
+        offset, or 0 (nothing written) if it does not fit. The caller
+        checked that ``time_ms`` is not below :attr:`last_time`."""
+        positions = self.positions
+        pos = positions[-1]
+        end = pos + HEADER_SIZE + len(body)
+        if end > self.capacity:
+            return 0
         buffer = self._buffer
         view = self._view
         assert not isinstance(buffer, bytes | None) and view is not None, "not the active term"
-        positions = self.positions
         offset = self.base + len(positions) - 1
-        positions.append(write_record(buffer, view, positions[-1], body, offset, time_ms))
+        write_record(buffer, view, pos, body, offset, time_ms)
+        positions.append(end)
         if self.first_time is None:
             self.first_time = time_ms
         self.last_time = time_ms

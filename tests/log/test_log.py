@@ -237,3 +237,33 @@ def test_config_is_checked() -> None:
         LogConfig(flush="never")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         LogConfig(retain_bytes=0)
+
+
+def test_slices_outlive_eviction_and_deletion(tmp_path: Path) -> None:
+    with open_log(tmp_path, mapped_terms=1, retain_bytes=2048) as log:
+        _fill(log.append, 10)
+        held = log.read(1).tails  # from a term that will be sealed, evicted, deleted
+        _fill(log.append, 20, 11)
+        assert read_all(log.reader(Start.at(log.first_offset)))  # maps and evicts terms
+        _fill(log.append, 200, 31)
+        assert log.first_offset > 10
+        assert [bytes(t) for t in held] == [body(i, 40) for i in range(1, 1 + len(held))]
+
+
+def test_reads_across_many_sealed_terms_with_one_mapped(tmp_path: Path) -> None:
+    with open_log(tmp_path, mapped_terms=1) as log:
+        _fill(log.append, 100)
+    with open_log(tmp_path, mapped_terms=1) as log:
+        expected = [(i, body(i, 40)) for i in range(1, 101)]
+        assert read_all(log.reader(), max_records=3) == expected
+        assert read_all(log.reader(Start.at(57))) == expected[56:]
+        assert log.offset_at_time(T0 + 80) == 80
+
+
+def test_lag_counts_what_waits(tmp_path: Path) -> None:
+    with open_log(tmp_path) as log:
+        reader = log.reader()
+        _fill(log.append, 5)
+        assert reader.lag == 5
+        reader.advance_to(3)
+        assert reader.lag == 3

@@ -7,6 +7,7 @@ Layout::
     <data_dir>/.lock                     flock'ed while a store has it open
     <data_dir>/topics/<encoded topic>/meta.json
     <data_dir>/topics/<encoded topic>/<20-digit base offset>.term
+    <data_dir>/topics/<encoded topic>/<20-digit base offset>.index  (sealed terms)
 
 ``pwrite`` below is the one function that writes records; tests replace it
 to inject faults (``ENOSPC``).
@@ -22,6 +23,7 @@ import json
 import mmap
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,18 @@ __all__ = [
     "DirLock",
     "TermFile",
     "create_topic_dir",
+    "file_crc",
     "fsync_dir",
+    "index_path",
     "list_terms",
     "map_file",
+    "read_index",
     "read_meta",
     "remove_term",
     "term_path",
     "topic_dir_name",
     "write_error",
+    "write_index",
 ]
 
 #: The on-disk format version written in every ``meta.json``.
@@ -48,6 +54,7 @@ META = "meta.json"
 TOPICS = "topics"
 LOCK = ".lock"
 TERM_SUFFIX = ".term"
+INDEX_SUFFIX = ".index"
 _TERM_NAME = re.compile(r"^(\d{20})\.term$")
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 #: Longest encoded name kept whole; longer ones are cut and given a hash.
@@ -193,10 +200,37 @@ def map_file(path: Path) -> bytes | mmap.mmap:
         return mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ)
 
 
+def index_path(term: Path) -> Path:
+    """The index file of the term file ``term``."""
+    return term.with_suffix(INDEX_SUFFIX)
+
+
 def remove_term(path: Path) -> None:
-    """Delete a term file (a missing one is fine)."""
+    """Delete a term file and its index (missing ones are fine)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        index_path(path).unlink()
+
+
+def write_index(term: Path, data: bytes) -> None:
+    """Write the index of a sealed term, best effort and without fsync: a
+    missing or torn index only means the term is scanned at the next open."""
+    with contextlib.suppress(OSError):
+        index_path(term).write_bytes(data)
+
+
+def read_index(term: Path) -> bytes | None:
+    """The index file of a term, if there is one."""
+    try:
+        return index_path(term).read_bytes()
+    except OSError:
+        return None
+
+
+def file_crc(data: bytes | mmap.mmap) -> int:
+    """The crc32 of a whole (mapped) term file."""
+    return zlib.crc32(data)
 
 
 class TermFile:

@@ -28,8 +28,12 @@ from ._errors import RecordTooLarge
 __all__ = [
     "HEADER",
     "HEADER_SIZE",
+    "INDEX_HEADER",
     "MAX_BODY",
     "Scan",
+    "check_size",
+    "decode_index",
+    "encode_index",
     "record_time",
     "scan",
     "write_record",
@@ -148,3 +152,67 @@ def scan(
         cut=cut,
         zeros=zeros,
     )
+
+
+# ---------------------------------------------------------------- term index
+
+#: magic, record count, term bytes, first time, last time, crc32 of the
+#: whole term, crc32 of the positions that follow.
+INDEX_HEADER = struct.Struct("<4sIQQQII")
+INDEX_MAGIC = b"TLX1"
+
+
+def encode_index(positions: array[int], first_time: int, last_time: int, term_crc: int) -> bytes:
+    """The index of a sealed term: its header, then ``positions`` as u32."""
+    table = array("I", positions)
+    if table.itemsize != 4:  # pragma: no cover - every platform we run on
+        raise RuntimeError("array('I') is not 32-bit here")
+    raw = table.tobytes() if _LITTLE else _swapped(table)
+    header = INDEX_HEADER.pack(
+        INDEX_MAGIC,
+        len(positions) - 1,
+        positions[-1],
+        first_time,
+        last_time,
+        term_crc,
+        crc32(raw),
+    )
+    return header + raw
+
+
+def decode_index(data: bytes, term_size: int, base: int) -> tuple[Scan, int] | None:
+    """The records of a sealed term of ``term_size`` bytes from offset
+    ``base`` as its index
+    describes them, and the crc32 of the whole term it promises (to check
+    against the term file); ``None`` if the index is torn, corrupt or not
+    for a term of that size."""
+    size = INDEX_HEADER.size
+    if len(data) < size:
+        return None
+    magic, count, used, first_time, last_time, term_crc, table_crc = INDEX_HEADER.unpack_from(data)
+    raw = data[size:]
+    if (
+        magic != INDEX_MAGIC
+        or used != term_size
+        or len(raw) != 4 * (count + 1)
+        or crc32(raw) != table_crc
+        or count == 0
+    ):
+        return None
+    positions = array("I")
+    positions.frombytes(raw)
+    if not _LITTLE:  # pragma: no cover
+        positions.byteswap()
+    if positions[0] != 0 or positions[-1] != used:
+        return None
+    scan = Scan(positions, used, base + count, first_time, last_time, 0, True)
+    return scan, term_crc
+
+
+_LITTLE = array("I", [1]).tobytes()[0] == 1
+
+
+def _swapped(table: array[int]) -> bytes:  # pragma: no cover - big-endian hosts
+    copy = array("I", table)
+    copy.byteswap()
+    return copy.tobytes()

@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from zlib import crc32
 
 from ._errors import LogClosed, LogFull, LogWriteError
 from ._files import (
@@ -26,8 +27,9 @@ from ._files import (
     map_file,
     remove_term,
     term_path,
+    write_index,
 )
-from ._format import check_size
+from ._format import check_size, encode_index
 from ._recover import recover
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery, Run, Start
@@ -64,6 +66,8 @@ class TopicLog:
         self._file = TermFile(term_path(directory, self._active.base), create=False)
         self._file.sync()
         self._written = self._active.used
+        # The crc32 of the active term's bytes in its file (for its index).
+        self._term_crc = crc32(self._active.view[: self._written])
         self._written_next = self._durable_next = self._active.next_offset
         self._last_time = next((t.last_time for t in reversed(terms) if t.last_time), 0)
         self._dirty_since: int | None = None
@@ -176,7 +180,7 @@ class TopicLog:
                 raise
         self._last_time = time_ms
         if self._always:
-            written, written_next = self._written, self._written_next
+            written, written_next, term_crc = self._written, self._written_next, self._term_crc
             try:
                 self.flush()
             except LogWriteError:
@@ -185,6 +189,7 @@ class TopicLog:
                 if self._written != written:
                     self._file.cut(written)
                     self._written, self._written_next = written, written_next
+                    self._term_crc = term_crc
                 if active is self._active and kept < active.count:
                     done -= active.count - kept
                     active.truncate(kept)
@@ -206,11 +211,13 @@ class TopicLog:
         active = self._active
         used = active.used
         if self._written < used:
+            chunk = active.view[self._written : used]
             try:
-                self._file.write_at(active.view[self._written : used], self._written)
+                self._file.write_at(chunk, self._written)
             except LogWriteError as exc:
                 self._write_error = exc
                 raise
+            self._term_crc = crc32(chunk, self._term_crc)
             self._written = used
             self._written_next = active.next_offset
         self._write_error = None
@@ -245,6 +252,9 @@ class TopicLog:
         self._make_room()
         sealed = self._active
         self.flush()
+        assert sealed.first_time is not None and sealed.last_time is not None
+        index = encode_index(sealed.positions, sealed.first_time, sealed.last_time, self._term_crc)
+        write_index(term_path(self.directory, sealed.base), index)
         base = sealed.next_offset
         capacity = self.config.term_bytes
         new_file = TermFile(term_path(self.directory, base), create=True)
@@ -253,6 +263,7 @@ class TopicLog:
         self._active = Term(base, capacity, new_buffer(capacity))
         self._terms.append(self._active)
         self._written = 0
+        self._term_crc = 0
         # Its memory goes back once no run read from it is held; later reads
         # map its file (in the page cache: just written).
         sealed.unload()

@@ -8,8 +8,16 @@ import mmap
 import os
 from pathlib import Path
 
-from ._files import fsync_dir, list_terms, map_file, remove_term, term_path
-from ._format import scan
+from ._files import (
+    file_crc,
+    fsync_dir,
+    list_terms,
+    map_file,
+    read_index,
+    remove_term,
+    term_path,
+)
+from ._format import Scan, decode_index, scan
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
@@ -31,13 +39,29 @@ def _cut_file(path: Path, size: int) -> None:
         os.close(fd)
 
 
+def _indexed(path: Path, data: bytes | mmap.mmap, base: int, min_time: int) -> Scan | None:
+    """A sealed term's records from its index file, if the index is whole,
+    fits the term file and the crc32 of the whole file is the one it
+    recorded (one pass in C instead of a check per record)."""
+    raw = read_index(path)
+    decoded = None if raw is None else decode_index(raw, len(data), base)
+    if decoded is None:
+        return None
+    found, term_crc = decoded
+    if found.first_time is None or found.first_time < min_time or file_crc(data) != term_crc:
+        return None
+    return found
+
+
 def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
     """The terms of the topic in ``directory``, oldest first, the last one
     loaded into a buffer of its capacity ready for appends (created, at
     base 1, if there is none); and what had to be cut.
 
-    Every term is scanned (checksums, consecutive offsets, times never
-    decreasing, each term starting where the previous one ended). At the
+    Every term is checked: a sealed term with a good index by the crc32 of
+    the whole file, the others record by record (checksums, consecutive
+    offsets, times never decreasing); each must start where the previous
+    one ended. At the
     first bad record the term file is truncated there and becomes the
     active term; the term files after it are removed, their records counted
     as cut.
@@ -49,14 +73,18 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
     expected = files[0][0] if files else 1
     min_time = 0
     broken = False
-    for base, path in files:
+    for number, (base, path) in enumerate(files):
         if not broken and base != expected:
             details.append(f"term {base} does not follow offset {expected - 1}")
             broken = True
         data = map_file(path)
         try:
             size = len(data)
-            found = scan(data, size, base, min_time)
+            found = None
+            if not broken and number < len(files) - 1:
+                found = _indexed(path, data, base, min_time)
+            if found is None:
+                found = scan(data, size, base, min_time)
         finally:
             _release(data)
         if broken:

@@ -317,3 +317,90 @@ def test_kill_9_keeps_every_written_record_once_in_order(tmp_path: Path, flush: 
     expected = 250 if flush == "always" else reported
     assert len(records) >= expected
     assert records == [(i, b"r%d:" % i * 3) for i in range(1, len(records) + 1)]
+
+
+# ---------------------------------------------------------------- term indexes
+
+
+def _scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the base of every term that opening scans record by record."""
+    from broker.log import _recover
+    from broker.log._format import Scan
+    from broker.log._format import scan as real
+
+    scanned: list[int] = []
+
+    def scan(data: bytes, limit: int, first_offset: int, min_time: int = 0) -> Scan:
+        scanned.append(first_offset)
+        return real(data, limit, first_offset, min_time)
+
+    monkeypatch.setattr(_recover, "scan", scan)
+    return scanned
+
+
+def test_sealed_terms_open_by_their_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_log(tmp_path) as log:
+        for i in range(1, 101):
+            log.append(body(i), T0 + i)
+        bases = log.term_bases()
+    assert len(list(tmp_path.glob("*.index"))) == len(bases) - 1
+    scanned = _scans(monkeypatch)
+    with open_log(tmp_path) as log:
+        assert scanned == [bases[-1]]  # only the active term, record by record
+        assert log.recovery.clean and log.term_bases() == bases
+        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 101)]
+        assert log.offset_at_time(T0 + 33) == 33
+
+
+def test_a_bad_index_means_a_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_log(tmp_path) as log:
+        for i in range(1, 101):
+            log.append(body(i), T0 + i)
+        bases = log.term_bases()
+    indexes = sorted(tmp_path.glob("*.index"))
+    indexes[0].write_bytes(indexes[0].read_bytes()[:-1])  # torn
+    raw = bytearray(indexes[1].read_bytes())
+    raw[-1] ^= 1  # corrupt
+    indexes[1].write_bytes(raw)
+    indexes[2].unlink()  # missing
+    scanned = _scans(monkeypatch)
+    with open_log(tmp_path) as log:
+        assert scanned == [bases[0], bases[1], bases[2], bases[-1]]
+        assert log.recovery.clean
+        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 101)]
+
+
+def test_a_truncated_sealed_term_is_cut_despite_its_index(tmp_path: Path) -> None:
+    with open_log(tmp_path) as log:
+        for i in range(1, 101):
+            log.append(body(i), T0 + i)
+        bases = log.term_bases()
+    middle = _terms(tmp_path)[1]
+    os.truncate(middle, middle.stat().st_size - 3)
+    with open_log(tmp_path) as log:
+        assert log.next_offset == bases[2] - 1  # its last record was torn
+        assert log.recovery.cut_terms == len(bases) - 2
+        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, bases[2] - 1)]
+
+
+def test_a_failed_fsync_undoes_the_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_log(tmp_path, flush="always") as log:
+        log.append(body(1), T0)
+        size = _terms(tmp_path)[-1].stat().st_size
+
+        def fail(fd: int) -> None:
+            raise OSError(errno.EIO, "I/O error")
+
+        monkeypatch.setattr(os, "fdatasync", fail)
+        with pytest.raises(LogWriteError) as caught:
+            log.append(body(2), T0)
+        assert not isinstance(caught.value, DiskFull)
+        assert _terms(tmp_path)[-1].stat().st_size == size and log.next_offset == 2
+        monkeypatch.undo()
+        for i in range(2, 60):
+            log.append(body(i), T0 + i)
+        bases = log.term_bases()
+    scanned = _scans(monkeypatch)
+    with open_log(tmp_path) as log:
+        assert scanned == [bases[-1]]  # the first term's index (its crc) is right
+        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 60)]

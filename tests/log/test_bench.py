@@ -11,6 +11,7 @@ def test_the_benchmark_prints_its_figures(capsys: pytest.CaptureFixture[str]) ->
     _bench.main(["3000"])
     out = capsys.readouterr().out
     assert out.count("python_loop_10m_s") == 2
-    for label in ("append, batch", "replay from mapped files", "replay from memory", "always"):
+    labels = ("append, batch", "reopen", "replay from mapped files", "writing process", "always")
+    for label in labels:
         assert label in out
     assert "records/s" in out and "MB/s" in out

@@ -50,6 +50,10 @@ class TopicLog:
     :meth:`open`, every record up to :attr:`durable_offset` (and, after a
     process crash, up to :attr:`written_offset`) is there, in order, once,
     and nothing torn is ever served.
+
+    Readers see a record as soon as it is appended, before it is written
+    or fsynced; a broker that must not deliver what a crash could lose
+    delivers only up to :attr:`durable_offset`.
     """
 
     def __init__(self, directory: Path, topic: str, config: LogConfig, now_ms: int | None) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ..protocol import check_topic_name
 from ._errors import LogClosed
-from ._files import DirLock, stored_topics, topic_dir_name, topics_dir
+from ._files import DirLock, fsync_dir, stored_topics, topic_dir_name, topics_dir
 from ._log import TopicLog
 from ._types import LogConfig
 
@@ -51,6 +52,21 @@ class LogStore:
     def stored_topics(self) -> list[str]:
         """The topics that have a log in the data directory (opened or not)."""
         return stored_topics(self.data_dir)
+
+    def delete_topic(self, name: str) -> bool:
+        """Close the log of ``name`` (if open) and delete its directory;
+        returns whether there was one. Slices already read stay valid."""
+        if self._lock is None:
+            raise LogClosed(f"the log store of {self.data_dir} is closed")
+        log = self._logs.pop(name, None)
+        if log is not None:
+            log.close()
+        directory = topics_dir(self.data_dir) / topic_dir_name(name)
+        if not directory.exists():
+            return False
+        shutil.rmtree(directory)
+        fsync_dir(directory.parent)
+        return True
 
     def close(self) -> None:
         """Close every log (flushing it) and release the lock; idempotent.

@@ -404,3 +404,16 @@ def test_a_failed_fsync_undoes_the_append(tmp_path: Path, monkeypatch: pytest.Mo
     with open_log(tmp_path) as log:
         assert scanned == [bases[-1]]  # the first term's index (its crc) is right
         assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 60)]
+
+
+def test_a_topic_can_be_deleted(tmp_path: Path) -> None:
+    with LogStore(tmp_path) as store:
+        log = store.topic("gone")
+        log.append(b"x", T0)
+        held = log.read(1).tails
+        store.topic("kept").append(b"y", T0)
+        assert store.delete_topic("gone") is True
+        assert store.delete_topic("gone") is False
+        assert log.closed and bytes(held[0]) == b"x"
+        assert store.stored_topics() == ["kept"]
+        assert store.topic("gone").next_offset == 1  # a new log, from offset 1

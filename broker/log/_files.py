@@ -257,9 +257,6 @@ class TermFile:
             raise ValueError(f"{self.path} is closed")
         return self._fd
 
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
     def write_at(self, data: memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset``; on failure the file is cut
         back to ``offset`` (best effort) and a :class:`LogWriteError` raised."""
@@ -267,7 +264,10 @@ class TermFile:
         done = 0
         try:
             while done < len(data):
-                done += pwrite(fd, data[done:], offset + done)
+                wrote = pwrite(fd, data[done:], offset + done)
+                if wrote <= 0:  # never for a regular file, but never loop on it
+                    raise OSError(errno.EIO, "the write made no progress")
+                done += wrote
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, offset)
@@ -284,11 +284,6 @@ class TermFile:
         """Cut the file back to ``size`` bytes (best effort: undoing a write)."""
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, size)
-
-    def truncate(self, size: int) -> None:
-        """Cut the file to ``size`` bytes and sync it."""
-        os.ftruncate(self.fd, size)
-        os.fsync(self.fd)
 
     def close(self) -> None:
         if self._fd is not None:

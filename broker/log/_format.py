@@ -50,21 +50,15 @@ MAX_BODY = 0xFFFFFFFF
 
 
 def write_record(
-    buffer: bytearray | mmap.mmap,
-    view: memoryview,
-    pos: int,
-    body: bytes | memoryview,
-    offset: int,
-    time_ms: int,
+    view: memoryview, pos: int, body: bytes | memoryview, offset: int, time_ms: int
 ) -> int:
-    """Write one record at ``pos`` of ``buffer`` (``view`` is a memoryview of
-    it); returns where the record ends. The caller checks it fits."""
-    size = len(body)
+    """Write one record at ``pos`` of the writable ``view``; returns where
+    the record ends. The caller checks it fits."""
     start = pos + HEADER_SIZE
-    end = start + size
-    view[start:end] = body  # (a memoryview assigns faster than a bytearray)
-    _REST.pack_into(buffer, pos + 4, size, offset, time_ms)
-    _CRC.pack_into(buffer, pos, crc32(view[pos + 4 : end]))
+    end = start + len(body)
+    view[start:end] = body
+    _REST.pack_into(view, pos + 4, end - start, offset, time_ms)
+    _CRC.pack_into(view, pos, crc32(view[pos + 4 : end]))
     return end
 
 

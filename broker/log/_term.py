@@ -126,11 +126,11 @@ class Term:
         end = pos + HEADER_SIZE + len(body)
         if end > self.capacity:
             return 0
-        buffer = self._buffer
         view = self._view
-        assert not isinstance(buffer, bytes | None) and view is not None, "not the active term"
+        if view is None or view.readonly:
+            raise RuntimeError(f"term {self.base} is not the active term")
         offset = self.base + len(positions) - 1
-        write_record(buffer, view, pos, body, offset, time_ms)
+        write_record(view, pos, body, offset, time_ms)
         positions.append(end)
         if self.first_time is None:
             self.first_time = time_ms

@@ -20,7 +20,7 @@ def _term(bodies: list[bytes], first: int = 1, time_ms: int = 5) -> bytearray:
     view = memoryview(buffer)
     pos = 0
     for index, item in enumerate(bodies):
-        pos = write_record(buffer, view, pos, item, first + index, time_ms + index)
+        pos = write_record(view, pos, item, first + index, time_ms + index)
     return buffer
 
 

@@ -1,0 +1,291 @@
+"""The thin file layer of the topic log: the data directory's lock, topic
+directories, term files and the metadata file. Everything that touches the
+disk is here; the rest of the log works on buffers.
+
+Layout::
+
+    <data_dir>/.lock                     flock'ed while a store has it open
+    <data_dir>/topics/<encoded topic>/meta.json
+    <data_dir>/topics/<encoded topic>/<20-digit base offset>.term
+    <data_dir>/topics/<encoded topic>/<20-digit base offset>.index  (sealed terms)
+
+``pwrite`` below is the one function that writes records; tests replace it
+to inject faults (``ENOSPC``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from ._errors import DataDirLocked, DiskFull, LogWriteError, TopicDirMismatch
+
+__all__ = [
+    "FORMAT_VERSION",
+    "DirLock",
+    "TermFile",
+    "create_topic_dir",
+    "file_crc",
+    "fsync_dir",
+    "index_path",
+    "list_terms",
+    "map_file",
+    "read_index",
+    "read_meta",
+    "remove_term",
+    "term_path",
+    "topic_dir_name",
+    "write_error",
+    "write_index",
+]
+
+#: The on-disk format version written in every ``meta.json``.
+FORMAT_VERSION = 1
+META = "meta.json"
+TOPICS = "topics"
+LOCK = ".lock"
+TERM_SUFFIX = ".term"
+INDEX_SUFFIX = ".index"
+_TERM_NAME = re.compile(r"^(\d{20})\.term$")
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+#: Longest encoded name kept whole; longer ones are cut and given a hash.
+_MAX_PLAIN = 200
+
+#: Writes ``data`` at ``offset`` of ``fd``; returns how many bytes it wrote.
+pwrite = os.pwrite
+
+
+def write_error(exc: OSError, what: str) -> LogWriteError:
+    """The typed error for a failed write or sync of ``what``."""
+    cls = DiskFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else LogWriteError
+    return cls(exc.errno or 0, f"{what}: {exc.strerror or exc}")
+
+
+# ---------------------------------------------------------------- directories
+
+
+def topic_dir_name(topic: str) -> str:
+    """A file name for ``topic``: its UTF-8 with every byte but ASCII
+    letters, digits, ``_`` and ``-`` percent-encoded (``%2E`` for ``.``), so
+    no name is ``.``/``..``, hidden or has a separator. Names that would
+    encode longer than 200 characters keep their first ~150 and end with
+    ``~`` and a SHA-256 prefix of the name (``~`` never occurs otherwise)."""
+    encoded = "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in topic.encode())
+    if len(encoded) <= _MAX_PLAIN:
+        return encoded
+    cut = encoded[:150]
+    if "%" in cut[-2:]:
+        cut = cut[: cut.rindex("%")]
+    return f"{cut}~{hashlib.sha256(topic.encode()).hexdigest()[:40]}"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (new, renamed, removed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_meta(directory: Path, topic: str) -> dict[str, Any] | None:
+    """The metadata of the topic in ``directory`` (``None`` if it has none
+    yet); raises :class:`TopicDirMismatch` if it belongs to another topic
+    or a newer format."""
+    try:
+        text = (directory / META).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    meta: dict[str, Any] = json.loads(text)
+    if meta.get("topic") != topic:
+        raise TopicDirMismatch(f"{directory} holds another topic than the one asked for")
+    if meta.get("format") != FORMAT_VERSION:
+        raise TopicDirMismatch(f"{directory} has log format {meta.get('format')!r}")
+    return meta
+
+
+def create_topic_dir(directory: Path, topic: str, now_ms: int | None) -> None:
+    """Create ``directory`` and its ``meta.json`` (atomically: written to a
+    temporary file, synced, renamed), unless the metadata exists already."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if read_meta(directory, topic) is not None:
+        return
+    meta = {"format": FORMAT_VERSION, "topic": topic, "created_ms": now_ms}
+    temporary = directory / (META + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(meta, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, directory / META)
+    fsync_dir(directory)
+    fsync_dir(directory.parent)
+
+
+def topics_dir(data_dir: Path) -> Path:
+    """Where the topic directories of a data directory are."""
+    return data_dir / TOPICS
+
+
+def stored_topics(data_dir: Path) -> list[str]:
+    """The names of the topics with a directory under ``data_dir``."""
+    names = []
+    for meta in sorted(topics_dir(data_dir).glob(f"*/{META}")):
+        with contextlib.suppress(OSError, ValueError):
+            topic = json.loads(meta.read_text(encoding="utf-8")).get("topic")
+            if isinstance(topic, str):
+                names.append(topic)
+    return names
+
+
+class DirLock:
+    """An exclusive ``flock`` on ``<data_dir>/.lock``, held until :meth:`release`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirLocked(
+                f"data directory {data_dir} is in use by another broker (lock held on {path})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+# ---------------------------------------------------------------- terms
+
+
+def term_path(directory: Path, base: int) -> Path:
+    """The file of the term whose first offset is ``base``."""
+    return directory / f"{base:020d}{TERM_SUFFIX}"
+
+
+def list_terms(directory: Path) -> list[tuple[int, Path]]:
+    """The term files of a topic directory as (base offset, path), by base."""
+    found = []
+    for path in directory.iterdir():
+        match = _TERM_NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    found.sort()
+    return found
+
+
+def map_file(path: Path) -> bytes | mmap.mmap:
+    """A read-only map of the file at ``path`` (``b""`` if it is empty)."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ)
+
+
+def index_path(term: Path) -> Path:
+    """The index file of the term file ``term``."""
+    return term.with_suffix(INDEX_SUFFIX)
+
+
+def remove_term(path: Path) -> None:
+    """Delete a term file and its index (missing ones are fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        index_path(path).unlink()
+
+
+def write_index(term: Path, data: bytes) -> None:
+    """Write the index of a sealed term, best effort and without fsync: a
+    missing or torn index only means the term is scanned at the next open."""
+    with contextlib.suppress(OSError):
+        index_path(term).write_bytes(data)
+
+
+def read_index(term: Path) -> bytes | None:
+    """The index file of a term, if there is one."""
+    try:
+        return index_path(term).read_bytes()
+    except OSError:
+        return None
+
+
+def file_crc(data: bytes | mmap.mmap) -> int:
+    """The crc32 of a whole (mapped) term file."""
+    return zlib.crc32(data)
+
+
+class TermFile:
+    """The open file of the active term: written at its end only."""
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            self._fd: int | None = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise write_error(exc, f"creating {path}") from exc
+        self.path = path
+        if create:
+            try:
+                fsync_dir(path.parent)
+            except OSError as exc:
+                self.close()
+                remove_term(path)
+                raise write_error(exc, f"creating {path}") from exc
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        return self._fd
+
+    def write_at(self, data: memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset``; on failure the file is cut
+        back to ``offset`` (best effort) and a :class:`LogWriteError` raised."""
+        fd = self.fd
+        done = 0
+        try:
+            while done < len(data):
+                wrote = pwrite(fd, data[done:], offset + done)
+                if wrote <= 0:  # never for a regular file, but never loop on it
+                    raise OSError(errno.EIO, "the write made no progress")
+                done += wrote
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, offset)
+            raise write_error(exc, f"writing {self.path}") from exc
+
+    def sync(self) -> None:
+        """fdatasync the file; raises :class:`LogWriteError`."""
+        try:
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise write_error(exc, f"syncing {self.path}") from exc
+
+    def cut(self, size: int) -> None:
+        """Cut the file back to ``size`` bytes (best effort: undoing a write)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, size)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

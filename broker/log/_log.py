@@ -1,0 +1,470 @@
+"""TopicLog: one topic's append-only log of terms, and its readers.
+
+Records go into the active term's in-memory buffer (an anonymous map) and from there to its
+file (:meth:`TopicLog.write`, or before the append returns with
+``flush="always"``); a full term is sealed (written and fsynced) and a new
+one started, named by its first offset. Reads return slices of the term
+buffers: the active term's buffer or a sealed term's read-only file map.
+
+Nothing here reads a clock: every method that needs the time takes it
+(``now_ms``, ms since the epoch). Not thread-safe: one owner calls it all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from zlib import crc32
+
+from ._errors import LogClosed, LogFull, LogWriteError
+from ._files import (
+    TermFile,
+    create_topic_dir,
+    fsync_dir,
+    map_file,
+    remove_term,
+    term_path,
+    write_index,
+)
+from ._format import check_size, encode_index
+from ._recover import recover
+from ._term import Term, new_buffer
+from ._types import LogConfig, Recovery, Run, Start
+
+__all__ = ["Reader", "TopicLog"]
+
+#: Defaults of one read: enough records to fill a few DeliverMany frames.
+READ_RECORDS = 1024
+READ_BYTES = 1 << 20
+
+
+class TopicLog:
+    """The log of one topic in its own directory.
+
+    Promises: offsets are consecutive from 1 and never reused; a record's
+    bytes and receive time never change; a record that was appended is
+    readable until retention deletes its whole term; after a crash and
+    :meth:`open`, every record up to :attr:`durable_offset` (and, after a
+    process crash, up to :attr:`written_offset`) is there, in order, once,
+    and nothing torn is ever served.
+
+    Readers see a record as soon as it is appended, before it is written
+    or fsynced; a broker that must not deliver what a crash could lose
+    delivers only up to :attr:`durable_offset`.
+    """
+
+    def __init__(self, directory: Path, topic: str, config: LogConfig, now_ms: int | None) -> None:
+        """Open (or create) the log in ``directory``; prefer :meth:`open`."""
+        create_topic_dir(directory, topic, now_ms)
+        self.directory = directory
+        self.topic = topic
+        self.config = config
+        terms, recovery = recover(directory, config)
+        #: What opening cut (for a metric); clean after a clean close.
+        self.recovery: Recovery = recovery
+        self._terms: list[Term] = terms
+        self._active = terms[-1]
+        self._file = TermFile(term_path(directory, self._active.base), create=False)
+        self._file.sync()
+        self._written = self._active.used
+        # The crc32 of the active term's bytes in its file (for its index).
+        self._term_crc = crc32(self._active.view[: self._written])
+        self._written_next = self._durable_next = self._active.next_offset
+        self._last_time = next((t.last_time for t in reversed(terms) if t.last_time), 0)
+        self._dirty_since: int | None = None
+        self._write_error: LogWriteError | None = None
+        self._mapped: OrderedDict[int, Term] = OrderedDict()
+        self._readers: set[Reader] = set()
+        self._always = config.flush == "always"
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls, directory: Path, topic: str, config: LogConfig | None = None, now_ms: int | None = None
+    ) -> TopicLog:
+        """Open the log of ``topic`` in ``directory``, creating it if new.
+        A torn or corrupt tail is cut (see :attr:`recovery`). The caller
+        holds the data directory's lock (:class:`LogStore` does)."""
+        return cls(directory, topic, config or LogConfig(), now_ms)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def first_offset(self) -> int:
+        """The offset of the first retained record (:attr:`next_offset` if none)."""
+        return self._terms[0].base
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next append gets."""
+        return self._active.next_offset
+
+    @property
+    def written_offset(self) -> int:
+        """The last offset handed to the OS: survives the process being killed."""
+        return self._written_next - 1
+
+    @property
+    def durable_offset(self) -> int:
+        """The last offset fsynced: survives the machine losing power."""
+        return self._durable_next - 1
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of all retained terms (headers included)."""
+        return sum(term.used for term in self._terms)
+
+    @property
+    def term_count(self) -> int:
+        return len(self._terms)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def term_bases(self) -> list[int]:
+        """The base offsets of the retained terms, oldest first."""
+        return [term.base for term in self._terms]
+
+    # ------------------------------------------------------------------ appending
+
+    def append(self, tail: bytes | memoryview, now_ms: int) -> int:
+        """Append one record received at ``now_ms``; returns its offset.
+
+        Its stored time is ``now_ms``, or the previous record's if that is
+        later (times never decrease). With ``flush="always"`` it is fsynced
+        before this returns. Raises :class:`LogFull`, :class:`DiskFull`
+        (:class:`LogWriteError`) or :class:`RecordTooLarge`, and then
+        nothing was appended.
+        """
+        if not (self._always or self._write_error is not None or self._closed):
+            last = self._last_time
+            time_ms = now_ms if now_ms > last else last
+            offset = self._active.append(tail, time_ms)
+            if offset:
+                self._last_time = time_ms
+                if self._dirty_since is None:
+                    self._dirty_since = now_ms
+                return offset
+        self.append_many((tail,), now_ms)
+        return self._active.next_offset - 1
+
+    def append_many(self, tails: Sequence[bytes | memoryview], now_ms: int) -> int:
+        """Append records received at ``now_ms`` (one receive time for the
+        batch); returns how many were appended, from the :attr:`next_offset`
+        the call found. Fewer than all only when the log filled (or the disk
+        failed) part way: the error comes with the next call. Raises, with
+        nothing appended, as :meth:`append` does; with ``flush="always"`` one
+        fsync covers the batch."""
+        if self._closed:
+            raise LogClosed(f"the log of {self.topic!r} is closed")
+        if not tails:
+            return 0
+        check_size(max(map(len, tails)), self.config.term_bytes)
+        if self._write_error is not None:
+            self.write()  # still failing: raises, nothing appended
+        last_time = self._last_time
+        time_ms = now_ms if now_ms > last_time else last_time
+        active = self._active
+        kept = active.count  # the active term's records before this call
+        done = 0
+        try:
+            for tail in tails:
+                if not active.append(tail, time_ms):
+                    self._rotate()
+                    active = self._active
+                    kept = 0
+                    active.append(tail, time_ms)
+                done += 1
+        except (LogFull, LogWriteError):
+            if not done:
+                raise
+        self._last_time = time_ms
+        if self._always:
+            written, written_next, term_crc = self._written, self._written_next, self._term_crc
+            try:
+                self.flush()
+            except LogWriteError:
+                # Undo what this call put in the active term: never read,
+                # and cut from the file if the write got there.
+                if self._written != written:
+                    self._file.cut(written)
+                    self._written, self._written_next = written, written_next
+                    self._term_crc = term_crc
+                if active is self._active and kept < active.count:
+                    done -= active.count - kept
+                    active.truncate(kept)
+                    self._last_time = active.last_time or last_time
+                self._write_error = None
+                if not done:
+                    raise
+        elif self._dirty_since is None:
+            self._dirty_since = now_ms
+        return done
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self) -> None:
+        """Hand every appended record to the OS (no fsync): after this they
+        survive the process being killed. On a failure the records stay in
+        memory (readable), the file keeps only whole records, and appends
+        raise :class:`LogWriteError` until a write succeeds."""
+        active = self._active
+        used = active.used
+        if self._written < used:
+            chunk = active.view[self._written : used]
+            try:
+                self._file.write_at(chunk, self._written)
+            except LogWriteError as exc:
+                self._write_error = exc
+                raise
+            self._term_crc = crc32(chunk, self._term_crc)
+            self._written = used
+            self._written_next = active.next_offset
+        self._write_error = None
+
+    def flush(self) -> None:
+        """:meth:`write`, then fsync: every appended record is durable."""
+        self.write()
+        if self._durable_next < self._written_next:
+            self._file.sync()
+            self._durable_next = self._written_next
+        self._dirty_since = None
+
+    def flush_due(self, now_ms: int) -> bool:
+        """The batch end: :meth:`write`, and fsync too if the oldest unsynced
+        append is ``flush_interval_ms`` old. Returns whether it fsynced."""
+        self.write()
+        due = self.next_flush_at
+        if due is not None and now_ms >= due:
+            self.flush()
+            return True
+        return False
+
+    @property
+    def next_flush_at(self) -> int | None:
+        """When :meth:`flush_due` next has an fsync to do (``None``: nothing to sync)."""
+        if self._dirty_since is None:
+            return None
+        return self._dirty_since + self.config.flush_interval_ms
+
+    def _rotate(self) -> None:
+        """Seal the full active term and start the next (retention first)."""
+        self._make_room()
+        sealed = self._active
+        self.flush()
+        assert sealed.first_time is not None and sealed.last_time is not None
+        index = encode_index(sealed.positions, sealed.first_time, sealed.last_time, self._term_crc)
+        write_index(term_path(self.directory, sealed.base), index)
+        base = sealed.next_offset
+        capacity = self.config.term_bytes
+        new_file = TermFile(term_path(self.directory, base), create=True)
+        self._file.close()
+        self._file = new_file
+        self._active = Term(base, capacity, new_buffer(capacity))
+        self._terms.append(self._active)
+        self._written = 0
+        self._term_crc = 0
+        # Its memory goes back once no run read from it is held; later reads
+        # map its file (in the page cache: just written).
+        sealed.unload()
+
+    # ------------------------------------------------------------------ retention
+
+    def _make_room(self) -> None:
+        """Delete the oldest terms until the sealed ones and a new full
+        term fit ``retain_bytes`` (never the term about to be sealed)."""
+        limit = self.config.retain_bytes
+        if limit is None:
+            return
+        total = self.size_bytes + self.config.term_bytes
+        while len(self._terms) > 1 and total > limit:
+            oldest = self._terms[0]
+            if self._blocked(oldest):
+                raise LogFull(
+                    f"the log of {self.topic!r} is full: retain_bytes={limit} and a reader "
+                    f"still needs offset {self.min_reader_position()}"
+                )
+            total -= oldest.used
+            self._delete_oldest()
+
+    def expire(self, now_ms: int) -> int:
+        """Delete the sealed terms whose newest record is older than
+        ``retain_seconds`` (oldest first; with ``when_full="block"``, not one
+        a registered reader still needs). Returns how many it deleted."""
+        seconds = self.config.retain_seconds
+        if seconds is None or self._closed:
+            return 0
+        cutoff = now_ms - seconds * 1000
+        deleted = 0
+        while len(self._terms) > 1:
+            oldest = self._terms[0]
+            if oldest.last_time is None or oldest.last_time >= cutoff or self._blocked(oldest):
+                break
+            self._delete_oldest()
+            deleted += 1
+        return deleted
+
+    def _blocked(self, term: Term) -> bool:
+        if self.config.when_full != "block":
+            return False
+        needed = self.min_reader_position()
+        return needed is not None and needed < term.next_offset
+
+    def _delete_oldest(self) -> None:
+        term = self._terms.pop(0)
+        self._mapped.pop(term.base, None)
+        term.unload()
+        remove_term(term_path(self.directory, term.base))
+        with contextlib.suppress(OSError):
+            fsync_dir(self.directory)
+
+    # ------------------------------------------------------------------ reading
+
+    def read(
+        self, offset: int, max_records: int = READ_RECORDS, max_bytes: int = READ_BYTES
+    ) -> Run:
+        """The records from ``offset`` on, within one term: at most
+        ``max_records`` and about ``max_bytes`` (at least one record if
+        any). Before the first retained record it starts there and reports
+        the ``gap``; at or past the end the run is empty."""
+        if self._closed:
+            raise LogClosed(f"the log of {self.topic!r} is closed")
+        active = self._active
+        if offset >= active.base:
+            return Run(offset, active.bodies(offset, max_records, max_bytes))
+        gap = 0
+        first = self._terms[0].base
+        if offset < first:
+            gap = first - offset
+            offset = first
+        terms = self._terms
+        term = terms[bisect_right(terms, offset, key=_base) - 1]
+        if not term.loaded:
+            term.load(map_file(term_path(self.directory, term.base)))
+        self._keep_mapped(term)
+        return Run(offset, term.bodies(offset, max_records, max_bytes), gap)
+
+    def offset_at_time(self, time_ms: int) -> int:
+        """The offset of the first retained record received at or after
+        ``time_ms`` (:attr:`next_offset` if none is)."""
+        for term in self._terms:
+            if term.last_time is not None and term.last_time >= time_ms:
+                if term is not self._active and not term.loaded:
+                    term.load(map_file(term_path(self.directory, term.base)))
+                    self._keep_mapped(term)
+                return term.offset_at_time(time_ms)
+        return self.next_offset
+
+    def _keep_mapped(self, term: Term) -> None:
+        """Note a sealed term's buffer as just used; unload the least recently used beyond
+        ``mapped_terms``."""
+        if term is self._active:
+            return
+        self._mapped[term.base] = term
+        self._mapped.move_to_end(term.base)
+        while len(self._mapped) > self.config.mapped_terms:
+            _, old = self._mapped.popitem(last=False)
+            old.unload()
+
+    def reader(self, start: Start | None = None, *, register: bool = True) -> Reader:
+        """A reader from ``start`` (default: earliest). A registered reader's
+        position holds back ``when_full="block"`` deletion until it is
+        closed."""
+        start = start or Start.earliest()
+        if start.kind == "earliest":
+            position = self.first_offset
+        elif start.kind == "latest":
+            position = self.next_offset
+        elif start.kind == "offset":
+            position = start.value
+        else:
+            position = self.offset_at_time(start.value)
+        reader = Reader(self, position)
+        if register:
+            self._readers.add(reader)
+        return reader
+
+    def min_reader_position(self) -> int | None:
+        """The lowest position of the registered readers (``None``: none)."""
+        return min((reader.position for reader in self._readers), default=None)
+
+    def _forget(self, reader: Reader) -> None:
+        self._readers.discard(reader)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Flush (write and fsync) and close the file; idempotent. Slices
+        already read stay valid. If the flush fails (the disk is still full)
+        the log is closed all the same, the error raised, and the records
+        not yet written are lost (those up to :attr:`written_offset` are not)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._file.close()
+            self._readers.clear()
+            self._mapped.clear()
+
+    def __enter__(self) -> TopicLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _base(term: Term) -> int:
+    return term.base
+
+
+class Reader:
+    """A position in a :class:`TopicLog`: the next offset to deliver.
+
+    :meth:`read` never moves it; the caller moves it with :meth:`advance_to`
+    once it has delivered records (e.g. ``run.first_offset + sent``).
+    """
+
+    __slots__ = ("__weakref__", "_log", "position")
+
+    def __init__(self, log: TopicLog, position: int) -> None:
+        self._log = log
+        #: The next offset this reader wants.
+        self.position = position
+
+    def read(self, max_records: int = READ_RECORDS, max_bytes: int = READ_BYTES) -> Run:
+        """:meth:`TopicLog.read` at :attr:`position`."""
+        return self._log.read(self.position, max_records, max_bytes)
+
+    def advance_to(self, offset: int) -> None:
+        """Move to ``offset`` (forward only; at most :attr:`TopicLog.next_offset`)."""
+        if offset < self.position:
+            raise ValueError(f"a reader moves forward only ({offset} < {self.position})")
+        if offset > self._log.next_offset and offset > self.position:
+            raise ValueError(f"offset {offset} is past the end ({self._log.next_offset})")
+        self.position = offset
+
+    @property
+    def gap(self) -> int:
+        """How many records this reader wanted that retention deleted."""
+        return max(0, self._log.first_offset - self.position)
+
+    @property
+    def lag(self) -> int:
+        """How many retained records are waiting for this reader."""
+        return max(0, self._log.next_offset - max(self.position, self._log.first_offset))
+
+    def close(self) -> None:
+        """Stop holding back deletion (idempotent)."""
+        self._log._forget(self)
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

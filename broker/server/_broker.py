@@ -8,7 +8,7 @@ import logging
 import secrets
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -16,11 +16,9 @@ import trio
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
 from broker.auth import (
-    AUTH_FAILURE_REASONS,
     AuthError,
     AuthFailure,
     AuthTable,
-    Principal,
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
@@ -36,6 +34,7 @@ from ._peers import AddressTable, address_key, peer_key
 from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
+from ._usage import PrincipalUsage, SecurityCounters
 
 log = logging.getLogger("broker.server")
 
@@ -57,28 +56,6 @@ class BrokerStatistics:
     buffer_reserved_bytes: int
     buffer_budget_bytes: int
     debt: int
-
-
-@dataclass(slots=True, eq=False)
-class PrincipalUsage:
-    """What one principal's live connections hold now."""
-
-    principal: Principal
-    connections: int = 0
-    buffer_reserved: int = 0
-    #: The most its connections may reserve together (its share of the global budget).
-    buffer_budget: int = 0
-
-
-@dataclass(slots=True)
-class SecurityCounters:
-    """Refusals since the broker started (exported as metrics)."""
-
-    auth_failures: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(AUTH_FAILURE_REASONS, 0)
-    )
-    tls_handshake_failures: int = 0
-    lease_expirations: int = 0
 
 
 class Broker:
@@ -401,7 +378,7 @@ class Broker:
                 subscription
                 for subscription in waiting
                 if subscription.queued
-                and not subscription.connection.protocol.closed
+                and subscription.connection.open
                 and subscription.connection.subscriptions.get(subscription.handle) is subscription
             ]
             if waiting:

@@ -226,7 +226,7 @@ async def test_a_confirm_noted_just_before_the_client_left_does_not_crash_the_br
                 (handle,) = connection.channels
                 state = connection.channels[handle]
                 state.confirmed -= 1  # a routing noted, its Confirm not sent yet...
-                connection._confirm_dirty.add(handle)
+                connection.publishing.confirm_dirty.add(handle)
                 connection.protocol.goodbye(GoodbyeCode.NORMAL, "bye")  # ...then the close
                 connection.wake_writer()
                 await connection.closed.wait()

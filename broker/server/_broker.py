@@ -35,6 +35,7 @@ from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
 from ._usage import PrincipalUsage, SecurityCounters
+from ._view import ConnectionView
 
 log = logging.getLogger("broker.server")
 
@@ -114,7 +115,7 @@ class Broker:
         #: Called with each connection as the broker forgets it, once its
         #: cleanup is done (its counters final): metrics fold them into
         #: broker-wide totals. A hook must be quick and must not raise.
-        self.connection_closed_hooks: list[Callable[[ServerConnection], None]] = []
+        self.connection_closed_hooks: list[Callable[[ConnectionView], None]] = []
         self.buffer_reserved = 0
         self.connections_total = 0
         self.refused_total = 0
@@ -183,6 +184,11 @@ class Broker:
         self.peers.remove(peer_key(connection.peer), connection.protocol)
         if not self.connections:
             self._idle.set()
+
+    def connection_views(self) -> list[ConnectionView]:
+        """The live connections as observers read them (a list of its own:
+        safe to walk across checkpoints, while connections come and go)."""
+        return list(self.connections.values())
 
     def statistics(self) -> BrokerStatistics:
         return BrokerStatistics(

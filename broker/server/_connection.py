@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import trio
 
@@ -40,20 +40,17 @@ from broker.protocol import (
     TopicBound,
 )
 
-from ._admission import Admission
+from ._admission import Admission, AdmissionHost
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
 from ._lossy import OptionError, make_subscription
-from ._peerlog import LINE_CHARS, ConnectionLog, shown
+from ._peerlog import LINE_CHARS, ConnectionLog, PeerLog, shown
 from ._policy import BrokerPolicy
-from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
+from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing, PublishingHost
 from ._session import Session
 from ._topic import Subscription
+from ._usage import PrincipalUsage, SecurityCounters
 from ._wake import Wake
-
-if TYPE_CHECKING:
-    from ._broker import Broker
-    from ._usage import PrincipalUsage
 
 __all__ = [
     "FORWARD_BATCH",
@@ -61,6 +58,7 @@ __all__ = [
     "LINGER_SECONDS",
     "RECEIVE_SIZE",
     "ConnectionCounters",
+    "ConnectionHost",
     "PublishChannel",
     "ServerConnection",
 ]
@@ -70,6 +68,28 @@ __all__ = [
 RECEIVE_SIZE = 64 * 1024
 #: How long a closing connection waits for the client to see its Goodbye.
 LINGER_SECONDS = 1.0
+
+
+class ConnectionHost(PublishingHost, AdmissionHost, Protocol):
+    """What a connection needs of its broker (the :class:`~._broker.Broker`)."""
+
+    #: Receive-buffer capacity reserved by all connections (see ``reserve``).
+    buffer_reserved: int
+
+    @property
+    def account(self) -> Account:
+        """The root account connections' accounts roll up to."""
+        ...
+
+    @property
+    def peer_log(self) -> PeerLog: ...
+
+    @property
+    def security(self) -> SecurityCounters: ...
+
+    def forget(self, connection: ServerConnection) -> None:
+        """``connection`` closed and is cleaned up."""
+        ...
 
 
 class ServerConnection:
@@ -86,7 +106,7 @@ class ServerConnection:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ConnectionHost,
         stream: trio.abc.Stream,
         serial: int,
         peer: str,

@@ -472,9 +472,7 @@ class ServerConnection:
         # Goodbye of ours, said while handling them, stops the rest.
         closed_before = protocol.closed
         for event in events:
-            kind = type(event)
-            if kind is PublishReceived:
-                assert isinstance(event, PublishReceived)
+            if type(event) is PublishReceived:
                 if closing:
                     continue  # a shutdown accepts none: never routed, never confirmed
                 state = channels[event.channel.index]
@@ -491,12 +489,11 @@ class ServerConnection:
                 state.buffer.append(event)
                 touched.add(state)
                 counters.messages_in += 1
-            elif kind is GuaranteesReceived:
-                assert isinstance(event, GuaranteesReceived)
+            elif type(event) is GuaranteesReceived:
                 if event.channel.kind == ChannelKind.DELIVER:
                     self.deliveries.pump(event.channel.index)
             else:
-                handler = CONTROL.get(kind)
+                handler = CONTROL.get(type(event))
                 if handler is not None:
                     getattr(self, handler)(event)
                 if protocol.closed and not closed_before:

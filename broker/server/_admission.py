@@ -16,7 +16,7 @@ from ._peerlog import ConnectionLog, shown
 from ._peers import AddressTable, peer_key
 from ._publishing import PublishChannel, Publishing
 from ._session import Session, SessionHolder, SessionTable
-from ._usage import PrincipalUsage
+from ._usage import ConnectionLedger, PrincipalUsage
 
 
 class AdmissionHost(Protocol):
@@ -45,19 +45,8 @@ class AdmissionHost(Protocol):
 class Admitted(SessionHolder, Protocol):
     """The connection being admitted, as admission acts on it."""
 
-    @property
-    def buffer_reserved(self) -> int: ...
-
     def goodbye(self, code: GoodbyeCode, reason: str) -> None:
         """Say Goodbye; the writer sends it and closes the connection."""
-        ...
-
-    def reserve(self, amount: int) -> None:
-        """Book ``amount`` more bytes of capacity as reserved."""
-        ...
-
-    def capacity_in_use(self) -> int:
-        """What the connection's receive buffers count against the budgets."""
         ...
 
 
@@ -74,6 +63,7 @@ class Admission:
         protocol: Connection,
         publishing: Publishing,
         deliveries: Deliveries,
+        ledger: ConnectionLedger,
         log: ConnectionLog,
         *,
         peer: str,
@@ -83,13 +73,12 @@ class Admission:
         self.protocol = protocol
         self.publishing = publishing
         self.deliveries = deliveries
+        self.ledger = ledger
         self.log = log
         self.peer = peer
         #: The verified client certificate's common name (mutual TLS), if any.
         self.identity = identity
         self.client_name = ""
-        #: The authenticated principal's usage (None while unauthenticated or without auth).
-        self.principal: PrincipalUsage | None = None
         #: The session this connection serves (None before the Welcome).
         self.session: Session | None = None
         #: The session ends with this connection (the client said Goodbye, or
@@ -97,6 +86,11 @@ class Admission:
         self.ends_session = False
         #: A refusal held back (a failed authentication): the writer waits.
         self.held: trio.CancelScope | None = None
+
+    @property
+    def principal(self) -> PrincipalUsage | None:
+        """The authenticated principal's usage (None while unauthenticated or without auth)."""
+        return self.ledger.principal
 
     # ---------------------------------------------------------------- hello
 
@@ -124,8 +118,10 @@ class Admission:
             )
             self.protocol.welcome(session=self.session.id, epoch=host.epoch)
         # The bind channels exist now: their buffers count against the budgets.
-        connection.reserve(connection.capacity_in_use() - connection.buffer_reserved)
-        self.publishing.budget.subscriptions_changed()
+        budget = self.publishing.budget
+        ledger = self.ledger
+        ledger.reserve(budget.capacity_in_use() - ledger.buffer_reserved)
+        budget.subscriptions_changed()
         self.log(logging.INFO, "hello from %s", shown(self.client_name))
 
     def _authenticate(self, token: str | None, connection: Admitted) -> bool:
@@ -151,8 +147,7 @@ class Admission:
             )
             return False
         usage.connections += 1
-        usage.buffer_reserved += connection.buffer_reserved
-        self.principal = usage
+        self.ledger.bind(usage)
         self.publishing.owner = found.name
         return True
 

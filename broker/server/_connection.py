@@ -49,7 +49,7 @@ from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing, PublishingHost
 from ._session import Session
 from ._topic import Subscription
-from ._usage import PrincipalUsage, SecurityCounters
+from ._usage import ConnectionLedger, PrincipalUsage, SecurityCounters
 from ._wake import Wake
 
 __all__ = [
@@ -126,15 +126,16 @@ class ServerConnection:
             kind="connection",
         )
         self.counters = ConnectionCounters()
-        self.buffer_reserved = 0
+        #: What this connection reserved of the buffer budgets.
+        self.ledger = ConnectionLedger(broker)
         self._wake = Wake()
         self._log = ConnectionLog(broker.peer_log, self.name, peer)
-        # No reference cycles through the connection: the budget books into a
-        # proxy of it, the policy sees the budget through a proxy and the
-        # channels through their dict, so a closed connection is freed by
-        # reference counting (see test_churn).
+        # No reference cycles through the connection (its parts never hold
+        # it; the policy sees the budget through a proxy and the channels
+        # through their dict), so a closed connection is freed by reference
+        # counting (see test_churn).
         #: Who gets the connection's receive-buffer budget, and when.
-        self.budget = ConnectionBudget(config, weakref.proxy(self))
+        self.budget = ConnectionBudget(config, self.ledger)
         channels: dict[int, PublishChannel] = {}
 
         def publish_blocked(index: int) -> bool:
@@ -151,7 +152,7 @@ class ServerConnection:
             now=trio.current_time(),
         )
         self.budget.protocol = self.protocol
-        self.buffer_reserved = self.budget.capacity_in_use()
+        self.ledger.buffer_reserved = self.budget.capacity_in_use()  # (none before the Hello)
         self.deliveries = Deliveries(
             self.name,
             self.protocol,
@@ -176,6 +177,7 @@ class ServerConnection:
             self.protocol,
             self.publishing,
             self.deliveries,
+            self.ledger,
             self._log,
             peer=peer,
             identity=identity,
@@ -201,6 +203,11 @@ class ServerConnection:
     def subscriptions(self) -> dict[int, Subscription]:
         """The session's subscriptions, by handle."""
         return self.deliveries.subscriptions
+
+    @property
+    def buffer_reserved(self) -> int:
+        """Receive-buffer capacity this connection reserved of the budgets."""
+        return self.ledger.buffer_reserved
 
     @property
     def dropping_bytes(self) -> int:
@@ -287,7 +294,7 @@ class ServerConnection:
             loan.repay()
         self._writing = []
         self.account.close()
-        self.reserve(-self.buffer_reserved)
+        self.ledger.reserve(-self.ledger.buffer_reserved)
         self.broker.forget(self)
         self._log(logging.INFO, "closed: %s", self.close_reason or "done")
 
@@ -299,30 +306,6 @@ class ServerConnection:
         self.admission.detach()
         self.publishing.close_all()
         self.goodbye(GoodbyeCode.NORMAL, "session resumed on another connection")
-
-    # ================================================================ budgets
-
-    def spare_budget(self) -> int:
-        """What the broker's and the principal's budgets still allow (see
-        :class:`ConnectionBudget`)."""
-        spare = self.broker.config.global_budget - self.broker.buffer_reserved
-        principal = self.admission.principal
-        if principal is not None:
-            spare = min(spare, principal.buffer_budget - principal.buffer_reserved)
-        return spare
-
-    def reserve(self, amount: int) -> None:
-        """Book ``amount`` more bytes of capacity as reserved by this
-        connection (and its broker and principal)."""
-        self.buffer_reserved += amount
-        self.broker.buffer_reserved += amount
-        principal = self.admission.principal
-        if principal is not None:
-            principal.buffer_reserved += amount
-
-    def capacity_in_use(self) -> int:
-        """What the receive buffers count against the budgets now."""
-        return self.budget.capacity_in_use()
 
     # ================================================================ writer
 

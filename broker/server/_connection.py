@@ -1,9 +1,9 @@
 """One client connection: the I/O driver around a sans-IO Connection.
 
-:class:`ServerConnection` runs a reader, a writer and a keepalive task, and
-dispatches the protocol's events: the hot ones (publishes, guarantees) in
-line, control events through :data:`CONTROL` to the part whose job they
-are (:class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
+:class:`ServerConnection` runs a reader, a writer and a keepalive task; a
+read's events go to :class:`~._dispatch.Dispatch` (publishes and guarantees
+in line, control events to the part whose job they are:
+:class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
 :class:`~._delivery.Deliveries`, :class:`~._budget.ConnectionBudget`). The
 protocol is never called while it handles a read: the policy only computes
 (see ``_budget``), and the budget settles after ``receive_data`` returns.
@@ -14,37 +14,24 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable
-from typing import Final, Protocol
+from typing import Protocol
 
 import trio
 
 from accounts import Account, LoanedItem
 from broker.protocol import (
-    Abort,
-    Ack,
-    ChannelKind,
-    Commit,
     Connection,
     ConnectionClosed,
-    DeliverReceived,
     Event,
     GoodbyeCode,
-    GuaranteesReceived,
-    HandleDeleted,
-    HandleFreeProposed,
-    HandleType,
-    HelloReceived,
-    PublishReceived,
     Role,
-    Subscribed,
-    TopicBound,
 )
 
 from ._admission import Admission, AdmissionHost
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
-from ._lossy import OptionError, make_subscription
-from ._peerlog import LINE_CHARS, ConnectionLog, PeerLog, shown
+from ._dispatch import Dispatch
+from ._peerlog import ConnectionLog, PeerLog
 from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing, PublishingHost
 from ._session import Session
@@ -181,6 +168,15 @@ class ServerConnection:
             self._log,
             peer=peer,
             identity=identity,
+        )
+        self.dispatch = Dispatch(
+            broker,
+            self.admission,
+            self.publishing,
+            self.deliveries,
+            self.budget,
+            self.counters,
+            self._log,
         )
         #: The Hello must have arrived by then, whatever else the peer sends.
         self._hello_deadline = trio.current_time() + config.hello_timeout
@@ -442,121 +438,5 @@ class ServerConnection:
     # ================================================================ events
 
     def _handle_events(self, events: list[Event]) -> None:
-        """Apply a read's events in order: publishes and guarantees (the hot
-        path) here, control events through :data:`CONTROL`."""
-        touched: set[PublishChannel] = set()
-        protocol = self.protocol
-        publishing = self.publishing
-        channels = publishing.channels
-        counters = self.counters
-        closing = self.broker.closing
-        # Events of a read that ended the connection (the client's Goodbye, a
-        # protocol error) all stand: they end with ConnectionClosed. Only a
-        # Goodbye of ours, said while handling them, stops the rest.
-        closed_before = protocol.closed
-        for event in events:
-            if type(event) is PublishReceived:
-                if closing:
-                    continue  # a shutdown accepts none: never routed, never confirmed
-                state = channels[event.channel.index]
-                if not state.may_publish:
-                    self._deny(f"may not publish to {shown(state.topic.topic_name)}")
-                    break
-                if state.stage is not None:
-                    refusal = publishing.stage(state, event)
-                    if refusal is not None:
-                        self._log(logging.WARNING, "%s", refusal)
-                        self.goodbye(GoodbyeCode.LIMIT_EXCEEDED, refusal)
-                        break
-                    continue
-                state.buffer.append(event)
-                touched.add(state)
-                counters.messages_in += 1
-            elif type(event) is GuaranteesReceived:
-                if event.channel.kind == ChannelKind.DELIVER:
-                    self.deliveries.pump(event.channel.index)
-            else:
-                handler = CONTROL.get(type(event))
-                if handler is not None:
-                    getattr(self, handler)(event)
-                if protocol.closed and not closed_before:
-                    break  # nothing after a Goodbye of ours is applied
-        if touched:
-            now = trio.current_time()
-            budget = self.budget
-            for state in touched:
-                budget.note_busy(state.channel, now)
-                publishing.drain(state)
-
-    def _deny(self, reason: str) -> None:
-        self.admission.deny(reason, self)
-
-    def _on_hello(self, event: HelloReceived) -> None:
-        self.admission.hello(event, self)
-
-    def _on_topic_bound(self, event: TopicBound) -> None:
-        self.admission.open_channel(event.handle, event.name, event.stage, self)
-
-    def _on_commit(self, event: Commit) -> None:
-        if not self.broker.closing:  # unanswered: the client sees Goodbye 5 instead
-            self.publishing.commit(event)
-
-    def _on_abort(self, event: Abort) -> None:
-        self.publishing.abort(event.request, event.batch)
-
-    def _on_subscribed(self, event: Subscribed) -> None:
-        if not self.admission.may_subscribe(event.topic_name):
-            self._deny(f"may not subscribe to {shown(event.topic_name)}")
-            return
-        topic = self.broker.topic(event.topic_name)
-        try:
-            subscription = make_subscription(
-                self.deliveries, event.handle, topic, event.mode, event.options
-            )
-        except OptionError as error:
-            topic.release_if_unused()
-            self.goodbye(GoodbyeCode.PROTOCOL_ERROR, f"Subscribe: {error}")
-            return
-        self.deliveries.subscriptions[event.handle] = subscription
-        topic.subscribe(subscription)
-        self.budget.subscriptions_changed()
-
-    def _on_ack(self, event: Ack) -> None:
-        self.deliveries.ack(event.subscription, event.seq)
-
-    def _on_handle_gone(self, event: HandleFreeProposed | HandleDeleted) -> None:
-        if event.handle_type == HandleType.SUBSCRIPTION:
-            self.deliveries.drop(event.handle)
-            self.budget.subscriptions_changed()
-        else:
-            self.publishing.handle_gone(event.handle)
-
-    def _on_closed(self, event: ConnectionClosed) -> None:
-        # A client that says Goodbye 0 is done with its session; one that
-        # breaks the rules loses it. Other Goodbyes (e.g. "broker silent")
-        # leave it to be resumed.
-        if event.error is not None or event.code == GoodbyeCode.NORMAL:
-            self.admission.ends_session = True
-        how = "by the client" if event.by_peer else "for a protocol violation"
-        self.close_reason = f"closed {how}: code {event.code} {shown(event.reason)}"
-        if event.error is not None:
-            self._log(logging.WARNING, "%s", shown(str(event.error), LINE_CHARS))
-
-    def _on_deliver(self, event: DeliverReceived) -> None:  # pragma: no cover - refused
-        raise AssertionError("a broker never receives Deliver")
-
-
-#: Control event type -> the name of the :class:`ServerConnection` method
-#: that handles it (looked up per event, so that a method can be patched).
-CONTROL: Final[dict[type, str]] = {
-    HelloReceived: "_on_hello",
-    TopicBound: "_on_topic_bound",
-    Commit: "_on_commit",
-    Abort: "_on_abort",
-    Subscribed: "_on_subscribed",
-    Ack: "_on_ack",
-    HandleFreeProposed: "_on_handle_gone",
-    HandleDeleted: "_on_handle_gone",
-    ConnectionClosed: "_on_closed",
-    DeliverReceived: "_on_deliver",
-}
+        """Apply a read's events (see :class:`~._dispatch.Dispatch`)."""
+        self.dispatch.handle(events, self)

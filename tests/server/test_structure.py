@@ -114,7 +114,7 @@ def test_no_import_circles_even_under_type_checking() -> None:
         path.append(node)
         for successor in sorted(graph[node]):
             if state.get(successor) == 1:
-                cycle = path[path.index(successor) :] + [successor]
+                cycle = [*path[path.index(successor) :], successor]
                 pytest.fail("import circle: " + " -> ".join(cycle))
             if successor not in state:
                 visit(successor)

@@ -34,7 +34,7 @@ from ._specs import METRICS, sanitise_label
 log = logging.getLogger("broker.metrics")
 
 if TYPE_CHECKING:
-    from broker.server import Broker, ServerConnection, Topic
+    from broker.server import Broker, ConnectionView, Topic
 
 #: Connections (or topics) visited between two checkpoints of a walk.
 CHUNK: Final = 16
@@ -206,7 +206,7 @@ class BrokerCollector:
         if self._retire in hooks:
             hooks.remove(self._retire)
 
-    def _retire(self, connection: ServerConnection) -> None:
+    def _retire(self, connection: ConnectionView) -> None:
         try:
             self._closed.add(connection_figures(connection), counters_only=True)
         except Exception:  # a bug of ours: the broker's cleanup must go on
@@ -267,9 +267,9 @@ class BrokerCollector:
     def _walk(self) -> Walk[Snapshot]:
         broker = self.broker
         totals = self._closed.copy()  # before the list: a connection closing later counts once
-        live = list(broker.connections.values())
-        indebted: _Best[tuple[ServerConnection, Figures]] = _Best(self.top)
-        behind: _Best[tuple[ServerConnection, Figures]] = _Best(self.top)
+        live = broker.connection_views()
+        indebted: _Best[tuple[ConnectionView, Figures]] = _Best(self.top)
+        behind: _Best[tuple[ConnectionView, Figures]] = _Best(self.top)
         self.visited = 0
         for index, connection in enumerate(live):
             if index and index % self.chunk == 0:
@@ -328,7 +328,7 @@ class BrokerCollector:
         return snapshot
 
     def _families(
-        self, snapshot: Snapshot, top: list[tuple[ServerConnection, Figures]]
+        self, snapshot: Snapshot, top: list[tuple[ConnectionView, Figures]]
     ) -> Walk[list[Metric]]:
         families = {spec.name: spec.family() for spec in METRICS}
 

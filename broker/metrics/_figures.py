@@ -19,7 +19,7 @@ from ._specs import (
 )
 
 if TYPE_CHECKING:
-    from broker.server import ServerConnection
+    from broker.server import ConnectionView
 
 #: A series of a per-connection family, without its ``connection`` label:
 #: the family's name and its other label values, in the spec's order.
@@ -34,7 +34,7 @@ COUNTERS: Final[frozenset[str]] = frozenset(
 )
 
 
-def connection_figures(connection: ServerConnection) -> Figures:
+def connection_figures(connection: ConnectionView) -> Figures:
     """Every per-connection figure of ``connection`` but its info labels,
     read synchronously from its live state (cost: one pass over its channels
     and subscriptions). A closed connection's figures can still be read."""

@@ -24,7 +24,7 @@ from ._specs import kind_name, sanitise_label
 
 if TYPE_CHECKING:
     from accounts import Account
-    from broker.server import Broker, ServerConnection
+    from broker.server import Broker, ConnectionView
 
 #: Most channels, and most subscriptions, listed per detailed connection.
 LIST_LIMIT: Final = 256
@@ -176,7 +176,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
     }
 
 
-def _connection_document(connection: ServerConnection) -> dict[str, Any]:
+def _connection_document(connection: ConnectionView) -> dict[str, Any]:
     protocol = connection.protocol
     pstats = protocol.statistics()
     channels: list[dict[str, Any]] = []

@@ -11,12 +11,14 @@ from ._connection import ConnectionCounters, PublishChannel, ServerConnection
 from ._lossy import DroppingSubscription, OptionError, QueueLimits
 from ._policy import BrokerPolicy
 from ._topic import Subscription, Topic
+from ._view import ConnectionView
 
 __all__ = [
     "Broker",
     "BrokerPolicy",
     "BrokerStatistics",
     "ConnectionCounters",
+    "ConnectionView",
     "DroppingSubscription",
     "OptionError",
     "PublishChannel",

@@ -8,7 +8,7 @@ import logging
 import secrets
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -16,11 +16,9 @@ import trio
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
 from broker.auth import (
-    AUTH_FAILURE_REASONS,
     AuthError,
     AuthFailure,
     AuthTable,
-    Principal,
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
@@ -36,6 +34,8 @@ from ._peers import AddressTable, address_key, peer_key
 from ._session import SessionTable
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
+from ._usage import PrincipalUsage, SecurityCounters
+from ._view import ConnectionView
 
 log = logging.getLogger("broker.server")
 
@@ -57,28 +57,6 @@ class BrokerStatistics:
     buffer_reserved_bytes: int
     buffer_budget_bytes: int
     debt: int
-
-
-@dataclass(slots=True, eq=False)
-class PrincipalUsage:
-    """What one principal's live connections hold now."""
-
-    principal: Principal
-    connections: int = 0
-    buffer_reserved: int = 0
-    #: The most its connections may reserve together (its share of the global budget).
-    buffer_budget: int = 0
-
-
-@dataclass(slots=True)
-class SecurityCounters:
-    """Refusals since the broker started (exported as metrics)."""
-
-    auth_failures: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(AUTH_FAILURE_REASONS, 0)
-    )
-    tls_handshake_failures: int = 0
-    lease_expirations: int = 0
 
 
 class Broker:
@@ -137,7 +115,7 @@ class Broker:
         #: Called with each connection as the broker forgets it, once its
         #: cleanup is done (its counters final): metrics fold them into
         #: broker-wide totals. A hook must be quick and must not raise.
-        self.connection_closed_hooks: list[Callable[[ServerConnection], None]] = []
+        self.connection_closed_hooks: list[Callable[[ConnectionView], None]] = []
         self.buffer_reserved = 0
         self.connections_total = 0
         self.refused_total = 0
@@ -206,6 +184,11 @@ class Broker:
         self.peers.remove(peer_key(connection.peer), connection.protocol)
         if not self.connections:
             self._idle.set()
+
+    def connection_views(self) -> list[ConnectionView]:
+        """The live connections as observers read them (a list of its own:
+        safe to walk across checkpoints, while connections come and go)."""
+        return list(self.connections.values())
 
     def statistics(self) -> BrokerStatistics:
         return BrokerStatistics(
@@ -401,7 +384,7 @@ class Broker:
                 subscription
                 for subscription in waiting
                 if subscription.queued
-                and not subscription.connection.protocol.closed
+                and subscription.connection.open
                 and subscription.connection.subscriptions.get(subscription.handle) is subscription
             ]
             if waiting:

@@ -12,6 +12,13 @@ way will fund it (then only if that takes ``throttle_notice_after``): it is
 up to the client to free a handle. A busy channel below ``publish_capacity``
 takes room back from channels quiet for ``IDLE_AFTER`` seconds.
 
+A new channel is funded while the protocol handles the read that bound it
+(the protocol asks its policy): :meth:`ConnectionBudget.fund` is then a pure
+computation over this ledger, and calls nothing of the protocol. Whatever
+acts on other channels (shrinking idle ones, topping up a channel that got
+less than it asked for, funding starved ones) waits for :meth:`settle`,
+which the connection calls once ``receive_data`` has returned.
+
 The subscription bind channel ``[1, 0]`` grows as subscriptions are made
 (every live subscription keeps its Subscribe frame's bytes charged there),
 but never offers room for more Subscribe frames than the connection may
@@ -73,7 +80,9 @@ class ConnectionBudget:
 
     Set :attr:`protocol` once the connection's protocol exists; call
     :meth:`settle` after each read and whenever capacity may have freed up,
-    and wake the writer when it returns True.
+    and wake the writer when it returns True. :meth:`fund` and
+    :meth:`opened` (what the policy calls while the protocol handles a read)
+    never call the protocol.
     """
 
     def __init__(self, config: BrokerConfig, ledger: Ledger) -> None:
@@ -91,6 +100,17 @@ class ConnectionBudget:
         self._binds_dirty = False
         #: The client was told that the subscription limit holds back [1, 0].
         self.subscription_limit_advised = False
+        #: The ledger as :meth:`fund` sees it: the capacity in use (as of the
+        #: last survey, plus what was opened since) and whether an idle
+        #: channel could be shrunk. It only ever overestimates what is in use.
+        self._in_use = 0
+        self._shrinkable = False
+        #: The ledger may overestimate (handles went, shrinks are under way):
+        #: the next settle surveys again.
+        self._stale = False
+        #: Publish channels opened with less than they asked for (how much):
+        #: the next settle shrinks idle channels for them and tops them up.
+        self._short: dict[Channel, int] = {}
 
     # ---------------------------------------------------------------- accounting
 
@@ -98,6 +118,14 @@ class ConnectionBudget:
         """Capacity counted against the budgets: every publish channel's, and
         each bind channel's up to ``bind_capacity``."""
         return self._survey()[0]
+
+    def opened(self, channel: Channel, capacity: int) -> None:
+        """The protocol opened a (non-publish) receiving ``channel`` with
+        ``capacity``: book it in the ledger (no call to the protocol)."""
+        if channel.kind == ChannelKind.PUBLISH:
+            self._in_use += capacity
+        elif channel.kind != ChannelKind.DELIVER:
+            self._in_use += min(capacity, self.config.bind_capacity)
 
     def _survey(self) -> tuple[int, bool, int]:
         """:meth:`capacity_in_use`; whether an idle publish channel is above
@@ -119,6 +147,10 @@ class ConnectionBudget:
                     pending += capacity - target
             elif channel.kind != ChannelKind.DELIVER:
                 total += min(capacity, bind_capacity)
+        self._in_use = total
+        self._shrinkable = shrinkable
+        # (A shrink completes when the sender absolves: survey again until then.)
+        self._stale = pending > 0
         return total, shrinkable, pending
 
     def available(self) -> int:
@@ -137,24 +169,57 @@ class ConnectionBudget:
     # ---------------------------------------------------------------- publish channels
 
     def fund(self, channel: Channel) -> int:
-        """Capacity for a new publish channel (0: starved, funded later)."""
+        """Capacity for a new publish channel (0: starved, funded later).
+
+        Computed from the ledger alone (see the module): a channel that gets
+        less than ``publish_capacity`` is noted, and the next :meth:`settle`
+        shrinks idle channels for it and tops it up (or funds it, if starved).
+        """
         config = self.config
-        self._prune_starved()
         now = trio.current_time()
         if self.starved:
             self.starved[channel] = now  # those opened before it come first
             return 0
         want = config.publish_capacity
-        available, shrinkable, _ = self._available()
-        if available < want and shrinkable:
-            self._shrink_idle(want - available, exclude=channel.index, quiet_only=False)
-            available = self.available()
+        ledger = self.ledger
+        in_use = self._in_use
+        ledger.reserve(in_use - ledger.buffer_reserved)
+        available = min(config.connection_budget - in_use, ledger.spare_budget())
         grant = self._grant(available)
+        if grant < want:
+            self._short[channel] = want
         if not grant:
             self.starved[channel] = now
             return 0
-        self.ledger.reserve(grant)
+        self._in_use += grant
+        ledger.reserve(grant)
         return grant
+
+    def _top_up_short(self) -> bool:
+        """For each channel opened with less than it asked for: shrink idle
+        channels as far as needed, and grant it the rest if room allows (all
+        of it: see :meth:`_grant`). A starved one is left to the starved
+        queue. True if something was queued."""
+        short, self._short = self._short, {}
+        queued = False
+        for channel, want in short.items():
+            if not self._has(channel):
+                continue  # freed meanwhile
+            receiver = self.protocol.receiver(channel)
+            missing = want - receiver.capacity
+            if missing <= 0:
+                continue
+            available, shrinkable, _ = self._available()
+            if available < missing and shrinkable:
+                self._shrink_idle(missing - available, exclude=channel.index, quiet_only=False)
+                available = self.available()
+            if channel in self.starved or available < missing or not self._may_advise(channel):
+                continue
+            self.ledger.reserve(missing)
+            self._in_use += missing
+            self.protocol.grow(channel, missing)
+            queued = True
+        return queued
 
     def _grant(self, available: int) -> int:
         """What a new channel gets out of ``available`` bytes: all it asks
@@ -191,10 +256,13 @@ class ConnectionBudget:
         grant = min(missing, available)
         if grant > 0 and self._may_advise(channel):
             self.ledger.reserve(grant)
+            self._in_use += grant
             self.protocol.grow(channel, grant)
 
     def forget(self, channel: Channel) -> None:
         """``channel``'s handle is gone."""
+        self._stale = True  # its capacity went with it
+        self._short.pop(channel, None)
         self.starved.pop(channel, None)
         self._advised.discard(channel)
         self._active.pop(channel.index, None)
@@ -227,6 +295,7 @@ class ConnectionBudget:
             before = receiver.capacity
             target = max(floor, before // 2)
             protocol.set_capacity(receiver.channel, target)
+            self._stale = True
             needed -= before - target  # reclaimed now, or once the sender absolves
 
     def _prune_starved(self) -> None:
@@ -255,9 +324,13 @@ class ConnectionBudget:
         the client about the ones still starved, and size the subscription
         bind channel; True if something was queued to send."""
         protocol = self.protocol
-        if protocol.closed or (not self.starved and not self._binds_dirty):
+        if protocol.closed or not (self.starved or self._binds_dirty or self._short):
+            if self._stale and not protocol.closed:
+                self._survey()
             return False
         queued = False
+        if self._short:
+            queued = self._top_up_short()
         if self.starved:
             self._prune_starved()
             while self.starved:
@@ -267,6 +340,7 @@ class ConnectionBudget:
                     break
                 del self.starved[channel]
                 self.ledger.reserve(grant)
+                self._in_use += grant
                 protocol.grow(channel, grant)
                 if channel in self._advised:
                     self._advised.discard(channel)
@@ -277,6 +351,8 @@ class ConnectionBudget:
                 queued = self._advise_starved() or queued
         if self._binds_dirty:
             queued = self._size_subscription_binds() or queued
+        if self._stale:
+            self._survey()
         return queued
 
     def _advise_starved(self) -> bool:
@@ -320,6 +396,7 @@ class ConnectionBudget:
 
     def _size_subscription_binds(self) -> bool:
         self._binds_dirty = False
+        self._stale = True  # (the bind channel may change size)
         protocol = self.protocol
         try:
             receiver = protocol.receiver(SUBSCRIPTION_BINDS)

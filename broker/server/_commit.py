@@ -7,18 +7,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from accounts import Account
 
-from ._connection import FORWARD_BATCH
 from ._staging import StagedPublish
-from ._topic import Routed, Topic
+from ._topic import FORWARD_BATCH, Routed, Topic
 
-if TYPE_CHECKING:
-    from ._broker import Broker
+
+class Topics(Protocol):
+    """Where topics are found by name (the broker)."""
+
+    def topic(self, name: str) -> Topic:
+        """The topic actor for ``name``, spawned on first use."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -48,7 +52,7 @@ class CommitRun:
             self.done.set()
 
 
-async def route_commit(broker: Broker, account: Account, publishes: list[StagedPublish]) -> None:
+async def route_commit(broker: Topics, account: Account, publishes: list[StagedPublish]) -> None:
     """Route ``publishes`` (runs per topic in the order given), each batch a
     loan on ``account``; waits while ``account`` is over its watermark (slow
     subscribers slow the commit, not the broker's memory) and returns once

@@ -17,15 +17,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, cast
 
 from accounts import Account, LoanedItem, unlimited
 from broker.protocol import DeliveryMode, encode_deliver
 
-from ._topic import DELIVER_HEAD_ESTIMATE, PUMP_BATCH, Subscription, Topic
-
-if TYPE_CHECKING:
-    from ._connection import ServerConnection
+from ._topic import DELIVER_HEAD_ESTIMATE, PUMP_BATCH, Subscriber, Subscription, Topic
 
 #: Default and largest ``max_queued`` (deliveries waiting per subscription).
 DEFAULT_MAX_QUEUED = 1000
@@ -34,6 +31,39 @@ LIMIT_MAX_QUEUED = 1_000_000
 #: bytes, its Deliver head and the accounts' per-event cost).
 DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024
 LIMIT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024
+
+
+class DropCounts(Protocol):
+    """Where a connection counts the deliveries its dropping queues dropped."""
+
+    deliveries_overflowed: int
+    deliveries_replaced: int
+
+
+class DroppingSubscriber(Subscriber, Protocol):
+    """A :class:`Subscriber` that also keeps the books of its dropping queues:
+    what they hold together (bounded by ``lossy_budget``) and what they dropped."""
+
+    #: What this connection's lossy and latest queues hold, in bytes.
+    dropping_bytes: int
+
+    @property
+    def name(self) -> str:
+        """The connection's name (for the queues' accounts)."""
+        ...
+
+    @property
+    def counters(self) -> DropCounts: ...
+
+    @property
+    def lossy_budget(self) -> int:
+        """The most its dropping queues hold together."""
+        ...
+
+    @property
+    def root_account(self) -> Account:
+        """The account the queues' own accounts roll up to (never blocks)."""
+        ...
 
 
 class OptionError(ValueError):
@@ -95,18 +125,19 @@ class DroppingSubscription(Subscription):
 
     def __init__(
         self,
-        connection: ServerConnection,
+        connection: DroppingSubscriber,
         handle: int,
         topic: Topic,
         mode: str,
         limits: QueueLimits,
     ) -> None:
         super().__init__(connection, handle, topic, mode)
+        self.connection: DroppingSubscriber = connection
         self.limits = limits
         #: Pays for this subscription's queue; rolls up to the broker's root
         #: account and never blocks anybody.
         self.account: Account = unlimited(
-            f"{connection.name}/{mode}/{handle}", parent=connection.broker.account, kind=mode
+            f"{connection.name}/{mode}/{handle}", parent=connection.root_account, kind=mode
         )
         #: Deliveries dropped because the queue was full, and because a newer
         #: delivery with the same key replaced them (``latest``).
@@ -170,7 +201,7 @@ class DroppingSubscription(Subscription):
         while self._live > limits.max_queued or self._bytes > limits.max_queued_bytes:
             self._drop_oldest()
         connection = self.connection
-        budget = connection.broker.config.lossy_budget
+        budget = connection.lossy_budget
         while connection.dropping_bytes > budget:
             largest = max(
                 (
@@ -264,14 +295,15 @@ class DroppingSubscription(Subscription):
         self.next_seq = upto
         return True
 
-    def attach(self, connection: ServerConnection, processed: int) -> int:
+    def attach(self, connection: Subscriber, processed: int) -> int:
         """A resumed connection takes over. Deliveries sent after ``processed``
         were lost with the old connection: they are reported as a Gap (a
         dropping subscription keeps nothing once sent). Returns 0 (nothing
         is sent again)."""
+        dropping = cast(DroppingSubscriber, connection)  # (a broker's always is)
         self.connection.dropping_bytes -= self._bytes
-        connection.dropping_bytes += self._bytes
-        self.connection = connection
+        dropping.dropping_bytes += self._bytes
+        self.connection = dropping
         lost_from = max(processed + 1, self.acked + 1)
         if lost_from < self.next_seq:
             connection.gap(self, lost_from, self.next_seq - lost_from)
@@ -298,7 +330,7 @@ class DroppingSubscription(Subscription):
 
 
 def make_subscription(
-    connection: ServerConnection,
+    connection: DroppingSubscriber,
     handle: int,
     topic: Topic,
     mode: str,

@@ -101,3 +101,20 @@ class PeerLog:
             line += f" ({bucket.suppressed} more lines from {key} not logged)"
             bucket.suppressed = 0
         self.logger.log(level, "%s", line)
+
+
+class ConnectionLog:
+    """Log lines about one connection, through its broker's :class:`PeerLog`
+    (rate-limited per client address): each line starts with the
+    connection's name and peer. Client input in ``args`` goes through
+    :func:`shown` first."""
+
+    __slots__ = ("_name", "_peer", "_peer_log")
+
+    def __init__(self, peer_log: PeerLog, name: str, peer: str) -> None:
+        self._peer_log = peer_log
+        self._name = name
+        self._peer = peer
+
+    def __call__(self, level: int, message: str, *args: object) -> None:
+        self._peer_log.log(level, self._peer, "%s %s: " + message, self._name, self._peer, *args)

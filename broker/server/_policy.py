@@ -3,10 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
+from broker.config import BrokerConfig
 from broker.protocol import SUBSCRIPTION_BINDS, Channel, ChannelKind, ChannelReceiver, Policy
 
-from ._budget import ConnectionBudget
+
+class BudgetView(Protocol):
+    """What the policy asks of a connection's receive-buffer budget (see
+    :class:`~broker.server._budget.ConnectionBudget`). The policy is called
+    while the protocol handles a read: none of these may call the protocol."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    def fund(self, channel: Channel) -> int:
+        """Capacity for a new publish channel (a computation over the ledger)."""
+        ...
+
+    def opened(self, channel: Channel, capacity: int) -> None:
+        """Book a new non-publish receiving channel's ``capacity``."""
+        ...
+
+    def subscription_room(self) -> int:
+        """Free room the subscription bind channel may have."""
+        ...
+
+    def subscription_issue_cap(self, receiver: ChannelReceiver) -> int:
+        """The most that may be issued on the subscription bind channel now."""
+        ...
 
 
 class BrokerPolicy(Policy):
@@ -16,10 +41,10 @@ class BrokerPolicy(Policy):
     buffer budgets (see :class:`ConnectionBudget`); the subscription bind
     channel never offers room beyond what ``max_subscriptions`` allows.
     ``blocked(index)`` says whether publish channel ``index``'s account
-    withholds its guarantees.
+    withholds its guarantees. Nothing here calls back into the protocol.
     """
 
-    def __init__(self, budget: ConnectionBudget, blocked: Callable[[int], bool]) -> None:
+    def __init__(self, budget: BudgetView, blocked: Callable[[int], bool]) -> None:
         config = budget.config
         super().__init__(
             bind_capacity=config.bind_capacity,
@@ -33,8 +58,11 @@ class BrokerPolicy(Policy):
         if channel.kind == ChannelKind.PUBLISH:
             return self._budget.fund(channel)
         if channel == SUBSCRIPTION_BINDS:
-            return self._budget.subscription_room()
-        return super().initial_capacity(channel)
+            capacity = self._budget.subscription_room()
+        else:
+            capacity = super().initial_capacity(channel)
+        self._budget.opened(channel, capacity)
+        return capacity
 
     def may_issue(self, channel: Channel) -> bool:
         if channel.kind != ChannelKind.PUBLISH:

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from broker.protocol import BrokerSessionState
 
 from ._peerlog import shown
-
-if TYPE_CHECKING:
-    from ._connection import ServerConnection
-    from ._topic import Subscription
+from ._topic import Subscription
 
 log = logging.getLogger("broker.server")
+
+
+class SessionHolder(Protocol):
+    """The connection a session is attached to."""
+
+    def hand_over(self) -> None:
+        """The session resumes elsewhere: let go of it, and close."""
+        ...
 
 
 class Session:
@@ -51,7 +56,7 @@ class Session:
         self.subscriptions: dict[int, Subscription] = {}
         #: The handles as the last connection left them (set on detach).
         self.state: BrokerSessionState | None = None
-        self.connection: ServerConnection | None = None
+        self.connection: SessionHolder | None = None
         #: When the last connection broke (None while attached).
         self.detached_at: float | None = None
         self._expiry: trio.CancelScope | None = None
@@ -125,9 +130,17 @@ class SessionTable:
         sessions = self.sessions.values()
         return sum(sub.unacked_deliveries for s in sessions for sub in s.subscriptions.values())
 
-    def create(self, connection: ServerConnection, principal: str | None) -> Session:
-        session = Session(connection.client_name, principal)
-        session.subscriptions = connection.subscriptions
+    def create(
+        self,
+        connection: SessionHolder,
+        client_name: str,
+        subscriptions: dict[int, Subscription],
+        principal: str | None,
+    ) -> Session:
+        """A new session of ``client_name``, attached to ``connection``, whose
+        subscriptions are (from now on) ``subscriptions``."""
+        session = Session(client_name, principal)
+        session.subscriptions = subscriptions
         session.connection = connection
         self.sessions[session.id] = session
         self.created_total += 1
@@ -140,7 +153,7 @@ class SessionTable:
             return None
         return session
 
-    def attach(self, session: Session, connection: ServerConnection) -> None:
+    def attach(self, session: Session, connection: SessionHolder) -> None:
         """``connection`` resumes ``session`` (the caller detached any earlier one)."""
         assert session.connection is None, "detach the old connection first"
         if session._expiry is not None:

@@ -3,25 +3,62 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
-
-if TYPE_CHECKING:
-    from ._connection import ServerConnection
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
 #: Queued deliveries a dropping subscription offers its connection at a time.
 PUMP_BATCH = 128
+#: Publishes forwarded to a topic as one actor message (and one loan).
+FORWARD_BATCH = 64
 
 
 class RouteOrigin(Protocol):
     """Where publishes came from: told when a topic has routed a batch of them."""
 
     def routed(self, routed: Routed) -> None: ...
+
+
+class Subscriber(Protocol):
+    """What a subscription sends through: its subscriber's connection (the
+    deliveries side of it). Every method is synchronous and only queues."""
+
+    @property
+    def open(self) -> bool:
+        """Whether the connection may still send (False once it closed)."""
+        ...
+
+    @property
+    def subscriptions(self) -> Mapping[int, Subscription]:
+        """The subscriptions it serves now, by handle."""
+        ...
+
+    def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
+        """Queue Delivers of ``tails`` from ``subscription.next_seq`` on as far
+        as the subscriber's guarantees allow; how many were taken, or None
+        if the subscription can take nothing more (it is being freed)."""
+        ...
+
+    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
+        """:meth:`send_deliveries` of loans repaid once written (see ``Deliveries``)."""
+        ...
+
+    def has_room(self, subscription: Subscription, size: int) -> bool:
+        """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""
+        ...
+
+    def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
+        """Say that ``count`` deliveries from ``first_seq`` were dropped."""
+        ...
+
+    def subscription_stalled(self, subscription: Subscription) -> None:
+        """``subscription`` waits for what only this subscriber's reading clears."""
+        ...
 
 
 @dataclass(slots=True)
@@ -32,7 +69,7 @@ class Routed:
     tails: list[bytes]
     origin: RouteOrigin
     handle: int
-    #: What the origin estimated routing them will charge (see ``ServerConnection._drain``).
+    #: What the origin estimated routing them will charge (see ``Publishing.drain``).
     fan_out: int
     #: The publishes' keys, in the same order (``latest`` subscriptions keep one per key).
     keys: list[bytes | None]
@@ -90,7 +127,8 @@ class Subscription:
     #: fan-out rule); lossy and latest subscriptions pay for their own.
     charges_publishers = True
 
-    def __init__(self, connection: ServerConnection, handle: int, topic: Topic, mode: str) -> None:
+    def __init__(self, connection: Subscriber, handle: int, topic: Topic, mode: str) -> None:
+        #: The connection it sends through (a resume attaches another).
         self.connection = connection
         self.handle = handle
         self.topic = topic
@@ -169,7 +207,7 @@ class Subscription:
         while unacked and unacked[0][0] <= acked:
             unacked.popleft()[1].repay()
 
-    def attach(self, connection: ServerConnection, processed: int) -> int:
+    def attach(self, connection: Subscriber, processed: int) -> int:
         """A resumed connection takes over; the subscriber processed up to
         ``processed``. What it did not process is sent again, first, with its
         sequence numbers; returns how many deliveries that is."""

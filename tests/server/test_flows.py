@@ -12,7 +12,7 @@ import trio
 from broker.client import Client, ConnectionLost, Message, Subscription, open_client
 from broker.config import KiB
 from broker.protocol import Channel, ChannelKind, GoodbyeCode, Headers, Policy
-from broker.server import ServerConnection
+from broker.server._admission import Admission
 
 from .helpers import (
     DEAF_CONFIG,
@@ -226,7 +226,7 @@ async def test_a_confirm_noted_just_before_the_client_left_does_not_crash_the_br
                 (handle,) = connection.channels
                 state = connection.channels[handle]
                 state.confirmed -= 1  # a routing noted, its Confirm not sent yet...
-                connection._confirm_dirty.add(handle)
+                connection.publishing.confirm_dirty.add(handle)
                 connection.protocol.goodbye(GoodbyeCode.NORMAL, "bye")  # ...then the close
                 connection.wake_writer()
                 await connection.closed.wait()
@@ -236,14 +236,14 @@ async def test_a_confirm_noted_just_before_the_client_left_does_not_crash_the_br
 async def test_an_internal_error_ends_one_connection_not_the_broker(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = ServerConnection._on_hello
+    real = Admission.hello
 
-    def failing(self: ServerConnection, event: Any) -> None:
+    def failing(self: Admission, event: Any, connection: Any) -> None:
         if event.hello.client == "boom":
             raise RuntimeError("a bug")
-        real(self, event)
+        real(self, event, connection)
 
-    monkeypatch.setattr(ServerConnection, "_on_hello", failing)
+    monkeypatch.setattr(Admission, "hello", failing)
     async with running_broker() as broker:
         with trio.fail_after(TIMEOUT), pytest.raises(ConnectionLost):
             async with open_client(url(broker), name="boom"):

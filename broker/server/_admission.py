@@ -1,0 +1,255 @@
+"""Admitting a client: its Hello, credentials and session (new or resumed),
+and what its principal may do; a session's detaching and handing over."""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import trio
+
+from broker.auth import AuthFailure, AuthTable
+from broker.protocol import BrokerSessionState, Connection, GoodbyeCode, HelloReceived, Stage
+
+from ._delivery import Deliveries
+from ._peerlog import ConnectionLog, shown
+from ._peers import AddressTable, peer_key
+from ._publishing import PublishChannel, Publishing
+from ._session import Session, SessionHolder, SessionTable
+from ._usage import ConnectionLedger, PrincipalUsage
+
+
+class AdmissionHost(Protocol):
+    """What admission needs of the broker: credentials, sessions, principals."""
+
+    @property
+    def auth(self) -> AuthTable | None: ...
+
+    @property
+    def sessions(self) -> SessionTable: ...
+
+    @property
+    def principals(self) -> dict[str, PrincipalUsage]: ...
+
+    @property
+    def peers(self) -> AddressTable: ...
+
+    @property
+    def epoch(self) -> bytes: ...
+
+    def auth_failed(self, reason: AuthFailure) -> None:
+        """Count a refused client."""
+        ...
+
+
+class Admitted(SessionHolder, Protocol):
+    """The connection being admitted, as admission acts on it."""
+
+    def goodbye(self, code: GoodbyeCode, reason: str) -> None:
+        """Say Goodbye; the writer sends it and closes the connection."""
+        ...
+
+
+class Admission:
+    """Who the client is and which session it holds.
+
+    The connection passes itself (:class:`Admitted`) to each call instead of
+    being kept here: no reference cycle through the connection.
+    """
+
+    def __init__(
+        self,
+        host: AdmissionHost,
+        protocol: Connection,
+        publishing: Publishing,
+        deliveries: Deliveries,
+        ledger: ConnectionLedger,
+        log: ConnectionLog,
+        *,
+        peer: str,
+        identity: str | None,
+    ) -> None:
+        self.host = host
+        self.protocol = protocol
+        self.publishing = publishing
+        self.deliveries = deliveries
+        self.ledger = ledger
+        self.log = log
+        self.peer = peer
+        #: The verified client certificate's common name (mutual TLS), if any.
+        self.identity = identity
+        self.client_name = ""
+        #: The session this connection serves (None before the Welcome).
+        self.session: Session | None = None
+        #: The session ends with this connection (the client said Goodbye, or
+        #: broke the rules); otherwise it waits for a resume.
+        self.ends_session = False
+        #: A refusal held back (a failed authentication): the writer waits.
+        self.held: trio.CancelScope | None = None
+
+    @property
+    def principal(self) -> PrincipalUsage | None:
+        """The authenticated principal's usage (None while unauthenticated or without auth)."""
+        return self.ledger.principal
+
+    # ---------------------------------------------------------------- hello
+
+    def hello(self, event: HelloReceived, connection: Admitted) -> None:
+        """Authenticate the client, then create or resume its session (Welcome)."""
+        if self.protocol.closed:
+            return  # something after the Hello, in the same read, closed the connection
+        hello = event.hello
+        self.client_name = hello.client[:64]
+        host = self.host
+        if host.auth is not None and not self._authenticate(hello.token, connection):
+            return
+        sessions = host.sessions
+        principal = self.principal.principal.name if self.principal else None
+        session = None
+        if hello.session is not None:
+            session = sessions.find(hello.session, principal)
+            if session is None:
+                self.log(logging.INFO, "%s asks for an unknown session", shown(self.client_name))
+        if session is not None:
+            self._resume(session, hello.processed, connection)
+        else:
+            self.session = sessions.create(
+                connection, self.client_name, self.deliveries.subscriptions, principal
+            )
+            self.protocol.welcome(session=self.session.id, epoch=host.epoch)
+        # The bind channels exist now: their buffers count against the budgets.
+        budget = self.publishing.budget
+        ledger = self.ledger
+        ledger.reserve(budget.capacity_in_use() - ledger.buffer_reserved)
+        budget.subscriptions_changed()
+        self.log(logging.INFO, "hello from %s", shown(self.client_name))
+
+    def _authenticate(self, token: str | None, connection: Admitted) -> bool:
+        """Bind the connection to the principal its credentials prove, within
+        the principal's connection limit; else say Goodbye (6 or 3)."""
+        host = self.host
+        assert host.auth is not None
+        found = host.auth.authenticate(token, self.identity)
+        if isinstance(found, AuthFailure):
+            # Held back longer for each failure in a row from the address: no guessing.
+            hold = host.peers.failed(peer_key(self.peer), trio.current_time())
+            reason = "bad credentials" if token is not None else "credentials required"
+            self.deny(reason, connection, found, hold)
+            return False
+        usage = host.principals[found.name]
+        limit = found.max_connections
+        if limit and usage.connections >= limit:
+            host.auth_failed(AuthFailure.CONNECTION_LIMIT)
+            self.refuse(
+                GoodbyeCode.LIMIT_EXCEEDED,
+                f"{found.name!r} already has {limit} connection(s)",
+                connection,
+            )
+            return False
+        usage.connections += 1
+        self.ledger.bind(usage)
+        self.publishing.owner = found.name
+        return True
+
+    def deny(
+        self,
+        reason: str,
+        connection: Admitted,
+        failure: AuthFailure = AuthFailure.TOPIC_DENIED,
+        hold: float = 0.0,
+    ) -> None:
+        """Refuse the client for ``failure``: Goodbye 6 (not authorised), sent
+        after ``hold`` seconds (nothing it sent after is applied)."""
+        self.ends_session = True
+        self.host.auth_failed(failure)
+        self.refuse(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}", connection, hold)
+
+    def refuse(
+        self, code: GoodbyeCode, reason: str, connection: Admitted, hold: float = 0.0
+    ) -> None:
+        """Say Goodbye for ``reason`` (client input in it already ``shown()``),
+        logged; the writer holds it back ``hold`` seconds."""
+        who = self.principal.principal.name if self.principal else self.identity or "anonymous"
+        self.log(logging.WARNING, "(%s) %s", shown(who), reason)
+        if hold > 0:
+            self.held = trio.CancelScope(deadline=trio.current_time() + hold)
+        connection.goodbye(code, reason)
+
+    # ---------------------------------------------------------------- permissions
+
+    def open_channel(
+        self, handle: int, name: str, stage: Stage | None, connection: Admitted
+    ) -> PublishChannel | None:
+        """The broker's side of a newly bound (or restored) topic handle (its
+        publishes staged in ``stage``, if given); None (and Goodbye 6) if the
+        client's principal may not use the topic."""
+        may_publish = True
+        if self.principal is not None:
+            principal = self.principal.principal
+            may_publish = principal.may_publish(name)
+            if not may_publish and not principal.may_subscribe(name):
+                self.deny(f"may not use topic {shown(name)}", connection)
+                return None
+        return self.publishing.open(handle, name, stage, may_publish=may_publish)
+
+    def may_subscribe(self, topic_name: str) -> bool:
+        """Whether the client's principal may subscribe to ``topic_name``."""
+        return self.principal is None or self.principal.principal.may_subscribe(topic_name)
+
+    # ---------------------------------------------------------------- sessions
+
+    def _resume(self, session: Session, processed: dict[int, int], connection: Admitted) -> None:
+        """Take over ``session``: its handles, channels and subscriptions; what
+        the client did not process is delivered again, first."""
+        if session.connection is not None:
+            session.connection.hand_over()
+        assert session.state is not None
+        restore, dropped = session.state.for_resume(processed)
+        for handle in dropped:  # the client gave them up
+            session.subscriptions.pop(handle).close()
+        host = self.host
+        host.sessions.attach(session, connection)
+        self.session = session
+        deliveries = self.deliveries
+        deliveries.subscriptions = session.subscriptions
+        self.protocol.welcome(session=session.id, epoch=host.epoch, restore=restore)
+        for handle, (name, _) in restore.topics.items():
+            state = self.open_channel(handle, name, restore.stages.get(handle), connection)
+            if state is None:
+                return
+            state.routed = state.confirmed = restore.received.get(handle, 0)
+        redelivered = 0
+        for handle, subscription in deliveries.subscriptions.items():
+            redelivered += subscription.attach(deliveries, processed.get(handle, 0))
+        host.sessions.redelivered_total += redelivered
+        self.log(logging.INFO, "session %s resumed (%d sent again)", session.name, redelivered)
+
+    def detach(self) -> None:
+        """Leave the session to wait for a resume: its record of handles and
+        its subscriptions (which go on queueing) stay; this connection lets go."""
+        session = self.session
+        assert session is not None
+        state = self.protocol.session_state()
+        assert isinstance(state, BrokerSessionState)
+        deliveries = self.deliveries
+        for handle in list(deliveries.subscriptions):
+            if handle not in state.subscriptions:  # being freed: it goes now
+                deliveries.subscriptions.pop(handle).close()
+        deliveries.subscriptions = {}
+        self.session = None
+        self.host.sessions.detach(session, state)
+        self.log(logging.INFO, "session %s detached", session.name)
+
+    def leave(self, *, end: bool) -> None:
+        """The connection closes: its session ends with it if ``end`` (or if
+        the client said so), else waits for a resume; the principal's
+        connection count goes down."""
+        session = self.session
+        if session is not None:
+            if self.ends_session or end:
+                self.host.sessions.end(session)
+                session.connection = self.session = None  # (a cycle otherwise)
+            else:
+                self.detach()
+        if self.principal is not None:
+            self.principal.connections -= 1

@@ -1,0 +1,196 @@
+"""Applying a read's events: publishes and guarantees (the hot path) in line,
+control events through :data:`CONTROL`, each to the part whose job it is."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import trio
+
+from broker.protocol import (
+    Abort,
+    Ack,
+    ChannelKind,
+    Commit,
+    ConnectionClosed,
+    DeliverReceived,
+    Event,
+    GoodbyeCode,
+    GuaranteesReceived,
+    HandleDeleted,
+    HandleFreeProposed,
+    HandleType,
+    HelloReceived,
+    PublishReceived,
+    Subscribed,
+    TopicBound,
+)
+
+from ._admission import Admission, Admitted
+from ._budget import ConnectionBudget
+from ._delivery import ConnectionCounters, Deliveries
+from ._lossy import OptionError, make_subscription
+from ._peerlog import LINE_CHARS, ConnectionLog, shown
+from ._publishing import PublishChannel, Publishing, PublishingHost
+
+
+class Dispatched(Admitted, Protocol):
+    """The connection whose events are applied."""
+
+    #: Why the connection closed (for its last log line).
+    close_reason: str
+
+
+class Dispatch:
+    """Applies the events of one connection's reads, in order.
+
+    Called once ``receive_data`` has returned (never from inside it). The
+    connection passes itself to :meth:`handle` rather than being kept here,
+    so nothing here makes a reference cycle through it.
+    """
+
+    def __init__(
+        self,
+        host: PublishingHost,
+        admission: Admission,
+        publishing: Publishing,
+        deliveries: Deliveries,
+        budget: ConnectionBudget,
+        counters: ConnectionCounters,
+        log: ConnectionLog,
+    ) -> None:
+        self.host = host
+        self.admission = admission
+        self.publishing = publishing
+        self.deliveries = deliveries
+        self.budget = budget
+        self.counters = counters
+        self.log = log
+        self.protocol = publishing.protocol
+
+    def handle(self, events: list[Event], connection: Dispatched) -> None:
+        """Apply ``events``: publishes go to their channel's buffer (or
+        staging) and are drained once all are in; guarantees pump their
+        subscription; the rest go through :data:`CONTROL`."""
+        touched: set[PublishChannel] = set()
+        protocol = self.protocol
+        publishing = self.publishing
+        channels = publishing.channels
+        counters = self.counters
+        closing = self.host.closing
+        # Events of a read that ended the connection (the client's Goodbye, a
+        # protocol error) all stand: they end with ConnectionClosed. Only a
+        # Goodbye of ours, said while handling them, stops the rest.
+        closed_before = protocol.closed
+        for event in events:
+            if type(event) is PublishReceived:
+                if closing:
+                    continue  # a shutdown accepts none: never routed, never confirmed
+                state = channels[event.channel.index]
+                if not state.may_publish:
+                    self.deny(f"may not publish to {shown(state.topic.topic_name)}", connection)
+                    break
+                if state.stage is not None:
+                    refusal = publishing.stage(state, event)
+                    if refusal is not None:
+                        self.log(logging.WARNING, "%s", refusal)
+                        connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, refusal)
+                        break
+                    continue
+                state.buffer.append(event)
+                touched.add(state)
+                counters.messages_in += 1
+            elif type(event) is GuaranteesReceived:
+                if event.channel.kind == ChannelKind.DELIVER:
+                    self.deliveries.pump(event.channel.index)
+            else:
+                handler = CONTROL.get(type(event))
+                if handler is not None:
+                    handler(self, event, connection)
+                if protocol.closed and not closed_before:
+                    break  # nothing after a Goodbye of ours is applied
+        if touched:
+            now = trio.current_time()
+            budget = self.budget
+            for state in touched:
+                budget.note_busy(state.channel, now)
+                publishing.drain(state)
+
+    def deny(self, reason: str, connection: Dispatched) -> None:
+        """Goodbye 6: the client's principal may not do that."""
+        self.admission.deny(reason, connection)
+
+    # ---------------------------------------------------------------- control events
+
+    def hello(self, event: HelloReceived, connection: Dispatched) -> None:
+        self.admission.hello(event, connection)
+
+    def topic_bound(self, event: TopicBound, connection: Dispatched) -> None:
+        self.admission.open_channel(event.handle, event.name, event.stage, connection)
+
+    def commit(self, event: Commit, connection: Dispatched) -> None:
+        if not self.host.closing:  # unanswered: the client sees Goodbye 5 instead
+            self.publishing.commit(event)
+
+    def abort(self, event: Abort, connection: Dispatched) -> None:
+        self.publishing.abort(event.request, event.batch)
+
+    def subscribed(self, event: Subscribed, connection: Dispatched) -> None:
+        if not self.admission.may_subscribe(event.topic_name):
+            self.deny(f"may not subscribe to {shown(event.topic_name)}", connection)
+            return
+        topic = self.host.topic(event.topic_name)
+        try:
+            subscription = make_subscription(
+                self.deliveries, event.handle, topic, event.mode, event.options
+            )
+        except OptionError as error:
+            topic.release_if_unused()
+            connection.goodbye(GoodbyeCode.PROTOCOL_ERROR, f"Subscribe: {error}")
+            return
+        self.deliveries.subscriptions[event.handle] = subscription
+        topic.subscribe(subscription)
+        self.budget.subscriptions_changed()
+
+    def ack(self, event: Ack, connection: Dispatched) -> None:
+        self.deliveries.ack(event.subscription, event.seq)
+
+    def handle_gone(
+        self, event: HandleFreeProposed | HandleDeleted, connection: Dispatched
+    ) -> None:
+        if event.handle_type == HandleType.SUBSCRIPTION:
+            self.deliveries.drop(event.handle)
+            self.budget.subscriptions_changed()
+        else:
+            self.publishing.handle_gone(event.handle)
+
+    def closed(self, event: ConnectionClosed, connection: Dispatched) -> None:
+        # A client that says Goodbye 0 is done with its session; one that
+        # breaks the rules loses it. Other Goodbyes (e.g. "broker silent")
+        # leave it to be resumed.
+        if event.error is not None or event.code == GoodbyeCode.NORMAL:
+            self.admission.ends_session = True
+        how = "by the client" if event.by_peer else "for a protocol violation"
+        connection.close_reason = f"closed {how}: code {event.code} {shown(event.reason)}"
+        if event.error is not None:
+            self.log(logging.WARNING, "%s", shown(str(event.error), LINE_CHARS))
+
+    def deliver(self, event: DeliverReceived, connection: Dispatched) -> None:  # pragma: no cover
+        raise AssertionError("a broker never receives Deliver")  # (the protocol refuses it)
+
+
+#: Control event type -> its handler (other events need nothing of the broker).
+CONTROL: Final[dict[type, Callable[[Dispatch, Any, Dispatched], None]]] = {
+    HelloReceived: Dispatch.hello,
+    TopicBound: Dispatch.topic_bound,
+    Commit: Dispatch.commit,
+    Abort: Dispatch.abort,
+    Subscribed: Dispatch.subscribed,
+    Ack: Dispatch.ack,
+    HandleFreeProposed: Dispatch.handle_gone,
+    HandleDeleted: Dispatch.handle_gone,
+    ConnectionClosed: Dispatch.closed,
+    DeliverReceived: Dispatch.deliver,
+}

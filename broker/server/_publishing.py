@@ -1,0 +1,412 @@
+"""A connection's publish channels: the channel buffers, forwarding to topics
+while each channel's account is clear, Confirms, staging and commits."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from accounts import Account
+from broker.config import BrokerConfig
+from broker.protocol import (
+    Channel,
+    ChannelKind,
+    Commit,
+    Connection,
+    Event,
+    HandleDeleted,
+    HandleType,
+    OutcomeStatus,
+    PublishReceived,
+    Stage,
+    encode_deliver_tail,
+)
+
+from ._budget import ConnectionBudget
+from ._commit import CommitInFlight
+from ._peerlog import ConnectionLog, shown
+from ._staging import STAGED_PUBLISH_OVERHEAD, BatchKey, CommitDecision, StagedPublish, StagingArea
+from ._topic import DELIVER_HEAD_ESTIMATE, FORWARD_BATCH, Routed, Topic
+from ._wake import Wake
+
+__all__ = ["FORWARD_BATCH", "FORWARD_SLICE", "PublishChannel", "Publishing", "PublishingHost"]
+
+#: Publishes a resumed channel forwards before yielding to other tasks.
+FORWARD_SLICE = 256
+
+
+class PublishingHost(Protocol):
+    """What publishing needs of the broker: its topics, staging and commits."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def closing(self) -> bool:
+        """A shutdown began: nothing more is forwarded (or confirmed)."""
+        ...
+
+    @property
+    def staging(self) -> StagingArea: ...
+
+    @property
+    def commits_in_flight(self) -> dict[BatchKey, CommitInFlight]: ...
+
+    def topic(self, name: str) -> Topic:
+        """The topic actor for ``name``, spawned on first use."""
+        ...
+
+    def start_commit(
+        self,
+        batch: BatchKey,
+        account: Account,
+        publishes: list[StagedPublish],
+        done: Callable[[], None],
+    ) -> None:
+        """Route a committed batch in the broker's nursery; ``done()`` once routed."""
+        ...
+
+
+class Counting(Protocol):
+    """The connection's counter of publishes received."""
+
+    messages_in: int
+
+
+@dataclass(slots=True, eq=False)
+class PublishChannel:
+    """The broker's side of one publish channel ``[2, t]``."""
+
+    channel: Channel
+    account: Account
+    topic: Topic
+    #: Received publishes not yet forwarded to the topic (the channel buffer).
+    buffer: deque[PublishReceived] = field(default_factory=deque)
+    #: Publishes the topic has routed to every subscription (for Confirm).
+    routed: int = 0
+    confirmed: int = 0
+    #: A task waits for the account to clear (guarantees are withheld meanwhile).
+    waiting: bool = False
+    #: The client was told (Throttled) that this channel is withheld.
+    advised: bool = False
+    #: Estimated charge of the deliveries of batches the topic has not routed yet.
+    unrouted_fan_out: int = 0
+    #: The client's principal may publish to the topic (else a publish ends the connection).
+    may_publish: bool = True
+    #: Where its publishes are staged until a commit (None: routed at once).
+    stage: Stage | None = None
+
+
+class Publishing:
+    """One connection's publish channels (a :class:`~._topic.RouteOrigin`).
+
+    Publishes wait in their channel's buffer and are forwarded to the topic
+    only while the channel's account is clear; guarantees on a channel are
+    issued only while its account is below its watermark (see
+    :class:`~._policy.BrokerPolicy`), so a slow topic withholds exactly its
+    own channel's guarantees. A throttled channel is looked after by one
+    task (:meth:`_await_clear`) in :attr:`nursery` (the connection's).
+    """
+
+    def __init__(
+        self,
+        host: PublishingHost,
+        name: str,
+        account: Account,
+        protocol: Connection,
+        budget: ConnectionBudget,
+        counters: Counting,
+        wake: Wake,
+        log: ConnectionLog,
+    ) -> None:
+        self.host = host
+        self.name = name
+        self.account = account
+        self.protocol = protocol
+        self.budget = budget
+        self.counters = counters
+        self.wake = wake
+        self.log = log
+        self.channels: dict[int, PublishChannel] = {}
+        #: Channels whose routed count the client has not been told (Confirm).
+        self.confirm_dirty: set[int] = set()
+        #: Whose staged batches this connection may commit: its principal's.
+        self.owner: str | None = None
+        self.nursery: trio.Nursery | None = None
+
+    # ---------------------------------------------------------------- channels
+
+    def open(
+        self, handle: int, topic_name: str, stage: Stage | None, *, may_publish: bool
+    ) -> PublishChannel:
+        """The broker's side of a newly bound (or restored) topic handle."""
+        config = self.host.config
+        topic = self.host.topic(topic_name)
+        topic.publishers += 1
+        account = Account(
+            f"{self.name}/publish/{handle}",
+            high_watermark=config.channel_high_watermark,
+            low_watermark=config.channel_low_watermark,
+            parent=self.account,
+            kind="publish",
+        )
+        state = PublishChannel(
+            Channel(ChannelKind.PUBLISH, handle),
+            account,
+            topic,
+            may_publish=may_publish,
+            stage=stage,
+        )
+        self.channels[handle] = state
+        return state
+
+    def handle_gone(self, handle: int) -> None:
+        """Topic ``handle`` is being freed (or was): its channel goes once
+        its buffer is forwarded (HandleDeleted comes later, then)."""
+        state = self.channels.get(handle)
+        if state is None or state.buffer:
+            return
+        del self.channels[handle]
+        self.budget.forget(state.channel)
+        state.topic.publishers -= 1
+        state.topic.release_if_unused()
+        state.account.close()
+        if self.budget.settle():  # its capacity may fund a starved channel
+            self.wake.set()
+
+    def close_all(self) -> None:
+        """The connection lets go of its channels.
+
+        Publishes that were accepted within guarantees are forwarded even
+        though their sender is gone: the guarantee promised they'd be routed.
+        (Not once a shutdown began: they are never confirmed, and the client
+        publishes them again.)"""
+        closing = self.host.closing
+        for state in list(self.channels.values()):
+            if state.buffer and not closing:
+                size = sum(event.size for event in state.buffer)
+                self._forward(state, list(state.buffer), size, 0)
+                state.buffer.clear()
+            state.topic.publishers -= 1
+            state.topic.release_if_unused()
+            state.account.close()
+        self.channels.clear()
+
+    def _released(self, events: list[Event]) -> None:
+        """Events of releasing frames: a handle whose last frame went is deleted."""
+        for event in events:
+            assert isinstance(event, HandleDeleted) and event.handle_type == HandleType.TOPIC
+            self.handle_gone(event.handle)
+
+    # ---------------------------------------------------------------- confirms
+
+    def send_confirms(self) -> None:
+        """Confirm what was routed since the last Confirms."""
+        protocol = self.protocol
+        for handle in self.confirm_dirty:
+            state = self.channels.get(handle)
+            if state is not None and state.routed != state.confirmed:
+                state.confirmed = state.routed
+                if protocol.may_reference(state.channel):  # not when its topic is being freed
+                    protocol.confirm(handle, state.routed)
+        self.confirm_dirty.clear()
+
+    def routed(self, routed: Routed) -> None:
+        """A topic routed a batch of this connection's publishes."""
+        state = self.channels.get(routed.handle)
+        if state is None:
+            return
+        state.unrouted_fan_out -= routed.fan_out
+        if not self.protocol.closed:
+            state.routed += len(routed.tails)
+            self.confirm_dirty.add(routed.handle)
+            self.wake.set()
+            if state.buffer and not state.waiting:
+                self.drain(state)
+
+    # ---------------------------------------------------------------- forwarding
+
+    def drain(self, state: PublishChannel, limit: int = 0) -> None:
+        """Forward buffered publishes (at most ``limit``, if given) while the
+        channel's account is clear.
+
+        Publishes go to the topic in batches of up to ``FORWARD_BATCH``: one
+        actor message and one loan per batch, one release of buffer space. A
+        batch ends with the publish that, counting the deliveries it and
+        the batches still on their way will be charged, takes the account
+        over its high watermark: the debt passes the watermark by about one
+        publish's fan-out, as if publishes were forwarded one at a time.
+        """
+        if self.host.closing:
+            return  # a shutdown forwards nothing more (nothing more is confirmed)
+        buffer = state.buffer
+        account = state.account
+        protocol = self.protocol
+        left = limit or len(buffer)
+        while buffer and left > 0 and not account.blocked:
+            # While routed, a publish's loan and its deliveries' loans are all
+            # charged: the room is shared by the publishes and their fan-out.
+            # Batches not routed yet will add their fan-out: count it as spent.
+            room = account.high_watermark - account.debt - state.unrouted_fan_out
+            fan_out = state.topic.charging  # lossy/latest queues charge nobody here
+            per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
+            batch: list[PublishReceived] = []
+            size = deliveries = 0
+            if room <= 0 and state.unrouted_fan_out > 0:
+                break  # resumed by routed() when the topic has caught up
+            most = min(FORWARD_BATCH, left)
+            while buffer and len(batch) < most and (not batch or size + deliveries <= room):
+                event = buffer.popleft()
+                batch.append(event)
+                size += event.size
+                deliveries += fan_out * (event.size + per_delivery)
+            left -= len(batch)
+            self._forward(state, batch, size, deliveries)
+            released = protocol.release_frames(state.channel, size, len(batch))
+            if released:
+                self._released(released)
+        if account.blocked and not state.waiting and not protocol.closed:
+            state.waiting = True
+            assert self.nursery is not None
+            self.nursery.start_soon(self._await_clear, state)
+        if self.budget.settle():  # a shrink may have completed
+            self.wake.set()
+
+    def _forward(
+        self, state: PublishChannel, batch: list[PublishReceived], size: int, fan_out: int
+    ) -> None:
+        """Send ``batch`` (``size`` bytes of frames) to the topic as one loan on
+        the channel's account; ``fan_out`` estimates what its deliveries will
+        be charged once routed."""
+        tails = [
+            encode_deliver_tail(e.message.payload, e.message.key, e.message.headers) for e in batch
+        ]
+        state.unrouted_fan_out += fan_out
+        state.topic.send_nowait(
+            Routed(tails, self, state.channel.index, fan_out, [e.message.key for e in batch]),
+            account=state.account,
+            cost=size,
+        )
+
+    async def _await_clear(self, state: PublishChannel) -> None:
+        """Resume a throttled channel once its account clears and its buffer
+        is forwarded; ``state.waiting`` stays true until then, so exactly one
+        such task looks after the channel.
+
+        The buffered publishes are forwarded a slice at a time, yielding in
+        between, so that a backlog does not hold up other channels' traffic;
+        if forwarding (or routing meanwhile) blocks the account again, it
+        waits again. Guarantees are issued when it is done.
+        """
+        host = self.host
+        while self._owns(state):
+            if state.account.blocked:
+                await self._wait_for_funds(state)
+                continue
+            if not state.buffer or host.closing:
+                break
+            self.drain(state, FORWARD_SLICE)
+            self.wake.set()
+            await trio.lowlevel.checkpoint()
+        state.waiting = False
+        if self._owns(state) and not host.closing:
+            if state.advised:
+                state.advised = False
+                if self.protocol.may_reference(state.channel):  # not when being freed
+                    self.protocol.throttled(state.channel, False)
+            self.protocol.issue_guarantees(state.channel)
+            self.wake.set()
+
+    async def _wait_for_funds(self, state: PublishChannel) -> None:
+        """Wait for the channel's account to clear; a wait longer than
+        ``throttle_notice_after`` is announced to the client (Throttled)."""
+        with trio.move_on_after(self.host.config.throttle_notice_after) as patience:
+            await state.account.ensure_clear_funds()
+        if patience.cancelled_caught:
+            if not state.advised and self._owns(state):
+                state.advised = True
+                if self.protocol.may_reference(state.channel):  # not when being freed
+                    self.protocol.throttled(state.channel, True)
+                self.wake.set()
+            await state.account.ensure_clear_funds()
+
+    def _owns(self, state: PublishChannel) -> bool:
+        """``state`` is still this open connection's channel."""
+        return self.channels.get(state.channel.index) is state and not self.protocol.closed
+
+    # ---------------------------------------------------------------- staging
+
+    def stage(self, state: PublishChannel, event: PublishReceived) -> str | None:
+        """Stage a publish of a staged channel: held by the broker, confirmed
+        at once, routed when its batch is committed. The refusal if the
+        staging area is full (the caller says Goodbye 3)."""
+        assert state.stage is not None
+        message = event.message
+        tail = encode_deliver_tail(message.payload, message.key, message.headers)
+        refusal = self.host.staging.stage(
+            self.owner,
+            state.stage,
+            state.topic.topic_name,
+            tail,
+            message.key,
+            len(tail) + STAGED_PUBLISH_OVERHEAD,
+            trio.current_time(),
+        )
+        if refusal is not None:
+            return refusal
+        self.counters.messages_in += 1
+        released = self.protocol.release_frames(state.channel, event.size, 1)
+        state.routed += 1
+        self.confirm_dirty.add(state.channel.index)
+        self.wake.set()
+        if released:
+            self._released(released)
+        return None
+
+    def commit(self, event: Commit) -> None:
+        """Decide a Commit; route what it makes visible (charged to a commit
+        account under this connection's) and answer once it is routed."""
+        host = self.host
+        batch = (self.owner, event.batch)
+        decision = host.staging.commit(*batch, event.members)
+        running = host.commits_in_flight.get(batch)
+        if decision.status is OutcomeStatus.DUPLICATE and running is not None:
+            # The first commit is still routing: "committed before" must
+            # still mean "visible", so answer once it is.
+            running.waiters.append(lambda: self.answer(event.request, decision))
+            return
+        if decision.status is not OutcomeStatus.COMMITTED or not decision.publishes:
+            self.answer(event.request, decision)
+            return
+        config = host.config
+        account = Account(
+            f"{self.name}/commit/{event.request}",
+            high_watermark=config.channel_high_watermark,
+            low_watermark=config.channel_low_watermark,
+            parent=self.account,
+            kind="commit",
+        )
+
+        def routed() -> None:
+            account.close()
+            self.answer(event.request, decision)
+
+        self.log(
+            logging.INFO, "batch %s committed: %d to route", shown(event.batch), decision.messages
+        )
+        host.start_commit(batch, account, decision.publishes, routed)
+
+    def abort(self, request: int, batch: str) -> None:
+        """Discard staged batch ``batch`` (Abort ``request``) and answer."""
+        self.answer(request, self.host.staging.abort(self.owner, batch))
+
+    def answer(self, request: int, decision: CommitDecision) -> None:
+        """Send the Outcome of Commit or Abort ``request`` (if still connected)."""
+        if not self.protocol.closed:
+            self.protocol.outcome(request, decision.status, decision.messages, decision.reason)
+            self.wake.set()

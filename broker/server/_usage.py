@@ -1,0 +1,80 @@
+"""What the broker counts per principal and about refusals, and what each
+connection reserved of the buffer budgets (kept apart from the broker, so
+that a connection's parts can name them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from broker.auth import AUTH_FAILURE_REASONS, Principal
+from broker.config import BrokerConfig
+
+
+@dataclass(slots=True, eq=False)
+class PrincipalUsage:
+    """What one principal's live connections hold now."""
+
+    principal: Principal
+    connections: int = 0
+    buffer_reserved: int = 0
+    #: The most its connections may reserve together (its share of the global budget).
+    buffer_budget: int = 0
+
+
+@dataclass(slots=True)
+class SecurityCounters:
+    """Refusals since the broker started (exported as metrics)."""
+
+    auth_failures: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(AUTH_FAILURE_REASONS, 0)
+    )
+    tls_handshake_failures: int = 0
+    lease_expirations: int = 0
+
+
+class LedgerHost(Protocol):
+    """Where all connections' reservations are summed (the broker)."""
+
+    #: Receive-buffer capacity reserved by all connections.
+    buffer_reserved: int
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+
+class ConnectionLedger:
+    """The receive-buffer capacity one connection reserved, booked also to
+    its broker and (once authenticated) its principal: the ``Ledger`` of its
+    :class:`~._budget.ConnectionBudget`."""
+
+    __slots__ = ("_host", "buffer_reserved", "principal")
+
+    def __init__(self, host: LedgerHost) -> None:
+        self._host = host
+        self.buffer_reserved = 0
+        #: The authenticated principal's usage (None while unauthenticated or without auth).
+        self.principal: PrincipalUsage | None = None
+
+    def spare_budget(self) -> int:
+        """What the broker's and the principal's budgets still allow."""
+        host = self._host
+        spare = host.config.global_budget - host.buffer_reserved
+        principal = self.principal
+        if principal is not None:
+            spare = min(spare, principal.buffer_budget - principal.buffer_reserved)
+        return spare
+
+    def reserve(self, amount: int) -> None:
+        """Book ``amount`` more bytes of capacity as reserved by this
+        connection (and its broker and principal)."""
+        self.buffer_reserved += amount
+        self._host.buffer_reserved += amount
+        if self.principal is not None:
+            self.principal.buffer_reserved += amount
+
+    def bind(self, principal: PrincipalUsage) -> None:
+        """The connection authenticated as ``principal``: what it reserved
+        counts against the principal's budget from now on."""
+        principal.buffer_reserved += self.buffer_reserved
+        self.principal = principal

@@ -1,0 +1,132 @@
+"""The server's seams stay: its parts and the metrics name small protocols,
+not the connection or the broker, and no module imports in a circle.
+
+Parsed with ``ast`` (nothing is imported), so a violation names its module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("broker/server", "broker/metrics")
+#: Who may name ``ServerConnection`` (from ``_connection``): the package's
+#: front, and the broker, which creates and drives connections.
+MAY_NAME_CONNECTION = {"broker.server", "broker.server._broker", "broker.server._connection"}
+#: Who may name ``Broker`` (from ``_broker``): the package's front, and the
+#: metrics' entry points, which are handed the broker (``BrokerCollector(broker)``).
+MAY_NAME_BROKER = {
+    "broker.server",
+    "broker.server._broker",
+    "broker.metrics._collector",
+    "broker.metrics._http",
+    "broker.metrics._stat",
+}
+#: Most lines per module (the house rule is "under ~600").
+MAX_LINES = 620
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, str]]:
+    """``(module, imported name)`` of every ``from ... import`` in ``path``,
+    ``TYPE_CHECKING`` blocks included, relative imports resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found += [(module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names]
+    return found
+
+
+MODULES = _modules()
+IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _names(module: str, imported: str) -> set[str]:
+    """The modules in ``IMPORTS`` that import ``imported`` from ``module``
+    (or from the package front, which re-exports it)."""
+    front = module.rpartition(".")[0]
+    return {
+        name
+        for name, imports in IMPORTS.items()
+        if any(m in (module, front) and n == imported for m, n in imports)
+    }
+
+
+def test_the_modules_are_found() -> None:
+    assert "broker.server._connection" in MODULES
+    assert "broker.metrics._figures" in MODULES
+
+
+def test_only_the_broker_names_the_connection_class() -> None:
+    naming = _names("broker.server._connection", "ServerConnection")
+    assert naming <= MAY_NAME_CONNECTION, sorted(naming - MAY_NAME_CONNECTION)
+
+
+def test_only_the_entry_points_name_the_broker_class() -> None:
+    naming = _names("broker.server._broker", "Broker")
+    assert naming <= MAY_NAME_BROKER, sorted(naming - MAY_NAME_BROKER)
+
+
+def test_no_module_imports_the_connection_or_broker_module_but_their_drivers() -> None:
+    """Not even for a constant: the leaf modules depend on protocols."""
+    for target, allowed in (
+        ("broker.server._connection", MAY_NAME_CONNECTION),
+        ("broker.server._broker", MAY_NAME_BROKER),
+    ):
+        importing = {
+            name for name, imports in IMPORTS.items() if any(m == target for m, _ in imports)
+        }
+        assert importing <= allowed, (target, sorted(importing - allowed))
+
+
+def test_no_import_circles_even_under_type_checking() -> None:
+    graph = {
+        name: {m for m, _ in imports if m in MODULES and m != name}
+        for name, imports in IMPORTS.items()
+    }
+    # The package fronts only re-export: a module importing its own front
+    # would be a circle, and is one here.
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                cycle = [*path[path.index(successor) :], successor]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if successor not in state:
+                visit(successor)
+        path.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name: str) -> None:
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name}: {lines} lines"

@@ -58,9 +58,10 @@ def _imported(name: str) -> Iterator[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            yield target
-            for alias in node.names:
-                yield f"{target}.{alias.name}"
+            submodules = [f"{target}.{alias.name}" for alias in node.names]
+            if not all(name in MODULES for name in submodules):
+                yield target  # names from the module itself, not only its submodules
+            yield from submodules
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name

@@ -88,7 +88,3 @@ class SubscriptionState(Binding[SubscriptionInfo]):
     bind_size: int | None = None
     #: Broker: restored from a session (see :attr:`TopicState.restored`).
     restored: bool = False
-
-
-#: Either kind of handle state.
-HandleStateObject = TopicState | SubscriptionState

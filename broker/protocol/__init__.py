@@ -9,8 +9,9 @@ parameter. :class:`Connection` is one end of a connection in either role
   / :func:`deliver_many_head` for encode-once fan-out);
 - the guarantee protocol per logical channel (:class:`ChannelReceiver`,
   :class:`ChannelSender`);
-- data handles (:class:`HandleTable`) and heartbeat/lease bookkeeping
-  (:class:`Liveness`);
+- data handles (:class:`HandleTable`; a connection's tables hold one state
+  object per handle, with its channel's guarantee state and session counts)
+  and heartbeat/lease bookkeeping (:class:`Liveness`);
 - :class:`Policy`, the decisions left to the application;
 - the topic-name rule (:func:`check_topic_name`, :data:`MAX_TOPIC_NAME`).
 

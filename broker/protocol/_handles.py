@@ -9,9 +9,10 @@ references it. Concurrent proposals from both sides confirm each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._messages import FreeHandle
@@ -32,6 +33,11 @@ class HandleState(Enum):
 
 @dataclass(slots=True)
 class Binding(Generic[V]):
+    """What a handle is bound to, and where it is in the freeing exchange.
+
+    A connection's tables hold subclasses that also carry the handle's
+    channel and session state (``_handle_state``)."""
+
     value: V
     state: HandleState = HandleState.BOUND
     #: Buffered messages that still reference this handle.
@@ -40,21 +46,46 @@ class Binding(Generic[V]):
     peer_done: bool = False
 
 
-class HandleTable(Generic[V]):
+B = TypeVar("B", bound="Binding[Any]")
+
+
+class HandleTable(Generic[B]):
     """One side's bindings of one handle type.
 
     ``created_here`` says whether this side binds the handles (the client
     does, for both types); it fixes the ``mine`` flag of ``FreeHandle``.
+    ``make`` builds the binding of a value (default: a plain :class:`Binding`);
+    a connection's tables make per-handle state objects.
     """
 
-    __slots__ = ("_bindings", "created_here", "handle_type", "next_handle")
+    __slots__ = ("_bindings", "bindings", "created_here", "handle_type", "make", "next_handle")
 
-    def __init__(self, handle_type: HandleType, *, created_here: bool) -> None:
+    @overload
+    def __init__(
+        self: HandleTable[Binding[Any]], handle_type: HandleType, *, created_here: bool
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self, handle_type: HandleType, *, created_here: bool, make: Callable[[Any], B]
+    ) -> None: ...
+
+    def __init__(
+        self,
+        handle_type: HandleType,
+        *,
+        created_here: bool,
+        make: Callable[[Any], Any] = Binding,
+    ) -> None:
         self.handle_type = handle_type
         self.created_here = created_here
+        self.make: Callable[[Any], B] = make
         #: The least handle not yet bound.
         self.next_handle = 0
-        self._bindings: dict[int, Binding[V]] = {}
+        self._bindings: dict[int, B] = {}
+        #: Handle -> binding, to read (one lookup on a fast path); it changes
+        #: only through this table's methods. Always the same mapping object.
+        self.bindings: Mapping[int, B] = self._bindings
 
     def __len__(self) -> int:
         return len(self._bindings)
@@ -62,27 +93,28 @@ class HandleTable(Generic[V]):
     def __contains__(self, handle: int) -> bool:
         return handle in self._bindings
 
-    def items(self) -> list[tuple[int, Binding[V]]]:
+    def items(self) -> list[tuple[int, B]]:
         return list(self._bindings.items())
 
-    def bind(self, value: V) -> int:
+    def bind(self, value: Any) -> int:
         """Bind the next handle to ``value`` and return it."""
         handle = self.next_handle
-        self._bindings[handle] = Binding(value)
+        self._bindings[handle] = self.make(value)
         self.next_handle += 1
         return handle
 
-    def restore(self, bindings: dict[int, V], next_handle: int) -> None:
+    def restore(self, bindings: Mapping[int, Any], next_handle: int) -> None:
         """Bind exactly ``bindings`` (handle -> value), with ``next_handle`` the
         least never bound: the handles of a resumed session, on a new connection."""
         if self._bindings or self.next_handle:
             raise LocalProtocolError("only an unused handle table can be restored")
         if any(not 0 <= handle < next_handle for handle in bindings):
             raise LocalProtocolError(f"restored handles must lie below {next_handle}")
-        self._bindings = {handle: Binding(value) for handle, value in sorted(bindings.items())}
+        make = self.make
+        self._bindings.update((h, make(value)) for h, value in sorted(bindings.items()))
         self.next_handle = next_handle
 
-    def get(self, handle: int) -> Binding[V] | None:
+    def get(self, handle: int) -> B | None:
         return self._bindings.get(handle)
 
     def is_deleted(self, handle: int) -> bool:
@@ -102,7 +134,7 @@ class HandleTable(Generic[V]):
         return removed
 
     # -- references
-    def resolve_local(self, handle: int) -> Binding[V]:
+    def resolve_local(self, handle: int) -> B:
         """The binding this side is about to reference in a message it sends."""
         binding = self._bindings.get(handle)
         if binding is None:
@@ -115,7 +147,7 @@ class HandleTable(Generic[V]):
             )
         return binding
 
-    def resolve_remote(self, handle: int) -> Binding[V] | None:
+    def resolve_remote(self, handle: int) -> B | None:
         """The binding a received message references.
 
         Returns None for a handle above every bound one (the caller decides
@@ -156,7 +188,7 @@ class HandleTable(Generic[V]):
         binding.references -= count
         return self._delete_if_done(handle, binding)
 
-    def _delete_if_done(self, handle: int, binding: Binding[V]) -> bool:
+    def _delete_if_done(self, handle: int, binding: B) -> bool:
         if binding.state is HandleState.MARKED and binding.references == 0:
             del self._bindings[handle]
             return True

@@ -6,7 +6,7 @@ from typing import Any
 
 from ._events import DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelReceiver
-from ._handles import Binding
+from ._handle_state import SubscriptionState, TopicState
 
 
 class ShortRun:
@@ -15,29 +15,31 @@ class ShortRun:
     another kind of frame is handled, nothing can change the binding or the
     connection's state, and each frame's guarantees are still checked."""
 
-    __slots__ = ("binding", "channel", "counts", "handle", "kind", "receiver")
+    __slots__ = ("binding", "channel", "handle", "kind", "receiver", "topic")
 
     def __init__(
         self,
         kind: type,
         handle: int,
-        binding: Binding[Any],
+        binding: TopicState | SubscriptionState,
         receiver: ChannelReceiver,
-        counts: dict[int, int] | None,
+        topic: TopicState | None,
     ) -> None:
         self.kind = kind
         self.handle = handle
+        #: The handle's state (its binding).
         self.binding = binding
         self.receiver = receiver
         self.channel = receiver.channel
-        #: Broker: the per-topic count of accepted publishes (resume data).
-        self.counts = counts
+        #: Broker, a run of Publish frames: the topic's state, whose count of
+        #: accepted publishes (resume data) each frame adds to. None for Deliver.
+        self.topic = topic
 
     def take(self, message: Any, size: int, events: list[Event]) -> bool:
         """Accept ``message`` as its run's short path would; False (nothing
         changed) if it is on another handle or beyond the guarantees."""
-        counts = self.counts
-        if counts is None:
+        topic = self.topic
+        if topic is None:
             if message.subscription != self.handle or not self.receiver.accept_guaranteed(size):
                 return False
             self.binding.references += 1
@@ -45,7 +47,7 @@ class ShortRun:
             return True
         if message.topic != self.handle or not self.receiver.accept_guaranteed(size):
             return False
-        self.binding.references += 1
-        counts[self.handle] += 1
-        events.append(PublishReceived(message, self.binding.value, self.channel, size))
+        topic.references += 1
+        topic.received += 1
+        events.append(PublishReceived(message, topic.value, self.channel, size))
         return True

@@ -231,7 +231,7 @@ def test_an_encoded_surrogate_is_malformed_text() -> None:
 def test_a_bad_bind_takes_no_guarantee_bytes() -> None:
     """The refused frame is not counted against the bind channel either."""
     pair = ConnectionPair()
-    receiver = pair.broker._receivers[TOPIC_BINDS]
+    receiver = pair.broker.receiver(TOPIC_BINDS)
     buffered = receiver.buffered
     frames = split_frames(encode(BindTopic("")))
     _broker_receives_raw(pair, frames[0])

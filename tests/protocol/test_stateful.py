@@ -951,15 +951,18 @@ class DeliverManyMachine(GuaranteeMachine):
 
     def _release_pending(self) -> None:
         """At the end, every other DeliverMany is released entry by entry
-        (a byte each, the rest with the last entry)."""
+        (a byte each, the rest with the last entries: a frame that
+        :meth:`client_release_part` left with fewer bytes than entries has
+        not a byte for each)."""
         while self.client_pending:
             event = self.client_pending.popleft()
             if isinstance(event, DeliverManyReceived) and event.message.first_seq % 2:
                 entries = len(event.message.entries)
-                for _ in range(entries - 1):
+                alone = min(entries, event.size) - 1
+                for _ in range(alone):
                     assert self.client.release_frames(event.channel, 1, 1) == []
                     DeliverManyMachine.entries_released_alone += 1
-                self.client.release_frames(event.channel, event.size - entries + 1, 1)
+                self.client.release_frames(event.channel, event.size - alone, entries - alone)
             else:
                 self.client.release(event)
 

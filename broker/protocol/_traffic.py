@@ -1,0 +1,381 @@
+"""Messages: publishing (client) and delivering (broker), each on its
+handle's channel within the guarantees, and the notices about them (Ack,
+Gap, Confirm).
+
+The usual case of each is a short path: one look-up of the handle's state
+(:mod:`._handle_state`) gives the binding, the channel's guarantee state and
+the session counts. Anything unusual (an unbound or optimistic handle, a
+frame beyond the guarantees) takes the long path, which checks everything.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ._binds import HandleBinding
+from ._codec import (
+    MAX_DELIVER_MANY,
+    deliver_heads,
+    deliver_many_head,
+    deliver_many_head_size,
+    encode,
+    encode_deliver,
+    encode_publish,
+)
+from ._core import ConnectionState
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
+from ._guarantees import ChannelSender
+from ._handles import HandleState
+from ._messages import Ack, Confirm, Deliver, DeliverMany, Gap, Headers, Publish
+from ._short_run import ShortRun
+from ._types import (
+    LENGTH_PREFIX,
+    TOPIC_BINDS,
+    U64_MAX,
+    Channel,
+    GoodbyeCode,
+    HandleType,
+    Role,
+)
+
+
+class Traffic(HandleBinding):
+    """Publish, Deliver, DeliverMany and their notices."""
+
+    # ---------------------------------------------------------------- publish
+
+    def publish(
+        self,
+        topic: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Client: publish on a topic handle; returns the frame size.
+
+        Raises :class:`NoGuarantees` (nothing sent) if the channel has no
+        room; within guarantees the frame is certain to be buffered.
+        """
+        if self.role is not Role.CLIENT:
+            self._require_role(Role.CLIENT, "publish")
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        state = self.topics.bindings.get(topic)
+        if state is None or state.state is not HandleState.BOUND or state.sender is None:
+            self.topics.resolve_local(topic)  # says what is wrong
+            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
+        sender = state.sender
+        if (
+            headers is None
+            and type(payload) is bytes
+            and (key is None or type(key) is bytes)
+            and type(topic) is int
+        ):
+            frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
+        else:
+            frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
+        size = len(frame)
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            # The usual case, in short: within the guarantees.
+            self._out.append(frame)
+            self.frames_sent += 1
+            self.bytes_sent += size
+            self._out_size += size
+        else:
+            self._send_frame(sender, Publish(topic, payload, key, headers), frame)
+        # Kept until the broker confirms it, to be sent again on a resume.
+        retained = state.retained
+        if retained is None:
+            retained = state.retained = deque()
+        retained.append(frame)
+        return size
+
+    def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError("Publish is sent by clients")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.topic
+        topic = self.topics.bindings.get(handle)
+        if topic is not None and topic.state is HandleState.BOUND and not topic.peer_done:
+            # The usual case, in short: a bound topic, within the guarantees.
+            receiver = topic.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                topic.references += 1
+                topic.received += 1
+                events.append(PublishReceived(message, topic.value, receiver.channel, size))
+                self._run = ShortRun(Publish, handle, topic, receiver, topic)
+                return
+        topic = self._resolve_topic(handle, events)
+        if topic is None:
+            # An optimistic reference whose bind was dropped (and announced).
+            self.discarded_frames += 1
+            return
+        receiver = topic.receiver
+        assert receiver is not None  # a broker receives on every bound topic
+        accepted, out = receiver.on_frame(size)
+        if topic.state is HandleState.BOUND:
+            self._queue_all(out)
+        if accepted:
+            if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
+                self._issue(receiver)  # confirm the optimistic frame without delay
+            topic.references += 1
+            topic.received += 1
+            events.append(PublishReceived(message, topic.value, receiver.channel, size))
+
+    # ---------------------------------------------------------------- deliver
+
+    def deliver(
+        self,
+        subscription: int,
+        seq: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Broker: send a delivery within the subscriber's guarantees; returns its size."""
+        sender = self._delivery_sender(subscription)
+        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+
+    def _delivery_sender(self, subscription: int) -> ChannelSender:
+        self._require_role(Role.BROKER, "deliver")
+        self._require_open()
+        sender = self.subscriptions.resolve_local(subscription).sender
+        assert sender is not None  # a broker sends on every bound subscription
+        return sender
+
+    def deliver_encoded(self, subscription: int, seq: int, tail: bytes) -> int:
+        """Broker: :meth:`deliver` with the shared part pre-encoded once per publish.
+
+        ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
+        encoded per subscriber.
+        """
+        sender = self._delivery_sender(subscription)
+        head, tail = encode_deliver(subscription, seq, tail)
+        size = len(head) + len(tail)
+        if size - LENGTH_PREFIX > self.peer_max_frame:
+            raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+        return self._send_frame(sender, None, head, tail)
+
+    def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
+        """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
+        sequence numbers from ``first_seq``, as many as the subscriber's
+        guarantees allow, in order; returns how many were queued (0 if none
+        fits). Raises :class:`LocalProtocolError` if the first frame could
+        never be sent (larger than the peer's ``max_frame``); a later one
+        ends the batch before it, and raises on the next call.
+        """
+        sender = self._delivery_sender(subscription)
+        if first_seq < 0 or first_seq + len(tails) - 1 > U64_MAX:
+            raise LocalProtocolError("seq must be u64")
+        if self._many and len(tails) > 1:
+            return self._deliver_in_many(sender, subscription, first_seq, tails)
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        seq = first_seq
+        total = 0
+        put = self._out.append
+        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
+            size = len(head) + len(tail)
+            if size > room or size > limit:
+                if size > limit and seq == first_seq:
+                    raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                break
+            room -= size
+            total += size
+            put(head)
+            put(tail)
+            seq += 1
+        count = seq - first_seq
+        if count:
+            # Deliveries never go beyond the guarantees (no optimism on
+            # [3, s]), so none is kept for retransmission.
+            sender.record_within_guarantees(count, total)
+            self.frames_sent += count
+            self.bytes_sent += total
+            self._out_size += total
+        return count
+
+    def _deliver_in_many(
+        self, sender: ChannelSender, subscription: int, first_seq: int, tails: list[bytes]
+    ) -> int:
+        """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
+        as few frames as the guarantees and ``max_frame`` allow (a frame of
+        one entry goes as a plain Deliver)."""
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        count = len(tails)
+        sent = frames = total = 0
+        while sent < count:
+            capacity = min(room, limit)
+            seq = first_seq + sent
+            stop = min(count, sent + MAX_DELIVER_MANY)
+            # What fits in one frame, its head counted at the longest it can be...
+            cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
+            # The usual case: all of them fit the first frame (summed in one
+            # go; once a batch needs several frames, they are measured one by one).
+            body = sum(map(len, tails[sent:stop])) if not frames else cap + 1
+            if body <= cap:
+                end = stop
+            else:
+                end = sent
+                body = 0
+                while end < stop:
+                    size = len(tails[end])
+                    if body + size > cap:
+                        break
+                    body += size
+                    end += 1
+            # ...then at its real size, a byte or two shorter for fewer entries.
+            while (
+                end < stop
+                and deliver_many_head_size(subscription, seq, end + 1 - sent)
+                + body
+                + len(tails[end])
+                <= capacity
+            ):
+                body += len(tails[end])
+                end += 1
+            if end - sent >= 2:
+                head = deliver_many_head(subscription, seq, end - sent, body)
+                size = len(head) + body
+                out.append(head)
+                out += tails[sent:end]
+            else:
+                tail = tails[sent]
+                head = next(deliver_heads(subscription, seq, [tail]))
+                size = len(head) + len(tail)
+                if size > room or size > limit:
+                    if size > limit and sent == 0:
+                        raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                    break
+                out.append(head)
+                out.append(tail)
+                end = sent + 1
+            room -= size
+            total += size
+            frames += 1
+            sent = end
+        if sent:
+            sender.record_within_guarantees(frames, total)
+            self.frames_sent += frames
+            self.bytes_sent += total
+            self._out_size += total
+        return sent
+
+    def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("Deliver is sent by the broker")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.subscription
+        subscription = self.subscriptions.bindings.get(handle)
+        if subscription is not None and not subscription.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            receiver = subscription.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                subscription.references += 1
+                events.append(DeliverReceived(message, receiver.channel, size))
+                self._run = ShortRun(Deliver, handle, subscription, receiver, None)
+                return
+        channel = self._accept_delivery("Deliver", handle, size, 1, events)
+        events.append(DeliverReceived(message, channel, size))
+
+    def _on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT or not self._many:
+            raise RemoteProtocolError(
+                "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
+            )
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.subscription
+        entries = len(message.entries)
+        subscription = self.subscriptions.bindings.get(handle)
+        if subscription is not None and not subscription.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            receiver = subscription.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                subscription.references += entries
+                events.append(DeliverManyReceived(message, receiver.channel, size))
+                return
+        channel = self._accept_delivery("DeliverMany", handle, size, entries, events)
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _accept_delivery(
+        self, what: str, handle: int, size: int, entries: int, events: list[Event]
+    ) -> Channel:
+        """Buffer a delivery frame of ``entries`` messages on subscription
+        ``handle`` (the long way); its channel. Raises if the handle is not
+        bound or the frame is beyond the guarantees."""
+        subscription = self._resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
+        receiver = subscription.receiver
+        assert receiver is not None  # a client receives on every bound subscription
+        channel = receiver.channel
+        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
+            raise RemoteProtocolError(
+                f"{channel}: {what} of {size} bytes beyond the guarantees "
+                f"({receiver.sender_balance} left)",
+                GoodbyeCode.LIMIT_EXCEEDED,
+            )
+        receiver.on_frame(size)
+        subscription.references += entries
+        return channel
+
+    # ---------------------------------------------------------------- acks, gaps, confirms
+
+    def ack(self, subscription: int, seq: int) -> None:
+        """Client: everything up to ``seq`` on ``subscription`` is processed."""
+        self._require_role(Role.CLIENT, "acknowledge")
+        self._require_open()
+        state = self.subscriptions.resolve_local(subscription)
+        if seq < state.processed:
+            raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
+        state.processed = seq
+        self._queue(Ack(subscription, seq))
+
+    def _on_notice(self, message: Ack | Gap | Confirm, size: int, events: list[Event]) -> None:
+        """Ack (client to broker), Gap and Confirm (broker to client): checked, passed on."""
+        name = type(message).__name__
+        if isinstance(message, Confirm):
+            handle_type, handle = HandleType.TOPIC, message.topic
+        else:
+            handle_type, handle = HandleType.SUBSCRIPTION, message.subscription
+        sent_by = Role.CLIENT if isinstance(message, Ack) else Role.BROKER
+        if self.role is sent_by:
+            raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
+        self._check_open(message)
+        self._resolve_required(handle_type, handle, events, name)
+        if isinstance(message, Confirm):
+            self._on_confirm(message)
+        events.append(message)
+
+    def _on_confirm(self, message: Confirm) -> None:
+        """Confirmed publishes need not be kept for a resume any more.
+
+        The count is cumulative over the session: it never goes back, and
+        never exceeds the Publish frames sent on the handle (a repeat of the
+        last count changes nothing)."""
+        topic = self.topics.bindings[message.topic]
+        if not topic.confirm(message.count):
+            raise RemoteProtocolError(
+                f"Confirm of {message.count} publishes on topic handle {message.topic}: "
+                f"{topic.retained_base} confirmed before, {topic.published} sent"
+            )
+
+    def gap(self, subscription: int, first_seq: int, count: int) -> None:
+        """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
+        self._require_role(Role.BROKER, "report gaps")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(Gap(subscription, first_seq, count))
+
+    def confirm(self, topic: int, count: int) -> None:
+        """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
+        self._require_role(Role.BROKER, "confirm")
+        self._require_open()
+        self.topics.resolve_local(topic)
+        self._queue(Confirm(topic, count))

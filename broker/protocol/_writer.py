@@ -1,0 +1,86 @@
+"""Bytes out: the queue of encoded frames a connection has for its peer.
+
+Frames are queued whole (a delivery as a per-subscriber head and a shared
+tail, two pieces of one frame) and taken out all at once by the connection's
+``data_to_send``. The queue counts what it holds, in bytes and in memory
+(:data:`PIECE_OVERHEAD`), so a driver can bound a peer that does not read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._codec import encode, encode_body
+from ._messages import Goodbye, Message
+from ._types import DEFAULT_MAX_FRAME
+
+#: Goodbye reasons are cut to this many characters (they may echo peer input).
+MAX_REASON = 200
+#: What CPython spends on one queued output piece besides its bytes: the
+#: header and allocator rounding of a small ``bytes`` object (at most 48)
+#: and its slot in the queue's list (8, plus the list's over-allocation).
+PIECE_OVERHEAD = 64
+
+
+class FrameWriter:
+    """The output side of a connection: frames queued for the peer.
+
+    The hot paths of the connection append to ``_out`` and count directly
+    (``frames_sent``, ``bytes_sent``, ``_out_size``); everything else goes
+    through :meth:`_queue` or :meth:`_put`, which keep the counts.
+    """
+
+    def __init__(self) -> None:
+        #: Largest frame body the peer accepts.
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        #: Queued pieces (whole frames, or a frame's head and tail) and their bytes.
+        self._out: list[bytes] = []
+        self._out_size = 0
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Bytes queued for the peer that ``data_to_send`` has not returned yet."""
+        return self._out_size
+
+    @property
+    def memory_to_send(self) -> int:
+        """An upper estimate of the memory the output queue holds: its bytes
+        plus :data:`PIECE_OVERHEAD` per queued piece. Bound this, not
+        :attr:`bytes_to_send`, for a peer that does not read: many tiny
+        frames (a Pong per Ping) cost several times their bytes."""
+        return self._out_size + PIECE_OVERHEAD * len(self._out)
+
+    def _take_output(self) -> bytes:
+        """Everything queued, as one buffer; the queue is empty afterwards."""
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_size = 0
+        return data
+
+    def _queue(self, message: Message) -> None:
+        """Queue a message, encoded within the peer's ``max_frame``."""
+        self._put(encode(message, max_frame=self.peer_max_frame))
+
+    def _queue_all(self, messages: list[Any]) -> None:
+        for message in messages:
+            self._queue(message)
+
+    def _put(self, frame: bytes, tail: bytes = b"") -> None:
+        """Queue one frame (optionally as a head and a shared ``tail``)."""
+        self._out.append(frame)
+        if tail:
+            self._out.append(tail)
+        size = len(frame) + len(tail)
+        self.frames_sent += 1
+        self.bytes_sent += size
+        self._out_size += size
+
+    def _queue_goodbye(self, code: int, reason: str) -> str:
+        """Queue a Goodbye whose reason is cut to fit; returns the reason sent."""
+        reason = reason[:MAX_REASON]
+        while len(encode_body(Goodbye(code, reason))) > self.peer_max_frame and reason:
+            reason = reason[: len(reason) // 2]
+        self._queue(Goodbye(code, reason))
+        return reason

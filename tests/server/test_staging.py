@@ -3,8 +3,8 @@ commit makes exactly the listed members visible once, and whatever goes
 wrong (a count that does not match, an abort, a full staging area, a cut
 connection) nothing is routed twice or half.
 
-Staged publishing is a blocking-client feature (the Spark sink's); the
-clients run in worker threads, the broker in trio.
+These tests use the blocking client (the Spark sink's), in worker threads,
+the broker in trio; tests/client/test_async_staging.py covers the trio client.
 """
 
 from __future__ import annotations

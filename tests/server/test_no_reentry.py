@@ -12,6 +12,7 @@ made from outside ``broker.protocol`` while that connection is inside
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,9 +69,10 @@ def reentry_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         finally:
             inside.discard(id(self))
 
-    for name, value in list(vars(Connection).items()):
+    for name in dir(Connection):  # the class and every part it is assembled from
         if name.startswith("_") or name == "receive_data":
             continue
+        value = inspect.getattr_static(Connection, name)
         if isinstance(value, property) and value.fget is not None:
             monkeypatch.setattr(Connection, name, property(watch(name, value.fget)))
             watched.append(name)

@@ -213,6 +213,12 @@ class BlockingDriver(SessionView):
             if isinstance(error, ConnectionLost):
                 return error
             return ConnectionLost(f"restoring the session timed out: {error}")
+        except BaseException:
+            # Raised to the caller (e.g. LimitReached while restoring a lost
+            # session): this attempt is over; a later call attempts again.
+            self._close_pipe()
+            session.attempt_aborted()
+            raise
         broke_again = session.attempt_error if self._pipe is None else None
         session.reconnected()
         if broke_again is not None:  # it broke again once the session was restored

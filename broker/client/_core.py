@@ -178,7 +178,7 @@ class ClientSession:
         if conn.welcome_message is None and len(self.answer) < ANSWER_KEPT:
             self.answer += bytes(data[: ANSWER_KEPT - len(self.answer)])
         lost = self.apply_events(conn.receive_data(data, now))
-        if self.ready:
+        if self.ready and not self.attempting:  # (a lost session clears the cache first)
             self.cache.pump(conn)
         if self.pending_frees and not conn.closed:
             for handle in list(self.pending_frees):
@@ -291,6 +291,13 @@ class ClientSession:
         if final is not None:
             self.broken = self.resume = self.plan = None
             self.error = final
+
+    def attempt_aborted(self) -> None:
+        """The attempt ended with an error the driver raised to the
+        application: the session stays broken, and the next attempt follows
+        the same plan."""
+        self.attempting = False
+        self.ready = False
 
     def attempt_welcomed(self) -> ClientSessionState | None:
         """The attempt's connection was welcomed: None if the session was

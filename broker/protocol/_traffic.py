@@ -10,8 +10,6 @@ frame beyond the guarantees) takes the long path, which checks everything.
 
 from __future__ import annotations
 
-from collections import deque
-
 from ._binds import HandleBinding
 from ._codec import (
     MAX_DELIVER_MANY,
@@ -85,11 +83,7 @@ class Traffic(HandleBinding):
             self._out_size += size
         else:
             self._send_frame(sender, Publish(topic, payload, key, headers), frame)
-        # Kept until the broker confirms it, to be sent again on a resume.
-        retained = state.retained
-        if retained is None:
-            retained = state.retained = deque()
-        retained.append(frame)
+        state.retain(frame)  # to be sent again on a resume, until confirmed
         return size
 
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:

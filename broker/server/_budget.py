@@ -101,10 +101,9 @@ class ConnectionBudget:
         #: The client was told that the subscription limit holds back [1, 0].
         self.subscription_limit_advised = False
         #: The ledger as :meth:`fund` sees it: the capacity in use (as of the
-        #: last survey, plus what was opened since) and whether an idle
-        #: channel could be shrunk. It only ever overestimates what is in use.
+        #: last survey, plus what was opened since). It only ever
+        #: overestimates what is in use.
         self._in_use = 0
-        self._shrinkable = False
         #: The ledger may overestimate (handles went, shrinks are under way):
         #: the next settle surveys again.
         self._stale = False
@@ -148,7 +147,6 @@ class ConnectionBudget:
             elif channel.kind != ChannelKind.DELIVER:
                 total += min(capacity, bind_capacity)
         self._in_use = total
-        self._shrinkable = shrinkable
         # (A shrink completes when the sender absolves: survey again until then.)
         self._stale = pending > 0
         return total, shrinkable, pending

@@ -292,6 +292,26 @@ def test_a_broken_connection_is_planned_for_resume() -> None:
     assert (session.ready, session.broken) == (True, None)
 
 
+def test_an_attempt_ended_by_an_unexpected_error_leaves_the_next_one_possible() -> None:
+    """A driver that raises out of an attempt (e.g. LimitReached while
+    restoring a lost session) ends it with attempt_aborted: the session is
+    still broken, the plan stands, and a later failure is not ignored."""
+    broker = FakeBroker()
+    session = connected(broker, reconnect=5.0)
+    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
+    plan = session.plan
+    session.start(1.0, session.begin_attempt(1.0))
+    assert session.attempting
+    session.attempt_aborted()
+    assert (session.attempting, session.ready) == (False, False)
+    assert session.broken is not None and session.plan is plan
+    session.start(2.0, session.begin_attempt(2.0))  # the next attempt
+    assert FakeBroker().pump(session) is None
+    assert session.attempt_welcomed() is not None  # (this broker never resumes)
+    session.reconnected()
+    assert (session.ready, session.broken, session.attempting) == (True, None, False)
+
+
 def test_without_reconnect_a_broken_connection_ends_the_client() -> None:
     broker = FakeBroker()
     session = connected(broker)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -99,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         (sys.stdout if ok else sys.stderr).write(text)
         return 0 if ok else 1
     on_terminal = sys.stdout.isatty()
+    # Ctrl-C stops watching even when started with SIGINT ignored (as a
+    # background job of a script is), like `broker pub` and `broker serve`.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             text, ok = _snapshot(url, args.json, compact=True)
@@ -119,3 +123,5 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): that ends it, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        signal.signal(signal.SIGINT, previous)

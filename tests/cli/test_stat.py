@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,28 @@ def test_watch_json_is_one_document_a_line(served: Served) -> None:
             watcher.communicate(timeout=TIMEOUT)
     assert watcher.returncode == 0
     assert [document["version"] for document in documents] == [2, 2]
+
+
+def test_ctrl_c_stops_a_watch_started_with_sigint_ignored(served: Served) -> None:
+    """A background job of a script starts with SIGINT ignored; Ctrl-C (a
+    SIGINT sent to it) still stops the watch, as it stops `broker pub`."""
+    watcher = subprocess.Popen(
+        broker_command("stat", "--json", "-w", "0.1", "--metrics", served.metrics),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert watcher.stdout is not None
+        assert json.loads(watcher.stdout.readline())["version"] == 2
+        interrupt(watcher)
+        watcher.communicate(timeout=TIMEOUT)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate(timeout=TIMEOUT)
+    assert watcher.returncode == 0
 
 
 def test_watch_on_a_terminal_redraws_the_screen(served: Served) -> None:

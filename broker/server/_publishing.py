@@ -145,16 +145,9 @@ class Publishing:
         self, handle: int, topic_name: str, stage: Stage | None, *, may_publish: bool
     ) -> PublishChannel:
         """The broker's side of a newly bound (or restored) topic handle."""
-        config = self.host.config
         topic = self.host.topic(topic_name)
         topic.publishers += 1
-        account = Account(
-            f"{self.name}/publish/{handle}",
-            high_watermark=config.channel_high_watermark,
-            low_watermark=config.channel_low_watermark,
-            parent=self.account,
-            kind="publish",
-        )
+        account = self._channel_account(f"publish/{handle}", "publish")
         state = PublishChannel(
             Channel(ChannelKind.PUBLISH, handle),
             account,
@@ -164,6 +157,17 @@ class Publishing:
         )
         self.channels[handle] = state
         return state
+
+    def _channel_account(self, name: str, kind: str) -> Account:
+        """An account under the connection's, with the channel watermarks."""
+        config = self.host.config
+        return Account(
+            f"{self.name}/{name}",
+            high_watermark=config.channel_high_watermark,
+            low_watermark=config.channel_low_watermark,
+            parent=self.account,
+            kind=kind,
+        )
 
     def handle_gone(self, handle: int) -> None:
         """Topic ``handle`` is being freed (or was): its channel goes once
@@ -383,14 +387,7 @@ class Publishing:
         if decision.status is not OutcomeStatus.COMMITTED or not decision.publishes:
             self.answer(event.request, decision)
             return
-        config = host.config
-        account = Account(
-            f"{self.name}/commit/{event.request}",
-            high_watermark=config.channel_high_watermark,
-            low_watermark=config.channel_low_watermark,
-            parent=self.account,
-            kind="commit",
-        )
+        account = self._channel_account(f"commit/{event.request}", "commit")
 
         def routed() -> None:
             account.close()

@@ -167,6 +167,11 @@ class Account:
         return self._debt
 
     @property
+    def peak_debt(self) -> int:
+        """The largest :attr:`debt` this account has had."""
+        return self._peak
+
+    @property
     def blocked(self) -> bool:
         """Whether this account itself is in its blocked phase (ancestors
         not considered; see :meth:`is_clear`)."""

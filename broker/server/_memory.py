@@ -5,7 +5,7 @@ burst (a large staged batch committed and delivered, a backlog drained) the
 debt falls back, but the C allocator keeps the freed heap pages for reuse,
 so the process's RSS would stay at its peak. :class:`MemoryReturn` watches
 the debt and, once it has fallen ``threshold`` bytes below its peak since
-the last return and stopped falling, asks for the free pages to be handed back
+the last return and stopped moving, asks for the free pages to be handed back
 (:func:`broker.runtime.release_free_memory`, in a worker thread).
 """
 
@@ -25,10 +25,14 @@ CHECK_EVERY = 2.0
 
 
 class Debtor(Protocol):
-    """What is watched: an account's current debt in bytes."""
+    """What is watched: an account's current debt in bytes, and the largest
+    it has had."""
 
     @property
     def debt(self) -> int: ...
+
+    @property
+    def peak_debt(self) -> int: ...
 
 
 class MemoryReturn:
@@ -39,21 +43,30 @@ class MemoryReturn:
         self.threshold = threshold
         self.peak = account.debt
         self._last = account.debt
+        #: The account's own peak at the last look: a burst between two
+        #: looks that set a new record is seen through it, however short.
+        self._record = account.peak_debt
         #: Times memory was handed back.
         self.returns = 0
 
     def due(self) -> bool:
         """Record the debt now; True once it has fallen ``threshold`` below
-        the peak since the last return and stopped falling (a drain under
-        way frees more: one return at its end gives back all of it). This
-        then counts as done."""
-        debt = self.account.debt
-        falling = debt < self._last
+        the peak since the last return and stayed put between two looks (a
+        drain or a commit under way moves it: one return at its end gives
+        back all of it, where a return half-way would leave the rest below
+        the threshold). This then counts as done."""
+        account = self.account
+        debt = account.debt
+        record = account.peak_debt
+        if record > self._record:
+            self._record = record
+            self.peak = max(self.peak, record)
+        moving = debt != self._last
         self._last = debt
         if debt > self.peak:
             self.peak = debt
             return False
-        if falling or self.peak - debt < self.threshold:
+        if moving or self.peak - debt < self.threshold:
             return False
         self.peak = debt
         self.returns += 1

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from dataclasses import dataclass
 
 import trio
 import trio.testing
@@ -19,9 +18,20 @@ from broker.server._memory import CHECK_EVERY, RETURN_AFTER_BYTES, MemoryReturn
 MiB = 1024 * 1024
 
 
-@dataclass
 class FakeAccount:
-    debt: int = 0
+    """A debt and the largest it has been, as an account keeps them."""
+
+    def __init__(self, debt: int = 0) -> None:
+        self._debt = self.peak_debt = debt
+
+    @property
+    def debt(self) -> int:
+        return self._debt
+
+    @debt.setter
+    def debt(self, value: int) -> None:
+        self._debt = value
+        self.peak_debt = max(self.peak_debt, value)
 
 
 def test_memory_is_due_once_the_debt_has_fallen_a_threshold_and_settled() -> None:
@@ -41,8 +51,22 @@ def test_memory_is_due_once_the_debt_has_fallen_a_threshold_and_settled() -> Non
     account.debt = 80
     assert not memory.due()  # falling
     account.debt = 82
-    assert memory.due()  # 13 below the peak of 95 since the last return, not falling
+    assert not memory.due()  # rising again: something is under way
+    assert memory.due()  # 13 below the peak of 95 since the last return, settled
     assert memory.returns == 2
+
+
+def test_a_burst_between_two_looks_is_seen_through_the_accounts_peak() -> None:
+    """A batch staged and drained between two looks (2 s apart) still makes
+    memory due: the account's own peak says how high the debt went."""
+    account = FakeAccount()
+    memory = MemoryReturn(account, threshold=10)
+    assert not memory.due()
+    account.debt = 100  # up and down again, unseen by any look
+    account.debt = 0
+    assert memory.due()  # back where the last look saw it: 100 below the peak it went to
+    assert memory.returns == 1
+    assert not memory.due()
 
 
 async def test_the_watcher_releases_in_a_thread_when_due(

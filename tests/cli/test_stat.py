@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from broker.cli._stat_text import render
 
 from .helpers import TIMEOUT, Served, Subscriber, broker_command, interrupt, run
@@ -103,12 +105,18 @@ def test_watch_into_a_pipe_appends_snapshots_until_ctrl_c(served: Served) -> Non
     assert "\x1b[" not in out
 
 
-def test_watch_json_is_one_document_a_line(served: Served) -> None:
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_watch_json_is_one_document_a_line(served: Served, sigint_ignored: bool) -> None:
+    """Ctrl-C ends the watch, also when it was started with SIGINT ignored
+    (as a background job of a script is), as it ends `broker pub`."""
     watcher = subprocess.Popen(
         broker_command("stat", "--json", "-w", "0.1", "--metrics", served.metrics),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
     try:
         assert watcher.stdout is not None
@@ -121,28 +129,6 @@ def test_watch_json_is_one_document_a_line(served: Served) -> None:
             watcher.communicate(timeout=TIMEOUT)
     assert watcher.returncode == 0
     assert [document["version"] for document in documents] == [2, 2]
-
-
-def test_ctrl_c_stops_a_watch_started_with_sigint_ignored(served: Served) -> None:
-    """A background job of a script starts with SIGINT ignored; Ctrl-C (a
-    SIGINT sent to it) still stops the watch, as it stops `broker pub`."""
-    watcher = subprocess.Popen(
-        broker_command("stat", "--json", "-w", "0.1", "--metrics", served.metrics),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
-        assert watcher.stdout is not None
-        assert json.loads(watcher.stdout.readline())["version"] == 2
-        interrupt(watcher)
-        watcher.communicate(timeout=TIMEOUT)
-    finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.communicate(timeout=TIMEOUT)
-    assert watcher.returncode == 0
 
 
 def test_watch_on_a_terminal_redraws_the_screen(served: Served) -> None:

@@ -151,6 +151,8 @@ def _fields(message: Message) -> list[Any]:
                 welcome["bound"] = list(message.bound)
             if message.subscriptions is not None:
                 welcome["subscriptions"] = list(message.subscriptions)
+            if message.offsets:
+                welcome["offsets"] = True
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
@@ -500,6 +502,8 @@ def _welcome(f: list[Any]) -> Welcome:
     keys = _WELCOME_KEYS
     if resumed:
         keys = _WELCOME_KEYS_RESUMED | ({"subscriptions"} & fields.keys())
+    if type(fields) is dict and "offsets" in fields:
+        keys = keys | {"offsets"}
     rec = _record(fields, keys, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
@@ -527,6 +531,7 @@ def _welcome(f: list[Any]) -> Welcome:
         _u64_map(rec["received"], "received"),
         bound,
         surviving,
+        _bool(rec["offsets"], "offsets") if "offsets" in rec else False,
     )
 
 

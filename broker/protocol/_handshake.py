@@ -74,8 +74,12 @@ class Handshake(SessionResume):
         heartbeat_ms: int | None = None,
         received: dict[int, int] | None = None,
         restore: BrokerSessionState | None = None,
+        offsets: bool = False,
     ) -> None:
         """Broker: accept the client's Hello; opens the bind channels.
+
+        ``offsets`` says that reliable subscriptions number their deliveries
+        by their topic's log offsets (a broker with a data directory).
 
         ``restore`` resumes a session: its handles are bound again (publish
         channels opened, delivery channels ready), and the Welcome tells the
@@ -108,6 +112,7 @@ class Handshake(SessionResume):
             dict(received or {}),
             None if restore is None else (restore.next_topic, restore.next_subscription),
             surviving,
+            offsets,
         )
         self._queue(message)
         self.welcome_message = message

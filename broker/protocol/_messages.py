@@ -63,6 +63,10 @@ class Welcome:
     #: client's Hello listed (and only then): the subscription handles the
     #: session still has, ascending. None: every one listed survives.
     subscriptions: tuple[int, ...] | None = None
+    #: The broker keeps topic logs: a reliable subscription's sequence
+    #: numbers are the offsets of its topic's records (see "Topic logs and
+    #: offsets" in the protocol description).
+    offsets: bool = False
 
 
 @dataclass(slots=True)

@@ -51,6 +51,29 @@ def test_a_resumed_welcome_may_say_which_subscriptions_survive() -> None:
     assert b"subscriptions" not in encode(resumed_welcome())
 
 
+def test_a_welcome_may_say_that_sequence_numbers_are_offsets() -> None:
+    for resumed in (True, False):
+        welcome = resumed_welcome(offsets=True, resumed=resumed, bound=(1, 2) if resumed else None)
+        assert decode_body(encode(welcome)[4:]) == welcome
+    # A broker without topic logs leaves the key out: the Welcome as before.
+    assert b"offsets" not in encode(resumed_welcome())
+    bad = cbor2.dumps([1, PROTOCOL_VERSION, {**_new_welcome_record(), "offsets": 1}])
+    with pytest.raises(RemoteProtocolError, match="offsets"):
+        decode_body(bad)
+
+
+def _new_welcome_record() -> dict[str, Any]:
+    return {
+        "session": SESSION,
+        "resumed": False,
+        "epoch": EPOCH,
+        "lease_ms": 1,
+        "heartbeat_ms": 1,
+        "max_frame": 1024,
+        "received": {},
+    }
+
+
 @pytest.mark.parametrize(
     "fields",
     [

@@ -143,6 +143,10 @@ class BrokerConfig:
     #: TOML file of principals (tokens, certificate identities, limits): when
     #: set, every client must authenticate in its Hello (see ``broker.auth``).
     auth_file: str = ""
+    #: Where topic logs live ("": memory-only, the library default).
+    data_dir: str = ""
+    #: Keep no topic log even where ``data_dir`` is set.
+    memory_only: bool = False
 
     def __post_init__(self) -> None:
         parse_address(self.listen)
@@ -211,6 +215,22 @@ class BrokerConfig:
     def tls(self) -> bool:
         """Whether the client listener speaks TLS."""
         return bool(self.tls_cert)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """The data directory of the topic logs (None: memory-only)."""
+        return None if self.memory_only or not self.data_dir else Path(self.data_dir)
+
+    def log_config(self, topic: str) -> Any:
+        """The log settings of ``topic`` (a :class:`broker.log.LogConfig`)."""
+        from broker.log import LogConfig
+
+        return LogConfig(
+            term_bytes=16 * MiB,
+            retain_bytes=1024 * MiB,
+            retain_seconds=7 * 86400.0,
+            when_full="block",
+        )
 
     def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with ``changes`` applied (validated like a new config)."""

@@ -32,6 +32,11 @@ class AdmissionHost(Protocol):
     def principals(self) -> dict[str, PrincipalUsage]: ...
 
     @property
+    def offsets(self) -> bool:
+        """Whether reliable deliveries are numbered by log offsets (a broker with topic logs)."""
+        ...
+
+    @property
     def peers(self) -> AddressTable: ...
 
     @property
@@ -116,7 +121,7 @@ class Admission:
             self.session = sessions.create(
                 connection, self.client_name, self.deliveries.subscriptions, principal
             )
-            self.protocol.welcome(session=self.session.id, epoch=host.epoch)
+            self.protocol.welcome(session=self.session.id, epoch=host.epoch, offsets=host.offsets)
         # The bind channels exist now: their buffers count against the budgets.
         budget = self.publishing.budget
         ledger = self.ledger
@@ -212,7 +217,9 @@ class Admission:
         self.session = session
         deliveries = self.deliveries
         deliveries.subscriptions = session.subscriptions
-        self.protocol.welcome(session=session.id, epoch=host.epoch, restore=restore)
+        self.protocol.welcome(
+            session=session.id, epoch=host.epoch, restore=restore, offsets=host.offsets
+        )
         for handle, (name, _) in restore.topics.items():
             state = self.open_channel(handle, name, restore.stages.get(handle), connection)
             if state is None:

@@ -22,12 +22,15 @@ from broker.auth import (
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
+from broker.log import LogStore
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._log_subscription import CursorBook
+from ._logs import TopicLogs
 from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
@@ -69,8 +72,11 @@ class Broker:
         *,
         ssl_context: ssl.SSLContext | None = None,
         auth: AuthTable | None = None,
+        logs: TopicLogs | None = None,
     ) -> None:
         self.config = config
+        #: The topic logs (None: a memory-only broker).
+        self.logs = logs
         #: TLS for the client listener (None: plain TCP).
         self.ssl_context = ssl_context
         #: Who may connect (None: anybody, unauthenticated).
@@ -139,7 +145,11 @@ class Broker:
         """The topic actor for ``name``, spawned on first use."""
         topic = self.topics.get(name)
         if topic is None:
-            topic = Topic(name, self.topics)
+            logs = self.logs
+            if logs is None:
+                topic = Topic(name, self.topics)
+            else:
+                topic = Topic(name, self.topics, logs.open(name), logs)
             self.topics[name] = topic
             self.system.spawn(topic, name=f"topic:{name[:64]}")
         return topic
@@ -169,6 +179,16 @@ class Broker:
                 running.routed.set()
 
         self._nursery.start_soon(run)
+
+    @property
+    def offsets(self) -> bool:
+        """Whether reliable deliveries are numbered by log offsets (topic logs kept)."""
+        return self.logs is not None
+
+    @property
+    def cursors(self) -> CursorBook | None:
+        """Where durable cursors are kept (None: a memory-only broker)."""
+        return self.logs.cursors if self.logs is not None else None
 
     async def _expire_staging(self) -> None:
         """Discard staged batches left uncommitted for longer than ``staging_ttl``."""
@@ -428,10 +448,18 @@ async def serve_broker(
     auth = load_auth_file(config.auth_file) if config.auth_file else None
     if auth is not None:
         _check_budget_shares(auth, config)
-    host, port = config.listen_address
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    log_dir = config.log_dir
+    # Raises DataDirLocked (one line) if another broker has the directory.
+    logs = TopicLogs(LogStore(log_dir), config) if log_dir is not None else None
+    try:
+        host, port = config.listen_address
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except BaseException:
+        if logs is not None:
+            logs.close()
+        raise
     async with open_system("broker") as system:
-        broker = Broker(config, system, ssl_context=ssl_context, auth=auth)
+        broker = Broker(config, system, ssl_context=ssl_context, auth=auth, logs=logs)
         sockname = listeners[0].socket.getsockname()
         broker.address = (sockname[0], sockname[1])
         try:
@@ -440,6 +468,9 @@ async def serve_broker(
                 broker.sessions.start(nursery)
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
+                if logs is not None:
+                    nursery.start_soon(logs.run)
+                    log.info("topic logs in %s", log_dir)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:
@@ -472,4 +503,6 @@ async def serve_broker(
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
+            if logs is not None:
+                logs.close()
             broker.account.close()

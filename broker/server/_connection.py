@@ -30,10 +30,10 @@ from broker.protocol import (
 from ._admission import Admission, AdmissionHost
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
-from ._dispatch import Dispatch
+from ._dispatch import Dispatch, DispatchHost
 from ._peerlog import ConnectionLog, PeerLog
 from ._policy import BrokerPolicy
-from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing, PublishingHost
+from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
 from ._session import Session
 from ._topic import Subscription
 from ._usage import ConnectionLedger, PrincipalUsage, SecurityCounters
@@ -57,7 +57,7 @@ RECEIVE_SIZE = 64 * 1024
 LINGER_SECONDS = 1.0
 
 
-class ConnectionHost(PublishingHost, AdmissionHost, Protocol):
+class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
     """What a connection needs of its broker (the :class:`~._broker.Broker`)."""
 
     #: Receive-buffer capacity reserved by all connections (see ``reserve``).

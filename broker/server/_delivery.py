@@ -4,6 +4,7 @@ queues its Delivers and Gaps through (a :class:`~._topic.Subscriber`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -72,7 +73,7 @@ class Deliveries:
         self.lossy_budget = lossy_budget
         self.root_account = root_account
         #: Loans of Delivers queued and not written yet (the writer repays them).
-        self.inflight: list[LoanedItem[bytes]] = []
+        self.inflight: list[LoanedItem[Any]] = []
         #: Subscriptions waiting for this client (see the class).
         self.stalled: set[int] = set()
         #: The reader's wait for the connection's account, while it waits.
@@ -115,6 +116,10 @@ class Deliveries:
         if count:
             self.inflight.extend(loans if count == len(loans) else loans[:count])
         return count
+
+    def written_later(self, loan: LoanedItem[Any]) -> None:
+        """Repay ``loan`` once the Delivers queued now are written (log reads)."""
+        self.inflight.append(loan)
 
     def has_room(self, subscription: Subscription, size: int) -> bool:
         """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""

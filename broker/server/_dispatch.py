@@ -31,9 +31,20 @@ from broker.protocol import (
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
-from ._lossy import OptionError, make_subscription
+from ._log_subscription import CursorBook
 from ._peerlog import LINE_CHARS, ConnectionLog, shown
 from ._publishing import PublishChannel, Publishing, PublishingHost
+from ._subscribe import OptionError, make_subscription
+
+
+class DispatchHost(PublishingHost, Protocol):
+    """What applying events needs of the broker: publishing's needs, and
+    where durable cursors are kept."""
+
+    @property
+    def cursors(self) -> CursorBook | None:
+        """Durable cursors' positions (None: a memory-only broker)."""
+        ...
 
 
 class Dispatched(Admitted, Protocol):
@@ -53,7 +64,7 @@ class Dispatch:
 
     def __init__(
         self,
-        host: PublishingHost,
+        host: DispatchHost,
         admission: Admission,
         publishing: Publishing,
         deliveries: Deliveries,
@@ -143,8 +154,15 @@ class Dispatch:
             return
         topic = self.host.topic(event.topic_name)
         try:
+            principal = self.admission.principal
             subscription = make_subscription(
-                self.deliveries, event.handle, topic, event.mode, event.options
+                self.deliveries,
+                event.handle,
+                topic,
+                event.mode,
+                event.options,
+                cursors=self.host.cursors,
+                principal=principal.principal.name if principal is not None else None,
             )
         except OptionError as error:
             topic.release_if_unused()

@@ -327,18 +327,3 @@ class DroppingSubscription(Subscription):
         self.connection.dropping_bytes -= self._bytes
         self._live = self._bytes = 0
         self.account.close()
-
-
-def make_subscription(
-    connection: DroppingSubscriber,
-    handle: int,
-    topic: Topic,
-    mode: str,
-    options: Mapping[str, object],
-) -> Subscription:
-    """The subscription a Subscribe asks for (raises :class:`OptionError`)."""
-    if mode == DeliveryMode.RELIABLE:
-        if options:
-            raise OptionError(f"reliable subscriptions take no options, got {sorted(options)[:4]}")
-        return Subscription(connection, handle, topic, mode)
-    return DroppingSubscription(connection, handle, topic, mode, QueueLimits.from_options(options))

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
+from broker.log import LogError, LogFull, TopicLog
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
@@ -126,6 +127,8 @@ class Subscription:
     #: Its queued deliveries are charged to the publishers' channels (the
     #: fan-out rule); lossy and latest subscriptions pay for their own.
     charges_publishers = True
+    #: It reads its topic's log instead of being offered each batch.
+    reads_log = False
 
     def __init__(self, connection: Subscriber, handle: int, topic: Topic, mode: str) -> None:
         #: The connection it sends through (a resume attaches another).
@@ -240,15 +243,60 @@ class Subscription:
         self._queued = 0
 
 
+class TopicLogHost(Protocol):
+    """What a topic with a log needs of the broker."""
+
+    def now_ms(self) -> int:
+        """The wall-clock time records are stamped with (ms since the epoch)."""
+        ...
+
+    def log_written(self, log: TopicLog) -> None:
+        """``log`` has records written and not fsynced (the broker flushes it in time)."""
+        ...
+
+    def log_failed(self, topic: Topic, error: LogError) -> None:
+        """Appending to ``topic``'s log failed (full, or the disk): its
+        publishes wait; the broker retries (:meth:`Topic.retry_held`)."""
+        ...
+
+
+class _Held:
+    """A batch of publishes on its way into the log: how many of its records
+    are appended, and (while it waits for room) the loan that keeps its
+    publisher charged."""
+
+    __slots__ = ("appended", "loan", "routed")
+
+    def __init__(self, routed: Routed) -> None:
+        self.routed = routed
+        self.loan: LoanedItem[None] | None = None
+        self.appended = 0
+
+
 class Topic(Actor):
     """One topic: routes each publish to every subscription, in order.
 
     A turn runs under the publishing channel's account, so each queued
     delivery is charged to that channel (the fan-out rule) before the
     publish's own loan is repaid.
+
+    With a log (a broker with a data directory), a batch of publishes is
+    appended to the log and written to its file before it counts as routed
+    (and is confirmed); the publisher is charged until then, not until its
+    subscribers acknowledge. Reliable subscriptions then read from the log
+    (``LogSubscription``); lossy and latest ones are offered the batch as
+    before. A batch the log cannot take (full with ``when_full="block"``,
+    or the disk failing) waits here, still charged to its publisher, until
+    :meth:`retry_held` gets it in: publishers are throttled, nothing is lost.
     """
 
-    def __init__(self, name: str, registry: dict[str, Topic]) -> None:
+    def __init__(
+        self,
+        name: str,
+        registry: dict[str, Topic],
+        log: TopicLog | None = None,
+        host: TopicLogHost | None = None,
+    ) -> None:
         self.topic_name = name
         self.subscriptions: list[Subscription] = []
         #: Subscriptions whose deliveries are charged to the publishers.
@@ -256,16 +304,99 @@ class Topic(Actor):
         self.publishers = 0
         self.messages_in = 0
         self._registry = registry
+        #: The topic's log (None: a memory-only broker).
+        self.log = log
+        self._host = host
+        #: Log subscriptions that sent everything written: pumped after the next append.
+        self._at_tail: dict[Subscription, None] = {}
+        #: Batches waiting for room in the log, oldest first.
+        self.held: deque[_Held] = deque()
+        #: The last error appending met (None once a retry got through).
+        self.log_error: LogError | None = None
 
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
         account = turn.account
+        if self.log is not None:
+            held = _Held(routed)
+            if not self.held and self._append(held):
+                self._routed(routed, account)
+                return
+            # It waits for room, still charged to its publisher.
+            held.loan = LoanedItem(account, _charge(account, routed.tails), None)
+            self.held.append(held)
+            return
         tails = routed.tails
         keys = routed.keys
         for subscription in self.subscriptions:
             subscription.offer(account, tails, keys)
         self.messages_in += len(tails)
         routed.origin.routed(routed)
+
+    def _routed(self, routed: Routed, account: Account) -> None:
+        """A batch is in the log: offer it to the subscriptions that keep
+        their own queues, wake those waiting at the log's end, confirm it."""
+        for subscription in self.subscriptions:
+            if not subscription.reads_log:
+                subscription.offer(account, routed.tails, routed.keys)
+        self.messages_in += len(routed.tails)
+        routed.origin.routed(routed)
+
+    def retry_held(self) -> None:
+        """Append the waiting batches the log has room for now, in order;
+        each one wholly appended and written is routed, its loan repaid."""
+        held = self.held
+        if not held:
+            return
+        while held:
+            first = held[0]
+            if not self._append(first):
+                return
+            held.popleft()
+            assert first.loan is not None
+            self._routed(first.routed, first.loan.account)
+            first.loan.repay()
+        self.release_if_unused()
+
+    def _append(self, held: _Held) -> bool:
+        """Append what is left of ``held`` and write it to the file; whether all of it is."""
+        log = self.log
+        host = self._host
+        assert log is not None and host is not None
+        tails = held.routed.tails
+        try:
+            if held.appended < len(tails):
+                rest = tails[held.appended :] if held.appended else tails
+                held.appended += log.append_many(rest, host.now_ms())
+            log.write()
+        except LogError as error:
+            if self.log_error is None:
+                host.log_failed(self, error)
+            self.log_error = error
+            return False
+        host.log_written(log)
+        self._wake_at_tail()
+        if held.appended < len(tails):
+            return False  # the log filled part way: the rest raises next time
+        self.log_error = None
+        return True
+
+    def wait_for_records(self, subscription: Subscription) -> None:
+        """``subscription`` sent everything written: pump it after the next append."""
+        self._at_tail[subscription] = None
+
+    def _wake_at_tail(self) -> None:
+        if self._at_tail:
+            waiting = self._at_tail
+            self._at_tail = {}
+            for subscription in waiting:
+                subscription.pump()
+
+    def reader_moved(self) -> None:
+        """A subscription acknowledged records or left: batches waiting for
+        ``when_full="block"`` room may fit now."""
+        if self.held and isinstance(self.log_error, LogFull):
+            self.retry_held()
 
     def subscribe(self, subscription: Subscription) -> None:
         self.subscriptions.append(subscription)
@@ -275,11 +406,13 @@ class Topic(Actor):
         if subscription in self.subscriptions:
             self.subscriptions.remove(subscription)
             self.charging -= subscription.charges_publishers
+            self._at_tail.pop(subscription, None)
             self.release_if_unused()
 
     def release_if_unused(self) -> None:
-        """Stop and forget the topic once nobody publishes to or subscribes to it."""
-        if not self.publishers and not self.subscriptions:
+        """Stop and forget the topic once nobody publishes to or subscribes to it
+        (and no batch waits for room in its log)."""
+        if not self.publishers and not self.subscriptions and not self.held:
             if self._registry.get(self.topic_name) is self:
                 del self._registry[self.topic_name]
             self.stop()

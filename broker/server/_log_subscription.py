@@ -1,0 +1,299 @@
+"""Reliable subscriptions of a broker with topic logs: a cursor in the log.
+
+A reliable subscription on a broker with a data directory keeps no queue of
+its own: it is a position in its topic's log (:class:`LogSubscription`),
+and it sends from the log as fast as its subscriber's guarantees allow. Its
+deliveries are numbered by their records' offsets (``Deliver.seq`` is the
+offset), so that an ``Ack`` and a resume name log positions, and a
+subscriber can continue from ``offset + 1`` on any later connection.
+
+What a publisher is charged ends once its publishes are written to the log
+(see ``Topic``); what a subscription reads from the log into its
+connection's output is charged to the subscription's own account until the
+connection has written it, and is bounded by the subscriber's guarantees.
+A thousand lagging subscribers therefore hold a thousand guarantee windows,
+never the log. The lag itself is on disk, bounded by retention.
+
+Where a subscription starts comes from its ``Subscribe`` options
+(:func:`start_request`): ``"from"``, ``"from_time"`` and a durable
+``"cursor"`` whose acknowledged position survives restarts (a
+:class:`CursorBook` keeps it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from accounts import Account, LoanedItem, unlimited
+from broker.log import LogError, Start, TopicLog
+from broker.protocol import TopicNameError, check_topic_name
+
+from ._lossy import OptionError
+from ._topic import DELIVER_HEAD_ESTIMATE, Subscriber, Subscription, Topic
+
+#: Records one pump reads from the log at a time (its guarantees cut it shorter).
+PUMP_RECORDS = 1024
+#: Bytes one pump reads from the log at a time (about).
+PUMP_BYTES = 1 << 20
+#: The reliable options this broker knows.
+LOG_OPTIONS = frozenset({"from", "from_time", "cursor"})
+
+
+class CursorBook(Protocol):
+    """Where durable cursors keep their positions (the next offset each wants)."""
+
+    def position(self, key: str) -> int | None:
+        """The stored next offset of cursor ``key``, or None if it is new."""
+        ...
+
+    def store(self, key: str, position: int) -> None:
+        """Remember that cursor ``key`` next wants ``position`` (written at once:
+        it survives the broker being killed)."""
+        ...
+
+
+class MemoryCursors:
+    """A :class:`CursorBook` that forgets at a restart (tests, and a store without a journal)."""
+
+    def __init__(self) -> None:
+        self.positions: dict[str, int] = {}
+
+    def position(self, key: str) -> int | None:
+        return self.positions.get(key)
+
+    def store(self, key: str, position: int) -> None:
+        self.positions[key] = position
+
+
+class LogSubscriber(Subscriber, Protocol):
+    """A :class:`Subscriber` that also repays read loans once written."""
+
+    @property
+    def name(self) -> str:
+        """The connection's name (for the subscription's account)."""
+        ...
+
+    @property
+    def root_account(self) -> Account:
+        """The account the subscription's own account rolls up to (never blocks)."""
+        ...
+
+    def written_later(self, loan: LoanedItem[Any]) -> None:
+        """Repay ``loan`` once what is queued on the connection now is written."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """Where a reliable subscription asked to start."""
+
+    start: Start
+    #: A durable cursor's name, if it named one.
+    cursor: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Whether it asks for nothing a memory-only broker lacks (live from now on)."""
+        return self.cursor is None and self.start.kind == "latest"
+
+
+def start_request(options: Mapping[str, object]) -> StartRequest:
+    """The start a reliable Subscribe's ``options`` ask for (raises :class:`OptionError`,
+    whose text names the option)."""
+    unknown = set(options) - LOG_OPTIONS
+    if unknown:
+        raise OptionError(
+            f"unknown subscribe option(s) {sorted(unknown)[:4]} "
+            f"(a reliable subscription takes {sorted(LOG_OPTIONS)})"
+        )
+    if "from" in options and "from_time" in options:
+        raise OptionError('"from" and "from_time" exclude each other: give one')
+    start = Start.latest()
+    if "from" in options:
+        value = options["from"]
+        if value == "earliest":
+            start = Start.earliest()
+        elif value == "latest":
+            start = Start.latest()
+        elif type(value) is int and value >= 0:
+            start = Start.at(max(value, 1))
+        else:
+            raise OptionError('"from" must be "earliest", "latest" or an offset (an integer >= 0)')
+    if "from_time" in options:
+        value = options["from_time"]
+        if type(value) is not int or value < 0:
+            raise OptionError('"from_time" must be milliseconds since the Unix epoch (>= 0)')
+        start = Start.from_time(value)
+    cursor = options.get("cursor")
+    if cursor is not None or "cursor" in options:
+        if type(cursor) is not str:
+            raise OptionError('"cursor" must be text: the durable cursor\'s name')
+        try:
+            check_topic_name(cursor)
+        except TopicNameError as error:
+            raise OptionError(f'"cursor": {error}') from None
+    return StartRequest(start, cursor)
+
+
+def cursor_key(principal: str | None, topic: str, name: str) -> str:
+    """The key a durable cursor is stored under: one namespace per principal and topic."""
+    return "\x00".join((principal or "", topic, name))
+
+
+class LogSubscription(Subscription):
+    """A reliable subscription that reads its topic's log (see the module).
+
+    ``next_seq`` is the next offset to send, ``acked`` the last offset the
+    subscriber processed. Nothing is kept once sent: a resume sends again
+    from the log what the subscriber did not process.
+    """
+
+    __slots__ = ("_cursors", "account", "cursor_key", "gaps_sent", "holder", "log")
+
+    charges_publishers = False
+    reads_log = True
+
+    def __init__(
+        self,
+        connection: LogSubscriber,
+        handle: int,
+        topic: Topic,
+        mode: str,
+        log: TopicLog,
+        position: int,
+        *,
+        cursors: CursorBook | None = None,
+        cursor_key: str | None = None,
+    ) -> None:
+        super().__init__(connection, handle, topic, mode)
+        self.connection: LogSubscriber = connection
+        self.log = log
+        #: Holds ``when_full="block"`` retention at the first unprocessed offset.
+        self.holder = log.reader(Start.at(position))
+        self.next_seq = position
+        self.acked = position - 1
+        #: Pays for records read into the connection's output until written
+        #: (rolls up to the broker's root account; never blocks anybody).
+        self.account: Account = unlimited(
+            f"{connection.name}/log/{handle}", parent=connection.root_account, kind="log"
+        )
+        self.gaps_sent = 0
+        self._cursors = cursors
+        self.cursor_key = cursor_key
+
+    @property
+    def queued(self) -> int:
+        """Records in the log waiting to be sent (the subscription's lag)."""
+        return max(0, self.log.next_offset - max(self.next_seq, self.log.first_offset))
+
+    @property
+    def lag(self) -> int:
+        """Records retained and not yet processed by the subscriber."""
+        return max(0, self.log.next_offset - max(self.acked + 1, self.log.first_offset))
+
+    def offer(self, account: Account, tails: list[bytes], keys: list[bytes | None]) -> None:
+        """Records reach a log subscription through the log (see :meth:`pump`)."""
+        self.pump()
+
+    def pump(self) -> None:
+        """Send from the log, from :attr:`next_seq`, while the subscriber's
+        guarantees allow and the log has written records; at the log's end,
+        wait for the topic's next append."""
+        connection = self.connection
+        log = self.log
+        if log.closed:
+            return
+        while True:
+            end = log.written_offset  # never deliver what a crash could take back
+            if self.next_seq > end:
+                self.topic.wait_for_records(self)
+                return
+            try:
+                run = log.read(self.next_seq, PUMP_RECORDS, PUMP_BYTES)
+            except LogError:
+                return  # closed under us: the broker is stopping
+            if run.gap:
+                # Retention deleted records this subscription had not sent.
+                if not connection.gap(self, self.next_seq, run.gap):
+                    return
+                self.gaps_sent += 1
+                self.next_seq = run.first_offset
+            tails: list[Any] = run.tails
+            if not tails:
+                self.topic.wait_for_records(self)
+                return
+            if run.first_offset + len(tails) - 1 > end:
+                tails = tails[: end - run.first_offset + 1]
+            taken = connection.send_deliveries(self, tails)
+            if taken is None:
+                return  # the client is freeing it
+            if taken:
+                sent = tails if taken == len(tails) else tails[:taken]
+                cost = sum(map(len, sent)) + DELIVER_HEAD_ESTIMATE * taken
+                connection.written_later(LoanedItem(self.account, cost, None))
+            if taken < len(tails):
+                # Waiting for guarantees: what only this subscriber's reading clears.
+                connection.subscription_stalled(self)
+                return
+
+    def ack(self, seq: int) -> None:
+        """The subscriber processed every record up to offset ``seq`` (within
+        what was sent): retention may drop them, and a durable cursor moves on."""
+        acked = min(seq, self.next_seq - 1)
+        if acked <= self.acked:
+            return
+        self.acked = acked
+        if acked + 1 > self.holder.position:
+            self.holder.advance_to(acked + 1)
+        if self._cursors is not None and self.cursor_key is not None:
+            self._cursors.store(self.cursor_key, acked + 1)
+        self.topic.reader_moved()
+
+    def attach(self, connection: Subscriber, processed: int) -> int:
+        """A resumed connection takes over; the subscriber processed up to
+        ``processed``. What it did not process is read from the log again;
+        returns how many deliveries that is."""
+        self.connection = connection  # type: ignore[assignment]  # the same connection type
+        self.ack(processed)
+        resend = self.next_seq - 1 - self.acked
+        self.next_seq = self.acked + 1
+        self.pump()
+        return resend
+
+    def close(self) -> None:
+        """Leave the topic; stop holding back retention."""
+        self.topic.unsubscribe(self)
+        self.holder.close()
+        self.topic.reader_moved()
+        self.account.close()
+
+
+def make_log_subscription(
+    connection: LogSubscriber,
+    handle: int,
+    topic: Topic,
+    mode: str,
+    request: StartRequest,
+    *,
+    log: TopicLog,
+    cursors: CursorBook | None,
+    principal: str | None,
+) -> LogSubscription:
+    """A :class:`LogSubscription` starting where ``request`` says (a known
+    durable cursor: after its last acknowledged record)."""
+    key = None
+    position: int | None = None
+    if request.cursor is not None:
+        if cursors is None:
+            raise OptionError('"cursor" needs a broker that stores cursors')
+        key = cursor_key(principal, topic.topic_name, request.cursor)
+        position = cursors.position(key)
+    if position is None:
+        position = log.reader(request.start, register=False).position
+        if key is not None and cursors is not None:
+            cursors.store(key, position)
+    return LogSubscription(
+        connection, handle, topic, mode, log, position, cursors=cursors, cursor_key=key
+    )

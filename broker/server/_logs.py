@@ -1,0 +1,180 @@
+"""The broker's topic logs: opening them, flushing and expiring them in time,
+retrying appends that failed, and where durable cursors are kept.
+
+A broker with a data directory has one :class:`TopicLogs`; a memory-only
+broker has none. It is the :class:`~._topic.TopicLogHost` of every topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import trio
+
+from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, TopicLog
+
+from ._log_subscription import CursorBook, MemoryCursors
+from ._topic import Topic
+
+log = logging.getLogger("broker.server")
+
+#: How often the logs are looked at: fsyncs due, batches waiting for room.
+TEND_INTERVAL = 0.1
+#: How often retention by age runs.
+EXPIRE_INTERVAL = 10.0
+#: How often a batch waiting for the disk is retried.
+RETRY_INTERVAL = 1.0
+
+
+class LogSettings(Protocol):
+    """The configuration the logs follow."""
+
+    def log_config(self, topic: str) -> LogConfig:
+        """The log settings of ``topic`` (retention, flushing, term size)."""
+        ...
+
+
+class JournalCursors:
+    """A :class:`~._log_subscription.CursorBook` in the data directory's state journal."""
+
+    SPACE = "cursors"
+
+    def __init__(self, journal: object) -> None:
+        self._journal = journal
+
+    def position(self, key: str) -> int | None:
+        value = self._journal.get(self.SPACE, key)  # type: ignore[attr-defined]
+        return value if type(value) is int else None
+
+    def store(self, key: str, position: int) -> None:
+        self._journal.put(self.SPACE, key, position)  # type: ignore[attr-defined]
+        self._journal.write()  # type: ignore[attr-defined]
+
+
+def wall_ms() -> int:
+    """Now, in ms since the Unix epoch (records' receive time)."""
+    return time.time_ns() // 1_000_000
+
+
+class TopicLogs:
+    """The topic logs of one data directory (see the module)."""
+
+    def __init__(self, store: LogStore, settings: LogSettings) -> None:
+        self.store = store
+        self._settings = settings
+        #: Logs with records written and not fsynced.
+        self._dirty: set[TopicLog] = set()
+        #: Topics with batches waiting for room or for the disk.
+        self._failing: set[Topic] = set()
+        journal = getattr(store, "journal", None)
+        self.cursors: CursorBook = JournalCursors(journal) if journal else MemoryCursors()
+        #: Counters for metrics.
+        self.fsyncs = 0
+        self.fsync_seconds = 0.0
+        self.append_errors = 0
+
+    def open(self, name: str) -> TopicLog:
+        """The log of topic ``name`` (recovered on first use)."""
+        topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
+        recovery = topic_log.recovery
+        if not recovery.clean:
+            log.warning(
+                "topic %r: recovery cut %d records (%d bytes) from its log: %s",
+                name[:64],
+                recovery.cut_records,
+                recovery.cut_bytes,
+                "; ".join(recovery.details)[:300],
+            )
+        return topic_log
+
+    # --------------------------------------------------------------- TopicLogHost
+
+    def now_ms(self) -> int:
+        return wall_ms()
+
+    def log_written(self, topic_log: TopicLog) -> None:
+        if topic_log.config.flush != "always":
+            self._dirty.add(topic_log)
+
+    def log_failed(self, topic: Topic, error: LogError) -> None:
+        self.append_errors += 1
+        self._failing.add(topic)
+        if isinstance(error, LogFull):
+            log.warning(
+                "topic %r is full (when_full=block): its publishers wait for its "
+                "slowest reliable subscriber: %s",
+                topic.topic_name[:64],
+                error,
+            )
+        elif isinstance(error, DiskFull):
+            log.error(
+                "topic %r: the disk is full; its publishers wait until there is room: %s",
+                topic.topic_name[:64],
+                error,
+            )
+        else:
+            log.error("topic %r: writing its log failed: %s", topic.topic_name[:64], error)
+
+    # --------------------------------------------------------------- tending
+
+    def tend(self, now_ms: int) -> None:
+        """Fsync the logs whose oldest unsynced record is ``flush_interval_ms`` old."""
+        if not self._dirty:
+            return
+        done = []
+        for topic_log in self._dirty:
+            if topic_log.closed:
+                done.append(topic_log)
+                continue
+            due = topic_log.next_flush_at
+            if due is None:
+                done.append(topic_log)
+            elif now_ms >= due:
+                started = time.perf_counter()
+                try:
+                    topic_log.flush()
+                except LogError as error:
+                    log.error("topic %r: fsync failed: %s", topic_log.topic[:64], error)
+                    continue
+                self.fsyncs += 1
+                self.fsync_seconds += time.perf_counter() - started
+                done.append(topic_log)
+        self._dirty.difference_update(done)
+
+    def retry(self) -> None:
+        """Retry the topics whose batches wait for room or the disk."""
+        for topic in list(self._failing):
+            topic.retry_held()
+            if not topic.held:
+                self._failing.discard(topic)
+                log.info("topic %r: its log takes records again", topic.topic_name[:64])
+
+    def expire(self, now_ms: int) -> None:
+        """Delete terms older than their topics' ``retain_seconds``."""
+        for topic_log in self.store.open_logs().values():
+            if not topic_log.closed:
+                topic_log.expire(now_ms)
+
+    async def run(self) -> None:
+        """Tend the logs until cancelled."""
+        next_expire = trio.current_time() + EXPIRE_INTERVAL
+        next_retry = trio.current_time() + RETRY_INTERVAL
+        while True:
+            await trio.sleep(TEND_INTERVAL)
+            now = trio.current_time()
+            self.tend(wall_ms())
+            if self._failing and now >= next_retry:
+                next_retry = now + RETRY_INTERVAL
+                self.retry()
+            if now >= next_expire:
+                next_expire = now + EXPIRE_INTERVAL
+                self.expire(wall_ms())
+                if self._failing:
+                    self.retry()
+
+    def close(self) -> None:
+        """Flush and close every log; release the data directory."""
+        self._dirty.clear()
+        self.store.close()

@@ -1,0 +1,48 @@
+"""Which subscription a ``Subscribe`` makes: its mode, its options, the broker's log."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from broker.protocol import DeliveryMode
+
+from ._log_subscription import CursorBook, LogSubscriber, make_log_subscription, start_request
+from ._lossy import DroppingSubscriber, DroppingSubscription, OptionError, QueueLimits
+from ._topic import Subscription, Topic
+
+__all__ = ["OptionError", "SubscribingConnection", "make_subscription"]
+
+
+class SubscribingConnection(DroppingSubscriber, LogSubscriber, Protocol):
+    """What every kind of subscription needs of its subscriber's connection."""
+
+
+def make_subscription(
+    connection: SubscribingConnection,
+    handle: int,
+    topic: Topic,
+    mode: str,
+    options: Mapping[str, object],
+    *,
+    cursors: CursorBook | None = None,
+    principal: str | None = None,
+) -> Subscription:
+    """The subscription a Subscribe asks for (raises :class:`OptionError`,
+    naming the option): ``lossy`` and ``latest`` keep their own bounded
+    queues; ``reliable`` reads the topic's log where there is one, and is
+    charged to its publishers (today's memory-only behaviour) where not."""
+    if mode == DeliveryMode.RELIABLE:
+        request = start_request(options)
+        log = topic.log
+        if log is None:
+            if not request.plain:
+                raise OptionError(
+                    f"{sorted(options)[:3]} need a broker with a data directory: "
+                    "this one is memory-only and keeps no topic log"
+                )
+            return Subscription(connection, handle, topic, mode)
+        return make_log_subscription(
+            connection, handle, topic, mode, request, log=log, cursors=cursors, principal=principal
+        )
+    return DroppingSubscription(connection, handle, topic, mode, QueueLimits.from_options(options))

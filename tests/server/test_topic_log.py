@@ -1,0 +1,185 @@
+"""A broker with topic logs (issue 21): reliable subscriptions read the log,
+deliveries are numbered by offsets, late joiners replay, and a restart on
+the same data directory keeps every confirmed record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.client import open_client
+from broker.client._common import Message
+from broker.config import BrokerConfig
+from broker.protocol import BindTopic, Goodbye, Subscribe
+
+from .helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
+
+
+def log_config(data_dir: Path, **overrides: object) -> BrokerConfig:
+    return make_config(data_dir=str(data_dir), **overrides)
+
+
+async def goodbye_for(raw: RawClient, subscribe: Subscribe) -> Goodbye:
+    """Bind topic "t", send ``subscribe``, and return the broker's Goodbye."""
+    await raw.handshake()
+    await raw.send(BindTopic("t"), subscribe)
+    await raw.read_until_eof()
+    (goodbye,) = raw.goodbyes()
+    return goodbye
+
+
+async def publish(address: str, topic: str, payloads: list[bytes]) -> None:
+    async with open_client(address, name="pub") as client:
+        for payload in payloads:
+            await client.publish(topic, payload)
+        await client.flush()
+
+
+async def take(subscription: object, count: int) -> list[Message]:
+    got: list[Message] = []
+    with trio.fail_after(TIMEOUT):
+        async for message in subscription:  # type: ignore[attr-defined]
+            got.append(message)
+            if len(got) == count:
+                break
+    return got
+
+
+async def test_deliveries_are_numbered_by_offset_and_late_joiners_replay(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"m%d" % i for i in range(1, 101)])
+        async with open_client(address, name="late") as client:
+            async with client.subscribe("t", options={"from": "earliest"}) as sub:
+                got = await take(sub, 100)
+        assert [m.payload for m in got] == [b"m%d" % i for i in range(1, 101)]
+        assert [m.seq for m in got] == list(range(1, 101))
+        async with open_client(address, name="mid") as client:
+            async with client.subscribe("t", options={"from": 61}) as sub:
+                got = await take(sub, 40)
+        assert [m.seq for m in got] == list(range(61, 101))
+        assert got[0].payload == b"m61"
+
+
+async def test_latest_is_the_default_and_continues_live(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"old"] * 5)
+        async with open_client(address, name="sub") as client:
+            async with client.subscribe("t") as sub:
+                await publish(address, "t", [b"new1", b"new2"])
+                got = await take(sub, 2)
+        assert [(m.payload, m.seq) for m in got] == [(b"new1", 6), (b"new2", 7)]
+
+
+async def test_from_time_starts_at_the_first_record_received_then(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"before"] * 3)
+        await trio.sleep(0.05)
+        import time
+
+        cut = time.time_ns() // 1_000_000
+        await trio.sleep(0.05)
+        await publish(address, "t", [b"after1", b"after2"])
+        async with open_client(address, name="sub") as client:
+            async with client.subscribe("t", options={"from_time": cut}) as sub:
+                got = await take(sub, 2)
+        assert [(m.payload, m.seq) for m in got] == [(b"after1", 4), (b"after2", 5)]
+
+
+async def test_a_restart_on_the_same_directory_keeps_every_confirmed_record(
+    tmp_path: Path,
+) -> None:
+    payloads = [b"r%d" % i for i in range(500)]
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", payloads)
+    async with running_broker(log_config(tmp_path)) as broker:
+        async with open_client(url(broker), name="after") as client:
+            async with client.subscribe("t", options={"from": "earliest"}) as sub:
+                got = await take(sub, 500)
+            await publish(url(broker), "t", [b"next"])
+            async with client.subscribe("t", options={"from": 501}) as sub:
+                (last,) = await take(sub, 1)
+    assert [m.payload for m in got] == payloads
+    assert (last.payload, last.seq) == (b"next", 501)
+
+
+async def test_a_durable_cursor_continues_after_its_last_ack(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"c%d" % i for i in range(1, 11)])
+        async with open_client(address, name="c1") as client:
+            async with client.subscribe(
+                "t", options={"from": "earliest", "cursor": "reader"}
+            ) as sub:
+                got = await take(sub, 10)  # all taken: the client acknowledges them
+                cursors = broker.cursors
+                assert cursors is not None
+                await wait_until(
+                    lambda: cursors.position("\x00t\x00reader") == 11, what="cursor stored"
+                )
+        await publish(address, "t", [b"c%d" % i for i in range(11, 21)])
+        assert got[-1].seq == 10
+        async with open_client(address, name="c2") as client:
+            async with client.subscribe("t", options={"cursor": "reader"}) as sub:
+                got = await take(sub, 10)
+    assert [m.seq for m in got] == list(range(11, 21))
+
+
+async def test_a_slow_subscriber_does_not_hold_back_a_fast_one_on_the_same_topic(
+    tmp_path: Path,
+) -> None:
+    """A reliable subscriber that never issues guarantees: publishers and a
+    fast subscriber on its topic go on (the lag waits in the log)."""
+    count = 3000
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        stuck = await RawClient.connect(broker)
+        try:
+            await stuck.handshake("stuck")
+            # Bound, then it never reads or issues a guarantee again.
+            await stuck.send(BindTopic("t"), Subscribe(0, "reliable", {}))
+            await wait_until(lambda: bool(broker.topics.get("t")), what="subscribed")
+            async with open_client(address, name="fast") as client:
+                async with client.subscribe("t") as sub:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(publish, address, "t", [b"x" * 1000] * count)
+                        got = await take(sub, count)
+        finally:
+            await stuck.aclose()
+    assert [m.seq for m in got] == list(range(1, count + 1))
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"from": "first"}, '"from" must be'),
+        ({"from": -1}, '"from" must be'),
+        ({"from_time": "now"}, '"from_time" must be'),
+        ({"from": 1, "from_time": 1}, "exclude each other"),
+        ({"cursor": ""}, '"cursor"'),
+        ({"cursor": 7}, '"cursor" must be text'),
+        ({"start": 1}, "unknown subscribe option"),
+    ],
+)
+async def test_a_malformed_start_option_gets_goodbye_1_naming_it(
+    tmp_path: Path, options: dict[str, object], fragment: str
+) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        raw = await RawClient.connect(broker)
+        goodbye = await goodbye_for(raw, Subscribe(0, "reliable", options))
+        await raw.aclose()
+    assert goodbye.code == 1
+    assert fragment in goodbye.reason
+
+
+async def test_a_memory_only_broker_refuses_a_start_it_cannot_serve() -> None:
+    async with running_broker(make_config()) as broker:
+        raw = await RawClient.connect(broker)
+        goodbye = await goodbye_for(raw, Subscribe(0, "reliable", {"from": "earliest"}))
+        await raw.aclose()
+    assert goodbye.code == 1
+    assert "memory-only" in goodbye.reason

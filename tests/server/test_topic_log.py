@@ -4,6 +4,7 @@ the same data directory keeps every confirmed record."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,17 @@ async def publish(address: str, topic: str, payloads: list[bytes]) -> None:
         await client.flush()
 
 
+async def read(
+    address: str, topic: str, count: int, options: dict[str, object] | None = None
+) -> list[Message]:
+    """The first ``count`` messages of a new subscription with ``options``."""
+    async with (
+        open_client(address, name="reader") as client,
+        client.subscribe(topic, options=options) as sub,
+    ):
+        return await take(sub, count)
+
+
 async def take(subscription: object, count: int) -> list[Message]:
     got: list[Message] = []
     with trio.fail_after(TIMEOUT):
@@ -51,14 +63,10 @@ async def test_deliveries_are_numbered_by_offset_and_late_joiners_replay(tmp_pat
     async with running_broker(log_config(tmp_path)) as broker:
         address = url(broker)
         await publish(address, "t", [b"m%d" % i for i in range(1, 101)])
-        async with open_client(address, name="late") as client:
-            async with client.subscribe("t", options={"from": "earliest"}) as sub:
-                got = await take(sub, 100)
+        got = await read(address, "t", 100, {"from": "earliest"})
         assert [m.payload for m in got] == [b"m%d" % i for i in range(1, 101)]
         assert [m.seq for m in got] == list(range(1, 101))
-        async with open_client(address, name="mid") as client:
-            async with client.subscribe("t", options={"from": 61}) as sub:
-                got = await take(sub, 40)
+        got = await read(address, "t", 40, {"from": 61})
         assert [m.seq for m in got] == list(range(61, 101))
         assert got[0].payload == b"m61"
 
@@ -67,10 +75,9 @@ async def test_latest_is_the_default_and_continues_live(tmp_path: Path) -> None:
     async with running_broker(log_config(tmp_path)) as broker:
         address = url(broker)
         await publish(address, "t", [b"old"] * 5)
-        async with open_client(address, name="sub") as client:
-            async with client.subscribe("t") as sub:
-                await publish(address, "t", [b"new1", b"new2"])
-                got = await take(sub, 2)
+        async with open_client(address, name="sub") as client, client.subscribe("t") as sub:
+            await publish(address, "t", [b"new1", b"new2"])
+            got = await take(sub, 2)
         assert [(m.payload, m.seq) for m in got] == [(b"new1", 6), (b"new2", 7)]
 
 
@@ -79,14 +86,10 @@ async def test_from_time_starts_at_the_first_record_received_then(tmp_path: Path
         address = url(broker)
         await publish(address, "t", [b"before"] * 3)
         await trio.sleep(0.05)
-        import time
-
         cut = time.time_ns() // 1_000_000
         await trio.sleep(0.05)
         await publish(address, "t", [b"after1", b"after2"])
-        async with open_client(address, name="sub") as client:
-            async with client.subscribe("t", options={"from_time": cut}) as sub:
-                got = await take(sub, 2)
+        got = await read(address, "t", 2, {"from_time": cut})
         assert [(m.payload, m.seq) for m in got] == [(b"after1", 4), (b"after2", 5)]
 
 
@@ -97,12 +100,9 @@ async def test_a_restart_on_the_same_directory_keeps_every_confirmed_record(
     async with running_broker(log_config(tmp_path)) as broker:
         await publish(url(broker), "t", payloads)
     async with running_broker(log_config(tmp_path)) as broker:
-        async with open_client(url(broker), name="after") as client:
-            async with client.subscribe("t", options={"from": "earliest"}) as sub:
-                got = await take(sub, 500)
-            await publish(url(broker), "t", [b"next"])
-            async with client.subscribe("t", options={"from": 501}) as sub:
-                (last,) = await take(sub, 1)
+        got = await read(url(broker), "t", 500, {"from": "earliest"})
+        await publish(url(broker), "t", [b"next"])
+        (last,) = await read(url(broker), "t", 1, {"from": 501})
     assert [m.payload for m in got] == payloads
     assert (last.payload, last.seq) == (b"next", 501)
 
@@ -111,21 +111,19 @@ async def test_a_durable_cursor_continues_after_its_last_ack(tmp_path: Path) -> 
     async with running_broker(log_config(tmp_path)) as broker:
         address = url(broker)
         await publish(address, "t", [b"c%d" % i for i in range(1, 11)])
-        async with open_client(address, name="c1") as client:
-            async with client.subscribe(
-                "t", options={"from": "earliest", "cursor": "reader"}
-            ) as sub:
-                got = await take(sub, 10)  # all taken: the client acknowledges them
-                cursors = broker.cursors
-                assert cursors is not None
-                await wait_until(
-                    lambda: cursors.position("\x00t\x00reader") == 11, what="cursor stored"
-                )
+        async with (
+            open_client(address, name="c1") as client,
+            client.subscribe("t", options={"from": "earliest", "cursor": "reader"}) as sub,
+        ):
+            got = await take(sub, 10)  # all taken: the client acknowledges them
+            cursors = broker.cursors
+            assert cursors is not None
+            await wait_until(
+                lambda: cursors.position("\x00t\x00reader") == 11, what="cursor stored"
+            )
         await publish(address, "t", [b"c%d" % i for i in range(11, 21)])
         assert got[-1].seq == 10
-        async with open_client(address, name="c2") as client:
-            async with client.subscribe("t", options={"cursor": "reader"}) as sub:
-                got = await take(sub, 10)
+        got = await read(address, "t", 10, {"cursor": "reader"})
     assert [m.seq for m in got] == list(range(11, 21))
 
 
@@ -143,11 +141,13 @@ async def test_a_slow_subscriber_does_not_hold_back_a_fast_one_on_the_same_topic
             # Bound, then it never reads or issues a guarantee again.
             await stuck.send(BindTopic("t"), Subscribe(0, "reliable", {}))
             await wait_until(lambda: bool(broker.topics.get("t")), what="subscribed")
-            async with open_client(address, name="fast") as client:
-                async with client.subscribe("t") as sub:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(publish, address, "t", [b"x" * 1000] * count)
-                        got = await take(sub, count)
+            async with (
+                open_client(address, name="fast") as client,
+                client.subscribe("t") as sub,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(publish, address, "t", [b"x" * 1000] * count)
+                got = await take(sub, count)
         finally:
             await stuck.aclose()
     assert [m.seq for m in got] == list(range(1, count + 1))

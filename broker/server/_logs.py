@@ -70,7 +70,9 @@ class TopicLogs:
         self._failing: set[Topic] = set()
         journal = getattr(store, "journal", None)
         self.cursors: CursorBook = JournalCursors(journal) if journal else MemoryCursors()
-        #: Counters for metrics.
+        #: Counters for metrics: records appended, fsyncs (and their time),
+        #: appends that failed (full, or the disk).
+        self.appends = 0
         self.fsyncs = 0
         self.fsync_seconds = 0.0
         self.append_errors = 0
@@ -94,7 +96,8 @@ class TopicLogs:
     def now_ms(self) -> int:
         return wall_ms()
 
-    def log_written(self, topic_log: TopicLog) -> None:
+    def log_written(self, topic_log: TopicLog, appended: int) -> None:
+        self.appends += appended
         if topic_log.config.flush != "always":
             self._dirty.add(topic_log)
 

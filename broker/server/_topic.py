@@ -250,8 +250,9 @@ class TopicLogHost(Protocol):
         """The wall-clock time records are stamped with (ms since the epoch)."""
         ...
 
-    def log_written(self, log: TopicLog) -> None:
-        """``log`` has records written and not fsynced (the broker flushes it in time)."""
+    def log_written(self, log: TopicLog, appended: int) -> None:
+        """``appended`` records went into ``log`` and it was written to its
+        file (not fsynced: the broker flushes it in time)."""
         ...
 
     def log_failed(self, topic: Topic, error: LogError) -> None:
@@ -364,17 +365,19 @@ class Topic(Actor):
         host = self._host
         assert log is not None and host is not None
         tails = held.routed.tails
+        appended = 0
         try:
             if held.appended < len(tails):
                 rest = tails[held.appended :] if held.appended else tails
-                held.appended += log.append_many(rest, host.now_ms())
+                appended = log.append_many(rest, host.now_ms())
+                held.appended += appended
             log.write()
         except LogError as error:
             if self.log_error is None:
                 host.log_failed(self, error)
             self.log_error = error
             return False
-        host.log_written(log)
+        host.log_written(log, appended)
         self._wake_at_tail()
         if held.appended < len(tails):
             return False  # the log filled part way: the rest raises next time

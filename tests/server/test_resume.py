@@ -9,7 +9,9 @@ network failure does to a client and a broker.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import pytest
 import trio
 
 from broker.client import open_client
@@ -20,14 +22,23 @@ from .helpers import TIMEOUT, running_broker, wait_idle, wait_until
 TOPICS = ("alpha", "beta")
 
 
-async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
+@pytest.mark.parametrize("logs", [False, True], ids=["memory-only", "topic-logs"])
+async def test_cut_connections_resume_without_loss_or_duplicates(
+    tmp_path: Path, logs: bool
+) -> None:
     """Two topics, 3000 messages each, published and consumed through a
     proxy cut at random moments: each subscriber sees every message exactly
-    once, in order, and no session is ever lost."""
+    once, in order, and no session is ever lost (with topic logs: the
+    subscriptions' sequence numbers are the records' offsets)."""
     count = 3000
     rng = random.Random(20261124)
     received: dict[str, list[int]] = {topic: [] for topic in TOPICS}
-    async with running_broker(heartbeat=0.5, lease=5.0) as broker, proxied(broker.address) as proxy:
+    offsets: dict[str, list[int]] = {topic: [] for topic in TOPICS}
+    data_dir = str(tmp_path) if logs else ""
+    async with (
+        running_broker(heartbeat=0.5, lease=5.0, data_dir=data_dir) as broker,
+        proxied(broker.address) as proxy,
+    ):
         async with (
             open_client(proxy.url, name="pub", reconnect=TIMEOUT) as publisher,
             open_client(proxy.url, name="sub", reconnect=TIMEOUT) as subscriber,
@@ -41,6 +52,7 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
                     while len(received[topic]) < count:
                         message = await subscriptions[topic].receive()
                         received[topic].append(int(message.payload))
+                        offsets[topic].append(message.seq)
 
             async def cut_now_and_then() -> None:
                 # Each cut waits for 50 more messages received since the last.
@@ -66,6 +78,8 @@ async def test_cut_connections_resume_without_loss_or_duplicates() -> None:
             stats = publisher.statistics(), subscriber.statistics()
         for topic in TOPICS:
             assert received[topic] == list(range(count)), topic
+            if logs:
+                assert offsets[topic] == list(range(1, count + 1)), topic
         assert proxy.cuts >= 3
         assert all(s["sessions_lost"] == 0 for s in stats)
         assert sum(s["resumes"] for s in stats) >= 2

@@ -13,6 +13,7 @@ Nothing here reads a clock: every method that needs the time takes it
 from __future__ import annotations
 
 import contextlib
+import os
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from ._files import (
     map_file,
     remove_term,
     term_path,
+    write_error,
     write_index,
 )
 from ._format import check_size, encode_index
@@ -171,14 +173,20 @@ class TopicLog:
         active = self._active
         kept = active.count  # the active term's records before this call
         done = 0
+        total = len(tails)
         try:
-            for tail in tails:
-                if not active.append(tail, time_ms):
-                    self._rotate()
-                    active = self._active
-                    kept = 0
-                    active.append(tail, time_ms)
+            while True:
+                done += active.append_many(tails[done:] if done else tails, time_ms)
+                if done == total:
+                    break
+                self._rotate()
+                active = self._active
+                kept = 0
+                if not active.append(tails[done], time_ms):
+                    raise AssertionError("a checked record fits an empty term")
                 done += 1
+                if done == total:
+                    break
         except (LogFull, LogWriteError):
             if not done:
                 raise
@@ -243,6 +251,25 @@ class TopicLog:
             self.flush()
             return True
         return False
+
+    def start_sync(self) -> SyncJob | None:
+        """:meth:`write`, then the fsync that makes every written record
+        durable, to run off this thread (its :meth:`SyncJob.run` blocks; the
+        log may be appended to meanwhile); None if nothing needs it. Call
+        :meth:`SyncJob.finish` here once it ran."""
+        self.write()
+        self._dirty_since = None
+        if self._durable_next >= self._written_next:
+            return None
+        return SyncJob(self, self._file, self._written_next)
+
+    def _synced(self, durable_next: int) -> None:
+        if durable_next > self._durable_next:
+            self._durable_next = durable_next
+
+    def _sync_failed(self) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = 0  # due at once: the next flush_due tries again
 
     @property
     def next_flush_at(self) -> int | None:
@@ -417,6 +444,38 @@ class TopicLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class SyncJob:
+    """One fsync of a log's active term file, run off the log's thread
+    (see :meth:`TopicLog.start_sync`). It syncs a duplicate of the file's
+    descriptor, so the log may rotate or close meanwhile."""
+
+    __slots__ = ("_fd", "_log", "_target", "error")
+
+    def __init__(self, log: TopicLog, file: TermFile, target: int) -> None:
+        self._log = log
+        self._target = target
+        self._fd = os.dup(file.fd)
+        #: What the fsync raised (:class:`LogWriteError`), once it ran.
+        self.error: LogWriteError | None = None
+
+    def run(self) -> None:
+        """fdatasync (blocks; safe in a worker thread)."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.error = write_error(exc, f"syncing the log of {self._log.topic!r}")
+        finally:
+            os.close(self._fd)
+
+    def finish(self) -> None:
+        """On the log's thread: the records it covered are durable (unless it failed:
+        they stay written, and the next sync tries again)."""
+        if self.error is None:
+            self._log._synced(self._target)
+        else:
+            self._log._sync_failed()
 
 
 def _base(term: Term) -> int:

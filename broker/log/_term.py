@@ -14,8 +14,9 @@ from __future__ import annotations
 import mmap
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 
-from ._format import HEADER_SIZE, Scan, record_time, write_record
+from ._format import HEADER_SIZE, Scan, record_time, write_record, write_records
 
 __all__ = ["Buffer", "Term", "new_buffer"]
 
@@ -136,6 +137,22 @@ class Term:
             self.first_time = time_ms
         self.last_time = time_ms
         return offset
+
+    def append_many(self, bodies: Sequence[bytes | memoryview], time_ms: int) -> int:
+        """Append records of ``bodies``, in order, while they fit; returns how
+        many it appended (fewer than all when the term filled). The caller
+        checked that ``time_ms`` is not below :attr:`last_time`."""
+        view = self._view
+        if view is None or view.readonly:
+            raise RuntimeError(f"term {self.base} is not the active term")
+        positions = self.positions
+        offset = self.base + len(positions) - 1
+        count = write_records(view, self.capacity, bodies, offset, time_ms, positions)
+        if count:
+            if self.first_time is None:
+                self.first_time = time_ms
+            self.last_time = time_ms
+        return count
 
     def truncate(self, count: int) -> None:
         """Forget every record after the first ``count`` (undo appends that

@@ -201,7 +201,6 @@ class LogSubscription(Subscription):
         """Send from the log, from :attr:`next_seq`, while the subscriber's
         guarantees allow and the log has written records; at the log's end,
         wait for the topic's next append."""
-        connection = self.connection
         log = self.log
         if log.closed:
             return
@@ -216,7 +215,7 @@ class LogSubscription(Subscription):
                 return  # closed under us: the broker is stopping
             if run.gap:
                 # Retention deleted records this subscription had not sent.
-                if not connection.gap(self, self.next_seq, run.gap):
+                if not self.connection.gap(self, self.next_seq, run.gap):
                     return
                 self.gaps_sent += 1
                 self.next_seq = run.first_offset
@@ -226,17 +225,34 @@ class LogSubscription(Subscription):
                 return
             if run.first_offset + len(tails) - 1 > end:
                 tails = tails[: end - run.first_offset + 1]
-            taken = connection.send_deliveries(self, tails)
-            if taken is None:
-                return  # the client is freeing it
-            if taken:
-                sent = tails if taken == len(tails) else tails[:taken]
-                cost = sum(map(len, sent)) + DELIVER_HEAD_ESTIMATE * taken
-                connection.written_later(LoanedItem(self.account, cost, None))
-            if taken < len(tails):
-                # Waiting for guarantees: what only this subscriber's reading clears.
-                connection.subscription_stalled(self)
+            if not self._send(tails):
                 return
+
+    def take_live(self, tails: list[bytes], first: int) -> None:
+        """Records from ``first`` were just appended and written with these
+        ``tails``: send them as they are if this subscription is at ``first``
+        (no read back from the log), else :meth:`pump`."""
+        if self.next_seq != first:
+            self.pump()
+        elif self._send(tails):
+            self.topic.wait_for_records(self)
+
+    def _send(self, tails: list[Any]) -> bool:
+        """Send ``tails`` (records from :attr:`next_seq`) as far as the
+        guarantees allow; whether all went (else it waits for guarantees)."""
+        connection = self.connection
+        taken = connection.send_deliveries(self, tails)
+        if taken is None:
+            return False  # the client is freeing it
+        if taken:
+            sent = tails if taken == len(tails) else tails[:taken]
+            cost = sum(map(len, sent)) + DELIVER_HEAD_ESTIMATE * taken
+            connection.written_later(LoanedItem(self.account, cost, None))
+        if taken < len(tails):
+            # Waiting for guarantees: what only this subscriber's reading clears.
+            connection.subscription_stalled(self)
+            return False
+        return True
 
     def ack(self, seq: int) -> None:
         """The subscriber processed every record up to offset ``seq`` (within

@@ -122,29 +122,37 @@ class TopicLogs:
 
     # --------------------------------------------------------------- tending
 
-    def tend(self, now_ms: int) -> None:
-        """Fsync the logs whose oldest unsynced record is ``flush_interval_ms`` old."""
+    async def tend(self, now_ms: int) -> None:
+        """Fsync the logs whose oldest unsynced record is ``flush_interval_ms``
+        old, one at a time in a worker thread: the loop goes on meanwhile."""
         if not self._dirty:
             return
-        done = []
-        for topic_log in self._dirty:
+        due = [
+            topic_log
+            for topic_log in self._dirty
+            if topic_log.closed or (topic_log.next_flush_at or 0) <= now_ms
+        ]
+        self._dirty.difference_update(due)
+        for topic_log in due:
             if topic_log.closed:
-                done.append(topic_log)
                 continue
-            due = topic_log.next_flush_at
-            if due is None:
-                done.append(topic_log)
-            elif now_ms >= due:
-                started = time.perf_counter()
-                try:
-                    topic_log.flush()
-                except LogError as error:
-                    log.error("topic %r: fsync failed: %s", topic_log.topic[:64], error)
-                    continue
-                self.fsyncs += 1
-                self.fsync_seconds += time.perf_counter() - started
-                done.append(topic_log)
-        self._dirty.difference_update(done)
+            started = time.perf_counter()
+            try:
+                job = topic_log.start_sync()
+            except LogError as error:
+                log.error("topic %r: writing its log failed: %s", topic_log.topic[:64], error)
+                self._dirty.add(topic_log)
+                continue
+            if job is None:
+                continue
+            await trio.to_thread.run_sync(job.run)
+            job.finish()
+            if job.error is not None:
+                log.error("topic %r: fsync failed: %s", topic_log.topic[:64], job.error)
+                self._dirty.add(topic_log)
+                continue
+            self.fsyncs += 1
+            self.fsync_seconds += time.perf_counter() - started
 
     def retry(self) -> None:
         """Retry the topics whose batches wait for room or the disk."""
@@ -167,7 +175,7 @@ class TopicLogs:
         while True:
             await trio.sleep(TEND_INTERVAL)
             now = trio.current_time()
-            self.tend(wall_ms())
+            await self.tend(wall_ms())
             if self._failing and now >= next_retry:
                 next_retry = now + RETRY_INTERVAL
                 self.retry()

@@ -261,6 +261,20 @@ class TopicLogHost(Protocol):
         ...
 
 
+class TailReader(Protocol):
+    """A subscription that reads the topic's log, waiting at its end."""
+
+    def pump(self) -> None:
+        """Send from the log as far as it may."""
+        ...
+
+    def take_live(self, tails: list[bytes], first: int) -> None:
+        """Records ``first``, ``first + 1``, ... were just appended with
+        these ``tails``: send them as they are (they are what the log holds),
+        or :meth:`pump` if it is not at ``first``."""
+        ...
+
+
 class _Held:
     """A batch of publishes on its way into the log: how many of its records
     are appended, and (while it waits for room) the loan that keeps its
@@ -309,7 +323,7 @@ class Topic(Actor):
         self.log = log
         self._host = host
         #: Log subscriptions that sent everything written: pumped after the next append.
-        self._at_tail: dict[Subscription, None] = {}
+        self._at_tail: dict[TailReader, None] = {}
         #: Batches waiting for room in the log, oldest first.
         self.held: deque[_Held] = deque()
         #: The last error appending met (None once a retry got through).
@@ -378,22 +392,26 @@ class Topic(Actor):
             self.log_error = error
             return False
         host.log_written(log, appended)
-        self._wake_at_tail()
+        if self._at_tail:
+            waiting = self._at_tail
+            self._at_tail = {}
+            if appended == len(tails):
+                # The common case: the whole batch went in at once. Those at
+                # the end take its bytes as they are, without reading them back.
+                first = log.next_offset - appended
+                for reader in waiting:
+                    reader.take_live(tails, first)
+            else:
+                for reader in waiting:
+                    reader.pump()
         if held.appended < len(tails):
             return False  # the log filled part way: the rest raises next time
         self.log_error = None
         return True
 
-    def wait_for_records(self, subscription: Subscription) -> None:
-        """``subscription`` sent everything written: pump it after the next append."""
-        self._at_tail[subscription] = None
-
-    def _wake_at_tail(self) -> None:
-        if self._at_tail:
-            waiting = self._at_tail
-            self._at_tail = {}
-            for subscription in waiting:
-                subscription.pump()
+    def wait_for_records(self, reader: TailReader) -> None:
+        """``reader`` sent everything written: wake it after the next append."""
+        self._at_tail[reader] = None
 
     def reader_moved(self) -> None:
         """A subscription acknowledged records or left: batches waiting for
@@ -409,7 +427,7 @@ class Topic(Actor):
         if subscription in self.subscriptions:
             self.subscriptions.remove(subscription)
             self.charging -= subscription.charges_publishers
-            self._at_tail.pop(subscription, None)
+            self._at_tail.pop(subscription, None)  # type: ignore[call-overload]
             self.release_if_unused()
 
     def release_if_unused(self) -> None:

@@ -27,12 +27,13 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from zlib import crc32
 
 import cbor2
 
 from ._errors import LogClosed, LogError
 from ._files import TermFile, fsync_dir, write_error
-from ._format import HEADER_SIZE, scan, write_record
+from ._format import HEADER, HEADER_SIZE, scan
 
 __all__ = ["JOURNAL_FORMAT", "JournalFormatError", "StateJournal"]
 
@@ -51,12 +52,16 @@ class JournalFormatError(LogError):
     """The journal file was written by a newer broker (an unknown format)."""
 
 
+def _record(sequence: int, body: bytes) -> tuple[bytes, bytes]:
+    """One record as (its topic-log record header, time 0; ``body``), so a
+    body is copied only once, when the buffer is written."""
+    rest = HEADER.pack(0, len(body), sequence, 0)[4:]
+    return HEADER.pack(crc32(body, crc32(rest)), len(body), sequence, 0), body
+
+
 def _encode(sequence: int, body: bytes) -> bytes:
-    """One record: the topic-log record header (time 0), then ``body``."""
-    record = bytearray(HEADER_SIZE + len(body))
-    with memoryview(record) as view:
-        write_record(view, 0, body, sequence, 0)
-    return bytes(record)
+    """One record, whole."""
+    return b"".join(_record(sequence, body))
 
 
 def _decode(body: bytes | memoryview) -> tuple[str, str, object, bool] | None:
@@ -102,7 +107,7 @@ class StateJournal:
         #: The size of the record holding each live key's value.
         self._sizes: dict[tuple[str, str], int] = {}
         self._live_bytes = 0
-        #: Encoded records not written yet.
+        #: Encoded records not written yet (headers and bodies).
         self._buffer: list[bytes] = []
         self._next = 1
         self._end = 0
@@ -154,12 +159,12 @@ class StateJournal:
             body = cbor2.dumps([space, key, value])
         except cbor2.CBOREncodeError as exc:
             raise TypeError(f"the journal cannot store {type(value).__name__}: {exc}") from exc
-        record = _encode(self._next, body)
+        self._buffer.extend(_record(self._next, body))
         self._next += 1
-        self._buffer.append(record)
         self._state.setdefault(space, {})[key] = value
-        self._live_bytes += len(record) - self._sizes.get((space, key), 0)
-        self._sizes[(space, key)] = len(record)
+        size = HEADER_SIZE + len(body)
+        self._live_bytes += size - self._sizes.get((space, key), 0)
+        self._sizes[(space, key)] = size
 
     def delete(self, space: str, key: str) -> None:
         """Remove ``key`` of ``space`` (nothing happens if it is not there)."""
@@ -167,9 +172,8 @@ class StateJournal:
         values = self._state.get(space)
         if values is None or key not in values:
             return
-        record = _encode(self._next, cbor2.dumps([space, key]))
+        self._buffer.extend(_record(self._next, cbor2.dumps([space, key])))
         self._next += 1
-        self._buffer.append(record)
         del values[key]
         if not values:
             del self._state[space]

@@ -46,6 +46,8 @@ _HEADER_BODY = {"format": JOURNAL_FORMAT, "kind": "broker state journal"}
 COMPACT_SUFFIX = ".compact"
 #: A journal smaller than this is never compacted.
 COMPACT_MIN_BYTES = 1 << 20
+#: A compaction writes the live records in pieces of about this size.
+_COMPACT_CHUNK = 1 << 20
 
 
 class JournalFormatError(LogError):
@@ -212,16 +214,23 @@ class StateJournal:
         temporary = self._compact_path()
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
-        records = [_encode(1, cbor2.dumps(_HEADER_BODY))]
-        sequence = 2
-        for space in sorted(self._state):
-            for key, value in sorted(self._state[space].items()):
-                records.append(_encode(sequence, cbor2.dumps([space, key, value])))
-                sequence += 1
-        data = b"".join(records)
         new = TermFile(temporary, create=True)
+        sizes: dict[tuple[str, str], int] = {}
         try:
-            new.write_at(memoryview(data), 0)
+            chunk: list[bytes] = list(_record(1, cbor2.dumps(_HEADER_BODY)))
+            chunk_bytes = written = 0
+            sequence = 2
+            for space in sorted(self._state):
+                for key, value in sorted(self._state[space].items()):
+                    body = cbor2.dumps([space, key, value])
+                    chunk.extend(_record(sequence, body))
+                    sequence += 1
+                    sizes[(space, key)] = HEADER_SIZE + len(body)
+                    chunk_bytes += HEADER_SIZE + len(body)
+                    if chunk_bytes >= _COMPACT_CHUNK:  # (bounds the memory it takes)
+                        written += self._write_chunk(new, chunk, written)
+                        chunk_bytes = 0
+            written += self._write_chunk(new, chunk, written)
             new.sync()
             _replace(temporary, self.path)
         except BaseException:
@@ -232,16 +241,25 @@ class StateJournal:
         old, self._file = self._file, new
         if old is not None:
             old.close()
-        self._end = len(data)
+        self._end = written
         self._next = sequence
         self._buffer.clear()
-        self._live_bytes = len(data)
+        self._sizes = sizes
+        self._live_bytes = written
         self._compact_at = 0
         self.compactions += 1
         try:
             fsync_dir(self.path.parent)
         except OSError as exc:
             raise write_error(exc, f"syncing the directory of {self.path}") from exc
+
+    @staticmethod
+    def _write_chunk(file: TermFile, chunk: list[bytes], at: int) -> int:
+        """Write (and empty) ``chunk`` at ``at`` of ``file``; returns its size."""
+        data = b"".join(chunk)
+        chunk.clear()
+        file.write_at(memoryview(data), at)
+        return len(data)
 
     def close(self) -> None:
         """Flush (write and fsync) and close the file; idempotent. The file is

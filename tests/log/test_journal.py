@@ -172,6 +172,20 @@ def test_compaction_keeps_the_state_and_bounds_the_file(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_large_state_is_compacted_in_pieces(tmp_path: Path) -> None:
+    journal = StateJournal(tmp_path / "state.journal", compact_min_bytes=10**9)
+    model = {f"k{i}": bytes([i]) * 300_000 for i in range(10)}  # 3 MB: several pieces
+    for key, value in model.items():
+        journal.put("big", key, value)
+        journal.put("big", key, value)
+    journal.compact()
+    assert journal.file_bytes == journal.live_bytes < 3_100_000
+    again = reopen(journal, crash=True)
+    assert dict(again.items("big")) == model
+    assert again.live_bytes == again.file_bytes
+    again.close()
+
+
 def test_no_compaction_below_the_minimum(tmp_path: Path) -> None:
     journal = StateJournal(tmp_path / "state.journal")
     _churn(journal, 200)

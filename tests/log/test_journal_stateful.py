@@ -70,6 +70,7 @@ class JournalMachine(RuleBasedStateMachine):
     def compact(self) -> None:
         self.journal.compact()
         self.written = dict(self.model)
+        assert self.journal.file_bytes == self.journal.live_bytes
 
     @rule(kill=st.booleans())
     def reopen(self, kill: bool) -> None:
@@ -79,8 +80,11 @@ class JournalMachine(RuleBasedStateMachine):
         else:
             self.journal.close()
             self.written = dict(self.model)
+        live = self.journal.live_bytes
         self.journal = StateJournal(self.dir / "state.journal", compact_min_bytes=600)
         assert self.journal.recovered_cut_bytes == 0
+        if not kill:  # the size of the live state is accounted the same way
+            assert self.journal.live_bytes == live
 
     @invariant()
     def holds_the_model(self) -> None:

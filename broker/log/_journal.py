@@ -114,6 +114,8 @@ class StateJournal:
         self._next = 1
         self._end = 0
         self._compact_at = 0
+        #: Written since the last fsync.
+        self._unsynced = False
         self._file: TermFile | None = None
         self._open()
 
@@ -196,14 +198,18 @@ class StateJournal:
             self._file.write_at(memoryview(data), self._end)
             self._end += len(data)
             self._buffer.clear()
+            self._unsynced = True
         if self._end > max(2 * self._live_bytes, self.compact_min_bytes, self._compact_at):
             self._try_compact()
 
     def flush(self) -> None:
-        """:meth:`write`, then fsync the file (the changes survive a power cut)."""
+        """:meth:`write`, then fsync the file (the changes survive a power
+        cut); no fsync if nothing was written since the last one."""
         self.write()
         assert self._file is not None
-        self._file.sync()
+        if self._unsynced:
+            self._file.sync()
+            self._unsynced = False
 
     def compact(self) -> None:
         """Rewrite the file with only the live state now (buffered changes
@@ -247,6 +253,7 @@ class StateJournal:
         self._sizes = sizes
         self._live_bytes = written
         self._compact_at = 0
+        self._unsynced = False
         self.compactions += 1
         try:
             fsync_dir(self.path.parent)

@@ -65,6 +65,28 @@ def test_a_kill_keeps_what_was_written_and_loses_only_what_was_buffered(tmp_path
     third.close()
 
 
+def test_flush_syncs_only_what_is_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = StateJournal(tmp_path / "state.journal")
+    syncs: list[Path] = []
+    real = files.TermFile.sync
+
+    def sync(self: files.TermFile) -> None:
+        syncs.append(self.path)
+        real(self)
+
+    monkeypatch.setattr(files.TermFile, "sync", sync)
+    journal.flush()
+    assert syncs == []
+    journal.put("s", "a", 1)
+    journal.flush()
+    journal.flush()
+    assert len(syncs) == 1
+    journal.put("s", "a", 2)
+    journal.write()
+    journal.close()
+    assert len(syncs) == 2
+
+
 def test_values_it_cannot_store_are_refused_and_change_nothing(tmp_path: Path) -> None:
     with StateJournal(tmp_path / "j") as journal:
         with pytest.raises(TypeError):

@@ -9,6 +9,8 @@ subscriber needs no copy and no re-encoding. See ``docs/topic-log.md``.
 - :class:`LogStore`: a data directory (locked) holding the topics' logs.
 - :class:`TopicLog`: one topic: append, read, flush, retention.
 - :class:`Reader`: a position in a log; :class:`Run`: what a read returns.
+- :class:`StateJournal`: the broker's own state (cursors, sessions, staged
+  batches), crash-safe, in ``<data_dir>/state.journal`` (``store.journal``).
 
 How a broker uses it (time is always passed in, ms since the epoch)::
 
@@ -38,6 +40,7 @@ from ._errors import (
     TopicDirMismatch,
 )
 from ._format import HEADER_SIZE
+from ._journal import JournalFormatError, StateJournal
 from ._log import Reader, TopicLog
 from ._store import LogStore
 from ._types import FlushPolicy, LogConfig, Recovery, Run, Start, WhenFull
@@ -47,6 +50,7 @@ __all__ = [
     "DataDirLocked",
     "DiskFull",
     "FlushPolicy",
+    "JournalFormatError",
     "LogClosed",
     "LogConfig",
     "LogError",
@@ -58,6 +62,7 @@ __all__ = [
     "Recovery",
     "Run",
     "Start",
+    "StateJournal",
     "TopicDirMismatch",
     "TopicLog",
     "WhenFull",

@@ -8,10 +8,15 @@ from pathlib import Path
 from ..protocol import check_topic_name
 from ._errors import LogClosed
 from ._files import DirLock, fsync_dir, stored_topics, topic_dir_name, topics_dir
+from ._journal import StateJournal
 from ._log import TopicLog
 from ._types import LogConfig
 
-__all__ = ["LogStore"]
+__all__ = ["JOURNAL_NAME", "LogStore"]
+
+#: The state journal's file in the data directory (beside ``topics/``, which
+#: holds every topic directory, so no topic name can collide with it).
+JOURNAL_NAME = "state.journal"
 
 
 class LogStore:
@@ -28,6 +33,18 @@ class LogStore:
         self.config = config or LogConfig()
         self._lock: DirLock | None = DirLock(self.data_dir)
         self._logs: dict[str, TopicLog] = {}
+        self._journal: StateJournal | None = None
+
+    @property
+    def journal(self) -> StateJournal:
+        """The broker's state journal, ``<data_dir>/state.journal``, opened
+        (and recovered, or created) on first use; closed (flushed) by
+        :meth:`close`."""
+        if self._lock is None:
+            raise LogClosed(f"the log store of {self.data_dir} is closed")
+        if self._journal is None:
+            self._journal = StateJournal(self.data_dir / JOURNAL_NAME)
+        return self._journal
 
     def topic(
         self, name: str, config: LogConfig | None = None, now_ms: int | None = None
@@ -69,8 +86,9 @@ class LogStore:
         return True
 
     def close(self) -> None:
-        """Close every log (flushing it) and release the lock; idempotent.
-        Every log is closed even if one fails to flush (the first error is raised)."""
+        """Close every log and the state journal (flushing them) and release
+        the lock; idempotent. Everything is closed even if one fails to flush
+        (the first error is raised)."""
         if self._lock is None:
             return
         error: BaseException | None = None
@@ -80,6 +98,12 @@ class LogStore:
             except Exception as exc:
                 error = error or exc
         self._logs.clear()
+        if self._journal is not None:
+            try:
+                self._journal.close()
+            except Exception as exc:
+                error = error or exc
+            self._journal = None
         self._lock.release()
         self._lock = None
         if error is not None:

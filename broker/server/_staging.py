@@ -17,15 +17,26 @@ authentication); only it may commit or abort them. Staged publishes are
 loans on one ``staging`` account, so broker memory and its metrics count
 them; the area refuses to hold more than ``limit`` bytes, and discards a
 batch neither committed nor aborted within ``ttl`` seconds.
+
+With a :class:`~broker.log.StateJournal` (a broker with a data directory)
+both survive a restart: every staged publish is put in the journal as it is
+staged (and deleted once its batch is committed, aborted or expired), and a
+committed batch is put there once its publishes are routed
+(:meth:`StagingArea.routed`), bounded by ``remember`` as in memory. A new
+area on the same journal restores them: a batch staged before the restart
+commits, one committed before it is a duplicate. The area only puts; the
+broker writes the journal (see :meth:`StagingArea.routed`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from accounts import Account, LoanedItem, unlimited
+from broker.log import StateJournal
 from broker.protocol import OutcomeStatus, Stage
 
 from ._peerlog import shown
@@ -39,6 +50,14 @@ STAGED_PUBLISH_OVERHEAD = 176
 
 #: ``(principal, batch)``: batches of different principals never mix.
 BatchKey = tuple[str | None, str]
+
+#: Journal spaces. ``staged``: key a 20-digit serial (staging order), value
+#: ``[owner, batch, member, topic, key, tail, cost]``. ``committed``: key the
+#: batch key as JSON, value a serial (commit order). ``committing``: the same
+#: keys, for a commit whose publishes were being routed.
+SPACE_STAGED = "staging.staged"
+SPACE_COMMITTED = "staging.committed"
+SPACE_COMMITTING = "staging.committing"
 
 
 @dataclass(slots=True, eq=False)
@@ -55,10 +74,14 @@ class StagedPublish:
 class StagedBatch:
     """The members of one batch, each with its publishes in the order staged."""
 
-    #: When the batch last staged a publish (its ttl counts from then).
-    last_staged: float
+    #: When the batch last staged a publish (its ttl counts from then);
+    #: None for a batch restored from the journal until the next
+    #: :meth:`StagingArea.expire` (its ttl starts again after a restart).
+    last_staged: float | None
     members: dict[str, list[StagedPublish]] = field(default_factory=dict)
     size: int = 0
+    #: The journal keys of its publishes (empty without a journal).
+    journal_keys: list[str] = field(default_factory=list)
 
     @property
     def messages(self) -> int:
@@ -95,7 +118,18 @@ class StagingCounters:
 class StagingArea:
     """The broker's staged batches (see the module's description)."""
 
-    def __init__(self, parent: Account, *, limit: int, ttl: float, remember: int) -> None:
+    def __init__(
+        self,
+        parent: Account,
+        *,
+        limit: int,
+        ttl: float,
+        remember: int,
+        journal: StateJournal | None = None,
+    ) -> None:
+        """With ``journal``, restore what it holds (staged publishes are
+        charged to :attr:`account` again, even beyond ``limit``) and keep it
+        up to date from then on."""
         #: Every staged publish is a loan on this account.
         self.account = unlimited("staging", parent=parent, kind="staging")
         self.limit = limit
@@ -106,6 +140,12 @@ class StagingArea:
         self.finished: OrderedDict[BatchKey, None] = OrderedDict()
         self.counters = StagingCounters()
         self.size = 0
+        self.journal = journal
+        #: Committed batches being routed: the journal keys of their publishes.
+        self._routing: dict[BatchKey, list[str]] = {}
+        self._serial = 0
+        if journal is not None:
+            self._restore(journal)
 
     @property
     def messages(self) -> int:
@@ -146,6 +186,12 @@ class StagingArea:
         batch.members.setdefault(stage.member, []).append(publish)
         batch.size += cost
         self.size += cost
+        if self.journal is not None:
+            self._serial += 1
+            journal_key = f"{self._serial:020d}"
+            record = [owner, stage.batch, stage.member, topic, key, tail, cost]
+            self.journal.put(SPACE_STAGED, journal_key, record)
+            batch.journal_keys.append(journal_key)
         return None
 
     def commit(
@@ -181,7 +227,33 @@ class StagingArea:
             self._discard([p for m in left_out for p in staged[m]], "superseded")
         self._finish(batch_key)
         self.counters.committed_messages += len(publishes)
+        if self.journal is not None:
+            journal_keys = [] if batch is None else batch.journal_keys
+            if publishes:
+                # Remembered as committed only once routed (:meth:`routed`).
+                self.journal.put(SPACE_COMMITTING, _batch_id(batch_key), True)
+                self._routing[batch_key] = journal_keys
+            else:
+                self._committed(batch_key, journal_keys)
         return CommitDecision(OutcomeStatus.COMMITTED, len(publishes), "", publishes)
+
+    def routed(self, batch_key: BatchKey) -> None:
+        """The publishes of committed batch ``batch_key`` are routed (in the
+        topic logs): put it in the journal as committed and delete its staged
+        publishes there. Without a journal, or for a batch not being routed,
+        nothing happens.
+
+        The broker calls this once ``route_commit`` returns, before the
+        Outcome is sent, and then writes the journal (``journal.write()``)
+        before sending it: an Outcome "committed" then means a rerun is
+        answered "duplicate" after a kill -9. A commit cut off before this
+        (a crash while routing) leaves its batch staged in the journal: after
+        a restart a retried Commit routes all of it again (publishes routed
+        before the crash are then routed twice; a warning says so).
+        """
+        journal_keys = self._routing.pop(batch_key, None)
+        if journal_keys is not None:
+            self._committed(batch_key, journal_keys)
 
     def abort(self, owner: str | None, batch_name: str) -> CommitDecision:
         """Discard everything staged in ``batch_name`` so far (refused if it
@@ -196,16 +268,26 @@ class StagingArea:
             publishes = [p for member in batch.members.values() for p in member]
             discarded = len(publishes)
             self._discard(publishes, "aborted")
+            self._unjournal(batch)
         self._count(OutcomeStatus.ABORTED)
         return CommitDecision(OutcomeStatus.ABORTED, discarded)
 
     def expire(self, now: float) -> int:
-        """Discard batches that staged nothing for ``ttl`` seconds; returns how many."""
-        old = [key for key, batch in self.batches.items() if now - batch.last_staged > self.ttl]
+        """Discard batches that staged nothing for ``ttl`` seconds; returns how
+        many. (The ttl of a batch restored from the journal starts now.)"""
+        for batch in self.batches.values():
+            if batch.last_staged is None:
+                batch.last_staged = now
+        old = [
+            key
+            for key, batch in self.batches.items()
+            if batch.last_staged is not None and now - batch.last_staged > self.ttl
+        ]
         for key in old:
             batch = self.batches.pop(key)
             self.size -= batch.size
             self._discard([p for member in batch.members.values() for p in member], "expired")
+            self._unjournal(batch)
             log.warning(
                 "staged batch %s of %s discarded: neither committed nor aborted within %s s",
                 shown(key[1]),
@@ -215,10 +297,17 @@ class StagingArea:
         return len(old)
 
     def clear(self) -> None:
-        """Discard everything (the broker is stopping)."""
+        """Discard everything (the broker is stopping). What the journal holds
+        stays there, for the next start."""
         for batch in self.batches.values():
-            self._discard([p for member in batch.members.values() for p in member], "expired")
+            publishes = [p for member in batch.members.values() for p in member]
+            if self.journal is None:
+                self._discard(publishes, "expired")
+            else:
+                for publish in publishes:
+                    publish.loan.repay()
         self.batches.clear()
+        self._routing.clear()
         self.size = 0
 
     def _refuse(self, reason: str) -> CommitDecision:
@@ -232,10 +321,129 @@ class StagingArea:
         self._count(OutcomeStatus.COMMITTED)
         self.finished[batch_key] = None
         self.finished.move_to_end(batch_key)
+        self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        """Forget the oldest committed batches beyond ``remember``."""
         while len(self.finished) > self.remember:
-            self.finished.popitem(last=False)
+            forgotten, _ = self.finished.popitem(last=False)
+            if self.journal is not None:
+                self.journal.delete(SPACE_COMMITTED, _batch_id(forgotten))
 
     def _discard(self, publishes: list[StagedPublish], reason: str) -> None:
         for publish in publishes:
             publish.loan.repay()
         self.counters.discarded[reason] += len(publishes)
+
+    # ---------------------------------------------------------------- journal
+
+    def _committed(self, batch_key: BatchKey, journal_keys: list[str]) -> None:
+        """Put ``batch_key`` in the journal as committed (if still remembered),
+        then delete its staged publishes: in that order, so a torn write
+        never loses the one while keeping the others."""
+        assert self.journal is not None
+        batch_id = _batch_id(batch_key)
+        if batch_key in self.finished:
+            self._serial += 1
+            self.journal.put(SPACE_COMMITTED, batch_id, self._serial)
+        for journal_key in journal_keys:
+            self.journal.delete(SPACE_STAGED, journal_key)
+        self.journal.delete(SPACE_COMMITTING, batch_id)
+
+    def _unjournal(self, batch: StagedBatch) -> None:
+        """Delete an aborted or expired batch's publishes from the journal."""
+        if self.journal is not None:
+            for journal_key in batch.journal_keys:
+                self.journal.delete(SPACE_STAGED, journal_key)
+
+    def _restore(self, journal: StateJournal) -> None:
+        """Load the committed batches and staged publishes ``journal`` holds."""
+        committed: list[tuple[int, BatchKey]] = []
+        for batch_id, order in journal.items(SPACE_COMMITTED):
+            batch_key = _parse_batch_id(batch_id)
+            if batch_key is None or not isinstance(order, int):
+                log.warning("state journal: dropped a malformed committed batch %r", batch_id)
+                journal.delete(SPACE_COMMITTED, batch_id)
+                continue
+            committed.append((order, batch_key))
+            self._serial = max(self._serial, order)
+        for _, batch_key in sorted(committed):
+            self.finished[batch_key] = None
+        self._forget_oldest()
+        for journal_key, record in journal.items(SPACE_STAGED):
+            restored = _parse_staged(record)
+            if restored is None:
+                log.warning("state journal: dropped a malformed staged publish %s", journal_key)
+                journal.delete(SPACE_STAGED, journal_key)
+                continue
+            owner, batch_name, member, topic, key, tail, cost = restored
+            batch_key = (owner, batch_name)
+            if batch_key in self.finished:  # left over from a commit (or late)
+                journal.delete(SPACE_STAGED, journal_key)
+                continue
+            batch = self.batches.get(batch_key)
+            if batch is None:
+                batch = self.batches[batch_key] = StagedBatch(None)
+            publish = StagedPublish(topic, LoanedItem(self.account, cost, tail), key)
+            batch.members.setdefault(member, []).append(publish)
+            batch.journal_keys.append(journal_key)
+            batch.size += cost
+            self.size += cost
+            if journal_key.isdigit():
+                self._serial = max(self._serial, int(journal_key))
+        for batch_id, _ in journal.items(SPACE_COMMITTING):
+            batch_key = _parse_batch_id(batch_id)
+            if batch_key is not None and batch_key in self.batches:
+                log.warning(
+                    "staged batch %s of %s was being committed when the broker stopped: it "
+                    "is staged again, and a retried commit routes all of it (what was routed "
+                    "before the stop is then routed twice)",
+                    shown(batch_key[1]),
+                    "anonymous clients" if batch_key[0] is None else repr(batch_key[0]),
+                )
+            journal.delete(SPACE_COMMITTING, batch_id)
+        if self.batches or self.finished:
+            log.info(
+                "staging restored from the state journal: %d batches staged (%d bytes), "
+                "%d committed batches remembered",
+                len(self.batches),
+                self.size,
+                len(self.finished),
+            )
+
+
+def _batch_id(batch_key: BatchKey) -> str:
+    """A batch key as a journal key (JSON: the principal may be None)."""
+    return json.dumps(list(batch_key), ensure_ascii=False, separators=(",", ":"))
+
+
+def _parse_batch_id(batch_id: str) -> BatchKey | None:
+    try:
+        owner, batch = json.loads(batch_id)
+    except ValueError:
+        return None
+    if (owner is None or isinstance(owner, str)) and isinstance(batch, str):
+        return (owner, batch)
+    return None
+
+
+_Staged = tuple[str | None, str, str, str, bytes | None, bytes, int]
+
+
+def _parse_staged(record: object) -> _Staged | None:
+    """A staged publish's journal record, checked; None if malformed."""
+    if not isinstance(record, list) or len(record) != 7:
+        return None
+    owner, batch, member, topic, key, tail, cost = record
+    if (
+        (owner is None or isinstance(owner, str))
+        and isinstance(batch, str)
+        and isinstance(member, str)
+        and isinstance(topic, str)
+        and (key is None or isinstance(key, bytes))
+        and isinstance(tail, bytes)
+        and isinstance(cost, int)
+        and cost >= 0
+    ):
+        return owner, batch, member, topic, key, tail, cost
+    return None

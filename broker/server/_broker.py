@@ -114,6 +114,7 @@ class Broker:
             limit=config.staging_limit,
             ttl=config.staging_ttl,
             remember=config.staging_remember,
+            journal=logs.journal if logs is not None else None,
         )
         #: Hands freed heap memory back once the debt falls after a burst.
         self.memory = MemoryReturn(self.account)
@@ -172,6 +173,10 @@ class Broker:
         async def run() -> None:
             try:
                 await route_commit(self, account, publishes)
+                # Remembered as committed (written, before anybody hears of
+                # it): a rerun after a restart is answered "duplicate".
+                self.staging.routed(batch)
+                self.persist_state()
                 for waiter in running.waiters:  # before anybody else hears of it
                     waiter()
             finally:
@@ -179,6 +184,13 @@ class Broker:
                 running.routed.set()
 
         self._nursery.start_soon(run)
+
+    def persist_state(self) -> None:
+        """Write the state journal's pending changes (staged publishes,
+        commits, cursors) to its file before anything that relies on them
+        is said to a client (no-op for a memory-only broker)."""
+        if self.logs is not None:
+            self.logs.persist_state()
 
     @property
     def offsets(self) -> bool:

@@ -74,6 +74,11 @@ class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
     @property
     def security(self) -> SecurityCounters: ...
 
+    def persist_state(self) -> None:
+        """Write the broker's state journal, if it has changes, before a client
+        is told anything that relies on them (no-op for a memory-only broker)."""
+        ...
+
     def forget(self, connection: ServerConnection) -> None:
         """``connection`` closed and is cleaned up."""
         ...
@@ -279,6 +284,7 @@ class ServerConnection:
         if self.admission.held is not None:
             self.admission.held.cancel()
         if self.publishing.confirm_dirty and not self.protocol.closed:
+            self.broker.persist_state()
             self.publishing.send_confirms()
         self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
 
@@ -321,6 +327,9 @@ class ServerConnection:
                 with admission.held:
                     await trio.sleep_forever()
                 admission.held = None
+            # What the Confirms and Outcomes about to go out rely on (staged
+            # publishes, commits) is written first.
+            self.broker.persist_state()
             if publishing.confirm_dirty and not protocol.closed:
                 # (A Goodbye read since the routing was noted closes the protocol:
                 # nothing more may be said then.)

@@ -13,9 +13,9 @@ from typing import Protocol
 
 import trio
 
-from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, TopicLog
+from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, StateJournal, TopicLog
 
-from ._log_subscription import CursorBook, MemoryCursors
+from ._log_subscription import CursorBook
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -41,16 +41,19 @@ class JournalCursors:
 
     SPACE = "cursors"
 
-    def __init__(self, journal: object) -> None:
+    def __init__(self, journal: StateJournal) -> None:
         self._journal = journal
 
     def position(self, key: str) -> int | None:
-        value = self._journal.get(self.SPACE, key)  # type: ignore[attr-defined]
+        value = self._journal.get(self.SPACE, key)
         return value if type(value) is int else None
 
     def store(self, key: str, position: int) -> None:
-        self._journal.put(self.SPACE, key, position)  # type: ignore[attr-defined]
-        self._journal.write()  # type: ignore[attr-defined]
+        self._journal.put(self.SPACE, key, position)
+        try:
+            self._journal.write()
+        except LogError as error:  # kept pending: the next write tries again
+            log.error("writing the state journal failed: %s", error)
 
 
 def wall_ms() -> int:
@@ -68,8 +71,11 @@ class TopicLogs:
         self._dirty: set[TopicLog] = set()
         #: Topics with batches waiting for room or for the disk.
         self._failing: set[Topic] = set()
-        journal = getattr(store, "journal", None)
-        self.cursors: CursorBook = JournalCursors(journal) if journal else MemoryCursors()
+        #: Broker state that survives a restart: cursors, staged batches, commits.
+        self.journal = store.journal
+        if self.journal.recovered_cut_bytes:
+            log.warning("state journal: %s", self.journal.recovery_detail)
+        self.cursors: CursorBook = JournalCursors(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
         #: appends that failed (full, or the disk).
         self.appends = 0
@@ -161,6 +167,15 @@ class TopicLogs:
             if not topic.held:
                 self._failing.discard(topic)
                 log.info("topic %r: its log takes records again", topic.topic_name[:64])
+
+    def persist_state(self) -> None:
+        """Write the journal's pending changes (see ``Broker.persist_state``)."""
+        journal = self.journal
+        if journal.pending:
+            try:
+                journal.write()
+            except LogError as error:  # kept pending: the next write tries again
+                log.error("writing the state journal failed: %s", error)
 
     def expire(self, now_ms: int) -> None:
         """Delete terms older than their topics' ``retain_seconds``."""

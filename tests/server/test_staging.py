@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
+from pathlib import Path
 
 import pytest
 import trio
@@ -356,3 +357,35 @@ async def test_a_cluster_abort_asks_every_broker_even_when_one_refuses() -> None
         assert first.staging.counters.committed_messages > 0
         assert second.staging.batches == {}
         assert second.staging.counters.discarded["aborted"] > 0
+
+
+async def test_staged_and_committed_batches_survive_a_broker_restart(tmp_path: Path) -> None:
+    """With a data directory: a batch staged before a restart commits after
+    it, and a batch committed before it is still answered "duplicate" (the
+    exactly-once sink holds across restarts)."""
+    data_dir = str(tmp_path)
+
+    def before(address: str) -> None:
+        with BlockingClient(address, name="task") as task, BlockingClient(address, name="d") as d:
+            for batch in ("done", "open"):
+                stage = Stage(batch, "0/0")
+                for i in range(3):
+                    task.publish("events", b"%s:%d" % (batch.encode(), i), stage=stage)
+                assert task.finish_stage(stage, timeout=TIMEOUT) == 3
+            outcome = d.commit("done", [("0/0", 3)], timeout=TIMEOUT)
+            assert outcome.status == OutcomeStatus.COMMITTED
+
+    def after(address: str) -> tuple[OutcomeStatus, OutcomeStatus, int, list[bytes]]:
+        with BlockingClient(address, name="d2") as d, collecting(d, "events") as received:
+            again = d.commit("done", [("0/0", 3)], timeout=TIMEOUT)
+            opened = d.commit("open", [("0/0", 3)], timeout=TIMEOUT)
+            wait_for(lambda: len(received) == 3, "the batch staged before the restart")
+            return again.status, opened.status, opened.messages, [m.payload for m in received]
+
+    async with running_broker(data_dir=data_dir) as broker:
+        await trio.to_thread.run_sync(before, url(broker))
+    async with running_broker(data_dir=data_dir) as broker:
+        again, opened, messages, payloads = await trio.to_thread.run_sync(after, url(broker))
+    assert again == OutcomeStatus.DUPLICATE
+    assert (opened, messages) == (OutcomeStatus.COMMITTED, 3)
+    assert payloads == [b"open:%d" % i for i in range(3)]

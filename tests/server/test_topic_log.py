@@ -183,3 +183,19 @@ async def test_a_memory_only_broker_refuses_a_start_it_cannot_serve() -> None:
         await raw.aclose()
     assert goodbye.code == 1
     assert "memory-only" in goodbye.reason
+
+
+async def test_a_durable_cursor_survives_a_restart(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"c%d" % i for i in range(1, 11)])
+        got = await read(address, "t", 10, {"from": "earliest", "cursor": "reader"})
+        cursors = broker.cursors
+        assert cursors is not None
+        await wait_until(lambda: cursors.position("\x00t\x00reader") == 11, what="cursor stored")
+        await publish(address, "t", [b"c%d" % i for i in range(11, 21)])
+    assert [m.seq for m in got] == list(range(1, 11))
+    async with running_broker(log_config(tmp_path)) as broker:
+        # "from" applies only to a cursor seen for the first time.
+        got = await read(url(broker), "t", 10, {"from": "earliest", "cursor": "reader"})
+    assert [(m.seq, m.payload) for m in got] == [(i, b"c%d" % i) for i in range(11, 21)]

@@ -16,6 +16,7 @@ from ._peerlog import ConnectionLog, shown
 from ._peers import AddressTable, peer_key
 from ._publishing import PublishChannel, Publishing
 from ._session import Session, SessionHolder, SessionTable
+from ._session_records import SessionRecords
 from ._usage import ConnectionLedger, PrincipalUsage
 
 
@@ -91,6 +92,8 @@ class Admission:
         self.ends_session = False
         #: A refusal held back (a failed authentication): the writer waits.
         self.held: trio.CancelScope | None = None
+        #: Handles were bound or freed since the session's record was written.
+        self.session_dirty = False
 
     @property
     def principal(self) -> PrincipalUsage | None:
@@ -230,6 +233,31 @@ class Admission:
             redelivered += subscription.attach(deliveries, processed.get(handle, 0))
         host.sessions.redelivered_total += redelivered
         self.log(logging.INFO, "session %s resumed (%d sent again)", session.name, redelivered)
+
+    def record(self, records: SessionRecords) -> None:
+        """Put what changed of the session into ``records`` (a broker with a
+        data directory: its handles, what was routed, what the client
+        processed), before the Confirms that rely on it go out."""
+        session = self.session
+        if session is None:
+            return
+        deliveries = self.deliveries
+        if self.session_dirty:
+            self.session_dirty = False
+            state = self.protocol.session_state()
+            assert isinstance(state, BrokerSessionState)
+            records.save(session, state, deliveries.subscriptions)
+        publishing = self.publishing
+        for handle in publishing.confirm_dirty:
+            channel = publishing.channels.get(handle)
+            if channel is not None:
+                records.routed(session, handle, channel.routed)
+        if deliveries.acked_dirty:
+            for handle in deliveries.acked_dirty:
+                subscription = deliveries.subscriptions.get(handle)
+                if subscription is not None and subscription.reads_log:
+                    records.acked(session, handle, subscription.acked)
+            deliveries.acked_dirty.clear()
 
     def detach(self) -> None:
         """Leave the session to wait for a resume: its record of handles and

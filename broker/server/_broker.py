@@ -34,7 +34,9 @@ from ._logs import TopicLogs
 from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
+from ._restore import restore_sessions
 from ._session import SessionTable
+from ._session_records import SessionRecords
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
 from ._usage import PrincipalUsage, SecurityCounters
@@ -106,6 +108,9 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
         self.sessions = SessionTable(config.lease)
+        #: Where sessions are recorded to survive a restart (None: memory-only).
+        self.session_records = SessionRecords(logs.journal) if logs is not None else None
+        self.sessions.records = self.session_records
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
         #: Staged publishes waiting for their batch's commit (exactly-once publishing).
@@ -347,6 +352,7 @@ class Broker:
         if self.closing:
             return
         self.closing = True
+        self.sessions.keep_records = True  # the sessions are resumed after the restart
         self.accepting = False
         self._accept_scope.cancel()
         log.info("shutting down: %d connections to drain", len(self.connections))
@@ -478,6 +484,8 @@ async def serve_broker(
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
                 broker.sessions.start(nursery)
+                if broker.session_records is not None:
+                    restore_sessions(broker, broker.session_records)
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
                 if logs is not None:
@@ -511,6 +519,7 @@ async def serve_broker(
                 task_status.started(broker)
         finally:
             broker.sessions.end_all()
+            broker.persist_state()
             broker.staging.clear()
             for listener in listeners:
                 with trio.CancelScope(shield=True):

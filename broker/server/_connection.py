@@ -35,6 +35,7 @@ from ._peerlog import ConnectionLog, PeerLog
 from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
 from ._session import Session
+from ._session_records import SessionRecords
 from ._topic import Subscription
 from ._usage import ConnectionLedger, PrincipalUsage, SecurityCounters
 from ._wake import Wake
@@ -73,6 +74,11 @@ class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
 
     @property
     def security(self) -> SecurityCounters: ...
+
+    @property
+    def session_records(self) -> SessionRecords | None:
+        """Where sessions are recorded to survive a restart (None: memory-only)."""
+        ...
 
     def persist_state(self) -> None:
         """Write the broker's state journal, if it has changes, before a client
@@ -284,11 +290,20 @@ class ServerConnection:
         if self.admission.held is not None:
             self.admission.held.cancel()
         if self.publishing.confirm_dirty and not self.protocol.closed:
-            self.broker.persist_state()
+            self._persist()
             self.publishing.send_confirms()
         self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
 
+    def _persist(self) -> None:
+        """Write the session's record and the broker's state journal (a broker
+        with a data directory) before anything relying on them is sent."""
+        records = self.broker.session_records
+        if records is not None:
+            self.admission.record(records)
+            self.broker.persist_state()
+
     def _cleanup(self) -> None:
+        self._persist()
         self.admission.leave(end=self.broker.closing)
         self.publishing.close_all()
         self.deliveries.close_all()
@@ -328,8 +343,8 @@ class ServerConnection:
                     await trio.sleep_forever()
                 admission.held = None
             # What the Confirms and Outcomes about to go out rely on (staged
-            # publishes, commits) is written first.
-            self.broker.persist_state()
+            # publishes, commits, the session's record) is written first.
+            self._persist()
             if publishing.confirm_dirty and not protocol.closed:
                 # (A Goodbye read since the routing was noted closes the protocol:
                 # nothing more may be said then.)

@@ -40,6 +40,7 @@ class Deliveries:
 
     __slots__ = (
         "_wake",
+        "acked_dirty",
         "counters",
         "dropping_bytes",
         "funds_scope",
@@ -78,6 +79,8 @@ class Deliveries:
         self.stalled: set[int] = set()
         #: The reader's wait for the connection's account, while it waits.
         self.funds_scope: trio.CancelScope | None = None
+        #: Subscriptions acknowledged since their session's record was written.
+        self.acked_dirty: set[int] = set()
 
     @property
     def open(self) -> bool:
@@ -175,6 +178,7 @@ class Deliveries:
         acked = self.subscriptions.get(handle)
         if acked is not None:
             acked.ack(seq)
+            self.acked_dirty.add(handle)
 
     def drop(self, handle: int) -> None:
         """Subscription ``handle`` is gone: it leaves its topic, repaid."""

@@ -139,6 +139,7 @@ class Dispatch:
         self.admission.hello(event, connection)
 
     def topic_bound(self, event: TopicBound, connection: Dispatched) -> None:
+        self.admission.session_dirty = True
         self.admission.open_channel(event.handle, event.name, event.stage, connection)
 
     def commit(self, event: Commit, connection: Dispatched) -> None:
@@ -169,6 +170,7 @@ class Dispatch:
             connection.goodbye(GoodbyeCode.PROTOCOL_ERROR, f"Subscribe: {error}")
             return
         self.deliveries.subscriptions[event.handle] = subscription
+        self.admission.session_dirty = True
         topic.subscribe(subscription)
         self.budget.subscriptions_changed()
 
@@ -178,6 +180,7 @@ class Dispatch:
     def handle_gone(
         self, event: HandleFreeProposed | HandleDeleted, connection: Dispatched
     ) -> None:
+        self.admission.session_dirty = True
         if event.handle_type == HandleType.SUBSCRIPTION:
             self.deliveries.drop(event.handle)
             self.budget.subscriptions_changed()

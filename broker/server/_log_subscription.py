@@ -272,6 +272,10 @@ class LogSubscription(Subscription):
         ``processed``. What it did not process is read from the log again;
         returns how many deliveries that is."""
         self.connection = connection  # type: ignore[assignment]  # the same connection type
+        if processed >= self.next_seq:
+            # Restored after a broker restart: the client had what it
+            # processed from the broker before it (within what the log holds).
+            self.next_seq = min(processed, self.log.written_offset) + 1
         self.ack(processed)
         resend = self.next_seq - 1 - self.acked
         self.next_seq = self.acked + 1

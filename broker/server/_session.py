@@ -19,6 +19,7 @@ import trio
 from broker.protocol import BrokerSessionState
 
 from ._peerlog import shown
+from ._session_records import SessionRecords
 from ._topic import Subscription
 
 log = logging.getLogger("broker.server")
@@ -116,6 +117,11 @@ class SessionTable:
         #: Seconds of the lease left at each resume.
         self.lease_left = Histogram(LEASE_LEFT_BOUNDS)
         self._nursery: trio.Nursery | None = None
+        #: Where sessions are recorded to survive a restart (a broker with a data directory).
+        self.records: SessionRecords | None = None
+        #: The broker is stopping: sessions ended now stay recorded, to be
+        #: resumed after the restart.
+        self.keep_records = False
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run expiry timers in ``nursery`` (the broker's)."""
@@ -192,8 +198,12 @@ class SessionTable:
             session._expiry = None
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            if self.records is not None and not self.keep_records:
+                self.records.forget(session)
         session.close_subscriptions()
 
     def end_all(self) -> None:
+        """The broker stops: end every session (their records stay, see :attr:`keep_records`)."""
+        self.keep_records = True
         for session in list(self.sessions.values()):
             self.end(session)

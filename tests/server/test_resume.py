@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from broker.client import open_client
+from broker.config import BrokerConfig
+from broker.server import Broker
 
 from ..proxy import cut_on_progress, proxied
-from .helpers import TIMEOUT, running_broker, wait_idle, wait_until
+from .helpers import TIMEOUT, make_config, running_broker, wait_idle, wait_until
 
 TOPICS = ("alpha", "beta")
 
@@ -123,3 +126,52 @@ async def test_a_broker_restart_is_noticed_and_subscriptions_come_back() -> None
             message = await subscription.receive()
         assert (message.payload, message.seq) == (b"after", 1)
     await wait_idle(second)
+
+
+async def serve_until(
+    config: BrokerConfig, stop: trio.Event, stopped: trio.Event, *, task_status: Any
+) -> None:
+    """Run a broker until ``stop`` is set; then stop it gracefully and set ``stopped``."""
+    async with running_broker(config) as broker:
+        task_status.started(broker)
+        await stop.wait()
+    stopped.set()
+
+
+async def test_with_a_data_directory_a_session_is_resumed_after_a_broker_restart(
+    tmp_path: Path,
+) -> None:
+    """The broker stops (Goodbye 5) and starts again on the same data
+    directory: the client resumes its session (no session lost), gets what
+    it had not processed, and its subscription goes on with the next offset."""
+    config = make_config(data_dir=str(tmp_path), heartbeat=0.5, lease=10.0)
+    stop, stopped = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery, proxied(("127.0.0.1", 9)) as proxy:
+        first: Broker = await nursery.start(serve_until, config, stop, stopped)
+        proxy.target = first.address
+        async with (
+            open_client(proxy.url, name="sub", reconnect=TIMEOUT) as client,
+            client.subscribe("news") as subscription,
+        ):
+            for i in range(5):
+                await client.publish("news", b"%d" % i)
+            await client.flush()
+            with trio.fail_after(TIMEOUT):
+                got = [await subscription.receive() for _ in range(3)]
+                stop.set()  # a graceful stop: Goodbye 5
+                await stopped.wait()
+            second: Broker = await nursery.start(serve_until, config, trio.Event(), trio.Event())
+            proxy.target = second.address
+            with trio.fail_after(TIMEOUT):
+                got += [await subscription.receive() for _ in range(2)]
+                await client.publish("news", b"after")
+                got.append(await subscription.receive())
+            stats = client.statistics()
+        assert [(m.payload, m.seq) for m in got] == [
+            *[(b"%d" % i, i + 1) for i in range(5)],
+            (b"after", 6),
+        ]
+        assert stats["sessions_lost"] == 0
+        assert stats["resumes"] >= 1
+        assert second.sessions.resumed_total >= 1
+        nursery.cancel_scope.cancel()

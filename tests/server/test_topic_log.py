@@ -199,3 +199,80 @@ async def test_a_durable_cursor_survives_a_restart(tmp_path: Path) -> None:
         # "from" applies only to a cursor seen for the first time.
         got = await read(url(broker), "t", 10, {"from": "earliest", "cursor": "reader"})
     assert [(m.seq, m.payload) for m in got] == [(i, b"c%d" % i) for i in range(11, 21)]
+
+
+async def test_a_start_beyond_the_end_waits_for_that_offset(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "t", [b"a", b"b"])
+        async with (
+            open_client(address, name="ahead") as client,
+            client.subscribe("t", options={"from": 5}) as sub,
+        ):
+            await publish(address, "t", [b"c", b"d", b"e", b"f"])
+            got = await take(sub, 2)
+    assert [(m.seq, m.payload) for m in got] == [(5, b"e"), (6, b"f")]
+
+
+async def test_a_full_disk_holds_publishes_unconfirmed_until_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on the log's file: nothing is confirmed or delivered, the
+    broker keeps serving, and once the disk has room again every publish
+    is appended once and delivered in order (the broker retries by itself)."""
+    import errno
+
+    from broker.log import _files
+
+    real_write_at = _files.TermFile.write_at
+    full = True
+
+    def write_at(self: _files.TermFile, data: memoryview, offset: int) -> None:
+        if full and self.path.suffix == ".term":  # (the state journal has room)
+            raise _files.write_error(OSError(errno.ENOSPC, "No space left on device"), "test")
+        real_write_at(self, data, offset)
+
+    monkeypatch.setattr(_files.TermFile, "write_at", write_at)
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        async with (
+            open_client(address, name="sub") as reader,
+            reader.subscribe("t") as sub,
+            open_client(address, name="pub") as client,
+        ):
+            for i in range(10):
+                await client.publish("t", b"%d" % i)
+            with trio.move_on_after(1.5) as waited:
+                await client.flush()  # never confirmed while the disk is full
+            assert waited.cancelled_caught
+            with trio.move_on_after(0.2):
+                early = await sub.receive()
+                pytest.fail(f"delivered before it was written: {early}")
+            logs = broker.logs
+            assert logs is not None and logs.append_errors >= 1
+            full = False
+            with trio.fail_after(TIMEOUT):
+                await client.flush()
+            got = await take(sub, 10)
+    assert [(m.seq, m.payload) for m in got] == [(i + 1, b"%d" % i) for i in range(10)]
+
+
+async def test_a_torn_tail_is_cut_at_start_up_and_the_rest_served(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"r%d" % i for i in range(1, 21)])
+    (term,) = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".term"] or [None]
+    assert term is not None, sorted(str(p) for p in tmp_path.rglob("*"))
+    data = bytearray(term.read_bytes())
+    end = len(data.rstrip(b"\0"))
+    data[end - 3] ^= 0xFF  # the last record's body: its checksum no longer matches
+    term.write_bytes(bytes(data))
+    async with running_broker(log_config(tmp_path)) as broker:
+        got = await read(url(broker), "t", 19, {"from": "earliest"})
+        logs = broker.logs
+        assert logs is not None
+        recovery = logs.store.open_logs()["t"].recovery
+        assert not recovery.clean and recovery.cut_bytes > 0
+        await publish(url(broker), "t", [b"next"])
+        (after,) = await read(url(broker), "t", 1, {"from": 20})
+    assert [m.payload for m in got] == [b"r%d" % i for i in range(1, 20)]
+    assert (after.seq, after.payload) == (20, b"next")

@@ -153,7 +153,7 @@ def test_without_a_matching_table_the_defaults_apply() -> None:
         flush_interval_ms=1000,
     )
     assert BrokerConfig().log_config("anything") == expected
-    only_metrics = BrokerConfig(topics=[TopicRule("metrics.*", retain_bytes=0)])
+    only_metrics = BrokerConfig(topics=[TopicRule("metrics.*", retain_bytes=0)])  # type: ignore[arg-type]
     assert only_metrics.topics == (TopicRule("metrics.*", retain_bytes=0),)  # a tuple
     assert only_metrics.log_config("news") == expected
     assert only_metrics.log_config("metrics.x").retain_bytes is None  # 0: no size limit

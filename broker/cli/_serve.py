@@ -114,10 +114,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
-    if config.log_dir is None:
-        log.info("memory-only: topics are not retained")
-    else:
-        log.info("data directory %s", config.log_dir)
     try:
         try:
             trio.run(_serve, config)
@@ -179,6 +175,10 @@ async def _serve(config: BrokerConfig) -> None:
             check_free(*metrics)
         except OSError as error:
             raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    if config.log_dir is None:
+        log.info("memory-only: topics are not retained")
+    else:
+        log.info("data directory %s", config.log_dir)
     # Signals are taken from the start: a SIGINT or SIGTERM that comes while
     # the broker starts (or just as it says it listens) stops it gracefully.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -219,6 +219,12 @@ def test_serve_creates_and_names_the_default_directory(tmp_path: Path) -> None:
         assert (tmp_path / "state" / "broker").is_dir()
     assert f"INFO broker: data directory {tmp_path}/state/broker\n" in started.stderr
 
+    del env["XDG_STATE_HOME"]  # a fresh machine's user: ~/.local/state/broker
+    env["HOME"] = str(tmp_path / "home")
+    with _started(env=env) as started:
+        assert (tmp_path / "home" / ".local" / "state" / "broker").is_dir()
+    assert f"data directory {tmp_path}/home/.local/state/broker\n" in started.stderr
+
     env["STATE_DIRECTORY"] = str(tmp_path / "systemd")  # systemd's StateDirectory=
     with _started(env=env) as started:
         assert (tmp_path / "systemd").is_dir()
@@ -283,7 +289,7 @@ def test_a_data_directory_another_broker_holds_is_refused_in_one_line(tmp_path: 
     store = LogStore(tmp_path)  # this process holds the directory's lock
     try:
         process = subprocess.Popen(
-            broker_command("serve", "--data-dir", str(tmp_path), *LISTEN),
+            broker_command("--log-level", "WARNING", "serve", "--data-dir", str(tmp_path), *LISTEN),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

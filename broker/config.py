@@ -4,6 +4,10 @@ Later sources override earlier ones: built-in defaults, then the ``[broker]``
 table of a TOML file (or its top level), then ``BROKER_<FIELD>`` environment
 variables (``BROKER_LISTEN=0.0.0.0:7400``), then command-line flags.
 Every budget and watermark is a field of :class:`BrokerConfig`.
+
+The topic log's settings are ``data_dir`` and ``memory_only`` (where the
+logs live, or none at all) and ``[[topics]]`` tables (:class:`TopicRule`:
+retention and flush policy per topic pattern, first match wins).
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import BrokerError
 
+if TYPE_CHECKING:
+    from .log import LogConfig
+
 KiB = 1024
 MiB = 1024 * KiB
+GiB = 1024 * MiB
 
 
 #: Hosts that do not leave the machine.
@@ -45,6 +54,127 @@ def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, i
     if not 0 <= number <= 65535:
         raise ConfigError(f"address {text!r}: port out of range")
     return host, number
+
+
+#: What ``when_full`` and ``flush`` of a ``[[topics]]`` table may say.
+WHEN_FULL = ("block", "drop-oldest")
+FLUSH = ("batch", "always")
+#: A term's size limits: a u32 position, and room for more than a few records.
+MIN_TERM_BYTES = 4 * KiB
+MAX_TERM_BYTES = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    """How the logs of the topics whose name matches ``pattern`` (an
+    :mod:`fnmatch` glob, case-sensitive: ``*``, ``?``, ``[abc]``) keep their
+    records: one ``[[topics]]`` table of the config file. A key the table
+    leaves out takes the default below, which is also what a topic that no
+    table matches gets.
+
+    ``retain_bytes`` and ``retain_seconds`` of 0 mean no limit of that kind.
+    Invalid values raise :class:`ConfigError` naming the key and what it allows.
+    """
+
+    pattern: str = "*"
+    #: Whole terms are deleted, oldest first, once the log (its active term
+    #: counted at full size) would pass this many bytes.
+    retain_bytes: int = 1 * GiB
+    #: A sealed term whose newest record is older than this is deleted.
+    retain_seconds: float = 7 * 24 * 3600.0
+    #: Over ``retain_bytes`` with a reader still needing the oldest term:
+    #: "block" throttles publishers, "drop-oldest" deletes it (the reader gets a Gap).
+    when_full: str = "block"
+    #: "batch": a record is written with the next batch (fsynced at most
+    #: ``flush_interval_ms`` later) before its Confirm; "always": fsynced first.
+    flush: str = "batch"
+    flush_interval_ms: int = 1000
+    #: Size of one term file (the largest record is ``term_bytes - 24``).
+    term_bytes: int = 16 * MiB
+
+    def __post_init__(self) -> None:
+        where = f"[[topics]] pattern {self.pattern!r}"
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise ConfigError(
+                '[[topics]]: pattern must be a non-empty glob over topic names, e.g. "metrics.*"'
+            )
+        for name in ("retain_bytes", "flush_interval_ms", "term_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{where}: {name} must be an integer, got {value!r}")
+        if isinstance(self.retain_seconds, bool) or not isinstance(
+            self.retain_seconds, (int, float)
+        ):
+            raise ConfigError(
+                f"{where}: retain_seconds must be a number, got {self.retain_seconds!r}"
+            )
+        if self.retain_bytes < 0:
+            raise ConfigError(f"{where}: retain_bytes must be >= 0 (0: no size limit)")
+        if self.retain_seconds < 0:
+            raise ConfigError(f"{where}: retain_seconds must be >= 0 (0: no time limit)")
+        if self.when_full not in WHEN_FULL:
+            raise ConfigError(
+                f'{where}: when_full must be "block" or "drop-oldest", got {self.when_full!r}'
+            )
+        if self.flush not in FLUSH:
+            raise ConfigError(f'{where}: flush must be "batch" or "always", got {self.flush!r}')
+        if self.flush_interval_ms < 0:
+            raise ConfigError(f"{where}: flush_interval_ms must be >= 0")
+        if not MIN_TERM_BYTES <= self.term_bytes <= MAX_TERM_BYTES:
+            raise ConfigError(
+                f"{where}: term_bytes must be {MIN_TERM_BYTES} to {MAX_TERM_BYTES} "
+                f"(got {self.term_bytes})"
+            )
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this rule's topics."""
+        return fnmatchcase(topic, self.pattern)
+
+    def log_config(self) -> LogConfig:
+        """The :class:`broker.log.LogConfig` of this rule's topics."""
+        from .log import LogConfig
+
+        return LogConfig(
+            term_bytes=self.term_bytes,
+            retain_bytes=self.retain_bytes or None,
+            retain_seconds=float(self.retain_seconds) or None,
+            when_full=cast(Any, self.when_full),
+            flush=cast(Any, self.flush),
+            flush_interval_ms=self.flush_interval_ms,
+        )
+
+
+#: The keys of a ``[[topics]]`` table.
+TOPIC_KEYS = tuple(f.name for f in fields(TopicRule))
+#: What a topic that no ``[[topics]]`` table matches gets.
+DEFAULT_TOPIC_RULE = TopicRule()
+
+
+def parse_topic_rules(tables: Any, source: str) -> tuple[TopicRule, ...]:
+    """The ``[[topics]]`` tables of a config document (``source`` names it in
+    errors), in order; raises :class:`ConfigError` for anything else than an
+    array of tables, a table without ``pattern``, an unknown key or a bad value."""
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f'{source}: topics must be [[topics]] tables (pattern = "...", ...)')
+    rules = []
+    for number, table in enumerate(tables, 1):
+        values = {str(key).replace("-", "_"): value for key, value in table.items()}
+        unknown = sorted(set(values) - set(TOPIC_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{source}: [[topics]] #{number}: unknown key {unknown[0]!r} "
+                f"(allowed: {', '.join(TOPIC_KEYS)})"
+            )
+        if "pattern" not in values:
+            raise ConfigError(
+                f"{source}: [[topics]] #{number} needs a pattern: a glob over topic "
+                'names, e.g. pattern = "metrics.*" ("*" for every topic)'
+            )
+        try:
+            rules.append(TopicRule(**values))
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}") from None
+    return tuple(rules)
 
 
 @dataclass(frozen=True)
@@ -143,12 +273,32 @@ class BrokerConfig:
     #: TOML file of principals (tokens, certificate identities, limits): when
     #: set, every client must authenticate in its Hello (see ``broker.auth``).
     auth_file: str = ""
-    #: Where topic logs live ("": memory-only, the library default).
+    #: Directory of the topic logs (and what else survives a restart); ""
+    #: here means none (memory-only), and ``broker serve`` fills it with the
+    #: default location: $STATE_DIRECTORY, else $XDG_STATE_HOME/broker, else
+    #: ~/.local/state/broker. See :attr:`log_dir`.
     data_dir: str = ""
-    #: Keep no topic log even where ``data_dir`` is set.
+    #: Keep no topic log at all, whatever ``data_dir`` says (what the broker
+    #: did before it had logs): topics are not retained, nothing survives a restart.
     memory_only: bool = False
+    #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
+    #: topic gives its log's retention and flush policy (:meth:`log_config`).
+    topics: tuple[TopicRule, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "topics", tuple(self.topics))
+        for rule in self.topics:
+            if not isinstance(rule, TopicRule):
+                raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
+        if "\0" in self.data_dir:
+            raise ConfigError("data_dir must not contain a NUL character")
+        for rule in (*self.topics, DEFAULT_TOPIC_RULE):
+            if rule.term_bytes < self.max_frame + 64:
+                where = "the default" if rule is DEFAULT_TOPIC_RULE else repr(rule.pattern)
+                raise ConfigError(
+                    f"term_bytes of [[topics]] {where} ({rule.term_bytes}) must hold the "
+                    f"largest message: at least max_frame + 64 ({self.max_frame + 64})"
+                )
         parse_address(self.listen)
         if self.metrics_listen:
             parse_address(self.metrics_listen)
@@ -218,31 +368,47 @@ class BrokerConfig:
 
     @property
     def log_dir(self) -> Path | None:
-        """The data directory of the topic logs (None: memory-only)."""
-        return None if self.memory_only or not self.data_dir else Path(self.data_dir)
+        """Where the topic logs live (``~`` expanded), or ``None`` for a
+        memory-only broker: ``memory_only`` set, or ``data_dir`` empty (the
+        library default; ``broker serve`` fills in a default location)."""
+        if self.memory_only or not self.data_dir:
+            return None
+        return Path(self.data_dir).expanduser()
 
-    def log_config(self, topic: str) -> Any:
-        """The log settings of ``topic`` (a :class:`broker.log.LogConfig`)."""
-        from broker.log import LogConfig
+    def topic_rule(self, topic: str) -> TopicRule:
+        """The first ``[[topics]]`` rule matching ``topic``, else the defaults."""
+        for rule in self.topics:
+            if rule.matches(topic):
+                return rule
+        return DEFAULT_TOPIC_RULE
 
-        return LogConfig(
-            term_bytes=16 * MiB,
-            retain_bytes=1024 * MiB,
-            retain_seconds=7 * 86400.0,
-            when_full="block",
-        )
+    def log_config(self, topic: str) -> LogConfig:
+        """The :class:`broker.log.LogConfig` of ``topic``'s log: from the first
+        ``[[topics]]`` table whose pattern matches it, else the defaults."""
+        return self.topic_rule(topic).log_config()
 
     def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with ``changes`` applied (validated like a new config)."""
         return dataclasses.replace(self, **changes)
 
 
-FIELDS = {f.name: f for f in fields(BrokerConfig)}
+#: The settings given by name (file keys, BROKER_<NAME>, --set); the
+#: ``topics`` rules come only from ``[[topics]]`` tables of a config file.
+FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "topics"}
 ENV_PREFIX = "BROKER_"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def _coerce(name: str, value: Any) -> Any:
     kind = type(getattr(BrokerConfig, name))
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{name}: expected true or false (1/0, yes/no), got {value!r}")
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -258,6 +424,8 @@ def _coerce(name: str, value: Any) -> Any:
 def _apply(base: dict[str, Any], values: Mapping[str, Any], source: str) -> None:
     for key, value in values.items():
         name = key.replace("-", "_")
+        if name == "topics":
+            raise ConfigError(f"{source}: topics are set by [[topics]] tables of a config file")
         if name not in FIELDS:
             raise ConfigError(f"{source}: unknown setting {key!r}")
         base[name] = _coerce(name, value)
@@ -287,6 +455,14 @@ def load_config(
         table = data.get("broker", data)
         if not isinstance(table, dict):
             raise ConfigError(f"config {path}: [broker] must be a table")
+        table = dict(table)
+        tables = table.pop("topics", None)
+        if "broker" in data and "topics" in data:
+            if tables is not None:
+                raise ConfigError(f"config {path}: both [[topics]] and [[broker.topics]]: use one")
+            tables = data["topics"]
+        if tables is not None:
+            values["topics"] = parse_topic_rules(tables, f"config {path}")
         _apply(values, table, str(path))
     env = os.environ if environ is None else environ
     _apply(

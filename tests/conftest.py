@@ -4,6 +4,9 @@ if the garbage collector had to repay a loan that the code under test lost."""
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +20,19 @@ accounts.set_leak_detection(True)
 # default 200 ms fails on a loaded or slower machine).
 settings.register_profile("broker", deadline=None)
 settings.load_profile("broker")
+
+# A `broker serve` a test starts without --data-dir or --memory-only would use
+# the default data directory (~/.local/state/broker), which a test run going
+# on beside this one may hold locked: point the default into a directory of
+# this run's own instead (tests start their brokers memory-only or on a
+# directory of their own; this only keeps a forgotten one off the shared one).
+_STATE_HOME = tempfile.mkdtemp(prefix="broker-tests-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+os.environ.pop("STATE_DIRECTORY", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_STATE_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

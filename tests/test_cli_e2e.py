@@ -8,6 +8,7 @@ import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,10 @@ from tests.cli.helpers import TIMEOUT, broker_command, serving
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
-    with serving() as server:
+def served(tmp_path: Path) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+    # A data directory of the test's own, as the README's `broker serve` has
+    # one by default (the default location may be held by another test run).
+    with serving("--data-dir", str(tmp_path / "data")) as server:
         yield server.address, server.metrics, server.process
 
 

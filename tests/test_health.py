@@ -84,7 +84,7 @@ def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) ->
     config.write_text('[broker]\nmax_frame = "not a number"\n')
     environment = {**os.environ, "BROKER_CONFIG": str(config)}
     result = subprocess.run(
-        [sys.executable, "-m", "broker", "serve", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "broker", "serve", "--memory-only", "--listen", "127.0.0.1:0"],
         env=environment,
         capture_output=True,
         text=True,
@@ -98,7 +98,7 @@ def test_broker_serve_reports_a_bad_auth_file_and_exits_2(tmp_path: Path) -> Non
     auth = tmp_path / "auth.toml"
     auth.write_text("[principals.x]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "broker", "serve", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "broker", "serve", "--memory-only", "--listen", "127.0.0.1:0"],
         env={**os.environ, "BROKER_AUTH_FILE": str(auth), "BROKER_METRICS_LISTEN": ""},
         capture_output=True,
         text=True,

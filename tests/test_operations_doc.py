@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from broker.cli import build_parser
-from broker.config import BrokerConfig
+from broker.config import DEFAULT_TOPIC_RULE, FIELDS, TOPIC_KEYS, BrokerConfig
 from broker.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +28,24 @@ def test_every_setting_is_in_the_reference_with_its_default() -> None:
         match[1]: match[2]
         for match in re.finditer(r"^\| `(\w+)` \| `([^`]*)` \|", DOC, re.MULTILINE)
     }
+    # Every field is a setting with a row, but `topics`: the [[topics]] tables (below).
+    assert {f.name for f in dataclasses.fields(BrokerConfig)} == {*FIELDS, "topics"}
     settings = {f.name: toml_value(f.default) for f in dataclasses.fields(BrokerConfig)}
+    del settings["topics"]
     assert rows == settings
+
+
+def test_every_topics_key_is_in_the_reference_with_its_default() -> None:
+    """The [[topics]] table of "Data directory": each key, and its default
+    after the words (`| `retain_bytes` | 1 GiB: `1073741824` |`)."""
+    rows = {
+        match[1]: match[2]
+        for match in re.finditer(r"^\| `(\w+)` \| [^`|]+: `([^`]*)` \|", DOC, re.MULTILINE)
+    }
+    assert rows.pop("pattern")
+    defaults = {key: toml_value(getattr(DEFAULT_TOPIC_RULE, key)) for key in TOPIC_KEYS}
+    del defaults["pattern"]
+    assert rows == defaults
 
 
 def test_every_alert_has_a_runbook_section() -> None:

@@ -58,6 +58,9 @@ def _broker_process(extra: list[str] | None = None) -> Iterator[tuple[str, subpr
     port = _free_port()
     command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
     command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", "", *(extra or [])]
+    if "--data-dir" not in command and "--memory-only" not in command:
+        # Never the shared default data directory: a broker of another run may hold it.
+        command.append("--memory-only")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None

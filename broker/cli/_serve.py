@@ -14,9 +14,9 @@ from typing import Any
 import trio
 
 from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..errors import sole_exception
 from ..runtime import tune_gc
 from ._common import Subparsers, add_command
+from ._data_dir import prepare_data_dir, with_data_dir
 
 log = logging.getLogger("broker")
 
@@ -25,6 +25,8 @@ EXAMPLES = """
   broker serve --listen 0.0.0.0:7400 --config broker.toml
   broker serve --set connection_budget=8388608 --log-level DEBUG
   broker serve --metrics-listen ''              # no HTTP endpoint
+  broker serve --data-dir /var/lib/broker       # topic logs there (default: ~/.local/state/broker)
+  broker serve --memory-only                    # no topic log: nothing survives a restart
 """
 
 
@@ -50,6 +52,19 @@ def add_parser(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="TOML file ([broker] table; default: $BROKER_CONFIG)"
     )
+    storage = parser.add_mutually_exclusive_group()
+    storage.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="directory of the topic logs, created if missing and locked while the broker "
+        "runs (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/broker, else "
+        "~/.local/state/broker)",
+    )
+    storage.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="keep no topic log: topics are not retained and nothing survives a restart",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -74,6 +89,11 @@ class CannotListen(Exception):
 
 def _config_from(args: argparse.Namespace) -> BrokerConfig:
     overrides: dict[str, Any] = {"listen": args.listen, "metrics_listen": args.metrics_listen}
+    if args.data_dir is not None:
+        # The flag wins over memory_only from the file or the environment too.
+        overrides.update(data_dir=args.data_dir, memory_only=False)
+    elif args.memory_only:
+        overrides["memory_only"] = True
     for item in args.set or []:
         name, sep, value = item.partition("=")
         if not sep:
@@ -84,10 +104,13 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
 
 def run(args: argparse.Namespace) -> int:
     from ..auth import AuthError
+    from ..log import LogError
     from ..tls import TLSConfigError
 
     try:
-        config = _config_from(args)
+        config = with_data_dir(_config_from(args))
+        if config.log_dir is not None:
+            prepare_data_dir(config.log_dir)
     except ConfigError as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
@@ -95,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             trio.run(_serve, config)
         except BaseExceptionGroup as group:
-            failure = sole_exception(group)
+            failure = _sole_failure(group)
             if failure is group:
                 raise
             raise failure from None
@@ -105,10 +128,24 @@ def run(args: argparse.Namespace) -> int:
     except CannotListen as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 1
+    except LogError as error:
+        # The data directory is locked by another broker, or its logs cannot
+        # be opened: one line, and a status a supervisor may retry on.
+        print(f"broker serve: {error}", file=sys.stderr)
+        return 1
     except OSError as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sole_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside ``group`` and any groups of one it nests (a
+    failure in a nursery of a nursery), else ``group`` itself."""
+    failure: BaseException = group
+    while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
+        failure = failure.exceptions[0]
+    return failure
 
 
 def check_free(host: str, port: int) -> None:
@@ -126,6 +163,7 @@ def check_free(host: str, port: int) -> None:
 
 
 async def _serve(config: BrokerConfig) -> None:
+    from ..log import LogError
     from ..server import serve_broker
 
     tune_gc(config.gc_threshold)
@@ -137,13 +175,21 @@ async def _serve(config: BrokerConfig) -> None:
             check_free(*metrics)
         except OSError as error:
             raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    if config.log_dir is None:
+        log.info("memory-only: topics are not retained")
+    else:
+        log.info("data directory %s", config.log_dir)
     # Signals are taken from the start: a SIGINT or SIGTERM that comes while
     # the broker starts (or just as it says it listens) stops it gracefully.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:
                 broker = await nursery.start(serve_broker, config)
+            except LogError:
+                raise  # the data directory: not an address (some are OSErrors too)
             except OSError as error:
+                if error.filename is not None:
+                    raise  # a file (of the data directory), not the address
                 raise CannotListen("clients", config.listen_address, "--listen", error) from None
             lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
             if metrics is not None:

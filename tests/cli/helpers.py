@@ -63,7 +63,11 @@ class Served:
 @contextmanager
 def serving(*flags: str) -> Iterator[Served]:
     """``broker serve`` on ports of the system's choosing until the block ends
-    (then stopped with SIGINT, which must end it with status 0)."""
+    (then stopped with SIGINT, which must end it with status 0); memory-only
+    unless ``flags`` name a ``--data-dir`` (never the shared default data
+    directory: another test run may hold its lock)."""
+    if "--data-dir" not in flags and "--memory-only" not in flags:
+        flags = ("--memory-only", *flags)
     process = subprocess.Popen(
         broker_command(
             "--log-level",

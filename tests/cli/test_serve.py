@@ -51,7 +51,14 @@ def taken_port() -> Iterator[int]:
 def test_a_taken_client_port_is_named() -> None:
     """Before: ``cannot listen: [Errno 98] Address already in use`` (which address?)."""
     with taken_port() as port:
-        result = run("serve", "--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0")
+        result = run(
+            "serve",
+            "--memory-only",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        )
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.splitlines()[-1] == (
@@ -64,7 +71,14 @@ def test_a_taken_client_port_is_named() -> None:
 def test_a_taken_metrics_port_is_named_before_listening_is_said() -> None:
     """Before: "broker listening on ..." first, then an error naming no address."""
     with taken_port() as port:
-        result = run("serve", "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}")
+        result = run(
+            "serve",
+            "--memory-only",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            f"127.0.0.1:{port}",
+        )
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr == (
@@ -84,7 +98,9 @@ def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
     """Before: SIGINT right after "broker listening" came before the signal
     handler was in place: exit status 1 and a KeyboardInterrupt traceback."""
     process = subprocess.Popen(
-        broker_command("serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"),
+        broker_command(
+            "serve", "--memory-only", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -147,8 +147,12 @@ def test_two_stages_on_python_3_11_slim(dockerfile: df.Dockerfile) -> None:
     build, final = dockerfile.stages
     assert build.name, "the build stage is named, for COPY --from"
     copies = [c for c in final.all("COPY") if c.flags.get("from") == build.name]
-    assert [c.text.split() for c in copies] == [["$PREFIX", "$PREFIX"]], (
-        "final stage copies the venv"
+    assert [c.text.split() for c in copies if "chown" not in c.flags] == [["$PREFIX", "$PREFIX"]], (
+        "final stage copies the venv (as root's: the broker cannot change its code)"
+    )
+    owned = [c.text.split()[-1] for c in copies if "chown" in c.flags]
+    assert owned == [_stage_variables(dockerfile, final)["BROKER_DATA_DIR"]], (
+        "the only other copy is the (empty) data directory, for the image's user"
     )
     assert not final.all("RUN") or all(_is_user_creation(r.text) for r in final.all("RUN")), (
         "the final stage only creates its user: everything else is built in the build stage"
@@ -177,7 +181,7 @@ def test_final_stage_user_is_a_fixed_non_root_uid(dockerfile: df.Dockerfile) -> 
     uid = user.text.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "USER is a numeric, non-root uid"
     assert _user_creation_uid(final) == int(uid), "USER is the uid useradd creates"
-    k8s_uid = _deployment()["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    k8s_uid = _statefulset()["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert k8s_uid == int(uid), "deploy/k8s runs the image's user"
 
 
@@ -207,6 +211,23 @@ def test_entrypoint_healthcheck_and_stop_signal(dockerfile: df.Dockerfile) -> No
     )
 
 
+def test_the_data_directory_is_a_volume_owned_by_the_user(dockerfile: df.Dockerfile) -> None:
+    final = _final(dockerfile)
+    data_dir = _stage_variables(dockerfile, final)["BROKER_DATA_DIR"]
+    assert data_dir == "/var/lib/broker"
+    volumes = [v for volume in final.all("VOLUME") for v in df.exec_form(volume.text) or []]
+    assert volumes == [data_dir]
+    (copy,) = [c for c in final.all("COPY") if c.text.split()[-1] == data_dir]
+    user = final.last("USER")
+    assert user is not None and copy.flags["chown"] == user.text, "USER owns it"
+    source = copy.text.split()[0]
+    build = dockerfile.stage(copy.flags["from"])
+    made = " ; ".join(r.text for r in build.all("RUN"))
+    assert f"mkdir -m 0700 {PurePosixPath(source).name}" in made, "an empty directory, 0700"
+    workdir = build.last("WORKDIR")
+    assert workdir is not None and PurePosixPath(source).parent == PurePosixPath(workdir.text)
+
+
 def test_the_config_file_is_in_the_image_and_named_by_broker_config(
     dockerfile: df.Dockerfile,
 ) -> None:
@@ -233,11 +254,11 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest(
         assert df.is_ignored(left_out, patterns), f".dockerignore keeps {left_out}"
 
 
-def _deployment() -> dict[str, Any]:
-    for document in load_yaml_all(K8S / "deployment.yaml"):
-        if document["kind"] == "Deployment":
+def _statefulset() -> dict[str, Any]:
+    for document in load_yaml_all(K8S / "statefulset.yaml"):
+        if document["kind"] == "StatefulSet":
             return dict(document)
-    raise AssertionError("no Deployment in deploy/k8s/deployment.yaml")
+    raise AssertionError("no StatefulSet in deploy/k8s/statefulset.yaml")
 
 
 def _env_instruction_text(stage: df.Stage) -> str:
@@ -277,6 +298,9 @@ class ScriptRun:
     context: Path
     ignore: list[df.IgnorePattern]
     base_env: dict[str, str]
+    #: The uid/gid standing for the image's user when the test runs as root
+    #: (COPY --chown gives files to it); None: this process's user owns all.
+    owner: int | None = None
     log: list[str] = field(default_factory=list)
 
     @property
@@ -352,6 +376,9 @@ class ScriptRun:
                         else:
                             dest.parent.mkdir(parents=True, exist_ok=True)
                             shutil.copy2(origin, dest / origin.name if to_dir else dest)
+                if "chown" in step.flags and self.owner is not None:
+                    for path in [dest, *(dest.rglob("*") if dest.is_dir() else [])]:
+                        os.chown(path, self.owner, self.owner, follow_symlinks=False)
                 self.log.append(f"COPY {' '.join(words)}")
             elif step.keyword == "RUN":
                 if _is_user_creation(step.text):
@@ -486,6 +513,7 @@ def test_the_dockerfile_steps_build_a_broker_that_runs_unprivileged(
         context=REPO,
         ignore=df.parse_dockerignore(DOCKERIGNORE.read_text(encoding="utf-8")),
         base_env=base_env,
+        owner=NOBODY if as_nobody else None,
     )
     build_args = {"PREFIX": str(prefix)}
     for stage in dockerfile.stages[:-1]:
@@ -562,7 +590,7 @@ def test_the_dockerfile_steps_build_a_broker_that_runs_unprivileged(
 
 
 def _k8s_probe_paths() -> list[str]:
-    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    container = _statefulset()["spec"]["template"]["spec"]["containers"][0]
     return [
         container[probe]["httpGet"]["path"]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe")

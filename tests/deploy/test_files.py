@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import BrokerConfig, load_config, parse_address
+from broker.config import FIELDS, TOPIC_KEYS, BrokerConfig, load_config, parse_address
 
 from .helpers import DEPLOY, REPO, load_json, load_toml, load_yaml, load_yaml_all
 
@@ -65,8 +65,26 @@ def test_example_config_loads() -> None:
 def test_example_config_mentions_every_setting() -> None:
     text = (DEPLOY / "broker.toml").read_text(encoding="utf-8")
     mentioned = set(re.findall(r"^#? ?([a-z_]+) = ", text, re.MULTILINE))
-    missing = {f.name for f in dataclasses.fields(BrokerConfig)} - mentioned
+    # Every field is a setting by name, but `topics`: [[topics]] tables.
+    assert {f.name for f in dataclasses.fields(BrokerConfig)} == {*FIELDS, "topics"}
+    missing = set(FIELDS) - mentioned
     assert not missing, f"deploy/broker.toml does not describe {sorted(missing)}"
+    assert re.search(r"^# \[\[topics\]\]$", text, re.MULTILINE), "an example [[topics]] table"
+    for key in TOPIC_KEYS:
+        assert re.search(rf"\b{key}\b", text), f"deploy/broker.toml does not describe {key}"
+
+
+def test_the_example_topics_tables_load(tmp_path: Path) -> None:
+    """The commented [[topics]] example, uncommented, is a valid config."""
+    text = (DEPLOY / "broker.toml").read_text(encoding="utf-8")
+    start = text.index("# [[topics]]")
+    example = re.match(r"(?:#(?: .*)?\n)+", text[start:])
+    assert example is not None
+    uncommented = "\n".join(line[2:] for line in example.group(0).splitlines())
+    path = tmp_path / "broker.toml"
+    path.write_text(uncommented, encoding="utf-8")
+    config = load_config(path, environ={})
+    assert len(config.topics) >= 1 and config.log_dir is None
 
 
 def test_example_config_values_are_the_defaults_but_the_addresses() -> None:
@@ -133,6 +151,22 @@ def test_compose_broker_builds_the_dockerfile_and_mounts_the_config(
     deadline = load_config(DEPLOY / "broker.toml", environ={}).shutdown_deadline
     assert broker["stop_signal"] == "SIGTERM"
     assert float(broker["stop_grace_period"].rstrip("s")) > deadline
+
+
+def test_compose_broker_keeps_its_data_directory_in_a_named_volume(
+    compose: dict[str, Any],
+) -> None:
+    broker = compose["services"]["broker"]
+    command = broker.get("command", [])
+    flagged = command[command.index("--data-dir") + 1] if "--data-dir" in command else None
+    data_dir = flagged or broker["environment"]["BROKER_DATA_DIR"]
+    assert "--memory-only" not in command
+    mounts = {}
+    for volume in broker["volumes"]:
+        source, target, *options = volume.split(":")
+        mounts[target] = (source, options)
+    source, options = mounts[data_dir]
+    assert source in compose["volumes"] and "ro" not in options, "a writable named volume"
 
 
 def test_compose_prometheus_and_grafana_mounts_match_their_configs(

@@ -30,7 +30,7 @@ def objects(kustomization: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _container(objects: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    (container,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (container,) = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"]
     return dict(container)
 
 
@@ -50,7 +50,7 @@ def test_every_object_is_named_and_namespace_agnostic(
 ) -> None:
     assert set(objects) == {
         "ConfigMap",
-        "Deployment",
+        "StatefulSet",
         "Service",
         "ServiceMonitor",
         "PrometheusRule",
@@ -77,17 +77,49 @@ def test_configmap_is_deploy_broker_toml_and_loads(
     load_config(path, environ={})
 
 
-def test_deployment_is_one_recreated_replica(objects: dict[str, dict[str, Any]]) -> None:
-    spec = objects["Deployment"]["spec"]
-    assert spec["replicas"] == 1, "state is in memory: one broker"
-    assert spec["strategy"]["type"] == "Recreate"
+def test_statefulset_is_one_replica_never_two_at_once(objects: dict[str, dict[str, Any]]) -> None:
+    """Was a Deployment with one replica and the Recreate strategy: a
+    StatefulSet of one replica, updated by rolling (which stops the old pod
+    before it starts the new one), ordered, governed by the Service."""
+    spec = objects["StatefulSet"]["spec"]
+    assert spec["replicas"] == 1, "one broker: two would be two separate brokers"
+    assert spec.get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
+    assert spec.get("podManagementPolicy", "OrderedReady") == "OrderedReady"
+    assert spec["serviceName"] == objects["Service"]["metadata"]["name"]
     selector = spec["selector"]["matchLabels"]
     labels = spec["template"]["metadata"]["labels"]
     assert selector.items() <= labels.items()
 
 
-def test_deployment_security_and_resources(objects: dict[str, dict[str, Any]]) -> None:
-    pod = objects["Deployment"]["spec"]["template"]["spec"]
+def test_statefulset_keeps_the_data_directory_on_a_persistent_volume(
+    objects: dict[str, dict[str, Any]],
+) -> None:
+    """The data directory the broker is given (``--data-dir`` in args, else
+    ``BROKER_DATA_DIR``) is where a claim of the volumeClaimTemplates is mounted."""
+    spec = objects["StatefulSet"]["spec"]
+    container = _container(objects)
+    env = {item["name"]: item["value"] for item in container["env"]}
+    args = list(container.get("args", []))
+    data_dir = (
+        args[args.index("--data-dir") + 1] if "--data-dir" in args else env["BROKER_DATA_DIR"]
+    )
+    assert "--memory-only" not in args
+    (claim,) = spec["volumeClaimTemplates"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == data_dir]
+    assert mount["name"] == claim["metadata"]["name"] and not mount.get("readOnly")
+    pod_volumes = {volume["name"] for volume in spec["template"]["spec"].get("volumes", [])}
+    assert claim["metadata"]["name"] not in pod_volumes, "the claim, not a pod volume"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    retention = spec["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    # The image's user can write to it: fsGroup is its group.
+    pod_security = spec["template"]["spec"]["securityContext"]
+    assert pod_security["fsGroup"] == pod_security["runAsGroup"]
+
+
+def test_pod_security_and_resources(objects: dict[str, dict[str, Any]]) -> None:
+    pod = objects["StatefulSet"]["spec"]["template"]["spec"]
     # Service links would inject BROKER_SERVICE_HOST, BROKER_PORT, ... into the
     # broker's BROKER_* configuration namespace.
     assert pod["enableServiceLinks"] is False
@@ -103,7 +135,7 @@ def test_deployment_security_and_resources(objects: dict[str, dict[str, Any]]) -
     assert resources["requests"]["memory"] and resources["limits"]["memory"]
 
 
-def test_deployment_probes_and_ports_match_the_broker(objects: dict[str, dict[str, Any]]) -> None:
+def test_pod_probes_and_ports_match_the_broker(objects: dict[str, dict[str, Any]]) -> None:
     container = _container(objects)
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     env = {item["name"]: item["value"] for item in container["env"]}
@@ -125,20 +157,20 @@ def test_deployment_probes_and_ports_match_the_broker(objects: dict[str, dict[st
     for name, probe in probes.items():
         port = probe["port"]
         assert ports.get(port, port) == 9400, f"{name} asks the metrics port"
-    annotations = objects["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    annotations = objects["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == 9400
     assert annotations["prometheus.io/path"] == "/metrics"
 
 
-def test_deployment_mounts_the_configmap_where_broker_config_points(
+def test_pod_mounts_the_configmap_where_broker_config_points(
     objects: dict[str, dict[str, Any]],
 ) -> None:
-    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    pod = objects["StatefulSet"]["spec"]["template"]["spec"]
     container = _container(objects)
     env = {item["name"]: item["value"] for item in container["env"]}
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
-    (mount,) = [m for m in container["volumeMounts"] if "configMap" in volumes[m["name"]]]
+    (mount,) = [m for m in container["volumeMounts"] if "configMap" in volumes.get(m["name"], {})]
     assert volumes[mount["name"]]["configMap"]["name"] == objects["ConfigMap"]["metadata"]["name"]
     assert env["BROKER_CONFIG"] == mount["mountPath"] + "/broker.toml"
     assert mount.get("readOnly") is True
@@ -150,7 +182,7 @@ def test_termination_grace_is_above_the_shutdown_deadline(
     path = tmp_path / "broker.toml"
     path.write_text(_config_text(objects), encoding="utf-8")
     deadline = load_config(path, environ={}).shutdown_deadline
-    grace = objects["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    grace = objects["StatefulSet"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > deadline + 5
 
 
@@ -158,7 +190,7 @@ def test_service_selects_the_pods_and_targets_named_ports(
     objects: dict[str, dict[str, Any]],
 ) -> None:
     service = objects["Service"]
-    labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    labels = objects["StatefulSet"]["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     container_ports = {p["name"]: p["containerPort"] for p in _container(objects)["ports"]}
     ports = {p["name"]: p for p in service["spec"]["ports"]}

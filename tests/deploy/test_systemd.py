@@ -145,3 +145,15 @@ def test_resource_limits(service: dict[str, list[str]]) -> None:
     assert re.fullmatch(r"\d+[KMGT]?", _one(service, "MemoryMax"))
     max_connections = load_config(DEPLOY / "broker.toml", environ={}).max_connections
     assert int(_one(service, "LimitNOFILE")) > max_connections
+
+
+def test_the_data_directory_is_the_state_directory(service: dict[str, list[str]]) -> None:
+    """systemd creates /var/lib/broker for the dynamic user and names it in
+    $STATE_DIRECTORY, which ``broker serve`` uses when nothing else names one."""
+    assert _one(service, "StateDirectory") == "broker"
+    assert _one(service, "StateDirectoryMode") == "0700"
+    command = _one(service, "ExecStart").split()
+    assert "--data-dir" not in command and "--memory-only" not in command
+    assert not any(line.startswith("BROKER_DATA_DIR") for line in service.get("Environment", []))
+    config = load_config(DEPLOY / "broker.toml", environ={})
+    assert config.data_dir == "" and not config.memory_only

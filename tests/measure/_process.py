@@ -39,9 +39,10 @@ def rss_mib(pid: int) -> float:
 
 
 def serve_command(port: int, log_level: str = "WARNING", *settings: str) -> list[str]:
-    """``broker serve`` on 127.0.0.1:``port`` without a metrics endpoint;
-    ``settings`` are ``NAME=VALUE`` (each passed with ``--set``)."""
-    command = [sys.executable, "-m", "broker", "--log-level", log_level, "serve"]
+    """``broker serve`` on 127.0.0.1:``port`` without a metrics endpoint and
+    memory-only (what these measurements were made with; and no shared data
+    directory); ``settings`` are ``NAME=VALUE`` (each passed with ``--set``)."""
+    command = [sys.executable, "-m", "broker", "--log-level", log_level, "serve", "--memory-only"]
     command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
     for setting in settings:
         command += ["--set", setting]

@@ -49,7 +49,7 @@ def test_tls_and_tokens_from_the_command_line(pki: Pki, tmp_path: Path) -> None:
         f'auth_file = "{auth}"\n'
     )
     server = subprocess.Popen(
-        broker("--log-level", "ERROR", "serve"),
+        broker("--log-level", "ERROR", "serve", "--memory-only"),
         env={**os.environ, "BROKER_CONFIG": str(config)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

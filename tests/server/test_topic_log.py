@@ -257,15 +257,19 @@ async def test_a_full_disk_holds_publishes_unconfirmed_until_there_is_room(
     assert [(m.seq, m.payload) for m in got] == [(i + 1, b"%d" % i) for i in range(10)]
 
 
+def tear_last_record(data_dir: Path) -> None:
+    """Flip a byte of the last record's body in the topic's only term file."""
+    (term,) = data_dir.glob("topics/*/*.term")
+    data = bytearray(term.read_bytes())
+    end = len(data.rstrip(b"\0"))
+    data[end - 3] ^= 0xFF  # its checksum no longer matches
+    term.write_bytes(bytes(data))
+
+
 async def test_a_torn_tail_is_cut_at_start_up_and_the_rest_served(tmp_path: Path) -> None:
     async with running_broker(log_config(tmp_path)) as broker:
         await publish(url(broker), "t", [b"r%d" % i for i in range(1, 21)])
-    (term,) = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".term"] or [None]
-    assert term is not None, sorted(str(p) for p in tmp_path.rglob("*"))
-    data = bytearray(term.read_bytes())
-    end = len(data.rstrip(b"\0"))
-    data[end - 3] ^= 0xFF  # the last record's body: its checksum no longer matches
-    term.write_bytes(bytes(data))
+    tear_last_record(tmp_path)
     async with running_broker(log_config(tmp_path)) as broker:
         got = await read(url(broker), "t", 19, {"from": "earliest"})
         logs = broker.logs

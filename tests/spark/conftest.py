@@ -59,7 +59,7 @@ def broker_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A broker process for the Spark tests, on a free loopback port: its
     address and the process."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"],
+        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve", "--memory-only"],
         env={**os.environ, "BROKER_LISTEN": "127.0.0.1:0", "BROKER_METRICS_LISTEN": ""},
         stdout=subprocess.PIPE,
         text=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -381,33 +382,44 @@ class Topic(Actor):
         tails = held.routed.tails
         appended = 0
         try:
-            if held.appended < len(tails):
+            while held.appended < len(tails):
+                # (A call that fills the log part way appends what fits; the
+                # next one raises why the rest does not.)
                 rest = tails[held.appended :] if held.appended else tails
-                appended = log.append_many(rest, host.now_ms())
-                held.appended += appended
+                count = log.append_many(rest, host.now_ms())
+                appended += count
+                held.appended += count
             log.write()
         except LogError as error:
             if self.log_error is None:
                 host.log_failed(self, error)
             self.log_error = error
+            if appended and isinstance(error, LogFull):
+                # What fitted is written: its readers get it (and may then
+                # move on, which is what makes room).
+                with contextlib.suppress(LogError):
+                    log.write()
+                    host.log_written(log, appended)
+                    self._wake_at_tail(None, 0)
             return False
         host.log_written(log, appended)
+        self.log_error = None
+        self._wake_at_tail(tails if appended == len(tails) else None, log.next_offset - appended)
+        return True
+
+    def _wake_at_tail(self, tails: list[bytes] | None, first: int) -> None:
+        """Wake the log subscriptions waiting at the end: with ``tails`` (the
+        records just appended from offset ``first``, all of them) they take
+        those bytes as they are, without reading them back from the log."""
         if self._at_tail:
             waiting = self._at_tail
             self._at_tail = {}
-            if appended == len(tails):
-                # The common case: the whole batch went in at once. Those at
-                # the end take its bytes as they are, without reading them back.
-                first = log.next_offset - appended
+            if tails is not None:
                 for reader in waiting:
                     reader.take_live(tails, first)
             else:
                 for reader in waiting:
                     reader.pump()
-        if held.appended < len(tails):
-            return False  # the log filled part way: the rest raises next time
-        self.log_error = None
-        return True
 
     def wait_for_records(self, reader: TailReader) -> None:
         """``reader`` sent everything written: wake it after the next append."""

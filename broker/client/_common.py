@@ -95,13 +95,22 @@ def not_a_broker(
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One delivered message."""
+    """One delivered message.
+
+    ``seq`` is its sequence number in the subscription (what an ``Ack``
+    names). ``offset`` is its record's offset in the topic's log: set when
+    the broker keeps topic logs (its Welcome said ``offsets``) and the
+    subscription is reliable (then it equals ``seq``), None otherwise.
+    A consumer that remembers it can continue after it on any later
+    connection: ``subscribe(topic, start=message.offset + 1)``.
+    """
 
     topic: str
     payload: bytes
     key: bytes | None
     headers: Headers | None
     seq: int
+    offset: int | None = None
 
 
 #: URL schemes of plain TCP and of TLS.

@@ -323,8 +323,12 @@ class ClientSession:
         return state
 
     def lost_subscriptions(self, state: ClientSessionState) -> list[SubscriptionState]:
-        """The open subscriptions of lost session ``state``, to make again in this order."""
-        return [self.resuming[handle] for handle in sorted(state.subscriptions)]
+        """The open subscriptions of lost session ``state``, to make again in
+        this order (after the last offset consumed, where both brokers number by offsets)."""
+        subscriptions = [self.resuming[handle] for handle in sorted(state.subscriptions)]
+        for subscription in subscriptions if self.offsets else ():
+            subscription._continue_after_consumed()
+        return subscriptions
 
     def reconnected(self) -> None:
         """The attempt succeeded (and a lost session was restored)."""
@@ -359,6 +363,8 @@ class ClientSession:
             elif type(event) is WelcomeReceived:
                 self._resent_last = event.resent
                 self.generation += 1
+                for subscription in self.subscriptions.values() if event.welcome.resumed else ():
+                    subscription._numbered(event.welcome.offsets)
             elif isinstance(event, Throttled):
                 self._on_throttled(event)
             elif type(event) is HandleDeleted and event.handle_type == HandleType.TOPIC:
@@ -519,7 +525,14 @@ class ClientSession:
         subscription.handle = handle
         subscription._consumed = subscription._acked = 0
         self.subscriptions[handle] = subscription
+        subscription._numbered(self.offsets)
         return True
+
+    @property
+    def offsets(self) -> bool:
+        """The broker keeps topic logs (its Welcome said ``offsets``)."""
+        welcome = self.conn.welcome_message
+        return welcome is not None and welcome.offsets
 
     @property
     def near_subscription_limit(self) -> bool:

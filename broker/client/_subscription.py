@@ -15,6 +15,7 @@ from broker.protocol import Options
 
 from ._common import Message
 from ._inbox import Inbox
+from ._start import START_KEYS
 
 #: Consumed messages whose buffer space a subscription releases together (it
 #: releases sooner when the application has consumed everything received).
@@ -79,6 +80,24 @@ class SubscriptionState:
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._releaser.release(self)
+
+    def _numbered(self, offsets: bool) -> None:
+        """The connection's broker numbers reliable deliveries by offsets (or
+        not): whether this subscription's messages carry an ``offset``."""
+        self._inbox.offsets = offsets and self.mode == "reliable"
+
+    def _continue_after_consumed(self) -> None:
+        """The session was lost: if the messages consumed carried offsets,
+        subscribe again from the record after the last one consumed (its
+        ``"from"`` replaces the start options it was made with), so that
+        nothing is lost or delivered twice. A durable cursor the broker
+        knows takes precedence over ``"from"`` (it continues after its last
+        acknowledged record)."""
+        if not (self._inbox.offsets and self._consumed > 0):
+            return
+        options = {k: v for k, v in (self.options or {}).items() if k not in START_KEYS}
+        options["from"] = self._consumed + 1
+        self.options = options
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not consumed

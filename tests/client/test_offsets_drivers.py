@@ -1,0 +1,118 @@
+"""``subscribe(start=, cursor=)`` and ``Message.offset`` through every
+client (trio, blocking, and the cluster clients over them), against a fake
+broker on a real socket: a broker-side protocol connection that welcomes
+with ``offsets`` as told, records each Subscribe and delivers three messages
+numbered from ``FIRST`` to it. No broker process is needed, so this holds
+whatever the server does with the options."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+
+from broker.client import (
+    BlockingClient,
+    BlockingClusterClient,
+    Message,
+    open_client,
+    open_cluster_client,
+)
+from broker.protocol import (
+    Connection,
+    ConnectionClosed,
+    HelloReceived,
+    Role,
+    Subscribed,
+)
+from tests.server.helpers import TIMEOUT
+
+SESSION = bytes(range(16))
+FIRST = 1000
+WHEN = datetime.datetime(2026, 11, 25, 10, 0, tzinfo=datetime.UTC)
+
+
+@asynccontextmanager
+async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, list[Subscribed]]]:
+    """A broker at ``host:port`` (yielded with the Subscribes it receives)
+    whose Welcome says ``offsets``; it delivers three messages, numbered
+    from ``FIRST``, to every subscription."""
+    subscribes: list[Subscribed] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        conn = Connection(Role.BROKER, now=trio.current_time())
+        async with stream:
+            while not conn.closed:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                for event in conn.receive_data(data, trio.current_time()):
+                    if isinstance(event, HelloReceived):
+                        conn.welcome(session=SESSION, epoch=b"fake", offsets=offsets)
+                    elif isinstance(event, Subscribed):
+                        subscribes.append(event)
+                        for seq in range(FIRST, FIRST + 3):
+                            conn.deliver(event.handle, seq, b"m%d" % seq)
+                    elif isinstance(event, ConnectionClosed):
+                        break
+                out = conn.data_to_send(trio.current_time())
+                if out:
+                    await stream.send_all(out)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+        host, port = listeners[0].socket.getsockname()[:2]
+        yield f"{host}:{port}", subscribes
+        nursery.cancel_scope.cancel()
+
+
+def received(messages: list[Message]) -> list[tuple[int, int | None]]:
+    return [(message.seq, message.offset) for message in messages]
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+async def test_async_client(offsets: bool) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with fake_broker(offsets) as (address, subscribes), open_client(address) as client:
+            async with client.subscribe("t", start="earliest", cursor="c1") as subscription:
+                messages = [await subscription.receive() for _ in range(3)]
+            with pytest.raises(ValueError, match="needs mode='reliable'"):
+                async with client.subscribe("t", mode="lossy", start=5):
+                    pass  # pragma: no cover
+    assert [dict(s.options) for s in subscribes] == [{"from": "earliest", "cursor": "c1"}]
+    offset = [FIRST, FIRST + 1, FIRST + 2] if offsets else [None] * 3
+    assert received(messages) == list(zip(range(FIRST, FIRST + 3), offset, strict=True))
+
+
+async def test_async_cluster_client() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with (
+            fake_broker(True) as (address, subscribes),
+            open_cluster_client(address) as cluster,
+            cluster.subscribe("t", start=WHEN) as subscription,
+        ):
+            message = await subscription.receive()
+    assert [dict(s.options) for s in subscribes] == [{"from_time": 1795600800000}]
+    assert message.offset == FIRST
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["client", "cluster"])
+async def test_blocking_clients(cluster: bool) -> None:
+    def consume(address: str) -> list[Message]:
+        client: Any = BlockingClusterClient(address) if cluster else BlockingClient(address)
+        with client:
+            with pytest.raises(ValueError, match="say the same thing"):
+                client.subscribe("t", options={"cursor": "a"}, cursor="b")
+            with client.subscribe("t", start=7, cursor="c2", timeout=TIMEOUT) as subscription:
+                return [subscription.receive(timeout=TIMEOUT) for _ in range(3)]
+
+    with trio.fail_after(TIMEOUT):
+        async with fake_broker(True) as (address, subscribes):
+            messages = await trio.to_thread.run_sync(consume, address)
+    assert [dict(s.options) for s in subscribes] == [{"from": 7, "cursor": "c2"}]
+    assert received(messages) == [(seq, seq) for seq in range(FIRST, FIRST + 3)]

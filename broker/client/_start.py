@@ -93,8 +93,10 @@ def start_option(start: Start) -> Options:
     if isinstance(start, bool):  # (an int to Python, not an offset to anyone)
         raise TypeError("start must be 'earliest', 'latest', an offset or a datetime, not a bool")
     if isinstance(start, int):
-        if not 0 <= start <= _OPTION_MAX:
+        if start < 0:
             raise ValueError(f"an offset is 0 or more (0 and 1 mean the first record), got {start}")
+        if start > _OPTION_MAX:
+            raise ValueError(f"an offset is at most 2**63 - 1, got {start}")
         return {"from": start}
     if isinstance(start, datetime.datetime):
         if start.tzinfo is None or start.utcoffset() is None:

@@ -1,16 +1,11 @@
 """``subscribe(start=, cursor=)`` and ``Message.offset`` through every
-client (trio, blocking, and the cluster clients over them), against a fake
-broker on a real socket: a broker-side protocol connection that welcomes
-with ``offsets`` as told, records each Subscribe and delivers three messages
-numbered from ``FIRST`` to it. No broker process is needed, so this holds
-whatever the server does with the options."""
+client (trio, blocking, and the cluster clients over them), against the
+fake broker of ``fake_log_broker.py`` on a real socket. No broker process is
+needed, so this holds whatever the server does with the options."""
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import pytest
@@ -23,52 +18,11 @@ from broker.client import (
     open_client,
     open_cluster_client,
 )
-from broker.protocol import (
-    Connection,
-    ConnectionClosed,
-    HelloReceived,
-    Role,
-    Subscribed,
-)
 from tests.server.helpers import TIMEOUT
 
-SESSION = bytes(range(16))
-FIRST = 1000
+from .fake_log_broker import FIRST, fake_broker
+
 WHEN = datetime.datetime(2026, 11, 25, 10, 0, tzinfo=datetime.UTC)
-
-
-@asynccontextmanager
-async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, list[Subscribed]]]:
-    """A broker at ``host:port`` (yielded with the Subscribes it receives)
-    whose Welcome says ``offsets``; it delivers three messages, numbered
-    from ``FIRST``, to every subscription."""
-    subscribes: list[Subscribed] = []
-
-    async def handle(stream: trio.SocketStream) -> None:
-        conn = Connection(Role.BROKER, now=trio.current_time())
-        async with stream:
-            while not conn.closed:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                for event in conn.receive_data(data, trio.current_time()):
-                    if isinstance(event, HelloReceived):
-                        conn.welcome(session=SESSION, epoch=b"fake", offsets=offsets)
-                    elif isinstance(event, Subscribed):
-                        subscribes.append(event)
-                        for seq in range(FIRST, FIRST + 3):
-                            conn.deliver(event.handle, seq, b"m%d" % seq)
-                    elif isinstance(event, ConnectionClosed):
-                        break
-                out = conn.data_to_send(trio.current_time())
-                if out:
-                    await stream.send_all(out)
-
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
-        host, port = listeners[0].socket.getsockname()[:2]
-        yield f"{host}:{port}", subscribes
-        nursery.cancel_scope.cancel()
 
 
 def received(messages: list[Message]) -> list[tuple[int, int | None]]:

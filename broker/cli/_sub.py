@@ -41,8 +41,8 @@ EXAMPLES = r"""
   broker sub prices --mode latest --max-queued 100   # drops rather than slows publishers
   broker sub news --from earliest               # every record the topic's log still has
   broker sub news --from 1234 --format '{offset} {payload}'   # from offset 1234 on
-  broker sub news --from 2026-11-25T10:00:00Z   # what arrived since then (a timezone is needed)
-  broker sub news --from -10m                   # the last ten minutes (also -30s, -2h, -1d, -1h30m)
+  broker sub news --from 2026-11-25T10:00:00Z   # what arrived since then (give a timezone)
+  broker sub news --from -10m                   # the last ten minutes (-30s, -2h, -1d, -1h30m)
   broker sub news --cursor billing              # go on where the cursor "billing" stopped
 
 Where to start (--from, --cursor; reliable mode, on a broker with a data
@@ -60,9 +60,9 @@ holds newlines spans lines). --format and --show-keys escape every field
 UTF-8 become \\ \t \r \n \xNN), so each message is exactly one line and the
 template's separators always separate. --json prints one object per line:
 {"topic", "seq", "offset", "key", "headers": [[NAME, VALUE]...], "payload",
-"encoding"}, "offset" null on a broker without topic logs,
-where "encoding" is "utf-8" (payload, key and header values as text) or
-"base64" (all of them in base64, when one is not UTF-8).
+"encoding"}, where "offset" is null without a topic log and "encoding" is
+"utf-8" (payload, key and header values as text) or "base64" (all of them
+in base64, when one is not UTF-8).
 Several topics: messages of each topic in order, topics interleaved as they
 arrive. Exit status: 0 after --count messages or --timeout seconds of
 silence, 1 on an error, 130 on Ctrl-C.

@@ -281,6 +281,7 @@ async def _sub(
     interrupt: Interrupt,
 ) -> None:
     from ..client import Subscription, open_cluster_client, parse_servers, route
+    from ..client._subscription import BATCH_MOST
 
     servers = parse_servers(args.broker)
     owners = sorted({route(topic, servers) for topic in args.topics})
@@ -306,7 +307,10 @@ async def _sub(
 
         async def pump(subscription: Subscription, done: trio.CancelScope) -> None:
             while True:
-                batch = await subscription.receive_batch()
+                # Never more than --count wants: what is taken is acknowledged
+                # (and a --cursor moves past it).
+                left = BATCH_MOST if args.count is None else max(1, args.count - tally.received)
+                batch = await subscription.receive_batch(left)
                 if args.count is not None:
                     batch = batch[: args.count - tally.received]
                 try:

@@ -322,6 +322,7 @@ class Client(TrioDriver):
         if session.error is None and not session.conn.closed:
             if flush:
                 await self.flush()
+            session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
             session.conn.goodbye(GoodbyeCode.NORMAL, "bye")
             self._wake_writer()
         elif flush and not session.all_confirmed(session.published):

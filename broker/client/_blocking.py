@@ -460,6 +460,8 @@ class BlockingClient(BlockingDriver):
                         self._check_open()
             finally:
                 goodbye = self._pipe is not None and session.ready
+                if goodbye:
+                    session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
                 session.close_here()
                 self._stop.set()
                 if goodbye and self._pipe is not None:

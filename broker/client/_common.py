@@ -113,6 +113,27 @@ class Message:
     offset: int | None = None
 
 
+def handshake_error(
+    error: ConnectionLost | None,
+    answer: bytes,
+    goodbye_by_peer: bool,
+    address: str,
+    waited: float,
+    tls: bool,
+) -> ConnectionLost:
+    """What a failed handshake with ``address`` raises: ``error`` (None: no
+    Welcome within ``waited`` seconds) as it is when the broker said Goodbye
+    (``goodbye_by_peer``) or the transport failed, else a :func:`not_a_broker`
+    line about ``answer`` (the first bytes the peer sent)."""
+    if error is None:
+        return not_a_broker(address, answer, waited=waited, tls=tls)
+    if error.code is not None and not goodbye_by_peer:  # its bytes broke the protocol
+        return not_a_broker(address, answer, tls=tls)
+    if error.code is None and error.reason == PEER_CLOSED:
+        return not_a_broker(address, answer, tls=tls)
+    return error
+
+
 #: URL schemes of plain TCP and of TLS.
 PLAIN_SCHEMES = ("broker://", "tcp://")
 TLS_SCHEMES = ("brokers://", "tls://")

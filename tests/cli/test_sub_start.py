@@ -93,9 +93,9 @@ def test_the_offset_placeholder_and_json_key() -> None:
 @pytest.mark.parametrize("offsets", [True, False])
 async def test_sub_sends_where_to_start_and_prints_offsets(offsets: bool) -> None:
     with trio.fail_after(TIMEOUT):
-        async with fake_broker(offsets) as (address, subscribes):
+        async with fake_broker(offsets) as (address, seen):
             command = broker_command(
-                "sub", "t", "--from", "earliest", "--cursor", "c", "--json", "--count", "3"
+                "sub", "t", "--from", "earliest", "--cursor", "c", "--json", "--count", "2"
             )
             result = await trio.run_process(
                 [*command, "--broker", address],
@@ -104,10 +104,12 @@ async def test_sub_sends_where_to_start_and_prints_offsets(offsets: bool) -> Non
                 check=False,
             )
     assert result.returncode == 0, result.stderr
-    assert [dict(s.options) for s in subscribes] == [{"from": "earliest", "cursor": "c"}]
+    assert seen.options == [{"from": "earliest", "cursor": "c"}]
     lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
-    expected = list(range(FIRST, FIRST + 3)) if offsets else [None] * 3
+    expected = [FIRST, FIRST + 1] if offsets else [None, None]
     assert [line["offset"] for line in lines] == expected
+    # What was printed is acknowledged (a cursor moves past it), and no more.
+    assert max(ack.seq for ack in seen.acks) == FIRST + 1
 
 
 # ---------------------------------------------------------------- end to end, with a topic log

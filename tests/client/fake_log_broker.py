@@ -8,22 +8,37 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import trio
 
-from broker.protocol import Connection, ConnectionClosed, HelloReceived, Role, Subscribed
+from broker.protocol import Ack, Connection, ConnectionClosed, HelloReceived, Role, Subscribed
 
 SESSION = bytes(range(16))
 FIRST = 1000
 
 
+@dataclass
+class Seen:
+    """What the fake broker received: Subscribes and Acks, in order."""
+
+    subscribes: list[Subscribed] = field(default_factory=list)
+    acks: list[Ack] = field(default_factory=list)
+
+    @property
+    def options(self) -> list[dict[str, Any]]:
+        """The options of each Subscribe."""
+        return [dict(subscribe.options) for subscribe in self.subscribes]
+
+
 @asynccontextmanager
-async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, list[Subscribed]]]:
-    """A broker at ``host:port`` (yielded with the Subscribes it receives)
-    whose Welcome says ``offsets``; it delivers three messages, numbered
-    from ``FIRST``, to every subscription."""
-    subscribes: list[Subscribed] = []
+async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, Seen]]:
+    """A broker at ``host:port`` (yielded with what it sees) whose Welcome
+    says ``offsets``; it delivers three messages, numbered from ``FIRST``,
+    each in its own frame, to every subscription."""
+    seen = Seen()
 
     async def handle(stream: trio.SocketStream) -> None:
         conn = Connection(Role.BROKER, now=trio.current_time())
@@ -35,8 +50,10 @@ async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, list[Subscribed
                 for event in conn.receive_data(data, trio.current_time()):
                     if isinstance(event, HelloReceived):
                         conn.welcome(session=SESSION, epoch=b"fake", offsets=offsets)
+                    elif isinstance(event, Ack):
+                        seen.acks.append(event)
                     elif isinstance(event, Subscribed):
-                        subscribes.append(event)
+                        seen.subscribes.append(event)
                         for seq in range(FIRST, FIRST + 3):
                             conn.deliver(event.handle, seq, b"m%d" % seq)
                     elif isinstance(event, ConnectionClosed):
@@ -48,5 +65,5 @@ async def fake_broker(offsets: bool) -> AsyncIterator[tuple[str, list[Subscribed
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
         host, port = listeners[0].socket.getsockname()[:2]
-        yield f"{host}:{port}", subscribes
+        yield f"{host}:{port}", seen
         nursery.cancel_scope.cancel()

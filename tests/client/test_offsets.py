@@ -16,7 +16,7 @@ from broker.client._core import ClientSession, Ending
 from broker.client._flows import open_subscription, restore
 from broker.client._start import subscribe_options
 from broker.client._subscription import SubscriptionState
-from broker.protocol import Subscribed, encode_deliver_tail
+from broker.protocol import Ack, Subscribed, encode_deliver_tail
 from tests.client.test_core import FakeBroker, connected, run
 
 UTC = datetime.UTC
@@ -227,3 +227,24 @@ def test_a_lost_session_on_a_broker_without_offsets_subscribes_as_it_first_did()
     again.conn.deliver(subscription.handle, 1, b"m")
     again.pump(session)
     assert subscription._take().offset is None
+
+
+def test_unsubscribing_acknowledges_what_was_taken_mid_frame() -> None:
+    """A frame's room goes back once all its messages are taken, but a
+    subscription that ends mid-frame still acknowledges what was taken (a
+    durable cursor then stands right after it), and nothing more."""
+    broker = FakeBroker(offsets=True)
+    session = connected(broker)
+    subscription = subscribe(session, broker, "t", cursor="c")
+    tails = [encode_deliver_tail(b"%d" % i, None, None) for i in range(3)]
+    broker.conn.deliver_encoded_many(subscription.handle, 5, tails)
+    broker.pump(session)
+    assert [subscription._take().offset for _ in range(2)] == [5, 6]
+    broker.pump(session)
+    assert not [e for e in broker.events if isinstance(e, Ack)]
+    session.unsubscribe(subscription)
+    broker.pump(session)
+    assert [e.seq for e in broker.events if isinstance(e, Ack)] == [6]
+    session.ack_consumed([subscription])  # (again: nothing new to say)
+    broker.pump(session)
+    assert [e.seq for e in broker.events if isinstance(e, Ack)] == [6]

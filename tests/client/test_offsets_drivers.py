@@ -32,13 +32,13 @@ def received(messages: list[Message]) -> list[tuple[int, int | None]]:
 @pytest.mark.parametrize("offsets", [True, False])
 async def test_async_client(offsets: bool) -> None:
     with trio.fail_after(TIMEOUT):
-        async with fake_broker(offsets) as (address, subscribes), open_client(address) as client:
+        async with fake_broker(offsets) as (address, seen), open_client(address) as client:
             async with client.subscribe("t", start="earliest", cursor="c1") as subscription:
                 messages = [await subscription.receive() for _ in range(3)]
             with pytest.raises(ValueError, match="needs mode='reliable'"):
                 async with client.subscribe("t", mode="lossy", start=5):
                     pass  # pragma: no cover
-    assert [dict(s.options) for s in subscribes] == [{"from": "earliest", "cursor": "c1"}]
+    assert seen.options == [{"from": "earliest", "cursor": "c1"}]
     offset = [FIRST, FIRST + 1, FIRST + 2] if offsets else [None] * 3
     assert received(messages) == list(zip(range(FIRST, FIRST + 3), offset, strict=True))
 
@@ -46,12 +46,12 @@ async def test_async_client(offsets: bool) -> None:
 async def test_async_cluster_client() -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            fake_broker(True) as (address, subscribes),
+            fake_broker(True) as (address, seen),
             open_cluster_client(address) as cluster,
             cluster.subscribe("t", start=WHEN) as subscription,
         ):
             message = await subscription.receive()
-    assert [dict(s.options) for s in subscribes] == [{"from_time": 1795600800000}]
+    assert seen.options == [{"from_time": 1795600800000}]
     assert message.offset == FIRST
 
 
@@ -66,7 +66,38 @@ async def test_blocking_clients(cluster: bool) -> None:
                 return [subscription.receive(timeout=TIMEOUT) for _ in range(3)]
 
     with trio.fail_after(TIMEOUT):
-        async with fake_broker(True) as (address, subscribes):
+        async with fake_broker(True) as (address, seen):
             messages = await trio.to_thread.run_sync(consume, address)
-    assert [dict(s.options) for s in subscribes] == [{"from": 7, "cursor": "c2"}]
+    assert seen.options == [{"from": 7, "cursor": "c2"}]
     assert received(messages) == [(seq, seq) for seq in range(FIRST, FIRST + 3)]
+
+
+async def test_leaving_acknowledges_what_was_taken_and_no_more() -> None:
+    """Taken messages are acknowledged in batches; leaving a subscription (or
+    closing the client with it open) acknowledges the rest of what was taken,
+    even mid-batch, so that a durable cursor stands right after it."""
+    with trio.fail_after(TIMEOUT):
+        async with (
+            fake_broker(True) as (address, seen),
+            open_client(address) as client,
+            client.subscribe("t", cursor="c") as subscription,
+        ):
+            # (the fake broker delivers before it answers the Ping of subscribe())
+            assert subscription.received == 3
+            taken = [await subscription.receive() for _ in range(2)]
+            assert not seen.acks  # (not a batch yet)
+    assert [message.offset for message in taken] == [FIRST, FIRST + 1]
+    assert [ack.seq for ack in seen.acks] == [FIRST + 1]
+
+    def take_two_and_close(address: str) -> None:
+        client = BlockingClient(address)
+        subscription = client.subscribe("t", cursor="c", timeout=TIMEOUT)
+        assert subscription.pending == 3
+        subscription.receive(timeout=TIMEOUT)
+        subscription.receive(timeout=TIMEOUT)
+        client.close()  # the subscription still open
+
+    with trio.fail_after(TIMEOUT):
+        async with fake_broker(True) as (address, seen):
+            await trio.to_thread.run_sync(take_two_and_close, address)
+    assert [ack.seq for ack in seen.acks] == [FIRST + 1]

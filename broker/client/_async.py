@@ -272,7 +272,9 @@ class Client(TrioDriver):
         cursor that the broker keeps (per principal and topic), which goes
         on after its last acknowledged record (``start`` then applies only
         the first time). Messages then carry their :attr:`Message.offset`.
-        A broker without topic logs refuses them (Goodbye 1).
+        On a broker without topic logs (its Welcome did not say
+        ``offsets``) they raise :class:`ClientError` before anything is sent
+        (the broker would end the connection).
 
         A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`;
         a bad ``start`` or ``cursor``, either with another ``mode`` or with

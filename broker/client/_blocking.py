@@ -408,7 +408,8 @@ class BlockingClient(BlockingDriver):
         and messages carry their :attr:`~broker.client.Message.offset`; see
         :meth:`broker.client.Client.subscribe`. A bad value, either with
         another ``mode`` or with the same option in ``options``, raises
-        :class:`ValueError` before anything is sent.
+        :class:`ValueError` before anything is sent, and so does
+        :class:`ClientError` on a broker without topic logs.
 
         It binds the topic if needed, waits until the topic's handle is
         confirmed, subscribes, and waits until the subscription's handle is

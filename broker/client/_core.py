@@ -320,8 +320,8 @@ class ClientSession:
         """The open subscriptions of lost session ``state``, to make again in
         this order (after the last offset consumed, where both brokers number by offsets)."""
         subscriptions = [self.resuming[handle] for handle in sorted(state.subscriptions)]
-        for subscription in subscriptions if self.offsets else ():
-            subscription._continue_after_consumed()
+        for subscription in subscriptions:
+            subscription._resubscribing(self.offsets)
         return subscriptions
 
     def reconnected(self) -> None:

@@ -14,7 +14,7 @@ from typing import Literal, TypeAlias
 
 from broker.protocol import Options, topic_name_problem
 
-__all__ = ["START_KEYS", "Start", "subscribe_options"]
+__all__ = ["LOG_KEYS", "START_KEYS", "Start", "subscribe_options", "without_log_problem"]
 
 #: What ``start=`` takes: the first record, the next one published, a record's
 #: offset, or the first record received at or after a (timezone-aware) time.
@@ -23,6 +23,8 @@ Start: TypeAlias = Literal["earliest", "latest"] | int | datetime.datetime
 #: The option names ``start=`` and ``cursor=`` stand for.
 START_KEYS = ("from", "from_time")
 CURSOR_KEY = "cursor"
+#: The options only a broker that keeps topic logs takes.
+LOG_KEYS = (*START_KEYS, CURSOR_KEY)
 
 #: The largest integer an option carries (options are signed 64-bit on the wire).
 _OPTION_MAX = 2**63 - 1
@@ -111,4 +113,19 @@ def start_option(start: Start) -> Options:
         return {"from_time": ms}
     raise TypeError(
         f"start must be 'earliest', 'latest', an offset or a datetime, not {type(start).__name__}"
+    )
+
+
+def without_log_problem(options: Options | None) -> str | None:
+    """Why a broker that keeps no topic log (its Welcome did not say
+    ``offsets``) would refuse a Subscribe with ``options``, in one line; None
+    if it would not (no start option, or ``"from": "latest"``)."""
+    if not options:
+        return None
+    asked = [key for key in LOG_KEYS if key in options]
+    if not asked or (asked == ["from"] and options["from"] == "latest"):
+        return None
+    return (
+        "the broker keeps no topic log (it runs without a data directory), so "
+        f"a subscription cannot start elsewhere than at the next message ({', '.join(asked)})"
     )

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from broker.client import ConnectionLost, Message
+from broker.client import ClientError, ConnectionLost, Message
 from broker.client._core import ClientSession, Ending
 from broker.client._flows import open_subscription, restore
 from broker.client._start import subscribe_options
 from broker.client._subscription import SubscriptionState
-from broker.protocol import Ack, Subscribed, encode_deliver_tail
+from broker.protocol import Ack, Options, Subscribed, encode_deliver_tail
 from tests.client.test_core import FakeBroker, connected, run
 
 UTC = datetime.UTC
@@ -55,7 +55,7 @@ def test_start_and_cursor_make_the_options(start: Any, cursor: str | None, optio
 
 
 def test_options_given_are_kept_and_not_changed() -> None:
-    given = {"x": 1}
+    given: Options = {"x": 1}
     assert subscribe_options("reliable", given, "earliest") == {"x": 1, "from": "earliest"}
     assert given == {"x": 1}
     assert subscribe_options("lossy", given) is given  # nothing asked: as it was
@@ -221,12 +221,29 @@ def test_a_lost_session_subscribes_again_after_the_last_offset_consumed() -> Non
     assert subscription._take().offset == 12
 
 
-def test_a_lost_session_on_a_broker_without_offsets_subscribes_as_it_first_did() -> None:
+def test_a_lost_session_on_a_broker_without_logs_drops_the_start_options(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """That broker would refuse them (ending the connection): the client
+    subscribes again from the next message, and says so."""
     session, subscription, again = lost_and_restored(offsets_after=False)
-    assert subscribed_options(again) == [{"from": "earliest", "cursor": "c"}]
+    assert subscribed_options(again) == [{}]
+    assert "keeps no topic log any more" in caplog.text
     again.conn.deliver(subscription.handle, 1, b"m")
     again.pump(session)
     assert subscription._take().offset is None
+
+
+def test_a_start_on_a_broker_without_logs_is_refused_before_sending() -> None:
+    """It would end the connection (Goodbye 1), every subscription with it."""
+    broker = FakeBroker()
+    session = connected(broker)
+    for start, cursor in [("earliest", None), (5, None), (None, "c")]:
+        with pytest.raises(ClientError, match="keeps no topic log"):
+            subscribe(session, broker, "t", start=start, cursor=cursor)
+    subscribe(session, broker, "t", start="latest")  # (what it does anyway)
+    assert subscribed_options(broker) == [{"from": "latest"}]
+    assert not session.conn.closed
 
 
 def test_unsubscribing_acknowledges_what_was_taken_mid_frame() -> None:

@@ -143,8 +143,8 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="NAME",
         help="a durable cursor: go on after the last message it took, and keep its place",
     )
-    # "--from -10m" is a value, not an unknown flag: what Python 3.13's
-    # argparse does by itself (anything that starts like a negative number).
+    # "--from -10m" is a value, not an unknown flag: every argument that
+    # starts like a negative number is a value (no flag of sub looks so).
     parser._negative_number_matcher = re.compile(r"^-\.?\d")
     add_client_flags(parser)
     parser.set_defaults(func=run, parser=parser)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the c
 PLACEHOLDERS = {
     "topic": "the topic",
     "seq": "the subscription's sequence number of the message",
+    "offset": "the record's offset in the topic's log (empty if the broker keeps no log)",
     "key": "the key (empty if none)",
     "payload": "the payload",
     "headers": "the headers, NAME=VALUE separated by commas (empty if none)",
@@ -45,6 +46,7 @@ def _text_fields(message: Message) -> dict[str, object]:
     return {
         "topic": escape(message.topic.encode()),
         "seq": message.seq,
+        "offset": "" if message.offset is None else message.offset,
         "key": escape(message.key or b""),
         "payload": escape(message.payload),
         "headers": headers,
@@ -73,9 +75,16 @@ def template_printer(template: str) -> Callable[[Message], bytes]:
             raise FormatError(f"unknown placeholder {shown} (known: {known})")
     sample: dict[str, object] = {name: "" for name in PLACEHOLDERS} | {"seq": 0, "size": 0}
     try:
-        template.format_map(sample)
+        template.format_map(sample | {"offset": 0})
     except (ValueError, TypeError) as error:
         raise FormatError(f"malformed template: {error}") from None
+    try:
+        template.format_map(sample)
+    except (ValueError, TypeError) as error:
+        raise FormatError(
+            f"malformed template: {{offset}} is empty for a message without an offset, "
+            f"so its format must take text too ({error})"
+        ) from None
 
     def render(message: Message) -> bytes:
         return (template.format_map(_text_fields(message)) + "\n").encode()
@@ -89,7 +98,8 @@ def raw(message: Message) -> bytes:
 
 
 def json_line(message: Message) -> bytes:
-    """One JSON object on a line: ``topic``, ``seq``, ``key`` (null if none),
+    """One JSON object on a line: ``topic``, ``seq``, ``offset`` (null if
+    none), ``key`` (null if none),
     ``headers`` (``[[name, value], ...]``), ``payload``, and ``encoding``:
     ``"utf-8"`` when the payload, key and header values are all valid UTF-8
     and given as text, else ``"base64"`` (all three in base64)."""
@@ -113,6 +123,7 @@ def json_line(message: Message) -> bytes:
     document = {
         "topic": message.topic,
         "seq": message.seq,
+        "offset": message.offset,
         "key": None if message.key is None else text(message.key),
         "headers": [[name, text(value)] for name, value in message.headers or []],
         "payload": text(message.payload),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -27,6 +29,9 @@ from ._common import (
 )
 from ._output import PLACEHOLDERS, FormatError, json_line, raw, template_printer
 
+if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
+    from ..client import Start
+
 EXAMPLES = r"""
   broker sub news                               # each payload on a line, as it is
   broker sub news --count 1 --timeout 5         # one message, or give up after 5 s
@@ -34,15 +39,30 @@ EXAMPLES = r"""
   broker sub news --show-keys                   # KEY<TAB>PAYLOAD
   broker sub news --json | jq .payload          # one JSON object per line
   broker sub prices --mode latest --max-queued 100   # drops rather than slows publishers
+  broker sub news --from earliest               # every record the topic's log still has
+  broker sub news --from 1234 --format '{offset} {payload}'   # from offset 1234 on
+  broker sub news --from 2026-11-25T10:00:00Z   # what arrived since then (give a timezone)
+  broker sub news --from -10m                   # the last ten minutes (-30s, -2h, -1d, -1h30m)
+  broker sub news --cursor billing              # go on where the cursor "billing" stopped
+
+Where to start (--from, --cursor; reliable mode, on a broker with a data
+directory, which keeps each topic's log): by default with the next message
+published. --from earliest starts at the first record kept, --from OFFSET at
+that record (a message's offset: {offset} in --format, "offset" in --json;
+offset + 1 continues after it), --from TIME at the first record received at
+or after TIME. --cursor NAME is a durable cursor the broker keeps: the next
+`broker sub --cursor NAME` on the topic goes on after the last message this
+one took (--from applies only to a cursor's first use).
 
 Output: by default each payload as it is, then a newline (a payload that
 holds newlines spans lines). --format and --show-keys escape every field
 (backslash, tab, CR, LF, other control characters and bytes that are not
 UTF-8 become \\ \t \r \n \xNN), so each message is exactly one line and the
 template's separators always separate. --json prints one object per line:
-{"topic", "seq", "key", "headers": [[NAME, VALUE]...], "payload", "encoding"},
-where "encoding" is "utf-8" (payload, key and header values as text) or
-"base64" (all of them in base64, when one is not UTF-8).
+{"topic", "seq", "offset", "key", "headers": [[NAME, VALUE]...], "payload",
+"encoding"}, where "offset" is null without a topic log and "encoding" is
+"utf-8" (payload, key and header values as text) or "base64" (all of them
+in base64, when one is not UTF-8).
 Several topics: messages of each topic in order, topics interleaved as they
 arrive. Exit status: 0 after --count messages or --timeout seconds of
 silence, 1 on an error, 130 on Ctrl-C.
@@ -106,8 +126,87 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="BYTES",
         help="lossy/latest: bytes that may wait at the broker (default: 1 MiB)",
     )
+    start = parser.add_argument_group(
+        "where to start (reliable mode, on a broker that keeps topic logs)"
+    )
+    start.add_argument(
+        "--from",
+        dest="start",
+        type=start_value,
+        metavar="WHERE",
+        help="earliest, latest (the default), an OFFSET, a TIME with a timezone "
+        "(2026-11-25T10:00:00Z) or a duration back (-10m, -2h, -30s)",
+    )
+    start.add_argument(
+        "--cursor",
+        type=cursor_name,
+        metavar="NAME",
+        help="a durable cursor: go on after the last message it took, and keep its place",
+    )
+    # "--from -10m" is a value, not an unknown flag: every argument that
+    # starts like a negative number is a value (no flag of sub looks so).
+    parser._negative_number_matcher = re.compile(r"^-\.?\d")
     add_client_flags(parser)
     parser.set_defaults(func=run, parser=parser)
+
+
+#: A duration back in time: ``-10m``, ``-1h30m``, ``-1.5d`` (units s, m, h, d).
+_DURATION = re.compile(r"-(?:[0-9]+(?:\.[0-9]+)?[smhd])+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_WHERE = (
+    "expected earliest, latest, an offset, a time with a timezone "
+    "(2026-11-25T10:00:00Z) or a duration back (-10m)"
+)
+
+
+def start_value(text: str) -> Start:
+    """An argparse type: where ``--from`` starts (see :data:`_WHERE`); a
+    duration back is counted from now."""
+    value: Start
+    if text in ("earliest", "latest"):
+        value = "earliest" if text == "earliest" else "latest"
+    elif re.fullmatch("[0-9]+", text):
+        value = int(text)
+    elif _DURATION.fullmatch(text):
+        seconds = sum(float(n) * _SECONDS[u] for n, u in _DURATION_PART.findall(text))
+        try:
+            value = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text}: too far back") from None
+    elif re.fullmatch("-[0-9]+", text):
+        raise argparse.ArgumentTypeError(
+            f"an offset is 0 or more, got {text}; a duration back has a unit: {text}m, {text}s"
+        )
+    elif _DURATION.fullmatch("-" + text):
+        raise argparse.ArgumentTypeError(f"a duration back is negative: -{text}, not {text}")
+    else:
+        try:
+            value = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_WHERE}, got {text!r}") from None
+        if value.tzinfo is None:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has no timezone: add one, e.g. {text}Z (UTC) or {text}+01:00"
+            )
+    from ..client._start import subscribe_options
+
+    try:
+        subscribe_options("reliable", None, value)
+    except ValueError as error:  # (an offset or a time out of range)
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def cursor_name(text: str) -> str:
+    """An argparse type: a durable cursor's name (the topic-name rule)."""
+    from ..client._start import subscribe_options
+
+    try:
+        subscribe_options("reliable", None, cursor=text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 @dataclass
@@ -137,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         options["max_queued_bytes"] = args.max_queued_bytes
     if options and args.mode == "reliable":
         parser.error("--max-queued and --max-queued-bytes need --mode lossy or latest")
+    if (args.start is not None or args.cursor is not None) and args.mode != "reliable":
+        parser.error("--from and --cursor need --mode reliable")
     try:
         printer = _printer(args)
     except FormatError as error:
@@ -180,6 +281,7 @@ async def _sub(
     interrupt: Interrupt,
 ) -> None:
     from ..client import Subscription, open_cluster_client, parse_servers, route
+    from ..client._subscription import BATCH_MOST
 
     servers = parse_servers(args.broker)
     owners = sorted({route(topic, servers) for topic in args.topics})
@@ -190,7 +292,9 @@ async def _sub(
     ):
         subscriptions: list[Subscription] = []
         for topic in dict.fromkeys(args.topics):
-            context = cluster.subscribe(topic, mode=args.mode, options=options)
+            context = cluster.subscribe(
+                topic, mode=args.mode, options=options, start=args.start, cursor=args.cursor
+            )
             subscriptions.append(await stack.enter_async_context(context))
         shown = ", ".join(repr(topic) for topic in dict.fromkeys(args.topics))
         print(f"subscribed to {shown}", file=sys.stderr, flush=True)
@@ -203,7 +307,10 @@ async def _sub(
 
         async def pump(subscription: Subscription, done: trio.CancelScope) -> None:
             while True:
-                batch = await subscription.receive_batch()
+                # Never more than --count wants: what is taken is acknowledged
+                # (and a --cursor moves past it).
+                left = BATCH_MOST if args.count is None else max(1, args.count - tally.received)
+                batch = await subscription.receive_batch(left)
                 if args.count is not None:
                     batch = batch[: args.count - tally.received]
                 try:

@@ -18,6 +18,10 @@ plan) is driven by a thin trio driver (``_trio_driver.py``, under
 Every entry point that takes a topic name checks it first (the rule is
 :func:`check_topic_name`; a bad name raises :class:`TopicNameError`, a
 ``ValueError``, before anything is sent).
+
+On a broker that keeps topic logs, ``subscribe(topic, start=..., cursor=...)``
+says where a reliable subscription starts (``_start.py`` makes the Subscribe
+options) and each :class:`Message` carries its record's ``offset``.
 """
 
 from broker.protocol import TopicNameError, check_topic_name
@@ -40,6 +44,7 @@ from ._common import (
     parse_url,
     split_url,
 )
+from ._start import Start
 
 __all__ = [
     "BlockingClient",
@@ -52,6 +57,7 @@ __all__ = [
     "LimitReached",
     "Message",
     "StagingRefused",
+    "Start",
     "Subscription",
     "TopicNameError",
     "check_topic_name",

@@ -34,6 +34,7 @@ from ._common import (
     connection_target,
     show_address,
 )
+from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 from ._topics import DEFAULT_MAX_TOPICS
 from ._trio_driver import TrioDriver
@@ -246,7 +247,13 @@ class Client(TrioDriver):
 
     @asynccontextmanager
     async def subscribe(
-        self, topic: str, *, mode: str = "reliable", options: Options | None = None
+        self,
+        topic: str,
+        *,
+        mode: str = "reliable",
+        options: Options | None = None,
+        start: Start | None = None,
+        cursor: str | None = None,
     ) -> AsyncIterator[Subscription]:
         """Subscribe to ``topic`` for the duration of the block.
 
@@ -255,9 +262,26 @@ class Client(TrioDriver):
         ``"lossy"`` or ``"latest"`` the broker drops instead of slowing
         publishers (queue limits in ``options``: ``max_queued``,
         ``max_queued_bytes``); :attr:`Subscription.missed` counts the drops.
-        A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
+
+        On a broker that keeps topic logs, a reliable subscription may start
+        elsewhere than at the next message published: ``start`` is
+        ``"earliest"`` (the first record retained), ``"latest"`` (the
+        default), an offset (``message.offset + 1`` continues after a message
+        seen before) or a timezone-aware :class:`datetime.datetime` (the
+        first record received at or after it); ``cursor`` names a durable
+        cursor that the broker keeps (per principal and topic), which goes
+        on after its last acknowledged record (``start`` then applies only
+        the first time). Messages then carry their :attr:`Message.offset`.
+        On a broker without topic logs (its Welcome did not say
+        ``offsets``) they raise :class:`ClientError` before anything is sent
+        (the broker would end the connection).
+
+        A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`;
+        a bad ``start`` or ``cursor``, either with another ``mode`` or with
+        the same option in ``options``, raises :class:`ValueError`.
         """
         check_topic_name(topic)
+        options = subscribe_options(mode, options, start, cursor)
         await self._ready_for_the_application()
         subscription = Subscription(self, topic)
         subscription.mode = mode
@@ -300,6 +324,7 @@ class Client(TrioDriver):
         if session.error is None and not session.conn.closed:
             if flush:
                 await self.flush()
+            session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
             session.conn.goodbye(GoodbyeCode.NORMAL, "bye")
             self._wake_writer()
         elif flush and not session.all_confirmed(session.published):

@@ -46,6 +46,7 @@ from broker.protocol import Headers, Options, Outcome, Policy, Stage, check_topi
 from . import _flows as flows
 from ._blocking_driver import SEND_THRESHOLD, BlockingDriver, deadline_in, remaining
 from ._common import ClientError, ConnectionLost, Message, check_outcome
+from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
@@ -388,6 +389,8 @@ class BlockingClient(BlockingDriver):
         mode: str = "reliable",
         options: Options | None = None,
         timeout: float | None = None,
+        start: Start | None = None,
+        cursor: str | None = None,
     ) -> BlockingSubscription:
         """Subscribe to ``topic``; returns once the broker has processed the subscription.
 
@@ -398,6 +401,15 @@ class BlockingClient(BlockingDriver):
         limits in ``options``: ``max_queued``, ``max_queued_bytes``); the
         subscription's :attr:`~BlockingSubscription.missed` counts what was
         dropped.
+
+        On a broker that keeps topic logs, ``start`` (``"earliest"``,
+        ``"latest"``, an offset or a timezone-aware datetime) and ``cursor``
+        (a durable cursor's name) say where a reliable subscription starts,
+        and messages carry their :attr:`~broker.client.Message.offset`; see
+        :meth:`broker.client.Client.subscribe`. A bad value, either with
+        another ``mode`` or with the same option in ``options``, raises
+        :class:`ValueError` before anything is sent, and so does
+        :class:`ClientError` on a broker without topic logs.
 
         It binds the topic if needed, waits until the topic's handle is
         confirmed, subscribes, and waits until the subscription's handle is
@@ -410,6 +422,7 @@ class BlockingClient(BlockingDriver):
         A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
         check_topic_name(topic)
+        options = subscribe_options(mode, options, start, cursor)
         deadline = deadline_in(timeout)
         with self._locked(deadline):
             subscription = BlockingSubscription(self, topic)
@@ -448,6 +461,8 @@ class BlockingClient(BlockingDriver):
                         self._check_open()
             finally:
                 goodbye = self._pipe is not None and session.ready
+                if goodbye:
+                    session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
                 session.close_here()
                 self._stop.set()
                 if goodbye and self._pipe is not None:

@@ -27,6 +27,7 @@ from broker.protocol import Headers, Options, Outcome, Stage, check_topic_name
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
 from ._common import ClientError, split_url
+from ._start import Start
 
 log = logging.getLogger("broker.client")
 
@@ -140,10 +141,18 @@ class ClusterClient(_Routing[Client]):
         self.client_for(topic).publish_nowait(topic, payload, key=key, headers=headers)
 
     def subscribe(
-        self, topic: str, *, mode: str = "reliable", options: Options | None = None
+        self,
+        topic: str,
+        *,
+        mode: str = "reliable",
+        options: Options | None = None,
+        start: Start | None = None,
+        cursor: str | None = None,
     ) -> AbstractAsyncContextManager[Subscription]:
         """:meth:`Client.subscribe` on the owner of ``topic``."""
-        return self.client_for(topic).subscribe(topic, mode=mode, options=options)
+        return self.client_for(topic).subscribe(
+            topic, mode=mode, options=options, start=start, cursor=cursor
+        )
 
     async def flush(self) -> None:
         """Wait until every broker has routed everything published to it."""
@@ -281,9 +290,13 @@ class BlockingClusterClient(_Routing[BlockingClient]):
         mode: str = "reliable",
         options: Options | None = None,
         timeout: float | None = None,
+        start: Start | None = None,
+        cursor: str | None = None,
     ) -> BlockingSubscription:
         """:meth:`BlockingClient.subscribe` on the owner of ``topic``."""
-        return self.client_for(topic).subscribe(topic, mode=mode, options=options, timeout=timeout)
+        return self.client_for(topic).subscribe(
+            topic, mode=mode, options=options, timeout=timeout, start=start, cursor=cursor
+        )
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every broker has routed everything published to it."""

@@ -95,13 +95,43 @@ def not_a_broker(
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One delivered message."""
+    """One delivered message.
+
+    ``seq`` is its sequence number in the subscription (what an ``Ack``
+    names). ``offset`` is its record's offset in the topic's log: set when
+    the broker keeps topic logs (its Welcome said ``offsets``) and the
+    subscription is reliable (then it equals ``seq``), None otherwise.
+    A consumer that remembers it can continue after it on any later
+    connection: ``subscribe(topic, start=message.offset + 1)``.
+    """
 
     topic: str
     payload: bytes
     key: bytes | None
     headers: Headers | None
     seq: int
+    offset: int | None = None
+
+
+def handshake_error(
+    error: ConnectionLost | None,
+    answer: bytes,
+    goodbye_by_peer: bool,
+    address: str,
+    waited: float,
+    tls: bool,
+) -> ConnectionLost:
+    """What a failed handshake with ``address`` raises: ``error`` (None: no
+    Welcome within ``waited`` seconds) as it is when the broker said Goodbye
+    (``goodbye_by_peer``) or the transport failed, else a :func:`not_a_broker`
+    line about ``answer`` (the first bytes the peer sent)."""
+    if error is None:
+        return not_a_broker(address, answer, waited=waited, tls=tls)
+    if error.code is not None and not goodbye_by_peer:  # its bytes broke the protocol
+        return not_a_broker(address, answer, tls=tls)
+    if error.code is None and error.reason == PEER_CLOSED:
+        return not_a_broker(address, answer, tls=tls)
+    return error
 
 
 #: URL schemes of plain TCP and of TLS.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 from broker.protocol import (
     SUBSCRIPTION_BINDS,
@@ -50,7 +50,7 @@ from broker.protocol import (
     check_topic_name,
 )
 
-from ._common import PEER_CLOSED, ConnectionLost, not_a_broker, subscription_limit
+from ._common import ConnectionLost, handshake_error, subscription_limit
 from ._resume import (
     ReconnectPlan,
     log_session_lost,
@@ -153,6 +153,8 @@ class ClientSession:
         self.plan: ReconnectPlan | None = None
         #: Connections welcomed so far (a round trip started on an older one is redone).
         self.generation = 0
+        #: The last Welcome said ``offsets``: the broker keeps topic logs.
+        self.offsets = False
 
     # ---------------------------------------------------------------- the connection
 
@@ -250,16 +252,8 @@ class ClientSession:
     def handshake_error(
         self, error: ConnectionLost | None, address: str, waited: float, tls: bool
     ) -> ConnectionLost:
-        """What a failed handshake with ``address`` raises: ``error`` (None:
-        no Welcome within ``waited`` seconds) as it is when the broker said
-        Goodbye or the transport failed, else a :func:`not_a_broker` line."""
-        if error is None:
-            return not_a_broker(address, self.answer, waited=waited, tls=tls)
-        if error.code is not None and not self.goodbye_by_peer:  # its bytes broke the protocol
-            return not_a_broker(address, self.answer, tls=tls)
-        if error.code is None and error.reason == PEER_CLOSED:
-            return not_a_broker(address, self.answer, tls=tls)
-        return error
+        """What a failed handshake with ``address`` raises (see :func:`handshake_error`)."""
+        return handshake_error(error, self.answer, self.goodbye_by_peer, address, waited, tls)
 
     # ---------------------------------------------------------------- reconnecting
 
@@ -323,8 +317,12 @@ class ClientSession:
         return state
 
     def lost_subscriptions(self, state: ClientSessionState) -> list[SubscriptionState]:
-        """The open subscriptions of lost session ``state``, to make again in this order."""
-        return [self.resuming[handle] for handle in sorted(state.subscriptions)]
+        """The open subscriptions of lost session ``state``, to make again in
+        this order (after the last offset consumed, where both brokers number by offsets)."""
+        subscriptions = [self.resuming[handle] for handle in sorted(state.subscriptions)]
+        for subscription in subscriptions:
+            subscription._resubscribing(self.offsets)
+        return subscriptions
 
     def reconnected(self) -> None:
         """The attempt succeeded (and a lost session was restored)."""
@@ -359,6 +357,9 @@ class ClientSession:
             elif type(event) is WelcomeReceived:
                 self._resent_last = event.resent
                 self.generation += 1
+                self.offsets = event.welcome.offsets
+                for subscription in self.subscriptions.values() if event.welcome.resumed else ():
+                    subscription._numbered(event.welcome.offsets)
             elif isinstance(event, Throttled):
                 self._on_throttled(event)
             elif type(event) is HandleDeleted and event.handle_type == HandleType.TOPIC:
@@ -519,6 +520,7 @@ class ClientSession:
         subscription.handle = handle
         subscription._consumed = subscription._acked = 0
         self.subscriptions[handle] = subscription
+        subscription._numbered(self.offsets)
         return True
 
     @property
@@ -531,10 +533,13 @@ class ClientSession:
         return subscription_limit(len(self.subscriptions))
 
     def unsubscribe(self, subscription: SubscriptionState) -> None:
-        """Free the subscription's handle (now, or once its Subscribe is
-        confirmed) and release everything its inbox holds."""
+        """Acknowledge what the subscription consumed, free its handle (now,
+        or once its Subscribe is confirmed) and release everything its inbox
+        holds."""
         conn = self.conn
         handle = subscription.handle
+        if self.subscriptions.get(handle) is subscription:  # (not dropped by the broker)
+            self.ack_consumed([subscription])
         subscription._closed = True
         self.subscriptions.pop(handle, None)
         if not self.ready and self.resume is not None:
@@ -559,20 +564,25 @@ class ClientSession:
         conn = self.conn
         if not conn.closed:
             conn.release_frames(Channel(ChannelKind.DELIVER, subscription.handle), size, count)
+            if not subscription._closed:
+                self.ack_consumed([subscription])
+        self.on_output()
+
+    def ack_consumed(self, subscriptions: Iterable[SubscriptionState]) -> None:
+        """Acknowledge what each of ``subscriptions`` consumed and did not
+        acknowledge yet, whole frames or not: on leaving, so that a durable
+        cursor stands right after the last message the application took."""
+        conn = self.conn
+        if conn.closed or not self.ready:
+            return
+        for subscription in subscriptions:
             consumed = subscription._consumed
-            if not subscription._closed and consumed > subscription._acked and self.ready:
+            if consumed > subscription._acked:
                 with contextlib.suppress(LocalProtocolError):  # being freed
                     conn.ack(subscription.handle, consumed)
                     subscription._acked = consumed
-        self.on_output()
 
     # ---------------------------------------------------------------- statistics
-
-    @property
-    def throttled_topics(self) -> set[str]:
-        """Topics the broker says it withholds guarantees on (advisory)."""
-        names = {self.topic_of(channel) for channel in self.throttled}
-        return {name for name in names if name is not None}
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed, subscriptions, bytes of the current

@@ -14,8 +14,10 @@ from typing import Generic, TypeVar, cast
 
 from broker.protocol import ClientSessionState, Connection, HandleType, Headers, Outcome, Stage
 
+from ._common import ClientError
 from ._core import ClientSession
 from ._resume import unconfirmed_publishes
+from ._start import without_log_problem
 from ._subscription import SubscriptionState
 
 T = TypeVar("T")
@@ -100,7 +102,12 @@ def open_subscription(session: ClientSession, subscription: SubscriptionState) -
     """Subscribe ``subscription`` (binding its topic first) and wait until
     the broker has processed it. Near the broker's limit of
     subscriptions, it tries again after a round trip (the room for what
-    the broker processed comes first), then raises :class:`LimitReached`."""
+    the broker processed comes first), then raises :class:`LimitReached`.
+    Options that need a topic log raise :class:`ClientError` at once on a
+    broker without one (it would end the connection)."""
+    problem = None if session.offsets else without_log_problem(subscription.options)
+    if problem is not None:
+        raise ClientError(problem)
     handle = yield from bound(session, subscription.topic)
     done: list[bool] = []
 

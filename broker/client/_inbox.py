@@ -9,26 +9,32 @@ from broker.protocol import Deliver, DeliverManyReceived, DeliverReceived, Entry
 from ._common import Message
 
 _new_object = object.__new__
-_set_topic, _set_payload, _set_key, _set_headers, _set_seq = (
-    Message.__dict__[name].__set__ for name in ("topic", "payload", "key", "headers", "seq")
+_set_topic, _set_payload, _set_key, _set_headers, _set_seq, _set_offset = (
+    Message.__dict__[name].__set__
+    for name in ("topic", "payload", "key", "headers", "seq", "offset")
 )
 
 
-def message_of(topic: str, deliver: Deliver) -> Message:
-    """The :class:`Message` of a Deliver on ``topic``: what ``Message(...)``
-    makes, made a few times faster (it is made for every message received)."""
+def message_of(topic: str, deliver: Deliver, offsets: bool = False) -> Message:
+    """The :class:`Message` of a Deliver on ``topic`` (its seq is the
+    record's offset too if ``offsets``): what ``Message(...)`` makes, made a
+    few times faster (it is made for every message received)."""
     message: Message = _new_object(Message)
     _set_topic(message, topic)
     _set_payload(message, deliver.payload)
     _set_key(message, deliver.key)
     _set_headers(message, deliver.headers)
     _set_seq(message, deliver.seq)
+    _set_offset(message, deliver.seq if offsets else None)
     return message
 
 
-def messages_of(topic: str, first_seq: int, entries: list[Entry]) -> list[Message]:
+def messages_of(
+    topic: str, first_seq: int, entries: list[Entry], offsets: bool = False
+) -> list[Message]:
     """The :class:`Message` of each entry of a DeliverMany on ``topic``,
-    numbered from ``first_seq``: what ``Message(...)`` makes for each."""
+    numbered from ``first_seq`` (offsets too if ``offsets``): what
+    ``Message(...)`` makes for each."""
     messages: list[Message] = []
     append = messages.append
     seq = first_seq
@@ -39,6 +45,7 @@ def messages_of(topic: str, first_seq: int, entries: list[Entry]) -> list[Messag
         _set_key(message, key)
         _set_headers(message, headers)
         _set_seq(message, seq)
+        _set_offset(message, seq if offsets else None)
         append(message)
         seq += 1
     return messages
@@ -54,10 +61,14 @@ class Inbox:
     message).
     """
 
-    __slots__ = ("_ends", "done_count", "done_size", "messages", "topic")
+    __slots__ = ("_ends", "done_count", "done_size", "messages", "offsets", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
+        #: Sequence numbers are the offsets of the topic's records (a reliable
+        #: subscription on a broker whose Welcome said ``offsets``): each
+        #: message's ``offset`` is its seq (else None).
+        self.offsets = False
         #: The messages not taken yet, oldest first (read-only for callers).
         self.messages: deque[Message] = deque()
         #: Per frame not wholly taken: its last sequence number, its size and
@@ -77,12 +88,12 @@ class Inbox:
         """Queue the messages of a received frame; returns how many."""
         if type(event) is DeliverReceived:
             deliver = event.message
-            self.messages.append(message_of(self.topic, deliver))
+            self.messages.append(message_of(self.topic, deliver, self.offsets))
             self._ends.append((deliver.seq, event.size, 1))
             return 1
         assert type(event) is DeliverManyReceived
         many = event.message
-        messages = messages_of(self.topic, many.first_seq, many.entries)
+        messages = messages_of(self.topic, many.first_seq, many.entries, self.offsets)
         self.messages.extend(messages)
         self._ends.append((messages[-1].seq, event.size, len(messages)))
         return len(messages)

@@ -9,12 +9,16 @@ drivers' :class:`~broker.client.Subscription` and
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from broker.protocol import Options
 
 from ._common import Message
 from ._inbox import Inbox
+from ._start import LOG_KEYS, START_KEYS, without_log_problem
+
+log = logging.getLogger("broker.client")
 
 #: Consumed messages whose buffer space a subscription releases together (it
 #: releases sooner when the application has consumed everything received).
@@ -79,6 +83,35 @@ class SubscriptionState:
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._releaser.release(self)
+
+    def _numbered(self, offsets: bool) -> None:
+        """The connection's broker numbers reliable deliveries by offsets (or
+        not): whether this subscription's messages carry an ``offset``."""
+        self._inbox.offsets = offsets and self.mode == "reliable"
+
+    def _resubscribing(self, offsets: bool) -> None:
+        """The session was lost: make the options to subscribe again with, on
+        a broker that numbers by offsets (or not). If the messages consumed
+        carried offsets, it starts from the record after the last one
+        consumed (its ``"from"`` replaces the start options it was made
+        with): nothing is lost or delivered twice (a durable cursor the
+        broker knows takes precedence: it continues after its last
+        acknowledged record). On a broker without topic logs, options that
+        need one are dropped (said in a warning), as the broker would refuse
+        them."""
+        options = self.options or {}
+        if not offsets:
+            if without_log_problem(options) is not None:
+                self.options = {k: v for k, v in options.items() if k not in LOG_KEYS}
+                log.warning(
+                    "the broker keeps no topic log any more: subscribing to %r again "
+                    "from the next message published (without %s)",
+                    self.topic,
+                    ", ".join(sorted(set(options) & set(LOG_KEYS))),
+                )
+        elif self._inbox.offsets and self._consumed > 0:
+            self.options = {k: v for k, v in options.items() if k not in START_KEYS}
+            self.options["from"] = self._consumed + 1
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not consumed

@@ -25,7 +25,9 @@ class SessionView:
     def throttled_topics(self) -> set[str]:
         """Topics the broker says it withholds guarantees on, for longer than
         its notice threshold (advisory: publishing to them waits)."""
-        return self._session.throttled_topics
+        session = self._session
+        names = {session.topic_of(channel) for channel in session.throttled}
+        return {name for name in names if name is not None}
 
     @property
     def drops_announced(self) -> int:

@@ -89,6 +89,7 @@ def test_json_lines_give_text_or_base64(served: Served) -> None:
     assert first == {
         "topic": "news",
         "seq": 1,
+        "offset": None,  # (a broker without topic logs)
         "key": "k",
         "headers": [["n", "v"]],
         "payload": MULTILINE.decode(),
@@ -248,6 +249,7 @@ def test_json_line_uses_one_encoding_for_every_bytes_field() -> None:
     assert text == {
         "topic": "t",
         "seq": 1,
+        "offset": None,
         "key": None,
         "headers": [],
         "payload": "p",

@@ -38,12 +38,21 @@ T = TypeVar("T")
 
 
 class FakeBroker:
-    """One broker connection: welcomes, confirms what it receives (unless
-    told to hold it), answers commits and aborts, and records everything."""
+    """One broker connection: welcomes (saying ``offsets`` if told to),
+    confirms what it receives (unless told to hold it), answers commits and
+    aborts, and records everything."""
 
-    def __init__(self, *, resumed: bool = False, lease_ms: int = 3000, heartbeat_ms: int = 1000):
+    def __init__(
+        self,
+        *,
+        resumed: bool = False,
+        lease_ms: int = 3000,
+        heartbeat_ms: int = 1000,
+        offsets: bool = False,
+    ):
         self.conn = Connection(Role.BROKER, now=0.0)
         self.resumed = resumed
+        self.offsets = offsets
         self.lease_ms = lease_ms
         self.heartbeat_ms = heartbeat_ms
         self.events: list[Event] = []
@@ -63,6 +72,7 @@ class FakeBroker:
                     epoch=b"epoch",
                     lease_ms=self.lease_ms,
                     heartbeat_ms=self.heartbeat_ms,
+                    offsets=self.offsets,
                 )
             elif isinstance(event, PublishReceived):
                 self.received.setdefault(event.topic_name, []).append(event.message.payload)

@@ -1,0 +1,131 @@
+"""Where a reliable subscription starts: the Subscribe options that the
+``start=`` and ``cursor=`` arguments of ``subscribe()`` stand for, sans-IO.
+
+On the wire (see "Topic logs and offsets" in ``docs/protocol.md``):
+``"from"``: ``"earliest"``, ``"latest"`` or an offset; ``"from_time"``: ms
+since the Unix epoch; ``"cursor"``: a durable cursor's name, which follows
+the topic-name rule. Only a broker that keeps topic logs takes them.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Literal, TypeAlias
+
+from broker.protocol import Options, topic_name_problem
+
+__all__ = ["LOG_KEYS", "START_KEYS", "Start", "subscribe_options", "without_log_problem"]
+
+#: What ``start=`` takes: the first record, the next one published, a record's
+#: offset, or the first record received at or after a (timezone-aware) time.
+Start: TypeAlias = Literal["earliest", "latest"] | int | datetime.datetime
+
+#: The option names ``start=`` and ``cursor=`` stand for.
+START_KEYS = ("from", "from_time")
+CURSOR_KEY = "cursor"
+#: The options only a broker that keeps topic logs takes.
+LOG_KEYS = (*START_KEYS, CURSOR_KEY)
+
+#: The largest integer an option carries (options are signed 64-bit on the wire).
+_OPTION_MAX = 2**63 - 1
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND = datetime.timedelta(milliseconds=1)
+
+
+def subscribe_options(
+    mode: str,
+    options: Options | None,
+    start: Start | None = None,
+    cursor: str | None = None,
+) -> Options | None:
+    """The options of a Subscribe in ``mode``: ``options`` (not changed), with
+    what ``start`` and ``cursor`` stand for added (None and None: ``options``
+    as given).
+
+    ``start`` is ``"earliest"``, ``"latest"``, an offset (an int >= 0; 0 and
+    1 both mean the first record) or a timezone-aware
+    :class:`datetime.datetime` (the first record received at or after it,
+    to the millisecond, rounded down). ``cursor`` names a durable cursor
+    (the topic-name rule applies). Both are only for ``mode="reliable"``.
+
+    Raises :class:`ValueError` (one line saying what to change) for a value
+    out of range, a naive datetime, a bad cursor name, another mode, or an
+    option given both ways; :class:`TypeError` for a ``start`` of another type.
+    """
+    if start is None and cursor is None:
+        return options
+    if mode != "reliable":
+        given = (
+            "start= needs"
+            if cursor is None
+            else "cursor= needs"
+            if start is None
+            else "start= and cursor= need"
+        )
+        raise ValueError(
+            f"{given} mode='reliable', not {mode!r}: only a reliable subscription "
+            "reads the topic's log"
+        )
+    merged: Options = dict(options or {})
+    if start is not None:
+        clash = [key for key in START_KEYS if key in merged]
+        if clash:
+            raise ValueError(
+                f"start= and options[{clash[0]!r}] say the same thing: give one of them"
+            )
+        merged.update(start_option(start))
+    if cursor is not None:
+        if CURSOR_KEY in merged:
+            raise ValueError("cursor= and options['cursor'] say the same thing: give one of them")
+        problem = topic_name_problem(cursor)
+        if problem is not None:
+            raise ValueError(f"cursor names follow the topic-name rule: {problem}")
+        merged[CURSOR_KEY] = cursor
+    return merged
+
+
+def start_option(start: Start) -> Options:
+    """The one option ``start`` stands for (see :func:`subscribe_options`)."""
+    if isinstance(start, str):
+        if start in ("earliest", "latest"):
+            return {"from": start}
+        raise ValueError(
+            f"start must be 'earliest', 'latest', an offset or a datetime, not {start!r}"
+        )
+    if isinstance(start, bool):  # (an int to Python, not an offset to anyone)
+        raise TypeError("start must be 'earliest', 'latest', an offset or a datetime, not a bool")
+    if isinstance(start, int):
+        if start < 0:
+            raise ValueError(f"an offset is 0 or more (0 and 1 mean the first record), got {start}")
+        if start > _OPTION_MAX:
+            raise ValueError(f"an offset is at most 2**63 - 1, got {start}")
+        return {"from": start}
+    if isinstance(start, datetime.datetime):
+        if start.tzinfo is None or start.utcoffset() is None:
+            raise ValueError(
+                "start datetime is naive (no timezone): give it one, e.g. "
+                "datetime.now(timezone.utc) or when.replace(tzinfo=timezone.utc) "
+                "(or when.astimezone() for the local time)"
+            )
+        ms = (start - _EPOCH) // _MILLISECOND
+        if ms < 0:
+            raise ValueError(f"start time {start.isoformat()} is before 1970 (the Unix epoch)")
+        return {"from_time": ms}
+    raise TypeError(
+        f"start must be 'earliest', 'latest', an offset or a datetime, not {type(start).__name__}"
+    )
+
+
+def without_log_problem(options: Options | None) -> str | None:
+    """Why a broker that keeps no topic log (its Welcome did not say
+    ``offsets``) would refuse a Subscribe with ``options``, in one line; None
+    if it would not (no start option, or ``"from": "latest"``)."""
+    if not options:
+        return None
+    asked = [key for key in LOG_KEYS if key in options]
+    if not asked or (asked == ["from"] and options["from"] == "latest"):
+        return None
+    return (
+        "the broker keeps no topic log (it runs without a data directory), so "
+        f"a subscription cannot start elsewhere than at the next message ({', '.join(asked)})"
+    )

@@ -143,7 +143,6 @@ def sub(address: str, *args: str) -> list[str]:
     return result.stdout.splitlines()
 
 
-@pytest.mark.xfail(strict=False, reason="needs the server wiring (broker serve --data-dir)")
 def test_replay_from_the_log_and_a_durable_cursor(tmp_path: Path) -> None:
     with serving("--data-dir", str(tmp_path)) as served:
         publish(served.address, "a", "b", "c")
@@ -155,7 +154,6 @@ def test_replay_from_the_log_and_a_durable_cursor(tmp_path: Path) -> None:
         assert sub(served.address, "--cursor", "reader", "--count", "1") == ["3 c"]
 
 
-@pytest.mark.xfail(strict=False, reason="needs the server wiring (broker serve --memory-only)")
 def test_a_memory_only_broker_refuses_a_start_in_one_line() -> None:
     with serving("--memory-only") as served:
         result = run("sub", "news", "--from", "earliest", "--broker", served.address)

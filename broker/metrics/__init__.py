@@ -19,13 +19,13 @@ another thread.
 
 from ._collector import BrokerCollector, Snapshot, metrics_registry
 from ._http import serve_metrics
+from ._spec import MetricSpec
 from ._specs import (
     CHANNEL_KINDS,
     CLIENT_NAME_LIMIT,
     DELIVERY_DROP_REASONS,
     DROP_REASONS,
     METRICS,
-    MetricSpec,
     sanitise_label,
 )
 from ._stat import build_stat_document, stat_document

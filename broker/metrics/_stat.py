@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Final
 from broker.protocol import Channel, ChannelKind
 from broker.server import BrokerStatistics, DroppingSubscription
 
-from ._collector import BrokerCollector, Snapshot, Walk, run_in_pieces, run_now
+from ._collector import BrokerCollector, Snapshot
 from ._specs import kind_name, sanitise_label
+from ._walking import Walk, run_in_pieces, run_now
 
 if TYPE_CHECKING:
     from accounts import Account

@@ -16,6 +16,7 @@ import trio
 from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, TopicLog
 
 from ._log_subscription import CursorBook, MemoryCursors
+from ._session import Histogram
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -26,6 +27,9 @@ TEND_INTERVAL = 0.1
 EXPIRE_INTERVAL = 10.0
 #: How often a batch waiting for the disk is retried.
 RETRY_INTERVAL = 1.0
+#: Upper bounds (seconds) of the fsync time histogram: an SSD syncs in about
+#: a millisecond, a busy disk or network volume in tens to hundreds.
+FSYNC_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class LogSettings(Protocol):
@@ -75,6 +79,8 @@ class TopicLogs:
         self.appends = 0
         self.fsyncs = 0
         self.fsync_seconds = 0.0
+        #: The time of each timed fsync (the batch flushes :meth:`tend` does).
+        self.fsync_times = Histogram(FSYNC_BOUNDS)
         self.append_errors = 0
 
     def open(self, name: str) -> TopicLog:
@@ -141,8 +147,10 @@ class TopicLogs:
                 except LogError as error:
                     log.error("topic %r: fsync failed: %s", topic_log.topic[:64], error)
                     continue
+                took = time.perf_counter() - started
                 self.fsyncs += 1
-                self.fsync_seconds += time.perf_counter() - started
+                self.fsync_seconds += took
+                self.fsync_times.observe(took)
                 done.append(topic_log)
         self._dirty.difference_update(done)
 

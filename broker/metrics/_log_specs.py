@@ -113,7 +113,8 @@ LOG_METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         "broker_topic_log_last_offset",
         "gauge",
-        "Offset of the last record appended to the topic's log (0: none yet).",
+        "Offset of the last record appended to the topic's log (0: none yet; while "
+        "the disk fails, records appended and waiting to be written count).",
         _T,
     ),
     MetricSpec("broker_topic_log_terms", "gauge", "Term files the topic's log retains.", _T),

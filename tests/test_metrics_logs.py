@@ -26,6 +26,7 @@ from broker.metrics._log_specs import LOG_METRICS
 from broker.metrics._log_walk import log_walk
 from broker.protocol import BindTopic, Goodbye, Subscribe
 from broker.server import Broker
+from broker.server._logs import JournalCursors
 from tests.server.helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
 
 Labels = frozenset[tuple[str, str]]
@@ -419,3 +420,39 @@ async def test_stat_json_shows_offsets_positions_lags_and_cursors(tmp_path: Path
         subscriptions = [s for c in document["connections"] for s in c["subscriptions"]]
         mine = next(s for s in subscriptions if s.get("cursor") == "c1")
         assert (mine["acked"], mine["lag"], mine["next_seq"]) == (10, 2, reader["position"])
+
+
+class FakeJournal:
+    """A state journal that cannot list what it holds (get, put and write only)."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, str], object] = {}
+
+    def get(self, space: str, key: str) -> object:
+        return self.data.get((space, key))
+
+    def put(self, space: str, key: str, value: object) -> None:
+        self.data[space, key] = value
+
+    def write(self) -> None:
+        pass
+
+
+async def test_a_cursor_store_that_cannot_list_shows_the_live_cursors(tmp_path: Path) -> None:
+    async with running_broker(make_config(data_dir=str(tmp_path))) as broker:
+        assert broker.logs is not None
+        journal = FakeJournal()
+        broker.logs.cursors = JournalCursors(journal)
+        journal.put("cursors", "\x00t\x00gone", 1)  # stored, no live subscription
+        await publish(broker, "t", [b"x"] * 3)
+        async with (
+            open_client(url(broker), name="reader") as client,
+            client.subscribe("t", options={"from": 2, "cursor": "live"}),
+        ):
+            await wait_until(lambda: bool(broker.topics["t"].subscriptions), what="subscribed")
+            logs = stat_document(broker)["logs"]
+    assert logs["cursors_listed"] == "live"
+    assert logs["cursors_total"] == 1
+    (cursor,) = logs["cursors"]
+    assert (cursor["topic"], cursor["cursor"], cursor["subscribed"]) == ("t", "live", True)
+    assert cursor["position"] == 2 and cursor["lag"] == 2

@@ -24,12 +24,16 @@ EXAMPLES = """
   broker stat --watch                           # refresh every 2 s until Ctrl-C
   broker stat --watch 0.5 --metrics 10.0.0.5:9400
   broker stat --json | jq '.topics[] | select(.queued > 0)'
+  broker stat --json | jq '.logs.topics[] | select(.blocked)'
   broker stat --json --watch 10 >> stat.jsonl   # a snapshot a line, every 10 s
 
 The text shows the sections of the JSON by their names: broker (address,
 statistics, account), budgets, principals, topics (publishers,
-subscriptions, queued, messages_in), then each connection with its account
-(debt), buffer_reserved and unsent_bytes, its channels and its
+subscriptions, queued, messages_in), topic logs (a broker with a data
+directory: free disk, appends, errors; per topic first_offset, last_offset,
+bytes, terms, held batches and lag in records; each reliable subscription's
+position, acked and lag; the durable cursors), then each connection with its
+account (debt), buffer_reserved and unsent_bytes, its channels and its
 subscriptions (mode, queued, delivered). --watch redraws the screen on a
 terminal; into a file or pipe it appends each snapshot after a line with
 its time. A broker that does not answer is said, and watched for again.

@@ -27,6 +27,9 @@ SUBSCRIPTION_FIELDS = (
     "queued",
     "delivered",
     "next_seq",
+    "acked",
+    "lag",
+    "cursor",
     "dropped_overflow",
     "dropped_replaced",
     "gaps_sent",
@@ -34,8 +37,35 @@ SUBSCRIPTION_FIELDS = (
     "max_queued_bytes",
 )
 TOPIC_COLUMNS = ("publishers", "subscriptions", "queued", "messages_in")
+#: Columns of the topic logs' table (``logs.topics``) and of the durable cursors.
+LOG_COLUMNS = ("first_offset", "last_offset", "bytes", "terms", "held", "lag")
+CURSOR_COLUMNS = ("position", "lag", "subscribed")
+#: Figures of the ``logs`` section shown on its head lines, in this order.
+LOG_FIGURES = (
+    "topics_total",
+    "bytes",
+    "terms",
+    "blocked_topics",
+    "max_lag",
+    "subscriptions",
+    "appends",
+    "append_errors",
+    "fsyncs",
+    "fsync_seconds",
+    "truncated_records",
+    "truncated_bytes",
+)
 #: Top-level keys shown by their own sections (any other is shown generically).
-KNOWN = {"version", "broker", "budgets", "principals", "topics", "connections", "connections_total"}
+KNOWN = {
+    "version",
+    "broker",
+    "budgets",
+    "principals",
+    "topics",
+    "connections",
+    "connections_total",
+    "logs",
+}
 
 
 def _value(value: Any) -> str:
@@ -158,6 +188,83 @@ def _topics(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _table(
+    rows: list[Mapping[str, Any]],
+    names: list[str],
+    columns: tuple[str, ...],
+    indent: str,
+    title: str = "name",
+) -> list[str]:
+    """``rows`` as a table: ``names`` (already shown as text) in the first
+    column, headed ``title``, then ``columns`` of each row right-aligned."""
+    width = max(len(title), *(len(name) for name in names))
+    cells = [[_value(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    titles = "".join(f"  {c:>{w}}" for c, w in zip(columns, widths, strict=True))
+    head = indent + title.ljust(width) + titles
+    lines = [head]
+    for name, line in zip(names, cells, strict=True):
+        text = "".join(f"  {cell:>{w}}" for cell, w in zip(line, widths, strict=True))
+        lines.append(f"{indent}{name.ljust(width)}{text}")
+    return lines
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "?"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def _logs(document: Mapping[str, Any]) -> list[str]:
+    """The topic logs: figures, the detailed topics with their reliable
+    subscriptions, the durable cursors (or that the broker keeps no log)."""
+    if "logs" not in document:
+        return []
+    logs = document["logs"]
+    if not isinstance(logs, Mapping):
+        return ["", "topic logs   none (a memory-only broker)"]
+    words = [f"data_dir={_value(logs.get('data_dir', '?'))}"]
+    free, size = logs.get("free_bytes"), logs.get("size_bytes")
+    if isinstance(free, int) and isinstance(size, int) and size > 0:
+        words.append(f"free {_size(free)} of {_size(size)} ({100 * free / size:.1f} %)")
+    lines = ["", "topic logs   " + "  ".join(words)]
+    lines += _pairs(_picked(logs, LOG_FIGURES), "  ")
+    topics = _list(logs, "topics")
+    total = logs.get("topics_total", len(topics))
+    shown = f"{total}" if total == len(topics) else f"{total}, {len(topics)} in detail"
+    lines.append(f"  topics ({shown})")
+    if topics:
+        names = [repr(topic.get("name", "?")) for topic in topics]
+        table = _table(topics, names, LOG_COLUMNS, "    ")
+        lines.append(table[0])
+        for row, topic in zip(table[1:], topics, strict=True):
+            lines.append(row + ("  BLOCKED" if topic.get("blocked") else ""))
+            if topic.get("error"):
+                lines.append(f"        error={_value(topic['error'])}")
+            for reader in _list(topic, "subscriptions"):
+                where = f"{reader.get('connection', '?')}/{reader.get('handle', '?')}"
+                fields = _picked(reader, ("position", "acked", "lag", "gaps_sent"))
+                if reader.get("cursor") is not None:
+                    fields.append(("cursor", repr(reader["cursor"])))
+                lines += _pairs(fields, "        ", f"subscription {where}  ")
+    cursors = _list(logs, "cursors")
+    listed = "live subscriptions only" if logs.get("cursors_listed") == "live" else "stored"
+    total = logs.get("cursors_total", len(cursors))
+    most = "" if total == len(cursors) else f", the {len(cursors)} with the most lag"
+    lines.append(f"  durable cursors ({total}, {listed}{most})")
+    if cursors:
+        names = [
+            f"{cursor.get('topic', '?')!r} {cursor.get('cursor', '?')!r}"
+            + (f" of {cursor['principal']!r}" if cursor.get("principal") else "")
+            for cursor in cursors
+        ]
+        lines += _table(cursors, names, CURSOR_COLUMNS, "    ", "topic cursor")
+    return lines
+
+
 def _connection(connection: Mapping[str, Any]) -> list[str]:
     words = [str(connection.get("name", "?")), str(connection.get("peer", "?"))]
     head: list[tuple[str, Any]] = [("client", repr(connection.get("client", "")))]
@@ -227,6 +334,7 @@ def render(document: Mapping[str, Any]) -> str:
         *_budgets(document),
         *_principals(document),
         *_topics(document),
+        *_logs(document),
         *_connections(document),
         *_others(document),
     ]

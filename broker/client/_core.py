@@ -317,12 +317,9 @@ class ClientSession:
         return state
 
     def lost_subscriptions(self, state: ClientSessionState) -> list[SubscriptionState]:
-        """The open subscriptions of lost session ``state``, to make again in
-        this order (after the last offset consumed, where both brokers number by offsets)."""
-        subscriptions = [self.resuming[handle] for handle in sorted(state.subscriptions)]
-        for subscription in subscriptions:
-            subscription._resubscribing(self.offsets)
-        return subscriptions
+        """Lost ``state``'s open subscriptions, to make again in order (see ``_resubscribing``)."""
+        resuming = self.resuming
+        return [resuming[h]._resubscribing(self.offsets) for h in sorted(state.subscriptions)]
 
     def reconnected(self) -> None:
         """The attempt succeeded (and a lost session was restored)."""

@@ -89,7 +89,7 @@ class SubscriptionState:
         not): whether this subscription's messages carry an ``offset``."""
         self._inbox.offsets = offsets and self.mode == "reliable"
 
-    def _resubscribing(self, offsets: bool) -> None:
+    def _resubscribing(self, offsets: bool) -> SubscriptionState:
         """The session was lost: make the options to subscribe again with, on
         a broker that numbers by offsets (or not). If the messages consumed
         carried offsets, it starts from the record after the last one
@@ -98,7 +98,7 @@ class SubscriptionState:
         broker knows takes precedence: it continues after its last
         acknowledged record). On a broker without topic logs, options that
         need one are dropped (said in a warning), as the broker would refuse
-        them."""
+        them. Returns itself."""
         options = self.options or {}
         if not offsets:
             if without_log_problem(options) is not None:
@@ -112,6 +112,7 @@ class SubscriptionState:
         elif self._inbox.offsets and self._consumed > 0:
             self.options = {k: v for k, v in options.items() if k not in START_KEYS}
             self.options["from"] = self._consumed + 1
+        return self
 
     def _reset(self) -> None:
         """The connection was replaced: what was received and not consumed

@@ -6,9 +6,14 @@
   them, and the walk is reused for a second; the series count does not grow
   with the connections: per-connection series exist for the ``metrics_top``
   connections with the most debt and as many with the longest backlog, and
-  broker-wide families sum every connection.
+  broker-wide families sum every connection. A broker with a data directory
+  also exports its topic logs (:mod:`._log_specs`): per-topic series for the
+  ``metrics_top`` topics with the most bytes and as many with the most lag,
+  broker-wide figures over every log; a memory-only broker exports those
+  families without series.
 - :func:`stat_document` is the same state as one bounded JSON-ready ``dict``
-  (what ``broker stat`` shows; :mod:`._stat`).
+  (what ``broker stat`` shows; :mod:`._stat`, its ``logs`` section
+  :mod:`._log_stat`).
 - :func:`serve_metrics` serves both, and the probes ``/healthz`` and
   ``/readyz``, over HTTP/1.1 (parsed by ``h11``) on trio, in the broker's own
   thread (:mod:`._http`).
@@ -19,13 +24,13 @@ another thread.
 
 from ._collector import BrokerCollector, Snapshot, metrics_registry
 from ._http import serve_metrics
+from ._spec import MetricSpec
 from ._specs import (
     CHANNEL_KINDS,
     CLIENT_NAME_LIMIT,
     DELIVERY_DROP_REASONS,
     DROP_REASONS,
     METRICS,
-    MetricSpec,
     sanitise_label,
 )
 from ._stat import build_stat_document, stat_document

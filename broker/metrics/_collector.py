@@ -11,16 +11,16 @@ points at), so the series count does not grow with the connections. Its
 result (:class:`Snapshot`, families and their text) is reused for
 ``max_age`` seconds, and scrapes that arrive while a walk is under way wait
 for that walk instead of starting another.
+
+The walk then visits every open topic log the same way (:mod:`._log_walk`).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,7 +29,9 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from broker import __version__
 
 from ._figures import Figures, Totals, connection_figures
+from ._log_walk import LogFigures, add_log_families, log_walk
 from ._specs import METRICS, sanitise_label
+from ._walking import Best, Walk, run_in_pieces, run_now
 
 log = logging.getLogger("broker.metrics")
 
@@ -43,51 +45,6 @@ MAX_AGE: Final = 1.0
 #: Unsent output that puts a connection with no queued deliveries among those
 #: behind (less is a heartbeat or a reply on its way, not a backlog).
 BACKLOG_UNSENT: Final = 64 * 1024
-
-T = TypeVar("T")
-#: A walk: a generator that yields where the loop may take a turn, and returns its result.
-Walk = Generator[None, None, T]
-
-
-def run_now(walk: Walk[T]) -> T:
-    """The result of ``walk``, run to its end without giving the loop a turn."""
-    try:
-        while True:
-            next(walk)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-
-
-async def run_in_pieces(walk: Walk[T]) -> T:
-    """The result of ``walk``, with a trio checkpoint wherever it yields."""
-    try:
-        while True:
-            next(walk)
-            await trio.lowlevel.checkpoint()
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-
-
-class _Best(Generic[T]):
-    """The ``n`` items offered with the largest keys (ties: the first offered)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self._heap: list[tuple[tuple[float, ...], int, T]] = []
-        self._offered = itertools.count()
-
-    def offer(self, key: tuple[float, ...], item: T) -> None:
-        entry = (key, -next(self._offered), item)
-        if len(self._heap) < self.n:
-            heapq.heappush(self._heap, entry)
-        elif self._heap and self._heap[0][:2] < entry[:2]:
-            heapq.heapreplace(self._heap, entry)
-
-    def best(self) -> list[T]:
-        """The items kept, the largest key first."""
-        return [item for *_, item in sorted(self._heap, key=lambda e: e[:2], reverse=True)]
 
 
 @dataclass(slots=True)
@@ -113,6 +70,8 @@ class Snapshot:
     queued_deliveries: int
     finished: float
     rendered: bytes | None = None
+    #: The topic logs' figures (None: a memory-only broker).
+    logs: LogFigures | None = None
 
     def text(self) -> bytes:
         """The families in the Prometheus text format (rendered at once if
@@ -160,6 +119,10 @@ class BrokerCollector:
       most queued deliveries, then unsent bytes (only connections with queued
       deliveries or :data:`BACKLOG_UNSENT` unsent bytes).
       A closed connection's series are gone from the next walk on.
+    - The topic log families (:mod:`._log_specs`) carry at most ``2 * top``
+      topics (the most bytes, blocked first, then the most lag) and
+      broker-wide figures over every open log; a memory-only broker exports
+      them without series.
     - Each per-connection family with a ``total`` is summed over every
       connection into its broker-wide family; a counter's total includes what
       connections counted before they closed (while this collector existed),
@@ -268,8 +231,8 @@ class BrokerCollector:
         broker = self.broker
         totals = self._closed.copy()  # before the list: a connection closing later counts once
         live = broker.connection_views()
-        indebted: _Best[tuple[ConnectionView, Figures]] = _Best(self.top)
-        behind: _Best[tuple[ConnectionView, Figures]] = _Best(self.top)
+        indebted: Best[tuple[ConnectionView, Figures]] = Best(self.top)
+        behind: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         self.visited = 0
         for index, connection in enumerate(live):
             if index and index % self.chunk == 0:
@@ -292,7 +255,7 @@ class BrokerCollector:
                 behind.offer(backlog, (connection, figures))
         topics = list(broker.topics.values())
         subscriptions = queued = 0
-        busiest: _Best[tuple[Topic, int]] = _Best(self.top)
+        busiest: Best[tuple[Topic, int]] = Best(self.top)
         for index, topic in enumerate(topics):
             if index and index % self.chunk == 0:
                 yield
@@ -300,6 +263,7 @@ class BrokerCollector:
             waiting = sum(s.queued for s in topic.subscriptions)
             queued += waiting
             busiest.offer((waiting, topic.messages_in), (topic, waiting))
+        logs = yield from log_walk(broker, self.top, self.chunk)
         top = indebted.best()
         chosen = {connection.serial for connection, _ in top}
         top += [entry for entry in behind.best() if entry[0].serial not in chosen]
@@ -322,6 +286,7 @@ class BrokerCollector:
             subscriptions=subscriptions,
             queued_deliveries=queued,
             finished=0.0,
+            logs=logs,
         )
         snapshot.families = yield from self._families(snapshot, top)
         snapshot.finished = trio.current_time()
@@ -387,6 +352,7 @@ class BrokerCollector:
             add("broker_principal_connections", [name], usage.connections)
             add("broker_principal_buffer_reserved_bytes", [name], usage.buffer_reserved)
             add("broker_principal_buffer_budget_bytes", [name], usage.buffer_budget)
+        add_log_families(families, snapshot.logs)
         for index, (connection, figures) in enumerate(top):
             if index and index % self.chunk == 0:
                 yield

@@ -5,7 +5,9 @@ connection (``conn-N``), ``kind`` a channel kind (``publish``, ``deliver``,
 ``bind``), ``reason`` one of a fixed list. The only client-supplied string
 exported as a label is the client's name, on the info gauge
 ``broker_connection_info``, cut to :data:`CLIENT_NAME_LIMIT` characters with
-non-printable characters replaced (:func:`sanitise_label`).
+non-printable characters replaced (:func:`sanitise_label`), and the topic
+name (``topic``) on the topic log families of the few topics they detail
+(:mod:`._log_specs`).
 
 The series count does not grow with the connections: the per-connection
 families (``broker_connection_*``) carry the few connections with the most
@@ -17,16 +19,12 @@ broker-wide family (``broker_connection_sent_bytes_total`` ->
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal
-
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
+from typing import Final
 
 from broker.protocol import Channel, ChannelKind
+
+from ._log_specs import LOG_METRICS
+from ._spec import MetricSpec
 
 #: Values of the ``kind`` label: the channel kinds as the broker sees them.
 CHANNEL_KINDS: Final = ("publish", "deliver", "bind")
@@ -66,31 +64,6 @@ def sanitise_label(text: str, limit: int = CLIENT_NAME_LIMIT) -> str:
 def kind_name(channel: Channel) -> str:
     """The ``kind`` label value of ``channel``."""
     return _KIND_NAMES.get(channel.kind, "unknown")
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One exported metric family: its full name, type, help text and label names.
-
-    A counter's ``name`` ends in ``_total``; its family name is ``name``
-    without that suffix (as prometheus_client names counter families).
-    ``total``, on a per-connection family, names the broker-wide family that
-    sums it over every connection (its labels without ``connection``).
-    """
-
-    name: str
-    type: Literal["gauge", "counter", "histogram"]
-    documentation: str
-    labels: tuple[str, ...] = ()
-    total: str = ""
-
-    def family(self) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
-        """A new, empty metric family for this spec."""
-        if self.type == "counter":
-            return CounterMetricFamily(self.name, self.documentation, labels=self.labels)
-        if self.type == "histogram":
-            return HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
-        return GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
 
 
 _C = ("connection",)
@@ -494,4 +467,6 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         ("connection", "reason"),
         total="broker_dropped_deliveries_total",
     ),
+    # -- topic logs (a broker with a data directory; see _log_specs)
+    *LOG_METRICS,
 )

@@ -14,13 +14,16 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from broker.protocol import Channel, ChannelKind
 from broker.server import BrokerStatistics, DroppingSubscription
 
-from ._collector import BrokerCollector, Snapshot, Walk, run_in_pieces, run_now
+from ._collector import BrokerCollector, Snapshot
+from ._log_stat import logs_document, reader_document
+from ._log_walk import LogReading
 from ._specs import kind_name, sanitise_label
+from ._walking import Walk, run_in_pieces, run_now
 
 if TYPE_CHECKING:
     from accounts import Account
@@ -79,11 +82,17 @@ def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> d
                           "channels_total", "subscriptions_total",
                           "channels": [{"kind", "channel", "direction", ...}],
                           "subscriptions": [{"handle", "topic", "mode", ...}]}],
-         "topics": [{"name", "publishers", "subscriptions", "queued", "messages_in"}]}
+         "topics": [{"name", "publishers", "subscriptions", "queued", "messages_in"}],
+         "logs": null, or the topic logs (see :func:`._log_stat.logs_document`)}
 
     ``connections`` lists the collector's detailed connections (the most debt
     first, then the longest backlog); ``topics`` its ``top`` topics, most
-    queued deliveries first.
+    queued deliveries first. ``logs`` is ``null`` for a memory-only broker;
+    with a data directory it has the log figures, the topics the metrics
+    detail (the most bytes, blocked first, then the most lag) with their
+    reliable subscriptions' positions, and the durable cursors. A reliable
+    subscription of a detailed connection that reads the log also shows
+    ``acked``, ``lag`` (records) and ``cursor``.
     ``client`` is sanitised like the metrics label. Topic names are given in
     full (JSON escapes them).
     """
@@ -123,6 +132,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         if connection is not None:  # else it closed since the walk
             connections.append(_connection_document(connection))
             yield
+    logs = yield from logs_document(broker, snapshot.logs)
     config = broker.config
     statistics = BrokerStatistics(
         connections=len(broker.connections),
@@ -173,7 +183,14 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         "topics_total": snapshot.topics,
         "connections": connections,
         "topics": [dict(topic) for topic in snapshot.top_topics],
+        "logs": logs,
     }
+
+
+def _log_fields(subscription: object) -> dict[str, Any]:
+    """``acked``, ``lag`` and ``cursor`` of a subscription that reads its topic's log."""
+    fields = reader_document(cast("LogReading", subscription))
+    return {key: fields[key] for key in ("acked", "lag", "gaps_sent", "cursor")}
 
 
 def _connection_document(connection: ConnectionView) -> dict[str, Any]:
@@ -247,6 +264,7 @@ def _connection_document(connection: ConnectionView) -> dict[str, Any]:
                     if isinstance(subscription, DroppingSubscription)
                     else {}
                 ),
+                **(_log_fields(subscription) if subscription.reads_log else {}),
             }
             for subscription in subscriptions[:LIST_LIMIT]
         ],

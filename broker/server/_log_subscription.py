@@ -53,6 +53,10 @@ class CursorBook(Protocol):
         it survives the broker being killed)."""
         ...
 
+    def items(self) -> list[tuple[str, int]]:
+        """Every stored cursor, as ``(key, position)``, sorted by key."""
+        ...
+
 
 class MemoryCursors:
     """A :class:`CursorBook` that forgets at a restart (tests, and a store without a journal)."""
@@ -65,6 +69,9 @@ class MemoryCursors:
 
     def store(self, key: str, position: int) -> None:
         self.positions[key] = position
+
+    def items(self) -> list[tuple[str, int]]:
+        return sorted(self.positions.items())
 
 
 class LogSubscriber(Subscriber, Protocol):

@@ -16,6 +16,7 @@ import trio
 from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, StateJournal, TopicLog
 
 from ._log_subscription import CursorBook
+from ._session import Histogram
 from ._topic import Topic
 
 log = logging.getLogger("broker.server")
@@ -26,6 +27,9 @@ TEND_INTERVAL = 0.1
 EXPIRE_INTERVAL = 10.0
 #: How often a batch waiting for the disk is retried.
 RETRY_INTERVAL = 1.0
+#: Upper bounds (seconds) of the fsync time histogram: an SSD syncs in about
+#: a millisecond, a busy disk or network volume in tens to hundreds.
+FSYNC_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class LogSettings(Protocol):
@@ -47,6 +51,9 @@ class JournalCursors:
     def position(self, key: str) -> int | None:
         value = self._journal.get(self.SPACE, key)
         return value if type(value) is int else None
+
+    def items(self) -> list[tuple[str, int]]:
+        return [(k, v) for k, v in self._journal.items(self.SPACE) if type(v) is int]
 
     def store(self, key: str, position: int) -> None:
         self._journal.put(self.SPACE, key, position)
@@ -81,6 +88,8 @@ class TopicLogs:
         self.appends = 0
         self.fsyncs = 0
         self.fsync_seconds = 0.0
+        #: The time of each timed fsync (the batch flushes :meth:`tend` does).
+        self.fsync_times = Histogram(FSYNC_BOUNDS)
         self.append_errors = 0
 
     def open(self, name: str) -> TopicLog:
@@ -157,8 +166,10 @@ class TopicLogs:
                 log.error("topic %r: fsync failed: %s", topic_log.topic[:64], job.error)
                 self._dirty.add(topic_log)
                 continue
+            took = time.perf_counter() - started
             self.fsyncs += 1
-            self.fsync_seconds += time.perf_counter() - started
+            self.fsync_seconds += took
+            self.fsync_times.observe(took)
 
     def retry(self) -> None:
         """Retry the topics whose batches wait for room or the disk."""

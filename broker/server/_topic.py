@@ -399,8 +399,9 @@ class Topic(Actor):
                 # move on, which is what makes room).
                 with contextlib.suppress(LogError):
                     log.write()
-                    host.log_written(log, appended)
                     self._wake_at_tail(None, 0)
+            if appended:
+                host.log_written(log, appended)  # counted once, when appended
             return False
         host.log_written(log, appended)
         self.log_error = None

@@ -10,6 +10,7 @@ import pty
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from broker.cli._stat_text import render
 
-from .helpers import TIMEOUT, Served, Subscriber, broker_command, interrupt, run
+from .helpers import TIMEOUT, Served, Subscriber, broker_command, interrupt, run, serving
 
 
 def test_the_text_shows_budgets_topics_and_subscriptions(served: Served) -> None:
@@ -175,11 +176,21 @@ def stat_references() -> set[str]:
     }
 
 
-def test_what_the_operations_runbooks_name_is_in_the_text(served: Served) -> None:
+@pytest.fixture
+def served_with_logs(tmp_path: Path) -> Iterator[Served]:
+    """A running ``broker serve`` that keeps topic logs (in a fresh data directory)."""
+    with serving("--data-dir", str(tmp_path / "data")) as broker:
+        yield broker
+
+
+def test_what_the_operations_runbooks_name_is_in_the_text(served_with_logs: Served) -> None:
     """Before: the runbooks pointed at `budgets` and `topics[].queued`, which
-    only `broker stat --json` showed."""
+    only `broker stat --json` showed. (A broker with topic logs: the topic
+    log runbooks name what its text shows of them.)"""
+    served = served_with_logs
     names = stat_references()
     assert {"budgets", "buffer_reserved", "topics", "queued", "debt"} <= names
+    assert {"first_offset", "last_offset", "position", "acked", "lag"} <= names
     subscriber = Subscriber("news", "--broker", served.address)
     publisher = subprocess.Popen(
         broker_command("pub", "news", "--broker", served.address),

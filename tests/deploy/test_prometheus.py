@@ -35,6 +35,11 @@ EXPECTED_ALERTS = {
     "BrokerQueuedDeliveriesGrowing",
     "BrokerInternalErrors",
     "BrokerStagingNearlyFull",
+    # the topic logs (issue 21)
+    "BrokerDataDirNearlyFull",
+    "BrokerTopicBlocked",
+    "BrokerLogAppendErrors",
+    "BrokerSubscriptionLagging",
 }
 
 

@@ -1,0 +1,171 @@
+"""The ``logs`` section of ``/stat.json``: the topic logs, their reliable
+subscriptions and the durable cursors (a broker with a data directory).
+
+Bounded like the rest of the document: the topics a walk details (see
+:mod:`._log_walk`), up to :data:`LIST_LIMIT` subscriptions of each, and up
+to :data:`LIST_LIMIT` durable cursors (the most lag first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from ._log_walk import LogFigures, LogReading, log_readers
+from ._walking import Best, Walk
+
+if TYPE_CHECKING:
+    from broker.log import TopicLog
+    from broker.server import Broker
+
+#: Most subscriptions listed per topic, and most durable cursors listed.
+LIST_LIMIT: Final = 256
+#: Cursors (or topics) visited between two turns of the loop.
+CHUNK: Final = 64
+
+
+def cursor_parts(key: str) -> tuple[str | None, str, str]:
+    """``(principal, topic, cursor name)`` of a durable cursor's stored key
+    (principal None: an unauthenticated broker)."""
+    principal, _, rest = key.partition("\x00")
+    topic, _, name = rest.partition("\x00")
+    return principal or None, topic, name
+
+
+def reader_document(reader: LogReading) -> dict[str, Any]:
+    """One reliable log subscription: ``position`` (the next offset it sends),
+    ``acked`` (the last offset its subscriber processed), ``lag`` (records
+    retained and not processed), its durable cursor's name if it has one."""
+    key = reader.cursor_key
+    return {
+        "connection": reader.connection.name,
+        "handle": reader.handle,
+        "position": reader.next_seq,
+        "acked": reader.acked,
+        "lag": reader.lag,
+        "gaps_sent": reader.gaps_sent,
+        "cursor": cursor_parts(key)[2] if key is not None else None,
+    }
+
+
+class ListsCursors(Protocol):
+    """A cursor book that lists what it stores."""
+
+    def items(self) -> list[tuple[str, int]]: ...
+
+
+def _stored_cursors(book: ListsCursors) -> Iterable[tuple[str, int]]:
+    """Every stored cursor of ``book`` as ``(key, position)`` (a copy: the
+    walk gives the loop turns)."""
+    return book.items()
+
+
+def _cursors(broker: Broker, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any]]:
+    """The durable cursors: every stored one if the cursor book lists them,
+    else those of live subscriptions; the :data:`LIST_LIMIT` with the most lag."""
+    book = broker.cursors
+    stored = _stored_cursors(book) if book is not None else None
+    live: dict[str, LogReading] = {}
+    for index, live_topic in enumerate(list(broker.topics.values())):
+        if index and index % CHUNK == 0:
+            yield
+        for reader in log_readers(live_topic):
+            if reader.cursor_key is not None:
+                live[reader.cursor_key] = reader
+    if stored is None:
+        positions: Iterable[tuple[str, int | None]] = (
+            (key, book.position(key) if book is not None else None) for key in live
+        )
+    else:
+        positions = stored
+    kept: Best[dict[str, Any]] = Best(LIST_LIMIT)
+    total = 0
+    for index, (key, position) in enumerate(positions):
+        if index and index % CHUNK == 0:
+            yield
+        total += 1
+        principal, topic, name = cursor_parts(key)
+        topic_log = logs.get(topic)
+        lag = None
+        if topic_log is not None and not topic_log.closed and position is not None:
+            lag = max(0, topic_log.next_offset - max(position, topic_log.first_offset))
+        entry = {
+            "principal": principal,
+            "topic": topic,
+            "cursor": name,
+            "position": position,
+            "lag": lag,
+            "subscribed": key in live,
+        }
+        kept.offer((-1 if lag is None else lag,), entry)
+    return {
+        "cursors_listed": "live" if stored is None else "stored",
+        "cursors_total": total,
+        "cursors": kept.best(),
+    }
+
+
+def logs_document(broker: Broker, figures: LogFigures | None) -> Walk[dict[str, Any] | None]:
+    """The ``logs`` section (None for a memory-only broker)::
+
+        {"data_dir", "free_bytes", "size_bytes", "topics_total", "bytes", "terms",
+         "blocked_topics", "max_lag", "subscriptions", "appends", "append_errors",
+         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes",
+         "topics": [{"name", "first_offset", "last_offset", "bytes", "terms",
+                     "held", "blocked", "error", "lag", "subscriptions_total",
+                     "subscriptions": [{"connection", "handle", "position", "acked",
+                                        "lag", "gaps_sent", "cursor"}]}],
+         "cursors_listed": "stored" | "live", "cursors_total": N,
+         "cursors": [{"principal", "topic", "cursor", "position", "lag", "subscribed"}]}
+
+    Offsets are topic offsets (the first record is 1); a subscription's
+    ``position`` is the next offset it sends, ``acked`` the last its
+    subscriber processed; a cursor's ``position`` the next offset it wants.
+    Lags are in records. ``cursors_listed`` says whether ``cursors`` come
+    from the stored cursors ("stored") or, when the cursor store cannot list
+    them, from the live subscriptions only ("live").
+    """
+    if figures is None:
+        return None
+    topics: list[dict[str, Any]] = []
+    for one in figures.top:
+        topic = broker.topics.get(one.name)
+        readers = log_readers(topic) if topic is not None else []
+        topics.append(
+            {
+                "name": one.name,
+                "first_offset": one.first_offset,
+                "last_offset": one.last_offset,
+                "bytes": one.bytes,
+                "terms": one.terms,
+                "held": one.held,
+                "blocked": one.blocked,
+                "error": one.error,
+                "lag": one.lag,
+                "subscriptions_total": len(readers),
+                "subscriptions": [reader_document(r) for r in readers[:LIST_LIMIT]],
+            }
+        )
+        yield
+    logs = broker.logs
+    opened = logs.store.open_logs() if logs is not None else {}
+    cursors = yield from _cursors(broker, opened)
+    return {
+        "data_dir": figures.data_dir,
+        "free_bytes": figures.free_bytes,
+        "size_bytes": figures.size_bytes,
+        "topics_total": figures.logs,
+        "bytes": figures.bytes,
+        "terms": figures.terms,
+        "blocked_topics": figures.blocked,
+        "max_lag": figures.max_lag,
+        "subscriptions": figures.subscriptions,
+        "appends": figures.appends,
+        "append_errors": figures.append_errors,
+        "fsyncs": figures.fsyncs,
+        "fsync_seconds": figures.fsync_seconds,
+        "truncated_records": figures.truncated_records,
+        "truncated_bytes": figures.truncated_bytes,
+        "topics": topics,
+        **cursors,
+    }

@@ -192,7 +192,13 @@ class LogSubscription(Subscription):
 
     @property
     def queued(self) -> int:
-        """Records in the log waiting to be sent (the subscription's lag)."""
+        """Deliveries waiting in memory: none (what it has not sent waits in
+        the log, on disk: see :attr:`unsent` and :attr:`lag`)."""
+        return 0
+
+    @property
+    def unsent(self) -> int:
+        """Records in the log not sent yet."""
         return max(0, self.log.next_offset - max(self.next_seq, self.log.first_offset))
 
     @property

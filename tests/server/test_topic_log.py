@@ -280,3 +280,19 @@ async def test_a_torn_tail_is_cut_at_start_up_and_the_rest_served(tmp_path: Path
         (after,) = await read(url(broker), "t", 1, {"from": 20})
     assert [m.payload for m in got] == [b"r%d" % i for i in range(1, 20)]
     assert (after.seq, after.payload) == (20, b"next")
+
+
+async def test_flush_always_confirms_only_what_is_fsynced(tmp_path: Path) -> None:
+    from broker.config import TopicRule
+
+    config = log_config(tmp_path, topics=(TopicRule("sync.*", flush="always"),))
+    async with running_broker(config) as broker:
+        await publish(url(broker), "sync.t", [b"s%d" % i for i in range(50)])
+        await publish(url(broker), "batch.t", [b"b%d" % i for i in range(50)])
+        logs = broker.logs
+        assert logs is not None
+        synced, batched = (logs.store.open_logs()[name] for name in ("sync.t", "batch.t"))
+        # Confirmed: fsynced with "always"; with "batch" written (fsynced within a second).
+        assert synced.durable_offset == synced.written_offset == 50
+        assert batched.written_offset == 50
+        await wait_until(lambda: batched.durable_offset == 50, what="the batch fsync")

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from ._log_walk import LogFigures, LogReading, log_readers
+from ._log_walk import LogFigures, LogReading, LogsHost, log_readers
 from ._walking import Best, Walk
 
 if TYPE_CHECKING:
     from broker.log import TopicLog
-    from broker.server import Broker
 
 #: Most subscriptions listed per topic, and most durable cursors listed.
 LIST_LIMIT: Final = 256
@@ -60,7 +59,7 @@ def _stored_cursors(book: ListsCursors) -> Iterable[tuple[str, int]]:
     return book.items()
 
 
-def _cursors(broker: Broker, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any]]:
+def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any]]:
     """The durable cursors: every stored one if the cursor book lists them,
     else those of live subscriptions; the :data:`LIST_LIMIT` with the most lag."""
     book = broker.cursors
@@ -105,7 +104,7 @@ def _cursors(broker: Broker, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any
     }
 
 
-def logs_document(broker: Broker, figures: LogFigures | None) -> Walk[dict[str, Any] | None]:
+def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str, Any] | None]:
     """The ``logs`` section (None for a memory-only broker)::
 
         {"data_dir", "free_bytes", "size_bytes", "topics_total", "bytes", "terms",

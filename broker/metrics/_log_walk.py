@@ -19,10 +19,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ._walking import Best, Walk
 
 if TYPE_CHECKING:
-    from broker.server import Broker, Topic
+    from broker.server import Topic
+    from broker.server._log_subscription import CursorBook
+    from broker.server._logs import TopicLogs
 
 #: Longest topic name exported as a label value (a valid name never is longer).
 TOPIC_LABEL_LIMIT = 256
+
+
+class LogsHost(Protocol):
+    """What the log figures read of the broker (``Broker`` is one)."""
+
+    @property
+    def logs(self) -> TopicLogs | None:
+        """The broker's topic logs (None: memory-only)."""
+        ...
+
+    @property
+    def topics(self) -> Mapping[str, Topic]: ...
+
+    @property
+    def cursors(self) -> CursorBook | None: ...
 
 
 class _Named(Protocol):
@@ -123,7 +140,7 @@ class LogFigures:
     top: list[TopicLogFigures] = field(default_factory=list)
 
 
-def log_walk(broker: Broker, top: int, chunk: int) -> Walk[LogFigures | None]:
+def log_walk(broker: LogsHost, top: int, chunk: int) -> Walk[LogFigures | None]:
     """The figures of ``broker``'s topic logs (None for a memory-only broker),
     yielding after every ``chunk`` logs. Details ``top`` topics with the most
     bytes (blocked ones first) and up to ``top`` more with the most lag."""

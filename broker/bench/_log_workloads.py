@@ -1,0 +1,243 @@
+"""The topic-log workloads of ``broker bench broker`` (issue 21's "Must show").
+
+Each runs against a broker process that keeps topic logs in a fresh
+temporary data directory (default log settings: ``flush = "batch"``), and
+is reported beside the memory-only figures of the same run:
+
+- 1->1 and 1->10 with the log on, as ratios of the memory-only rates
+  (target >= 0.8), with the broker's CPU per million;
+- replay: records published first, then read by a new subscription from
+  ``"earliest"``, as a rate and as a ratio of the live 1->1 rate (target >= 1);
+- the slow consumer on ONE topic: a subscriber reading at 200 KB/s and one
+  flat out; the fast one's rate as a ratio of its rate with no slow
+  subscriber (target >= 0.8), loss counted at both by offset (gaps and
+  duplicates), the broker's anonymous RSS growth (target < 64 MiB) and
+  the data directory's disk use (within ``retain_bytes`` plus one term).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from broker.config import BrokerConfig
+
+from ._procs import (
+    broker_process,
+    cpu_seconds,
+    median_runs,
+    proc_status,
+    wait_ready,
+    worker,
+    worker_result,
+)
+
+MiB = 1 << 20
+#: The slow subscriber's reading rate (payload bytes per second).
+SLOW_READER_BYTES_PER_S = 200_000
+#: Payload size of every workload here (the publisher worker's default).
+PAYLOAD = 100
+
+
+@contextmanager
+def log_broker() -> Iterator[tuple[str, subprocess.Popen[str], str]]:
+    """A broker process keeping topic logs in a fresh temporary directory
+    (removed afterwards): ``(url, process, data_dir)``."""
+    with (
+        tempfile.TemporaryDirectory(prefix="broker-bench-log-") as data_dir,
+        broker_process(data_dir=data_dir) as (url, process),
+    ):
+        yield url, process, data_dir
+
+
+def disk_use(path: str) -> int:
+    """Bytes the files under ``path`` occupy on disk (allocated blocks)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # deleted by retention meanwhile
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def throughput(
+    url: str, process: subprocess.Popen[str], runs: int, count: int, memory: dict[str, float]
+) -> dict[str, Any]:
+    """1->1 and 1->10 on the log broker at ``url``, as rates and as ratios of
+    ``memory`` (the memory-only figures of the same run)."""
+    cpu0 = cpu_seconds(process.pid)
+    one = median_runs(url, runs, count, 1)
+    cpu1 = cpu_seconds(process.pid)
+    fan = median_runs(url, runs, count // 2, 10)
+    cpu2 = cpu_seconds(process.pid)
+    return {
+        "log_one_to_one_msgs_per_s": one["per_s"],
+        "log_one_to_one_ratio": one["per_s"] / memory["one_to_one_msgs_per_s"],
+        "log_one_to_one_lost": one["lost"],
+        "log_one_to_one_broker_cpu_s_per_million": (cpu1 - cpu0) / (count * runs) * 1e6,
+        "log_fanout_1_to_10_deliveries_per_s": fan["per_s"],
+        "log_fanout_ratio": fan["per_s"] / memory["fanout_1_to_10_deliveries_per_s"],
+        "log_fanout_lost": fan["lost"],
+        "log_fanout_broker_cpu_s_per_million_deliveries": (
+            (cpu2 - cpu1) / (count // 2 * 10 * runs) * 1e6
+        ),
+    }
+
+
+def replay(url: str, count: int, live_one_to_one: float, log_one_to_one: float) -> dict[str, Any]:
+    """``count`` records published (and confirmed), then all read by a new
+    subscription from ``"earliest"``."""
+    pub = worker({"role": "pub", "url": url, "topics": [{"name": "replay"}], "count": count})
+    published = worker_result(pub, 600)
+    reader = worker(
+        {
+            "role": "logsub",
+            "url": url,
+            "topic": "replay",
+            "options": {"from": "earliest"},
+            "count": count,
+            "idle": 30.0,
+        }
+    )
+    wait_ready(reader)
+    got = worker_result(reader, 600)
+    seconds = max((got["last"] - got["subscribed"]) / 1e9, 1e-9)
+    rate = got["received"] / seconds
+    return {
+        "replay_records": count,
+        "replay_publish_msgs_per_s": count / ((published["end"] - published["start"]) / 1e9),
+        "replay_records_per_s": rate,
+        "replay_ratio": rate / live_one_to_one,
+        "replay_ratio_to_log_one_to_one": rate / log_one_to_one,
+        "replay_first_offset": got["first_offset"],
+        "replay_lost": count - got["received"] + got["gaps"],
+        "replay_duplicates": got["duplicates"],
+    }
+
+
+def _fast_rate(got: dict[str, Any]) -> float:
+    return got["received"] / max((got["last"] - got["first"]) / 1e9, 1e-9)
+
+
+def _publish_for(url: str, topic: str, duration: float) -> dict[str, Any]:
+    pub = worker({"role": "pub", "url": url, "topics": [{"name": topic}], "duration": duration})
+    return worker_result(pub, duration * 4 + 300)
+
+
+def shared_slow_consumer(
+    url: str, process: subprocess.Popen[str], data_dir: str, duration: float, alone: float
+) -> dict[str, Any]:
+    """A publisher flat out to one topic read by a fast subscriber alone for
+    ``alone`` seconds (topic "alone"), then, on a second topic ("shared"),
+    by a fast subscriber and one reading at 200 KB/s for ``duration``
+    seconds (then catching up flat out, so every record is counted in)."""
+    fast_spec = {"role": "logsub", "url": url, "idle": 3.0, "name": "bench-fast"}
+    fast_alone = worker({**fast_spec, "topic": "alone"})
+    wait_ready(fast_alone)
+    rss_start = proc_status(process.pid, "RssAnon")
+    alone_published = _publish_for(url, "alone", alone)
+    alone_got = worker_result(fast_alone, alone * 4 + 300)
+
+    samples: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            samples.append((proc_status(process.pid, "RssAnon"), disk_use(data_dir)))
+
+    # The slow subscriber reads slowly a little longer than the publisher
+    # publishes: it is slow all the while the fast one is measured.
+    slow = worker(
+        {
+            **fast_spec,
+            "name": "bench-slow",
+            "topic": "shared",
+            "rate_bytes": SLOW_READER_BYTES_PER_S,
+            "duration": duration + 3,
+        }
+    )
+    fast = worker({**fast_spec, "topic": "shared"})
+    wait_ready(slow)
+    wait_ready(fast)
+    rss_shared_start = proc_status(process.pid, "RssAnon")
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        published = _publish_for(url, "shared", duration)
+        fast_got = worker_result(fast, duration * 4 + 300)
+        slow_got = worker_result(slow, duration * 4 + 600)
+    finally:
+        stop.set()
+        sampler.join()
+    sent = published["sent"]["shared"]
+    slow_rated_s = max((slow_got["rated_last"] - slow_got["first"]) / 1e9, 1e-9)
+    settings = BrokerConfig().log_config("shared")
+    limit = settings.retain_bytes + settings.term_bytes
+    rss_max = max([rss for rss, _disk in samples] or [rss_shared_start])
+    disk_max = max([disk for _rss, disk in samples] or [0])
+    alone_rate = _fast_rate(alone_got)
+    lost = sum(sent - got["received"] + got["gaps"] for got in (fast_got, slow_got))
+    return {
+        "log_slow_duration_s": duration,
+        "log_slow_fast_alone_msgs_per_s": alone_rate,
+        "log_slow_fast_alone_lost": (
+            alone_published["sent"]["alone"] - alone_got["received"] + alone_got["gaps"]
+        ),
+        "log_slow_fast_msgs_per_s": _fast_rate(fast_got),
+        "log_slow_fast_ratio": _fast_rate(fast_got) / alone_rate,
+        "log_slow_slow_reader_msgs_per_s": slow_got["rated_received"] / slow_rated_s,
+        "log_slow_published": sent,
+        "log_slow_fast_received": fast_got["received"],
+        "log_slow_slow_received": slow_got["received"],
+        "log_slow_lost": lost,
+        "log_slow_duplicates": fast_got["duplicates"] + slow_got["duplicates"],
+        "log_slow_broker_rss_anon_start_mib": rss_start / MiB,
+        "log_slow_broker_rss_anon_max_mib": rss_max / MiB,
+        "log_slow_broker_rss_anon_growth_mib": (rss_max - rss_start) / MiB,
+        "log_slow_broker_rss_anon_growth_shared_mib": (rss_max - rss_shared_start) / MiB,
+        "log_slow_disk_max_mib": disk_max / MiB,
+        "log_slow_disk_limit_mib": limit / MiB,
+        "log_slow_disk_within_limit": disk_max <= limit,
+    }
+
+
+def run_log_workloads(
+    quick: bool,
+    progress: Callable[[str], None],
+    memory: dict[str, float],
+    *,
+    runs: int,
+    count: int,
+    slow_seconds: float,
+) -> dict[str, Any]:
+    """Every workload above; ``memory`` holds the same run's memory-only
+    ``one_to_one_msgs_per_s`` and ``fanout_1_to_10_deliveries_per_s``."""
+    results: dict[str, Any] = {}
+    started = time.perf_counter()
+    replay_count = 100_000 if quick else 1_000_000
+    with log_broker() as (url, process, _data_dir):
+        progress(f"log: 1->1 and 1->10, {runs} x {count:,} messages each")
+        results.update(throughput(url, process, runs, count, memory))
+        progress(f"log: replay of {replay_count:,} records from earliest")
+        results.update(
+            replay(
+                url,
+                replay_count,
+                memory["one_to_one_msgs_per_s"],
+                results["log_one_to_one_msgs_per_s"],
+            )
+        )
+        results["log_broker_peak_rss_mib"] = proc_status(process.pid, "VmHWM") / MiB
+    with log_broker() as (url, process, data_dir):
+        alone = min(slow_seconds, 10.0)
+        progress(f"log: slow consumer on one topic, {alone:.0f} s alone + {slow_seconds:.0f} s")
+        results.update(shared_slow_consumer(url, process, data_dir, slow_seconds, alone))
+    results["log_bench_seconds"] = time.perf_counter() - started
+    return results

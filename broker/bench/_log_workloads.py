@@ -126,24 +126,46 @@ def _fast_rate(got: dict[str, Any]) -> float:
     return got["received"] / max((got["last"] - got["first"]) / 1e9, 1e-9)
 
 
+def _seconds(published: dict[str, Any]) -> float:
+    return max((published["end"] - published["start"]) / 1e9, 1e-9)
+
+
+def _sent_rate(published: dict[str, Any], topic: str) -> float:
+    return float(published["sent"][topic]) / _seconds(published)
+
+
 def _publish_for(url: str, topic: str, duration: float) -> dict[str, Any]:
     pub = worker({"role": "pub", "url": url, "topics": [{"name": topic}], "duration": duration})
     return worker_result(pub, duration * 4 + 300)
 
 
+def _fast_alone(url: str, topic: str, seconds: float) -> dict[str, Any]:
+    """A fast subscriber alone on ``topic`` while a publisher is flat out for ``seconds``."""
+    fast = worker({"role": "logsub", "url": url, "idle": 3.0, "topic": topic})
+    wait_ready(fast)
+    published = _publish_for(url, topic, seconds)
+    got = worker_result(fast, seconds * 4 + 300)
+    return {
+        "rate": _fast_rate(got),
+        "publisher_rate": _sent_rate(published, topic),
+        "lost": published["sent"][topic] - got["received"] + got["gaps"],
+        "duplicates": got["duplicates"],
+    }
+
+
 def shared_slow_consumer(
     url: str, process: subprocess.Popen[str], data_dir: str, duration: float, alone: float
 ) -> dict[str, Any]:
-    """A publisher flat out to one topic read by a fast subscriber alone for
-    ``alone`` seconds (topic "alone"), then, on a second topic ("shared"),
-    by a fast subscriber and one reading at 200 KB/s for ``duration``
-    seconds (then catching up flat out, so every record is counted in)."""
-    fast_spec = {"role": "logsub", "url": url, "idle": 3.0, "name": "bench-fast"}
-    fast_alone = worker({**fast_spec, "topic": "alone"})
-    wait_ready(fast_alone)
+    """A publisher flat out to one topic ("shared") read by a fast
+    subscriber and one reading at 200 KB/s for ``duration`` seconds (then
+    catching up flat out, so every record is counted in); the fast
+    subscriber's rate is compared with its rate alone on a topic (the mean
+    of ``alone`` seconds before and ``alone`` seconds after, so that a
+    machine whose load changes meanwhile skews the ratio less)."""
     rss_start = proc_status(process.pid, "RssAnon")
-    alone_published = _publish_for(url, "alone", alone)
-    alone_got = worker_result(fast_alone, alone * 4 + 300)
+    cpu0 = cpu_seconds(process.pid)
+    before = _fast_alone(url, "alone-before", alone)
+    cpu1 = cpu_seconds(process.pid)
 
     samples: list[tuple[int, int]] = []
     stop = threading.Event()
@@ -152,52 +174,67 @@ def shared_slow_consumer(
         while not stop.wait(0.25):
             samples.append((proc_status(process.pid, "RssAnon"), disk_use(data_dir)))
 
+    fast_spec = {"role": "logsub", "url": url, "idle": 3.0, "topic": "shared"}
     # The slow subscriber reads slowly a little longer than the publisher
     # publishes: it is slow all the while the fast one is measured.
     slow = worker(
         {
             **fast_spec,
             "name": "bench-slow",
-            "topic": "shared",
             "rate_bytes": SLOW_READER_BYTES_PER_S,
             "duration": duration + 3,
         }
     )
-    fast = worker({**fast_spec, "topic": "shared"})
+    fast = worker({**fast_spec, "name": "bench-fast"})
     wait_ready(slow)
     wait_ready(fast)
     rss_shared_start = proc_status(process.pid, "RssAnon")
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
+        cpu2 = cpu_seconds(process.pid)
         published = _publish_for(url, "shared", duration)
         fast_got = worker_result(fast, duration * 4 + 300)
+        cpu3 = cpu_seconds(process.pid)
         slow_got = worker_result(slow, duration * 4 + 600)
     finally:
         stop.set()
         sampler.join()
+    after = _fast_alone(url, "alone-after", alone)
     sent = published["sent"]["shared"]
     slow_rated_s = max((slow_got["rated_last"] - slow_got["first"]) / 1e9, 1e-9)
     settings = BrokerConfig().log_config("shared")
     limit = settings.retain_bytes + settings.term_bytes
     rss_max = max([rss for rss, _disk in samples] or [rss_shared_start])
     disk_max = max([disk for _rss, disk in samples] or [0])
-    alone_rate = _fast_rate(alone_got)
+    alone_rate = (before["rate"] + after["rate"]) / 2
     lost = sum(sent - got["received"] + got["gaps"] for got in (fast_got, slow_got))
+    fast_rate = _fast_rate(fast_got)
     return {
         "log_slow_duration_s": duration,
         "log_slow_fast_alone_msgs_per_s": alone_rate,
-        "log_slow_fast_alone_lost": (
-            alone_published["sent"]["alone"] - alone_got["received"] + alone_got["gaps"]
-        ),
-        "log_slow_fast_msgs_per_s": _fast_rate(fast_got),
-        "log_slow_fast_ratio": _fast_rate(fast_got) / alone_rate,
+        "log_slow_fast_alone_before_msgs_per_s": before["rate"],
+        "log_slow_fast_alone_after_msgs_per_s": after["rate"],
+        "log_slow_fast_alone_lost": before["lost"] + after["lost"],
+        "log_slow_fast_msgs_per_s": fast_rate,
+        "log_slow_fast_ratio": fast_rate / alone_rate,
+        # Where the time went (a busy machine slows everybody): the publisher's
+        # rate and the broker's CPU (cores) alone and with the slow subscriber.
+        "log_slow_publisher_alone_msgs_per_s": (before["publisher_rate"] + after["publisher_rate"])
+        / 2,
+        "log_slow_publisher_msgs_per_s": _sent_rate(published, "shared"),
+        "log_slow_broker_cpu_alone": (cpu1 - cpu0) / alone,
+        "log_slow_broker_cpu": (cpu3 - cpu2) / _seconds(published),
+        "log_slow_slow_reader_cpu_s": slow_got["cpu_s"],
         "log_slow_slow_reader_msgs_per_s": slow_got["rated_received"] / slow_rated_s,
         "log_slow_published": sent,
         "log_slow_fast_received": fast_got["received"],
         "log_slow_slow_received": slow_got["received"],
         "log_slow_lost": lost,
-        "log_slow_duplicates": fast_got["duplicates"] + slow_got["duplicates"],
+        "log_slow_duplicates": fast_got["duplicates"]
+        + slow_got["duplicates"]
+        + before["duplicates"]
+        + after["duplicates"],
         "log_slow_broker_rss_anon_start_mib": rss_start / MiB,
         "log_slow_broker_rss_anon_max_mib": rss_max / MiB,
         "log_slow_broker_rss_anon_growth_mib": (rss_max - rss_start) / MiB,
@@ -237,7 +274,10 @@ def run_log_workloads(
         results["log_broker_peak_rss_mib"] = proc_status(process.pid, "VmHWM") / MiB
     with log_broker() as (url, process, data_dir):
         alone = min(slow_seconds, 10.0)
-        progress(f"log: slow consumer on one topic, {alone:.0f} s alone + {slow_seconds:.0f} s")
+        progress(
+            f"log: slow consumer on one topic for {slow_seconds:.0f} s "
+            f"(and its fast subscriber alone, {alone:.0f} s before and after)"
+        )
         results.update(shared_slow_consumer(url, process, data_dir, slow_seconds, alone))
     results["log_bench_seconds"] = time.perf_counter() - started
     return results

@@ -26,7 +26,7 @@ EXAMPLES = """
   broker bench                                  # every suite (a few minutes)
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
-  broker bench broker --log-only --quick        # the topic-log workloads (and what they compare with)
+  broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
 """
 
 

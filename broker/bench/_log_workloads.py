@@ -123,11 +123,13 @@ def replay(url: str, count: int, live_one_to_one: float, log_one_to_one: float) 
 
 
 def _fast_rate(got: dict[str, Any]) -> float:
-    return got["received"] / max((got["last"] - got["first"]) / 1e9, 1e-9)
+    """Messages per second from the first to the last a subscriber got."""
+    seconds: float = max((got["last"] - got["first"]) / 1e9, 1e-9)
+    return float(got["received"]) / seconds
 
 
 def _seconds(published: dict[str, Any]) -> float:
-    return max((published["end"] - published["start"]) / 1e9, 1e-9)
+    return max(float(published["end"] - published["start"]) / 1e9, 1e-9)
 
 
 def _sent_rate(published: dict[str, Any], topic: str) -> float:

@@ -22,7 +22,6 @@ import os
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +31,6 @@ from broker.config import BrokerConfig
 from ._procs import (
     broker_process,
     cpu_seconds,
-    median_runs,
     proc_status,
     wait_ready,
     worker,
@@ -68,26 +66,24 @@ def disk_use(path: str) -> int:
 
 
 def throughput(
-    url: str, process: subprocess.Popen[str], runs: int, count: int, memory: dict[str, float]
+    memory: dict[str, Any],
+    one: dict[str, float],
+    fan: dict[str, float],
+    cpu_one: float,
+    cpu_fan: float,
 ) -> dict[str, Any]:
-    """1->1 and 1->10 on the log broker at ``url``, as rates and as ratios of
-    ``memory`` (the memory-only figures of the same run)."""
-    cpu0 = cpu_seconds(process.pid)
-    one = median_runs(url, runs, count, 1)
-    cpu1 = cpu_seconds(process.pid)
-    fan = median_runs(url, runs, count // 2, 10)
-    cpu2 = cpu_seconds(process.pid)
+    """The figures of 1->1 (``one``) and 1->10 (``fan``) on a log broker
+    (``cpu_*``: its CPU seconds per million messages, per million
+    deliveries), beside ``memory``: the same run's memory-only figures."""
     return {
         "log_one_to_one_msgs_per_s": one["per_s"],
         "log_one_to_one_ratio": one["per_s"] / memory["one_to_one_msgs_per_s"],
         "log_one_to_one_lost": one["lost"],
-        "log_one_to_one_broker_cpu_s_per_million": (cpu1 - cpu0) / (count * runs) * 1e6,
+        "log_one_to_one_broker_cpu_s_per_million": cpu_one,
         "log_fanout_1_to_10_deliveries_per_s": fan["per_s"],
         "log_fanout_ratio": fan["per_s"] / memory["fanout_1_to_10_deliveries_per_s"],
         "log_fanout_lost": fan["lost"],
-        "log_fanout_broker_cpu_s_per_million_deliveries": (
-            (cpu2 - cpu1) / (count // 2 * 10 * runs) * 1e6
-        ),
+        "log_fanout_broker_cpu_s_per_million_deliveries": cpu_fan,
     }
 
 
@@ -247,39 +243,12 @@ def shared_slow_consumer(
     }
 
 
-def run_log_workloads(
-    quick: bool,
-    progress: Callable[[str], None],
-    memory: dict[str, float],
-    *,
-    runs: int,
-    count: int,
-    slow_seconds: float,
-) -> dict[str, Any]:
-    """Every workload above; ``memory`` holds the same run's memory-only
-    ``one_to_one_msgs_per_s`` and ``fanout_1_to_10_deliveries_per_s``."""
-    results: dict[str, Any] = {}
-    started = time.perf_counter()
-    replay_count = 100_000 if quick else 1_000_000
-    with log_broker() as (url, process, _data_dir):
-        progress(f"log: 1->1 and 1->10, {runs} x {count:,} messages each")
-        results.update(throughput(url, process, runs, count, memory))
-        progress(f"log: replay of {replay_count:,} records from earliest")
-        results.update(
-            replay(
-                url,
-                replay_count,
-                memory["one_to_one_msgs_per_s"],
-                results["log_one_to_one_msgs_per_s"],
-            )
-        )
-        results["log_broker_peak_rss_mib"] = proc_status(process.pid, "VmHWM") / MiB
+def slow_consumer(slow_seconds: float, progress: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`shared_slow_consumer` on a fresh log broker."""
     with log_broker() as (url, process, data_dir):
         alone = min(slow_seconds, 10.0)
         progress(
             f"log: slow consumer on one topic for {slow_seconds:.0f} s "
             f"(and its fast subscriber alone, {alone:.0f} s before and after)"
         )
-        results.update(shared_slow_consumer(url, process, data_dir, slow_seconds, alone))
-    results["log_bench_seconds"] = time.perf_counter() - started
-    return results
+        return shared_slow_consumer(url, process, data_dir, slow_seconds, alone)

@@ -149,18 +149,36 @@ def fan(url: str, count: int, subscribers: int, batch: bool = True) -> dict[str,
     }
 
 
-def median_runs(
-    url: str, runs: int, count: int, subscribers: int, batch: bool = True
-) -> dict[str, float]:
-    results = [fan(url, count, subscribers, batch) for _ in range(runs)]
+def _median(results: list[dict[str, float]]) -> dict[str, float]:
     median = statistics.median(r["per_s"] for r in results)
     middle = min(results, key=lambda r: abs(r["per_s"] - median))
     return {
         "per_s": median,
         "lost": sum(r["lost"] for r in results),
-        "runs": runs,
+        "runs": len(results),
         # CPU cores each client process kept busy in the median run.
         "publisher_cpu": middle["publisher_cpu"],
         "subscriber_cpu": middle["subscriber_cpu"],
         "subscriber_processes": middle["subscriber_processes"],
     }
+
+
+def median_runs(
+    url: str, runs: int, count: int, subscribers: int, batch: bool = True
+) -> dict[str, float]:
+    """The median of ``runs`` runs of :func:`fan`."""
+    return _median([fan(url, count, subscribers, batch) for _ in range(runs)])
+
+
+def paired_median_runs(
+    urls: list[str], runs: int, count: int, subscribers: int
+) -> list[dict[str, float]]:
+    """:func:`median_runs` of each broker in ``urls``, their runs interleaved
+    (one run each, in turn, the order reversed every round) so that a
+    machine whose load changes meanwhile weighs on every broker alike."""
+    results: list[list[dict[str, float]]] = [[] for _ in urls]
+    for round_ in range(runs):
+        order = list(range(len(urls)))
+        for index in order if round_ % 2 == 0 else order[::-1]:
+            results[index].append(fan(urls[index], count, subscribers))
+    return [_median(each) for each in results]

@@ -17,11 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._log_workloads import run_log_workloads
+from . import _log_workloads as log_workloads
+from ._log_workloads import log_broker
 from ._procs import (
     broker_process,
     cpu_seconds,
     median_runs,
+    paired_median_runs,
     percentiles,
     proc_status,
     wait_ready,
@@ -125,6 +127,11 @@ def _slow_consumer(
     }
 
 
+def _per_million(cpu: list[float], before: list[float], messages: int) -> list[float]:
+    """CPU seconds per million messages of each broker, from two readings."""
+    return [(now - then) / messages * 1e6 for now, then in zip(cpu, before, strict=True)]
+
+
 def run(
     quick: bool = False,
     progress: Callable[[str], None] = lambda _step: None,
@@ -140,33 +147,38 @@ def run(
     count = 20_000 if quick else 200_000
     runs = 1 if quick else 3
     slow_duration = 3.0 if quick else float(options.get("slow_seconds", 60))
+    replay_count = 100_000 if quick else 1_000_000
     results: dict[str, Any] = {
         "python_loop_10m_s": python_loop_10m_s(),
         # How the throughput runs' subscribers take their messages.
         "throughput_subscribers_call": "receive_batch",
     }
-    with broker_process() as (url, broker):
-        cpu0 = cpu_seconds(broker.pid)
+    with broker_process() as (url, broker), log_broker() as (log_url, log_process, _):
+        # The memory-only broker and the one with topic logs take turns, so
+        # that their ratios compare like with like on a busy machine.
+        urls = [url, log_url]
+        pids = [broker.pid, log_process.pid]
         t0 = time.perf_counter()
-        progress(f"1->1 throughput, {runs} x {count:,} messages")
-        one = median_runs(url, runs, count, 1)
-        cpu1 = cpu_seconds(broker.pid)
+        progress(f"1->1 throughput, memory-only and log in turn, {runs} x {count:,} messages")
+        cpu0 = [cpu_seconds(pid) for pid in pids]
+        one, log_one = paired_median_runs(urls, runs, count, 1)
+        cpu1 = [cpu_seconds(pid) for pid in pids]
+        progress(f"1->10 fan-out, memory-only and log in turn, {runs} x {count // 2:,} messages")
+        fan, log_fan = paired_median_runs(urls, runs, count // 2, 10)
+        cpu2 = [cpu_seconds(pid) for pid in pids]
+        one_cpu = _per_million(cpu1, cpu0, count * runs)
+        fan_cpu = _per_million(cpu2, cpu1, count // 2 * 10 * runs)
         results["one_to_one_msgs_per_s"] = one["per_s"]
         results["one_to_one_lost"] = one["lost"]
-        results["one_to_one_broker_cpu_s_per_million"] = (cpu1 - cpu0) / (count * runs) * 1e6
+        results["one_to_one_broker_cpu_s_per_million"] = one_cpu[0]
         results["one_to_one_publisher_cpu"] = one["publisher_cpu"]
         results["one_to_one_subscriber_cpu"] = one["subscriber_cpu"]
-        cpu1 = cpu_seconds(broker.pid)
-        progress(f"1->10 fan-out, {runs} x {count // 2:,} messages")
-        fan = median_runs(url, runs, count // 2, 10)
-        cpu2 = cpu_seconds(broker.pid)
         results["fanout_1_to_10_deliveries_per_s"] = fan["per_s"]
-        results["fanout_broker_cpu_s_per_million_deliveries"] = (
-            (cpu2 - cpu1) / (count // 2 * 10 * runs) * 1e6
-        )
+        results["fanout_broker_cpu_s_per_million_deliveries"] = fan_cpu[0]
         results["fanout_subscriber_cpu"] = fan["subscriber_cpu"]
         results["fanout_subscriber_processes"] = fan["subscriber_processes"]
         results["fanout_lost"] = fan["lost"]
+        results.update(log_workloads.throughput(results, log_one, log_fan, one_cpu[1], fan_cpu[1]))
         top = one["per_s"]
         if not log_only:
             # The same with every message taken by its own receive() call.
@@ -183,6 +195,13 @@ def run(
                         results[f"latency_{rate}_{key}"] = value
         results["bench_seconds_so_far"] = time.perf_counter() - t0
         results["broker_peak_rss_mib"] = proc_status(broker.pid, "VmHWM") / 2**20
+        progress(f"log: replay of {replay_count:,} records from earliest")
+        results.update(
+            log_workloads.replay(log_url, replay_count, top, results["log_one_to_one_msgs_per_s"])
+        )
+        # (Its peak RSS counts the log's terms mapped from their files.)
+        results["log_broker_peak_rss_mib"] = proc_status(log_process.pid, "VmHWM") / 2**20
+        results["log_broker_rss_anon_mib"] = proc_status(log_process.pid, "RssAnon") / 2**20
     if not log_only:
         with broker_process() as (url, broker):
             progress(f"slow consumer for {slow_duration:.0f} s, then its backlog")
@@ -191,10 +210,6 @@ def run(
                 {f"slow_{k}" if not k.startswith("slow") else k: v for k, v in slow.items()}
             )
             results["slow_broker_peak_rss_mib"] = proc_status(broker.pid, "VmHWM") / 2**20
-    results.update(
-        run_log_workloads(
-            quick, progress, results, runs=runs, count=count, slow_seconds=slow_duration
-        )
-    )
+    results.update(log_workloads.slow_consumer(slow_duration, progress))
     results["bench_seconds"] = time.perf_counter() - started
     return results

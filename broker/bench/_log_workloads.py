@@ -11,7 +11,8 @@ is reported beside the memory-only figures of the same run:
 - the slow consumer on ONE topic: a subscriber reading at 200 KB/s and one
   flat out; the fast one's rate as a ratio of its rate with no slow
   subscriber (target >= 0.8), loss counted at both by offset (gaps and
-  duplicates), the broker's anonymous RSS growth (target < 64 MiB) and
+  duplicates), the broker's anonymous RSS growth (target < 64 MiB; the
+  active term's buffer, in ``RssShmem``, reported beside it) and
   the data directory's disk use (within ``retain_bytes`` plus one term).
 """
 
@@ -161,16 +162,22 @@ def shared_slow_consumer(
     of ``alone`` seconds before and ``alone`` seconds after, so that a
     machine whose load changes meanwhile skews the ratio less)."""
     rss_start = proc_status(process.pid, "RssAnon")
+    shmem_start = proc_status(process.pid, "RssShmem")
     cpu0 = cpu_seconds(process.pid)
     before = _fast_alone(url, "alone-before", alone)
     cpu1 = cpu_seconds(process.pid)
 
-    samples: list[tuple[int, int]] = []
+    # (RssAnon, RssShmem, disk use): the active term's buffer is an
+    # anonymous *shared* map, counted in RssShmem, not in RssAnon.
+    samples: list[tuple[int, int, int]] = []
     stop = threading.Event()
 
     def sample() -> None:
+        pid = process.pid
         while not stop.wait(0.25):
-            samples.append((proc_status(process.pid, "RssAnon"), disk_use(data_dir)))
+            samples.append(
+                (proc_status(pid, "RssAnon"), proc_status(pid, "RssShmem"), disk_use(data_dir))
+            )
 
     fast_spec = {"role": "logsub", "url": url, "idle": 3.0, "topic": "shared"}
     # The slow subscriber reads slowly a little longer than the publisher
@@ -203,8 +210,10 @@ def shared_slow_consumer(
     slow_rated_s = max((slow_got["rated_last"] - slow_got["first"]) / 1e9, 1e-9)
     settings = BrokerConfig().log_config("shared")
     limit = settings.retain_bytes + settings.term_bytes
-    rss_max = max([rss for rss, _disk in samples] or [rss_shared_start])
-    disk_max = max([disk for _rss, disk in samples] or [0])
+    rss_max = max([rss for rss, _shm, _disk in samples] or [rss_shared_start])
+    shmem_max = max([shm for _rss, shm, _disk in samples] or [shmem_start])
+    both_max = max([rss + shm for rss, shm, _disk in samples] or [rss_start + shmem_start])
+    disk_max = max([disk for _rss, _shm, disk in samples] or [0])
     alone_rate = (before["rate"] + after["rate"]) / 2
     lost = sum(sent - got["received"] + got["gaps"] for got in (fast_got, slow_got))
     fast_rate = _fast_rate(fast_got)
@@ -237,6 +246,9 @@ def shared_slow_consumer(
         "log_slow_broker_rss_anon_max_mib": rss_max / MiB,
         "log_slow_broker_rss_anon_growth_mib": (rss_max - rss_start) / MiB,
         "log_slow_broker_rss_anon_growth_shared_mib": (rss_max - rss_shared_start) / MiB,
+        # The active term (RssShmem) included: all the broker's anonymous memory.
+        "log_slow_broker_rss_shmem_max_mib": shmem_max / MiB,
+        "log_slow_broker_anon_and_shmem_growth_mib": (both_max - rss_start - shmem_start) / MiB,
         "log_slow_disk_max_mib": disk_max / MiB,
         "log_slow_disk_limit_mib": limit / MiB,
         "log_slow_disk_within_limit": disk_max <= limit,

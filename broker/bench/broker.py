@@ -202,6 +202,7 @@ def run(
         # (Its peak RSS counts the log's terms mapped from their files.)
         results["log_broker_peak_rss_mib"] = proc_status(log_process.pid, "VmHWM") / 2**20
         results["log_broker_rss_anon_mib"] = proc_status(log_process.pid, "RssAnon") / 2**20
+        results["log_broker_rss_shmem_mib"] = proc_status(log_process.pid, "RssShmem") / 2**20
     if not log_only:
         with broker_process() as (url, broker):
             progress(f"slow consumer for {slow_duration:.0f} s, then its backlog")

@@ -1,6 +1,7 @@
 """A benchmark client process: ``python -m broker.bench._worker '<json spec>'``.
 
-Roles: ``pub`` publishes (flat out, or open-loop at a fixed rate with the
+Roles: ``logsub`` reads a broker's topic log (see ``_log_worker``);
+``pub`` publishes (flat out, or open-loop at a fixed rate with the
 *scheduled* send time in each payload, so latency has no coordinated
 omission); ``sub`` subscribes with one or more connections, prints
 ``ready`` once subscribed, and records receive times and latencies. The
@@ -24,6 +25,8 @@ import trio
 from broker.client import open_client
 from broker.config import BrokerConfig
 from broker.runtime import tune_gc
+
+from ._log_worker import read_log
 
 _STAMP = struct.Struct(">qQ")  # scheduled send time (ns), sequence number
 
@@ -276,7 +279,8 @@ def main() -> None:
     role = spec["role"]
     # The CPU of the work, not of the interpreter's start-up and imports.
     before = _cpu_seconds()
-    result = trio.run(_publish if role == "pub" else _subscribe, spec)
+    roles = {"pub": _publish, "sub": _subscribe, "logsub": read_log}
+    result = trio.run(roles[role], spec)
     result["cpu_s"] = _cpu_seconds() - before
     print(json.dumps(result), flush=True)
 

@@ -17,7 +17,8 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
     "protocol": ("broker.bench.protocol", "frame encode/decode and the sans-IO connection"),
     "broker": (
         "broker.bench.broker",
-        "a real broker process: 1->1, 1->10, latency, slow consumer",
+        "a real broker process: 1->1, 1->10, latency, slow consumer; "
+        "with topic logs: 1->1, 1->10, replay, slow consumer on one topic",
     ),
 }
 
@@ -25,6 +26,7 @@ EXAMPLES = """
   broker bench                                  # every suite (a few minutes)
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
+  broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
 """
 
 
@@ -48,6 +50,12 @@ def add_parser(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quick", action="store_true", help="short runs (for smoke tests)")
+    parser.add_argument(
+        "--log-only",
+        action="store_true",
+        help="broker suite: only the topic-log workloads and the memory-only 1->1 and 1->10 "
+        "they are compared with",
+    )
     parser.set_defaults(func=run)
 
 
@@ -74,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
         bench: Callable[..., dict[str, Any]] = module.run
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
+        extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
         if suite == "broker" and on_terminal:
-            results[suite] = bench(quick=args.quick, progress=progress)
-        else:
-            results[suite] = bench(quick=args.quick)
+            extra["progress"] = progress
+        results[suite] = bench(quick=args.quick, **extra)
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()

@@ -1,0 +1,184 @@
+"""What the end-to-end benchmarks share: a broker process (memory-only or
+with topic logs in a data directory), client worker processes and their
+results, and readings of a process's memory and CPU from ``/proc``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` memory field in bytes (0 if unavailable)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@contextmanager
+def broker_process(
+    extra: list[str] | None = None, *, data_dir: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A ``broker serve`` process on a free loopback port, stopped (SIGTERM)
+    after the block: with topic logs in ``data_dir`` if given, else
+    memory-only (said explicitly: a broker without one may keep logs in a
+    default place)."""
+    port = free_port()
+    command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
+    command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", "", *(extra or [])]
+    if data_dir is None:
+        command += ["--set", "memory_only=true"]
+    else:
+        command += ["--set", f"data_dir={data_dir}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"broker did not start: {line!r}")
+        yield f"127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_ready(process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if line.strip() != "ready":
+        raise RuntimeError(f"subscriber worker failed: {line!r}")
+
+
+def worker_result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise RuntimeError("benchmark worker timed out") from None
+    if process.returncode:
+        raise RuntimeError(f"benchmark worker failed with status {process.returncode}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def percentiles(latencies_ns: list[int]) -> dict[str, float]:
+    if not latencies_ns:
+        return {"p50_us": 0.0, "p99_us": 0.0, "p999_us": 0.0, "max_us": 0.0}
+    ordered = sorted(latencies_ns)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+    return {"p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": at(1.0)}
+
+
+def subscriber_processes(subscribers: int) -> list[int]:
+    """How many subscriber connections each subscriber process holds: the
+    subscribers spread over as many processes as there are cores (a single
+    Python process reading ten connections would measure itself, not the
+    broker)."""
+    processes = max(1, min(subscribers, os.cpu_count() or 1))
+    return [
+        subscribers // processes + (1 if i < subscribers % processes else 0)
+        for i in range(processes)
+    ]
+
+
+def fan(url: str, count: int, subscribers: int, batch: bool = True) -> dict[str, float]:
+    """``count`` messages published to ``subscribers`` subscriptions, which
+    take them with ``receive_batch()`` (``batch``) or one ``receive()`` each."""
+    spec = {"role": "sub", "url": url, "topic": "bench", "count": count, "batch": batch}
+    subs = [worker({**spec, "connections": n}) for n in subscriber_processes(subscribers)]
+    for sub in subs:
+        wait_ready(sub)
+    pub = worker({"role": "pub", "url": url, "topics": [{"name": "bench"}], "count": count})
+    published = worker_result(pub, 300)
+    results = [worker_result(sub, 300) for sub in subs]
+    received_all = {"cpu_s": sum(r["cpu_s"] for r in results)}
+    received = [one for r in results for one in r["subscribers"]]
+    last = max(r["last"] for r in received)
+    seconds = (last - published["start"]) / 1e9
+    total = sum(r["received"] for r in received)
+    lost = count * subscribers - total + sum(r["gaps"] for r in received)
+    return {
+        "per_s": total / seconds,
+        "seconds": seconds,
+        "lost": lost,
+        "publisher_cpu": published["cpu_s"] / seconds,
+        "subscriber_cpu": received_all["cpu_s"] / seconds,
+        "subscriber_processes": len(subs),
+    }
+
+
+def _median(results: list[dict[str, float]]) -> dict[str, float]:
+    median = statistics.median(r["per_s"] for r in results)
+    middle = min(results, key=lambda r: abs(r["per_s"] - median))
+    return {
+        "per_s": median,
+        "lost": sum(r["lost"] for r in results),
+        "runs": len(results),
+        # CPU cores each client process kept busy in the median run.
+        "publisher_cpu": middle["publisher_cpu"],
+        "subscriber_cpu": middle["subscriber_cpu"],
+        "subscriber_processes": middle["subscriber_processes"],
+    }
+
+
+def median_runs(
+    url: str, runs: int, count: int, subscribers: int, batch: bool = True
+) -> dict[str, float]:
+    """The median of ``runs`` runs of :func:`fan`."""
+    return _median([fan(url, count, subscribers, batch) for _ in range(runs)])
+
+
+def paired_median_runs(
+    urls: list[str], runs: int, count: int, subscribers: int
+) -> list[dict[str, float]]:
+    """:func:`median_runs` of each broker in ``urls``, their runs interleaved
+    (one run each, in turn, the order reversed every round) so that a
+    machine whose load changes meanwhile weighs on every broker alike."""
+    results: list[list[dict[str, float]]] = [[] for _ in urls]
+    for round_ in range(runs):
+        order = list(range(len(urls)))
+        for index in order if round_ % 2 == 0 else order[::-1]:
+            results[index].append(fan(urls[index], count, subscribers))
+    return [_median(each) for each in results]

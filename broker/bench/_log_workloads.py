@@ -209,7 +209,7 @@ def shared_slow_consumer(
     sent = published["sent"]["shared"]
     slow_rated_s = max((slow_got["rated_last"] - slow_got["first"]) / 1e9, 1e-9)
     settings = BrokerConfig().log_config("shared")
-    limit = settings.retain_bytes + settings.term_bytes
+    limit = (settings.retain_bytes or 0) + settings.term_bytes  # (the default has a limit)
     rss_max = max([rss for rss, _shm, _disk in samples] or [rss_shared_start])
     shmem_max = max([shm for _rss, shm, _disk in samples] or [shmem_start])
     both_max = max([rss + shm for rss, shm, _disk in samples] or [rss_start + shmem_start])

@@ -13,11 +13,13 @@ from broker.cli import main
 
 
 def run_broker(*args: str) -> subprocess.CompletedProcess[str]:
+    # (A generous deadline: `bench broker --quick` takes about a minute alone,
+    # and the suite may run beside another one.)
     return subprocess.run(
         [sys.executable, "-m", "broker", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
 

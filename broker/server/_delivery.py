@@ -126,13 +126,17 @@ class Deliveries:
 
     def has_room(self, subscription: Subscription, size: int) -> bool:
         """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""
+        room = self.room(subscription)
+        return room > 0 and room >= size
+
+    def room(self, subscription: Subscription) -> int:
+        """The bytes of deliveries the subscriber's guarantees let go now (0: none)."""
         if self.protocol.closed:
-            return False
+            return 0
         try:
-            room = self.protocol.room(Channel(ChannelKind.DELIVER, subscription.handle))
+            return self.protocol.room(Channel(ChannelKind.DELIVER, subscription.handle))
         except LocalProtocolError:
-            return False  # the subscription is being freed
-        return room >= size
+            return 0  # the subscription is being freed
 
     def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
         """Tell the client that ``count`` deliveries from ``first_seq`` were

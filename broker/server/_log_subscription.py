@@ -91,6 +91,10 @@ class LogSubscriber(Subscriber, Protocol):
         """Repay ``loan`` once what is queued on the connection now is written."""
         ...
 
+    def room(self, subscription: Subscription) -> int:
+        """The bytes of deliveries the subscriber's guarantees let go now (0: none)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StartRequest:
@@ -222,8 +226,13 @@ class LogSubscription(Subscription):
             if self.next_seq > end:
                 self.topic.wait_for_records(self)
                 return
+            room = self.connection.room(self)
+            if room <= 0:
+                self.connection.subscription_stalled(self)  # it waits for guarantees
+                return
             try:
-                run = log.read(self.next_seq, PUMP_RECORDS, PUMP_BYTES)
+                # (No more than the guarantees let go now: at least one record.)
+                run = log.read(self.next_seq, PUMP_RECORDS, min(PUMP_BYTES, room))
             except LogError:
                 return  # closed under us: the broker is stopping
             if run.gap:

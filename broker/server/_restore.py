@@ -60,6 +60,9 @@ class Unattached:
     def has_room(self, subscription: Subscription, size: int) -> bool:
         return False
 
+    def room(self, subscription: Subscription) -> int:
+        return 0
+
     def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
         return False
 

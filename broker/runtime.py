@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import resource
 from collections.abc import Callable
 
 
@@ -55,3 +56,18 @@ def release_free_memory() -> bool:
         return False
     _malloc_trim(0)
     return True
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit and
+    return the limit now in force. A broker with a data directory keeps a
+    file open per topic log (and one per connection): the common soft limit
+    of 1,024 would cap it at a few hundred topics."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+        return hard
+    return soft

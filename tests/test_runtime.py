@@ -39,3 +39,24 @@ def test_a_negative_threshold_is_refused() -> None:
         tune_gc(-1)
     with pytest.raises(ConfigError, match="gc_threshold"):
         BrokerConfig(gc_threshold=-1)
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_limit() -> None:
+    """A broker with a data directory keeps a file open per topic log."""
+    import resource
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "from broker.runtime import raise_open_file_limit\n"
+        "limit = raise_open_file_limit()\n"
+        "print(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    limit, soft, hard = (int(x) for x in out.stdout.split())
+    assert limit == soft
+    if hard != resource.RLIM_INFINITY:
+        assert soft == hard

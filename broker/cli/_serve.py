@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..runtime import tune_gc
+from ..runtime import raise_open_file_limit, tune_gc
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 
@@ -167,6 +167,7 @@ async def _serve(config: BrokerConfig) -> None:
     from ..server import serve_broker
 
     tune_gc(config.gc_threshold)
+    raise_open_file_limit()
     metrics = config.metrics_address
     # The metrics port is checked before the broker starts (and says it
     # listens): a taken port stops it with one line, not after a "listening".

@@ -32,6 +32,7 @@ from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
 from ._log_subscription import CursorBook
+from ._logs import TopicUnavailable
 from ._peerlog import LINE_CHARS, ConnectionLog, shown
 from ._publishing import PublishChannel, Publishing, PublishingHost
 from ._subscribe import OptionError, make_subscription
@@ -119,7 +120,10 @@ class Dispatch:
             else:
                 handler = CONTROL.get(type(event))
                 if handler is not None:
-                    handler(self, event, connection)
+                    try:
+                        handler(self, event, connection)
+                    except TopicUnavailable as error:  # (the broker's disk, not the client)
+                        connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, str(error))
                 if protocol.closed and not closed_before:
                     break  # nothing after a Goodbye of ours is applied
         if touched:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import trio
 
+from broker.errors import BrokerError
 from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, StateJournal, TopicLog
 
 from ._log_subscription import CursorBook
@@ -30,6 +31,12 @@ RETRY_INTERVAL = 1.0
 #: Upper bounds (seconds) of the fsync time histogram: an SSD syncs in about
 #: a millisecond, a busy disk or network volume in tens to hundreds.
 FSYNC_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class TopicUnavailable(BrokerError):
+    """A topic's log cannot be opened (the disk, a corrupt directory, no file
+    descriptors left): the client that asked for the topic gets a Goodbye
+    with this one line, the broker goes on."""
 
 
 class LogSettings(Protocol):
@@ -93,8 +100,15 @@ class TopicLogs:
         self.append_errors = 0
 
     def open(self, name: str) -> TopicLog:
-        """The log of topic ``name`` (recovered on first use)."""
-        topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
+        """The log of topic ``name`` (recovered on first use); raises
+        :class:`TopicUnavailable` if it cannot be opened."""
+        try:
+            topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
+        except (LogError, OSError) as error:
+            log.error("topic %r: its log cannot be opened: %s", name[:64], error)
+            raise TopicUnavailable(
+                f"the broker cannot open the log of topic {name[:64]!r} now: {error}"
+            ) from None
         recovery = topic_log.recovery
         if not recovery.clean:
             log.warning(

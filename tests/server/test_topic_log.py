@@ -296,3 +296,32 @@ async def test_flush_always_confirms_only_what_is_fsynced(tmp_path: Path) -> Non
         assert synced.durable_offset == synced.written_offset == 50
         assert batched.written_offset == 50
         await wait_until(lambda: batched.durable_offset == 50, what="the batch fsync")
+
+
+async def test_a_log_that_cannot_be_opened_ends_that_client_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file descriptor left (or a disk error) opening a topic's log: the
+    client asking for it gets Goodbye 3 saying so; the broker goes on."""
+    import errno
+
+    from broker.log import LogStore
+
+    real_topic = LogStore.topic
+
+    def topic(self: LogStore, name: str, *args: object, **kwargs: object) -> object:
+        if name == "t":
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_topic(self, name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LogStore, "topic", topic)
+    async with running_broker(log_config(tmp_path)) as broker:
+        raw = await RawClient.connect(broker)
+        goodbye = await goodbye_for(raw, Subscribe(0, "reliable", {}))
+        await raw.aclose()
+        await publish(url(broker), "other", [b"fine"])
+        (message,) = await read(url(broker), "other", 1, {"from": "earliest"})
+    assert goodbye.code == 3
+    assert "cannot open the log of topic 't'" in goodbye.reason
+    assert "Too many open files" in goodbye.reason
+    assert message.payload == b"fine"

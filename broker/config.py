@@ -273,6 +273,10 @@ class BrokerConfig:
     #: TOML file of principals (tokens, certificate identities, limits): when
     #: set, every client must authenticate in its Hello (see ``broker.auth``).
     auth_file: str = ""
+    #: Count the event loop's task steps and sleeping I/O waits (metrics
+    #: ``broker_loop_*``, ``/stat.json``): a measuring aid; each task step
+    #: then costs a Python call.
+    loop_counters: bool = False
     #: Directory of the topic logs (and what else survives a restart); ""
     #: here means none (memory-only), and ``broker serve`` fills it with the
     #: default location: $STATE_DIRECTORY, else $XDG_STATE_HOME/broker, else

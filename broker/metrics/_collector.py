@@ -317,6 +317,9 @@ class BrokerCollector:
         add("broker_peak_debt_bytes", [], root.peak_debt)
         add("broker_ready", [], 1 if broker.ready else 0)
         add("broker_internal_errors_total", [], broker.internal_errors)
+        if broker.loop is not None:
+            add("broker_loop_task_steps_total", [], broker.loop.task_steps)
+            add("broker_loop_io_waits_total", [], broker.loop.io_waits)
         security = broker.security
         add("broker_lease_expirations_total", [], security.lease_expirations)
         sessions = broker.sessions

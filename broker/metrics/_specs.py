@@ -125,6 +125,17 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "for a resume while their subscriptions keep queueing).",
         ("state",),
     ),
+    MetricSpec(
+        "broker_loop_task_steps_total",
+        "counter",
+        "Task steps of the event loop (task switches); only with loop_counters on.",
+    ),
+    MetricSpec(
+        "broker_loop_io_waits_total",
+        "counter",
+        "Waits of the event loop for I/O that could sleep (epoll_wait with a timeout); "
+        "only with loop_counters on.",
+    ),
     MetricSpec("broker_sessions_created_total", "counter", "Sessions created (Hello)."),
     MetricSpec("broker_sessions_resumed_total", "counter", "Sessions resumed on a new connection."),
     MetricSpec(

@@ -71,7 +71,8 @@ def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> d
 
         {"version": 2,
          "broker": {"address", "epoch", "closing", "tls", "authentication",
-                    "security", "statistics", "account"},
+                    "security", "statistics", "account",
+                    "loop": {"task_steps", "io_waits"} or null (see loop_counters)},
          "budgets": {"global_budget", "buffer_reserved", "connection_budget", ...},
          "principals": {name: {"connections", "buffer_reserved", "buffer_budget"}},
          "totals": {family: value, or {label value: ...} per label},
@@ -155,6 +156,9 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
             "security": _plain(broker.security),
             "statistics": _plain(statistics),
             "account": _account(broker.account),
+            "loop": None
+            if broker.loop is None
+            else {"task_steps": broker.loop.task_steps, "io_waits": broker.loop.io_waits},
         },
         "budgets": {
             "global_budget": config.global_budget,

@@ -31,6 +31,7 @@ from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
 from ._log_subscription import CursorBook
 from ._logs import TopicLogs
+from ._loop import LoopCounters
 from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
@@ -79,6 +80,8 @@ class Broker:
         self.config = config
         #: The topic logs (None: a memory-only broker).
         self.logs = logs
+        #: The event loop's counters (None unless ``loop_counters``).
+        self.loop: LoopCounters | None = None
         #: TLS for the client listener (None: plain TCP).
         self.ssl_context = ssl_context
         #: Who may connect (None: anybody, unauthenticated).
@@ -484,6 +487,9 @@ async def serve_broker(
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
                 broker.sessions.start(nursery)
+                if config.loop_counters:
+                    broker.loop = LoopCounters()
+                    trio.lowlevel.add_instrument(broker.loop)
                 if broker.session_records is not None:
                     restore_sessions(broker, broker.session_records)
                 nursery.start_soon(broker._expire_staging)

@@ -97,6 +97,11 @@ def test_bench_broker_runs_every_workload_and_loses_nothing() -> None:
         assert figures[key] == 0, figures
     assert figures["fanout_subscriber_processes"] >= 1
     assert figures["slow_received"] == figures["slow_published"] > 0
+    # Per message at everyday rates (issue 22): the loop counters were read.
+    for rate in (100, 1000, 10000):
+        assert figures[f"rate_{rate}_received"] == rate * 3, figures
+        assert figures[f"rate_{rate}_task_steps_per_msg"] > 0, figures
+        assert figures[f"rate_{rate}_broker_cpu_us_per_msg"] >= 0, figures
 
 
 async def test_pub_reads_stdin_lines_across_chunk_boundaries() -> None:

@@ -30,25 +30,8 @@ from ._procs import (
     worker,
     worker_result,
 )
+from ._rates import latency, rates_table
 from ._yardstick import python_loop_10m_s
-
-
-def _latency(url: str, rate: float, duration: float) -> dict[str, float]:
-    sub = worker(
-        {"role": "sub", "url": url, "topic": "lat", "count": int(rate * duration), "latency": True}
-    )
-    wait_ready(sub)
-    pub = worker(
-        {"role": "pub", "url": url, "topics": [{"name": "lat", "rate": rate}], "duration": duration}
-    )
-    published = worker_result(pub, duration + 60)
-    received = worker_result(sub, duration + 60)["subscribers"][0]
-    return {
-        "rate": rate,
-        **percentiles(received["latencies"]),
-        "received": received["received"],
-        "send_late_p99_us": percentiles(published["lateness"].get("lat", []))["p99_us"],
-    }
 
 
 def _slow_consumer(
@@ -189,7 +172,7 @@ def run(
             results["fanout_receive_each_lost"] = each["lost"]
             for rate in (1_000, 5_000, 20_000, int(top * 0.8)):
                 progress(f"open-loop latency at {rate:,} msg/s")
-                figures = _latency(url, rate, 1.0 if quick else 3.0)
+                figures = latency(url, rate, 1.0 if quick else 3.0)
                 for key, value in figures.items():
                     if key != "rate":
                         results[f"latency_{rate}_{key}"] = value
@@ -204,6 +187,8 @@ def run(
         results["log_broker_rss_anon_mib"] = proc_status(log_process.pid, "RssAnon") / 2**20
         results["log_broker_rss_shmem_mib"] = proc_status(log_process.pid, "RssShmem") / 2**20
     if not log_only:
+        progress("per message at 100, 1,000 and 10,000 msg/s: CPU, task steps, I/O waits")
+        results.update(rates_table(3.0 if quick else 5.0))
         with broker_process() as (url, broker):
             progress(f"slow consumer for {slow_duration:.0f} s, then its backlog")
             slow = _slow_consumer(url, broker, max(top * 0.01, 50), 1_000, slow_duration)

@@ -8,8 +8,8 @@ to :data:`LIST_LIMIT` durable cursors (the most lag first).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from ._log_walk import LogFigures, LogReading, LogsHost, log_readers
 from ._walking import Best, Walk
@@ -47,23 +47,12 @@ def reader_document(reader: LogReading) -> dict[str, Any]:
     }
 
 
-class ListsCursors(Protocol):
-    """A cursor book that lists what it stores."""
-
-    def items(self) -> list[tuple[str, int]]: ...
-
-
-def _stored_cursors(book: ListsCursors) -> Iterable[tuple[str, int]]:
-    """Every stored cursor of ``book`` as ``(key, position)`` (a copy: the
-    walk gives the loop turns)."""
-    return book.items()
-
-
 def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any]]:
-    """The durable cursors: every stored one if the cursor book lists them,
-    else those of live subscriptions; the :data:`LIST_LIMIT` with the most lag."""
+    """Every stored durable cursor (whether a live subscription uses it
+    now); the :data:`LIST_LIMIT` with the most lag."""
     book = broker.cursors
-    stored = _stored_cursors(book) if book is not None else None
+    # (A copy: the walk gives the loop turns.)
+    positions = book.items() if book is not None else []
     live: dict[str, LogReading] = {}
     for index, live_topic in enumerate(list(broker.topics.values())):
         if index and index % CHUNK == 0:
@@ -71,12 +60,6 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
         for reader in log_readers(live_topic):
             if reader.cursor_key is not None:
                 live[reader.cursor_key] = reader
-    if stored is None:
-        positions: Iterable[tuple[str, int | None]] = (
-            (key, book.position(key) if book is not None else None) for key in live
-        )
-    else:
-        positions = stored
     kept: Best[dict[str, Any]] = Best(LIST_LIMIT)
     total = 0
     for index, (key, position) in enumerate(positions):
@@ -86,7 +69,7 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
         principal, topic, name = cursor_parts(key)
         topic_log = logs.get(topic)
         lag = None
-        if topic_log is not None and not topic_log.closed and position is not None:
+        if topic_log is not None and not topic_log.closed:
             lag = max(0, topic_log.next_offset - max(position, topic_log.first_offset))
         entry = {
             "principal": principal,
@@ -98,7 +81,7 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
         }
         kept.offer((-1 if lag is None else lag,), entry)
     return {
-        "cursors_listed": "live" if stored is None else "stored",
+        "cursors_listed": "stored",
         "cursors_total": total,
         "cursors": kept.best(),
     }
@@ -114,15 +97,15 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
                      "held", "blocked", "error", "lag", "subscriptions_total",
                      "subscriptions": [{"connection", "handle", "position", "acked",
                                         "lag", "gaps_sent", "cursor"}]}],
-         "cursors_listed": "stored" | "live", "cursors_total": N,
+         "cursors_listed": "stored", "cursors_total": N,
          "cursors": [{"principal", "topic", "cursor", "position", "lag", "subscribed"}]}
 
     Offsets are topic offsets (the first record is 1); a subscription's
     ``position`` is the next offset it sends, ``acked`` the last its
     subscriber processed; a cursor's ``position`` the next offset it wants.
-    Lags are in records. ``cursors_listed`` says whether ``cursors`` come
-    from the stored cursors ("stored") or, when the cursor store cannot list
-    them, from the live subscriptions only ("live").
+    Lags are in records. ``cursors`` come from every stored cursor
+    (``cursors_listed`` is "stored"; ``broker stat`` also reads "live", a
+    list of live subscriptions' cursors only).
     """
     if figures is None:
         return None

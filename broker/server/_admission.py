@@ -255,7 +255,7 @@ class Admission:
         if deliveries.acked_dirty:
             for handle in deliveries.acked_dirty:
                 subscription = deliveries.subscriptions.get(handle)
-                if subscription is not None and subscription.reads_log:
+                if subscription is not None:
                     records.acked(session, handle, subscription.acked)
             deliveries.acked_dirty.clear()
 

@@ -79,7 +79,7 @@ class Deliveries:
         self.stalled: set[int] = set()
         #: The reader's wait for the connection's account, while it waits.
         self.funds_scope: trio.CancelScope | None = None
-        #: Subscriptions acknowledged since their session's record was written.
+        #: Log subscriptions acknowledged since their session's record was written.
         self.acked_dirty: set[int] = set()
 
     @property
@@ -182,7 +182,8 @@ class Deliveries:
         acked = self.subscriptions.get(handle)
         if acked is not None:
             acked.ack(seq)
-            self.acked_dirty.add(handle)
+            if acked.reads_log:  # (only a log subscription's position is recorded)
+                self.acked_dirty.add(handle)
 
     def drop(self, handle: int) -> None:
         """Subscription ``handle`` is gone: it leaves its topic, repaid."""
@@ -190,6 +191,7 @@ class Deliveries:
         if subscription is not None:
             subscription.close()
         self.stalled.discard(handle)
+        self.acked_dirty.discard(handle)
 
     def close_all(self) -> None:
         """The connection is done: close what subscriptions are left (none

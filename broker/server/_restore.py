@@ -6,13 +6,12 @@ from after the last offset their client processed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
 from broker.protocol import BrokerSessionState, DeliveryMode
 
-from ._log_subscription import CursorBook, LogSubscription, cursor_key
+from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
 from ._session import Session, SessionTable
 from ._session_records import SavedSession, SessionRecords, load_sessions
 from ._topic import Subscription, Topic
@@ -118,7 +117,7 @@ def _subscriptions(
         if topic_log is None:
             continue
         position = saved.acked.get(handle, topic_log.next_offset - 1) + 1
-        name = _cursor_name(info.options)
+        name = start_request(info.options).cursor  # (its options were accepted once)
         key = cursor_key(saved.principal, info.topic_name, name) if name is not None else None
         subscription = LogSubscription(
             unattached,
@@ -133,8 +132,3 @@ def _subscriptions(
         topic.subscribe(subscription)
         subscriptions[handle] = subscription
     return subscriptions
-
-
-def _cursor_name(options: Mapping[str, object]) -> str | None:
-    name = options.get("cursor")
-    return name if isinstance(name, str) else None

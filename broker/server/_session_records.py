@@ -106,12 +106,10 @@ class SessionRecords:
         }
         sid = session.id.hex()
         self.journal.put(SESSIONS, sid, record)
-        keys = self._keys.setdefault(session.id, set())
+        keys = self._keys.get(session.id, ())
         for handle in reliable:
-            key = f"{sid}/s/{handle}"
-            if key not in keys:
-                keys.add(key)
-                self.journal.put(COUNTS, key, subscriptions[handle].acked)
+            if f"{sid}/s/{handle}" not in keys:  # a new subscription: where it starts
+                self.acked(session, handle, subscriptions[handle].acked)
 
     def routed(self, session: RecordedSession, handle: int, count: int) -> None:
         """``count`` publishes on topic ``handle`` are in the logs (or staged)."""

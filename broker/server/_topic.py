@@ -342,16 +342,12 @@ class Topic(Actor):
             held.loan = LoanedItem(account, _charge(account, routed.tails), None)
             self.held.append(held)
             return
-        tails = routed.tails
-        keys = routed.keys
-        for subscription in self.subscriptions:
-            subscription.offer(account, tails, keys)
-        self.messages_in += len(tails)
-        routed.origin.routed(routed)
+        self._routed(routed, account)
 
     def _routed(self, routed: Routed, account: Account) -> None:
-        """A batch is in the log: offer it to the subscriptions that keep
-        their own queues, wake those waiting at the log's end, confirm it."""
+        """A batch is routed (with a log: it is in the log): offer it to the
+        subscriptions that keep their own queues (every one, without a log)
+        and confirm it."""
         for subscription in self.subscriptions:
             if not subscription.reads_log:
                 subscription.offer(account, routed.tails, routed.keys)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.metrics_core import Metric
 
 from broker.client import open_client
 from broker.config import BrokerConfig
@@ -27,29 +27,21 @@ from broker.metrics._log_walk import log_walk
 from broker.protocol import BindTopic, Goodbye, Subscribe
 from broker.server import Broker
 from tests.server.helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
+from tests.test_metrics import Scrape as TextScrape
 
-Labels = frozenset[tuple[str, str]]
 PER_TOPIC = [spec.name for spec in LOG_METRICS if spec.labels == ("topic",)]
 
 
-class Scrape:
+class Scrape(TextScrape):
     """One scrape of a broker's collector, parsed: ``scrape(name, **labels)``."""
 
     def __init__(self, broker: Broker) -> None:
-        text = generate_latest(metrics_registry(broker, max_age=0)).decode()
-        self.families = {f.name: f for f in text_string_to_metric_families(text)}
-        self.samples: dict[tuple[str, Labels], float] = {}
-        for family in self.families.values():
-            for sample in family.samples:
-                self.samples[sample.name, frozenset(sample.labels.items())] = sample.value
+        super().__init__(generate_latest(metrics_registry(broker, max_age=0)).decode())
 
-    def get(self, name: str, **labels: str) -> float | None:
-        return self.samples.get((name, frozenset(labels.items())))
-
-    def __call__(self, name: str, **labels: str) -> float:
-        value = self.get(name, **labels)
-        assert value is not None, f"no series {name}{labels}"
-        return value
+    def family(self, name: str) -> Metric:
+        """The family ``name`` (without its ``_total``)."""
+        (family,) = (f for f in self.families if f.name == name)
+        return family
 
     def topics(self, name: str) -> dict[str, float]:
         """The ``topic`` label values of family ``name``'s series, and their values."""
@@ -145,7 +137,7 @@ async def test_a_memory_only_broker_exports_the_log_families_without_series() ->
         await publish(broker, "t", [b"x"])
         scrape = Scrape(broker)
         for spec in LOG_METRICS:
-            family = scrape.families[spec.name.removesuffix("_total")]
+            family = scrape.family(spec.name.removesuffix("_total"))
             assert family.samples == [], spec.name
         assert stat_document(broker)["logs"] is None
 

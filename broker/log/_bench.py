@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._log import Reader
 from ._store import LogStore
 from ._types import LogConfig, Start
 
@@ -61,23 +62,27 @@ def _append(directory: Path, config: LogConfig, count: int, per_call: int) -> fl
         return time.perf_counter() - start
 
 
+def _read_all(reader: Reader) -> tuple[int, int, float]:
+    """Read ``reader`` to the log's end: records, their bytes, seconds."""
+    seen = size = 0
+    start = time.perf_counter()
+    while True:
+        run = reader.read(1024)
+        if not run.tails:
+            break
+        seen += len(run.tails)
+        size += sum(map(len, run.tails))
+        reader.advance_to(run.next_offset)
+    return seen, size, time.perf_counter() - start
+
+
 def _replay(directory: Path, count: int, label: str) -> None:
     start = time.perf_counter()
     with LogStore(directory) as store:
         log = store.topic("bench")
         _rate("reopen (check every term)", count, time.perf_counter() - start)
         assert log.recovery.clean
-        reader = log.reader(Start.earliest())
-        seen = size = 0
-        start = time.perf_counter()
-        while True:
-            run = reader.read(1024)
-            if not run.tails:
-                break
-            seen += len(run.tails)
-            size += sum(map(len, run.tails))
-            reader.advance_to(run.next_offset)
-        seconds = time.perf_counter() - start
+        seen, size, seconds = _read_all(log.reader(Start.earliest()))
         assert seen == count and size == count * RECORD, (seen, size)
         _rate(label, seen, seconds)
 
@@ -99,16 +104,8 @@ def main(argv: list[str]) -> None:
             body = bytes(range(RECORD))
             for _ in range(count // BATCH):
                 log.append_many([body] * BATCH, 0)
-            reader = log.reader()
-            seen = 0
-            start = time.perf_counter()
-            while True:
-                run = reader.read(1024)
-                if not run.tails:
-                    break
-                seen += len(run.tails)
-                reader.advance_to(run.next_offset)
-            _rate("replay in the writing process", seen, time.perf_counter() - start)
+            seen, _, seconds = _read_all(log.reader())
+            _rate("replay in the writing process", seen, seconds)
         directory = Path(tmp) / "always"
         config = LogConfig(flush="always")
         seconds = _append(directory, config, always_count, 1)

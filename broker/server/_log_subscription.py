@@ -58,22 +58,6 @@ class CursorBook(Protocol):
         ...
 
 
-class MemoryCursors:
-    """A :class:`CursorBook` that forgets at a restart (tests, and a store without a journal)."""
-
-    def __init__(self) -> None:
-        self.positions: dict[str, int] = {}
-
-    def position(self, key: str) -> int | None:
-        return self.positions.get(key)
-
-    def store(self, key: str, position: int) -> None:
-        self.positions[key] = position
-
-    def items(self) -> list[tuple[str, int]]:
-        return sorted(self.positions.items())
-
-
 class LogSubscriber(Subscriber, Protocol):
     """A :class:`Subscriber` that also repays read loans once written."""
 
@@ -197,13 +181,8 @@ class LogSubscription(Subscription):
     @property
     def queued(self) -> int:
         """Deliveries waiting in memory: none (what it has not sent waits in
-        the log, on disk: see :attr:`unsent` and :attr:`lag`)."""
+        the log, on disk: see :attr:`lag`)."""
         return 0
-
-    @property
-    def unsent(self) -> int:
-        """Records in the log not sent yet."""
-        return max(0, self.log.next_offset - max(self.next_seq, self.log.first_offset))
 
     @property
     def lag(self) -> int:

@@ -64,9 +64,16 @@ class JournalCursors:
 
     def store(self, key: str, position: int) -> None:
         self._journal.put(self.SPACE, key, position)
+        write_journal(self._journal)
+
+
+def write_journal(journal: StateJournal) -> None:
+    """Write ``journal``'s pending changes; a failure is logged and the
+    changes stay pending (the next write tries again)."""
+    if journal.pending:
         try:
-            self._journal.write()
-        except LogError as error:  # kept pending: the next write tries again
+            journal.write()
+        except LogError as error:
             log.error("writing the state journal failed: %s", error)
 
 
@@ -195,12 +202,7 @@ class TopicLogs:
 
     def persist_state(self) -> None:
         """Write the journal's pending changes (see ``Broker.persist_state``)."""
-        journal = self.journal
-        if journal.pending:
-            try:
-                journal.write()
-            except LogError as error:  # kept pending: the next write tries again
-                log.error("writing the state journal failed: %s", error)
+        write_journal(self.journal)
 
     def expire(self, now_ms: int) -> None:
         """Delete terms older than their topics' ``retain_seconds``."""

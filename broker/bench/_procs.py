@@ -71,6 +71,9 @@ def broker_process(
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:

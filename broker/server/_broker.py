@@ -42,6 +42,7 @@ from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
 from ._usage import PrincipalUsage, SecurityCounters
 from ._view import ConnectionView
+from ._wake import Outbox
 
 log = logging.getLogger("broker.server")
 
@@ -100,6 +101,8 @@ class Broker:
         )
         #: Log lines clients cause, rate-limited per client address.
         self.peer_log = PeerLog(log, trio.current_time)
+        #: A read's output, written by the task that handled it (see ``_wake``).
+        self.outbox = Outbox()
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).

@@ -36,9 +36,10 @@ from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
 from ._session import Session
 from ._session_records import SessionRecords
+from ._socket_io import socket_io
 from ._topic import Subscription
 from ._usage import ConnectionLedger, PrincipalUsage, SecurityCounters
-from ._wake import Wake
+from ._wake import Outbox, Wake
 
 __all__ = [
     "FORWARD_BATCH",
@@ -71,6 +72,11 @@ class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
 
     @property
     def peer_log(self) -> PeerLog: ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """Where a read's output is noted, to be written when it is handled."""
+        ...
 
     @property
     def security(self) -> SecurityCounters: ...
@@ -126,7 +132,14 @@ class ServerConnection:
         self.counters = ConnectionCounters()
         #: What this connection reserved of the buffer budgets.
         self.ledger = ConnectionLedger(broker)
-        self._wake = Wake()
+        self._wake = Wake(broker.outbox)
+        self._wake.write_now = self._write_now
+        #: The plain socket's fast path (None: TLS, or another kind of stream).
+        self._io = socket_io(stream)
+        #: The writer is sending (a write from another task would interleave).
+        self._sending = False
+        #: Bytes a write from another task could not finish: the writer sends them first.
+        self._unsent = b""
         self._log = ConnectionLog(broker.peer_log, self.name, peer)
         # No reference cycles through the connection (its parts never hold
         # it; the policy sees the budget through a proxy and the channels
@@ -303,6 +316,8 @@ class ServerConnection:
             self.broker.persist_state()
 
     def _cleanup(self) -> None:
+        self._io = None  # (its descriptor is closed next, and may be reused)
+        self._wake.write_now = None  # (the one reference cycle: freed by refcount after)
         self._persist()
         self.admission.leave(end=self.broker.closing)
         self.publishing.close_all()
@@ -333,8 +348,6 @@ class ServerConnection:
         protocol = self.protocol
         stream = self.stream
         counters = self.counters
-        publishing = self.publishing
-        deliveries = self.deliveries
         admission = self.admission
         while True:
             await self._wake.wait()
@@ -342,46 +355,97 @@ class ServerConnection:
                 with admission.held:
                     await trio.sleep_forever()
                 admission.held = None
-            # What the Confirms and Outcomes about to go out rely on (staged
-            # publishes, commits, the session's record) is written first.
-            self._persist()
-            if publishing.confirm_dirty and not protocol.closed:
-                # (A Goodbye read since the routing was noted closes the protocol:
-                # nothing more may be said then.)
-                publishing.send_confirms()
-            # Loans being written stay in _writing, where clean-up finds them
-            # if the write never completes (a reset, a shutdown).
-            loans = self._writing = deliveries.inflight
-            deliveries.inflight = []
-            data = protocol.data_to_send(trio.current_time())
+            data = self._take_output()
+            if self._unsent:
+                data = self._unsent + data
+                self._unsent = b""
             if data:
+                self._sending = True
                 try:
                     await stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                     self.close_reason = self.close_reason or f"socket error: {error}"
                     self._nursery_cancel()
                     return
+                finally:
+                    self._sending = False
                 counters.bytes_out += len(data)
+            self._written()
+            if protocol.closed and not protocol.bytes_to_send:
+                return
+
+    def _take_output(self) -> bytes:
+        """What is queued to send, made ready: what the Confirms and
+        Outcomes about to go out rely on (staged publishes, commits, the
+        session's record) is written first, the Confirms are queued, and the
+        loans of the deliveries being sent move to ``_writing`` (where
+        clean-up finds them if the write never completes: a reset, a
+        shutdown) until :meth:`_written`."""
+        protocol = self.protocol
+        publishing = self.publishing
+        self._persist()
+        if publishing.confirm_dirty and not protocol.closed:
+            # (A Goodbye read since the routing was noted closes the protocol:
+            # nothing more may be said then.)
+            publishing.send_confirms()
+        deliveries = self.deliveries
+        if deliveries.inflight:
+            if self._writing:
+                self._writing += deliveries.inflight
+            else:
+                self._writing = deliveries.inflight
+            deliveries.inflight = []
+        return protocol.data_to_send(trio.current_time())
+
+    def _written(self) -> None:
+        """Everything taken for sending is with the kernel: its loans are repaid."""
+        loans = self._writing
+        if loans:
             self._writing = []
             for loan in loans:
                 loan.repay()
-            self._drained.set()
-            if protocol.closed and not protocol.bytes_to_send:
-                return
+        self._drained.set()
+
+    def _write_now(self) -> bool:
+        """Write what is queued from the calling task, when the writer is
+        idle and the stream is a plain socket (see ``_wake``); False if the
+        writer must do it (it is woken then): it is sending, a write is
+        unfinished, a refusal is held back, or the connection is closing."""
+        io = self._io
+        if (
+            io is None
+            or self._sending
+            or self._unsent
+            or self.protocol.closed
+            or self.admission.held is not None
+        ):
+            return False
+        data = self._take_output()
+        if data:
+            try:
+                sent = io.send_nowait(data)
+            except OSError:
+                sent = 0  # the writer meets the error and ends the connection
+                self._unsent = data
+                return False
+            self.counters.bytes_out += sent
+            if sent < len(data):
+                self._unsent = data[sent:]
+                return False
+        self._written()
+        return True
 
     # ================================================================ reader
 
     async def _reader(self) -> None:
         protocol = self.protocol
-        stream = self.stream
+        receive = self._io.receive_some if self._io is not None else self._receive_some
         counters = self.counters
         budget = self.budget
+        outbox = self.broker.outbox
         while not protocol.closed:
             await self._pause_if_needed()
-            try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
+            data = await receive(RECEIVE_SIZE)
             if not data:
                 self.close_reason = self.close_reason or "peer closed the connection"
                 if not protocol.closed:
@@ -391,14 +455,27 @@ class ServerConnection:
                 return
             counters.bytes_in += len(data)
             events = protocol.receive_data(data, trio.current_time())
-            # The protocol is done with the read: only now is it acted on.
-            if events:
-                self._handle_events(events)
-            # (An Absolve may have completed a shrink; handles may have gone;
-            # channels opened short get their shrinks and top-ups.)
-            budget.settle()
-            if protocol.bytes_to_send or protocol.closed:
-                self._wake.set()
+            # The protocol is done with the read: only now is it acted on. What
+            # it causes to be sent, here and on other connections, is written
+            # when it is handled (see ``_wake``).
+            outbox.open()
+            try:
+                if events:
+                    self._handle_events(events)
+                # (An Absolve may have completed a shrink; handles may have gone;
+                # channels opened short get their shrinks and top-ups.)
+                budget.settle()
+                if protocol.bytes_to_send or protocol.closed:
+                    self._wake.set()
+            finally:
+                outbox.close()
+
+    async def _receive_some(self, max_bytes: int) -> bytes | bytearray:
+        """The stream's next bytes; ``b""`` once it ended or broke."""
+        try:
+            return await self.stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
 
     def _nursery_cancel(self) -> None:
         if self._nursery is not None:

@@ -100,6 +100,9 @@ class PublishChannel:
     may_publish: bool = True
     #: Where its publishes are staged until a commit (None: routed at once).
     stage: Stage | None = None
+    #: :meth:`Publishing.drain` is forwarding its buffer (a topic that routes
+    #: a batch at once, in line, must not start a second drain inside it).
+    draining: bool = False
 
 
 class Publishing:
@@ -230,7 +233,7 @@ class Publishing:
             state.routed += len(routed.tails)
             self.confirm_dirty.add(routed.handle)
             self.wake.set()
-            if state.buffer and not state.waiting:
+            if state.buffer and not state.waiting and not state.draining:
                 self.drain(state)
 
     # ---------------------------------------------------------------- forwarding
@@ -248,6 +251,20 @@ class Publishing:
         """
         if self.host.closing:
             return  # a shutdown forwards nothing more (nothing more is confirmed)
+        state.draining = True
+        try:
+            self._drain(state, limit)
+        finally:
+            state.draining = False
+        if state.account.blocked and not state.waiting and not self.protocol.closed:
+            state.waiting = True
+            assert self.nursery is not None
+            self.nursery.start_soon(self._await_clear, state)
+        if self.budget.settle():  # a shrink may have completed
+            self.wake.set()
+
+    def _drain(self, state: PublishChannel, limit: int) -> None:
+        """:meth:`drain`'s forwarding loop."""
         buffer = state.buffer
         account = state.account
         protocol = self.protocol
@@ -274,12 +291,6 @@ class Publishing:
             released = protocol.release_frames(state.channel, size, len(batch))
             if released:
                 self._released(released)
-        if account.blocked and not state.waiting and not protocol.closed:
-            state.waiting = True
-            assert self.nursery is not None
-            self.nursery.start_soon(self._await_clear, state)
-        if self.budget.settle():  # a shrink may have completed
-            self.wake.set()
 
     def _forward(
         self, state: PublishChannel, batch: list[PublishReceived], size: int, fan_out: int

@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from . import _mqtt as mqtt
-from ._open_loop import STAMP, PreciseTimer, filler_for
+from ._open_loop import STAMP, filler_for, schedule
 
 
 class _Connection:
@@ -95,13 +95,7 @@ async def mqtt_publish(spec: dict[str, Any]) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         if qos:
             nursery.start_soon(read_acks)
-        interval = 1e9 / rate
-        timer = PreciseTimer()
-        t0 = time.perf_counter_ns()
-        for n in range(total):
-            scheduled = t0 + int(n * interval)
-            await timer.sleep_until(scheduled)
-            lateness.append(time.perf_counter_ns() - scheduled)
+        async for n, scheduled in schedule(rate, total, lateness):
             payload = STAMP.pack(scheduled, n) + filler
             await connection.send(mqtt.publish(topic, payload, qos, n % 0xFFFF + 1 if qos else 0))
         published = time.perf_counter_ns()

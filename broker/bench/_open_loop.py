@@ -8,6 +8,7 @@ import ctypes
 import os
 import struct
 import time
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -76,3 +77,18 @@ class PreciseTimer:
             return
         await trio.lowlevel.wait_readable(self._fd)
         os.read(self._fd, 8)
+
+
+async def schedule(rate: float, total: int, lateness: list[int]) -> AsyncIterator[tuple[int, int]]:
+    """``total`` sends at ``rate`` a second, open loop: yields each one's
+    sequence number and *scheduled* time (``perf_counter_ns``) once that time
+    has come, whether or not the sends before it are done, and appends to
+    ``lateness`` how late it was yielded (ns)."""
+    interval = 1e9 / rate
+    timer = PreciseTimer()
+    t0 = time.perf_counter_ns()
+    for n in range(total):
+        scheduled = t0 + int(n * interval)
+        await timer.sleep_until(scheduled)
+        lateness.append(time.perf_counter_ns() - scheduled)
+        yield n, scheduled

@@ -66,11 +66,16 @@ def broker_process(
             raise RuntimeError(f"broker did not start: {line!r}")
         yield f"127.0.0.1:{port}", process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and SIGKILL if it has not ended ten seconds later."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:

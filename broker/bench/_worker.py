@@ -27,7 +27,7 @@ from broker.runtime import tune_gc
 
 from ._log_worker import read_log
 from ._mqtt_worker import mqtt_publish, mqtt_subscribe
-from ._open_loop import STAMP, PreciseTimer, filler_for
+from ._open_loop import STAMP, filler_for, schedule
 
 GC_THRESHOLD = BrokerConfig.gc_threshold
 
@@ -62,15 +62,9 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
             sent[topic] = n
 
         async def at_rate(topic: str, rate: float) -> None:
-            interval = 1e9 / rate
             total = count or int(rate * duration)
-            lateness = late[topic] = []
-            timer = PreciseTimer()
-            t0 = time.perf_counter_ns()
-            for n in range(total):
-                scheduled = t0 + int(n * interval)
-                await timer.sleep_until(scheduled)
-                lateness.append(time.perf_counter_ns() - scheduled)
+            late[topic] = []
+            async for n, scheduled in schedule(rate, total, late[topic]):
                 await client.publish(topic, stamp(scheduled, n) + filler)
             sent[topic] = total
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._procs import free_port
+from ._procs import free_port, stop
 from ._rates import TABLE_RATES, at_rate, rates_table
 from ._yardstick import python_loop_10m_s
 
@@ -84,11 +84,7 @@ def mosquitto_process(path: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]
             _wait_listening(port, process, 30)
             yield f"127.0.0.1:{port}", process
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
 
 
 def mosquitto_rates_table(

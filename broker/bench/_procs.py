@@ -66,14 +66,20 @@ def broker_process(
             raise RuntimeError(f"broker did not start: {line!r}")
         yield f"127.0.0.1:{port}", process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and SIGKILL if it has not ended ten seconds later; its
+    standard output pipe, if any, is closed."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:

@@ -4,18 +4,17 @@ Roles: ``logsub`` reads a broker's topic log (see ``_log_worker``);
 ``pub`` publishes (flat out, or open-loop at a fixed rate with the
 *scheduled* send time in each payload, so latency has no coordinated
 omission); ``sub`` subscribes with one or more connections, prints
-``ready`` once subscribed, and records receive times and latencies. The
-result is one JSON line on stdout.
+``ready`` once subscribed, and records receive times and latencies;
+``mqtt_pub`` and ``mqtt_sub`` do the open-loop latency run's part over
+MQTT, against a peer broker (see ``_mqtt_worker``). The result is one JSON
+line on stdout.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
-import os
 import resource
-import struct
 import sys
 import time
 from typing import Any
@@ -27,74 +26,10 @@ from broker.config import BrokerConfig
 from broker.runtime import tune_gc
 
 from ._log_worker import read_log
-
-_STAMP = struct.Struct(">qQ")  # scheduled send time (ns), sequence number
-
-
-def _filler(size: int) -> bytes:
-    """What follows the stamp in a payload of ``size`` bytes."""
-    return b"x" * max(0, size - _STAMP.size)
-
+from ._mqtt_worker import mqtt_publish, mqtt_subscribe
+from ._open_loop import STAMP, filler_for, schedule
 
 GC_THRESHOLD = BrokerConfig.gc_threshold
-
-#: Waits shorter than this are spent yielding rather than on a timer.
-_SHORT_WAIT_NS = 200_000
-
-
-class _PreciseTimer:
-    """Sleep until a ``time.perf_counter_ns()`` deadline to within microseconds.
-
-    trio's timers wake up to a millisecond late (epoll rounds its timeout up
-    to whole milliseconds), which an open-loop latency benchmark would count
-    against the broker. A Linux timerfd armed on ``CLOCK_MONOTONIC`` (the
-    clock ``perf_counter`` reads on Linux) wakes the task on time, through
-    trio's own I/O wait. Elsewhere it falls back to ``trio.sleep``.
-    """
-
-    _CLOCK_MONOTONIC = 1
-    _TFD_NONBLOCK = 0o4000
-    _TFD_TIMER_ABSTIME = 1
-
-    class _Spec(ctypes.Structure):
-        _fields_ = [
-            ("interval_s", ctypes.c_long),
-            ("interval_ns", ctypes.c_long),
-            ("value_s", ctypes.c_long),
-            ("value_ns", ctypes.c_long),
-        ]
-
-    def __init__(self) -> None:
-        self._fd = -1
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._settime = libc.timerfd_settime
-            fd = libc.timerfd_create(self._CLOCK_MONOTONIC, self._TFD_NONBLOCK)
-        except (OSError, AttributeError):
-            return
-        same_clock = abs(time.perf_counter_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-        if fd >= 0 and same_clock < 1_000_000:
-            self._fd = fd
-
-    async def sleep_until(self, deadline_ns: int) -> None:
-        now = time.perf_counter_ns()
-        if deadline_ns <= now:
-            return  # behind schedule: send at once (publish() yields often enough)
-        if deadline_ns - now < _SHORT_WAIT_NS:
-            # Arming a timer costs more than a short wait at high rates: yield
-            # until the deadline instead.
-            while time.perf_counter_ns() < deadline_ns:
-                await trio.lowlevel.checkpoint()
-            return
-        if self._fd < 0:
-            await trio.sleep((deadline_ns - now) / 1e9)
-            return
-        spec = self._Spec(0, 0, deadline_ns // 1_000_000_000, deadline_ns % 1_000_000_000)
-        if self._settime(self._fd, self._TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
-            await trio.sleep((deadline_ns - now) / 1e9)
-            return
-        await trio.lowlevel.wait_readable(self._fd)
-        os.read(self._fd, 8)
 
 
 async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
@@ -106,8 +41,8 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
     timelines: dict[str, list[tuple[int, int]]] = {}
     late: dict[str, list[int]] = {}
     start = time.perf_counter_ns()
-    filler = _filler(size)
-    stamp = _STAMP.pack
+    filler = filler_for(size)
+    stamp = STAMP.pack
 
     async with open_client(spec["url"], name="bench-pub") as client:
 
@@ -127,15 +62,9 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
             sent[topic] = n
 
         async def at_rate(topic: str, rate: float) -> None:
-            interval = 1e9 / rate
             total = count or int(rate * duration)
-            lateness = late[topic] = []
-            timer = _PreciseTimer()
-            t0 = time.perf_counter_ns()
-            for n in range(total):
-                scheduled = t0 + int(n * interval)
-                await timer.sleep_until(scheduled)
-                lateness.append(time.perf_counter_ns() - scheduled)
+            late[topic] = []
+            async for n, scheduled in schedule(rate, total, late[topic]):
                 await client.publish(topic, stamp(scheduled, n) + filler)
             sent[topic] = total
 
@@ -199,7 +128,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                 # one call, as a consumer handling messages in bulk would.
                 while batch and count and received < count:
                     for message in await subscription.receive_batch():
-                        _stamp, seq = _STAMP.unpack_from(message.payload)
+                        _stamp, seq = STAMP.unpack_from(message.payload)
                         if seq != expected:
                             gaps += abs(seq - expected)
                         expected = seq + 1
@@ -209,7 +138,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                 # Flat out, one receive() per message: as lean a loop.
                 while lean and received < count:
                     message = await subscription.receive()
-                    _stamp, seq = _STAMP.unpack_from(message.payload)
+                    _stamp, seq = STAMP.unpack_from(message.payload)
                     if seq != expected:
                         gaps += abs(seq - expected)
                     expected = seq + 1
@@ -226,7 +155,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                             await trio.sleep((due - now) / 1e9)
                     message = await subscription.receive()
                     now = time.perf_counter_ns()
-                    stamp, seq = _STAMP.unpack_from(message.payload)
+                    stamp, seq = STAMP.unpack_from(message.payload)
                     if seq != expected:
                         gaps += abs(seq - expected)
                     expected = seq + 1
@@ -243,7 +172,7 @@ async def _subscribe(spec: dict[str, Any]) -> dict[str, Any]:
             while drain_idle:
                 with trio.move_on_after(drain_idle):
                     batch_seqs = [
-                        _STAMP.unpack_from(m.payload)[1] for m in await subscription.receive_batch()
+                        STAMP.unpack_from(m.payload)[1] for m in await subscription.receive_batch()
                     ]
                     gaps, expected = _count_gaps(batch_seqs, gaps, expected)
                     drained += len(batch_seqs)
@@ -279,7 +208,13 @@ def main() -> None:
     role = spec["role"]
     # The CPU of the work, not of the interpreter's start-up and imports.
     before = _cpu_seconds()
-    roles = {"pub": _publish, "sub": _subscribe, "logsub": read_log}
+    roles = {
+        "pub": _publish,
+        "sub": _subscribe,
+        "logsub": read_log,
+        "mqtt_pub": mqtt_publish,
+        "mqtt_sub": mqtt_subscribe,
+    }
     result = trio.run(roles[role], spec)
     result["cpu_s"] = _cpu_seconds() - before
     print(json.dumps(result), flush=True)

@@ -20,13 +20,23 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
         "a real broker process: 1->1, 1->10, latency, slow consumer; "
         "with topic logs: 1->1, 1->10, replay, slow consumer on one topic",
     ),
+    "peers": (
+        "broker.bench.peers",
+        "this broker beside Mosquitto (QoS 1 and 0) at 100, 1k and 10k msg/s, "
+        "same run, same open-loop method (needs mosquitto; not run by default)",
+    ),
 }
 
+#: What ``broker bench`` without a suite runs: every suite that needs no
+#: other software (``peers`` needs mosquitto, and is asked for by name).
+DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite != "peers"]
+
 EXAMPLES = """
-  broker bench                                  # every suite (a few minutes)
+  broker bench                                  # every suite but peers (a few minutes)
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
   broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
+  broker bench peers                            # beside Mosquitto at 100, 1k, 10k msg/s
 """
 
 
@@ -45,7 +55,7 @@ def add_parser(subparsers: Subparsers) -> None:
         # (Checked in run: Python 3.11's argparse refuses an empty list
         # against choices for nargs="*".)
         metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
-        help="which suites to run (default: all); "
+        help="which suites to run (default: all but peers); "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -76,24 +86,39 @@ def run(args: argparse.Namespace) -> int:
 
     on_terminal = sys.stderr.isatty()
     results: dict[str, Any] = {}
-    suites = args.suites or list(BENCH_SUITES)
+    tables: dict[str, Callable[[dict[str, Any]], list[str]]] = {}
+    status = 0
+    suites = args.suites or DEFAULT_SUITES
     for number, suite in enumerate(suites, 1):
         module = importlib.import_module(BENCH_SUITES[suite][0])
+        # A suite that needs other software says so in one line, and is left out.
+        why_not: str | None = getattr(module, "unavailable", lambda: None)()
+        if why_not:
+            print(why_not, file=sys.stderr)
+            status = 1
+            continue
         bench: Callable[..., dict[str, Any]] = module.run
+        if hasattr(module, "table"):
+            tables[suite] = module.table
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
         extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
-        if suite == "broker" and on_terminal:
+        if suite in ("broker", "peers") and on_terminal:
             extra["progress"] = progress
         results[suite] = bench(quick=args.quick, **extra)
+    if not results:
+        return status
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
     else:
         for suite, result in results.items():
             print(f"== {suite}")
+            if suite in tables:
+                print("\n".join(f"  {line}" for line in tables[suite](result)))
+                continue
             width = max(len(k) for k in result)
             for key, value in result.items():
                 shown = f"{value:,.0f}" if isinstance(value, float) and value > 100 else value
                 print(f"  {key:<{width}}  {shown}")
-    return 0
+    return status

@@ -1,0 +1,180 @@
+"""``broker bench peers``: the broker beside Mosquitto at everyday rates, in
+the same run, with the same open-loop method (issue 22).
+
+At each rate (100, 1,000 and 10,000 msg/s) in turn: the broker's own
+per-rate run (:func:`rates_table`), then Mosquitto at QoS 1, then at QoS 0,
+each on a freshly started broker, one publisher process to one subscriber
+process, 100-byte payloads stamped with their scheduled send time. Reported
+per broker: p50/p99 latency, messages received and the broker's CPU per
+message over the middle of the run; and the broker's figures over
+Mosquitto's (``ratio_qos{1,0}_rate_{rate}_{p50,p99,cpu}``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ._procs import free_port, stop
+from ._rates import TABLE_RATES, at_rate, rates_table
+from ._yardstick import python_loop_10m_s
+
+#: Where Debian installs mosquitto, which is not on a user's PATH.
+_SBIN_MOSQUITTO = "/usr/sbin/mosquitto"
+
+#: The line a user gets when the suite cannot run.
+MISSING = "broker bench peers: needs mosquitto, which is not installed (apt install mosquitto)"
+
+#: The Mosquitto runs: the QoS of each, and the name its figures go under.
+QOS_RUNS = ((1, "mosquitto_qos1"), (0, "mosquitto_qos0"))
+
+#: The figures compared as ratios, and the key of each in a per-rate result.
+RATIOS = (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg"))
+
+
+def mosquitto_path() -> str | None:
+    """The mosquitto executable: on PATH, or where Debian puts it."""
+    found = shutil.which("mosquitto")
+    if found is None and os.access(_SBIN_MOSQUITTO, os.X_OK):
+        found = _SBIN_MOSQUITTO
+    return found
+
+
+def unavailable() -> str | None:
+    """Why this suite cannot run here (one line saying what to install), or None."""
+    return MISSING if mosquitto_path() is None else None
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"mosquitto exited with status {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"mosquitto did not listen on port {port} within {timeout:.0f} s")
+
+
+@contextmanager
+def mosquitto_process(path: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A Mosquitto broker on a free loopback port (anonymous, no persistence,
+    logging off, no limit on the QoS 1 messages queued for a client),
+    stopped (SIGTERM) after the block."""
+    with tempfile.TemporaryDirectory(prefix="broker-bench-mosquitto-") as directory:
+        port = free_port()
+        config = Path(directory) / "mosquitto.conf"
+        # (max_queued_messages 0: as this broker's reliable subscriptions, drop
+        # no QoS 1 message for a subscriber that falls behind; the default
+        # drops past 1,000.)
+        config.write_text(
+            f"listener {port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            "log_dest none\n"
+            "max_queued_messages 0\n"
+        )
+        process = subprocess.Popen(
+            [path, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            # (A generous deadline: the machine may be busy with the tests.)
+            _wait_listening(port, process, 30)
+            yield f"127.0.0.1:{port}", process
+        finally:
+            stop(process)
+
+
+def mosquitto_rates_table(
+    path: str, duration: float, qos: int, rates: tuple[int, ...] = TABLE_RATES
+) -> dict[str, Any]:
+    """At each of ``rates``, on one freshly started Mosquitto, with MQTT
+    clients at ``qos``: :func:`at_rate`'s figures (latency percentiles,
+    messages received, broker CPU per message), keyed ``rate_{rate}_{figure}``."""
+    results: dict[str, Any] = {}
+    with mosquitto_process(path) as (url, process):
+        for rate in rates:
+            figures = at_rate(url, process.pid, rate, duration, mqtt_qos=qos)
+            results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
+    return results
+
+
+def run(
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _step: None,
+    *,
+    rates: tuple[int, ...] = TABLE_RATES,
+    **_options: Any,
+) -> dict[str, Any]:
+    """The broker's per-rate figures (``ours_rate_*``) and Mosquitto's at QoS 1
+    and 0 (``mosquitto_qos1_rate_*``, ``mosquitto_qos0_rate_*``), rate by rate,
+    each run on a fresh broker process; their ratios; ``python_loop_10m_s``.
+    Raises RuntimeError when mosquitto is not installed (see :func:`unavailable`)."""
+    path = mosquitto_path()
+    if path is None:
+        raise RuntimeError(MISSING)
+    # (The CPU figures are read in clock ticks, 10 ms each: ten-second runs
+    # keep a tick under 2 us per message at 1,000 msg/s.)
+    duration = 3.0 if quick else 10.0
+    started = time.perf_counter()
+    results: dict[str, Any] = {"python_loop_10m_s": python_loop_10m_s(), "duration_s": duration}
+    for rate in rates:
+        progress(f"{rate:,} msg/s for {duration:.0f} s: this broker")
+        runs = {"ours": rates_table(duration, (rate,))}
+        for qos, name in QOS_RUNS:
+            progress(f"{rate:,} msg/s for {duration:.0f} s: mosquitto at QoS {qos}")
+            runs[name] = mosquitto_rates_table(path, duration, qos, (rate,))
+        for name, figures in runs.items():
+            results.update({f"{name}_{key}": value for key, value in figures.items()})
+        for qos, name in QOS_RUNS:
+            for ratio, key in RATIOS:
+                theirs = results[f"{name}_rate_{rate}_{key}"]
+                ours = results[f"ours_rate_{rate}_{key}"]
+                # (None: no CPU tick fell in Mosquitto's window.)
+                results[f"ratio_qos{qos}_rate_{rate}_{ratio}"] = ours / theirs if theirs else None
+    results["python_loop_10m_s_after"] = python_loop_10m_s()
+    results["bench_seconds"] = time.perf_counter() - started
+    return results
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    """``results`` of :func:`run` as a table: a row per rate and broker, the
+    broker's own figures over each Mosquitto row's in the ratio columns."""
+    rates = sorted(
+        {int(key.split("_")[2]) for key in results if key.startswith("ours_rate_")},
+    )
+    header = (
+        f"{'rate':>7}  {'broker':<15}{'p50 us':>9}{'p99 us':>9}{'CPU us/msg':>12}"
+        f"{'received':>10}{'p50 x':>8}{'p99 x':>8}{'CPU x':>8}"
+    )
+    lines = [header]
+    for rate in rates:
+        for name in ("ours", *(name for _qos, name in QOS_RUNS)):
+            prefix = f"{name}_rate_{rate}_"
+            row = (
+                f"{rate:>7,}  {name.replace('_', ' '):<15}"
+                f"{results[prefix + 'p50_us']:>9,.0f}{results[prefix + 'p99_us']:>9,.0f}"
+                f"{results[prefix + 'broker_cpu_us_per_msg']:>12,.1f}"
+                f"{results[prefix + 'received']:>10,}"
+            )
+            if name != "ours":
+                qos = name[-1]
+                ratios = [results[f"ratio_qos{qos}_rate_{rate}_{ratio}"] for ratio, _ in RATIOS]
+                row += "".join("     n/a" if r is None else f"{r:>8.2f}" for r in ratios)
+            lines.append(row)
+    lines.append(
+        f"python_loop_10m_s {results['python_loop_10m_s']:.2f} before, "
+        f"{results['python_loop_10m_s_after']:.2f} after; "
+        f"{results['duration_s']:.0f} s per run; ratios: this broker / that row"
+    )
+    return lines

@@ -25,16 +25,20 @@ TABLE_RATES = (100, 1_000, 10_000)
 
 
 def latency(
-    url: str, rate: float, duration: float, *, mqtt_qos: int | None = None
+    url: str, rate: float, duration: float, *, mqtt_qos: int | None = None, raw: bool = False
 ) -> dict[str, float]:
     """One publisher at ``rate`` msg/s (open loop: each payload carries its
     scheduled send time) to one subscriber for ``duration`` seconds: the
     latency percentiles (µs), how many arrived, and how late the sender was.
-    With ``mqtt_qos``, the clients speak MQTT 3.1.1 at that QoS to the MQTT
-    broker at ``url`` instead."""
-    if mqtt_qos is None:
-        sub_spec: dict[str, Any] = {"role": "sub", "latency": True}
-        pub_spec: dict[str, Any] = {"role": "pub", "topics": [{"name": "lat", "rate": rate}]}
+    The clients are the project's (``open_client``), or with ``raw`` minimal
+    clients of the sans-IO protocol (``_raw_worker``); with ``mqtt_qos``,
+    minimal MQTT 3.1.1 clients at that QoS, to the MQTT broker at ``url``."""
+    if raw:
+        sub_spec: dict[str, Any] = {"role": "raw_sub", "timeout": duration + 30}
+        pub_spec: dict[str, Any] = {"role": "raw_pub", "topic": "lat", "rate": rate}
+    elif mqtt_qos is None:
+        sub_spec = {"role": "sub", "latency": True}
+        pub_spec = {"role": "pub", "topics": [{"name": "lat", "rate": rate}]}
     else:
         sub_spec = {"role": "mqtt_sub", "qos": mqtt_qos, "timeout": duration + 30}
         pub_spec = {"role": "mqtt_pub", "qos": mqtt_qos, "topic": "lat", "rate": rate}
@@ -67,6 +71,7 @@ def at_rate(
     *,
     loop_counters: Callable[[], tuple[int, int]] | None = None,
     mqtt_qos: int | None = None,
+    raw: bool = False,
 ) -> dict[str, float]:
     """One :func:`latency` run at ``rate`` against the broker process ``pid``
     serving ``url``: the latency percentiles (``p50_us``, ``p99_us``), how
@@ -92,7 +97,7 @@ def at_rate(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    figures = latency(url, rate, duration, mqtt_qos=mqtt_qos)
+    figures = latency(url, rate, duration, mqtt_qos=mqtt_qos, raw=raw)
     sampler.join()
     (t0, cpu0, steps0, waits0), (t1, cpu1, steps1, waits1) = window
     messages = max(rate * (t1 - t0), 1.0)
@@ -108,17 +113,24 @@ def at_rate(
     return results
 
 
-def rates_table(duration: float, rates: tuple[int, ...] = TABLE_RATES) -> dict[str, Any]:
+def rates_table(
+    duration: float, rates: tuple[int, ...] = TABLE_RATES, *, raw: bool = False
+) -> dict[str, Any]:
     """At each of ``rates``, on one fresh memory-only broker counting its
     loop (``loop_counters``): :func:`at_rate`'s figures, keyed
-    ``rate_{rate}_{figure}``."""
+    ``rate_{rate}_{figure}`` (with ``raw``, measured with minimal clients)."""
     results: dict[str, Any] = {}
     metrics_port = free_port()
     extra = ["--set", "loop_counters=true", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     with broker_process(extra) as (url, process):
         for rate in rates:
             figures = at_rate(
-                url, process.pid, rate, duration, loop_counters=lambda: _loop_counters(metrics_port)
+                url,
+                process.pid,
+                rate,
+                duration,
+                loop_counters=lambda: _loop_counters(metrics_port),
+                raw=raw,
             )
             results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
     return results

@@ -28,6 +28,7 @@ from broker.runtime import tune_gc
 from ._log_worker import read_log
 from ._mqtt_worker import mqtt_publish, mqtt_subscribe
 from ._open_loop import STAMP, filler_for, schedule
+from ._raw_worker import raw_publish, raw_subscribe
 
 GC_THRESHOLD = BrokerConfig.gc_threshold
 
@@ -214,6 +215,8 @@ def main() -> None:
         "logsub": read_log,
         "mqtt_pub": mqtt_publish,
         "mqtt_sub": mqtt_subscribe,
+        "raw_pub": raw_publish,
+        "raw_sub": raw_subscribe,
     }
     result = trio.run(roles[role], spec)
     result["cpu_s"] = _cpu_seconds() - before

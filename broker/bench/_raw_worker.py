@@ -1,0 +1,185 @@
+"""The peer benchmark's raw clients of this broker, run in a worker process
+(``broker.bench._worker``, roles ``raw_pub`` and ``raw_sub``): the sans-IO
+protocol (:class:`broker.protocol.Connection`) over a trio socket, with
+nothing of the client library (no session, no reconnection, no inbox, no
+writer task), built as the MQTT peer clients are (``_mqtt_worker.py``), so
+that the two brokers are measured with clients of the same weight.
+
+The publisher sends each publish as soon as it is due, its frame written at
+once, and reads Confirms meanwhile; it finishes once every publish is
+confirmed. The subscriber (single ``Deliver`` frames, as a minimal client
+asks) times each delivery (the time of the read that completed it), then
+releases the read's frames and acknowledges the last one, in one send.
+Results have the shape of the broker's own workers' results.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import trio
+
+from broker.protocol import (
+    Confirm,
+    Connection,
+    ConnectionClosed,
+    DeliverReceived,
+    Event,
+    GuaranteesReceived,
+    HandleType,
+    NoGuarantees,
+    Role,
+    WelcomeReceived,
+)
+
+from ._open_loop import STAMP, filler_for, schedule
+
+
+class _Raw:
+    """One connection: the protocol, its socket, and events read so far."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = Connection(Role.CLIENT)
+
+    @classmethod
+    async def open(cls, url: str, name: str) -> _Raw:
+        host, port = url.rsplit(":", 1)
+        raw = cls(await trio.open_tcp_stream(host, int(port)))
+        raw.conn.hello(name)
+        await raw.flush()
+        await raw.until(WelcomeReceived)
+        return raw
+
+    async def flush(self) -> None:
+        data = self.conn.data_to_send(trio.current_time())
+        if data:
+            await self.stream.send_all(data)
+
+    async def read(self) -> list[Event]:
+        """The events of the next read (answering pings and the like)."""
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise RuntimeError("the broker closed the connection")
+        events = self.conn.receive_data(data, trio.current_time())
+        for event in events:
+            if isinstance(event, ConnectionClosed):
+                raise RuntimeError(f"the broker said goodbye: {event.reason}")
+        return events
+
+    async def until(self, kind: type) -> None:
+        """Read until an event of ``kind`` (others are dropped: set-up only)."""
+        while True:
+            events = await self.read()
+            await self.flush()
+            if any(isinstance(event, kind) for event in events):
+                return
+
+    async def until_confirmed(self, handle_type: HandleType, handle: int) -> None:
+        """Read until the broker confirmed ``handle`` (set-up only)."""
+        await self.flush()
+        while not self.conn.confirmed(handle_type, handle):
+            await self.read()
+            await self.flush()
+
+    async def close(self) -> None:
+        self.conn.goodbye()
+        await self.flush()
+        await self.stream.aclose()
+
+
+async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    """Publish ``rate`` messages/s for ``duration`` s to ``topic``."""
+    topic_name: str = spec["topic"]
+    rate: float = spec["rate"]
+    total = int(rate * spec["duration"])
+    filler = filler_for(spec.get("size", 100))
+    lateness: list[int] = []
+    raw = await _Raw.open(spec["url"], "bench-raw-pub")
+    conn = raw.conn
+    topic = conn.bind_topic(topic_name)
+    await raw.until_confirmed(HandleType.TOPIC, topic)
+    confirmed = 0
+    room = trio.Event()
+    start = time.perf_counter_ns()
+
+    async def read_confirms() -> None:
+        nonlocal confirmed, room
+        while confirmed < total:
+            for event in await raw.read():
+                if type(event) is Confirm:
+                    confirmed = event.count
+                elif isinstance(event, GuaranteesReceived):
+                    room.set()
+            await raw.flush()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_confirms)
+        async for n, scheduled in schedule(rate, total, lateness):
+            payload = STAMP.pack(scheduled, n) + filler
+            while True:
+                try:
+                    conn.publish(topic, payload)
+                    break
+                except NoGuarantees:
+                    room = trio.Event()
+                    await room.wait()
+            await raw.flush()
+        published = time.perf_counter_ns()
+    await raw.close()
+    return {
+        "start": start,
+        "published": published,
+        "end": time.perf_counter_ns(),
+        "sent": {topic_name: total},
+        "confirmed": confirmed,
+        "lateness": {topic_name: lateness},
+    }
+
+
+async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Subscribe to ``topic``, print ``ready``, then time ``count``
+    deliveries (or fewer if ``timeout`` seconds pass first)."""
+    count: int = spec["count"]
+    raw = await _Raw.open(spec["url"], "bench-raw-sub")
+    conn = raw.conn
+    topic = conn.bind_topic(spec["topic"])
+    await raw.until_confirmed(HandleType.TOPIC, topic)
+    handle = conn.subscribe(topic)
+    await raw.until_confirmed(HandleType.SUBSCRIPTION, handle)
+    print("ready", flush=True)
+    latencies: list[int] = []
+    received = gaps = expected = first = last = 0
+    with trio.move_on_after(spec.get("timeout", math.inf)):
+        while received < count:
+            events = await raw.read()
+            now = time.perf_counter_ns()
+            seq = 0
+            for event in events:
+                if type(event) is not DeliverReceived:
+                    continue
+                stamp, n = STAMP.unpack_from(event.message.payload)
+                if n != expected:
+                    gaps += abs(n - expected)
+                expected = n + 1
+                received += 1
+                latencies.append(now - stamp)
+                seq = event.message.seq
+                conn.release(event)
+            if seq:
+                first = first or now
+                last = now
+                conn.ack(handle, seq)
+            await raw.flush()
+    await raw.close()
+    one = {
+        "received": received,
+        "drained": 0,
+        "first": first,
+        "last": last,
+        "gaps": gaps,
+        "latencies": latencies,
+    }
+    return {"subscribers": [one]}

@@ -39,6 +39,7 @@ from broker.protocol import (
     Headers,
     LocalProtocolError,
     NoGuarantees,
+    Offsets,
     Outcome,
     Policy,
     Pong,
@@ -115,8 +116,9 @@ class ClientSession:
         self.pending_frees: set[int] = set()
         #: Publishes made per stage (see :meth:`finish_stage`).
         self.stage_counts: dict[Stage, int] = {}
-        #: Outcomes of this connection's commits and aborts, by request number.
-        self.outcomes: dict[int, Outcome] = {}
+        #: Outcomes of this connection's commits and aborts, and the Offsets
+        #: answering its ListOffsets, by request number.
+        self.outcomes: dict[int, Outcome | Offsets] = {}
         #: The highest nonce of a Pong received (nonces of our Pings increase).
         self.pong = 0
         self.goodbye_code: int | None = None
@@ -345,11 +347,14 @@ class ClientSession:
                 subscription = self.subscriptions.get(event.subscription)
                 if subscription is not None:
                     subscription.missed += event.count
+                    subscription.skipped_to = max(
+                        subscription.skipped_to, event.first_seq + event.count
+                    )
             elif type(event) is Confirm:
                 self.confirmed[event.topic] = event.count
             elif type(event) is Pong:
                 self.pong = max(self.pong, event.nonce)
-            elif type(event) is Outcome:
+            elif type(event) is Outcome or type(event) is Offsets:
                 self.outcomes[event.request] = event
             elif type(event) is WelcomeReceived:
                 self._resent_last = event.resent

@@ -52,6 +52,10 @@ class SubscriptionState:
         self.received = 0
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
+        #: One past the last sequence number (offset) a Gap covered (0: none):
+        #: every delivery before it has been received (a bounded read whose
+        #: end lies in a gap is done once its inbox is empty).
+        self.skipped_to = 0
         #: The options it was made with (to subscribe again if the session is lost).
         self.mode = "reliable"
         self.options: Options | None = None

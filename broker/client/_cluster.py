@@ -88,7 +88,9 @@ class _Routing(Generic[C]):
         check_topic_name(topic)
         return self.clients[route(topic, self._servers)]
 
-    def _owned(self, server: str, offsets: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    def _owned(
+        self, server: str, offsets: dict[str, tuple[int, int]]
+    ) -> dict[str, tuple[int, int]]:
         """The entries of ``offsets`` (one broker's answer) for the topics
         ``server`` owns: a topic left elsewhere by an earlier set of brokers
         is not this set's."""

@@ -63,6 +63,11 @@ class SubscriptionState:
         self._consumed = 0
         self._acked = 0
 
+    def _gap(self, first_seq: int, count: int) -> None:
+        """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
+        self.missed += count
+        self.skipped_to = max(self.skipped_to, first_seq + count)
+
     def _take(self) -> Message:
         """The next queued message (there is one)."""
         inbox = self._inbox

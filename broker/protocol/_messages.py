@@ -249,6 +249,10 @@ class Offsets:
     reason: str = ""
 
 
+#: The broker's answer to a numbered request of the client (Commit, Abort, ListOffsets).
+Answer = Outcome | Offsets
+
+
 @dataclass(slots=True)
 class BindTopic:
     """Binds the next topic handle to a topic name (channel ``[0,0]``).

@@ -135,7 +135,10 @@ async def test_a_bounded_read_holds_no_publisher_back_and_is_told_what_it_lost(
         stuck = await RawClient.connect(broker)
         await stuck.handshake("stuck")
         await stuck.send(BindTopic("t"), Subscribe(0, "reliable", {"from": 1, "until": 1000}))
-        await wait_until(lambda: bool(broker.topics["t"].subscriptions), what="subscribed")
+        await wait_until(
+            lambda: "t" in broker.topics and bool(broker.topics["t"].subscriptions),
+            what="subscribed",
+        )
         with trio.fail_after(TIMEOUT):
             await publish(address, "t", [PAYLOAD] * COUNT)
         topic_log = broker.topics["t"].log

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.client import ClientError, ConnectionLost, open_client
+from broker.client import (
+    BlockingClient,
+    BlockingClusterClient,
+    ClientError,
+    ConnectionLost,
+    open_client,
+)
 from broker.config import KiB, TopicRule
 from broker.protocol import (
     BindTopic,
@@ -153,3 +159,32 @@ async def test_a_bounded_read_holds_no_publisher_back_and_is_told_what_it_lost(
         await stuck.aclose()
         # Everything it was to read is gone: the Gap says so, cut at its end.
         assert (gap.first_seq, gap.count) == (1, 999)
+
+
+async def test_the_blocking_and_cluster_clients_list_offsets(tmp_path: Path) -> None:
+    async with running_broker(log_config(tmp_path)) as broker:
+        address = url(broker)
+        await publish(address, "a", [b"x"] * 3)
+
+        def ask() -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+            with BlockingClient(address) as client, BlockingClusterClient(address) as cluster:
+                return client.offsets(timeout=TIMEOUT), cluster.offsets(["a", "b"], timeout=TIMEOUT)
+
+        single, cluster = await trio.to_thread.run_sync(ask)
+    assert single == cluster == {"a": (1, 4)}
+
+
+async def test_a_bounded_read_whose_range_was_deleted_ends_in_a_gap(tmp_path: Path) -> None:
+    """All it was to read is gone: no delivery comes, and ``skipped_to``
+    says the range is over."""
+    rule = TopicRule("t", retain_bytes=4 * TERM, term_bytes=TERM, when_full="drop-oldest")
+    config = make_config(data_dir=str(tmp_path), topics=(rule,))
+    async with running_broker(config) as broker:
+        address = url(broker)
+        await publish(address, "t", [PAYLOAD] * COUNT)
+        async with (
+            open_client(address, name="reader") as client,
+            client.subscribe("t", options={"from": 1, "until": 100}) as sub,
+        ):
+            await wait_until(lambda: sub.skipped_to >= 100, what="the Gap")
+            assert (sub.skipped_to, sub.missed, sub.received) == (100, 99, 0)

@@ -80,6 +80,49 @@ def broker_address(broker_process: tuple[str, subprocess.Popen[str]]) -> str:
     return broker_process[0]
 
 
+#: Topics "lossy.*" keep about 520 records of 1000 bytes: older ones are deleted.
+CONFIG = """
+[[topics]]
+pattern = "lossy.*"
+retain_bytes = 524288
+term_bytes = 131072
+when_full = "drop-oldest"
+"""
+
+
+@pytest.fixture(scope="session")
+def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker process with a data directory (topic logs), on a free port."""
+    root = tmp_path_factory.mktemp("log-broker")
+    (root / "broker.toml").write_text(CONFIG)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "--log-level",
+            "WARNING",
+            "serve",
+            "--config",
+            str(root / "broker.toml"),
+            "--data-dir",
+            str(root / "data"),
+        ],
+        env={**os.environ, "BROKER_LISTEN": "127.0.0.1:0", "BROKER_METRICS_LISTEN": ""},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("broker listening on "), line
+    try:
+        yield line.split()[-1]
+    finally:
+        process.terminate()
+        process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0
+
+
 def rss_bytes(pid: int) -> int:
     """The resident memory of process ``pid``."""
     with open(f"/proc/{pid}/status") as status:

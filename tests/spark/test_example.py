@@ -35,3 +35,36 @@ def test_the_example_job_publishes_every_row_exactly_once(broker_address: str) -
     ids = sorted(int(m.payload.split(b",")[0].removeprefix(b'{"id":')) for m in messages)
     assert ids == list(range(rows))
     assert all(len(m.payload) == 100 and m.key is not None for m in messages)
+
+
+def test_the_pipeline_example_copies_every_record_once(log_broker: str, tmp_path: Path) -> None:
+    """``examples/spark_pipeline.py`` reads one topic and writes to another,
+    exactly once; run again on the same checkpoint it writes nothing more."""
+    from .test_source import publish, topic
+
+    source, sink = topic("orders"), topic("orders.checked")
+    publish(log_broker, source, 3000)
+    args = [
+        "examples/spark_pipeline.py",
+        "--broker",
+        log_broker,
+        "--source",
+        source,
+        "--sink",
+        sink,
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--max-per-trigger",
+        "1000",
+        "--available-now",
+    ]
+    done = run_script(args, ROOT)
+    assert f"read 3000 rows from {source!r}, wrote them to {sink!r} (exactly-once)" in done.stdout
+    again = run_script(args, ROOT)
+    assert f"read 0 rows from {source!r}" in again.stdout
+    with BlockingClient(log_broker) as client:
+        assert client.offsets([sink], timeout=TIMEOUT) == {sink: (1, 3001)}
+        with client.subscribe(sink, start="earliest", timeout=TIMEOUT) as subscription:
+            messages = [subscription.receive(timeout=TIMEOUT) for _ in range(3000)]
+    values = sorted(m.payload for m in messages)
+    assert values == sorted(b"ID=%d; <- %s@%d" % (n, source.encode(), n + 1) for n in range(3000))

@@ -7,12 +7,8 @@ is killed mid-way and restarted from its checkpoint, exactly once."""
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,53 +18,11 @@ from broker.client import BlockingClient
 
 from .conftest import TIMEOUT
 
-#: Topics "lossy.*" keep about 520 records of 1000 bytes: older ones are deleted.
-CONFIG = """
-[[topics]]
-pattern = "lossy.*"
-retain_bytes = 524288
-term_bytes = 131072
-when_full = "drop-oldest"
-"""
-
 _serial = itertools.count()
 
 
 def topic(prefix: str = "src") -> str:
     return f"{prefix}.{next(_serial)}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(scope="module")
-def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker process with a data directory (topic logs), on a free port."""
-    root = tmp_path_factory.mktemp("log-broker")
-    (root / "broker.toml").write_text(CONFIG)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "--log-level",
-            "WARNING",
-            "serve",
-            "--config",
-            str(root / "broker.toml"),
-            "--data-dir",
-            str(root / "data"),
-        ],
-        env={**os.environ, "BROKER_LISTEN": "127.0.0.1:0", "BROKER_METRICS_LISTEN": ""},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("broker listening on "), line
-    try:
-        yield line.split()[-1]
-    finally:
-        process.terminate()
-        process.communicate(timeout=TIMEOUT)
-    assert process.returncode == 0
 
 
 def publish(address: str, name: str, count: int, *, size: int = 0, first: int = 0) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from broker.protocol import topic_name_problem
 
-from ._options import SinkError, SinkOptions
+from ._options import CONNECTION_OPTIONS, SinkError, SinkOptions
 
 #: Kafka's special offsets in ``startingOffsets``/``endingOffsets`` JSON.
 EARLIEST = -2
@@ -35,19 +35,6 @@ SOURCE_KEYS = frozenset(
         "minpartitions",
     }
 )
-#: The ``broker.*`` options a source takes (those of the sink that are about connecting).
-CONNECTION_KEYS = frozenset(
-    {
-        "broker.servers",
-        "broker.token",
-        "broker.tls",
-        "broker.cafile",
-        "broker.timeout",
-        "broker.reconnect",
-        "broker.client.name",
-    }
-)
-
 #: Offsets as Spark checkpoints them: topic -> partition ("0") -> next offset.
 OffsetMap = dict[str, dict[str, int]]
 #: A start or an end: "earliest", "latest", or per topic an offset (or EARLIEST/LATEST).
@@ -80,16 +67,18 @@ class SourceOptions:
         unknown = sorted(
             key
             for key in options
-            if key not in SOURCE_KEYS and key not in CONNECTION_KEYS and key != "path"
-            if key.startswith("broker.") or key in _KAFKA_ONLY
+            if key not in SOURCE_KEYS and key not in CONNECTION_OPTIONS and key != "path"
+            if key.startswith(("broker.", "kafka.")) or key in _KAFKA_ONLY
         )
         if unknown:
             raise SourceError(
                 f"unknown source option(s) {unknown}; known: "
-                f"{sorted(CONNECTION_KEYS)} and subscribe, subscribePattern, startingOffsets, "
+                f"{sorted(CONNECTION_OPTIONS)} and subscribe, subscribePattern, startingOffsets, "
                 "endingOffsets, maxOffsetsPerTrigger, failOnDataLoss, minPartitions"
             )
-        connection = SinkOptions.parse({k: v for k, v in options.items() if k in CONNECTION_KEYS})
+        connection = SinkOptions.parse(
+            {key: value for key, value in options.items() if key in CONNECTION_OPTIONS}
+        )
         subscribe, pattern = options.get("subscribe"), options.get("subscribepattern")
         if (subscribe is None) == (pattern is None):
             raise SourceError('give exactly one of the options "subscribe" and "subscribePattern"')
@@ -141,7 +130,7 @@ class SourceOptions:
 
 
 #: Kafka source options this source does not take: said, not silently ignored.
-_KAFKA_ONLY = frozenset({"assign", "kafka.bootstrap.servers", "topic", "includeheaders"})
+_KAFKA_ONLY = frozenset({"assign", "topic", "includeheaders"})
 
 
 def _has(bound: Bound, special: int) -> bool:

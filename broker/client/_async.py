@@ -32,6 +32,7 @@ from ._common import (
     check_outcome,
     client_policy,
     connection_target,
+    offsets_answer,
     show_address,
 )
 from ._start import Start, subscribe_options
@@ -242,6 +243,22 @@ class Client(TrioDriver):
         await self._ready_for_the_application()
         steps = flows.request(self._session, lambda conn: conn.abort(batch))
         return check_outcome(batch, await self._run_flow(steps))
+
+    async def offsets(self, topics: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
+        """``{topic: (first, end)}`` of ``topics`` (None: of every topic the
+        broker keeps a log of that this client may subscribe to): ``first``
+        is the offset of the first record kept, ``end`` the offset the next
+        record will get (Kafka's beginning and end offsets; equal when the
+        log holds nothing). A topic without a log is left out (nothing is
+        created). Raises :class:`ClientError` on a broker without topic
+        logs; naming a topic the client may not subscribe to ends the
+        connection (Goodbye 6)."""
+        names = None if topics is None else list(topics)
+        for name in names or ():
+            check_topic_name(name)
+        await self._ready_for_the_application()
+        steps = flows.request(self._session, lambda conn: conn.list_offsets(names))
+        return offsets_answer(await self._run_flow(steps))
 
     # ---------------------------------------------------------------- subscribing
 

@@ -41,11 +41,19 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
-from broker.protocol import Headers, Options, Outcome, Policy, Stage, check_topic_name
+from broker.protocol import (
+    Headers,
+    Offsets,
+    Options,
+    Outcome,
+    Policy,
+    Stage,
+    check_topic_name,
+)
 
 from . import _flows as flows
 from ._blocking_driver import SEND_THRESHOLD, BlockingDriver, deadline_in, remaining
-from ._common import ClientError, ConnectionLost, Message, check_outcome
+from ._common import ClientError, ConnectionLost, Message, check_outcome, offsets_answer
 from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 
@@ -375,7 +383,21 @@ class BlockingClient(BlockingDriver):
         steps = flows.request(self._session, lambda conn: conn.abort(batch))
         return check_outcome(batch, self._request(steps, timeout, "abort"))
 
-    def _request(self, steps: flows.Steps[Outcome], timeout: float | None, what: str) -> Outcome:
+    def offsets(
+        self, topics: Iterable[str] | None = None, *, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """``{topic: (first, end)}`` of ``topics`` (None: every topic with a
+        log this client may subscribe to); see
+        :meth:`broker.client.Client.offsets`."""
+        names = None if topics is None else list(topics)
+        for name in names or ():
+            check_topic_name(name)
+        steps = flows.request(self._session, lambda conn: conn.list_offsets(names))
+        return offsets_answer(self._request(steps, timeout, "list offsets"))
+
+    def _request(
+        self, steps: flows.Steps[Outcome | Offsets], timeout: float | None, what: str
+    ) -> Outcome | Offsets:
         deadline = deadline_in(timeout)
         with self._locked(deadline):
             return self._run(steps, deadline, what)

@@ -88,6 +88,14 @@ class _Routing(Generic[C]):
         check_topic_name(topic)
         return self.clients[route(topic, self._servers)]
 
+    def _owned(
+        self, server: str, offsets: dict[str, tuple[int, int]]
+    ) -> dict[str, tuple[int, int]]:
+        """The entries of ``offsets`` (one broker's answer) for the topics
+        ``server`` owns: a topic left elsewhere by an earlier set of brokers
+        is not this set's."""
+        return {t: span for t, span in offsets.items() if route(t, self._servers) == server}
+
     def _shares(self, counts: Mapping[str, Mapping[str, int]]) -> dict[str, list[tuple[str, int]]]:
         """Per broker, the members of a commit (``counts[member][server]``
         staged there), in the order of ``counts``. A member that staged
@@ -297,6 +305,19 @@ class BlockingClusterClient(_Routing[BlockingClient]):
         return self.client_for(topic).subscribe(
             topic, mode=mode, options=options, timeout=timeout, start=start, cursor=cursor
         )
+
+    def offsets(
+        self, topics: Iterable[str] | None = None, *, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """:meth:`BlockingClient.offsets`, each topic asked of its owner
+        (None: every broker lists the topics it owns)."""
+        names = None if topics is None else list(topics)
+        found: dict[str, tuple[int, int]] = {}
+        for server, client in self.clients.items():
+            mine = None if names is None else [t for t in names if self.client_for(t) is client]
+            if mine != []:
+                found.update(self._owned(server, client.offsets(mine, timeout=timeout)))
+        return dict(sorted(found.items()))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every broker has routed everything published to it."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
-from broker.protocol import Headers, Outcome, OutcomeStatus, Policy
+from broker.protocol import Headers, Offsets, Outcome, OutcomeStatus, Policy
 from broker.tls import client_context
 
 log = logging.getLogger("broker.client")
@@ -45,11 +45,21 @@ class StagingRefused(ClientError):
         self.reason = reason
 
 
-def check_outcome(batch: str, outcome: Outcome) -> Outcome:
+def check_outcome(batch: str, outcome: Outcome | Offsets) -> Outcome:
     """``outcome``, unless it is a refusal (then :class:`StagingRefused`)."""
+    assert isinstance(outcome, Outcome)
     if outcome.status == OutcomeStatus.REFUSED:
         raise StagingRefused(batch, outcome.reason)
     return outcome
+
+
+def offsets_answer(answer: Outcome | Offsets) -> dict[str, tuple[int, int]]:
+    """The ``{topic: (first, end)}`` of an Offsets answer (see
+    :meth:`broker.client.Client.offsets`); its refusal raises :class:`ClientError`."""
+    assert isinstance(answer, Offsets)
+    if answer.reason:
+        raise ClientError(f"the broker lists no offsets: {answer.reason}")
+    return {name: (first, end) for name, first, end in answer.topics}
 
 
 class ConnectionLost(ClientError):

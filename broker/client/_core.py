@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 from broker.protocol import (
     SUBSCRIPTION_BINDS,
+    Answer,
     Channel,
     ChannelKind,
     ClientSessionState,
@@ -39,7 +40,6 @@ from broker.protocol import (
     Headers,
     LocalProtocolError,
     NoGuarantees,
-    Outcome,
     Policy,
     Pong,
     Role,
@@ -115,8 +115,8 @@ class ClientSession:
         self.pending_frees: set[int] = set()
         #: Publishes made per stage (see :meth:`finish_stage`).
         self.stage_counts: dict[Stage, int] = {}
-        #: Outcomes of this connection's commits and aborts, by request number.
-        self.outcomes: dict[int, Outcome] = {}
+        #: Answers to this connection's Commits, Aborts and ListOffsets, by request number.
+        self.outcomes: dict[int, Answer] = {}
         #: The highest nonce of a Pong received (nonces of our Pings increase).
         self.pong = 0
         self.goodbye_code: int | None = None
@@ -344,12 +344,12 @@ class ClientSession:
             elif type(event) is Gap:
                 subscription = self.subscriptions.get(event.subscription)
                 if subscription is not None:
-                    subscription.missed += event.count
+                    subscription._gap(event.first_seq, event.count)
             elif type(event) is Confirm:
                 self.confirmed[event.topic] = event.count
             elif type(event) is Pong:
                 self.pong = max(self.pong, event.nonce)
-            elif type(event) is Outcome:
+            elif isinstance(event, Answer):
                 self.outcomes[event.request] = event
             elif type(event) is WelcomeReceived:
                 self._resent_last = event.resent

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator
 from typing import Generic, TypeVar, cast
 
-from broker.protocol import ClientSessionState, Connection, HandleType, Headers, Outcome, Stage
+from broker.protocol import (
+    ClientSessionState,
+    Connection,
+    HandleType,
+    Headers,
+    Offsets,
+    Outcome,
+    Stage,
+)
 
 from ._common import ClientError
 from ._core import ClientSession
@@ -133,10 +141,10 @@ def open_subscription(session: ClientSession, subscription: SubscriptionState) -
     yield from round_trip(session)
 
 
-def request(session: ClientSession, send: Callable[[Connection], int]) -> Steps[Outcome]:
-    """Send a Commit or Abort (``send(conn)`` queues it and returns its
-    number) and wait for its Outcome; sent again on a new connection if
-    the connection is replaced first (both are idempotent)."""
+def request(session: ClientSession, send: Callable[[Connection], int]) -> Steps[Outcome | Offsets]:
+    """Send a Commit, Abort or ListOffsets (``send(conn)`` queues it and
+    returns its number) and wait for its answer; sent again on a new
+    connection if the connection is replaced first (all are idempotent)."""
     while True:
         yield session_ready(session)
         generation = session.generation

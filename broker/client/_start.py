@@ -23,8 +23,10 @@ Start: TypeAlias = Literal["earliest", "latest"] | int | datetime.datetime
 #: The option names ``start=`` and ``cursor=`` stand for.
 START_KEYS = ("from", "from_time")
 CURSOR_KEY = "cursor"
+#: A bounded read's end: the offset it stops before.
+UNTIL_KEY = "until"
 #: The options only a broker that keeps topic logs takes.
-LOG_KEYS = (*START_KEYS, CURSOR_KEY)
+LOG_KEYS = (*START_KEYS, CURSOR_KEY, UNTIL_KEY)
 
 #: The largest integer an option carries (options are signed 64-bit on the wire).
 _OPTION_MAX = 2**63 - 1

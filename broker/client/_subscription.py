@@ -52,12 +52,21 @@ class SubscriptionState:
         self.received = 0
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
+        #: One past the last sequence number (offset) a Gap covered (0: none):
+        #: every delivery before it has been received (a bounded read whose
+        #: end lies in a gap is done once its inbox is empty).
+        self.skipped_to = 0
         #: The options it was made with (to subscribe again if the session is lost).
         self.mode = "reliable"
         self.options: Options | None = None
         #: The sequence numbers of the last message consumed and of the last acknowledged.
         self._consumed = 0
         self._acked = 0
+
+    def _gap(self, first_seq: int, count: int) -> None:
+        """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
+        self.missed += count
+        self.skipped_to = max(self.skipped_to, first_seq + count)
 
     def _take(self) -> Message:
         """The next queued message (there is one)."""

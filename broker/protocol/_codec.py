@@ -40,7 +40,9 @@ from ._messages import (
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
+    ListOffsets,
     Message,
+    Offsets,
     Options,
     Outcome,
     Ping,
@@ -52,6 +54,7 @@ from ._messages import (
     Throttled,
     Welcome,
 )
+from ._names import topic_name_problem
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -128,6 +131,10 @@ def _fields(message: Message) -> list[Any]:
             return [41, request, batch]
         case Outcome(request, status, messages, reason):
             return [42, request, status, messages, reason]
+        case ListOffsets(request, topics):
+            return [43, request, None if topics is None else list(topics)]
+        case Offsets(request, topics, reason):
+            return [44, request, [[name, first, end] for name, first, end in topics], reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
         case Hello(version, client, session, processed, token, deliver_many):
@@ -610,6 +617,36 @@ def _outcome(f: list[Any]) -> Outcome:
     return Outcome(_u64(f[1], "request"), status, _u64(f[3], "messages"), _text(f[4], "reason"))
 
 
+def _list_offsets(f: list[Any]) -> ListOffsets:
+    topics = f[2]
+    if topics is None:
+        return ListOffsets(_u64(f[1], "request"), None)
+    if type(topics) is not list:
+        raise _bad("ListOffsets topics must be an array of topic names or null")
+    names = []
+    for name in topics:
+        problem = topic_name_problem(name)
+        if problem is not None:
+            raise _bad(f"ListOffsets: {problem}")
+        names.append(name)
+    return ListOffsets(_u64(f[1], "request"), names)
+
+
+def _offsets(f: list[Any]) -> Offsets:
+    entries = f[2]
+    if type(entries) is not list:
+        raise _bad("Offsets topics must be an array of [name, first, end] triples")
+    topics: list[tuple[str, int, int]] = []
+    for entry in entries:
+        if type(entry) is not list or len(entry) != 3:
+            raise _bad("each Offsets entry must be a [name, first, end] triple")
+        first, end = _u64(entry[1], "first offset"), _u64(entry[2], "end offset")
+        if first > end:
+            raise _bad(f"an Offsets entry's first offset {first} is above its end {end}")
+        topics.append((_text(entry[0], "topic name"), first, end))
+    return Offsets(_u64(f[1], "request"), topics, _text(f[3], "reason"))
+
+
 def _subscribe(f: list[Any]) -> Subscribe:
     return Subscribe(_u64(f[1], "topic"), _text(f[2], "mode"), _options(f[3]))
 
@@ -654,6 +691,8 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),
+    MessageType.LIST_OFFSETS: (3, _list_offsets),
+    MessageType.OFFSETS: (4, _offsets),
 }
 
 

@@ -60,6 +60,8 @@ from ._messages import (
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
+    ListOffsets,
+    Offsets,
     Outcome,
     Ping,
     Plead,
@@ -157,4 +159,6 @@ _HANDLERS: dict[type, Callable[[Connection, Any, int, list[Event]], None]] = {
     Commit: Connection._on_staging_notice,
     Abort: Connection._on_staging_notice,
     Outcome: Connection._on_staging_notice,
+    ListOffsets: Connection._on_staging_notice,
+    Offsets: Connection._on_staging_notice,
 }

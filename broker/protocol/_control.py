@@ -1,6 +1,6 @@
 """Control messages: the guarantee messages a connection receives about its
 channels, the small messages every connection answers or passes on (Ping,
-Pong, Goodbye, Throttled), and the staging requests (Commit, Abort, Outcome).
+Pong, Goodbye, Throttled), and the requests (Commit, Abort, Outcome; ListOffsets, Offsets).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from ._messages import (
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
+    ListOffsets,
+    Offsets,
     Outcome,
     Ping,
     Plead,
@@ -184,11 +186,33 @@ class ControlHandling(HandleBinding):
         self._require_open()
         self._queue(Outcome(request, int(status), messages, reason))
 
+    # ---------------------------------------------------------------- offsets
+
+    def list_offsets(self, topics: list[str] | None = None) -> int:
+        """Client: ask for the first and next offsets of ``topics`` (None: of
+        every topic with a log the client may subscribe to); returns the
+        request number its :class:`Offsets` will carry."""
+        self._require_role(Role.CLIENT, "list offsets")
+        self._require_open()
+        self._last_request += 1
+        self._queue(ListOffsets(self._last_request, None if topics is None else list(topics)))
+        return self._last_request
+
+    def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
+        """Broker: answer ListOffsets number ``request``."""
+        self._require_role(Role.BROKER, "answer offsets")
+        self._require_open()
+        self._queue(Offsets(request, topics, reason))
+
     def _on_staging_notice(
-        self, message: Commit | Abort | Outcome, size: int, events: list[Event]
+        self,
+        message: Commit | Abort | Outcome | ListOffsets | Offsets,
+        size: int,
+        events: list[Event],
     ) -> None:
-        """Commit and Abort (client to broker), Outcome (broker to client): checked, passed on."""
-        sent_by = Role.BROKER if isinstance(message, Outcome) else Role.CLIENT
+        """Commit, Abort and ListOffsets (client to broker), Outcome and
+        Offsets (broker to client): checked, passed on."""
+        sent_by = Role.BROKER if isinstance(message, Outcome | Offsets) else Role.CLIENT
         if self.role is sent_by:
             raise RemoteProtocolError(
                 f"{type(message).__name__} is sent by the {sent_by.name.lower()}"

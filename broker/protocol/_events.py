@@ -21,6 +21,8 @@ from ._messages import (
     DeliverMany,
     Gap,
     Hello,
+    ListOffsets,
+    Offsets,
     Options,
     Outcome,
     Pong,
@@ -190,4 +192,6 @@ Event = (
     | Commit
     | Abort
     | Outcome
+    | ListOffsets
+    | Offsets
 )

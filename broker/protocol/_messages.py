@@ -219,6 +219,40 @@ class Outcome:
     reason: str = ""
 
 
+#: One topic's entry in an ``Offsets`` reply: its name, the offset of its
+#: first record kept, and the offset its next record will have (Kafka's
+#: log-start offset and high watermark; equal when it keeps no record).
+TopicOffsets = tuple[str, int, int]
+
+
+@dataclass(slots=True)
+class ListOffsets:
+    """Client: the first and next offsets of ``topics`` (None: of every topic
+    the broker keeps a log of that the client may subscribe to). Answered
+    by an ``Offsets`` with the same ``request``; creates no topic."""
+
+    TYPE: ClassVar[MessageType] = MessageType.LIST_OFFSETS
+    request: int
+    topics: list[str] | None = None
+
+
+@dataclass(slots=True)
+class Offsets:
+    """Broker: the answer to ``ListOffsets`` number ``request``: one entry per
+    topic that has a log (a named topic without one is left out), sorted by
+    name. A non-empty ``reason`` says why nothing is listed (a broker
+    without topic logs; an answer that would not fit in one frame)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.OFFSETS
+    request: int
+    topics: list[TopicOffsets]
+    reason: str = ""
+
+
+#: The broker's answer to a numbered request of the client (Commit, Abort, ListOffsets).
+Answer = Outcome | Offsets
+
+
 @dataclass(slots=True)
 class BindTopic:
     """Binds the next topic handle to a topic name (channel ``[0,0]``).
@@ -331,6 +365,8 @@ ControlMessage = (
     | Commit
     | Abort
     | Outcome
+    | ListOffsets
+    | Offsets
 )
 ChannelMessage = BindTopic | Subscribe | Publish | Deliver | DeliverMany
 Message = ControlMessage | ChannelMessage

@@ -98,6 +98,8 @@ class MessageType(IntEnum):
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42
+    LIST_OFFSETS = 43
+    OFFSETS = 44
 
 
 class OutcomeStatus(IntEnum):

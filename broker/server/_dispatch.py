@@ -23,6 +23,7 @@ from broker.protocol import (
     HandleFreeProposed,
     HandleType,
     HelloReceived,
+    ListOffsets,
     PublishReceived,
     Subscribed,
     TopicBound,
@@ -33,12 +34,13 @@ from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
 from ._log_subscription import CursorBook
 from ._logs import TopicUnavailable
+from ._offsets import OffsetsHost, answer_list_offsets
 from ._peerlog import LINE_CHARS, ConnectionLog, shown
 from ._publishing import PublishChannel, Publishing, PublishingHost
 from ._subscribe import OptionError, make_subscription
 
 
-class DispatchHost(PublishingHost, Protocol):
+class DispatchHost(PublishingHost, OffsetsHost, Protocol):
     """What applying events needs of the broker: publishing's needs, and
     where durable cursors are kept."""
 
@@ -178,6 +180,12 @@ class Dispatch:
         topic.subscribe(subscription)
         self.budget.subscriptions_changed()
 
+    def list_offsets(self, event: ListOffsets, connection: Dispatched) -> None:
+        denied = answer_list_offsets(self.host, self.protocol, self.admission.may_subscribe, event)
+        if denied is not None:
+            self.deny(denied, connection)
+        self.publishing.wake.set()
+
     def ack(self, event: Ack, connection: Dispatched) -> None:
         self.deliveries.ack(event.subscription, event.seq)
 
@@ -214,6 +222,7 @@ CONTROL: Final[dict[type, Callable[[Dispatch, Any, Dispatched], None]]] = {
     Abort: Dispatch.abort,
     Subscribed: Dispatch.subscribed,
     Ack: Dispatch.ack,
+    ListOffsets: Dispatch.list_offsets,
     HandleFreeProposed: Dispatch.handle_gone,
     HandleDeleted: Dispatch.handle_gone,
     ConnectionClosed: Dispatch.closed,

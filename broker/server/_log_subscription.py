@@ -17,7 +17,10 @@ never the log. The lag itself is on disk, bounded by retention.
 Where a subscription starts comes from its ``Subscribe`` options
 (:func:`start_request`): ``"from"``, ``"from_time"`` and a durable
 ``"cursor"`` whose acknowledged position survives restarts (a
-:class:`CursorBook` keeps it).
+:class:`CursorBook` keeps it). With ``"until"`` it is a *bounded read*
+(Kafka's consumer fetch of a range): it sends the records before that
+offset and then nothing more, and it never holds retention back (what
+retention deletes before it is sent is told with a ``Gap``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ PUMP_RECORDS = 1024
 #: Bytes one pump reads from the log at a time (about).
 PUMP_BYTES = 1 << 20
 #: The reliable options this broker knows.
-LOG_OPTIONS = frozenset({"from", "from_time", "cursor"})
+LOG_OPTIONS = frozenset({"from", "from_time", "cursor", "until"})
 
 
 class CursorBook(Protocol):
@@ -87,11 +90,13 @@ class StartRequest:
     start: Start
     #: A durable cursor's name, if it named one.
     cursor: str | None = None
+    #: A bounded read: the offset it stops before (None: it never stops).
+    until: int | None = None
 
     @property
     def plain(self) -> bool:
         """Whether it asks for nothing a memory-only broker lacks (live from now on)."""
-        return self.cursor is None and self.start.kind == "latest"
+        return self.cursor is None and self.until is None and self.start.kind == "latest"
 
 
 def start_request(options: Mapping[str, object]) -> StartRequest:
@@ -129,7 +134,13 @@ def start_request(options: Mapping[str, object]) -> StartRequest:
             check_topic_name(cursor)
         except TopicNameError as error:
             raise OptionError(f'"cursor": {error}') from None
-    return StartRequest(start, cursor)
+    until = options.get("until")
+    if until is not None or "until" in options:
+        if type(until) is not int or until < 0:
+            raise OptionError('"until" must be an offset (an integer >= 0): where the read stops')
+        if cursor is not None:
+            raise OptionError('"until" (a bounded read) and "cursor" exclude each other: give one')
+    return StartRequest(start, cursor, until)
 
 
 def cursor_key(principal: str | None, topic: str, name: str) -> str:
@@ -142,10 +153,12 @@ class LogSubscription(Subscription):
 
     ``next_seq`` is the next offset to send, ``acked`` the last offset the
     subscriber processed. Nothing is kept once sent: a resume sends again
-    from the log what the subscriber did not process.
+    from the log what the subscriber did not process. With ``until`` it is
+    a bounded read: it sends nothing at or after that offset (a ``Gap``
+    for deleted records is cut there too) and holds no retention back.
     """
 
-    __slots__ = ("_cursors", "account", "cursor_key", "gaps_sent", "holder", "log")
+    __slots__ = ("_cursors", "account", "cursor_key", "gaps_sent", "holder", "log", "until")
 
     charges_publishers = False
     reads_log = True
@@ -161,12 +174,15 @@ class LogSubscription(Subscription):
         *,
         cursors: CursorBook | None = None,
         cursor_key: str | None = None,
+        until: int | None = None,
     ) -> None:
         super().__init__(connection, handle, topic, mode)
         self.connection: LogSubscriber = connection
         self.log = log
-        #: Holds ``when_full="block"`` retention at the first unprocessed offset.
-        self.holder = log.reader(Start.at(position))
+        self.until = until
+        #: Holds ``when_full="block"`` retention at the first unprocessed
+        #: offset (a bounded read's is not registered: it holds nothing).
+        self.holder = log.reader(Start.at(position), register=until is None)
         self.next_seq = position
         self.acked = position - 1
         #: Pays for records read into the connection's output until written
@@ -200,8 +216,13 @@ class LogSubscription(Subscription):
         log = self.log
         if log.closed:
             return
+        until = self.until
         while True:
             end = log.written_offset  # never deliver what a crash could take back
+            if until is not None:
+                if self.next_seq >= until:
+                    return  # a bounded read that is done: it waits for nothing more
+                end = min(end, until - 1)
             if self.next_seq > end:
                 self.topic.wait_for_records(self)
                 return
@@ -216,10 +237,13 @@ class LogSubscription(Subscription):
                 return  # closed under us: the broker is stopping
             if run.gap:
                 # Retention deleted records this subscription had not sent.
-                if not self.connection.gap(self, self.next_seq, run.gap):
+                gap = run.gap if until is None else min(run.gap, until - self.next_seq)
+                if not self.connection.gap(self, self.next_seq, gap):
                     return
                 self.gaps_sent += 1
-                self.next_seq = run.first_offset
+                self.next_seq = run.first_offset if until is None else min(run.first_offset, until)
+                if self.next_seq != run.first_offset:
+                    return  # the bounded read's range ended in the gap
             tails: list[Any] = run.tails
             if not tails:
                 self.topic.wait_for_records(self)
@@ -233,7 +257,7 @@ class LogSubscription(Subscription):
         """Records from ``first`` were just appended and written with these
         ``tails``: send them as they are if this subscription is at ``first``
         (no read back from the log), else :meth:`pump`."""
-        if self.next_seq != first:
+        if self.next_seq != first or self.until is not None:
             self.pump()
         elif self._send(tails):
             self.topic.wait_for_records(self)
@@ -316,5 +340,13 @@ def make_log_subscription(
         if key is not None and cursors is not None:
             cursors.store(key, position)
     return LogSubscription(
-        connection, handle, topic, mode, log, position, cursors=cursors, cursor_key=key
+        connection,
+        handle,
+        topic,
+        mode,
+        log,
+        position,
+        cursors=cursors,
+        cursor_key=key,
+        until=request.until,
     )

@@ -117,7 +117,8 @@ def _subscriptions(
         if topic_log is None:
             continue
         position = saved.acked.get(handle, topic_log.next_offset - 1) + 1
-        name = start_request(info.options).cursor  # (its options were accepted once)
+        request = start_request(info.options)  # (its options were accepted once)
+        name = request.cursor
         key = cursor_key(saved.principal, info.topic_name, name) if name is not None else None
         subscription = LogSubscription(
             unattached,
@@ -128,6 +129,7 @@ def _subscriptions(
             position,
             cursors=host.cursors,
             cursor_key=key,
+            until=request.until,
         )
         topic.subscribe(subscription)
         subscriptions[handle] = subscription

@@ -1,5 +1,9 @@
-"""Spark jobs publish into the broker: a PySpark data source (batch and
-streaming) and a ``foreachPartition`` helper.
+"""Spark jobs publish into the broker and read topics back: a PySpark data
+source (batch and streaming, both ways) and a ``foreachPartition`` helper.
+
+Reading is ``spark.read(Stream).format("broker").option("subscribe", ...)``
+with the options, columns and offsets of Spark's Kafka source (see
+``_reader.py``); the rest of this text is about publishing.
 
 ::
 

@@ -15,6 +15,20 @@ AT_LEAST_ONCE = "at-least-once"
 EXACTLY_ONCE = "exactly-once"
 
 
+#: The options about reaching the brokers (the sink's and the source's).
+CONNECTION_OPTIONS = frozenset(
+    {
+        "broker.servers",
+        "broker.token",
+        "broker.tls",
+        "broker.cafile",
+        "broker.timeout",
+        "broker.reconnect",
+        "broker.client.name",
+    }
+)
+
+
 class SinkError(BrokerError):
     """A sink option or the DataFrame's schema is not usable."""
 
@@ -37,18 +51,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         """Options as Spark passes them (keys lower-case, values strings)."""
-        known = {
-            "broker.servers",
-            "topic",
-            "broker.delivery",
-            "broker.token",
-            "broker.tls",
-            "broker.cafile",
-            "broker.timeout",
-            "broker.reconnect",
-            "broker.client.name",
-            "path",
-        }
+        known = CONNECTION_OPTIONS | {"topic", "broker.delivery", "path"}
         unknown = sorted(key for key in options if key.startswith("broker.") and key not in known)
         if unknown:
             raise SinkError(f"unknown option(s) {unknown}; known: {sorted(known - {'path'})}")

@@ -1,5 +1,6 @@
 """The PySpark data source ``broker``: ``df.write.format("broker")`` and
-``df.writeStream.format("broker")``."""
+``df.writeStream.format("broker")``; ``spark.read(Stream).format("broker")``
+is in :mod:`._reader`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pyspark.sql.datasource import (
 from broker.protocol import OutcomeStatus
 
 from ._options import EXACTLY_ONCE, RowLayout, SinkError, SinkOptions, check_schema
+from ._reader import SCHEMA, BrokerReader, BrokerStreamReader
+from ._source_options import SourceOptions
 from ._writer import TaskReport, cached_client, publish_rows, streaming_batch, task_stage
 
 log = logging.getLogger("broker.spark")
@@ -197,6 +200,16 @@ class BrokerDataSource(DataSource):
             raise SinkError('the broker sink only appends: use .mode("append")')
         options = SinkOptions.parse(dict(self.options))
         return options, check_schema(schema, options)
+
+    def schema(self) -> str:
+        """The source's columns (those of Spark's Kafka source)."""
+        return SCHEMA
+
+    def reader(self, schema: Any) -> BrokerReader:
+        return BrokerReader(SourceOptions.parse(dict(self.options), streaming=False))
+
+    def streamReader(self, schema: Any) -> BrokerStreamReader:
+        return BrokerStreamReader(SourceOptions.parse(dict(self.options), streaming=True))
 
     def writer(self, schema: Any, overwrite: bool) -> BrokerWriter:
         return BrokerWriter(*self._publisher_parts(schema, overwrite))

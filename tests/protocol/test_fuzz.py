@@ -46,7 +46,9 @@ from broker.protocol import (
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
+    ListOffsets,
     Message,
+    Offsets,
     Outcome,
     Ping,
     Plead,
@@ -147,6 +149,15 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Commit, u64s, stage_names, st.lists(st.tuples(stage_names, u64s), max_size=3)),
     st.builds(Abort, u64s, stage_names),
     st.builds(Outcome, u64s, st.integers(0, 3), u64s, short_text),
+    st.builds(
+        ListOffsets, u64s, st.none() | st.lists(st.sampled_from(["t", "a.b", "ü"]), max_size=3)
+    ),
+    st.builds(
+        Offsets,
+        u64s,
+        st.lists(st.tuples(short_text, st.integers(0, 9), st.integers(9, 20)), max_size=3),
+        short_text,
+    ),
     st.builds(
         Subscribe,
         handles,

@@ -3,6 +3,7 @@ and a real broker process on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -54,12 +55,12 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-@pytest.fixture(scope="session")
-def broker_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """A broker process for the Spark tests, on a free loopback port: its
-    address and the process."""
+@contextlib.contextmanager
+def broker_serving(*serve_args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A ``broker serve`` process with ``serve_args``, on a free loopback
+    port: its address and the process; it must stop cleanly."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve", "--memory-only"],
+        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve", *serve_args],
         env={**os.environ, "BROKER_LISTEN": "127.0.0.1:0", "BROKER_METRICS_LISTEN": ""},
         stdout=subprocess.PIPE,
         text=True,
@@ -76,8 +77,39 @@ def broker_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 
 @pytest.fixture(scope="session")
+def broker_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A memory-only broker process for the Spark tests: its address and the process."""
+    with broker_serving("--memory-only") as serving:
+        yield serving
+
+
+@pytest.fixture(scope="session")
 def broker_address(broker_process: tuple[str, subprocess.Popen[str]]) -> str:
     return broker_process[0]
+
+
+#: Topics "lossy.*" keep about 520 records of 1000 bytes: older ones are deleted.
+CONFIG = """
+[[topics]]
+pattern = "lossy.*"
+retain_bytes = 524288
+term_bytes = 131072
+when_full = "drop-oldest"
+"""
+
+
+@pytest.fixture(scope="session")
+def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a broker process with a data directory (topic logs)."""
+    root = tmp_path_factory.mktemp("log-broker")
+    (root / "broker.toml").write_text(CONFIG)
+    with broker_serving(
+        "--config", str(root / "broker.toml"), "--data-dir", str(root / "data")
+    ) as (
+        address,
+        _,
+    ):
+        yield address
 
 
 def rss_bytes(pid: int) -> int:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from broker.client import BlockingClient
@@ -35,3 +40,93 @@ def test_the_example_job_publishes_every_row_exactly_once(broker_address: str) -
     ids = sorted(int(m.payload.split(b",")[0].removeprefix(b'{"id":')) for m in messages)
     assert ids == list(range(rows))
     assert all(len(m.payload) == 100 and m.key is not None for m in messages)
+
+
+def test_the_pipeline_example_copies_every_record_once(log_broker: str, tmp_path: Path) -> None:
+    """``examples/spark_pipeline.py`` reads one topic and writes to another,
+    exactly once; run again on the same checkpoint it writes nothing more."""
+    from .test_source import publish, topic
+
+    source, sink = topic("orders"), topic("orders.checked")
+    publish(log_broker, source, 3000)
+    args = [
+        "examples/spark_pipeline.py",
+        "--broker",
+        log_broker,
+        "--source",
+        source,
+        "--sink",
+        sink,
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--max-per-trigger",
+        "1000",
+        "--available-now",
+    ]
+    done = run_script(args, ROOT)
+    assert f"read 3000 rows from {source!r}, wrote them to {sink!r} (exactly-once)" in done.stdout
+    again = run_script(args, ROOT)
+    assert f"read 0 rows from {source!r}" in again.stdout
+    with BlockingClient(log_broker) as client:
+        assert client.offsets([sink], timeout=TIMEOUT) == {sink: (1, 3001)}
+        with client.subscribe(sink, start="earliest", timeout=TIMEOUT) as subscription:
+            messages = [subscription.receive(timeout=TIMEOUT) for _ in range(3000)]
+    values = sorted(m.payload for m in messages)
+    assert values == sorted(b"ID=%d; <- %s@%d" % (n, source.encode(), n + 1) for n in range(3000))
+
+
+def test_the_pipeline_killed_with_sigkill_and_restarted_writes_each_record_once(
+    log_broker: str, tmp_path: Path
+) -> None:
+    """The whole Spark application (driver, JVM, Python workers) is killed
+    with SIGKILL while its micro-batches run; started again on the same
+    checkpoint it writes every input record to the output topic once."""
+    from .test_source import publish, topic
+
+    source, sink = topic("orders"), topic("orders.checked")
+    total = 20_000
+    publish(log_broker, source, total)
+    checkpoint = tmp_path / "checkpoint"
+    args = [
+        sys.executable,
+        "examples/spark_pipeline.py",
+        "--broker",
+        log_broker,
+        "--source",
+        source,
+        "--sink",
+        sink,
+        "--checkpoint",
+        str(checkpoint),
+        "--max-per-trigger",
+        "1000",
+    ]
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    running = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the JVM and workers die with it
+    )
+    try:
+        deadline = time.monotonic() + 3 * TIMEOUT
+        while len(list((checkpoint / "commits").glob("[0-9]*"))) < 3:
+            assert running.poll() is None, "the pipeline ended by itself"
+            assert time.monotonic() < deadline, "no three micro-batches committed in time"
+            time.sleep(0.05)
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)
+        running.wait(timeout=TIMEOUT)
+    with BlockingClient(log_broker) as client:
+        written = client.offsets([sink], timeout=TIMEOUT).get(sink, (1, 1))[1] - 1
+    assert written < total  # killed mid-way
+    done = run_script([*args[1:], "--available-now"], ROOT)
+    assert "(exactly-once)" in done.stdout
+    with BlockingClient(log_broker) as client:
+        assert client.offsets([sink], timeout=TIMEOUT) == {sink: (1, total + 1)}
+        with client.subscribe(sink, start="earliest", timeout=TIMEOUT) as subscription:
+            messages = [subscription.receive(timeout=TIMEOUT) for _ in range(total)]
+    numbers = sorted(int(m.payload.split(b";")[0].removeprefix(b"ID=")) for m in messages)
+    assert numbers == list(range(total))

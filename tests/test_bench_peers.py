@@ -42,7 +42,7 @@ def test_peers_measures_both_brokers_at_every_rate() -> None:
     figures = json.loads(result.stdout)["peers"]
     assert figures["python_loop_10m_s"] > 0
     for rate in peers.TABLE_RATES:
-        for name in ("ours", "mosquitto_qos1", "mosquitto_qos0"):
+        for name in ("ours", "ours_client", "mosquitto_qos1", "mosquitto_qos0"):
             prefix = f"{name}_rate_{rate}_"
             assert figures[prefix + "received"] == rate * figures["duration_s"], (prefix, figures)
             assert 0 < figures[prefix + "p50_us"] <= figures[prefix + "p99_us"], (prefix, figures)
@@ -52,5 +52,6 @@ def test_peers_measures_both_brokers_at_every_rate() -> None:
                 assert figures[f"ratio_qos{qos}_rate_{rate}_{ratio}"] > 0, figures
     # The table shows a row per rate and broker.
     lines = peers.table(figures)
-    assert len(lines) == 2 + 3 * len(peers.TABLE_RATES)
-    assert "mosquitto qos1" in lines[2]
+    assert len(lines) == 2 + 4 * len(peers.TABLE_RATES)
+    assert "ours client" in lines[2]
+    assert "mosquitto qos1" in lines[3]

@@ -24,10 +24,15 @@ __all__ = ["SocketIO", "socket_io"]
 class SocketIO:
     """Non-blocking reads and writes on one connected socket (see the module)."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("_emptied", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        #: The last read took less than it asked for: the socket was emptied,
+        #: so the next read waits for data first instead of trying (a read
+        #: that would fail is a system call saved per message at low rates;
+        #: epoll reports data that came meanwhile at once).
+        self._emptied = False
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """The next bytes the peer sent (at most ``max_bytes``), waiting for
@@ -35,28 +40,32 @@ class SocketIO:
         or it broke (reset), or the stream was closed meanwhile. A checkpoint,
         as trio's ``receive_some`` is."""
         fd = self.fd
-        try:
-            data = os.read(fd, max_bytes)
-        except BlockingIOError:
-            pass
-        except OSError:
-            await trio.lowlevel.checkpoint()
-            return b""
-        else:
-            # The data was there without waiting: others go first (fairness).
-            await trio.lowlevel.checkpoint()
-            return data
+        if not self._emptied:
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                pass
+            except OSError:
+                await trio.lowlevel.checkpoint()
+                return b""
+            else:
+                # The data was there without waiting: others go first (fairness).
+                await trio.lowlevel.checkpoint()
+                self._emptied = len(data) < max_bytes
+                return data
         while True:
             try:
                 await trio.lowlevel.wait_readable(fd)
             except trio.ClosedResourceError:
                 return b""
             try:
-                return os.read(fd, max_bytes)
+                data = os.read(fd, max_bytes)
             except BlockingIOError:
                 continue  # (a spurious wake-up)
             except OSError:
                 return b""
+            self._emptied = len(data) < max_bytes
+            return data
 
     def send_nowait(self, data: bytes) -> int:
         """Write as much of ``data`` as the socket takes now; how much that

@@ -93,10 +93,26 @@ async def test_socket_io_reads_what_was_sent_then_waits_then_sees_the_end() -> N
             assert got == []  # waiting for data
             right.sendall(b"world")
         assert got == [b"world"]
+        # A short read emptied the socket: the next one waits for readiness
+        # first, which data already there satisfies at once.
+        right.sendall(b"there already")
+        assert await io.receive_some(100) == b"there already"
         right.close()
         assert await io.receive_some(100) == b""
     finally:
         left.close()
+
+
+async def test_socket_io_reads_on_while_reads_come_back_full() -> None:
+    left, right = socket.socketpair()
+    left.setblocking(False)
+    io = SocketIO(left.fileno())
+    try:
+        right.sendall(b"abcdefgh")
+        assert [await io.receive_some(3) for _ in range(3)] == [b"abc", b"def", b"gh"]
+    finally:
+        left.close()
+        right.close()
 
 
 async def test_socket_io_sees_a_reset_as_the_end() -> None:

@@ -31,6 +31,7 @@ from ._messages import (
     Confirm,
     Deliver,
     DeliverMany,
+    DeliverTimed,
     Entry,
     FreeHandle,
     Gap,
@@ -88,6 +89,16 @@ def _fields(message: Message) -> list[Any]:
             return [32, topic, payload, key, _wire_headers(headers)]
         case Deliver(subscription, seq, payload, key, headers):
             return [33, subscription, seq, payload, key, _wire_headers(headers)]
+        case DeliverTimed(subscription, first_seq, entries, times):
+            if not entries or len(entries) > MAX_DELIVER_TIMED or len(times) != len(entries):
+                raise LocalProtocolError(
+                    f"a DeliverTimed carries 1 to {MAX_DELIVER_TIMED} entries, each with "
+                    f"a time, not {len(entries)} entries and {len(times)} times"
+                )
+            timed: list[Any] = [35, subscription, first_seq]
+            for time_ms, (payload, key, headers) in zip(times, entries, strict=True):
+                timed += (time_ms, payload, key, _wire_headers(headers))
+            return timed
         case DeliverMany(subscription, first_seq, entries):
             if not entries or len(entries) > MAX_DELIVER_MANY:
                 raise LocalProtocolError(
@@ -329,6 +340,32 @@ def deliver_many_head(subscription: int, first_seq: int, count: int, entries_siz
         )
     )
     return _LENGTH.pack(len(head) + entries_size) + head
+
+
+#: Most entries one DeliverTimed carries (its array head then takes at most 3 bytes).
+MAX_DELIVER_TIMED = (0xFFFF - 3) // 4
+_DELIVER_TIMED_TYPE = _cbor_head(0, 35)
+
+
+def deliver_timed_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
+    """The length prefix and head of a DeliverTimed frame of ``count``
+    entries on ``subscription`` from ``first_seq``, whose entries (each a
+    :func:`time_head` followed by a Deliver tail) take ``entries_size``
+    bytes. The caller vouches for u64 values and ``1 <= count <=
+    MAX_DELIVER_TIMED``; the head is at most 27 bytes."""
+    head = b"".join(
+        (
+            _cbor_head(4, 3 + 4 * count),
+            _DELIVER_TIMED_TYPE,
+            _uint_head(subscription),
+            _uint_head(first_seq),
+        )
+    )
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
+#: The CBOR head of a uint, for an entry's time in a DeliverTimed (at most 9 bytes).
+time_head = _uint_head
 
 
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:
@@ -573,6 +610,24 @@ def _deliver_many(f: list[Any]) -> DeliverMany:
     return DeliverMany(subscription, first_seq, entries)
 
 
+def _deliver_timed(f: list[Any]) -> DeliverTimed:
+    count, extra = divmod(len(f) - 3, 4)
+    if count < 1 or extra:
+        raise _bad(
+            "a DeliverTimed carries whole [time, payload, key, headers] entries, one or more"
+        )
+    subscription = _u64(f[1], "subscription")
+    first_seq = _u64(f[2], "first_seq")
+    if first_seq + count - 1 > U64_MAX:
+        raise _bad("the sequence numbers of a DeliverTimed must be u64")
+    times = [_u64(f[i], "time") for i in range(3, len(f), 4)]
+    entries = [
+        (_blob(f[i], "payload"), _opt_blob(f[i + 1], "key"), _headers(f[i + 2]))
+        for i in range(4, len(f), 4)
+    ]
+    return DeliverTimed(subscription, first_seq, entries, times)
+
+
 def _goodbye(f: list[Any]) -> Goodbye:
     return Goodbye(_u64(f[1], "code"), _text(f[2], "reason"))
 
@@ -688,6 +743,7 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.PUBLISH: (5, _publish),
     MessageType.DELIVER: (6, _deliver),
     MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
+    MessageType.DELIVER_TIMED: (0, _deliver_timed),
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),

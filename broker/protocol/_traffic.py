@@ -13,19 +13,22 @@ from __future__ import annotations
 from ._binds import HandleBinding
 from ._codec import (
     MAX_DELIVER_MANY,
+    MAX_DELIVER_TIMED,
     deliver_heads,
     deliver_many_head,
     deliver_many_head_size,
+    deliver_timed_head,
     encode,
     encode_deliver,
     encode_publish,
+    time_head,
 )
 from ._core import ConnectionState
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelSender
 from ._handles import HandleState
-from ._messages import Ack, Confirm, Deliver, DeliverMany, Gap, Headers, Publish
+from ._messages import Ack, Confirm, Deliver, DeliverMany, DeliverTimed, Gap, Headers, Publish
 from ._short_run import ShortRun
 from ._types import (
     LENGTH_PREFIX,
@@ -261,6 +264,58 @@ class Traffic(HandleBinding):
             self._out_size += total
         return sent
 
+    def deliver_timed(
+        self, subscription: int, first_seq: int, tails: list[bytes], times: list[int]
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` with each record's receive
+        time (``times[i]``, ms since the epoch, for ``tails[i]``), as
+        DeliverTimed frames (one entry or many, whatever the client's Hello
+        said): for a subscription whose Subscribe asked for ``"timestamps"``.
+        Returns how many were queued (0 if none fits); raises
+        :class:`LocalProtocolError` if the first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if first_seq < 0 or first_seq + count - 1 > U64_MAX or len(times) != count:
+            raise LocalProtocolError("seq must be u64, with one time per delivery")
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        sent = frames = total = 0
+        while sent < count:
+            capacity = min(room, limit)
+            seq = first_seq + sent
+            # The head at its longest (27 bytes): a few bytes of room may go unused.
+            body = 0
+            end = sent
+            stop = min(count, sent + MAX_DELIVER_TIMED)
+            pieces: list[bytes] = []
+            while end < stop:
+                stamp = time_head(times[end])
+                size = len(stamp) + len(tails[end])
+                if 27 + body + size > capacity and end > sent:
+                    break
+                pieces += (stamp, tails[end])
+                body += size
+                end += 1
+            head = deliver_timed_head(subscription, seq, end - sent, body)
+            size = len(head) + body
+            if size > room or size > limit:
+                if size > limit and sent == 0:
+                    raise LocalProtocolError(f"DeliverTimed of {size} bytes exceeds max_frame")
+                break
+            out.append(head)
+            out += pieces
+            room -= size
+            total += size
+            frames += 1
+            sent = end
+        if sent:
+            sender.record_within_guarantees(frames, total)
+            self.frames_sent += frames
+            self.bytes_sent += total
+            self._out_size += total
+        return sent
+
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
@@ -297,6 +352,16 @@ class Traffic(HandleBinding):
                 events.append(DeliverManyReceived(message, receiver.channel, size))
                 return
         channel = self._accept_delivery("DeliverMany", handle, size, entries, events)
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _on_deliver_timed(self, message: DeliverTimed, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("DeliverTimed is sent by the broker")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        channel = self._accept_delivery(
+            "DeliverTimed", message.subscription, size, len(message.entries), events
+        )
         events.append(DeliverManyReceived(message, channel, size))
 
     def _accept_delivery(

@@ -113,6 +113,9 @@ class Message:
     subscription is reliable (then it equals ``seq``), None otherwise.
     A consumer that remembers it can continue after it on any later
     connection: ``subscribe(topic, start=message.offset + 1)``.
+    ``timestamp`` is the time the broker received its record (ms since the
+    Unix epoch, as its topic log stored it): set when the subscription
+    asked for ``timestamps``, None otherwise.
     """
 
     topic: str
@@ -121,6 +124,7 @@ class Message:
     headers: Headers | None
     seq: int
     offset: int | None = None
+    timestamp: int | None = None
 
 
 def handshake_error(

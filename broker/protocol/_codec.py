@@ -364,8 +364,23 @@ def deliver_timed_head(subscription: int, first_seq: int, count: int, entries_si
     return _LENGTH.pack(len(head) + entries_size) + head
 
 
-#: The CBOR head of a uint, for an entry's time in a DeliverTimed (at most 9 bytes).
-time_head = _uint_head
+_TIME_HEAD = struct.Struct(">BQ").pack
+
+
+def time_heads(times: list[int]) -> list[bytes]:
+    """The CBOR heads of ``times`` (uints), for the entries of a
+    DeliverTimed (9 bytes each for any time after 1970-02-19; records
+    appended together share one time, and its head)."""
+    heads: list[bytes] = []
+    append = heads.append
+    last = -1
+    head = b""
+    for time_ms in times:
+        if time_ms != last:
+            head = _TIME_HEAD(0x1B, time_ms) if time_ms > 0xFFFFFFFF else _uint_head(time_ms)
+            last = time_ms
+        append(head)
+    return heads
 
 
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:
@@ -884,6 +899,8 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
         return None
     count, extra = divmod(items - 3, 3)
     if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
+        if data[pos] == 0x18 and data[pos + 1] == 35:
+            return _fast_timed(data, pos + 2, items, end)
         return None
     subscription, pos = _fast_uint(data, pos + 2)
     if subscription < 0:
@@ -911,6 +928,52 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     return DeliverMany(subscription, first_seq, entries)
 
 
+_U64_AT = struct.Struct(">Q")
+
+
+def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | None:
+    """The DeliverTimed without headers whose fields start at ``pos`` after
+    its head of ``items`` elements, up to ``end``; None for anything else."""
+    count, extra = divmod(items - 3, 4)
+    if count < 1 or extra:
+        return None
+    subscription, pos = _fast_uint(data, pos)
+    if subscription < 0:
+        return None
+    first_seq, pos = _fast_uint(data, pos)
+    # Every entry takes at least four bytes: a longer count is not this frame's.
+    if first_seq < 0 or first_seq + count - 1 > U64_MAX or 4 * count > end - pos:
+        return None
+    times: list[int] = []
+    entries: list[Entry] = []
+    add_time = times.append
+    append = entries.append
+    read_u64 = _U64_AT.unpack_from
+    for _ in range(count):
+        if data[pos] == 0x1B:  # the usual time: a uint of 8 bytes
+            add_time(read_u64(data, pos + 1)[0])
+            pos += 9
+        else:
+            time_ms, pos = _fast_uint(data, pos)
+            if time_ms < 0:
+                return None
+            add_time(time_ms)
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        payload, key, pos = entry
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverTimed(subscription, first_seq, entries, times)
+
+
 def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
     """The Publish, Deliver or DeliverMany without headers in
     ``data[start:end]``, or None for any other frame (which the general
@@ -919,7 +982,7 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | Deli
         return None
     first = data[start]
     try:
-        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] == 34:
+        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] >= 34:
             return _fast_many(data, start, end) if first >= 0x86 else None
         code = data[start + 2]
         if first == 0x86 and code == 33:
@@ -945,7 +1008,7 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | Deli
             if tail is None:
                 return None
             return Publish(topic, tail[0], tail[1], None)
-    except IndexError:
+    except (IndexError, struct.error):
         return None  # truncated: the general decoder says how
     return None
 

@@ -156,3 +156,16 @@ def test_a_malformed_one_closes_the_client_with_a_goodbye() -> None:
     end = closed(pair.to_client())
     assert end.code == GoodbyeCode.PROTOCOL_ERROR
     assert "time" in end.reason
+
+
+def test_every_cut_of_a_deliver_timed_is_refused_cleanly() -> None:
+    """Cut anywhere (in a time's eight bytes too), a DeliverTimed is a
+    protocol error: never another exception, never a message."""
+    body = encode(DeliverTimed(0, 1, entries_of([b"x" * 30, b"y"]), [T0, T0 + 1]))[LENGTH_PREFIX:]
+    for cut in range(1, len(body)):
+        with pytest.raises(RemoteProtocolError):
+            decode_body(body[:cut])
+        decoder = FrameDecoder()
+        decoder.feed(cut.to_bytes(4, "big") + body[:cut])
+        with pytest.raises(RemoteProtocolError):
+            list(decoder.messages())

@@ -6,7 +6,10 @@ and a broker that cannot serve it refuses it with a Goodbye naming it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,10 @@ from broker.protocol import (
 )
 from broker.server import Broker
 
+from ..measure._process import free_port
 from .helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
+from .test_log_crash_sessions import broker_process
+from .test_log_crash_sessions import publish as publish_t
 from .test_topic_log import goodbye_for, log_config, publish, take
 
 
@@ -203,3 +209,34 @@ async def test_the_blocking_and_cluster_clients_ask_for_times(tmp_path: Path) ->
         after = now_ms()
         assert [m.timestamp for m in mine] == [m.timestamp for m in theirs]
         assert_stored_times(broker, mine, before, after)
+
+
+async def test_a_session_restored_after_kill_9_still_gets_times(tmp_path: Path) -> None:
+    """The subscription a restarted broker restores from its data directory
+    keeps asking for times, and the times are those stored before the kill."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    got: list[Message] = []
+    with ExitStack() as brokers:  # (the second broker outlives the client)
+        process = brokers.enter_context(broker_process(port, tmp_path))
+        await publish_t(address, [b"%d" % i for i in range(1, 101)])
+        async with (
+            open_client(address, name="sub", reconnect=4 * TIMEOUT) as client,
+            client.subscribe("t", start="earliest", timestamps=True) as subscription,
+        ):
+            got += await take(subscription, 50)
+            os.kill(process.pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(process.wait)
+            brokers.enter_context(broker_process(port, tmp_path))
+            with trio.fail_after(4 * TIMEOUT):
+                got += await take(subscription, 50)
+            resumes = client.statistics()["resumes"]
+        async with (
+            open_client(address, name="again") as client,
+            client.subscribe("t", start="earliest", timestamps=True) as fresh,
+        ):
+            again = await take(fresh, 100)
+    assert resumes >= 1
+    assert [m.offset for m in got] == list(range(1, 101))
+    assert [m.timestamp for m in got] == [m.timestamp for m in again]
+    assert None not in [m.timestamp for m in got]

@@ -885,6 +885,22 @@ def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
     )
 
 
+def _fast_run_fields(
+    data: bytes, pos: int, count: int, smallest: int, end: int
+) -> tuple[int, int, int] | None:
+    """The subscription and first sequence number at ``pos`` of a frame of
+    ``count`` entries of at least ``smallest`` bytes each, and where its
+    entries start; None if they are not those of such a frame."""
+    subscription, pos = _fast_uint(data, pos)
+    if subscription < 0:
+        return None
+    first_seq, pos = _fast_uint(data, pos)
+    # A count longer than the bytes left could hold is not this frame's.
+    if first_seq < 0 or first_seq + count - 1 > U64_MAX or smallest * count > end - pos:
+        return None
+    return subscription, first_seq, pos
+
+
 def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     """The DeliverMany without headers in ``data[start:end]``, or None for
     any other frame (which the general decoder then reads)."""
@@ -902,13 +918,10 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
         if data[pos] == 0x18 and data[pos + 1] == 35:
             return _fast_timed(data, pos + 2, items, end)
         return None
-    subscription, pos = _fast_uint(data, pos + 2)
-    if subscription < 0:
+    fields = _fast_run_fields(data, pos + 2, count, 3, end)
+    if fields is None:
         return None
-    first_seq, pos = _fast_uint(data, pos)
-    # Every entry takes at least three bytes: a longer count is not this frame's.
-    if first_seq < 0 or first_seq + count - 1 > U64_MAX or 3 * count > end - pos:
-        return None
+    subscription, first_seq, pos = fields
     entries: list[Entry] = []
     append = entries.append
     for _ in range(count):
@@ -937,13 +950,10 @@ def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | N
     count, extra = divmod(items - 3, 4)
     if count < 1 or extra:
         return None
-    subscription, pos = _fast_uint(data, pos)
-    if subscription < 0:
+    fields = _fast_run_fields(data, pos, count, 4, end)
+    if fields is None:
         return None
-    first_seq, pos = _fast_uint(data, pos)
-    # Every entry takes at least four bytes: a longer count is not this frame's.
-    if first_seq < 0 or first_seq + count - 1 > U64_MAX or 4 * count > end - pos:
-        return None
+    subscription, first_seq, pos = fields
     times: list[int] = []
     entries: list[Entry] = []
     add_time = times.append

@@ -258,10 +258,7 @@ class Traffic(HandleBinding):
             frames += 1
             sent = end
         if sent:
-            sender.record_within_guarantees(frames, total)
-            self.frames_sent += frames
-            self.bytes_sent += total
-            self._out_size += total
+            self._record_deliveries(sender, frames, total)
         return sent
 
     def deliver_timed(
@@ -316,11 +313,17 @@ class Traffic(HandleBinding):
             frames += 1
             sent = end
         if sent:
-            sender.record_within_guarantees(frames, total)
-            self.frames_sent += frames
-            self.bytes_sent += total
-            self._out_size += total
+            self._record_deliveries(sender, frames, total)
         return sent
+
+    def _record_deliveries(self, sender: ChannelSender, frames: int, size: int) -> None:
+        """``frames`` delivery frames of ``size`` bytes in all were queued
+        within the guarantees (no optimism on ``[3, s]``: none is kept for
+        retransmission)."""
+        sender.record_within_guarantees(frames, size)
+        self.frames_sent += frames
+        self.bytes_sent += size
+        self._out_size += size
 
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:

@@ -271,6 +271,7 @@ class Client(TrioDriver):
         options: Options | None = None,
         start: Start | None = None,
         cursor: str | None = None,
+        timestamps: bool = False,
     ) -> AsyncIterator[Subscription]:
         """Subscribe to ``topic`` for the duration of the block.
 
@@ -289,6 +290,8 @@ class Client(TrioDriver):
         cursor that the broker keeps (per principal and topic), which goes
         on after its last acknowledged record (``start`` then applies only
         the first time). Messages then carry their :attr:`Message.offset`.
+        With ``timestamps=True`` they carry their :attr:`Message.timestamp`
+        too: the time the broker received each record (ms since the epoch).
         On a broker without topic logs (its Welcome did not say
         ``offsets``) they raise :class:`ClientError` before anything is sent
         (the broker would end the connection).
@@ -298,7 +301,7 @@ class Client(TrioDriver):
         the same option in ``options``, raises :class:`ValueError`.
         """
         check_topic_name(topic)
-        options = subscribe_options(mode, options, start, cursor)
+        options = subscribe_options(mode, options, start, cursor, timestamps)
         await self._ready_for_the_application()
         subscription = Subscription(self, topic)
         subscription.mode = mode

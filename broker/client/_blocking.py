@@ -413,6 +413,7 @@ class BlockingClient(BlockingDriver):
         timeout: float | None = None,
         start: Start | None = None,
         cursor: str | None = None,
+        timestamps: bool = False,
     ) -> BlockingSubscription:
         """Subscribe to ``topic``; returns once the broker has processed the subscription.
 
@@ -427,8 +428,10 @@ class BlockingClient(BlockingDriver):
         On a broker that keeps topic logs, ``start`` (``"earliest"``,
         ``"latest"``, an offset or a timezone-aware datetime) and ``cursor``
         (a durable cursor's name) say where a reliable subscription starts,
-        and messages carry their :attr:`~broker.client.Message.offset`; see
-        :meth:`broker.client.Client.subscribe`. A bad value, either with
+        and messages carry their :attr:`~broker.client.Message.offset`
+        (and with ``timestamps=True`` their
+        :attr:`~broker.client.Message.timestamp`, the record's receive time);
+        see :meth:`broker.client.Client.subscribe`. A bad value, either with
         another ``mode`` or with the same option in ``options``, raises
         :class:`ValueError` before anything is sent, and so does
         :class:`ClientError` on a broker without topic logs.
@@ -444,7 +447,7 @@ class BlockingClient(BlockingDriver):
         A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
         check_topic_name(topic)
-        options = subscribe_options(mode, options, start, cursor)
+        options = subscribe_options(mode, options, start, cursor, timestamps)
         deadline = deadline_in(timeout)
         with self._locked(deadline):
             subscription = BlockingSubscription(self, topic)

@@ -156,10 +156,11 @@ class ClusterClient(_Routing[Client]):
         options: Options | None = None,
         start: Start | None = None,
         cursor: str | None = None,
+        timestamps: bool = False,
     ) -> AbstractAsyncContextManager[Subscription]:
         """:meth:`Client.subscribe` on the owner of ``topic``."""
         return self.client_for(topic).subscribe(
-            topic, mode=mode, options=options, start=start, cursor=cursor
+            topic, mode=mode, options=options, start=start, cursor=cursor, timestamps=timestamps
         )
 
     async def flush(self) -> None:
@@ -300,10 +301,17 @@ class BlockingClusterClient(_Routing[BlockingClient]):
         timeout: float | None = None,
         start: Start | None = None,
         cursor: str | None = None,
+        timestamps: bool = False,
     ) -> BlockingSubscription:
         """:meth:`BlockingClient.subscribe` on the owner of ``topic``."""
         return self.client_for(topic).subscribe(
-            topic, mode=mode, options=options, timeout=timeout, start=start, cursor=cursor
+            topic,
+            mode=mode,
+            options=options,
+            timeout=timeout,
+            start=start,
+            cursor=cursor,
+            timestamps=timestamps,
         )
 
     def offsets(

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import ssl
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
@@ -113,6 +114,9 @@ class Message:
     subscription is reliable (then it equals ``seq``), None otherwise.
     A consumer that remembers it can continue after it on any later
     connection: ``subscribe(topic, start=message.offset + 1)``.
+    ``timestamp`` is the time the broker received its record (ms since the
+    Unix epoch, as its topic log stored it): set when the subscription
+    asked for ``timestamps``, None otherwise.
     """
 
     topic: str
@@ -121,6 +125,17 @@ class Message:
     headers: Headers | None
     seq: int
     offset: int | None = None
+    timestamp: int | None = None
+
+    if not TYPE_CHECKING:  # (so that mypy still refuses unknown attributes)
+
+        def __getattr__(self, name: str) -> None:
+            """``timestamp`` is None where it was never set: the client
+            makes messages without it unless the subscription asked for
+            times, which saves every other message a slot write."""
+            if name == "timestamp":
+                return None
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def handshake_error(

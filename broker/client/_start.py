@@ -4,7 +4,9 @@
 On the wire (see "Topic logs and offsets" in ``docs/protocol.md``):
 ``"from"``: ``"earliest"``, ``"latest"`` or an offset; ``"from_time"``: ms
 since the Unix epoch; ``"cursor"``: a durable cursor's name, which follows
-the topic-name rule. Only a broker that keeps topic logs takes them.
+the topic-name rule; ``"timestamps"``: true to receive each record's
+receive time (``Message.timestamp``). Only a broker that keeps topic logs
+takes them.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ START_KEYS = ("from", "from_time")
 CURSOR_KEY = "cursor"
 #: A bounded read's end: the offset it stops before.
 UNTIL_KEY = "until"
+#: Deliveries carry their records' receive times.
+TIMESTAMPS_KEY = "timestamps"
 #: The options only a broker that keeps topic logs takes.
-LOG_KEYS = (*START_KEYS, CURSOR_KEY, UNTIL_KEY)
+LOG_KEYS = (*START_KEYS, CURSOR_KEY, UNTIL_KEY, TIMESTAMPS_KEY)
 
 #: The largest integer an option carries (options are signed 64-bit on the wire).
 _OPTION_MAX = 2**63 - 1
@@ -39,31 +43,32 @@ def subscribe_options(
     options: Options | None,
     start: Start | None = None,
     cursor: str | None = None,
+    timestamps: bool = False,
 ) -> Options | None:
     """The options of a Subscribe in ``mode``: ``options`` (not changed), with
-    what ``start`` and ``cursor`` stand for added (None and None: ``options``
-    as given).
+    what ``start``, ``cursor`` and ``timestamps`` stand for added (None,
+    None and False: ``options`` as given).
 
     ``start`` is ``"earliest"``, ``"latest"``, an offset (an int >= 0; 0 and
     1 both mean the first record) or a timezone-aware
     :class:`datetime.datetime` (the first record received at or after it,
     to the millisecond, rounded down). ``cursor`` names a durable cursor
-    (the topic-name rule applies). Both are only for ``mode="reliable"``.
+    (the topic-name rule applies). ``timestamps`` asks for each record's
+    receive time. All are only for ``mode="reliable"``.
 
     Raises :class:`ValueError` (one line saying what to change) for a value
     out of range, a naive datetime, a bad cursor name, another mode, or an
     option given both ways; :class:`TypeError` for a ``start`` of another type.
     """
-    if start is None and cursor is None:
+    if start is None and cursor is None and not timestamps:
         return options
     if mode != "reliable":
-        given = (
-            "start= needs"
-            if cursor is None
-            else "cursor= needs"
-            if start is None
-            else "start= and cursor= need"
-        )
+        names = [
+            name
+            for name, value in (("start=", start), ("cursor=", cursor), ("timestamps=", timestamps))
+            if value is not None and value is not False
+        ]
+        given = f"{' and '.join(names)} {'needs' if len(names) == 1 else 'need'}"
         raise ValueError(
             f"{given} mode='reliable', not {mode!r}: only a reliable subscription "
             "reads the topic's log"
@@ -83,6 +88,12 @@ def subscribe_options(
         if problem is not None:
             raise ValueError(f"cursor names follow the topic-name rule: {problem}")
         merged[CURSOR_KEY] = cursor
+    if timestamps:
+        if TIMESTAMPS_KEY in merged:
+            raise ValueError(
+                "timestamps= and options['timestamps'] say the same thing: give one of them"
+            )
+        merged[TIMESTAMPS_KEY] = True
     return merged
 
 
@@ -125,8 +136,15 @@ def without_log_problem(options: Options | None) -> str | None:
     if not options:
         return None
     asked = [key for key in LOG_KEYS if key in options]
+    if options.get(TIMESTAMPS_KEY) is False:
+        asked.remove(TIMESTAMPS_KEY)  # (what every subscription gets anyway)
     if not asked or (asked == ["from"] and options["from"] == "latest"):
         return None
+    if asked == [TIMESTAMPS_KEY]:
+        return (
+            "the broker keeps no topic log (it runs without a data directory), so "
+            "it keeps no record times to send: subscribe without timestamps"
+        )
     return (
         "the broker keeps no topic log (it runs without a data directory), so "
         f"a subscription cannot start elsewhere than at the next message ({', '.join(asked)})"

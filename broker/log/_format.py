@@ -20,7 +20,7 @@ from __future__ import annotations
 import mmap
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from zlib import crc32
 
@@ -36,6 +36,7 @@ __all__ = [
     "decode_index",
     "encode_index",
     "record_time",
+    "record_times",
     "scan",
     "write_record",
     "write_records",
@@ -47,6 +48,8 @@ HEADER_SIZE = HEADER.size
 _REST = struct.Struct("<IQQ")
 _CRC = struct.Struct("<I")
 _TIME = struct.Struct("<Q")
+#: The time of a record from the start of its header.
+_TIME_AT = struct.Struct("<16xQ")
 #: The largest body a header can describe.
 MAX_BODY = 0xFFFFFFFF
 
@@ -110,6 +113,12 @@ def record_time(view: memoryview | bytes | bytearray, pos: int) -> int:
     """The receive time of the record whose header is at ``pos``."""
     time_ms: int = _TIME.unpack_from(view, pos + 16)[0]
     return time_ms
+
+
+def record_times(view: memoryview | bytes | bytearray, positions: Iterable[int]) -> list[int]:
+    """The receive times of the records whose headers are at ``positions``."""
+    unpack = _TIME_AT.unpack_from
+    return [unpack(view, pos)[0] for pos in positions]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from zlib import crc32
 
-from ._errors import LogClosed, LogFull, LogWriteError
+from ._errors import LogClosed, LogError, LogFull, LogWriteError
 from ._files import (
     TermFile,
     create_topic_dir,
@@ -374,6 +374,29 @@ class TopicLog:
             term.load(map_file(term_path(self.directory, term.base)))
         self._keep_mapped(term)
         return Run(offset, term.bodies(offset, max_records, max_bytes), gap)
+
+    def times(self, offset: int, count: int) -> list[int]:
+        """The receive times (ms since the epoch) of the ``count`` records
+        from ``offset`` on, as appended: what a reader of those records
+        sends with them. The records must be retained and appended (a run
+        just read, or records just appended); raises :class:`LogError` if not."""
+        if self._closed:
+            raise LogClosed(f"the log of {self.topic!r} is closed")
+        if offset < self.first_offset or offset + count > self.next_offset:
+            raise LogError(
+                f"records {offset} to {offset + count - 1} of {self.topic!r} are not in its log"
+            )
+        times: list[int] = []
+        terms = self._terms
+        index = bisect_right(terms, offset, key=_base) - 1
+        while len(times) < count:
+            term = terms[index]
+            if not term.loaded:
+                term.load(map_file(term_path(self.directory, term.base)))
+            self._keep_mapped(term)
+            times += term.times(offset + len(times), count - len(times))
+            index += 1
+        return times
 
     def offset_at_time(self, time_ms: int) -> int:
         """The offset of the first retained record received at or after

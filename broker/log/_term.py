@@ -16,7 +16,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from ._format import HEADER_SIZE, Scan, record_time, write_record, write_records
+from ._format import HEADER_SIZE, Scan, record_time, record_times, write_record, write_records
 
 __all__ = ["Buffer", "Term", "new_buffer"]
 
@@ -182,6 +182,13 @@ class Term:
         starts = positions[first:stop]
         ends = positions[first + 1 : stop + 1]
         return [view[start + HEADER_SIZE : end] for start, end in zip(starts, ends, strict=True)]
+
+    def times(self, offset: int, count: int) -> list[int]:
+        """The receive times of its records from ``offset`` on, at most
+        ``count`` (fewer at its end); the term must be loaded."""
+        first = offset - self.base
+        stop = min(len(self.positions) - 1, first + count)
+        return record_times(self.view, self.positions[first:stop])
 
     def offset_at_time(self, time_ms: int) -> int:
         """The offset of its first record received at or after ``time_ms``

@@ -31,6 +31,7 @@ from ._messages import (
     Confirm,
     Deliver,
     DeliverMany,
+    DeliverTimed,
     Entry,
     FreeHandle,
     Gap,
@@ -88,6 +89,16 @@ def _fields(message: Message) -> list[Any]:
             return [32, topic, payload, key, _wire_headers(headers)]
         case Deliver(subscription, seq, payload, key, headers):
             return [33, subscription, seq, payload, key, _wire_headers(headers)]
+        case DeliverTimed(subscription, first_seq, entries, times):
+            if not entries or len(entries) > MAX_DELIVER_TIMED or len(times) != len(entries):
+                raise LocalProtocolError(
+                    f"a DeliverTimed carries 1 to {MAX_DELIVER_TIMED} entries, each with "
+                    f"a time, not {len(entries)} entries and {len(times)} times"
+                )
+            timed: list[Any] = [35, subscription, first_seq]
+            for time_ms, (payload, key, headers) in zip(times, entries, strict=True):
+                timed += (time_ms, payload, key, _wire_headers(headers))
+            return timed
         case DeliverMany(subscription, first_seq, entries):
             if not entries or len(entries) > MAX_DELIVER_MANY:
                 raise LocalProtocolError(
@@ -329,6 +340,47 @@ def deliver_many_head(subscription: int, first_seq: int, count: int, entries_siz
         )
     )
     return _LENGTH.pack(len(head) + entries_size) + head
+
+
+#: Most entries one DeliverTimed carries (its array head then takes at most 3 bytes).
+MAX_DELIVER_TIMED = (0xFFFF - 3) // 4
+_DELIVER_TIMED_TYPE = _cbor_head(0, 35)
+
+
+def deliver_timed_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
+    """The length prefix and head of a DeliverTimed frame of ``count``
+    entries on ``subscription`` from ``first_seq``, whose entries (each a
+    :func:`time_head` followed by a Deliver tail) take ``entries_size``
+    bytes. The caller vouches for u64 values and ``1 <= count <=
+    MAX_DELIVER_TIMED``; the head is at most 27 bytes."""
+    head = b"".join(
+        (
+            _cbor_head(4, 3 + 4 * count),
+            _DELIVER_TIMED_TYPE,
+            _uint_head(subscription),
+            _uint_head(first_seq),
+        )
+    )
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
+_TIME_HEAD = struct.Struct(">BQ").pack
+
+
+def time_heads(times: list[int]) -> list[bytes]:
+    """The CBOR heads of ``times`` (uints), for the entries of a
+    DeliverTimed (9 bytes each for any time after 1970-02-19; records
+    appended together share one time, and its head)."""
+    heads: list[bytes] = []
+    append = heads.append
+    last = -1
+    head = b""
+    for time_ms in times:
+        if time_ms != last:
+            head = _TIME_HEAD(0x1B, time_ms) if time_ms > 0xFFFFFFFF else _uint_head(time_ms)
+            last = time_ms
+        append(head)
+    return heads
 
 
 def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, bytes]:
@@ -573,6 +625,24 @@ def _deliver_many(f: list[Any]) -> DeliverMany:
     return DeliverMany(subscription, first_seq, entries)
 
 
+def _deliver_timed(f: list[Any]) -> DeliverTimed:
+    count, extra = divmod(len(f) - 3, 4)
+    if count < 1 or extra:
+        raise _bad(
+            "a DeliverTimed carries whole [time, payload, key, headers] entries, one or more"
+        )
+    subscription = _u64(f[1], "subscription")
+    first_seq = _u64(f[2], "first_seq")
+    if first_seq + count - 1 > U64_MAX:
+        raise _bad("the sequence numbers of a DeliverTimed must be u64")
+    times = [_u64(f[i], "time") for i in range(3, len(f), 4)]
+    entries = [
+        (_blob(f[i], "payload"), _opt_blob(f[i + 1], "key"), _headers(f[i + 2]))
+        for i in range(4, len(f), 4)
+    ]
+    return DeliverTimed(subscription, first_seq, entries, times)
+
+
 def _goodbye(f: list[Any]) -> Goodbye:
     return Goodbye(_u64(f[1], "code"), _text(f[2], "reason"))
 
@@ -688,6 +758,7 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.PUBLISH: (5, _publish),
     MessageType.DELIVER: (6, _deliver),
     MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
+    MessageType.DELIVER_TIMED: (0, _deliver_timed),
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),
@@ -814,6 +885,22 @@ def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
     )
 
 
+def _fast_run_fields(
+    data: bytes, pos: int, count: int, smallest: int, end: int
+) -> tuple[int, int, int] | None:
+    """The subscription and first sequence number at ``pos`` of a frame of
+    ``count`` entries of at least ``smallest`` bytes each, and where its
+    entries start; None if they are not those of such a frame."""
+    subscription, pos = _fast_uint(data, pos)
+    if subscription < 0:
+        return None
+    first_seq, pos = _fast_uint(data, pos)
+    # A count longer than the bytes left could hold is not this frame's.
+    if first_seq < 0 or first_seq + count - 1 > U64_MAX or smallest * count > end - pos:
+        return None
+    return subscription, first_seq, pos
+
+
 def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     """The DeliverMany without headers in ``data[start:end]``, or None for
     any other frame (which the general decoder then reads)."""
@@ -828,14 +915,13 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
         return None
     count, extra = divmod(items - 3, 3)
     if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
+        if data[pos] == 0x18 and data[pos + 1] == 35:
+            return _fast_timed(data, pos + 2, items, end)
         return None
-    subscription, pos = _fast_uint(data, pos + 2)
-    if subscription < 0:
+    fields = _fast_run_fields(data, pos + 2, count, 3, end)
+    if fields is None:
         return None
-    first_seq, pos = _fast_uint(data, pos)
-    # Every entry takes at least three bytes: a longer count is not this frame's.
-    if first_seq < 0 or first_seq + count - 1 > U64_MAX or 3 * count > end - pos:
-        return None
+    subscription, first_seq, pos = fields
     entries: list[Entry] = []
     append = entries.append
     for _ in range(count):
@@ -855,6 +941,49 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     return DeliverMany(subscription, first_seq, entries)
 
 
+_U64_AT = struct.Struct(">Q")
+
+
+def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | None:
+    """The DeliverTimed without headers whose fields start at ``pos`` after
+    its head of ``items`` elements, up to ``end``; None for anything else."""
+    count, extra = divmod(items - 3, 4)
+    if count < 1 or extra:
+        return None
+    fields = _fast_run_fields(data, pos, count, 4, end)
+    if fields is None:
+        return None
+    subscription, first_seq, pos = fields
+    times: list[int] = []
+    entries: list[Entry] = []
+    add_time = times.append
+    append = entries.append
+    read_u64 = _U64_AT.unpack_from
+    for _ in range(count):
+        if data[pos] == 0x1B:  # the usual time: a uint of 8 bytes
+            add_time(read_u64(data, pos + 1)[0])
+            pos += 9
+        else:
+            time_ms, pos = _fast_uint(data, pos)
+            if time_ms < 0:
+                return None
+            add_time(time_ms)
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        payload, key, pos = entry
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverTimed(subscription, first_seq, entries, times)
+
+
 def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
     """The Publish, Deliver or DeliverMany without headers in
     ``data[start:end]``, or None for any other frame (which the general
@@ -863,7 +992,7 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | Deli
         return None
     first = data[start]
     try:
-        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] == 34:
+        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] >= 34:
             return _fast_many(data, start, end) if first >= 0x86 else None
         code = data[start + 2]
         if first == 0x86 and code == 33:
@@ -889,7 +1018,7 @@ def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | Deli
             if tail is None:
                 return None
             return Publish(topic, tail[0], tail[1], None)
-    except IndexError:
+    except (IndexError, struct.error):
         return None  # truncated: the general decoder says how
     return None
 

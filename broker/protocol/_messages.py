@@ -344,6 +344,18 @@ class DeliverMany:
         ]
 
 
+@dataclass(slots=True)
+class DeliverTimed(DeliverMany):
+    """A :class:`DeliverMany` whose entries carry their records' receive
+    times: ``times[i]`` (ms since the Unix epoch) is the time the broker
+    stored with record ``first_seq + i``. Sent only on a subscription whose
+    Subscribe asked for ``"timestamps"``, and then for every delivery of it
+    (one entry or many); otherwise the same as a DeliverMany."""
+
+    TYPE: ClassVar[MessageType] = MessageType.DELIVER_TIMED
+    times: list[int] = field(default_factory=list)
+
+
 ControlMessage = (
     Hello
     | Welcome
@@ -368,7 +380,7 @@ ControlMessage = (
     | ListOffsets
     | Offsets
 )
-ChannelMessage = BindTopic | Subscribe | Publish | Deliver | DeliverMany
+ChannelMessage = BindTopic | Subscribe | Publish | Deliver | DeliverMany | DeliverTimed
 Message = ControlMessage | ChannelMessage
 GuaranteeMessage = (
     IssueGuarantee | Absolve | Plead | LimitSending | LimitReceiving | AnnounceDropping | Apologise

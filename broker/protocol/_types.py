@@ -95,6 +95,7 @@ class MessageType(IntEnum):
     PUBLISH = 32
     DELIVER = 33
     DELIVER_MANY = 34
+    DELIVER_TIMED = 35
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42

@@ -100,12 +100,31 @@ class Deliveries:
             # The client is freeing the subscription (the event saying so may
             # still be on its way to us).
             return None
+        return self._sent(subscription, count)
+
+    def _sent(self, subscription: Subscription, count: int) -> int:
+        """``count`` deliveries of ``subscription`` were queued: count them."""
         if count:
             subscription.next_seq += count
             subscription.delivered += count
             self.counters.messages_out += count
             self._wake.set()
         return count
+
+    def send_timed(
+        self, subscription: Subscription, tails: list[bytes], times: list[int]
+    ) -> int | None:
+        """:meth:`send_deliveries` with each record's receive time
+        (``times[i]`` for ``tails[i]``), as DeliverTimed frames (for a log
+        subscription that asked for ``"timestamps"``)."""
+        protocol = self.protocol
+        if protocol.closed:
+            return 0
+        try:
+            count = protocol.deliver_timed(subscription.handle, subscription.next_seq, tails, times)
+        except LocalProtocolError:
+            return None  # the client is freeing the subscription
+        return self._sent(subscription, count)
 
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         """:meth:`send_deliveries` for a subscription that keeps nothing once

@@ -20,7 +20,9 @@ Where a subscription starts comes from its ``Subscribe`` options
 :class:`CursorBook` keeps it). With ``"until"`` it is a *bounded read*
 (Kafka's consumer fetch of a range): it sends the records before that
 offset and then nothing more, and it never holds retention back (what
-retention deletes before it is sent is told with a ``Gap``).
+retention deletes before it is sent is told with a ``Gap``). With
+``"timestamps": true`` every delivery carries its record's receive time
+(a ``DeliverTimed``), read from the log with the records.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ PUMP_RECORDS = 1024
 #: Bytes one pump reads from the log at a time (about).
 PUMP_BYTES = 1 << 20
 #: The reliable options this broker knows.
-LOG_OPTIONS = frozenset({"from", "from_time", "cursor", "until"})
+LOG_OPTIONS = frozenset({"from", "from_time", "cursor", "until", "timestamps"})
 
 
 class CursorBook(Protocol):
@@ -82,6 +84,13 @@ class LogSubscriber(Subscriber, Protocol):
         """The bytes of deliveries the subscriber's guarantees let go now (0: none)."""
         ...
 
+    def send_timed(
+        self, subscription: Subscription, tails: list[bytes], times: list[int]
+    ) -> int | None:
+        """``send_deliveries`` with each record's receive time (``times[i]``
+        for ``tails[i]``): as DeliverTimed frames."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StartRequest:
@@ -92,11 +101,18 @@ class StartRequest:
     cursor: str | None = None
     #: A bounded read: the offset it stops before (None: it never stops).
     until: int | None = None
+    #: Its deliveries carry their records' receive times.
+    timestamps: bool = False
 
     @property
     def plain(self) -> bool:
         """Whether it asks for nothing a memory-only broker lacks (live from now on)."""
-        return self.cursor is None and self.until is None and self.start.kind == "latest"
+        return (
+            self.cursor is None
+            and self.until is None
+            and not self.timestamps
+            and self.start.kind == "latest"
+        )
 
 
 def start_request(options: Mapping[str, object]) -> StartRequest:
@@ -140,7 +156,10 @@ def start_request(options: Mapping[str, object]) -> StartRequest:
             raise OptionError('"until" must be an offset (an integer >= 0): where the read stops')
         if cursor is not None:
             raise OptionError('"until" (a bounded read) and "cursor" exclude each other: give one')
-    return StartRequest(start, cursor, until)
+    timestamps = options.get("timestamps", False)
+    if type(timestamps) is not bool:
+        raise OptionError('"timestamps" must be true or false')
+    return StartRequest(start, cursor, until, timestamps)
 
 
 def cursor_key(principal: str | None, topic: str, name: str) -> str:
@@ -156,9 +175,20 @@ class LogSubscription(Subscription):
     from the log what the subscriber did not process. With ``until`` it is
     a bounded read: it sends nothing at or after that offset (a ``Gap``
     for deleted records is cut there too) and holds no retention back.
+    With ``timestamps`` each record goes with its receive time, as the log
+    stored it (live records too: read from the log's record headers).
     """
 
-    __slots__ = ("_cursors", "account", "cursor_key", "gaps_sent", "holder", "log", "until")
+    __slots__ = (
+        "_cursors",
+        "account",
+        "cursor_key",
+        "gaps_sent",
+        "holder",
+        "log",
+        "timestamps",
+        "until",
+    )
 
     charges_publishers = False
     reads_log = True
@@ -175,11 +205,14 @@ class LogSubscription(Subscription):
         cursors: CursorBook | None = None,
         cursor_key: str | None = None,
         until: int | None = None,
+        timestamps: bool = False,
     ) -> None:
         super().__init__(connection, handle, topic, mode)
         self.connection: LogSubscriber = connection
         self.log = log
         self.until = until
+        #: Send each record's receive time with it (a DeliverTimed).
+        self.timestamps = timestamps
         #: Holds ``when_full="block"`` retention at the first unprocessed
         #: offset (a bounded read's is not registered: it holds nothing).
         self.holder = log.reader(Start.at(position), register=until is None)
@@ -266,7 +299,14 @@ class LogSubscription(Subscription):
         """Send ``tails`` (records from :attr:`next_seq`) as far as the
         guarantees allow; whether all went (else it waits for guarantees)."""
         connection = self.connection
-        taken = connection.send_deliveries(self, tails)
+        if self.timestamps:
+            try:
+                times = self.log.times(self.next_seq, len(tails))
+            except LogError:
+                return False  # closed under us: the broker is stopping
+            taken = connection.send_timed(self, tails, times)
+        else:
+            taken = connection.send_deliveries(self, tails)
         if taken is None:
             return False  # the client is freeing it
         if taken:
@@ -349,4 +389,5 @@ def make_log_subscription(
         cursors=cursors,
         cursor_key=key,
         until=request.until,
+        timestamps=request.timestamps,
     )

@@ -53,6 +53,11 @@ class Unattached:
     def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
         return 0
 
+    def send_timed(
+        self, subscription: Subscription, tails: list[bytes], times: list[int]
+    ) -> int | None:
+        return 0
+
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         return 0
 
@@ -130,6 +135,7 @@ def _subscriptions(
             cursors=host.cursors,
             cursor_key=key,
             until=request.until,
+            timestamps=request.timestamps,
         )
         topic.subscribe(subscription)
         subscriptions[handle] = subscription

@@ -9,14 +9,16 @@ holds publishers back for it. Records that retention deleted before the
 task read them are told by a ``Gap`` (or seen as a jump in the offsets):
 with ``failOnDataLoss`` the task fails with a :class:`SourceError` naming
 the topic and the lost offsets, without it the loss is logged and skipped.
+The read asks for the records' times (``"timestamps"``): each row's
+``timestamp`` is the time the broker received its record.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from ._source_options import SourceError, SourceOptions
 from ._writer import cached_client
@@ -29,7 +31,16 @@ BATCH = 4096
 POLL = 0.2
 
 #: A row: key, value, topic, partition, offset, timestamp, headers.
-Row = tuple[bytes | None, bytes, str, int, int, Any, list[tuple[str, bytes]] | None]
+Row = tuple[bytes | None, bytes, str, int, int, datetime.datetime, list[tuple[str, bytes]] | None]
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND = datetime.timedelta(milliseconds=1)
+
+
+def record_time(ms: int) -> datetime.datetime:
+    """The ``timestamp`` of a record received ``ms`` milliseconds after the
+    Unix epoch: a timezone-aware UTC datetime, exact to the millisecond."""
+    return _EPOCH + ms * _MILLISECOND
 
 
 def topic_offsets(options: SourceOptions) -> dict[str, tuple[int, int]]:
@@ -66,7 +77,10 @@ def read_range(options: SourceOptions, topic: str, start: int, end: int) -> Iter
     client = cached_client(options.connection)
     timeout = options.connection.timeout
     expected = start
-    subscription = client.subscribe(topic, options={"from": start, "until": end}, timeout=timeout)
+    subscription = client.subscribe(
+        topic, options={"from": start, "until": end, "timestamps": True}, timeout=timeout
+    )
+    last_ms, last_time = -1, _EPOCH
     with subscription:
         last_progress = time.monotonic()
         while expected < end:
@@ -85,8 +99,12 @@ def read_range(options: SourceOptions, topic: str, start: int, end: int) -> Iter
             last_progress = time.monotonic()
             for message in messages:
                 offset = message.offset
-                assert offset is not None  # (a broker that lists offsets numbers by them)
+                stamp = message.timestamp
+                # (A broker that lists offsets numbers by them, and sends times when asked.)
+                assert offset is not None and stamp is not None
                 if offset != expected:
                     lost(options, topic, expected, offset)
-                yield (message.key, message.payload, topic, 0, offset, None, message.headers)
+                if stamp != last_ms:  # (records appended together share their time)
+                    last_ms, last_time = stamp, record_time(stamp)
+                yield (message.key, message.payload, topic, 0, offset, last_time, message.headers)
                 expected = offset + 1

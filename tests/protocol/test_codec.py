@@ -34,6 +34,7 @@ from broker.protocol import (
     Confirm,
     Deliver,
     DeliverMany,
+    DeliverTimed,
     FrameDecoder,
     FreeHandle,
     Gap,
@@ -151,6 +152,10 @@ MESSAGES: list[Message] = [
     DeliverMany(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])]),
     DeliverMany(3, 2**32, [(b"p" * 100, None, None), (b"", b"", []), (b"q", None, [("n", b"1")])]),
     DeliverMany(24, U64_MAX - 99, [(bytes([i]) * i, None, None) for i in range(100)]),
+    DeliverTimed(0, 0, [(b"", None, None)], [0]),
+    DeliverTimed(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])], [U64_MAX]),
+    DeliverTimed(3, 2**32, [(b"p", None, None), (b"", b"", [])], [1_764_294_000_000, 23]),
+    DeliverTimed(24, 7, [(bytes([i]) * i, None, None) for i in range(100)], list(range(100))),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The codec's fast path for Publish, Deliver and DeliverMany agrees with the
+"""The codec's fast path for Publish, Deliver, DeliverMany and DeliverTimed agrees with the
 general decoder.
 
 ``FrameDecoder`` reads the usual shape of the message-carrying frames
@@ -19,6 +19,7 @@ from broker.protocol import (
     U64_MAX,
     Deliver,
     DeliverMany,
+    DeliverTimed,
     Entry,
     FrameDecoder,
     LocalProtocolError,
@@ -70,10 +71,22 @@ def _deliver_manys(draw: st.DrawFn) -> DeliverMany:
     return DeliverMany(draw(_uints), first, entries)
 
 
+#: Record times: real ones (9 bytes, often repeated), and every uint head.
+_times = st.one_of(st.sampled_from([1_764_294_000_000, 1_764_294_000_001]), _uints)
+
+
+@st.composite
+def _deliver_timeds(draw: st.DrawFn) -> DeliverTimed:
+    many = draw(_deliver_manys())
+    times = draw(st.lists(_times, min_size=len(many.entries), max_size=len(many.entries)))
+    return DeliverTimed(many.subscription, many.first_seq, many.entries, times)
+
+
 _messages = st.one_of(
     st.builds(Publish, _uints, _blobs, _keys, st.none()),
     st.builds(Deliver, _uints, _uints, _blobs, _keys, st.none()),
     _deliver_manys(),
+    _deliver_timeds(),
 )
 
 
@@ -297,6 +310,13 @@ def test_the_fast_path_takes_the_usual_frames() -> None:
     body = encode(many)[4:]
     assert _fast_message(body, 0, len(body)) is None
     assert _general(body) == many
+    for count in (1, 80):
+        entries: list[Entry] = [(b"x" * 100, None, None), (b"y", b"k", None)] * 40
+        timed = DeliverTimed(
+            3, 70_000, entries[:count], [1_764_294_000_000 + i // 7 for i in range(count)]
+        )
+        body = encode(timed)[4:]
+        assert _fast_message(body, 0, len(body)) == timed
 
 
 def test_the_largest_deliver_many_is_read_and_a_larger_one_not_written() -> None:

@@ -6,6 +6,7 @@ is killed mid-way and restarted from its checkpoint, exactly once."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import time
 import uuid
@@ -41,6 +42,29 @@ def read(spark: Any, address: str, **options: str) -> Any:
     return reader.load()
 
 
+def assert_times(rows: list[Any], since: datetime.datetime) -> None:
+    """Every row has its record's time: received during the test (its
+    start, to the millisecond, up to now), never decreasing along a topic."""
+    assert rows
+    now = datetime.datetime.now(datetime.UTC)
+    by_topic: dict[str, list[Any]] = {}
+    for row in rows:
+        by_topic.setdefault(row.topic, []).append(row)
+    for topic_rows in by_topic.values():
+        ordered = sorted(topic_rows, key=lambda r: r.offset)
+        times = [_aware(r.timestamp) for r in ordered]
+        assert None not in times
+        assert since.replace(microsecond=since.microsecond // 1000 * 1000) <= times[0]
+        assert times[-1] <= now
+        assert times == sorted(times)
+
+
+def _aware(value: datetime.datetime) -> datetime.datetime:
+    """A timestamp Spark handed back (a naive local time) as an aware one."""
+    assert isinstance(value, datetime.datetime)
+    return value if value.tzinfo is not None else value.astimezone()
+
+
 def ids(rows: list[Any]) -> list[int]:
     return sorted(int(bytes(row.value).split(b";")[0].removeprefix(b"id=")) for row in rows)
 
@@ -49,6 +73,7 @@ def test_a_batch_read_of_100k_records_equals_what_was_published(
     spark: Any, log_broker: str
 ) -> None:
     name = topic()
+    since = datetime.datetime.now(datetime.UTC)
     publish(log_broker, name, 100_000)
     frame = read(spark, log_broker, subscribe=name, minPartitions="4")
     assert frame.rdd.getNumPartitions() == 4  # the range is split: four tasks read in parallel
@@ -63,6 +88,7 @@ def test_a_batch_read_of_100k_records_equals_what_was_published(
         assert (row.topic, row.partition) == (name, 0)
         assert [(h.key, bytes(h.value)) for h in row.headers] == [("n", b"%d" % (offset - 1))]
     assert ids(rows) == list(range(100_000))
+    assert_times(rows, since)
     assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "headers"]
 
 
@@ -91,6 +117,7 @@ def test_starting_and_ending_offsets(spark: Any, log_broker: str) -> None:
 
 def test_a_pattern_reads_every_matching_topic(spark: Any, log_broker: str) -> None:
     prefix = f"pat{uuid.uuid4().hex[:6]}"
+    since = datetime.datetime.now(datetime.UTC)
     publish(log_broker, f"{prefix}.a", 5)
     publish(log_broker, f"{prefix}.b", 7)
     publish(log_broker, f"{prefix}x.c", 3)  # not matched
@@ -99,6 +126,7 @@ def test_a_pattern_reads_every_matching_topic(spark: Any, log_broker: str) -> No
         (f"{prefix}.a", 5),
         (f"{prefix}.b", 7),
     ]
+    assert_times(rows, since)
 
 
 def test_a_missing_topic_reads_nothing_and_is_not_created(spark: Any, log_broker: str) -> None:
@@ -132,9 +160,12 @@ def test_a_stream_starting_at_latest_reads_only_what_comes_after(
 
     run()
     assert spark.read.parquet(str(output)).count() == 0
+    since = datetime.datetime.now(datetime.UTC)
     publish(log_broker, name, 10, first=20)
     run()  # from the checkpoint: exactly the 10 new records
-    assert ids(spark.read.parquet(str(output)).collect()) == list(range(20, 30))
+    rows = spark.read.parquet(str(output)).collect()
+    assert ids(rows) == list(range(20, 30))
+    assert_times(rows, since)
 
 
 def lossy_topic(address: str) -> tuple[str, int]:

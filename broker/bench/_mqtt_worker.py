@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from . import _mqtt as mqtt
-from ._open_loop import STAMP, filler_for, schedule
+from ._open_loop import STAMP, Arrivals, filler_for, published, schedule
 
 
 class _Connection:
@@ -98,16 +98,9 @@ async def mqtt_publish(spec: dict[str, Any]) -> dict[str, Any]:
         async for n, scheduled in schedule(rate, total, lateness):
             payload = STAMP.pack(scheduled, n) + filler
             await connection.send(mqtt.publish(topic, payload, qos, n % 0xFFFF + 1 if qos else 0))
-        published = time.perf_counter_ns()
+        done = time.perf_counter_ns()
     await connection.close()
-    return {
-        "start": start,
-        "published": published,
-        "end": time.perf_counter_ns(),
-        "sent": {topic: total},
-        "acked": acked,
-        "lateness": {topic: lateness},
-    }
+    return published(start, done, topic, total, lateness, acked=acked)
 
 
 async def mqtt_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
@@ -122,10 +115,9 @@ async def mqtt_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     if granted != [qos]:  # (a SUBACK comes before any PUBLISH on this topic)
         raise RuntimeError(f"MQTT broker granted {granted}, not QoS {qos}")
     print("ready", flush=True)
-    latencies: list[int] = []
-    received = gaps = expected = first = last = 0
+    arrivals = Arrivals()
     with trio.move_on_after(spec.get("timeout", math.inf)):
-        while received < count:
+        while arrivals.received < count:
             packets = await connection.receive_batch()
             now = time.perf_counter_ns()
             acks = []
@@ -133,23 +125,8 @@ async def mqtt_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                 message = mqtt.parse_publish(packet)
                 if message.qos:
                     acks.append(mqtt.puback(message.packet_id))
-                stamp, seq = STAMP.unpack_from(message.payload)
-                if seq != expected:
-                    gaps += abs(seq - expected)
-                expected = seq + 1
-                received += 1
-                latencies.append(now - stamp)
-            first = first or now
-            last = now
+                arrivals.arrived(message.payload, now)
             if acks:
                 await connection.send(b"".join(acks))
     await connection.close()
-    one = {
-        "received": received,
-        "drained": 0,
-        "first": first,
-        "last": last,
-        "gaps": gaps,
-        "latencies": latencies,
-    }
-    return {"subscribers": [one]}
+    return arrivals.result()

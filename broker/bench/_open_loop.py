@@ -9,6 +9,7 @@ import os
 import struct
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import trio
 
@@ -92,3 +93,52 @@ async def schedule(rate: float, total: int, lateness: list[int]) -> AsyncIterato
         await timer.sleep_until(scheduled)
         lateness.append(time.perf_counter_ns() - scheduled)
         yield n, scheduled
+
+
+class Arrivals:
+    """What an open-loop subscriber records of the messages it times: each
+    one's latency (receive time minus scheduled send time), gaps in the
+    sequence numbers, the first and last arrival; :meth:`result` is a
+    worker's result in the shape the benchmarks read."""
+
+    def __init__(self) -> None:
+        self.latencies: list[int] = []
+        self.received = self.gaps = self.expected = self.first = self.last = 0
+
+    def arrived(self, payload: bytes, now: int) -> None:
+        """A message with stamped ``payload`` arrived at ``now`` (ns)."""
+        stamp, seq = STAMP.unpack_from(payload)
+        if seq != self.expected:
+            self.gaps += abs(seq - self.expected)
+        self.expected = seq + 1
+        self.received += 1
+        self.latencies.append(now - stamp)
+        self.first = self.first or now
+        self.last = now
+
+    def result(self) -> dict[str, Any]:
+        one = {
+            "received": self.received,
+            "drained": 0,
+            "first": self.first,
+            "last": self.last,
+            "gaps": self.gaps,
+            "latencies": self.latencies,
+        }
+        return {"subscribers": [one]}
+
+
+def published(
+    start: int, done: int, topic: str, total: int, lateness: list[int], **extra: int
+) -> dict[str, Any]:
+    """An open-loop publisher's result: when it started and finished
+    publishing ``total`` messages to ``topic``, how late it was, and
+    ``extra`` figures (acknowledged, confirmed)."""
+    return {
+        "start": start,
+        "published": done,
+        "end": time.perf_counter_ns(),
+        "sent": {topic: total},
+        **extra,
+        "lateness": {topic: lateness},
+    }

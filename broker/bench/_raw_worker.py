@@ -34,7 +34,7 @@ from broker.protocol import (
     WelcomeReceived,
 )
 
-from ._open_loop import STAMP, filler_for, schedule
+from ._open_loop import STAMP, Arrivals, filler_for, published, schedule
 
 
 class _Raw:
@@ -127,16 +127,9 @@ async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
                     room = trio.Event()
                     await room.wait()
             await raw.flush()
-        published = time.perf_counter_ns()
+        done = time.perf_counter_ns()
     await raw.close()
-    return {
-        "start": start,
-        "published": published,
-        "end": time.perf_counter_ns(),
-        "sent": {topic_name: total},
-        "confirmed": confirmed,
-        "lateness": {topic_name: lateness},
-    }
+    return published(start, done, topic_name, total, lateness, confirmed=confirmed)
 
 
 async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
@@ -150,36 +143,19 @@ async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     handle = conn.subscribe(topic)
     await raw.until_confirmed(HandleType.SUBSCRIPTION, handle)
     print("ready", flush=True)
-    latencies: list[int] = []
-    received = gaps = expected = first = last = 0
+    arrivals = Arrivals()
     with trio.move_on_after(spec.get("timeout", math.inf)):
-        while received < count:
+        while arrivals.received < count:
             events = await raw.read()
             now = time.perf_counter_ns()
             seq = 0
             for event in events:
-                if type(event) is not DeliverReceived:
-                    continue
-                stamp, n = STAMP.unpack_from(event.message.payload)
-                if n != expected:
-                    gaps += abs(n - expected)
-                expected = n + 1
-                received += 1
-                latencies.append(now - stamp)
-                seq = event.message.seq
-                conn.release(event)
+                if type(event) is DeliverReceived:
+                    arrivals.arrived(event.message.payload, now)
+                    seq = event.message.seq
+                    conn.release(event)
             if seq:
-                first = first or now
-                last = now
                 conn.ack(handle, seq)
             await raw.flush()
     await raw.close()
-    one = {
-        "received": received,
-        "drained": 0,
-        "first": first,
-        "last": last,
-        "gaps": gaps,
-        "latencies": latencies,
-    }
-    return {"subscribers": [one]}
+    return arrivals.result()

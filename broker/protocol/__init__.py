@@ -18,18 +18,7 @@ parameter. :class:`Connection` is one end of a connection in either role
 ``docs/protocol.md`` is the normative description of the wire format.
 """
 
-from ._codec import (
-    MAX_DELIVER_MANY,
-    MAX_DELIVER_TIMED,
-    decode_body,
-    deliver_many_head,
-    deliver_many_head_size,
-    deliver_timed_head,
-    encode,
-    encode_body,
-    encode_deliver,
-    encode_deliver_tail,
-)
+from ._codec import decode_body
 from ._connection import (
     DELIVER_SLACK,
     MAX_HELLO_FRAME,
@@ -38,6 +27,17 @@ from ._connection import (
     ConnectionState,
     ConnectionStatistics,
     NoGuarantees,
+)
+from ._encode import (
+    MAX_DELIVER_MANY,
+    MAX_DELIVER_TIMED,
+    deliver_many_head,
+    deliver_many_head_size,
+    deliver_timed_head,
+    encode,
+    encode_body,
+    encode_deliver,
+    encode_deliver_tail,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (

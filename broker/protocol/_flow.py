@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._codec import encode
 from ._core import (
     BIND_CHANNEL,
     HANDLE_TYPE_OF_BIND_CHANNEL,
@@ -19,6 +18,7 @@ from ._core import (
     NoGuarantees,
     handle_channel,
 )
+from ._encode import encode
 from ._errors import LocalProtocolError
 from ._events import (
     DeliverManyReceived,

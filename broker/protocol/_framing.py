@@ -11,7 +11,8 @@ import io
 import struct
 from collections.abc import Iterator
 
-from ._codec import _decode_item, _fast_message, _new_decoder
+from ._codec import _decode_item, _new_decoder
+from ._decode_fast import _fast_message
 from ._errors import RemoteProtocolError
 from ._messages import Message
 from ._types import DEFAULT_MAX_FRAME, LENGTH_PREFIX, GoodbyeCode

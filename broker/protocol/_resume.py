@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import deque
 
 from ._binds import HandleBinding
-from ._codec import encode
 from ._core import BIND_CHANNEL
+from ._encode import encode
 from ._errors import LocalProtocolError
 from ._events import Event, SubscriptionDropped
 from ._guarantees import ChannelSender, SentFrame

@@ -11,7 +11,8 @@ frame beyond the guarantees) takes the long path, which checks everything.
 from __future__ import annotations
 
 from ._binds import HandleBinding
-from ._codec import (
+from ._core import ConnectionState
+from ._encode import (
     MAX_DELIVER_MANY,
     MAX_DELIVER_TIMED,
     deliver_heads,
@@ -23,7 +24,6 @@ from ._codec import (
     encode_publish,
     time_heads,
 )
-from ._core import ConnectionState
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelSender

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._codec import encode, encode_body
+from ._encode import encode, encode_body
 from ._messages import Goodbye, Message
 from ._types import DEFAULT_MAX_FRAME
 

@@ -31,9 +31,9 @@ from broker.protocol import (
     encode_deliver,
     encode_deliver_tail,
 )
-from broker.protocol._codec import (
+from broker.protocol._decode_fast import _fast_message
+from broker.protocol._encode import (
     MAX_DELIVER_MANY,
-    _fast_message,
     _fields,
     deliver_heads,
     deliver_many_head,

@@ -32,7 +32,8 @@ from broker.protocol import (
     encode,
     encode_deliver_tail,
 )
-from broker.protocol._codec import LENGTH_PREFIX, deliver_many_head_size
+from broker.protocol._encode import deliver_many_head_size
+from broker.protocol._types import LENGTH_PREFIX
 
 from .pair import ConnectionPair, of, split_frames
 

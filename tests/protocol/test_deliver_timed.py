@@ -21,7 +21,7 @@ from broker.protocol import (
     encode,
     encode_deliver_tail,
 )
-from broker.protocol._codec import LENGTH_PREFIX
+from broker.protocol._types import LENGTH_PREFIX
 
 from .pair import split_frames
 from .test_deliver_many_frames import (

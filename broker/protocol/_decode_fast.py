@@ -1,0 +1,235 @@
+"""The fast way through the frames that carry messages: a Publish, Deliver,
+DeliverMany or DeliverTimed of the usual shape is read here directly,
+without the general CBOR decoder of :mod:`._codec`; anything else, well
+formed or not, gives None and goes the general way."""
+
+from __future__ import annotations
+
+import struct
+
+from ._messages import (
+    Deliver,
+    DeliverMany,
+    DeliverTimed,
+    Entry,
+    Publish,
+)
+from ._types import (
+    U64_MAX,
+)
+
+# The two frames that carry messages are most of the traffic. Their usual
+# shape (no headers) is read here directly, without the general decoder;
+# anything else, well-formed or not, goes the general way. Both ways give
+# the same message for the same bytes (tests/protocol/test_codec_fast.py).
+
+_NULL_BYTE = 0xF6
+
+
+def _fast_uint(data: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned integer at ``pos`` and the position after it; (-1, pos) if none."""
+    head = data[pos]
+    if head < 24:
+        return head, pos + 1
+    if head == 24:
+        return data[pos + 1], pos + 2
+    if head == 25:
+        return data[pos + 1] << 8 | data[pos + 2], pos + 3
+    if head == 26:
+        return int.from_bytes(data[pos + 1 : pos + 5], "big"), pos + 5
+    if head == 27:
+        return int.from_bytes(data[pos + 1 : pos + 9], "big"), pos + 9
+    return -1, pos
+
+
+def _fast_blob(data: bytes, pos: int) -> tuple[int, int]:
+    """Where the byte string at ``pos`` starts and stops; (-1, -1) if there is none."""
+    head = data[pos]
+    if 0x40 <= head <= 0x57:
+        return pos + 1, pos + 1 + head - 0x40
+    if head == 0x58:
+        return pos + 2, pos + 2 + data[pos + 1]
+    if 0x59 <= head <= 0x5B:
+        width = 1 << (head - 0x58)
+        start = pos + 1 + width
+        return start, start + int.from_bytes(data[pos + 1 : start], "big")
+    return -1, -1
+
+
+def _fast_entry(data: bytes, pos: int) -> tuple[bytes, bytes | None, int] | None:
+    """The payload and key of a ``payload, key, null`` run of fields (the
+    tail of a message without headers) at ``pos``, and the position after
+    it; None for anything else."""
+    start, stop = _fast_blob(data, pos)
+    if start < 0:
+        return None
+    payload = data[start:stop]
+    if data[stop] == _NULL_BYTE:
+        key = None
+        pos = stop + 1
+    else:
+        start, pos = _fast_blob(data, stop)
+        if start < 0:
+            return None
+        key = data[start:pos]
+    if data[pos] != _NULL_BYTE:
+        return None
+    return payload, key, pos + 1
+
+
+def _fast_tail(data: bytes, pos: int, end: int) -> tuple[bytes, bytes | None] | None:
+    """The payload and key of a message whose headers are null, read from
+    ``pos`` to exactly ``end``; None for anything else."""
+    entry = _fast_entry(data, pos)
+    if entry is None or entry[2] != end:
+        return None
+    return entry[0], entry[1]
+
+
+def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
+    """From ``pos``, a payload of 24 to 255 bytes, a null key and null
+    headers fill the frame exactly (the commonest tail)."""
+    return (
+        data[pos] == 0x58
+        and pos + 4 + data[pos + 1] == end
+        and data[end - 2] == _NULL_BYTE
+        and data[end - 1] == _NULL_BYTE
+    )
+
+
+def _fast_run_fields(
+    data: bytes, pos: int, count: int, smallest: int, end: int
+) -> tuple[int, int, int] | None:
+    """The subscription and first sequence number at ``pos`` of a frame of
+    ``count`` entries of at least ``smallest`` bytes each, and where its
+    entries start; None if they are not those of such a frame."""
+    subscription, pos = _fast_uint(data, pos)
+    if subscription < 0:
+        return None
+    first_seq, pos = _fast_uint(data, pos)
+    # A count longer than the bytes left could hold is not this frame's.
+    if first_seq < 0 or first_seq + count - 1 > U64_MAX or smallest * count > end - pos:
+        return None
+    return subscription, first_seq, pos
+
+
+def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
+    """The DeliverMany without headers in ``data[start:end]``, or None for
+    any other frame (which the general decoder then reads)."""
+    first = data[start]
+    if 0x86 <= first <= 0x97:
+        items, pos = first - 0x80, start + 1
+    elif first == 0x98:
+        items, pos = data[start + 1], start + 2
+    elif first == 0x99:
+        items, pos = data[start + 1] << 8 | data[start + 2], start + 3
+    else:
+        return None
+    count, extra = divmod(items - 3, 3)
+    if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
+        if data[pos] == 0x18 and data[pos + 1] == 35:
+            return _fast_timed(data, pos + 2, items, end)
+        return None
+    fields = _fast_run_fields(data, pos + 2, count, 3, end)
+    if fields is None:
+        return None
+    subscription, first_seq, pos = fields
+    entries: list[Entry] = []
+    append = entries.append
+    for _ in range(count):
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        payload, key, pos = entry
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverMany(subscription, first_seq, entries)
+
+
+_U64_AT = struct.Struct(">Q")
+
+
+def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | None:
+    """The DeliverTimed without headers whose fields start at ``pos`` after
+    its head of ``items`` elements, up to ``end``; None for anything else."""
+    count, extra = divmod(items - 3, 4)
+    if count < 1 or extra:
+        return None
+    fields = _fast_run_fields(data, pos, count, 4, end)
+    if fields is None:
+        return None
+    subscription, first_seq, pos = fields
+    times: list[int] = []
+    entries: list[Entry] = []
+    add_time = times.append
+    append = entries.append
+    read_u64 = _U64_AT.unpack_from
+    for _ in range(count):
+        if data[pos] == 0x1B:  # the usual time: a uint of 8 bytes
+            add_time(read_u64(data, pos + 1)[0])
+            pos += 9
+        else:
+            time_ms, pos = _fast_uint(data, pos)
+            if time_ms < 0:
+                return None
+            add_time(time_ms)
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        payload, key, pos = entry
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverTimed(subscription, first_seq, entries, times)
+
+
+def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
+    """The Publish, Deliver or DeliverMany without headers in
+    ``data[start:end]``, or None for any other frame (which the general
+    decoder then reads)."""
+    if end - start < 7:
+        return None
+    first = data[start]
+    try:
+        if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] >= 34:
+            return _fast_many(data, start, end) if first >= 0x86 else None
+        code = data[start + 2]
+        if first == 0x86 and code == 33:
+            subscription, pos = _fast_uint(data, start + 3)
+            if subscription < 0:
+                return None
+            seq, pos = _fast_uint(data, pos)
+            if seq < 0:
+                return None
+            if _short_and_plain(data, pos, end):
+                return Deliver(subscription, seq, data[pos + 2 : end - 2], None, None)
+            tail = _fast_tail(data, pos, end)
+            if tail is None:
+                return None
+            return Deliver(subscription, seq, tail[0], tail[1], None)
+        if first == 0x85 and code == 32:
+            topic, pos = _fast_uint(data, start + 3)
+            if topic < 0:
+                return None
+            if _short_and_plain(data, pos, end):
+                return Publish(topic, data[pos + 2 : end - 2], None, None)
+            tail = _fast_tail(data, pos, end)
+            if tail is None:
+                return None
+            return Publish(topic, tail[0], tail[1], None)
+    except (IndexError, struct.error):
+        return None  # truncated: the general decoder says how
+    return None

@@ -61,7 +61,7 @@ class Wake:
     With an :class:`Outbox` open, :meth:`set` only notes the wake there;
     :meth:`flush` then tries :attr:`write_now` first (see the module)."""
 
-    __slots__ = ("_event", "_outbox", "write_now")
+    __slots__ = ("_event", "_failure", "_outbox", "write_now")
 
     def __init__(self, outbox: Outbox | None = None) -> None:
         self._event = trio.Event()
@@ -70,6 +70,9 @@ class Wake:
         #: could not (the writer is busy, the stream is not a plain socket,
         #: the connection is closing): the writer is woken then.
         self.write_now: Callable[[], bool] | None = None
+        #: What :attr:`write_now` raised in another connection's task: raised
+        #: by :meth:`wait`, in this connection's writer, as if it had failed there.
+        self._failure: Exception | None = None
 
     def set(self) -> None:
         """Something was queued to send: the writer goes round once more
@@ -81,12 +84,23 @@ class Wake:
             self._event.set()
 
     def flush(self) -> None:
-        """Write what is queued now if the connection can, else wake the writer."""
+        """Write what is queued now if the connection can, else wake the
+        writer. A failure of the write is this connection's, not the calling
+        task's: it is handed to the writer (see :meth:`wait`)."""
         write_now = self.write_now
-        if write_now is None or not write_now():
-            self._event.set()
+        try:
+            if write_now is not None and write_now():
+                return
+        except Exception as failure:
+            self._failure = failure
+        self._event.set()
 
     async def wait(self) -> None:
-        """Wait until :meth:`set` (at once if it was set meanwhile), and re-arm."""
+        """Wait until :meth:`set` (at once if it was set meanwhile), and re-arm;
+        raises what a write from another task failed with, if one did."""
         await self._event.wait()
         self._event = trio.Event()
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure

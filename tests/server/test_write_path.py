@@ -165,3 +165,18 @@ def test_a_message_at_an_everyday_rate_costs_the_broker_few_task_switches() -> N
     figures = rates_table(3.0, rates=(200,))
     assert figures["rate_200_received"] == 600
     assert 0 < figures["rate_200_task_steps_per_msg"] < 4, figures
+
+
+async def test_a_direct_write_that_fails_fails_its_own_writer_not_the_flushing_task() -> None:
+    outbox = Outbox()
+    wake = Wake(outbox)
+
+    def broken() -> bool:
+        raise RuntimeError("this connection's bug")
+
+    wake.write_now = broken
+    outbox.open()
+    wake.set()
+    outbox.close()  # the flushing task (another connection's reader) goes on
+    with pytest.raises(RuntimeError, match="this connection's bug"):
+        await wake.wait()  # raised in the writer of the connection it belongs to

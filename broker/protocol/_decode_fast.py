@@ -197,7 +197,7 @@ def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | N
 
 
 def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
-    """The Publish, Deliver or DeliverMany without headers in
+    """The Publish, Deliver, DeliverMany or DeliverTimed without headers in
     ``data[start:end]``, or None for any other frame (which the general
     decoder then reads)."""
     if end - start < 7:

@@ -147,9 +147,13 @@ def stored_topics(data_dir: Path) -> list[str]:
 
 
 class DirLock:
-    """An exclusive ``flock`` on ``<data_dir>/.lock``, held until :meth:`release`."""
+    """An exclusive ``flock`` on ``<directory>/.lock``, held until :meth:`release`.
 
-    def __init__(self, data_dir: Path) -> None:
+    ``what`` names the directory in the one-line :class:`DataDirLocked`
+    raised when another process (or another lock in this one) holds it.
+    """
+
+    def __init__(self, data_dir: Path, what: str | None = None) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -157,8 +161,9 @@ class DirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            shown = what or f"data directory {data_dir}"
             raise DataDirLocked(
-                f"data directory {data_dir} is in use by another broker (lock held on {path})"
+                f"{shown} is in use by another broker (lock held on {path})"
             ) from None
         except BaseException:
             os.close(fd)

@@ -12,11 +12,13 @@ from ._journal import StateJournal
 from ._log import TopicLog
 from ._types import LogConfig
 
-__all__ = ["JOURNAL_NAME", "LogStore"]
+__all__ = ["JOURNAL_NAME", "WORKERS", "LogStore"]
 
 #: The state journal's file in the data directory (beside ``topics/``, which
 #: holds every topic directory, so no topic name can collide with it).
 JOURNAL_NAME = "state.journal"
+#: The directory of the workers' own directories (state journals), beside ``topics/``.
+WORKERS = "workers"
 
 
 class LogStore:
@@ -26,13 +28,27 @@ class LogStore:
     :class:`DataDirLocked` with a one-line message if another process, or
     another store in this one, has it); :meth:`close` closes every log and
     releases it.
+
+    A store of one ``worker`` of a multi-worker broker shares the data
+    directory with the other workers (whose supervisor holds
+    ``<data_dir>/.lock``): it locks ``<data_dir>/workers/<worker>/`` instead,
+    keeps its state journal there, and locks each topic's directory while
+    that topic's log is open. The topic lock is the fence: two workers can
+    never write one topic, whatever they believe they own.
     """
 
-    def __init__(self, data_dir: Path | str, config: LogConfig | None = None) -> None:
+    def __init__(
+        self, data_dir: Path | str, config: LogConfig | None = None, *, worker: str | None = None
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config or LogConfig()
-        self._lock: DirLock | None = DirLock(self.data_dir)
+        self.worker = worker
+        #: Where this store's state journal is (the data directory, or the worker's own).
+        self.home = self.data_dir if worker is None else self.data_dir / WORKERS / worker
+        what = None if worker is None else f"worker {worker}'s directory {self.home}"
+        self._lock: DirLock | None = DirLock(self.home, what)
         self._logs: dict[str, TopicLog] = {}
+        self._topic_locks: dict[str, DirLock] = {}
         self._journal: StateJournal | None = None
 
     @property
@@ -43,7 +59,7 @@ class LogStore:
         if self._lock is None:
             raise LogClosed(f"the log store of {self.data_dir} is closed")
         if self._journal is None:
-            self._journal = StateJournal(self.data_dir / JOURNAL_NAME)
+            self._journal = StateJournal(self.home / JOURNAL_NAME)
         return self._journal
 
     def topic(
@@ -58,8 +74,18 @@ class LogStore:
         if log is None:
             check_topic_name(name)
             directory = topics_dir(self.data_dir) / topic_dir_name(name)
-            log = TopicLog.open(directory, name, config or self.config, now_ms)
+            lock = None
+            if self.worker is not None:
+                lock = DirLock(directory, f"the log of topic {name!r}")
+            try:
+                log = TopicLog.open(directory, name, config or self.config, now_ms)
+            except BaseException:
+                if lock is not None:
+                    lock.release()
+                raise
             self._logs[name] = log
+            if lock is not None:
+                self._topic_locks[name] = lock
         return log
 
     def open_logs(self) -> dict[str, TopicLog]:
@@ -78,6 +104,9 @@ class LogStore:
         log = self._logs.pop(name, None)
         if log is not None:
             log.close()
+        lock = self._topic_locks.pop(name, None)
+        if lock is not None:
+            lock.release()
         directory = topics_dir(self.data_dir) / topic_dir_name(name)
         if not directory.exists():
             return False
@@ -98,6 +127,9 @@ class LogStore:
             except Exception as exc:
                 error = error or exc
         self._logs.clear()
+        for lock in self._topic_locks.values():
+            lock.release()
+        self._topic_locks.clear()
         if self._journal is not None:
             try:
                 self._journal.close()

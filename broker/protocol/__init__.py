@@ -115,6 +115,7 @@ from ._names import (
     topic_name_problem,
     topic_pattern_problem,
 )
+from ._owners import Cluster, Member, owner_id
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
@@ -165,6 +166,7 @@ __all__ = [
     "ChannelReceiver",
     "ChannelSender",
     "ClientSessionState",
+    "Cluster",
     "Commit",
     "Confirm",
     "Connection",
@@ -202,6 +204,7 @@ __all__ = [
     "ListOffsets",
     "Liveness",
     "LocalProtocolError",
+    "Member",
     "Message",
     "MessageType",
     "NoGuarantees",
@@ -242,6 +245,7 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
+    "owner_id",
     "topic_name_problem",
     "topic_pattern_problem",
 ]

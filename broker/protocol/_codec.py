@@ -20,7 +20,7 @@ from typing import Any
 
 import cbor2
 
-from ._errors import RemoteProtocolError
+from ._errors import ProtocolError, RemoteProtocolError
 from ._messages import (
     Abort,
     Absolve,
@@ -56,6 +56,7 @@ from ._messages import (
     Welcome,
 )
 from ._names import topic_name_problem
+from ._owners import Cluster
 from ._types import (
     U64_MAX,
     Channel,
@@ -195,7 +196,7 @@ def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
 _HELLO_KEYS = frozenset({"client", "session", "processed"})
 #: A Hello may also carry a credential (absent when the client has none) and
 #: say that the client reads DeliverMany frames.
-_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many"})
+_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many", "metadata"})
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
@@ -216,6 +217,7 @@ def _hello(f: list[Any]) -> Hello:
         _u64_map(rec["processed"], "processed"),
         _secret(rec["token"], "token") if "token" in rec else None,
         _bool(rec["deliver_many"], "deliver_many") if "deliver_many" in rec else False,
+        _bool(rec["metadata"], "metadata") if "metadata" in rec else False,
     )
 
 
@@ -234,8 +236,8 @@ def _welcome(f: list[Any]) -> Welcome:
     keys = _WELCOME_KEYS
     if resumed:
         keys = _WELCOME_KEYS_RESUMED | ({"subscriptions"} & fields.keys())
-    if type(fields) is dict and "offsets" in fields:
-        keys = keys | {"offsets"}
+    if type(fields) is dict:
+        keys = keys | ({"offsets", "cluster"} & fields.keys())
     rec = _record(fields, keys, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
@@ -264,7 +266,15 @@ def _welcome(f: list[Any]) -> Welcome:
         bound,
         surviving,
         _bool(rec["offsets"], "offsets") if "offsets" in rec else False,
+        _cluster(rec["cluster"]) if "cluster" in rec else None,
     )
+
+
+def _cluster(value: Any) -> Cluster:
+    try:
+        return Cluster.from_wire(value)
+    except ProtocolError as error:
+        raise _bad(str(error)) from None
 
 
 def _publish(f: list[Any]) -> Publish:

@@ -132,12 +132,14 @@ def _fields(message: Message) -> list[Any]:
             return [44, request, [[name, first, end] for name, first, end in topics], reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed, token, deliver_many):
+        case Hello(version, client, session, processed, token, deliver_many, metadata):
             fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
             if token is not None:
                 fields["token"] = token
             if deliver_many:
                 fields["deliver_many"] = True
+            if metadata:
+                fields["metadata"] = True
             return [0, version, fields]
         case Welcome():
             welcome: dict[str, Any] = {
@@ -155,6 +157,8 @@ def _fields(message: Message) -> list[Any]:
                 welcome["subscriptions"] = list(message.subscriptions)
             if message.offsets:
                 welcome["offsets"] = True
+            if message.cluster is not None:
+                welcome["cluster"] = message.cluster.to_wire()
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 

@@ -8,6 +8,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import ConnectionClosed, Event, HelloReceived, WelcomeReceived
 from ._guarantees import ChannelSender
 from ._messages import Hello, Ping, Welcome
+from ._owners import Cluster
 from ._resume import SessionResume
 from ._session import BrokerSessionState, ClientSessionState, check_welcome
 from ._types import (
@@ -34,6 +35,7 @@ class Handshake(SessionResume):
         token: str | None = None,
         resume: ClientSessionState | None = None,
         deliver_many: bool = False,
+        metadata: bool = False,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
         presenting ``token`` to a broker that authenticates its clients.
@@ -42,6 +44,9 @@ class Handshake(SessionResume):
         :class:`DeliverMany` frames, so the broker may deliver many messages
         in one frame; without it (the default) every delivery comes as a
         Deliver.
+
+        With ``metadata`` the Hello asks a broker of several workers for its
+        membership: the Welcome's ``cluster`` (None from a single process).
 
         With ``resume`` (an earlier connection's :meth:`session_state`), the
         session is resumed: if the broker still has it, every handle is
@@ -57,7 +62,13 @@ class Handshake(SessionResume):
             processed = {h: resume.processed.get(h, 0) for h in resume.subscriptions}
             self._resume = resume
         message = Hello(
-            PROTOCOL_VERSION, client, session, dict(processed or {}), token, deliver_many
+            PROTOCOL_VERSION,
+            client,
+            session,
+            dict(processed or {}),
+            token,
+            deliver_many,
+            metadata,
         )
         self._queue(message)
         self.hello_message = message
@@ -75,11 +86,15 @@ class Handshake(SessionResume):
         received: dict[int, int] | None = None,
         restore: BrokerSessionState | None = None,
         offsets: bool = False,
+        cluster: Cluster | None = None,
     ) -> None:
         """Broker: accept the client's Hello; opens the bind channels.
 
         ``offsets`` says that reliable subscriptions number their deliveries
         by their topic's log offsets (a broker with a data directory).
+
+        ``cluster`` (the membership of a broker of several workers) is sent
+        only if the Hello asked for ``metadata``.
 
         ``restore`` resumes a session: its handles are bound again (publish
         channels opened, delivery channels ready), and the Welcome tells the
@@ -113,6 +128,7 @@ class Handshake(SessionResume):
             None if restore is None else (restore.next_topic, restore.next_subscription),
             surviving,
             offsets,
+            cluster if self.hello_message is not None and self.hello_message.metadata else None,
         )
         self._queue(message)
         self.welcome_message = message

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ._owners import Cluster
 from ._types import (
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
@@ -40,6 +41,9 @@ class Hello:
     token: str | None = field(default=None, repr=False)
     #: The client reads ``DeliverMany`` frames (the broker then may send them).
     deliver_many: bool = False
+    #: The client asks for the membership of a multi-worker broker (the
+    #: Welcome's ``cluster``), to reach each topic's owner directly.
+    metadata: bool = False
 
 
 @dataclass(slots=True)
@@ -67,6 +71,9 @@ class Welcome:
     #: numbers are the offsets of its topic's records (see "Topic logs and
     #: offsets" in the protocol description).
     offsets: bool = False
+    #: To a Hello that asked for ``metadata``, from a broker of several
+    #: workers: the membership and this worker's id (else None).
+    cluster: Cluster | None = None
 
 
 @dataclass(slots=True)

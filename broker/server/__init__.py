@@ -9,6 +9,7 @@ connections, and :meth:`Broker.shutdown`). Parsing bytes is
 from ._broker import Broker, BrokerStatistics, serve_broker
 from ._connection import ConnectionCounters, PublishChannel, ServerConnection
 from ._lossy import DroppingSubscription, OptionError, QueueLimits
+from ._placement import WorkerSetup
 from ._policy import BrokerPolicy
 from ._topic import Subscription, Topic
 from ._view import ConnectionView
@@ -26,5 +27,6 @@ __all__ = [
     "ServerConnection",
     "Subscription",
     "Topic",
+    "WorkerSetup",
     "serve_broker",
 ]

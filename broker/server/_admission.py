@@ -9,7 +9,14 @@ from typing import Protocol
 import trio
 
 from broker.auth import AuthFailure, AuthTable
-from broker.protocol import BrokerSessionState, Connection, GoodbyeCode, HelloReceived, Stage
+from broker.protocol import (
+    BrokerSessionState,
+    Cluster,
+    Connection,
+    GoodbyeCode,
+    HelloReceived,
+    Stage,
+)
 
 from ._delivery import Deliveries
 from ._peerlog import ConnectionLog, shown
@@ -42,6 +49,11 @@ class AdmissionHost(Protocol):
 
     @property
     def epoch(self) -> bytes: ...
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership of a multi-worker broker, for clients that ask (None: one process)."""
+        ...
 
     def auth_failed(self, reason: AuthFailure) -> None:
         """Count a refused client."""
@@ -124,7 +136,12 @@ class Admission:
             self.session = sessions.create(
                 connection, self.client_name, self.deliveries.subscriptions, principal
             )
-            self.protocol.welcome(session=self.session.id, epoch=host.epoch, offsets=host.offsets)
+            self.protocol.welcome(
+                session=self.session.id,
+                epoch=host.epoch,
+                offsets=host.offsets,
+                cluster=host.cluster,
+            )
         # The bind channels exist now: their buffers count against the budgets.
         budget = self.publishing.budget
         ledger = self.ledger
@@ -221,7 +238,11 @@ class Admission:
         deliveries = self.deliveries
         deliveries.subscriptions = session.subscriptions
         self.protocol.welcome(
-            session=session.id, epoch=host.epoch, restore=restore, offsets=host.offsets
+            session=session.id,
+            epoch=host.epoch,
+            restore=restore,
+            offsets=host.offsets,
+            cluster=host.cluster,
         )
         for handle, (name, _) in restore.topics.items():
             state = self.open_channel(handle, name, restore.stages.get(handle), connection)

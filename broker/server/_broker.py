@@ -23,8 +23,8 @@ from broker.auth import (
 )
 from broker.config import LOOPBACK, BrokerConfig
 from broker.log import LogStore
+from broker.protocol import Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
-from broker.protocol import GoodbyeCode, encode
 from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
@@ -35,6 +35,7 @@ from ._loop import LoopCounters
 from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
+from ._placement import WorkerSetup
 from ._restore import restore_sessions
 from ._session import SessionTable
 from ._session_records import SessionRecords
@@ -77,8 +78,12 @@ class Broker:
         ssl_context: ssl.SSLContext | None = None,
         auth: AuthTable | None = None,
         logs: TopicLogs | None = None,
+        worker: WorkerSetup | None = None,
     ) -> None:
         self.config = config
+        #: This broker's place among the workers of a multi-worker broker
+        #: (None: a single-process broker, which owns every topic).
+        self.worker = worker
         #: The topic logs (None: a memory-only broker).
         self.logs = logs
         #: The event loop's counters (None unless ``loop_counters``).
@@ -254,6 +259,11 @@ class Broker:
         """Count a refused client."""
         self.security.auth_failures[reason.value] += 1
 
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership a Welcome carries to clients that ask (None: one process)."""
+        return None if self.worker is None else self.worker.cluster
+
     async def handle_stream(self, stream: trio.SocketStream) -> None:
         """Serve one accepted TCP connection until it closes."""
         busy = len(self.connections) + self.handshaking
@@ -261,8 +271,12 @@ class Broker:
             await self._refuse(stream)
             return
         try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
+            name = stream.socket.getpeername()
+            if isinstance(name, str | bytes):  # a Unix socket: another worker's link
+                host = peer = "unix"
+            else:
+                host, port = name[:2]
+                peer = f"{host}:{port}"
         except OSError:  # pragma: no cover - the peer vanished already
             host = peer = "?"
         address = address_key(host)
@@ -452,6 +466,7 @@ def _check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:
 async def serve_broker(
     config: BrokerConfig,
     *,
+    worker: WorkerSetup | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -463,6 +478,11 @@ async def serve_broker(
     Before listening it loads the TLS files (``tls_cert``, ``tls_key``,
     ``tls_client_ca``) and the ``auth_file``: a bad one raises
     :class:`~broker.tls.TLSConfigError` or :class:`~broker.auth.AuthError`.
+
+    A ``worker`` (one of several processes of a broker) listens on the
+    sockets its supervisor made instead of ``config.listen``, keeps its
+    state in its own directory of the data directory and locks each topic's
+    log while it has it open (see :class:`~broker.log.LogStore`).
     """
     ssl_context = (
         server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -474,16 +494,31 @@ async def serve_broker(
         _check_budget_shares(auth, config)
     log_dir = config.log_dir
     # Raises DataDirLocked (one line) if another broker has the directory.
-    logs = TopicLogs(LogStore(log_dir), config) if log_dir is not None else None
+    store = None
+    if log_dir is not None:
+        store = LogStore(log_dir, worker=None if worker is None else worker.worker)
+    logs = TopicLogs(store, config) if store is not None else None
     try:
         host, port = config.listen_address
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        if worker is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        else:
+            listeners = [
+                trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                for sock in worker.client_sockets
+            ]
+            if worker.link_socket is not None:
+                listeners.append(
+                    trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
+                )
     except BaseException:
         if logs is not None:
             logs.close()
         raise
     async with open_system("broker") as system:
-        broker = Broker(config, system, ssl_context=ssl_context, auth=auth, logs=logs)
+        broker = Broker(
+            config, system, ssl_context=ssl_context, auth=auth, logs=logs, worker=worker
+        )
         sockname = listeners[0].socket.getsockname()
         broker.address = (sockname[0], sockname[1])
         try:

@@ -31,6 +31,9 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 
+#: Most worker processes ``broker serve --workers`` runs.
+MAX_WORKERS = 256
+
 #: Hosts that do not leave the machine.
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -285,12 +288,28 @@ class BrokerConfig:
     #: Keep no topic log at all, whatever ``data_dir`` says (what the broker
     #: did before it had logs): topics are not retained, nothing survives a restart.
     memory_only: bool = False
+    #: Worker processes of ``broker serve``: a number, or "auto" (one per
+    #: core). With more than one, a supervisor runs them behind ``listen``
+    #: and each owns a share of the topics (see "Workers" in the operations guide).
+    workers: str = "1"
+    #: The host clients are told to reach each worker's direct address at
+    #: (multi-worker brokers; "": the ``listen`` host, or this machine's
+    #: hostname when that is a wildcard such as 0.0.0.0).
+    advertise_host: str = ""
     #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
     #: topic gives its log's retention and flush policy (:meth:`log_config`).
     topics: tuple[TopicRule, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", tuple(self.topics))
+        object.__setattr__(self, "workers", str(self.workers).strip().lower())
+        if self.workers != "auto" and not (
+            self.workers.isdigit() and 1 <= int(self.workers) <= MAX_WORKERS
+        ):
+            raise ConfigError(
+                f'workers must be a number from 1 to {MAX_WORKERS} or "auto" '
+                f"(one per core), got {self.workers!r}"
+            )
         for rule in self.topics:
             if not isinstance(rule, TopicRule):
                 raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
@@ -353,6 +372,14 @@ class BrokerConfig:
             raise ConfigError("need 0 <= auth_failure_delay <= auth_failure_delay_max")
 
     @property
+    def worker_count(self) -> int:
+        """How many worker processes ``workers`` asks for ("auto": the cores
+        this process may run on)."""
+        if self.workers == "auto":
+            return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+        return int(self.workers)
+
+    @property
     def min_publish_capacity(self) -> int:
         """The smallest useful publish channel: one frame of ``max_frame``."""
         return self.max_frame + 64
@@ -407,6 +434,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 def _coerce(name: str, value: Any) -> Any:
     kind = type(getattr(BrokerConfig, name))
+    if name == "workers" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if kind is bool:
         if isinstance(value, bool):
             return value

@@ -15,6 +15,7 @@ import trio
 
 from broker.errors import sole_exception
 from broker.protocol import (
+    Cluster,
     GoodbyeCode,
     Headers,
     Options,
@@ -350,6 +351,14 @@ class Client(TrioDriver):
         elif flush and not session.all_confirmed(session.published):
             # Never leave quietly with messages the broker may not have routed.
             raise session.error or ConnectionLost("the client is closed")
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership of a broker of several workers, from the last
+        Welcome (each topic's owner and its direct address); None from a
+        single-process broker. :func:`~broker.client.open_cluster_client`
+        uses it to reach every topic's owner from one address."""
+        return self._session.cluster
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""

@@ -25,6 +25,7 @@ from broker.protocol import (
     Channel,
     ChannelKind,
     ClientSessionState,
+    Cluster,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -155,6 +156,8 @@ class ClientSession:
         self.generation = 0
         #: The last Welcome said ``offsets``: the broker keeps topic logs.
         self.offsets = False
+        #: The last Welcome's membership of a multi-worker broker (None: one process).
+        self.cluster: Cluster | None = None
 
     # ---------------------------------------------------------------- the connection
 
@@ -164,7 +167,7 @@ class ClientSession:
         self.pong = 0  # Ping nonces start again
         self.outcomes.clear()  # and request numbers
         self.answer = b""
-        conn.hello(self.name, token=self.token, resume=resume, deliver_many=True)
+        conn.hello(self.name, token=self.token, resume=resume, deliver_many=True, metadata=True)
         return conn
 
     @property
@@ -355,6 +358,7 @@ class ClientSession:
                 self._resent_last = event.resent
                 self.generation += 1
                 self.offsets = event.welcome.offsets
+                self.cluster = event.welcome.cluster
                 for subscription in self.subscriptions.values() if event.welcome.resumed else ():
                     subscription._numbered(event.welcome.offsets)
             elif isinstance(event, Throttled):

@@ -29,6 +29,7 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._handover import hand_over, receive_sockets, session_prefix
 from ._log_subscription import CursorBook
 from ._logs import TopicLogs
 from ._loop import LoopCounters
@@ -118,7 +119,11 @@ class Broker:
         self.account: Account = unlimited("broker", kind="broker")
         self.topics: dict[str, Topic] = {}
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
-        self.sessions = SessionTable(config.lease)
+        self.sessions = SessionTable(
+            config.lease, b"" if worker is None else session_prefix(worker.cluster)
+        )
+        #: Connections handed over to the worker holding their session.
+        self.handed_over_total = 0
         #: Where sessions are recorded to survive a restart (None: memory-only).
         self.session_records = SessionRecords(logs.journal) if logs is not None else None
         self.sessions.records = self.session_records
@@ -280,6 +285,15 @@ class Broker:
         except OSError:  # pragma: no cover - the peer vanished already
             host = peer = "?"
         address = address_key(host)
+        worker = self.worker
+        if (
+            worker is not None
+            and self.ssl_context is None
+            and worker.handover_paths
+            and await hand_over(stream, worker, self.config.hello_timeout)
+        ):
+            self.handed_over_total += 1
+            return
         # Bounded per address once the broker is half full: then no address
         # can take the slots left from everybody else.
         if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
@@ -531,6 +545,10 @@ async def serve_broker(
                 if broker.session_records is not None:
                     restore_sessions(broker, broker.session_records)
                 nursery.start_soon(broker._expire_staging)
+                if worker is not None and worker.handover_socket is not None:
+                    nursery.start_soon(
+                        receive_sockets, worker.handover_socket, broker.handle_stream, nursery
+                    )
                 nursery.start_soon(broker.memory.run)
                 if logs is not None:
                     nursery.start_soon(logs.run)

@@ -33,6 +33,11 @@ class WorkerSetup:
     link_socket: socket.socket | None = None
     #: Per member id: the path of that worker's forwarding listener.
     link_paths: Mapping[str, str] = field(default_factory=dict)
+    #: This worker's handover socket (a bound Unix datagram socket): other
+    #: workers send it the connections that resume its sessions.
+    handover_socket: socket.socket | None = None
+    #: Per member id: the path of that worker's handover socket.
+    handover_paths: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def worker(self) -> str:

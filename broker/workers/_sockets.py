@@ -14,7 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["BACKLOG", "reuseport_group", "tcp_listener", "unix_listener"]
+__all__ = ["BACKLOG", "reuseport_group", "tcp_listener", "unix_datagram", "unix_listener"]
 
 #: Listen backlog of every socket (the kernel caps it at somaxconn).
 BACKLOG = 4096
@@ -66,21 +66,32 @@ def tcp_listener(host: str, port: int) -> socket.socket:
     return _bound(host, port, reuseport=False)
 
 
-def unix_listener(path: Path) -> socket.socket:
-    """A listening Unix socket at ``path`` (replacing a stale one), readable
-    and writable by this user only."""
+def _unix(path: Path, kind: socket.SocketKind) -> socket.socket:
     if path.exists() or path.is_symlink():
         path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, kind)
     try:
         old = os.umask(0o177)
         try:
             sock.bind(str(path))
         finally:
             os.umask(old)
-        sock.listen(BACKLOG)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(BACKLOG)
         sock.set_inheritable(True)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def unix_listener(path: Path) -> socket.socket:
+    """A listening Unix stream socket at ``path`` (replacing a stale one),
+    readable and writable by this user only."""
+    return _unix(path, socket.SOCK_STREAM)
+
+
+def unix_datagram(path: Path) -> socket.socket:
+    """A bound Unix datagram socket at ``path`` (replacing a stale one), for
+    this user only: where a worker receives the connections handed to it."""
+    return _unix(path, socket.SOCK_DGRAM)

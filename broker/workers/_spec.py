@@ -45,10 +45,14 @@ class WorkerSpec:
     members: tuple[Member, ...]
     #: Per worker id: its forwarding (link) listener's Unix socket path.
     link_paths: dict[str, str]
-    #: Inherited descriptors: the public listener, the direct listener, the link listener.
+    #: Per worker id: its handover (Unix datagram) socket's path.
+    handover_paths: dict[str, str]
+    #: Inherited descriptors: the public listener, the direct listener, the
+    #: link listener, the handover socket.
     public_fd: int
     direct_fd: int
     link_fd: int
+    handover_fd: int
     #: Where the worker writes its ready line.
     ready_fd: int
     #: The worker's configuration (its share of the global budget applied).
@@ -73,6 +77,8 @@ class WorkerSpec:
                 "public_fd": self.public_fd,
                 "direct_fd": self.direct_fd,
                 "link_fd": self.link_fd,
+                "handover_paths": self.handover_paths,
+                "handover_fd": self.handover_fd,
                 "ready_fd": self.ready_fd,
                 "config": config_to_json(self.config),
                 "supervisor": self.supervisor,
@@ -91,6 +97,8 @@ class WorkerSpec:
             public_fd=data["public_fd"],
             direct_fd=data["direct_fd"],
             link_fd=data["link_fd"],
+            handover_paths=dict(data["handover_paths"]),
+            handover_fd=data["handover_fd"],
             ready_fd=data["ready_fd"],
             config=config_from_json(data["config"]),
             supervisor=data["supervisor"],

@@ -31,7 +31,7 @@ from broker.config import BrokerConfig
 from broker.log import DirLock
 from broker.protocol import Member
 
-from ._sockets import reuseport_group, tcp_listener, unix_listener
+from ._sockets import reuseport_group, tcp_listener, unix_datagram, unix_listener
 from ._spec import SPEC_VARIABLE, WorkerSpec
 
 __all__ = ["Supervisor", "WorkerFailed", "WorkerProcess", "serve_workers"]
@@ -66,6 +66,8 @@ class WorkerProcess:
     direct: socket.socket
     link: socket.socket
     link_path: str
+    handover: socket.socket
+    handover_path: str
     #: The worker's direct address as clients are told it.
     member: Member
     process: trio.Process | None = None
@@ -78,6 +80,17 @@ class WorkerProcess:
     #: The last way it ended (an exit status, or minus the signal).
     last_exit: int | None = None
     _ready: trio.Event = field(default_factory=trio.Event)
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def _change(self, up: bool) -> None:
+        self.up = up
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_up(self, restarts: int = 0) -> None:
+        """Until this worker is up after at least ``restarts`` restarts."""
+        while not (self.up and self.restarts >= restarts):
+            await self._changed.wait()
 
 
 def _advertised(config: BrokerConfig, host: str) -> str:
@@ -125,9 +138,21 @@ class Supervisor:
             worker_id = f"w{index}"
             path = self._runtime / f"{worker_id}.sock"
             link = unix_listener(path)
+            handover_path = self._runtime / f"{worker_id}.handover"
+            handover = unix_datagram(handover_path)
             member = Member(worker_id, advertised, direct.getsockname()[1])
             self.workers.append(
-                WorkerProcess(index, worker_id, public, direct, link, str(path), member)
+                WorkerProcess(
+                    index,
+                    worker_id,
+                    public,
+                    direct,
+                    link,
+                    str(path),
+                    handover,
+                    str(handover_path),
+                    member,
+                )
             )
 
     def spec(self, worker: WorkerProcess, ready_fd: int) -> WorkerSpec:
@@ -140,6 +165,8 @@ class Supervisor:
             public_fd=worker.public.fileno(),
             direct_fd=worker.direct.fileno(),
             link_fd=worker.link.fileno(),
+            handover_paths={w.id: w.handover_path for w in self.workers},
+            handover_fd=worker.handover.fileno(),
             ready_fd=ready_fd,
             config=self._worker_config(),
             supervisor=os.getpid(),
@@ -149,7 +176,7 @@ class Supervisor:
     def close(self) -> None:
         """Close the sockets, remove the link sockets' directory, release the lock."""
         for worker in self.workers:
-            for sock in (worker.public, worker.direct, worker.link):
+            for sock in (worker.public, worker.direct, worker.link, worker.handover):
                 sock.close()
         if self._runtime is not None:
             shutil.rmtree(self._runtime, ignore_errors=True)
@@ -168,7 +195,13 @@ class Supervisor:
             env[SPEC_VARIABLE] = spec.to_json()
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "broker.workers"],
-                pass_fds=(spec.public_fd, spec.direct_fd, spec.link_fd, write_fd),
+                pass_fds=(
+                    spec.public_fd,
+                    spec.direct_fd,
+                    spec.link_fd,
+                    spec.handover_fd,
+                    write_fd,
+                ),
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the supervisor, which passes it on
             )
@@ -190,7 +223,7 @@ class Supervisor:
             ready: dict[str, Any] = json.loads(line)
             host, port = ready["metrics"]
             worker.metrics = (host, port)
-            worker.up = True
+            worker._change(True)
             worker._ready.set()
         return process
 
@@ -212,8 +245,8 @@ class Supervisor:
             else:
                 log.info("worker %s (pid %d) is up", worker.id, process.pid)
                 await process.wait()
-                worker.up = False
                 worker.last_exit = process.returncode
+                worker._change(False)
             if self.closing:
                 return
             code = process.returncode

@@ -48,6 +48,8 @@ async def _run(spec: WorkerSpec) -> None:
         client_sockets=[socket.socket(fileno=spec.public_fd), socket.socket(fileno=spec.direct_fd)],
         link_socket=socket.socket(fileno=spec.link_fd),
         link_paths=spec.link_paths,
+        handover_socket=socket.socket(fileno=spec.handover_fd),
+        handover_paths=spec.handover_paths,
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,151 @@
+"""``broker bench workers``: what a message costs the workers of a
+multi-worker broker, with clients that reach each topic's owner directly and
+with every message forwarded between workers, beside one process.
+
+Machines differ in cores, so wall-clock scaling is not the measure here:
+each configuration moves the same messages over the same ``TOPICS`` topics
+(at least 4 per worker), and the figure is **messages per worker
+CPU-second** (delivered messages over the CPU time every worker process
+used in the run, read from ``/proc``). The configurations, run in turn
+``rounds`` times (medians):
+
+- ``one``: ``broker serve`` (one process);
+- ``direct``: ``--workers 2``; each topic's publisher and subscriber connect
+  to its owner's direct address (what the cluster clients do);
+- ``forwarded``: ``--workers 2``; each topic's publisher and subscriber
+  connect to the *other* worker, so every publish is forwarded to the owner
+  and every delivery forwarded back: the worst case of clients that do not
+  ask for the membership.
+
+Each topic gets one subscriber process; two publisher processes (one per
+worker's share of the topics) publish flat out. Memory-only brokers, so the
+disk does not enter the figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from broker.protocol import owner_id
+
+from ._procs import cpu_seconds, free_port, stop, wait_ready, worker, worker_result
+from ._yardstick import python_loop_10m_s
+
+#: Topics of every configuration (4 per worker of the two-worker broker).
+TOPICS = [f"bench-{i}" for i in range(8)]
+WORKER_IDS = ["w0", "w1"]
+CONFIGURATIONS = ("one", "direct", "forwarded")
+
+
+@contextmanager
+def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subprocess.Popen[str]]]:
+    """A memory-only broker of ``workers`` processes: per worker id its
+    direct URL (one process: every id maps to its address), the pids whose
+    CPU counts, and the process started."""
+    port = free_port()
+    command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
+    command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
+    command += ["--set", "memory_only=true", "--workers", str(workers)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"broker did not start: {line!r}")
+        urls = dict.fromkeys(WORKER_IDS, f"127.0.0.1:{port}")
+        pids = [process.pid]
+        if workers > 1:
+            for _ in range(workers):
+                _, worker_id, _, _, address = process.stdout.readline().split()
+                urls[worker_id] = address
+            pids = _children(process.pid)
+        yield urls, pids, process
+    finally:
+        stop(process)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
+
+
+def _round(configuration: str, per_topic: int) -> dict[str, float]:
+    """One run of ``configuration``: messages per worker CPU-second and more."""
+    with _broker(1 if configuration == "one" else 2) as (urls, pids, _):
+        owners = {topic: owner_id(topic, WORKER_IDS) for topic in TOPICS}
+        if configuration == "forwarded":
+            reach = {t: "w1" if owner == "w0" else "w0" for t, owner in owners.items()}
+        else:
+            reach = owners
+        subscribers = []
+        for topic in TOPICS:
+            sub = worker(
+                {"role": "sub", "url": urls[reach[topic]], "topic": topic, "count": per_topic}
+            )
+            wait_ready(sub)
+            subscribers.append(sub)
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
+        started = time.perf_counter()
+        publishers = [
+            worker(
+                {
+                    "role": "pub",
+                    "url": urls[via],
+                    "count": per_topic,
+                    "topics": [{"name": t} for t in TOPICS if reach[t] == via],
+                }
+            )
+            for via in WORKER_IDS
+            if any(reach[t] == via for t in TOPICS)
+        ]
+        for publisher in publishers:
+            worker_result(publisher, 600)
+        received = sum(
+            sum(s["received"] for s in worker_result(sub, 600)["subscribers"])
+            for sub in subscribers
+        )
+        elapsed = time.perf_counter() - started
+        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+    return {
+        "msgs_per_worker_cpu_s": received / cpu if cpu else 0.0,
+        "msgs_per_s": received / elapsed,
+        "worker_cpu_s": cpu,
+        "lost": len(TOPICS) * per_topic - received,
+    }
+
+
+def run(
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _step: None,
+    *,
+    rounds: int | None = None,
+    per_topic: int | None = None,
+    **_options: Any,
+) -> dict[str, Any]:
+    """Every configuration in turn, ``rounds`` times; medians and the ratios
+    ``direct`` and ``forwarded`` over ``one`` (targets: >= 0.9 and >= 0.55)."""
+    rounds = rounds or (1 if quick else 3)
+    per_topic = per_topic or (5_000 if quick else 50_000)
+    results: dict[str, Any] = {"python_loop_10m_s": python_loop_10m_s(), "topics": len(TOPICS)}
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGURATIONS}
+    for number in range(rounds):
+        for configuration in CONFIGURATIONS:
+            progress(f"round {number + 1}/{rounds}: {configuration}, {per_topic:,} per topic")
+            runs[configuration].append(_round(configuration, per_topic))
+    for configuration, figures in runs.items():
+        for key in figures[0]:
+            results[f"{configuration}_{key}"] = statistics.median(f[key] for f in figures)
+        results[f"{configuration}_msgs_per_worker_cpu_s_runs"] = [
+            round(f["msgs_per_worker_cpu_s"]) for f in figures
+        ]
+    one = results["one_msgs_per_worker_cpu_s"]
+    for configuration in ("direct", "forwarded"):
+        mine = results[f"{configuration}_msgs_per_worker_cpu_s"]
+        results[f"ratio_{configuration}_to_one"] = mine / one if one else 0.0
+    return results

@@ -9,7 +9,7 @@ from functools import partial
 import trio
 
 from ..config import BrokerConfig
-from ..workers import serve_workers
+from ..workers import serve_merged_metrics, serve_workers
 from ._listen import CannotListen, check_free
 
 log = logging.getLogger("broker")
@@ -50,6 +50,21 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
             host, port = supervisor.address
             lines = [f"broker listening on {host}:{port} ({count} workers)"]
             lines += [f"worker {w.id} direct on {w.member.address}" for w in supervisor.workers]
+            if metrics is not None:
+                try:
+                    shown = await nursery.start(
+                        partial(
+                            serve_merged_metrics,
+                            supervisor.infos,
+                            *metrics,
+                            top=config.metrics_top,
+                        )
+                    )
+                except OSError as error:
+                    raise CannotListen(
+                        "HTTP (metrics)", metrics, "--metrics-listen", error
+                    ) from None
+                lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics (all workers)")
             print("\n".join(lines), flush=True)
             async for signum in signals:
                 log.info("%s: shutting down gracefully", signal.Signals(signum).name)

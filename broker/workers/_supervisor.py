@@ -31,6 +31,7 @@ from broker.config import BrokerConfig
 from broker.log import DirLock
 from broker.protocol import Member
 
+from ._info import WorkerInfo
 from ._sockets import reuseport_group, tcp_listener, unix_datagram, unix_listener
 from ._spec import SPEC_VARIABLE, WorkerSpec
 
@@ -172,6 +173,20 @@ class Supervisor:
             supervisor=os.getpid(),
             log_level=self.log_level,
         )
+
+    def infos(self) -> list[WorkerInfo]:
+        """Every worker as the merged metrics endpoint reads it, now."""
+        return [
+            WorkerInfo(
+                id=w.id,
+                pid=w.pid if w.up else None,
+                up=w.up,
+                restarts=w.restarts,
+                direct=w.member.address,
+                metrics=w.metrics or ("127.0.0.1", 0),
+            )
+            for w in self.workers
+        ]
 
     def close(self) -> None:
         """Close the sockets, remove the link sockets' directory, release the lock."""

@@ -61,8 +61,10 @@ def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subproces
         urls = dict.fromkeys(WORKER_IDS, f"127.0.0.1:{port}")
         pids = [process.pid]
         if workers > 1:
-            for _ in range(workers):
-                _, worker_id, _, _, address = process.stdout.readline().split()
+            # "2 workers, direct: w0 on HOST:PORT, w1 on HOST:PORT"
+            _, _, directs = process.stdout.readline().partition("direct: ")
+            for entry in directs.split(", "):
+                worker_id, _, address = entry.split()
                 urls[worker_id] = address
             pids = _children(process.pid)
         yield urls, pids, process

@@ -48,8 +48,7 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
                     raise
                 raise CannotListen("clients", config.listen_address, "--listen", error) from None
             host, port = supervisor.address
-            lines = [f"broker listening on {host}:{port} ({count} workers)"]
-            lines += [f"worker {w.id} direct on {w.member.address}" for w in supervisor.workers]
+            lines = [f"broker listening on {host}:{port}"]
             if metrics is not None:
                 try:
                     shown = await nursery.start(
@@ -64,7 +63,9 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
                     raise CannotListen(
                         "HTTP (metrics)", metrics, "--metrics-listen", error
                     ) from None
-                lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics (all workers)")
+                lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics")
+            directs = ", ".join(f"{w.id} on {w.member.address}" for w in supervisor.workers)
+            lines.append(f"{count} workers, direct: {directs}")
             print("\n".join(lines), flush=True)
             async for signum in signals:
                 log.info("%s: shutting down gracefully", signal.Signals(signum).name)

@@ -117,3 +117,29 @@ def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
     assert process.returncode == 0, err
     assert "SIGINT: shutting down gracefully" in err
     assert "Traceback" not in err
+
+
+def test_serve_with_workers_says_where_and_merges_their_metrics() -> None:
+    import urllib.request
+
+    with serving("--workers", "2") as served:
+        assert served.process.stdout is not None
+        workers = served.process.stdout.readline()
+        assert workers.startswith("2 workers, direct: w0 on 127.0.0.1:"), workers
+        with urllib.request.urlopen(served.metrics + "/metrics", timeout=TIMEOUT) as answer:
+            text = answer.read().decode()
+        assert 'broker_worker_up{worker="w0"} 1.0' in text
+        assert 'broker_worker_up{worker="w1"} 1.0' in text
+        assert run("pub", "--broker", served.address, "news", "hello").returncode == 0
+    # SIGINT drained both workers: serving() checked the exit status 0.
+    assert "Traceback" not in served.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many", "257"])
+def test_a_bad_worker_count_is_one_line(value: str) -> None:
+    result = run("serve", "--memory-only", "--workers", value)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'broker serve: workers must be a number from 1 to 256 or "auto" (one per core), '
+        f"got '{value}'"
+    ]

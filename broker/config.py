@@ -296,6 +296,9 @@ class BrokerConfig:
     #: (multi-worker brokers; "": the ``listen`` host, or this machine's
     #: hostname when that is a wildcard such as 0.0.0.0).
     advertise_host: str = ""
+    #: The first port of the workers' direct addresses (worker i listens on
+    #: this + i, on the ``listen`` host); 0: ports of the system's choosing.
+    worker_port: int = 0
     #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
     #: topic gives its log's retention and flush policy (:meth:`log_config`).
     topics: tuple[TopicRule, ...] = ()
@@ -327,6 +330,8 @@ class BrokerConfig:
             parse_address(self.metrics_listen)
         if self.metrics_top < 0:
             raise ConfigError("metrics_top must be >= 0 (0 exports no per-connection series)")
+        if not 0 <= self.worker_port <= 65535 - MAX_WORKERS:
+            raise ConfigError(f"worker_port must be 0 (any) or a port up to {65535 - MAX_WORKERS}")
         if self.gc_threshold < 0:
             raise ConfigError("gc_threshold must be >= 0 (0 keeps Python's own)")
         if self.max_frame < 1024:

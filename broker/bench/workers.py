@@ -24,6 +24,7 @@ disk does not enter the figure.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -73,8 +74,13 @@ def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subproces
 
 
 def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        return [int(child) for child in children.read().split()]
+    """The child processes of ``pid`` (of any of its threads: the supervisor
+    starts its workers from a thread)."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as children:
+            found += [int(child) for child in children.read().split()]
+    return found
 
 
 def _round(configuration: str, per_topic: int) -> dict[str, float]:

@@ -134,7 +134,7 @@ class Supervisor:
         self.address = (host, publics[0].getsockname()[1])
         advertised = _advertised(config, host)
         for index, public in enumerate(publics):
-            direct_port = 0 if port == 0 else port + 1 + index
+            direct_port = config.worker_port + index if config.worker_port else 0
             direct = tcp_listener(host, direct_port)
             worker_id = f"w{index}"
             path = self._runtime / f"{worker_id}.sock"

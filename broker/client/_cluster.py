@@ -228,9 +228,14 @@ async def open_cluster_client(
     forwarding between workers)."""
     listed = parse_servers(servers)
     async with AsyncExitStack() as stack:
+        clients: dict[str, Client] = {}
         if len(listed) == 1:
-            async with open_client(listed[0], **options) as first:
+            async with AsyncExitStack() as probe:
+                first = await probe.enter_async_context(open_client(listed[0], **options))
                 cluster = first.cluster
+                if cluster is None:  # one broker of one process: this is its client
+                    clients[listed[0]] = first
+                    stack.push_async_exit(probe.pop_all())
             if cluster is not None:
                 urls = member_urls(listed[0], cluster)
                 members = {
@@ -241,10 +246,9 @@ async def open_cluster_client(
                 routing._urls = urls
                 yield routing
                 return
-        clients = {
-            server: await stack.enter_async_context(open_client(server, **options))
-            for server in listed
-        }
+        for server in listed:
+            if server not in clients:
+                clients[server] = await stack.enter_async_context(open_client(server, **options))
         yield ClusterClient(clients)
 
 

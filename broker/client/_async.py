@@ -358,7 +358,8 @@ class Client(TrioDriver):
         Welcome (each topic's owner and its direct address); None from a
         single-process broker. :func:`~broker.client.open_cluster_client`
         uses it to reach every topic's owner from one address."""
-        return self._session.cluster
+        welcome = self._session.conn.welcome_message
+        return None if welcome is None else welcome.cluster
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""

@@ -25,7 +25,6 @@ from broker.protocol import (
     Channel,
     ChannelKind,
     ClientSessionState,
-    Cluster,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -156,8 +155,6 @@ class ClientSession:
         self.generation = 0
         #: The last Welcome said ``offsets``: the broker keeps topic logs.
         self.offsets = False
-        #: The last Welcome's membership of a multi-worker broker (None: one process).
-        self.cluster: Cluster | None = None
 
     # ---------------------------------------------------------------- the connection
 
@@ -358,7 +355,6 @@ class ClientSession:
                 self._resent_last = event.resent
                 self.generation += 1
                 self.offsets = event.welcome.offsets
-                self.cluster = event.welcome.cluster
                 for subscription in self.subscriptions.values() if event.welcome.resumed else ():
                     subscription._numbered(event.welcome.offsets)
             elif isinstance(event, Throttled):

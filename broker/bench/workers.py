@@ -20,22 +20,36 @@ used in the run, read from ``/proc``). The configurations, run in turn
 Each topic gets one subscriber process; two publisher processes (one per
 worker's share of the topics) publish flat out. Memory-only brokers, so the
 disk does not enter the figure.
+
+Then the slow-consumer workload across workers (:func:`slow_consumer`):
+its two topics on different workers, every client at the other worker.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from broker.config import BrokerConfig
 from broker.protocol import owner_id
 
-from ._procs import cpu_seconds, free_port, stop, wait_ready, worker, worker_result
+from ._procs import (
+    cpu_seconds,
+    free_port,
+    proc_status,
+    stop,
+    wait_ready,
+    worker,
+    worker_result,
+)
 from ._yardstick import python_loop_10m_s
 
 #: Topics of every configuration (4 per worker of the two-worker broker).
@@ -45,13 +59,16 @@ CONFIGURATIONS = ("one", "direct", "forwarded")
 
 
 @contextmanager
-def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subprocess.Popen[str]]]:
+def _broker(
+    workers: int, *, metrics: bool = False
+) -> Iterator[tuple[dict[str, str], list[int], str]]:
     """A memory-only broker of ``workers`` processes: per worker id its
     direct URL (one process: every id maps to its address), the pids whose
-    CPU counts, and the process started."""
+    CPU counts, and the base URL of its metrics endpoint ("" without)."""
     port = free_port()
     command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
-    command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
+    command += ["--listen", f"127.0.0.1:{port}"]
+    command += ["--metrics-listen", "127.0.0.1:0" if metrics else ""]
     command += ["--set", "memory_only=true", "--workers", str(workers)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
@@ -59,6 +76,9 @@ def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subproces
         line = process.stdout.readline()
         if "listening" not in line:
             raise RuntimeError(f"broker did not start: {line!r}")
+        base = ""
+        if metrics:
+            base = process.stdout.readline().split()[-1].removesuffix("/metrics")
         urls = dict.fromkeys(WORKER_IDS, f"127.0.0.1:{port}")
         pids = [process.pid]
         if workers > 1:
@@ -68,7 +88,7 @@ def _broker(workers: int) -> Iterator[tuple[dict[str, str], list[int], subproces
                 worker_id, _, address = entry.split()
                 urls[worker_id] = address
             pids = _children(process.pid)
-        yield urls, pids, process
+        yield urls, pids, base
     finally:
         stop(process)
 
@@ -140,6 +160,7 @@ def run(
     ``direct`` and ``forwarded`` over ``one`` (targets: >= 0.9 and >= 0.55)."""
     rounds = rounds or (1 if quick else 3)
     per_topic = per_topic or (5_000 if quick else 50_000)
+    slow_seconds = 3.0 if quick else 30.0
     results: dict[str, Any] = {"python_loop_10m_s": python_loop_10m_s(), "topics": len(TOPICS)}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGURATIONS}
     for number in range(rounds):
@@ -152,8 +173,95 @@ def run(
         results[f"{configuration}_msgs_per_worker_cpu_s_runs"] = [
             round(f["msgs_per_worker_cpu_s"]) for f in figures
         ]
+    progress(f"slow consumer across workers for {slow_seconds:.0f} s")
+    for key, value in slow_consumer(slow_seconds).items():
+        results[f"slow_consumer_{key}"] = value
     one = results["one_msgs_per_worker_cpu_s"]
     for configuration in ("direct", "forwarded"):
         mine = results[f"{configuration}_msgs_per_worker_cpu_s"]
         results[f"ratio_{configuration}_to_one"] = mine / one if one else 0.0
     return results
+
+
+def _owned_by(worker_id: str, stem: str) -> str:
+    """The first topic ``stem-N`` that ``worker_id`` owns."""
+    return next(
+        f"{stem}-{n}" for n in range(1000) if owner_id(f"{stem}-{n}", WORKER_IDS) == worker_id
+    )
+
+
+def _hop_debts(base: str, peaks: dict[str, float]) -> None:
+    """Fold the largest debt of every connection and channel account in the
+    merged ``/stat.json`` into ``peaks`` (per kind: connection, channel)."""
+    with urllib.request.urlopen(base + "/stat.json", timeout=10) as answer:
+        document = json.load(answer)
+    for connection in document.get("connections", []):
+        account = connection["account"]
+        peaks["connection"] = max(peaks["connection"], account["debt"], account["peak_debt"])
+        for channel in connection.get("channels", []):
+            channel_account = channel.get("account") or {}
+            debt = max(channel_account.get("debt", 0), channel_account.get("peak_debt", 0))
+            peaks["channel"] = max(peaks["channel"], debt)
+
+
+def slow_consumer(
+    duration: float, slow_rate: float = 200.0, fast_rate: float = 1_000.0
+) -> dict[str, Any]:
+    """The slow-consumer workload across workers: topic ``slow`` owned by
+    w0, ``fast`` by w1, and every client at the other worker, so that every
+    message crosses a forwarding hop (the slow one two). One publisher
+    publishes flat out to ``slow`` (held to its subscriber's rate) and at
+    ``fast_rate`` to ``fast``. Reported: each worker's ``RssAnon`` growth,
+    the largest debt of any connection and channel account seen in the
+    merged ``/stat.json`` during the run beside their watermarks, loss."""
+    slow_topic, fast_topic = _owned_by("w0", "slow"), _owned_by("w1", "fast")
+    with _broker(2, metrics=True) as (urls, pids, base):
+        slow = worker(
+            {
+                "role": "sub",
+                "url": urls["w1"],
+                "topic": slow_topic,
+                "rate": slow_rate,
+                "duration": duration + 5,
+                "drain_idle": 2.0,
+            }
+        )
+        fast = worker(
+            {"role": "sub", "url": urls["w0"], "topic": fast_topic, "duration": duration + 5}
+        )
+        wait_ready(slow)
+        wait_ready(fast)
+        rss_start = {pid: proc_status(pid, "RssAnon") for pid in pids}
+        rss_max = dict(rss_start)
+        peaks = {"connection": 0.0, "channel": 0.0}
+        publisher = worker(
+            {
+                "role": "pub",
+                "url": urls["w1"],
+                "topics": [{"name": slow_topic}, {"name": fast_topic, "rate": fast_rate}],
+                "duration": duration,
+            }
+        )
+        while publisher.poll() is None:
+            time.sleep(0.5)
+            for pid in pids:
+                rss_max[pid] = max(rss_max[pid], proc_status(pid, "RssAnon"))
+            _hop_debts(base, peaks)
+        published = worker_result(publisher, duration + 120)
+        slow_result = worker_result(slow, duration + 120)["subscribers"][0]
+        fast_result = worker_result(fast, duration + 120)["subscribers"][0]
+    config = BrokerConfig()
+    sent = published["sent"]
+    return {
+        "duration_s": duration,
+        "worker_rss_anon_growth_mib": [(rss_max[p] - rss_start[p]) / 2**20 for p in pids],
+        "max_connection_debt": peaks["connection"],
+        "connection_high_watermark": config.connection_high_watermark,
+        "max_channel_debt": peaks["channel"],
+        "channel_high_watermark": config.channel_high_watermark,
+        "slow_published": sent.get(slow_topic, 0),
+        "slow_received": slow_result["received"] + slow_result["drained"],
+        "fast_published": sent.get(fast_topic, 0),
+        "fast_received": fast_result["received"],
+        "lost": slow_result["gaps"] + fast_result["gaps"],
+    }

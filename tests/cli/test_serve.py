@@ -8,6 +8,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,26 @@ def test_a_bad_worker_count_is_one_line(value: str) -> None:
         f'broker serve: workers must be a number from 1 to 256 or "auto" (one per core), '
         f"got '{value}'"
     ]
+
+
+def test_a_worker_that_cannot_start_stops_the_broker_with_its_reason(tmp_path: Path) -> None:
+    from broker.log import DirLock
+
+    data = tmp_path / "data"
+    held = DirLock(data / "workers" / "w1")  # as if another broker had w1's directory
+    try:
+        result = run(
+            "serve",
+            *("--data-dir", str(data), "--workers", "2"),
+            *("--listen", "127.0.0.1:0", "--metrics-listen", ""),
+        )
+    finally:
+        held.release()
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert any(
+        line.startswith("broker worker w1: worker w1's directory") and "in use" in line
+        for line in lines
+    ), lines
+    assert lines[-1] == "broker serve: worker w1 did not start (exit status 1)"
+    assert "Traceback" not in result.stderr

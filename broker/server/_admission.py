@@ -163,7 +163,7 @@ class Admission:
             return False
         usage = host.principals[found.name]
         limit = found.max_connections
-        if limit and usage.connections >= limit:
+        if limit and usage.whole_broker_connections() >= limit:
             host.auth_failed(AuthFailure.CONNECTION_LIMIT)
             self.refuse(
                 GoodbyeCode.LIMIT_EXCEEDED,
@@ -171,7 +171,7 @@ class Admission:
                 connection,
             )
             return False
-        usage.connections += 1
+        usage.connected(1)
         self.ledger.bind(usage)
         self.publishing.owner = found.name
         return True
@@ -308,4 +308,4 @@ class Admission:
             else:
                 self.detach()
         if self.principal is not None:
-            self.principal.connections -= 1
+            self.principal.connected(-1)

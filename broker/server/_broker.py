@@ -40,6 +40,7 @@ from ._placement import WorkerSetup
 from ._restore import restore_sessions
 from ._session import SessionTable
 from ._session_records import SessionRecords
+from ._shared_counts import SharedCounts
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
 from ._usage import PrincipalUsage, SecurityCounters
@@ -533,6 +534,10 @@ async def serve_broker(
         broker = Broker(
             config, system, ssl_context=ssl_context, auth=auth, logs=logs, worker=worker
         )
+        if auth is not None and worker is not None and worker.connection_counts is not None:
+            shared = SharedCounts(worker.connection_counts, worker.index, list(auth.principals))
+            for usage in broker.principals.values():
+                usage.shared = shared
         sockname = listeners[0].socket.getsockname()
         broker.address = (sockname[0], sockname[1])
         try:

@@ -61,6 +61,8 @@ class WorkerSpec:
     supervisor: int
     #: The logging level of the worker's log lines (the supervisor's).
     log_level: str = "INFO"
+    #: The file of every worker's per-principal connection counts (with auth).
+    connection_counts: str | None = None
 
     @property
     def cluster(self) -> Cluster:
@@ -83,6 +85,7 @@ class WorkerSpec:
                 "config": config_to_json(self.config),
                 "supervisor": self.supervisor,
                 "log_level": self.log_level,
+                "connection_counts": self.connection_counts,
             }
         )
 
@@ -103,4 +106,5 @@ class WorkerSpec:
             config=config_from_json(data["config"]),
             supervisor=data["supervisor"],
             log_level=data.get("log_level", "INFO"),
+            connection_counts=data.get("connection_counts"),
         )

@@ -30,6 +30,7 @@ import trio
 from broker.config import BrokerConfig
 from broker.log import DirLock
 from broker.protocol import Member
+from broker.server import clear_row, create_counts
 
 from ._info import WorkerInfo
 from ._sockets import reuseport_group, tcp_listener, unix_datagram, unix_listener
@@ -114,6 +115,9 @@ class Supervisor:
         self.closing = False
         self._runtime: Path | None = None
         self._lock: DirLock | None = None
+        #: The principals whose connections the workers count together (with auth).
+        self._principals: list[str] = []
+        self._counts: Path | None = None
 
     # ---------------------------------------------------------------- set-up
 
@@ -130,6 +134,12 @@ class Supervisor:
             self._lock = DirLock(config.log_dir)
         host, port = config.listen_address
         self._runtime = Path(tempfile.mkdtemp(prefix="broker-workers-"))
+        if config.auth_file:
+            from broker.auth import load_auth_file
+
+            self._principals = sorted(load_auth_file(config.auth_file).principals)
+            self._counts = self._runtime / "connections.counts"
+            create_counts(self._counts, self.count, self._principals)
         publics = reuseport_group(host, port, self.count)
         self.address = (host, publics[0].getsockname()[1])
         advertised = _advertised(config, host)
@@ -172,6 +182,7 @@ class Supervisor:
             config=self._worker_config(),
             supervisor=os.getpid(),
             log_level=self.log_level,
+            connection_counts=None if self._counts is None else str(self._counts),
         )
 
     def infos(self) -> list[WorkerInfo]:
@@ -271,6 +282,8 @@ class Supervisor:
                 delay = RESTART_DELAY
             log.warning("worker %s (pid %d) ended (%s): restarting it", worker.id, process.pid, how)
             worker.restarts += 1
+            if self._counts is not None:  # its connections ended with it
+                clear_row(self._counts, worker.index, self._principals)
             await trio.sleep(delay)
             delay = min(delay * 2, RESTART_DELAY_MAX)
 

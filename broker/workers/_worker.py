@@ -50,6 +50,7 @@ async def _run(spec: WorkerSpec) -> None:
         link_paths=spec.link_paths,
         handover_socket=socket.socket(fileno=spec.handover_fd),
         handover_paths=spec.handover_paths,
+        connection_counts=spec.connection_counts,
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

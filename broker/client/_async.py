@@ -35,6 +35,7 @@ from ._common import (
     connection_target,
     offsets_answer,
     show_address,
+    split_url,
 )
 from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
@@ -429,8 +430,11 @@ async def open_client(
     if max_topics < 1:
         raise ClientError("max_topics must be at least 1")
 
-    async def connect() -> trio.abc.Stream:
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    async def connect(redirect: str | None = None) -> trio.abc.Stream:
+        """A stream to the broker (or to ``redirect``, ``HOST:PORT``, where a
+        broker of several workers sent a resume; TLS still checks ``host``)."""
+        there, at, _ = split_url(redirect) if redirect else (host, port, False)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(there, at)
         if context is not None:
             try:
                 stream = await _secure(stream, context, host)

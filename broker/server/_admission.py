@@ -55,6 +55,11 @@ class AdmissionHost(Protocol):
         """The membership of a multi-worker broker, for clients that ask (None: one process)."""
         ...
 
+    def home_address(self, session: bytes) -> str | None:
+        """The direct address of the worker that holds ``session``, if that
+        is another worker of this broker (else None)."""
+        ...
+
     def auth_failed(self, reason: AuthFailure) -> None:
         """Count a refused client."""
         ...
@@ -128,6 +133,10 @@ class Admission:
         session = None
         if hello.session is not None:
             session = sessions.find(hello.session, principal)
+            if session is None and (home := host.home_address(hello.session)) is not None:
+                # Another worker holds it (a TLS resume cannot be handed over).
+                self.refuse(GoodbyeCode.REDIRECT, f"resume at {home}", connection)
+                return
             if session is None:
                 self.log(logging.INFO, "%s asks for an unknown session", shown(self.client_name))
         if session is not None:

@@ -29,7 +29,7 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
-from ._handover import hand_over, receive_sockets, session_prefix
+from ._handover import hand_over, home_address, receive_sockets, session_prefix
 from ._log_subscription import CursorBook
 from ._logs import TopicLogs
 from ._loop import LoopCounters
@@ -269,6 +269,10 @@ class Broker:
     def cluster(self) -> Cluster | None:
         """The membership a Welcome carries to clients that ask (None: one process)."""
         return None if self.worker is None else self.worker.cluster
+
+    def home_address(self, session: bytes) -> str | None:
+        """Where a resume of ``session`` belongs, if another worker holds it."""
+        return None if self.worker is None else home_address(session, self.worker.cluster)
 
     async def handle_stream(self, stream: trio.SocketStream) -> None:
         """Serve one accepted TCP connection until it closes."""

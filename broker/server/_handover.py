@@ -36,6 +36,7 @@ __all__ = [
     "HandoverPlace",
     "hand_over",
     "hello_session",
+    "home_address",
     "home_of",
     "pass_socket",
     "receive_sockets",
@@ -61,6 +62,15 @@ def home_of(session: bytes, cluster: Cluster) -> str | None:
         return None
     home = cluster.members[session[0]].id
     return None if home == cluster.worker else home
+
+
+def home_address(session: bytes, cluster: Cluster) -> str | None:
+    """The direct address of the worker that holds ``session``, if that is
+    not this one (where a resume that cannot be handed over is sent)."""
+    home = home_of(session, cluster)
+    if home is None:
+        return None
+    return next(member.address for member in cluster.members if member.id == home)
 
 
 async def hello_session(sock: trio.socket.SocketType) -> bytes | None:

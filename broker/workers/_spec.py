@@ -55,10 +55,11 @@ class WorkerSpec:
     handover_fd: int
     #: Where the worker writes its ready line.
     ready_fd: int
+    #: The read end of the supervisor's life pipe: it reads as closed once
+    #: the supervisor is gone (the worker then ends).
+    life_fd: int
     #: The worker's configuration (its share of the global budget applied).
     config: BrokerConfig
-    #: The supervisor's pid: the worker ends itself if its parent is gone.
-    supervisor: int
     #: The logging level of the worker's log lines (the supervisor's).
     log_level: str = "INFO"
     #: The file of every worker's per-principal connection counts (with auth).
@@ -82,8 +83,8 @@ class WorkerSpec:
                 "handover_paths": self.handover_paths,
                 "handover_fd": self.handover_fd,
                 "ready_fd": self.ready_fd,
+                "life_fd": self.life_fd,
                 "config": config_to_json(self.config),
-                "supervisor": self.supervisor,
                 "log_level": self.log_level,
                 "connection_counts": self.connection_counts,
             }
@@ -103,8 +104,8 @@ class WorkerSpec:
             handover_paths=dict(data["handover_paths"]),
             handover_fd=data["handover_fd"],
             ready_fd=data["ready_fd"],
+            life_fd=data["life_fd"],
             config=config_from_json(data["config"]),
-            supervisor=data["supervisor"],
             log_level=data.get("log_level", "INFO"),
             connection_counts=data.get("connection_counts"),
         )

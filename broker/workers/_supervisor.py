@@ -115,6 +115,9 @@ class Supervisor:
         self.closing = False
         self._runtime: Path | None = None
         self._lock: DirLock | None = None
+        #: The life pipe: workers get its read end; only this process holds
+        #: the write end, so it closes exactly when the supervisor ends.
+        self._life: tuple[int, int] | None = None
         #: The principals whose connections the workers count together (with auth).
         self._principals: list[str] = []
         self._counts: Path | None = None
@@ -134,6 +137,7 @@ class Supervisor:
             self._lock = DirLock(config.log_dir)
         host, port = config.listen_address
         self._runtime = Path(tempfile.mkdtemp(prefix="broker-workers-"))
+        self._life = os.pipe()
         if config.auth_file:
             from broker.auth import load_auth_file
 
@@ -179,8 +183,8 @@ class Supervisor:
             handover_paths={w.id: w.handover_path for w in self.workers},
             handover_fd=worker.handover.fileno(),
             ready_fd=ready_fd,
+            life_fd=self._life[0] if self._life else -1,
             config=self._worker_config(),
-            supervisor=os.getpid(),
             log_level=self.log_level,
             connection_counts=None if self._counts is None else str(self._counts),
         )
@@ -204,6 +208,10 @@ class Supervisor:
         for worker in self.workers:
             for sock in (worker.public, worker.direct, worker.link, worker.handover):
                 sock.close()
+        if self._life is not None:
+            for fd in self._life:
+                os.close(fd)
+            self._life = None
         if self._runtime is not None:
             shutil.rmtree(self._runtime, ignore_errors=True)
             self._runtime = None
@@ -226,6 +234,7 @@ class Supervisor:
                     spec.direct_fd,
                     spec.link_fd,
                     spec.handover_fd,
+                    spec.life_fd,
                     write_fd,
                 ),
                 env=env,

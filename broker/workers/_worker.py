@@ -2,13 +2,16 @@
 its supervisor made, owning its share of the topics.
 
 It ends gracefully on SIGTERM or SIGINT (the supervisor passes signals on),
-and by itself if the supervisor dies (so no orphan keeps the sockets).
+and by itself if the supervisor dies (so no orphan keeps the sockets): it
+watches the read end of a pipe whose write end only the supervisor holds,
+which reads as closed the moment the supervisor is gone, however it ended.
+(The kernel's parent-death signal would not do: it follows the *thread*
+that started the process, and the supervisor starts workers from threads
+that come and go.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -25,18 +28,17 @@ from ._spec import SPEC_VARIABLE, WorkerSpec
 
 log = logging.getLogger("broker.workers")
 
-#: prctl's option: the signal the kernel sends this process when its parent ends.
-PR_SET_PDEATHSIG = 1
 
-
-def _end_with_parent(supervisor: int) -> None:
-    """Ask the kernel for SIGTERM when the supervisor ends (Linux), and end
-    now if it already has."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != supervisor:
-        raise SystemExit(0)
+async def _supervisor_gone(life_fd: int) -> None:
+    """Return once the supervisor is gone (its end of the life pipe closed)."""
+    os.set_blocking(life_fd, False)
+    while True:
+        await trio.lowlevel.wait_readable(life_fd)
+        try:
+            if not os.read(life_fd, 64):
+                return
+        except BlockingIOError:
+            continue
 
 
 async def _run(spec: WorkerSpec) -> None:
@@ -54,6 +56,13 @@ async def _run(spec: WorkerSpec) -> None:
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+
+            async def end_with_supervisor() -> None:
+                await _supervisor_gone(spec.life_fd)
+                log.warning("the supervisor is gone: shutting down gracefully")
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            nursery.start_soon(end_with_supervisor)
             broker = await nursery.start(partial(serve_broker, spec.config, worker=setup))
             metrics = await nursery.start(serve_metrics, broker, "127.0.0.1", 0)
             ready = {"pid": os.getpid(), "metrics": list(metrics)}
@@ -82,7 +91,6 @@ def main() -> int:
         level=spec.log_level,
         format=f"%(asctime)s %(levelname)s %(name)s [{spec.worker}]: %(message)s",
     )
-    _end_with_parent(spec.supervisor)
     tune_gc(spec.config.gc_threshold)
     raise_open_file_limit()
     try:

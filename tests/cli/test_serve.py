@@ -167,3 +167,40 @@ def test_a_worker_that_cannot_start_stops_the_broker_with_its_reason(tmp_path: P
     ), lines
     assert lines[-1] == "broker serve: worker w1 did not start (exit status 1)"
     assert "Traceback" not in result.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_workers_end_when_their_supervisor_is_killed() -> None:
+    import os
+    import time
+
+    command = ["--log-level", "WARNING", "serve", "--memory-only", "--workers", "2"]
+    command += ["--listen", "127.0.0.1:0", "--metrics-listen", ""]
+    process = subprocess.Popen(broker_command(*command), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("broker listening on ")
+        pid = process.pid
+        workers = [
+            int(child)
+            for task in os.listdir(f"/proc/{pid}/task")
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        ]
+        assert len(workers) == 2 and all(map(_running, workers))
+    finally:
+        process.kill()
+        process.wait(TIMEOUT)
+        if process.stdout is not None:
+            process.stdout.close()
+    deadline = time.monotonic() + TIMEOUT
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_running, workers))

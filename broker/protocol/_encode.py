@@ -231,6 +231,18 @@ def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: 
     return b"".join(parts)
 
 
+def encode_publish_tail(topic: int, tail: bytes, *, max_frame: int) -> bytes:
+    """The whole frame of a Publish on ``topic`` whose payload, key and
+    headers are ``tail``, a Deliver tail (:func:`encode_deliver_tail`): the
+    two frames end alike, so a broker passing a delivery on as a publish
+    copies it without decoding it."""
+    handle = _SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic)
+    body = len(_PUBLISH_HEAD) + len(handle) + len(tail)
+    if body > max_frame:
+        raise LocalProtocolError(f"Publish frame of {body} bytes exceeds max_frame {max_frame}")
+    return b"".join((_LENGTH.pack(body), _PUBLISH_HEAD, handle, tail))
+
+
 def _publish_body(message: Publish) -> bytes:
     """The body of a Publish without headers, as :func:`encode_body` makes it."""
     topic, payload, key = message.topic, message.payload, message.key

@@ -11,6 +11,7 @@ frame beyond the guarantees) takes the long path, which checks everything.
 from __future__ import annotations
 
 from ._binds import HandleBinding
+from ._codec import decode_body
 from ._core import ConnectionState
 from ._encode import (
     MAX_DELIVER_MANY,
@@ -22,6 +23,7 @@ from ._encode import (
     encode,
     encode_deliver,
     encode_publish,
+    encode_publish_tail,
     time_heads,
 )
 from ._errors import LocalProtocolError, RemoteProtocolError
@@ -86,6 +88,31 @@ class Traffic(HandleBinding):
             self._out_size += size
         else:
             self._send_frame(sender, Publish(topic, payload, key, headers), frame)
+        state.retain(frame)  # to be sent again on a resume, until confirmed
+        return size
+
+    def publish_tail(self, topic: int, tail: bytes) -> int:
+        """Client: :meth:`publish` of the message whose payload, key and
+        headers are ``tail``, a Deliver tail (:func:`encode_deliver_tail`),
+        without decoding it; returns the frame size. Raises as :meth:`publish`."""
+        if self.role is not Role.CLIENT:
+            self._require_role(Role.CLIENT, "publish")
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        state = self.topics.bindings.get(topic)
+        if state is None or state.state is not HandleState.BOUND or state.sender is None:
+            self.topics.resolve_local(topic)  # says what is wrong
+            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
+        sender = state.sender
+        frame = encode_publish_tail(topic, tail, max_frame=self.peer_max_frame)
+        size = len(frame)
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            self._out.append(frame)
+            self.frames_sent += 1
+            self.bytes_sent += size
+            self._out_size += size
+        else:
+            self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
         state.retain(frame)  # to be sent again on a resume, until confirmed
         return size
 

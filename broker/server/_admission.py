@@ -86,6 +86,7 @@ class Admission:
         *,
         peer: str,
         identity: str | None,
+        trusted: bool = False,
     ) -> None:
         self.host = host
         self.protocol = protocol
@@ -96,6 +97,9 @@ class Admission:
         self.peer = peer
         #: The verified client certificate's common name (mutual TLS), if any.
         self.identity = identity
+        #: Another worker's link (accepted on the link listener, which only
+        #: the broker's own workers can reach): no credentials asked.
+        self.trusted = trusted
         self.client_name = ""
         #: The session this connection serves (None before the Welcome).
         self.session: Session | None = None
@@ -121,7 +125,11 @@ class Admission:
         hello = event.hello
         self.client_name = hello.client[:64]
         host = self.host
-        if host.auth is not None and not self._authenticate(hello.token, connection):
+        if (
+            host.auth is not None
+            and not self.trusted
+            and not self._authenticate(hello.token, connection)
+        ):
             return
         sessions = host.sessions
         principal = self.principal.principal.name if self.principal else None

@@ -9,6 +9,7 @@ import secrets
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -16,7 +17,6 @@ import trio
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
 from broker.auth import (
-    AuthError,
     AuthFailure,
     AuthTable,
     load_auth_file,
@@ -29,6 +29,8 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._link import LinkStatistics
+from ._links import Links
 from ._log_subscription import CursorBook
 from ._logs import TopicLogs
 from ._loop import LoopCounters
@@ -41,7 +43,7 @@ from ._session import SessionTable
 from ._session_records import SessionRecords
 from ._staging import BatchKey, StagedPublish, StagingArea
 from ._topic import Subscription, Topic
-from ._usage import PrincipalUsage, SecurityCounters
+from ._usage import PrincipalUsage, SecurityCounters, check_budget_shares
 from ._view import ConnectionView
 from ._wake import Outbox
 
@@ -65,6 +67,8 @@ class BrokerStatistics:
     buffer_reserved_bytes: int
     buffer_budget_bytes: int
     debt: int
+    #: Per other worker this one forwards to (a multi-worker broker): its link.
+    links: tuple[LinkStatistics, ...] = ()
 
 
 class Broker:
@@ -152,6 +156,8 @@ class Broker:
         self.shutdown_cut = 0
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
+        #: This worker's links to the others (None: a single process).
+        self.links = Links(self, worker) if worker is not None else None
         self._serials = itertools.count(1)
         self._idle = trio.Event()
         self._idle.set()
@@ -159,17 +165,24 @@ class Broker:
         self._nursery: trio.Nursery | None = None
 
     def topic(self, name: str) -> Topic:
-        """The topic actor for ``name``, spawned on first use."""
+        """The topic actor for ``name``, spawned on first use: on a worker
+        that does not own it, its forwarding stand-in (``_forward``)."""
         topic = self.topics.get(name)
         if topic is None:
             logs = self.logs
-            if logs is None:
+            if self.links is not None and (stand_in := self.links.stand_in(name, self.topics)):
+                topic = stand_in
+            elif logs is None:
                 topic = Topic(name, self.topics)
             else:
                 topic = Topic(name, self.topics, logs.open(name), logs)
             self.topics[name] = topic
             self.system.spawn(topic, name=f"topic:{name[:64]}")
         return topic
+
+    def not_owned(self, topic: str) -> str | None:
+        """Why ``topic`` is not served here without forwarding (None: it is)."""
+        return None if self.links is None else self.links.not_owned(topic)
 
     def start_commit(
         self,
@@ -248,6 +261,7 @@ class Broker:
             buffer_reserved_bytes=self.buffer_reserved,
             buffer_budget_bytes=self.config.global_budget,
             debt=self.account.debt,
+            links=self.links.statistics() if self.links is not None else (),
         )
 
     @property
@@ -302,11 +316,15 @@ class Broker:
             transport = secured
             identity = certificate_identity(secured.getpeercert())
         connection = ServerConnection(self, transport, next(self._serials), peer, identity)
-        self.connections[connection.serial] = connection
         self.peers.add(address, connection.protocol)
+        await self._serve_connection(connection)
+
+    async def _serve_connection(self, connection: ServerConnection) -> None:
+        """Run ``connection`` until it closes (an error of ours ends it, logged)."""
+        self.connections[connection.serial] = connection
         self.connections_total += 1
         self._idle = trio.Event()
-        self.peer_log.info(peer, "%s %s: connected", connection.name, peer)
+        self.peer_log.info(connection.peer, "%s %s: connected", connection.name, connection.peer)
         try:
             await connection.run()
         except Exception:
@@ -314,6 +332,18 @@ class Broker:
             # the broker. Cancellation is a BaseException and passes through.
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, connection.peer)
+
+    async def handle_link(self, stream: trio.SocketStream) -> None:
+        """Serve one connection accepted on the link listener: another
+        worker forwarding to the topics this one owns. It is trusted (only
+        the broker's own workers reach that Unix socket): no TLS, no
+        credentials, no connection limits; otherwise an ordinary client."""
+        if self.closing:
+            await self._refuse(stream)
+            return
+        await self._serve_connection(
+            ServerConnection(self, stream, next(self._serials), "link", None, trusted=True)
+        )
 
     async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[Any] | None:
         """The TLS stream over ``stream`` once its handshake completes in time,
@@ -449,20 +479,6 @@ class Broker:
                 await trio.sleep(SHUTDOWN_POLL)
 
 
-def _check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:
-    """Refuse a principal whose share of the global budget cannot fund one
-    connection (its clients would wait forever for their first guarantees)."""
-    need = 2 * config.bind_capacity + config.min_publish_capacity
-    for principal in auth.principals.values():
-        budget = principal.budget(config.global_budget)
-        if budget < need:
-            raise AuthError(
-                f"principal {principal.name!r}: budget_share {principal.budget_share} of "
-                f"global_budget is {budget} bytes, less than one connection needs ({need}: "
-                "two bind channels and one publish channel)"
-            )
-
-
 async def serve_broker(
     config: BrokerConfig,
     *,
@@ -491,13 +507,14 @@ async def serve_broker(
     )
     auth = load_auth_file(config.auth_file) if config.auth_file else None
     if auth is not None:
-        _check_budget_shares(auth, config)
+        check_budget_shares(auth, config)
     log_dir = config.log_dir
     # Raises DataDirLocked (one line) if another broker has the directory.
     store = None
     if log_dir is not None:
         store = LogStore(log_dir, worker=None if worker is None else worker.worker)
     logs = TopicLogs(store, config) if store is not None else None
+    link_listeners: list[trio.SocketListener] = []
     try:
         host, port = config.listen_address
         if worker is None:
@@ -508,7 +525,7 @@ async def serve_broker(
                 for sock in worker.client_sockets
             ]
             if worker.link_socket is not None:
-                listeners.append(
+                link_listeners.append(
                     trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
                 )
     except BaseException:
@@ -524,6 +541,8 @@ async def serve_broker(
         try:
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
+                if broker.links is not None:
+                    broker.links.nursery = nursery
                 broker.sessions.start(nursery)
                 if config.loop_counters:
                     broker.loop = LoopCounters()
@@ -546,6 +565,15 @@ async def serve_broker(
                         )
 
                 await nursery.start(accept)
+                if link_listeners:
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners,
+                            broker.handle_link,
+                            link_listeners,
+                            handler_nursery=nursery,
+                        )
+                    )
                 broker.accepting = True
                 log.info(
                     "broker listening on %s:%d (%s, %s)",
@@ -565,7 +593,7 @@ async def serve_broker(
             broker.sessions.end_all()
             broker.persist_state()
             broker.staging.clear()
-            for listener in listeners:
+            for listener in [*listeners, *link_listeners]:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:

@@ -1,0 +1,522 @@
+"""A worker's link to another worker: an ordinary client connection to the
+owner's link listener (a Unix socket), over which this worker forwards the
+publishes and subscriptions of topics that worker owns.
+
+One :class:`Link` per owner, opened on first need and reopened, with
+backoff, whenever it breaks. It drives the sans-IO
+:class:`~broker.protocol.Connection` directly: a reader task (which never
+waits for anything but the socket: no credit cycle between two workers
+forwarding to each other, each direction being its own connection with its
+own guarantees), a writer task and a keepalive task.
+
+What a broken link means:
+
+- publishes sent and not confirmed by the owner are sent again, in order,
+  on the next connection (at least once at the hop: the owner may get a
+  publish twice, never none); their publishers stay charged and unconfirmed
+  meanwhile;
+- forwarded subscriptions are made again: on a broker with topic logs a
+  reliable one continues after the last offset relayed (nothing lost or
+  repeated), a memory-only one from the messages published from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from accounts import Account
+from broker.config import BrokerConfig
+from broker.protocol import (
+    Channel,
+    ChannelKind,
+    Confirm,
+    Connection,
+    ConnectionClosed,
+    Deliver,
+    DeliverReceived,
+    Gap,
+    GuaranteesReceived,
+    HandleType,
+    LocalProtocolError,
+    NoGuarantees,
+    Policy,
+    Role,
+    WelcomeReceived,
+    decode_body,
+    encode_deliver,
+)
+
+from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
+from ._wake import Outbox
+
+__all__ = ["Link", "LinkHost", "LinkStatistics"]
+
+log = logging.getLogger("broker.server")
+
+RECEIVE_SIZE = 65536
+#: The first wait before connecting again, doubled up to :data:`BACKOFF_MAX`.
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 2.0
+
+
+class LinkHost(Protocol):
+    """What a link needs of its broker."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """Where wakes of the connections a link read affects are coalesced."""
+        ...
+
+    @property
+    def offsets(self) -> bool:
+        """Whether reliable deliveries are numbered by log offsets."""
+        ...
+
+    @property
+    def account(self) -> Account:
+        """The broker's root account (forwarded subscriptions' accounts roll up there)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStatistics:
+    """A snapshot of one link (the keys of ``Broker.statistics().links``)."""
+
+    owner: str
+    open: bool
+    connects: int
+    publishes_in_flight: int
+    bytes_in_flight: int
+    publishes_forwarded: int
+    subscriptions_forwarded: int
+    deliveries_relayed: int
+
+
+class _LinkTopic:
+    """A forwarded topic's state on the link's current connection."""
+
+    __slots__ = ("confirmed", "handle", "sending", "topic")
+
+    def __init__(self, topic: ForwardTopic) -> None:
+        self.topic = topic
+        #: Its topic handle on the current connection (None: not bound there).
+        self.handle: int | None = None
+        #: Publishes the owner confirmed on :attr:`handle` (cumulative).
+        self.confirmed = 0
+        #: Batches of ``topic.pending`` (from the left) sent wholly.
+        self.sending = 0
+
+
+def _publish_parts(tail: bytes) -> Deliver:
+    """The payload, key and headers of a Deliver tail (the strict decoder's reading)."""
+    head, _ = encode_deliver(0, 1, tail)
+    message = decode_body((head + tail)[4:])
+    assert isinstance(message, Deliver)
+    return message
+
+
+class _LinkPolicy(Policy):
+    """The link's guarantees to the owner on a forwarded subscription follow
+    that subscription's account (withheld while it is blocked)."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__()
+        self.link = link
+
+    def may_issue(self, channel: Channel) -> bool:
+        if channel.kind != ChannelKind.DELIVER:
+            return True
+        subscription = self.link.by_owner_handle.get(channel.index)
+        return subscription is None or subscription.may_receive()
+
+
+class Link:
+    """The link from this worker to worker ``owner`` (see the module); a
+    :class:`~._forward.TopicLink` and :class:`~._forward.SubscriptionLink`."""
+
+    def __init__(self, host: LinkHost, name: str, owner: str, path: str) -> None:
+        self.host = host
+        self.name = name
+        self.owner = owner
+        self.path = path
+        self.conn: Connection | None = None
+        #: Welcomed by the owner: handles may be bound.
+        self.open = False
+        self.connects = 0
+        self.publishes_forwarded = 0
+        self.deliveries_relayed = 0
+        self.topics: dict[str, _LinkTopic] = {}
+        self.by_topic_handle: dict[int, _LinkTopic] = {}
+        self.subscriptions: dict[ForwardedSubscription, None] = {}
+        self.by_owner_handle: dict[int, ForwardedSubscription] = {}
+        #: Forwarded subscriptions to make on the current connection.
+        self._to_subscribe: dict[ForwardedSubscription, None] = {}
+        #: Topic handles to free once the owner confirmed what they wait for.
+        self._to_free: list[int] = []
+        self._wake = trio.Event()
+
+    @property
+    def offsets(self) -> bool:
+        """Whether the broker keeps topic logs (reliable deliveries are offsets)."""
+        return self.host.offsets
+
+    def subscription_account(self, name: str) -> Account:
+        """A forwarded subscription's account: the channel watermarks, under the root."""
+        config = self.host.config
+        return Account(
+            f"{self.name}/{name}",
+            high_watermark=config.channel_high_watermark,
+            low_watermark=config.channel_low_watermark,
+            parent=self.host.account,
+            kind="forward",
+        )
+
+    # ---------------------------------------------------------------- TopicLink
+
+    def _topic(self, topic: ForwardTopic) -> _LinkTopic:
+        state = self.topics.get(topic.topic_name)
+        if state is None or state.topic is not topic:
+            state = self.topics[topic.topic_name] = _LinkTopic(topic)
+            if self.open:
+                self._bind(state)
+        return state
+
+    def publish(self, topic: ForwardTopic, batch: PendingBatch) -> None:
+        """Send ``batch`` to the owner as its guarantees allow (see ``TopicLink``)."""
+        state = self._topic(topic)
+        if state.handle is not None:
+            self._send(state)
+
+    def topic_released(self, topic: ForwardTopic) -> None:
+        """Let go of ``topic``'s handle on the owner (its room funds others)."""
+        state = self.topics.get(topic.topic_name)
+        if state is None or state.topic is not topic:
+            return
+        del self.topics[topic.topic_name]
+        if state.handle is not None:
+            del self.by_topic_handle[state.handle]
+            self._to_free.append(state.handle)
+            self._free_handles()
+
+    def _free_handles(self) -> None:
+        conn = self.conn
+        if conn is None or not self.open:
+            self._to_free.clear()  # (gone with the connection)
+            return
+        waiting: list[int] = []
+        for handle in self._to_free:
+            try:
+                conn.free_handle(HandleType.TOPIC, handle)
+            except LocalProtocolError:
+                waiting.append(handle)  # not confirmed yet: later
+        self._to_free = waiting
+        self._flush()
+
+    def _bind(self, state: _LinkTopic) -> None:
+        assert self.conn is not None
+        state.handle = self.conn.bind_topic(state.topic.topic_name)
+        state.confirmed = state.sending = 0
+        self.by_topic_handle[state.handle] = state
+        self._send(state)
+
+    def _send(self, state: _LinkTopic) -> None:
+        """Send the topic's pending publishes as far as the guarantees go."""
+        conn = self.conn
+        handle = state.handle
+        assert conn is not None and handle is not None
+        pending = state.topic.pending
+        index = state.sending
+        sent = 0
+        while index < len(pending):
+            batch = pending[index]
+            tails = batch.routed.tails
+            while batch.sent < len(tails):
+                message = _publish_parts(tails[batch.sent])
+                try:
+                    conn.publish(handle, message.payload, key=message.key, headers=message.headers)
+                except NoGuarantees:
+                    state.sending = index
+                    self.publishes_forwarded += sent
+                    self._flush()
+                    return
+                batch.sent += 1
+                sent += 1
+            index += 1
+        state.sending = index
+        self.publishes_forwarded += sent
+        self._flush()
+
+    def _confirmed(self, state: _LinkTopic, count: int) -> None:
+        """The owner confirmed ``count`` publishes on the topic's handle in
+        all: batches now wholly confirmed are routed for their publishers."""
+        newly = count - state.confirmed
+        state.confirmed = count
+        pending = state.topic.pending
+        while newly > 0 and pending:
+            batch = pending[0]
+            take = min(newly, batch.sent - batch.confirmed)
+            if take <= 0:
+                break
+            batch.confirmed += take
+            newly -= take
+            if batch.confirmed == len(batch.routed.tails):
+                pending.popleft()
+                state.sending -= 1
+                batch.confirmed_all()
+        if not pending:
+            state.topic.release_if_unused()
+
+    # ---------------------------------------------------------------- SubscriptionLink
+
+    def subscribe(self, subscription: ForwardedSubscription) -> None:
+        """Make ``subscription`` at the owner once its topic handle is confirmed."""
+        topic = subscription.topic
+        assert isinstance(topic, ForwardTopic)
+        self._topic(topic)
+        self.subscriptions[subscription] = None
+        self._to_subscribe[subscription] = None
+        self._subscribe_waiting()
+
+    def _subscribe_waiting(self) -> None:
+        conn = self.conn
+        if conn is None or not self.open or not self._to_subscribe:
+            return
+        offsets = self.host.offsets
+        for subscription in list(self._to_subscribe):
+            state = self.topics.get(subscription.topic.topic_name)
+            if state is None or state.handle is None:
+                continue
+            if not conn.confirmed(HandleType.TOPIC, state.handle):
+                continue
+            del self._to_subscribe[subscription]
+            handle = conn.subscribe(
+                state.handle, subscription.mode, subscription.resubscribe_options(offsets=offsets)
+            )
+            subscription.owner_handle = handle
+            self.by_owner_handle[handle] = subscription
+        self._flush()
+
+    def unsubscribe(self, subscription: ForwardedSubscription) -> None:
+        """End ``subscription`` at the owner (what it still sends is dropped)."""
+        self.subscriptions.pop(subscription, None)
+        self._to_subscribe.pop(subscription, None)
+        handle = subscription.owner_handle
+        subscription.owner_handle = None
+        if handle is not None and self.by_owner_handle.pop(handle, None) is not None:
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                # (Not confirmed yet: the owner ends it when the link goes.)
+                with contextlib.suppress(LocalProtocolError):
+                    conn.free_handle(HandleType.SUBSCRIPTION, handle)
+                self._flush()
+
+    def ack(self, subscription: ForwardedSubscription, seq: int) -> None:
+        """Acknowledge the owner's deliveries up to its ``seq``."""
+        conn = self.conn
+        handle = subscription.owner_handle
+        if conn is not None and not conn.closed and handle is not None:
+            conn.ack(handle, seq)
+            self._flush()
+
+    def resume_deliveries(self, subscription: ForwardedSubscription) -> None:
+        """Issue the guarantees withheld from the owner on ``subscription``."""
+        conn = self.conn
+        handle = subscription.owner_handle
+        if conn is not None and not conn.closed and handle is not None:
+            conn.issue_guarantees(Channel(ChannelKind.DELIVER, handle))
+            self._flush()
+
+    # ---------------------------------------------------------------- statistics
+
+    def statistics(self) -> LinkStatistics:
+        batches = [batch for state in self.topics.values() for batch in state.topic.pending]
+        return LinkStatistics(
+            owner=self.owner,
+            open=self.open,
+            connects=self.connects,
+            publishes_in_flight=sum(len(b.routed.tails) - b.confirmed for b in batches),
+            bytes_in_flight=sum(b.loan.amount for b in batches),
+            publishes_forwarded=self.publishes_forwarded,
+            subscriptions_forwarded=len(self.subscriptions),
+            deliveries_relayed=self.deliveries_relayed,
+        )
+
+    # ---------------------------------------------------------------- running
+
+    def _flush(self) -> None:
+        """Something was queued on the connection: the writer sends it."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Keep the link connected until cancelled (reconnecting with backoff)."""
+        backoff = BACKOFF_MIN
+        while True:
+            try:
+                stream = await trio.open_unix_socket(self.path)
+            except OSError as error:
+                log.debug("%s: cannot reach %s (%s): retrying", self.name, self.owner, error)
+            else:
+                reason = await self._serve(stream)
+                if self.connects and reason:
+                    log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
+                if self._welcomed_once:
+                    backoff = BACKOFF_MIN
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    _welcomed_once = False
+
+    async def _serve(self, stream: trio.SocketStream) -> str:
+        """Serve one connection of the link until it breaks; why it did."""
+        config = self.host.config
+        conn = Connection(
+            Role.CLIENT,
+            policy=_LinkPolicy(self),
+            max_frame=config.max_frame,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+            now=trio.current_time(),
+        )
+        self.conn = conn
+        self._welcomed_once = False
+        conn.hello(self.name)
+        reason = ""
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def reader() -> None:
+                    nonlocal reason
+                    reason = await self._reader(stream, conn)
+                    nursery.cancel_scope.cancel()
+
+                async def keepalive() -> None:
+                    nonlocal reason
+                    reason = await self._keepalive(conn)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(reader)
+                nursery.start_soon(keepalive)
+                await self._writer(stream, conn)
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            reason = reason or f"socket error: {error}"
+        finally:
+            self._broken()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+        return reason
+
+    async def _writer(self, stream: trio.SocketStream, conn: Connection) -> None:
+        while True:
+            data = conn.data_to_send(trio.current_time())
+            if data:
+                await stream.send_all(data)
+            elif conn.closed:
+                return
+            else:
+                await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _keepalive(self, conn: Connection) -> str:
+        while not conn.closed:
+            await trio.sleep_until(conn.next_deadline())
+            events = conn.handle_timer(trio.current_time())
+            self._flush()
+            for event in events:
+                if isinstance(event, ConnectionClosed):
+                    return f"owner silent: {event.reason}"
+        return ""
+
+    async def _reader(self, stream: trio.SocketStream, conn: Connection) -> str:
+        outbox = self.host.outbox
+        while True:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                return f"socket error: {error}"
+            if not data:
+                return "closed by the owner"
+            events = conn.receive_data(data, trio.current_time())
+            outbox.open()
+            try:
+                reason = self._handle(conn, events)
+            finally:
+                outbox.close()
+            self._flush()
+            if reason is not None:
+                return reason
+
+    def _handle(self, conn: Connection, events: Iterable[object]) -> str | None:
+        """Apply a read's events; why the connection ended, if it did."""
+        subscriptions = self.by_owner_handle
+        for event in events:
+            kind = type(event)
+            if kind is DeliverReceived:
+                assert isinstance(event, DeliverReceived)
+                message = event.message
+                conn.release(event)
+                subscription = subscriptions.get(message.subscription)
+                if subscription is not None:
+                    self.deliveries_relayed += 1
+                    subscription.relay_message(
+                        message.seq, message.payload, message.key, message.headers
+                    )
+            elif kind is Confirm:
+                assert isinstance(event, Confirm)
+                state = self.by_topic_handle.get(event.topic)
+                if state is not None:
+                    self._confirmed(state, event.count)
+            elif kind is GuaranteesReceived:
+                assert isinstance(event, GuaranteesReceived)
+                if event.channel.kind == ChannelKind.PUBLISH:
+                    state = self.by_topic_handle.get(event.channel.index)
+                    if state is not None and state.handle is not None:
+                        self._send(state)
+            elif kind is Gap:
+                assert isinstance(event, Gap)
+                subscription = subscriptions.get(event.subscription)
+                if subscription is not None:
+                    subscription.relay_gap(event.first_seq, event.count)
+            elif kind is WelcomeReceived:
+                self._welcomed()
+            elif kind is ConnectionClosed:
+                assert isinstance(event, ConnectionClosed)
+                return f"goodbye {event.code}: {event.reason}"
+        self._subscribe_waiting()
+        if self._to_free:
+            self._free_handles()
+        return None
+
+    def _welcomed(self) -> None:
+        self.open = True
+        self._welcomed_once = True
+        self.connects += 1
+        for state in list(self.topics.values()):
+            self._bind(state)
+        self._to_subscribe = dict.fromkeys(self.subscriptions)
+
+    def _broken(self) -> None:
+        """The connection is gone: what it carried waits for the next one."""
+        self.open = False
+        self.conn = None
+        offsets = self.host.offsets
+        self.by_topic_handle.clear()
+        self._to_free.clear()
+        for state in self.topics.values():
+            state.handle = None
+            state.confirmed = state.sending = 0
+            for batch in state.topic.pending:
+                batch.sent = batch.confirmed
+        self.by_owner_handle.clear()
+        for subscription in self.subscriptions:
+            subscription.link_broken(offsets=offsets)
+        self._to_subscribe = dict.fromkeys(self.subscriptions)

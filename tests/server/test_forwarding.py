@@ -43,3 +43,39 @@ async def test_publish_through_a_non_owner_reaches_subscribers_of_both(tmp_path:
             assert links[0].subscriptions_forwarded == 1
             assert topic in w1.topics and not w1.topics[topic].forwarded
             assert w0.topics[topic].forwarded
+
+
+async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path: Path) -> None:
+    """While the link to the owner cannot be opened, publishes through the
+    forwarder stay unconfirmed (flush waits) and charged to their publisher;
+    once the link opens, the owner routes them, then the client's Confirm
+    comes: when flush returns, the owner has every message."""
+    (topic,) = owned_by("w1", IDS, "held-")
+    count = 50
+    async with running_workers(tmp_path, data=True) as (w0, w1):
+        assert w0.worker is not None
+        right = w0.worker.link_paths["w1"]
+        w0.worker.link_paths["w1"] = str(tmp_path / "nowhere")  # type: ignore[index]
+        async with open_client(url(w0), name="publisher") as publisher:
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+            with trio.move_on_after(0.5) as waited:
+                await publisher.flush()
+            assert waited.cancelled_caught  # no Confirm without the owner's
+            (link,) = w0.statistics().links
+            assert not link.open and link.publishes_in_flight == count
+            assert link.bytes_in_flight > 0
+            assert w0.connections and any(c.account.debt > 0 for c in w0.connections.values())
+            w0.links.links["w1"].path = right  # type: ignore[union-attr]
+            with trio.fail_after(TIMEOUT):
+                await publisher.flush()
+            assert w1.topics[topic].messages_in == count  # routed (written) at the owner first
+            (link,) = w0.statistics().links
+            assert link.open and link.publishes_in_flight == 0 and link.bytes_in_flight == 0
+        async with (
+            open_client(url(w1), name="reader") as reader,
+            reader.subscribe(topic, start="earliest") as subscription,
+        ):
+            with trio.fail_after(TIMEOUT):
+                got = [int((await subscription.receive()).payload) for _ in range(count)]
+        assert got == list(range(count))

@@ -67,8 +67,7 @@ class BrokerStatistics:
     buffer_reserved_bytes: int
     buffer_budget_bytes: int
     debt: int
-    #: Per other worker this one forwards to (a multi-worker broker): its link.
-    links: tuple[LinkStatistics, ...] = ()
+    links: tuple[LinkStatistics, ...] = ()  # (a worker's: per owner it forwards to)
 
 
 class Broker:
@@ -182,7 +181,7 @@ class Broker:
 
     def not_owned(self, topic: str) -> str | None:
         """Why ``topic`` is not served here without forwarding (None: it is)."""
-        return None if self.links is None else self.links.not_owned(topic)
+        return self.links.not_owned(topic) if self.links else None
 
     def start_commit(
         self,
@@ -334,10 +333,8 @@ class Broker:
             log.exception("%s %s: ended by an internal error", connection.name, connection.peer)
 
     async def handle_link(self, stream: trio.SocketStream) -> None:
-        """Serve one connection accepted on the link listener: another
-        worker forwarding to the topics this one owns. It is trusted (only
-        the broker's own workers reach that Unix socket): no TLS, no
-        credentials, no connection limits; otherwise an ordinary client."""
+        """Serve another worker's link (accepted on the link listener, which only
+        the workers reach): an ordinary client but trusted (no TLS, no credentials)."""
         if self.closing:
             await self._refuse(stream)
             return
@@ -443,10 +440,11 @@ class Broker:
 
     async def _route_forwarded(self) -> None:
         """Return once the topics have routed every publish forwarded to them
-        (none is forwarded once the shutdown began)."""
+        (none is forwarded once the shutdown began; the owners of topics that
+        other workers own confirmed what was sent on to them)."""
         topics = list(self.topics.values())
         while topics:
-            topics = [topic for topic in topics if topic.statistics().mailbox]
+            topics = [t for t in topics if t.statistics().mailbox or t.forwarding]
             if topics:
                 await trio.sleep(SHUTDOWN_POLL)
 
@@ -566,14 +564,8 @@ async def serve_broker(
 
                 await nursery.start(accept)
                 if link_listeners:
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            broker.handle_link,
-                            link_listeners,
-                            handler_nursery=nursery,
-                        )
-                    )
+                    serve = partial(trio.serve_listeners, handler_nursery=nursery)
+                    nursery.start_soon(serve, broker.handle_link, link_listeners)
                 broker.accepting = True
                 log.info(
                     "broker listening on %s:%d (%s, %s)",
@@ -593,6 +585,8 @@ async def serve_broker(
             broker.sessions.end_all()
             broker.persist_state()
             broker.staging.clear()
+            if broker.links is not None:
+                broker.links.close()
             for listener in [*listeners, *link_listeners]:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()

@@ -335,6 +335,14 @@ class Link:
             conn.issue_guarantees(Channel(ChannelKind.DELIVER, handle))
             self._flush()
 
+    def close(self) -> None:
+        """The broker stops: what waits for the owner is let go, unconfirmed
+        (its publishers never saw a Confirm for it: their clients keep it)."""
+        for state in self.topics.values():
+            pending = state.topic.pending
+            while pending:
+                pending.popleft().loan.repay()
+
     # ---------------------------------------------------------------- statistics
 
     def statistics(self) -> LinkStatistics:
@@ -365,7 +373,13 @@ class Link:
             except OSError as error:
                 log.debug("%s: cannot reach %s (%s): retrying", self.name, self.owner, error)
             else:
-                reason = await self._serve(stream)
+                try:
+                    reason = await self._serve(stream)
+                except Exception:  # a bug of ours: this connection ends, not the broker
+                    log.exception(
+                        "%s: link to %s ended by an internal error", self.name, self.owner
+                    )
+                    reason = ""
                 if self.connects and reason:
                     log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
                 if self._welcomed_once:
@@ -405,23 +419,26 @@ class Link:
 
                 nursery.start_soon(reader)
                 nursery.start_soon(keepalive)
-                await self._writer(stream, conn)
+                stopped = await self._writer(stream, conn)
+                reason = reason or stopped
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-            reason = reason or f"socket error: {error}"
         finally:
             self._broken()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
         return reason
 
-    async def _writer(self, stream: trio.SocketStream, conn: Connection) -> None:
+    async def _writer(self, stream: trio.SocketStream, conn: Connection) -> str:
+        """Send what is queued whenever woken; why it stopped."""
         while True:
             data = conn.data_to_send(trio.current_time())
             if data:
-                await stream.send_all(data)
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    return f"socket error: {error}"
             elif conn.closed:
-                return
+                return ""
             else:
                 await self._wake.wait()
                 self._wake = trio.Event()

@@ -54,6 +54,11 @@ class Links:
             f"or to its direct address {owner.address}"
         )
 
+    def close(self) -> None:
+        """The broker stops: every link lets go of what it holds (unconfirmed)."""
+        for link in self.links.values():
+            link.close()
+
     def statistics(self) -> tuple[LinkStatistics, ...]:
         """Each open link's figures, by owner id."""
         return tuple(self.links[owner].statistics() for owner in sorted(self.links))

@@ -15,7 +15,7 @@ from broker.client import open_client
 from broker.server import Broker
 
 from ..proxy import cut_on_progress, proxied
-from .helpers import TIMEOUT
+from .helpers import TIMEOUT, wait_until
 from .workers import owned_by, running_workers, url
 
 IDS = ["w0", "w1"]
@@ -23,9 +23,7 @@ IDS = ["w0", "w1"]
 
 async def wait_for_subscriptions(owner: Broker, count: int) -> None:
     """Until ``owner`` has ``count`` subscriptions (forwarded ones made there)."""
-    with trio.fail_after(TIMEOUT):
-        while owner.statistics().subscriptions < count:
-            await trio.sleep(0.01)
+    await wait_until(lambda: owner.statistics().subscriptions >= count, what="subscriptions")
 
 
 @pytest.mark.parametrize("data", [False, True], ids=["memory-only", "topic-logs"])
@@ -76,8 +74,7 @@ async def test_a_subscriber_behind_a_forwarder_resumes_without_loss(
                             # has resumed from the one before.
                             before = proxy.connections
                             proxy.cut()
-                            while proxy.connections == before:
-                                await trio.sleep(0.005)
+                            await wait_until(lambda b=before: proxy.connections > b, what="resume")
                         await publisher.publish(topic, b"%d" % n)
                     await publisher.flush()
             stats = subscriber.statistics()
@@ -124,13 +121,11 @@ async def test_a_slow_subscriber_behind_a_forwarder_keeps_its_debt_bounded(
                         await pub_fast.publish(fast_topic, b"%d" % n)
                     got = [int((await fast_sub.receive()).payload) for _ in range(fast_count)]
                     assert got == list(range(fast_count))
-                    while published < 5000:  # far more than the slow path holds
-                        await trio.sleep(0.01)
+                    # Far more than the slow path may hold:
+                    await wait_until(lambda: published >= 5000, what="publishes")
                 bound = config.channel_high_watermark + 2 * 256 * 1024
                 forwarded = [
-                    account
-                    for account in _forward_accounts(w0)
-                    if slow_topic in account.name
+                    account for account in _forward_accounts(w0) if slow_topic in account.name
                 ]
                 assert len(forwarded) == 1
                 assert 0 < forwarded[0].debt <= bound
@@ -228,33 +223,33 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
     through the forwarder continues after its last offset: every record once."""
     (topic,) = owned_by("w1", IDS, "cut-")
     count = 3000
-    async with running_workers(tmp_path, data=data) as (w0, w1):
-        async with (
-            open_client(url(w1), name="at-owner") as at_owner,
-            open_client(url(w0), name="via-w0") as via_w0,
-            open_client(url(w0), name="publisher") as publisher,
-            at_owner.subscribe(topic) as direct,
-            via_w0.subscribe(topic) as forwarded,
-        ):
-            await wait_for_subscriptions(w1, 2)
-            cuts = 0
+    async with (
+        running_workers(tmp_path, data=data) as (w0, w1),
+        open_client(url(w1), name="at-owner") as at_owner,
+        open_client(url(w0), name="via-w0") as via_w0,
+        open_client(url(w0), name="publisher") as publisher,
+        at_owner.subscribe(topic) as direct,
+        via_w0.subscribe(topic) as forwarded,
+    ):
+        await wait_for_subscriptions(w1, 2)
+        cuts = 0
+        with trio.fail_after(4 * TIMEOUT):
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+                if n in (500, 1500, 2500):
+                    await publisher.flush()
+                    cuts += _break_links(w1)
+            await publisher.flush()
+            seen: list[int] = []
+            while len(set(seen)) < count:
+                seen.append(int((await direct.receive()).payload))
+        assert cuts == 3
+        firsts = list(dict.fromkeys(seen))
+        assert firsts == list(range(count))
+        (link,) = w0.statistics().links
+        assert link.connects >= 4 and link.publishes_in_flight == 0
+        if data:
             with trio.fail_after(4 * TIMEOUT):
-                for n in range(count):
-                    await publisher.publish(topic, b"%d" % n)
-                    if n in (500, 1500, 2500):
-                        await publisher.flush()
-                        cuts += _break_links(w1)
-                await publisher.flush()
-                seen: list[int] = []
-                while len(set(seen)) < count:
-                    seen.append(int((await direct.receive()).payload))
-            assert cuts == 3
-            firsts = list(dict.fromkeys(seen))
-            assert firsts == list(range(count))
-            (link,) = w0.statistics().links
-            assert link.connects >= 4 and link.publishes_in_flight == 0
-            if data:
-                with trio.fail_after(4 * TIMEOUT):
-                    records = [await forwarded.receive() for _ in range(len(seen))]
-                assert [int(r.payload) for r in records] == seen
-                assert [r.seq for r in records] == list(range(1, len(seen) + 1))
+                records = [await forwarded.receive() for _ in range(len(seen))]
+            assert [int(r.payload) for r in records] == seen
+            assert [r.seq for r in records] == list(range(1, len(seen) + 1))

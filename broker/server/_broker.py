@@ -67,7 +67,6 @@ class BrokerStatistics:
     buffer_reserved_bytes: int
     buffer_budget_bytes: int
     debt: int
-    links: tuple[LinkStatistics, ...] = ()  # (a worker's: per owner it forwards to)
 
 
 class Broker:
@@ -260,8 +259,11 @@ class Broker:
             buffer_reserved_bytes=self.buffer_reserved,
             buffer_budget_bytes=self.config.global_budget,
             debt=self.account.debt,
-            links=self.links.statistics() if self.links is not None else (),
         )
+
+    def link_statistics(self) -> tuple[LinkStatistics, ...] | None:
+        """A worker's links, per owner it forwards to (None: a single process)."""
+        return self.links.statistics() if self.links is not None else None
 
     @property
     def ready(self) -> bool:

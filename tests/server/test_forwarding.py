@@ -9,6 +9,7 @@ from pathlib import Path
 import trio
 
 from broker.client import open_client
+from broker.metrics import stat_document
 
 from .helpers import TIMEOUT, wait_until
 from .workers import owned_by, running_workers, url
@@ -36,7 +37,11 @@ async def test_publish_through_a_non_owner_reaches_subscribers_of_both(tmp_path:
             for subscription in (direct, forwarded):
                 got = [int((await subscription.receive()).payload) for _ in range(count)]
                 assert got == list(range(count))
-        links = w0.statistics().links
+        links = w0.link_statistics()
+        assert links is not None and w1.link_statistics() == ()  # (w1 forwarded nothing)
+        document = stat_document(w0)
+        assert document["broker"]["links"][0]["owner"] == "w1"
+        assert document["broker"]["links"][0]["publishes_forwarded"] == count
         assert [link.owner for link in links] == ["w1"]
         assert links[0].open and links[0].publishes_in_flight == 0
         assert links[0].publishes_forwarded == count
@@ -62,7 +67,7 @@ async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path:
             with trio.move_on_after(0.5) as waited:
                 await publisher.flush()
             assert waited.cancelled_caught  # no Confirm without the owner's
-            (link,) = w0.statistics().links
+            (link,) = w0.link_statistics()
             assert not link.open and link.publishes_in_flight == count
             assert link.bytes_in_flight > 0
             assert w0.connections and any(c.account.debt > 0 for c in w0.connections.values())
@@ -70,7 +75,7 @@ async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path:
             with trio.fail_after(TIMEOUT):
                 await publisher.flush()
             assert w1.topics[topic].messages_in == count  # routed (written) at the owner first
-            (link,) = w0.statistics().links
+            (link,) = w0.link_statistics()
             assert link.open and link.publishes_in_flight == 0 and link.bytes_in_flight == 0
         async with (
             open_client(url(w1), name="reader") as reader,

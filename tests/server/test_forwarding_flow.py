@@ -196,8 +196,8 @@ async def test_forwarding_saturated_both_ways_completes(tmp_path: Path) -> None:
                     nursery.start_soon(publish, pub_west, to_w0)
         for topic in [*to_w1, *to_w0]:
             assert received[topic] == list(range(count)), topic
-        assert [link.owner for link in w0.statistics().links] == ["w1"]
-        assert [link.owner for link in w1.statistics().links] == ["w0"]
+        assert [link.owner for link in w0.link_statistics()] == ["w1"]
+        assert [link.owner for link in w1.link_statistics()] == ["w0"]
 
 
 def _break_links(owner: Broker) -> int:
@@ -246,7 +246,7 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
         assert cuts == 3
         firsts = list(dict.fromkeys(seen))
         assert firsts == list(range(count))
-        (link,) = w0.statistics().links
+        (link,) = w0.link_statistics()
         assert link.connects >= 4 and link.publishes_in_flight == 0
         if data:
             with trio.fail_after(4 * TIMEOUT):

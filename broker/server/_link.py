@@ -47,6 +47,7 @@ from broker.protocol import (
     NoGuarantees,
     Policy,
     Role,
+    Throttled,
     WelcomeReceived,
     decode_body,
     encode_deliver,
@@ -162,6 +163,8 @@ class Link:
         self._to_subscribe: dict[ForwardedSubscription, None] = {}
         #: Topic handles to free once the owner confirmed what they wait for.
         self._to_free: list[int] = []
+        #: Topic handles whose channel the owner said it withholds (Throttled).
+        self._withheld: set[int] = set()
         self._wake = trio.Event()
 
     @property
@@ -183,12 +186,28 @@ class Link:
     # ---------------------------------------------------------------- TopicLink
 
     def _topic(self, topic: ForwardTopic) -> _LinkTopic:
+        """``topic``'s state, bound on the current connection if it is open."""
         state = self.topics.get(topic.topic_name)
         if state is None or state.topic is not topic:
             state = self.topics[topic.topic_name] = _LinkTopic(topic)
-            if self.open:
-                self._bind(state)
+        if self.open and state.handle is None:
+            self._bind(state)
         return state
+
+    def _free_idle(self) -> None:
+        """Free the handles of topics with nothing in flight and no forwarded
+        subscription (bound again when used): the owner funds a connection's
+        topics from one budget, so an idle one's room goes to one that waits.
+        Done when the owner says a channel is withheld (as the clients do),
+        and while one is, whenever a topic's last publish is confirmed."""
+        subscribed = {subscription.topic.topic_name for subscription in self.subscriptions}
+        for name, state in self.topics.items():
+            if state.handle is not None and not state.topic.pending and name not in subscribed:
+                self._withheld.discard(state.handle)
+                del self.by_topic_handle[state.handle]
+                self._to_free.append(state.handle)
+                state.handle = None
+        self._free_handles()
 
     def publish(self, topic: ForwardTopic, batch: PendingBatch) -> None:
         """Send ``batch`` to the owner as its guarantees allow (see ``TopicLink``)."""
@@ -203,6 +222,7 @@ class Link:
             return
         del self.topics[topic.topic_name]
         if state.handle is not None:
+            self._withheld.discard(state.handle)
             del self.by_topic_handle[state.handle]
             self._to_free.append(state.handle)
             self._free_handles()
@@ -273,6 +293,8 @@ class Link:
                 state.sending -= 1
                 batch.confirmed_all()
         if not pending:
+            if self._withheld:
+                self._free_idle()  # (this one may be idle now: its room for them)
             state.topic.release_if_unused()
 
     # ---------------------------------------------------------------- SubscriptionLink
@@ -498,6 +520,14 @@ class Link:
                     state = self.by_topic_handle.get(event.channel.index)
                     if state is not None and state.handle is not None:
                         self._send(state)
+            elif kind is Throttled:
+                assert isinstance(event, Throttled)
+                if event.channel.kind == ChannelKind.PUBLISH:
+                    if event.throttled:
+                        self._withheld.add(event.channel.index)
+                        self._free_idle()
+                    else:
+                        self._withheld.discard(event.channel.index)
             elif kind is Gap:
                 assert isinstance(event, Gap)
                 subscription = subscriptions.get(event.subscription)
@@ -528,6 +558,7 @@ class Link:
         offsets = self.host.offsets
         self.by_topic_handle.clear()
         self._to_free.clear()
+        self._withheld.clear()
         for state in self.topics.values():
             state.handle = None
             state.confirmed = state.sending = 0

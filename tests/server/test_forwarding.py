@@ -84,3 +84,42 @@ async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path:
             with trio.fail_after(TIMEOUT):
                 got = [int((await subscription.receive()).payload) for _ in range(count)]
         assert got == list(range(count))
+
+
+async def test_more_forwarded_topics_than_a_link_can_fund_at_once(tmp_path: Path) -> None:
+    """A link is one connection to the owner, funded from one connection
+    budget (here three topics' worth): twelve clients publishing at once to
+    twelve topics through the forwarder all get everything confirmed (the
+    link frees idle topics' handles when the owner withholds a channel), and
+    the owner's logs hold every message, in order."""
+    frame = 64 * 1024 + 64
+    budget = 2 * 16 * 1024 + 3 * frame
+    topics = owned_by("w1", IDS, "many-", 12)
+    per_topic = 200
+    async with running_workers(tmp_path, data=True, connection_budget=budget) as (w0, w1):
+        flushed: list[str] = []
+
+        async def publish(topic: str) -> None:
+            async with open_client(url(w0), name=f"pub-{topic}") as publisher:
+                for n in range(per_topic):
+                    await publisher.publish(topic, b"%d" % n)
+                await publisher.flush()
+                flushed.append(topic)
+                # Every publisher (so every forwarding topic) stays until all flushed.
+                await wait_until(lambda: len(flushed) == len(topics), what="every flush")
+
+        with trio.fail_after(4 * TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for topic in topics:
+                    nursery.start_soon(publish, topic)
+        (link,) = w0.link_statistics()
+        assert link.publishes_forwarded >= len(topics) * per_topic
+        assert link.publishes_in_flight == 0
+        for topic in topics:
+            async with (
+                open_client(url(w1), name="reader") as reader,
+                reader.subscribe(topic, start="earliest") as subscription,
+            ):
+                with trio.fail_after(TIMEOUT):
+                    got = [int((await subscription.receive()).payload) for _ in range(per_topic)]
+                assert got == list(range(per_topic)), topic

@@ -1,0 +1,96 @@
+"""What a worker does not forward is refused in one line that names the
+owner (and the link, shared by other clients, is not affected); other
+delivery modes are forwarded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from broker.client import open_client
+from broker.protocol import BindTopic, GoodbyeCode, ListOffsets, Offsets, Stage, Subscribe
+
+from .helpers import TIMEOUT, RawClient, wait_until
+from .workers import owned_by, running_workers, url
+
+IDS = ["w0", "w1"]
+
+
+async def test_staged_publishing_to_a_topic_owned_elsewhere_is_refused(tmp_path: Path) -> None:
+    (theirs,) = owned_by("w1", IDS, "staged-")
+    async with running_workers(tmp_path, data=True) as (w0, _w1):
+        raw = await RawClient.connect(w0)
+        await raw.handshake()
+        await raw.send(BindTopic(theirs, Stage("job-1", "0/1")))
+        await raw.read_until_eof()
+        await raw.aclose()
+        (goodbye,) = raw.goodbyes()
+        assert goodbye.code == GoodbyeCode.NOT_AUTHORISED
+        assert f"topic {theirs!r} is owned by worker w1" in goodbye.reason
+        assert "connect with metadata or to its direct address 127.0.0.1:" in goodbye.reason
+
+
+async def test_list_offsets_answers_for_the_topics_this_worker_owns(tmp_path: Path) -> None:
+    (theirs,) = owned_by("w1", IDS, "offsets-")
+    (mine,) = owned_by("w0", IDS, "offsets-")
+    async with running_workers(tmp_path, data=True) as (w0, _w1):
+        async with open_client(url(w0), name="pub") as publisher:
+            for topic in (mine, theirs):
+                await publisher.publish(topic, b"x")
+            await publisher.flush()
+        raw = await RawClient.connect(w0)
+        await raw.handshake()
+        await raw.send(ListOffsets(1, [theirs]), ListOffsets(2, None))
+        first = await raw.wait_for(lambda m: isinstance(m, Offsets) and m.request == 1)
+        second = await raw.wait_for(lambda m: isinstance(m, Offsets) and m.request == 2)
+        await raw.aclose()
+        assert isinstance(first, Offsets) and isinstance(second, Offsets)
+        assert first.topics == [] and "owned by worker w1" in first.reason
+        assert second.topics == [(mine, 1, 2)] and not second.reason
+
+
+async def test_an_option_not_forwarded_ends_only_its_connection(tmp_path: Path) -> None:
+    """ "timestamps" through a forwarder: Goodbye 1 naming it, while another
+    client's forwarded subscription to the same owner goes on."""
+    topic, other = owned_by("w1", IDS, "opt-", 2)
+    async with (
+        running_workers(tmp_path, data=True) as (w0, w1),
+        open_client(url(w0), name="sub") as subscriber,
+        open_client(url(w1), name="pub") as publisher,
+        subscriber.subscribe(other) as subscription,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="forwarded")
+        raw = await RawClient.connect(w0)
+        await raw.handshake()
+        await raw.send(BindTopic(topic), Subscribe(0, "reliable", {"timestamps": True}))
+        await raw.read_until_eof()
+        await raw.aclose()
+        (goodbye,) = raw.goodbyes()
+        assert goodbye.code == GoodbyeCode.PROTOCOL_ERROR
+        assert '"timestamps" is not forwarded between workers' in goodbye.reason
+        await publisher.publish(other, b"still here")
+        with trio.fail_after(TIMEOUT):
+            assert (await subscription.receive()).payload == b"still here"
+
+
+async def test_a_lossy_subscription_is_forwarded(tmp_path: Path) -> None:
+    (topic,) = owned_by("w1", IDS, "lossy-")
+    count = 300
+    async with (
+        running_workers(tmp_path) as (w0, w1),
+        open_client(url(w0), name="sub") as subscriber,
+        open_client(url(w1), name="pub") as publisher,
+        subscriber.subscribe(topic, mode="lossy") as subscription,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="forwarded")
+        got: list[int] = []
+        with trio.fail_after(TIMEOUT):
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+                if n % 50 == 49:  # (the subscriber keeps up: nothing to drop)
+                    await publisher.flush()
+                    while len(got) < n + 1:
+                        got.append(int((await subscription.receive()).payload))
+        assert got == list(range(count))
+        assert subscription.missed == 0

@@ -104,8 +104,9 @@ class Admission:
         #: The session this connection serves (None before the Welcome).
         self.session: Session | None = None
         #: The session ends with this connection (the client said Goodbye, or
-        #: broke the rules); otherwise it waits for a resume.
-        self.ends_session = False
+        #: broke the rules, or it is a link, which never resumes: its
+        #: subscriptions must not queue for a lease); otherwise it waits for a resume.
+        self.ends_session = trusted
         #: A refusal held back (a failed authentication): the writer waits.
         self.held: trio.CancelScope | None = None
         #: Handles were bound or freed since the session's record was written.

@@ -224,7 +224,8 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
     (topic,) = owned_by("w1", IDS, "cut-")
     count = 3000
     async with (
-        running_workers(tmp_path, data=data) as (w0, w1),
+        # (A lease longer than any wait here: a session left detached would stay.)
+        running_workers(tmp_path, data=data, lease=4 * TIMEOUT) as (w0, w1),
         open_client(url(w1), name="at-owner") as at_owner,
         open_client(url(w0), name="via-w0") as via_w0,
         open_client(url(w0), name="publisher") as publisher,
@@ -248,6 +249,9 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
         assert firsts == list(range(count))
         (link,) = w0.link_statistics()
         assert link.connects >= 4 and link.publishes_in_flight == 0
+        # A broken link's session ended with it: only the new one's subscription is left.
+        await wait_until(lambda: w1.statistics().subscriptions == 2, what="old sessions gone")
+        assert len(w1.sessions.sessions) == 2  # its client's and the link's
         if data:
             with trio.fail_after(4 * TIMEOUT):
                 records = [await forwarded.receive() for _ in range(len(seen))]

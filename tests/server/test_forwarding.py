@@ -123,3 +123,44 @@ async def test_more_forwarded_topics_than_a_link_can_fund_at_once(tmp_path: Path
                 with trio.fail_after(TIMEOUT):
                     got = [int((await subscription.receive()).payload) for _ in range(per_topic)]
                 assert got == list(range(per_topic)), topic
+
+
+async def test_three_workers_forward_keys_headers_and_the_largest_payloads(
+    tmp_path: Path,
+) -> None:
+    """Three workers: w0 publishes to topics w1 and w2 own, w2 subscribes to
+    w1's topic through itself; keys, headers and a payload filling a frame
+    arrive as published, offsets are the owners' log offsets."""
+    ids = ["w0", "w1", "w2"]
+    (on_w1,) = owned_by("w1", ids, "three-")
+    (on_w2,) = owned_by("w2", ids, "three-")
+    big = bytes(range(256)) * 240  # 61,440 bytes: within a 64 KiB frame with its head
+    sent = [
+        (b"small", None, None),
+        (b"keyed", b"k\x00ey", [("h", b"v"), ("empty", b"")]),
+        (big, b"big", [("size", b"%d" % len(big))]),
+    ]
+    async with (
+        running_workers(tmp_path, 3, data=True) as (w0, w1, w2),
+        open_client(url(w2), name="via-w2") as via_w2,
+        open_client(url(w0), name="via-w0") as via_w0,
+        via_w2.subscribe(on_w1) as from_w1,
+        via_w0.subscribe(on_w2) as from_w2,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="at w1")
+        # (w2 counts its own client's forwarded subscription too.)
+        await wait_until(lambda: w2.statistics().subscriptions == 2, what="at w2")
+        async with open_client(url(w0), name="publisher") as publisher:
+            for topic in (on_w1, on_w2):
+                for payload, key, headers in sent:
+                    await publisher.publish(topic, payload, key=key, headers=headers)
+            await publisher.flush()
+        for subscription in (from_w1, from_w2):
+            with trio.fail_after(TIMEOUT):
+                got = [await subscription.receive() for _ in sent]
+            assert [(m.payload, m.key, m.headers or None) for m in got] == [
+                (p, k, h) for p, k, h in sent
+            ]
+            assert [m.offset for m in got] == [1, 2, 3]
+        assert sorted(link.owner for link in w0.link_statistics() or ()) == ["w1", "w2"]
+        assert [link.owner for link in w2.link_statistics() or ()] == ["w1"]

@@ -22,7 +22,6 @@ What a broken link means:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -163,6 +162,8 @@ class Link:
         self._to_subscribe: dict[ForwardedSubscription, None] = {}
         #: Topic handles to free once the owner confirmed what they wait for.
         self._to_free: list[int] = []
+        #: Subscription handles to free at the owner (see ``_free_subscriptions``).
+        self._to_unsubscribe: list[int] = []
         #: Topic handles whose channel the owner said it withholds (Throttled).
         self._withheld: set[int] = set()
         self._wake = trio.Event()
@@ -334,12 +335,25 @@ class Link:
         handle = subscription.owner_handle
         subscription.owner_handle = None
         if handle is not None and self.by_owner_handle.pop(handle, None) is not None:
-            conn = self.conn
-            if conn is not None and not conn.closed:
-                # (Not confirmed yet: the owner ends it when the link goes.)
-                with contextlib.suppress(LocalProtocolError):
-                    conn.free_handle(HandleType.SUBSCRIPTION, handle)
-                self._flush()
+            self._to_unsubscribe.append(handle)
+            self._free_subscriptions()
+
+    def _free_subscriptions(self) -> None:
+        """Free at the owner the subscriptions ended here (one whose Subscribe
+        the owner has not confirmed yet is freed once it has: until then,
+        what it delivers is released unread)."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            self._to_unsubscribe.clear()  # (gone with the connection)
+            return
+        waiting: list[int] = []
+        for handle in self._to_unsubscribe:
+            try:
+                conn.free_handle(HandleType.SUBSCRIPTION, handle)
+            except LocalProtocolError:
+                waiting.append(handle)
+        self._to_unsubscribe = waiting
+        self._flush()
 
     def ack(self, subscription: ForwardedSubscription, seq: int) -> None:
         """Acknowledge the owner's deliveries up to its ``seq``."""
@@ -539,6 +553,8 @@ class Link:
                 assert isinstance(event, ConnectionClosed)
                 return f"goodbye {event.code}: {event.reason}"
         self._subscribe_waiting()
+        if self._to_unsubscribe:
+            self._free_subscriptions()
         if self._to_free:
             self._free_handles()
         return None
@@ -558,6 +574,7 @@ class Link:
         offsets = self.host.offsets
         self.by_topic_handle.clear()
         self._to_free.clear()
+        self._to_unsubscribe.clear()
         self._withheld.clear()
         for state in self.topics.values():
             state.handle = None

@@ -94,3 +94,23 @@ async def test_a_lossy_subscription_is_forwarded(tmp_path: Path) -> None:
                         got.append(int((await subscription.receive()).payload))
         assert got == list(range(count))
         assert subscription.missed == 0
+
+
+async def test_subscriptions_ended_at_once_are_ended_at_the_owner(tmp_path: Path) -> None:
+    """Subscriptions through the forwarder closed as soon as made leave
+    nothing at the owner (nothing there holds deliveries for them)."""
+    (topic,) = owned_by("w1", IDS, "brief-")
+    async with (
+        running_workers(tmp_path) as (w0, w1),
+        open_client(url(w0), name="sub") as subscriber,
+        open_client(url(w1), name="pub") as publisher,
+    ):
+        for _ in range(20):
+            async with subscriber.subscribe(topic):
+                pass
+        for _ in range(20):
+            await publisher.publish(topic, b"x")
+        await publisher.flush()
+        await wait_until(lambda: w1.statistics().subscriptions == 0, what="owner's ended")
+        (link,) = w0.link_statistics() or ()
+        assert link.subscriptions_forwarded == 0

@@ -3,11 +3,11 @@ owner's link listener (a Unix socket), over which this worker forwards the
 publishes and subscriptions of topics that worker owns.
 
 One :class:`Link` per owner, opened on first need and reopened, with
-backoff, whenever it breaks. It drives the sans-IO
-:class:`~broker.protocol.Connection` directly: a reader task (which never
-waits for anything but the socket: no credit cycle between two workers
-forwarding to each other, each direction being its own connection with its
-own guarantees), a writer task and a keepalive task.
+backoff, whenever it breaks (``_link_io`` runs its connections). It drives
+the sans-IO :class:`~broker.protocol.Connection` directly; what a read
+brings is applied at once and never waits (no credit cycle between two
+workers forwarding to each other, each direction being its own connection
+with its own guarantees).
 
 What a broken link means:
 
@@ -22,7 +22,6 @@ What a broken link means:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,16 +52,10 @@ from broker.protocol import (
 )
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
+from ._link_io import LinkRunner
 from ._wake import Outbox
 
 __all__ = ["Link", "LinkHost", "LinkStatistics"]
-
-log = logging.getLogger("broker.server")
-
-RECEIVE_SIZE = 65536
-#: The first wait before connecting again, doubled up to :data:`BACKOFF_MAX`.
-BACKOFF_MIN = 0.05
-BACKOFF_MAX = 2.0
 
 
 class LinkHost(Protocol):
@@ -147,7 +140,6 @@ class Link:
         self.host = host
         self.name = name
         self.owner = owner
-        self.path = path
         self.conn: Connection | None = None
         #: Welcomed by the owner: handles may be bound.
         self.open = False
@@ -166,7 +158,7 @@ class Link:
         self._to_unsubscribe: list[int] = []
         #: Topic handles whose channel the owner said it withholds (Throttled).
         self._withheld: set[int] = set()
-        self._wake = trio.Event()
+        self.runner = LinkRunner(self, host.outbox, name, owner, path)
 
     @property
     def offsets(self) -> bool:
@@ -398,37 +390,16 @@ class Link:
 
     def _flush(self) -> None:
         """Something was queued on the connection: the writer sends it."""
-        self._wake.set()
+        self.runner.flush()
 
     async def run(self) -> None:
         """Keep the link connected until cancelled (reconnecting with backoff)."""
-        backoff = BACKOFF_MIN
-        while True:
-            try:
-                stream = await trio.open_unix_socket(self.path)
-            except OSError as error:
-                log.debug("%s: cannot reach %s (%s): retrying", self.name, self.owner, error)
-            else:
-                try:
-                    reason = await self._serve(stream)
-                except Exception:  # a bug of ours: this connection ends, not the broker
-                    log.exception(
-                        "%s: link to %s ended by an internal error", self.name, self.owner
-                    )
-                    reason = ""
-                if self.connects and reason:
-                    log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
-                if self._welcomed_once:
-                    backoff = BACKOFF_MIN
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+        await self.runner.run()
 
-    _welcomed_once = False
-
-    async def _serve(self, stream: trio.SocketStream) -> str:
-        """Serve one connection of the link until it breaks; why it did."""
+    def connected(self) -> Connection:
+        """A new connection to the owner (its Hello queued): this one's now."""
         config = self.host.config
-        conn = Connection(
+        conn = self.conn = Connection(
             Role.CLIENT,
             policy=_LinkPolicy(self),
             max_frame=config.max_frame,
@@ -436,79 +407,10 @@ class Link:
             lease=config.lease,
             now=trio.current_time(),
         )
-        self.conn = conn
-        self._welcomed_once = False
         conn.hello(self.name)
-        reason = ""
-        try:
-            async with trio.open_nursery() as nursery:
+        return conn
 
-                async def reader() -> None:
-                    nonlocal reason
-                    reason = await self._reader(stream, conn)
-                    nursery.cancel_scope.cancel()
-
-                async def keepalive() -> None:
-                    nonlocal reason
-                    reason = await self._keepalive(conn)
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(reader)
-                nursery.start_soon(keepalive)
-                stopped = await self._writer(stream, conn)
-                reason = reason or stopped
-                nursery.cancel_scope.cancel()
-        finally:
-            self._broken()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
-        return reason
-
-    async def _writer(self, stream: trio.SocketStream, conn: Connection) -> str:
-        """Send what is queued whenever woken; why it stopped."""
-        while True:
-            data = conn.data_to_send(trio.current_time())
-            if data:
-                try:
-                    await stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                    return f"socket error: {error}"
-            elif conn.closed:
-                return ""
-            else:
-                await self._wake.wait()
-                self._wake = trio.Event()
-
-    async def _keepalive(self, conn: Connection) -> str:
-        while not conn.closed:
-            await trio.sleep_until(conn.next_deadline())
-            events = conn.handle_timer(trio.current_time())
-            self._flush()
-            for event in events:
-                if isinstance(event, ConnectionClosed):
-                    return f"owner silent: {event.reason}"
-        return ""
-
-    async def _reader(self, stream: trio.SocketStream, conn: Connection) -> str:
-        outbox = self.host.outbox
-        while True:
-            try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                return f"socket error: {error}"
-            if not data:
-                return "closed by the owner"
-            events = conn.receive_data(data, trio.current_time())
-            outbox.open()
-            try:
-                reason = self._handle(conn, events)
-            finally:
-                outbox.close()
-            self._flush()
-            if reason is not None:
-                return reason
-
-    def _handle(self, conn: Connection, events: Iterable[object]) -> str | None:
+    def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
         """Apply a read's events; why the connection ended, if it did."""
         subscriptions = self.by_owner_handle
         for event in events:
@@ -561,13 +463,12 @@ class Link:
 
     def _welcomed(self) -> None:
         self.open = True
-        self._welcomed_once = True
         self.connects += 1
         for state in list(self.topics.values()):
             self._bind(state)
         self._to_subscribe = dict.fromkeys(self.subscriptions)
 
-    def _broken(self) -> None:
+    def broken(self) -> None:
         """The connection is gone: what it carried waits for the next one."""
         self.open = False
         self.conn = None

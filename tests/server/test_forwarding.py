@@ -71,7 +71,7 @@ async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path:
             assert not link.open and link.publishes_in_flight == count
             assert link.bytes_in_flight > 0
             assert w0.connections and any(c.account.debt > 0 for c in w0.connections.values())
-            w0.links.links["w1"].path = right  # type: ignore[union-attr]
+            w0.links.links["w1"].runner.path = right  # type: ignore[union-attr]
             with trio.fail_after(TIMEOUT):
                 await publisher.flush()
             assert w1.topics[topic].messages_in == count  # routed (written) at the owner first

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
-from broker.client import open_client
+from broker.client import ConnectionLost, open_client
 from broker.protocol import BindTopic, GoodbyeCode, ListOffsets, Offsets, Stage, Subscribe
 
 from .helpers import TIMEOUT, RawClient, wait_until
@@ -114,3 +115,49 @@ async def test_subscriptions_ended_at_once_are_ended_at_the_owner(tmp_path: Path
         await wait_until(lambda: w1.statistics().subscriptions == 0, what="owner's ended")
         (link,) = w0.link_statistics() or ()
         assert link.subscriptions_forwarded == 0
+
+
+AUTH_FILE = """
+[principals.writer]
+token = "writer-token"
+publish = ["events.*"]
+subscribe = []
+
+[principals.reader]
+token = "reader-token"
+publish = []
+subscribe = ["events.*"]
+"""
+
+
+async def test_clients_are_authorised_at_the_edge_and_links_are_trusted(tmp_path: Path) -> None:
+    """With an auth file, the forwarder authenticates its clients and applies
+    their permissions; the owner takes the link without credentials."""
+    (topic,) = owned_by("w1", IDS, "events.")
+    auth = tmp_path / "auth.toml"
+    auth.write_text(AUTH_FILE)
+    async with (
+        running_workers(tmp_path, auth_file=str(auth)) as (w0, w1),
+        open_client(url(w0), name="reader", token="reader-token") as reader,
+        open_client(url(w0), name="writer", token="writer-token") as writer,
+        reader.subscribe(topic) as subscription,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="forwarded")
+        await writer.publish(topic, b"allowed")
+        await writer.flush()
+        with trio.fail_after(TIMEOUT):
+            assert (await subscription.receive()).payload == b"allowed"
+        assert sum(w1.security.auth_failures.values()) == 0  # (the link needs none)
+        try:
+            async with open_client(url(w0), name="nobody", token="wrong") as nobody:
+                await nobody.publish(topic, b"refused")
+                await nobody.flush()
+        except ConnectionLost as lost:
+            assert lost.code == GoodbyeCode.NOT_AUTHORISED
+        else:
+            raise AssertionError("a client without a valid token was served")
+        async with open_client(url(w0), name="writer-2", token="writer-token") as sneaky:
+            with pytest.raises(ConnectionLost) as denied:
+                await sneaky.publish(f"other.{topic}", b"not allowed")
+                await sneaky.flush()
+        assert denied.value.code == GoodbyeCode.NOT_AUTHORISED

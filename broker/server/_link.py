@@ -221,18 +221,24 @@ class Link:
             self._free_handles()
 
     def _free_handles(self) -> None:
+        """Free the topic handles let go of (see :meth:`_free`)."""
+        self._to_free = self._free(HandleType.TOPIC, self._to_free)
+
+    def _free(self, handle_type: HandleType, handles: list[int]) -> list[int]:
+        """Propose freeing ``handles`` to the owner; those it may not free yet
+        (a bind or Subscribe not confirmed, publishes unconfirmed), to try
+        again after the next read. All are gone with a broken connection."""
         conn = self.conn
-        if conn is None or not self.open:
-            self._to_free.clear()  # (gone with the connection)
-            return
+        if conn is None or not self.open or conn.closed:
+            return []
         waiting: list[int] = []
-        for handle in self._to_free:
+        for handle in handles:
             try:
-                conn.free_handle(HandleType.TOPIC, handle)
+                conn.free_handle(handle_type, handle)
             except LocalProtocolError:
-                waiting.append(handle)  # not confirmed yet: later
-        self._to_free = waiting
+                waiting.append(handle)
         self._flush()
+        return waiting
 
     def _bind(self, state: _LinkTopic) -> None:
         assert self.conn is not None
@@ -334,18 +340,7 @@ class Link:
         """Free at the owner the subscriptions ended here (one whose Subscribe
         the owner has not confirmed yet is freed once it has: until then,
         what it delivers is released unread)."""
-        conn = self.conn
-        if conn is None or conn.closed:
-            self._to_unsubscribe.clear()  # (gone with the connection)
-            return
-        waiting: list[int] = []
-        for handle in self._to_unsubscribe:
-            try:
-                conn.free_handle(HandleType.SUBSCRIPTION, handle)
-            except LocalProtocolError:
-                waiting.append(handle)
-        self._to_unsubscribe = waiting
-        self._flush()
+        self._to_unsubscribe = self._free(HandleType.SUBSCRIPTION, self._to_unsubscribe)
 
     def ack(self, subscription: ForwardedSubscription, seq: int) -> None:
         """Acknowledge the owner's deliveries up to its ``seq``."""

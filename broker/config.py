@@ -31,6 +31,9 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 
+#: Most worker processes ``broker serve --workers`` runs.
+MAX_WORKERS = 256
+
 #: Hosts that do not leave the machine.
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -285,12 +288,31 @@ class BrokerConfig:
     #: Keep no topic log at all, whatever ``data_dir`` says (what the broker
     #: did before it had logs): topics are not retained, nothing survives a restart.
     memory_only: bool = False
+    #: Worker processes of ``broker serve``: a number, or "auto" (one per
+    #: core). With more than one, a supervisor runs them behind ``listen``
+    #: and each owns a share of the topics (see "Workers" in the operations guide).
+    workers: str = "1"
+    #: The host clients are told to reach each worker's direct address at
+    #: (multi-worker brokers; "": the ``listen`` host, or this machine's
+    #: hostname when that is a wildcard such as 0.0.0.0).
+    advertise_host: str = ""
+    #: The first port of the workers' direct addresses (worker i listens on
+    #: this + i, on the ``listen`` host); 0: ports of the system's choosing.
+    worker_port: int = 0
     #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
     #: topic gives its log's retention and flush policy (:meth:`log_config`).
     topics: tuple[TopicRule, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", tuple(self.topics))
+        object.__setattr__(self, "workers", str(self.workers).strip().lower())
+        if self.workers != "auto" and not (
+            self.workers.isdigit() and 1 <= int(self.workers) <= MAX_WORKERS
+        ):
+            raise ConfigError(
+                f'workers must be a number from 1 to {MAX_WORKERS} or "auto" '
+                f"(one per core), got {self.workers!r}"
+            )
         for rule in self.topics:
             if not isinstance(rule, TopicRule):
                 raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
@@ -308,6 +330,8 @@ class BrokerConfig:
             parse_address(self.metrics_listen)
         if self.metrics_top < 0:
             raise ConfigError("metrics_top must be >= 0 (0 exports no per-connection series)")
+        if not 0 <= self.worker_port <= 65535 - MAX_WORKERS:
+            raise ConfigError(f"worker_port must be 0 (any) or a port up to {65535 - MAX_WORKERS}")
         if self.gc_threshold < 0:
             raise ConfigError("gc_threshold must be >= 0 (0 keeps Python's own)")
         if self.max_frame < 1024:
@@ -351,6 +375,14 @@ class BrokerConfig:
             raise ConfigError("max_unwelcomed_per_address must be >= 0 (0: no limit)")
         if not 0 <= self.auth_failure_delay <= self.auth_failure_delay_max:
             raise ConfigError("need 0 <= auth_failure_delay <= auth_failure_delay_max")
+
+    @property
+    def worker_count(self) -> int:
+        """How many worker processes ``workers`` asks for ("auto": the cores
+        this process may run on)."""
+        if self.workers == "auto":
+            return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+        return int(self.workers)
 
     @property
     def min_publish_capacity(self) -> int:
@@ -407,6 +439,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 def _coerce(name: str, value: Any) -> Any:
     kind = type(getattr(BrokerConfig, name))
+    if name == "workers" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if kind is bool:
         if isinstance(value, bool):
             return value

@@ -71,3 +71,12 @@ def raise_open_file_limit() -> int:
             return soft
         return hard
     return soft
+
+
+def sole_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside ``group`` and any groups of one it nests (a
+    failure in a nursery of a nursery), else ``group`` itself."""
+    failure: BaseException = group
+    while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
+        failure = failure.exceptions[0]
+    return failure

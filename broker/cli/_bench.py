@@ -25,11 +25,17 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
         "this broker beside Mosquitto (QoS 1 and 0) at 100, 1k and 10k msg/s, "
         "same run, same open-loop method (needs mosquitto; not run by default)",
     ),
+    "workers": (
+        "broker.bench.workers",
+        "--workers 2 beside one process: messages per worker CPU-second with clients "
+        "at each topic's owner and with every message forwarded (not run by default)",
+    ),
 }
 
 #: What ``broker bench`` without a suite runs: every suite that needs no
-#: other software (``peers`` needs mosquitto, and is asked for by name).
-DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite != "peers"]
+#: other software (``peers`` needs mosquitto, and is asked for by name) and
+#: is not a comparison of deployments (``workers``, asked for by name).
+DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite not in ("peers", "workers")]
 
 EXAMPLES = """
   broker bench                                  # every suite but peers (a few minutes)
@@ -37,6 +43,7 @@ EXAMPLES = """
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
   broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
   broker bench peers                            # beside Mosquitto at 100, 1k, 10k msg/s
+  broker bench workers                          # --workers 2 (direct, forwarded) beside one process
 """
 
 
@@ -103,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
         extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
-        if suite in ("broker", "peers") and on_terminal:
+        if suite in ("broker", "peers", "workers") and on_terminal:
             extra["progress"] = progress
         results[suite] = bench(quick=args.quick, **extra)
     if not results:

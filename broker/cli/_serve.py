@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 from typing import Any
 
 import trio
 
 from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..runtime import raise_open_file_limit, tune_gc
+from ..runtime import raise_open_file_limit, sole_failure, tune_gc
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
+from ._listen import CannotListen, check_free
 
 log = logging.getLogger("broker")
 
@@ -27,6 +26,7 @@ EXAMPLES = """
   broker serve --metrics-listen ''              # no HTTP endpoint
   broker serve --data-dir /var/lib/broker       # topic logs there (default: ~/.local/state/broker)
   broker serve --memory-only                    # no topic log: nothing survives a restart
+  broker serve --workers auto                   # one worker process per core, one address
 """
 
 
@@ -48,6 +48,12 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="HOST:PORT",
         help="HTTP address of /metrics, /stat.json, /healthz, /readyz "
         "(default: 127.0.0.1:9400; '' disables it)",
+    )
+    parser.add_argument(
+        "--workers",
+        metavar="N",
+        help="worker processes behind the one address, each owning a share of the topics: "
+        'a number, or "auto" for one per core (default: 1, a single process)',
     )
     parser.add_argument(
         "--config", metavar="FILE", help="TOML file ([broker] table; default: $BROKER_CONFIG)"
@@ -74,21 +80,12 @@ def add_parser(subparsers: Subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-class CannotListen(Exception):
-    """An address of the broker's is taken (or otherwise cannot be listened on)."""
-
-    def __init__(self, what: str, address: tuple[str, int], flag: str, error: OSError) -> None:
-        host, port = address
-        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        reason = error.strerror or str(error)
-        hint = ""
-        if error.errno == errno.EADDRINUSE:
-            hint = f" (another process has it: stop it, or choose another with {flag})"
-        super().__init__(f"cannot listen for {what} on {shown}: {reason}{hint}")
-
-
 def _config_from(args: argparse.Namespace) -> BrokerConfig:
-    overrides: dict[str, Any] = {"listen": args.listen, "metrics_listen": args.metrics_listen}
+    overrides: dict[str, Any] = {
+        "listen": args.listen,
+        "metrics_listen": args.metrics_listen,
+        "workers": args.workers,
+    }
     if args.data_dir is not None:
         # The flag wins over memory_only from the file or the environment too.
         overrides.update(data_dir=args.data_dir, memory_only=False)
@@ -106,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from ..auth import AuthError
     from ..log import LogError
     from ..tls import TLSConfigError
+    from ..workers import WorkerFailed
 
     try:
         config = with_data_dir(_config_from(args))
@@ -116,16 +114,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         try:
-            trio.run(_serve, config)
+            if config.worker_count > 1:
+                from ._supervise import supervise
+
+                trio.run(supervise, config, logging.getLevelName(log.getEffectiveLevel()))
+            else:
+                trio.run(_serve, config)
         except BaseExceptionGroup as group:
-            failure = _sole_failure(group)
+            failure = sole_failure(group)
             if failure is group:
                 raise
             raise failure from None
     except (AuthError, TLSConfigError) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
-    except CannotListen as error:
+    except (CannotListen, WorkerFailed) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 1
     except LogError as error:
@@ -137,29 +140,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"broker serve: {error}", file=sys.stderr)
         return 1
     return 0
-
-
-def _sole_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside ``group`` and any groups of one it nests (a
-    failure in a nursery of a nursery), else ``group`` itself."""
-    failure: BaseException = group
-    while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
-        failure = failure.exceptions[0]
-    return failure
-
-
-def check_free(host: str, port: int) -> None:
-    """Raise :class:`OSError` if a listener could not bind ``host:port`` now
-    (every address ``host`` resolves to; ``SO_REUSEADDR`` as trio sets it, so
-    connections of an earlier run waiting out TIME_WAIT do not count)."""
-    for family, kind, proto, _, address in socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            probe.bind(address)
 
 
 async def _serve(config: BrokerConfig) -> None:

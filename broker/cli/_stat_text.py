@@ -37,6 +37,8 @@ SUBSCRIPTION_FIELDS = (
     "max_queued_bytes",
 )
 TOPIC_COLUMNS = ("publishers", "subscriptions", "queued", "messages_in")
+#: Columns of the workers' table (a supervisor's merged document: ``workers``).
+WORKER_COLUMNS = ("pid", "up", "restarts", "direct", "connections_total", "topics_total")
 #: Columns of the topic logs' table (``logs.topics``) and of the durable cursors.
 LOG_COLUMNS = ("first_offset", "last_offset", "bytes", "terms", "held", "lag")
 CURSOR_COLUMNS = ("position", "lag", "subscribed")
@@ -65,6 +67,7 @@ KNOWN = {
     "connections",
     "connections_total",
     "logs",
+    "workers",
 }
 
 
@@ -147,6 +150,25 @@ def _broker(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _worker(item: Mapping[str, Any]) -> str:
+    """`` @<worker>`` for an item of a merged document (tagged ``worker``), else ``""``."""
+    return f" @{item['worker']}" if "worker" in item else ""
+
+
+def _workers(document: Mapping[str, Any]) -> list[str]:
+    """The workers of a supervisor's merged document (none in a worker's or
+    a single broker's)."""
+    if "workers" not in document:
+        return []
+    workers = _list(document, "workers")
+    up = sum(1 for worker in workers if worker.get("up") is True)
+    lines = ["", f"workers ({len(workers)}, {up} up)"]
+    if workers:
+        names = [str(worker.get("id", "?")) for worker in workers]
+        lines += _table(workers, names, WORKER_COLUMNS, "  ", "id")
+    return lines
+
+
 def _budgets(document: Mapping[str, Any]) -> list[str]:
     budgets = _dict(document, "budgets")
     if not budgets:
@@ -179,7 +201,7 @@ def _topics(document: Mapping[str, Any]) -> list[str]:
     lines = ["", f"topics ({len(topics)})"]
     if not topics:
         return lines
-    names = [repr(topic.get("name", "?")) for topic in topics]
+    names = [repr(topic.get("name", "?")) + _worker(topic) for topic in topics]
     width = max(len("name"), *(len(name) for name in names))
     lines.append("  " + "name".ljust(width) + "".join(f"  {c:>13}" for c in TOPIC_COLUMNS))
     for name, topic in zip(names, topics, strict=True):
@@ -237,7 +259,7 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
     shown = f"{total}" if total == len(topics) else f"{total}, {len(topics)} in detail"
     lines.append(f"  topics ({shown})")
     if topics:
-        names = [repr(topic.get("name", "?")) for topic in topics]
+        names = [repr(topic.get("name", "?")) + _worker(topic) for topic in topics]
         table = _table(topics, names, LOG_COLUMNS, "    ")
         lines.append(table[0])
         for row, topic in zip(table[1:], topics, strict=True):
@@ -259,6 +281,7 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
         names = [
             f"{cursor.get('topic', '?')!r} {cursor.get('cursor', '?')!r}"
             + (f" of {cursor['principal']!r}" if cursor.get("principal") else "")
+            + _worker(cursor)
             for cursor in cursors
         ]
         lines += _table(cursors, names, CURSOR_COLUMNS, "    ", "topic cursor")
@@ -266,7 +289,8 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
 
 
 def _connection(connection: Mapping[str, Any]) -> list[str]:
-    words = [str(connection.get("name", "?")), str(connection.get("peer", "?"))]
+    words = [str(connection.get("name", "?")) + _worker(connection)]
+    words.append(str(connection.get("peer", "?")))
     head: list[tuple[str, Any]] = [("client", repr(connection.get("client", "")))]
     head += [
         (key, repr(connection[key]))
@@ -331,6 +355,7 @@ def render(document: Mapping[str, Any]) -> str:
     """``document`` (a ``/stat.json``) as text lines, newline-terminated."""
     lines = [
         *_broker(document),
+        *_workers(document),
         *_budgets(document),
         *_principals(document),
         *_topics(document),

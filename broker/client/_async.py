@@ -15,6 +15,7 @@ import trio
 
 from broker.errors import sole_exception
 from broker.protocol import (
+    Cluster,
     GoodbyeCode,
     Headers,
     Options,
@@ -34,6 +35,7 @@ from ._common import (
     connection_target,
     offsets_answer,
     show_address,
+    split_url,
 )
 from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
@@ -351,6 +353,15 @@ class Client(TrioDriver):
             # Never leave quietly with messages the broker may not have routed.
             raise session.error or ConnectionLost("the client is closed")
 
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership of a broker of several workers, from the last
+        Welcome (each topic's owner and its direct address); None from a
+        single-process broker. :func:`~broker.client.open_cluster_client`
+        uses it to reach every topic's owner from one address."""
+        welcome = self._session.conn.welcome_message
+        return None if welcome is None else welcome.cluster
+
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""
         return self._session.statistics()
@@ -419,8 +430,11 @@ async def open_client(
     if max_topics < 1:
         raise ClientError("max_topics must be at least 1")
 
-    async def connect() -> trio.abc.Stream:
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    async def connect(redirect: str | None = None) -> trio.abc.Stream:
+        """A stream to the broker (or to ``redirect``, ``HOST:PORT``, where a
+        broker of several workers sent a resume; TLS still checks ``host``)."""
+        there, at, _ = split_url(redirect) if redirect else (host, port, False)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(there, at)
         if context is not None:
             try:
                 stream = await _secure(stream, context, host)

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
+    Cluster,
     Headers,
     Offsets,
     Options,
@@ -497,6 +498,15 @@ class BlockingClient(BlockingDriver):
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(LINGER_SECONDS)
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership of a broker of several workers, from the last
+        Welcome (each topic's owner and its direct address); None from a
+        single-process broker. :func:`~broker.client.open_cluster_client`
+        uses it to reach every topic's owner from one address."""
+        welcome = self._session.conn.welcome_message
+        return None if welcome is None else welcome.cluster
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed, live subscriptions, bytes, resumes, for

@@ -29,6 +29,7 @@ from ._common import (
     client_policy,
     connection_target,
     show_address,
+    split_url,
 )
 from ._core import ClientSession, Ending
 from ._socket import SocketPipe
@@ -124,9 +125,12 @@ class BlockingDriver(SessionView):
         Raises :class:`ConnectionLost` if that fails by ``deadline``.
         """
         host, port = self._host, self._port
+        plan = self._session.plan
+        if plan is not None and plan.redirect:  # where the session lives (Goodbye 8)
+            host, port, _ = split_url(plan.redirect)
         waited = round(deadline - time.monotonic(), 1)
         try:
-            self._pipe = SocketPipe(host, port, deadline, self._context)
+            self._pipe = SocketPipe(host, port, deadline, self._context, self._host)
         except OSError as error:
             raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
         session = self._session

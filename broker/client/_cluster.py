@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, Generic, TypeVar
 
-from broker.protocol import Headers, Options, Outcome, Stage, check_topic_name
+from broker.protocol import Cluster, Headers, Options, Outcome, Stage, check_topic_name
 
 from ._async import Client, Subscription, open_client
 from ._blocking import BlockingClient, BlockingSubscription
@@ -78,15 +78,25 @@ class _Routing(Generic[C]):
     """Clients (of either driver) by broker URL, and which owns a topic;
     what both cluster clients share."""
 
-    def __init__(self, clients: dict[str, C]) -> None:
+    def __init__(self, clients: dict[str, C], cluster: Cluster | None = None) -> None:
         self.clients = clients
         self._servers = list(clients)
+        #: The membership of the one multi-worker broker these clients are
+        #: connected to (one client per worker, keyed by its direct URL);
+        #: None: independent brokers, routed by their addresses.
+        self.cluster = cluster
+        self._urls: dict[str, str] = {}
+
+    def _route(self, topic: str) -> str:
+        if self.cluster is None:
+            return route(topic, self._servers)
+        return self._urls[self.cluster.owner(topic).id]
 
     def client_for(self, topic: str) -> C:
         """The client connected to ``topic``'s owner; a ``topic`` that breaks
         the topic-name rule raises :class:`~broker.protocol.TopicNameError`."""
         check_topic_name(topic)
-        return self.clients[route(topic, self._servers)]
+        return self.clients[self._route(topic)]
 
     def _owned(
         self, server: str, offsets: dict[str, tuple[int, int]]
@@ -94,7 +104,7 @@ class _Routing(Generic[C]):
         """The entries of ``offsets`` (one broker's answer) for the topics
         ``server`` owns: a topic left elsewhere by an earlier set of brokers
         is not this set's."""
-        return {t: span for t, span in offsets.items() if route(t, self._servers) == server}
+        return {t: span for t, span in offsets.items() if self._route(t) == server}
 
     def _shares(self, counts: Mapping[str, Mapping[str, int]]) -> dict[str, list[tuple[str, int]]]:
         """Per broker, the members of a commit (``counts[member][server]``
@@ -105,6 +115,13 @@ class _Routing(Generic[C]):
             server: [(member, n) for member, per in counts.items() if (n := per.get(server, 0))]
             for server in self.clients
         }
+
+
+def member_urls(seed: str, cluster: Cluster) -> dict[str, str]:
+    """Per worker id of ``cluster``: the URL of its direct address, in the
+    scheme of ``seed`` (the address the membership was learnt from)."""
+    _, _, tls = split_url(seed)
+    return {m.id: ("tls://" if tls else "") + m.address for m in cluster.members}
 
 
 def _first_failure(
@@ -203,12 +220,35 @@ async def open_cluster_client(
 ) -> AsyncIterator[ClusterClient]:
     """Connect to every broker of ``servers`` (``"a:7400,b:7400"`` or a list)
     for the duration of the block; ``options`` go to each
-    :func:`~broker.client.open_client`. Leaving flushes every connection."""
+    :func:`~broker.client.open_client`. Leaving flushes every connection.
+
+    One address of a broker of several workers (``broker serve --workers``)
+    is enough: its Welcome lists the workers, and the client connects to
+    each one's direct address and sends every topic to its owner (no
+    forwarding between workers)."""
+    listed = parse_servers(servers)
     async with AsyncExitStack() as stack:
-        clients = {
-            server: await stack.enter_async_context(open_client(server, **options))
-            for server in parse_servers(servers)
-        }
+        clients: dict[str, Client] = {}
+        if len(listed) == 1:
+            async with AsyncExitStack() as probe:
+                first = await probe.enter_async_context(open_client(listed[0], **options))
+                cluster = first.cluster
+                if cluster is None:  # one broker of one process: this is its client
+                    clients[listed[0]] = first
+                    stack.push_async_exit(probe.pop_all())
+            if cluster is not None:
+                urls = member_urls(listed[0], cluster)
+                members = {
+                    url: await stack.enter_async_context(open_client(url, **options))
+                    for url in urls.values()
+                }
+                routing = ClusterClient(members, cluster)
+                routing._urls = urls
+                yield routing
+                return
+        for server in listed:
+            if server not in clients:
+                clients[server] = await stack.enter_async_context(open_client(server, **options))
         yield ClusterClient(clients)
 
 
@@ -219,11 +259,24 @@ class BlockingClusterClient(_Routing[BlockingClient]):
     def __init__(self, servers: str | Iterable[str], **options: Any) -> None:
         """Connect to every broker of ``servers``; ``options`` go to each
         :class:`~broker.client.BlockingClient`. If one cannot be reached, the
-        others are closed and its :class:`ConnectionLost` is raised."""
+        others are closed and its :class:`ConnectionLost` is raised. One
+        address of a multi-worker broker is enough (as :func:`open_cluster_client`)."""
         super().__init__({})
+        listed = parse_servers(servers)
         try:
-            for server in parse_servers(servers):
-                self.clients[server] = BlockingClient(server, **options)
+            if len(listed) == 1:
+                first = BlockingClient(listed[0], **options)
+                cluster = first.cluster
+                if cluster is not None:
+                    first.close()
+                    self.cluster = cluster
+                    self._urls = member_urls(listed[0], cluster)
+                    listed = list(self._urls.values())
+                else:
+                    self.clients[listed[0]] = first
+            for server in listed:
+                if server not in self.clients:
+                    self.clients[server] = BlockingClient(server, **options)
         except BaseException:
             self.close(flush=False)
             raise

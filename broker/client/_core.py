@@ -164,7 +164,7 @@ class ClientSession:
         self.pong = 0  # Ping nonces start again
         self.outcomes.clear()  # and request numbers
         self.answer = b""
-        conn.hello(self.name, token=self.token, resume=resume, deliver_many=True)
+        conn.hello(self.name, token=self.token, resume=resume, deliver_many=True, metadata=True)
         return conn
 
     @property

@@ -27,7 +27,20 @@ log = logging.getLogger("broker.client")
 
 #: Goodbye codes after which a client with ``reconnect`` tries again (besides
 #: a broken or silent connection): the broker went away, not the client's fault.
-RECONNECT_CODES = frozenset({GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN})
+RECONNECT_CODES = frozenset(
+    {GoodbyeCode.LEASE_EXPIRED, GoodbyeCode.SHUTTING_DOWN, GoodbyeCode.REDIRECT}
+)
+#: The reason of a Goodbye 8 (redirect): ``resume at HOST:PORT``.
+REDIRECT_PREFIX = "resume at "
+
+
+def redirect_target(error: ConnectionLost) -> str | None:
+    """The ``HOST:PORT`` a Goodbye 8 sends the client to, else None."""
+    if error.code != GoodbyeCode.REDIRECT or not error.reason.startswith(REDIRECT_PREFIX):
+        return None
+    return error.reason[len(REDIRECT_PREFIX) :].strip() or None
+
+
 #: First and longest pause between reconnection attempts (doubling in between).
 BACKOFF_FIRST = 0.05
 BACKOFF_MOST = 2.0
@@ -112,6 +125,9 @@ class ReconnectPlan:
         #: When the next attempt is due.
         self.next_attempt = now
         self._backoff = BACKOFF_FIRST
+        #: ``HOST:PORT`` a broker of several workers sent the resume to (its
+        #: Goodbye 8: the worker that holds the session), for the next attempts.
+        self.redirect: str | None = None
 
     def attempt_deadline(self, now: float, connect_timeout: float) -> float:
         """How long an attempt starting at ``now`` may take (connection and handshake)."""
@@ -122,6 +138,11 @@ class ReconnectPlan:
         (at :attr:`next_attempt`), else the error the client ends with (the
         broker refused it, or the time is up)."""
         refused = not may_retry(error)
+        target = redirect_target(error)
+        if target is not None and target != self.redirect:
+            self.redirect = target
+            self.next_attempt = now  # at once, there
+            return None
         if refused or now + self._backoff >= self.deadline:
             return ConnectionLost(
                 f"could not reconnect within {self.reconnect} s: {error}", error.code

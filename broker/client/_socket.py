@@ -24,15 +24,21 @@ RECEIVE_SIZE = 64 * 1024
 
 class SocketPipe:
     """A connection to ``host:port`` made by ``deadline`` (monotonic), in TLS
-    with ``context`` if given; :class:`OSError` if it cannot be made."""
+    with ``context`` if given (the certificate checked for ``server_hostname``,
+    by default ``host``); :class:`OSError` if it cannot be made."""
 
     def __init__(
-        self, host: str, port: int, deadline: float, context: ssl.SSLContext | None
+        self,
+        host: str,
+        port: int,
+        deadline: float,
+        context: ssl.SSLContext | None,
+        server_hostname: str | None = None,
     ) -> None:
         timeout = max(deadline - time.monotonic(), 0.001)
         self.sock: socket.socket | None = socket.create_connection((host, port), timeout=timeout)
         #: TLS between the write buffer and the protocol (None: plain TCP).
-        self.tls = TLSPipe(context, host) if context is not None else None
+        self.tls = TLSPipe(context, server_hostname or host) if context is not None else None
         self.wbuf = bytearray()
         #: The peer ended the stream (TLS close_notify) after the last read.
         self.eof = False

@@ -38,7 +38,7 @@ class TrioDriver(SessionView):
         policy: Policy | None,
         token: str | None = None,
         *,
-        connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
+        connect: Callable[[str | None], Awaitable[trio.abc.Stream]] | None = None,
         reconnect: float = 0.0,
         connect_timeout: float = 10.0,
         on_session_lost: Callable[[], object] | None = None,
@@ -234,7 +234,8 @@ class TrioDriver(SessionView):
         session = self._session
         try:
             with trio.fail_after(max(deadline - trio.current_time(), 0)):
-                stream = await self._connect()
+                plan = session.plan
+                stream = await self._connect(None if plan is None else plan.redirect)
         except trio.TooSlowError:
             return ConnectionLost("cannot connect in time")
         except OSError as error:

@@ -39,6 +39,7 @@ from ._errors import (
     RecordTooLarge,
     TopicDirMismatch,
 )
+from ._files import DirLock
 from ._format import HEADER_SIZE
 from ._journal import JournalFormatError, StateJournal
 from ._log import Reader, TopicLog
@@ -48,6 +49,7 @@ from ._types import FlushPolicy, LogConfig, Recovery, Run, Start, WhenFull
 __all__ = [
     "HEADER_SIZE",
     "DataDirLocked",
+    "DirLock",
     "DiskFull",
     "FlushPolicy",
     "JournalFormatError",

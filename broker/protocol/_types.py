@@ -68,6 +68,7 @@ class GoodbyeCode(IntEnum):
     SHUTTING_DOWN = 5
     NOT_AUTHORISED = 6
     UNKNOWN_SESSION = 7
+    REDIRECT = 8
 
 
 class MessageType(IntEnum):

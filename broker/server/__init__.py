@@ -11,6 +11,7 @@ from ._connection import ConnectionCounters, PublishChannel, ServerConnection
 from ._lossy import DroppingSubscription, OptionError, QueueLimits
 from ._placement import WorkerSetup
 from ._policy import BrokerPolicy
+from ._shared_counts import clear_row, create_counts
 from ._topic import Subscription, Topic
 from ._view import ConnectionView
 
@@ -28,5 +29,7 @@ __all__ = [
     "Subscription",
     "Topic",
     "WorkerSetup",
+    "clear_row",
+    "create_counts",
     "serve_broker",
 ]

@@ -55,6 +55,11 @@ class AdmissionHost(Protocol):
         """The membership of a multi-worker broker, for clients that ask (None: one process)."""
         ...
 
+    def home_address(self, session: bytes) -> str | None:
+        """The direct address of the worker that holds ``session``, if that
+        is another worker of this broker (else None)."""
+        ...
+
     def auth_failed(self, reason: AuthFailure) -> None:
         """Count a refused client."""
         ...
@@ -137,6 +142,10 @@ class Admission:
         session = None
         if hello.session is not None:
             session = sessions.find(hello.session, principal)
+            if session is None and (home := host.home_address(hello.session)) is not None:
+                # Another worker holds it (a TLS resume cannot be handed over).
+                self.refuse(GoodbyeCode.REDIRECT, f"resume at {home}", connection)
+                return
             if session is None:
                 self.log(logging.INFO, "%s asks for an unknown session", shown(self.client_name))
         if session is not None:
@@ -172,7 +181,7 @@ class Admission:
             return False
         usage = host.principals[found.name]
         limit = found.max_connections
-        if limit and usage.connections >= limit:
+        if limit and usage.whole_broker_connections() >= limit:
             host.auth_failed(AuthFailure.CONNECTION_LIMIT)
             self.refuse(
                 GoodbyeCode.LIMIT_EXCEEDED,
@@ -180,7 +189,7 @@ class Admission:
                 connection,
             )
             return False
-        usage.connections += 1
+        usage.connected(1)
         self.ledger.bind(usage)
         self.publishing.owner = found.name
         return True
@@ -317,4 +326,4 @@ class Admission:
             else:
                 self.detach()
         if self.principal is not None:
-            self.principal.connections -= 1
+            self.principal.connected(-1)

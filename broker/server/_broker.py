@@ -29,6 +29,8 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._drain import queued_deliveries, route_forwarded, send_queued_deliveries
+from ._handover import hand_over, home_address, receive_sockets, session_prefix
 from ._link import LinkStatistics
 from ._links import Links
 from ._log_subscription import CursorBook
@@ -41,8 +43,9 @@ from ._placement import WorkerSetup
 from ._restore import restore_sessions
 from ._session import SessionTable
 from ._session_records import SessionRecords
+from ._shared_counts import SharedCounts
 from ._staging import BatchKey, StagedPublish, StagingArea
-from ._topic import Subscription, Topic
+from ._topic import Topic
 from ._usage import PrincipalUsage, SecurityCounters, check_budget_shares
 from ._view import ConnectionView
 from ._wake import Outbox
@@ -51,8 +54,6 @@ log = logging.getLogger("broker.server")
 
 #: The most time spent refusing a connection (its TLS handshake included).
 REFUSAL_SECONDS = 1.0
-#: How often a graceful shutdown looks whether queued deliveries went out.
-SHUTDOWN_POLL = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,11 @@ class Broker:
         self.account: Account = unlimited("broker", kind="broker")
         self.topics: dict[str, Topic] = {}
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
-        self.sessions = SessionTable(config.lease)
+        self.sessions = SessionTable(
+            config.lease, b"" if worker is None else session_prefix(worker.cluster)
+        )
+        #: Connections handed over to the worker holding their session.
+        self.handed_over_total = 0
         #: Where sessions are recorded to survive a restart (None: memory-only).
         self.session_records = SessionRecords(logs.journal) if logs is not None else None
         self.sessions.records = self.session_records
@@ -279,6 +284,10 @@ class Broker:
         """The membership a Welcome carries to clients that ask (None: one process)."""
         return None if self.worker is None else self.worker.cluster
 
+    def home_address(self, session: bytes) -> str | None:
+        """Where a resume of ``session`` belongs, if another worker holds it."""
+        return None if self.worker is None else home_address(session, self.worker.cluster)
+
     async def handle_stream(self, stream: trio.SocketStream) -> None:
         """Serve one accepted TCP connection until it closes."""
         busy = len(self.connections) + self.handshaking
@@ -295,6 +304,15 @@ class Broker:
         except OSError:  # pragma: no cover - the peer vanished already
             host = peer = "?"
         address = address_key(host)
+        worker = self.worker
+        if (
+            worker is not None
+            and self.ssl_context is None
+            and worker.handover_paths
+            and await hand_over(stream, worker, self.config.hello_timeout)
+        ):
+            self.handed_over_total += 1
+            return
         # Bounded per address once the broker is half full: then no address
         # can take the slots left from everybody else.
         if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
@@ -420,14 +438,14 @@ class Broker:
                 )
         # Half the time left at most: the Goodbyes and the drain get the rest.
         with trio.move_on_at((trio.current_time() + deadline) / 2):
-            await self._route_forwarded()
-            await self._send_queued_deliveries()
+            await route_forwarded(list(self.topics.values()))
+            await send_queued_deliveries(self.connection_views())
             self.shutdown_drained = True
         if not self.shutdown_drained:
             log.warning(
                 "shutting down: %d deliveries still queued for connected subscribers "
                 "after half the shutdown deadline: they are dropped",
-                sum(queued for _, queued in self._queued_deliveries()),
+                sum(queued for _, queued in queued_deliveries(self.connection_views())),
             )
         for connection in list(self.connections.values()):
             connection.shutting_down()
@@ -439,44 +457,6 @@ class Broker:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-
-    async def _route_forwarded(self) -> None:
-        """Return once the topics have routed every publish forwarded to them
-        (none is forwarded once the shutdown began; the owners of topics that
-        other workers own confirmed what was sent on to them)."""
-        topics = list(self.topics.values())
-        while topics:
-            topics = [t for t in topics if t.statistics().mailbox or t.forwarding]
-            if topics:
-                await trio.sleep(SHUTDOWN_POLL)
-
-    def _queued_deliveries(self) -> list[tuple[Subscription, int]]:
-        """Each reliable subscription of a connected subscriber with deliveries
-        queued (waiting for its guarantees), and how many."""
-        return [
-            (subscription, subscription.queued)
-            for connection in self.connections.values()
-            if not connection.protocol.closed
-            for subscription in connection.subscriptions.values()
-            if subscription.charges_publishers and subscription.queued
-        ]
-
-    async def _send_queued_deliveries(self) -> None:
-        """Return once every reliable delivery queued (routed, waiting for its
-        subscriber's guarantees) is sent, or its subscription or connection is
-        gone. Nothing is routed meanwhile, so the queues only shrink; the
-        caller bounds the wait, for subscribers that issue no more guarantees."""
-        waiting = [subscription for subscription, _ in self._queued_deliveries()]
-        while waiting:
-            waiting = [
-                subscription
-                for subscription in waiting
-                if subscription.queued
-                and subscription.connection.open
-                and subscription.connection.subscriptions.get(subscription.handle) is subscription
-            ]
-            if waiting:
-                await trio.sleep(SHUTDOWN_POLL)
 
 
 async def serve_broker(
@@ -536,6 +516,10 @@ async def serve_broker(
         broker = Broker(
             config, system, ssl_context=ssl_context, auth=auth, logs=logs, worker=worker
         )
+        if auth is not None and worker is not None and worker.connection_counts is not None:
+            shared = SharedCounts(worker.connection_counts, worker.index, list(auth.principals))
+            for usage in broker.principals.values():
+                usage.shared = shared
         sockname = listeners[0].socket.getsockname()
         broker.address = (sockname[0], sockname[1])
         try:
@@ -550,6 +534,10 @@ async def serve_broker(
                 if broker.session_records is not None:
                     restore_sessions(broker, broker.session_records)
                 nursery.start_soon(broker._expire_staging)
+                if worker is not None and worker.handover_socket is not None:
+                    nursery.start_soon(
+                        receive_sockets, worker.handover_socket, broker.handle_stream, nursery
+                    )
                 nursery.start_soon(broker.memory.run)
                 if logs is not None:
                     nursery.start_soon(logs.run)

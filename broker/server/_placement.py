@@ -33,6 +33,19 @@ class WorkerSetup:
     link_socket: socket.socket | None = None
     #: Per member id: the path of that worker's forwarding listener.
     link_paths: Mapping[str, str] = field(default_factory=dict)
+    #: This worker's handover socket (a bound Unix datagram socket): other
+    #: workers send it the connections that resume its sessions.
+    handover_socket: socket.socket | None = None
+    #: Per member id: the path of that worker's handover socket.
+    handover_paths: Mapping[str, str] = field(default_factory=dict)
+    #: The file of every worker's per-principal connection counts (see
+    #: ``_shared_counts``; None: each worker counts only its own).
+    connection_counts: str | None = None
+
+    @property
+    def index(self) -> int:
+        """This worker's place in the membership (its row of shared counts)."""
+        return [member.id for member in self.cluster.members].index(self.worker)
 
     @property
     def worker(self) -> str:

@@ -47,9 +47,10 @@ class Session:
         "subscriptions",
     )
 
-    def __init__(self, client_name: str, principal: str | None) -> None:
-        #: Random 128 bits: unique across broker restarts, and unguessable.
-        self.id = secrets.token_bytes(16)
+    def __init__(self, client_name: str, principal: str | None, prefix: bytes = b"") -> None:
+        #: ``prefix`` (a worker's index), then random bits (120 of them for a
+        #: worker, else 128): unique across broker restarts, and unguessable.
+        self.id = prefix + secrets.token_bytes(16 - len(prefix))
         self.client_name = client_name
         #: The principal that created it; only the same principal may resume it.
         self.principal = principal
@@ -106,8 +107,10 @@ class SessionTable:
     """The broker's sessions: created at Hello, detached when their connection
     breaks, resumed within ``linger`` seconds or expired after it."""
 
-    def __init__(self, linger: float) -> None:
+    def __init__(self, linger: float, prefix: bytes = b"") -> None:
         self.linger = linger
+        #: What every session id created here starts with (a worker's index).
+        self.prefix = prefix
         self.sessions: dict[bytes, Session] = {}
         self.created_total = 0
         self.resumed_total = 0
@@ -145,7 +148,7 @@ class SessionTable:
     ) -> Session:
         """A new session of ``client_name``, attached to ``connection``, whose
         subscriptions are (from now on) ``subscriptions``."""
-        session = Session(client_name, principal)
+        session = Session(client_name, principal, self.prefix)
         session.subscriptions = subscriptions
         session.connection = connection
         self.sessions[session.id] = session

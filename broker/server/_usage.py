@@ -11,15 +11,38 @@ from broker.auth import AUTH_FAILURE_REASONS, AuthError, AuthTable, Principal
 from broker.config import BrokerConfig
 
 
+class ConnectionCounter(Protocol):
+    """Where a principal's connections are counted over every worker of a
+    broker (``_shared_counts.SharedCounts``)."""
+
+    def total(self, name: str) -> int: ...
+
+    def add(self, name: str, delta: int) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class PrincipalUsage:
     """What one principal's live connections hold now."""
 
     principal: Principal
+    #: Its connections to this broker (this worker, of a broker of several).
     connections: int = 0
     buffer_reserved: int = 0
     #: The most its connections may reserve together (its share of the global budget).
     buffer_budget: int = 0
+    #: Of a worker: the counts of every worker, which its limit applies to.
+    shared: ConnectionCounter | None = None
+
+    def whole_broker_connections(self) -> int:
+        """Its connections to the whole broker (every worker)."""
+        shared = self.shared
+        return self.connections if shared is None else shared.total(self.principal.name)
+
+    def connected(self, delta: int) -> None:
+        """One more (``delta`` 1) or one fewer (-1) connection."""
+        self.connections += delta
+        if self.shared is not None:
+            self.shared.add(self.principal.name, delta)
 
 
 @dataclass(slots=True)

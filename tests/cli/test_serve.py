@@ -8,6 +8,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,89 @@ def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
     assert process.returncode == 0, err
     assert "SIGINT: shutting down gracefully" in err
     assert "Traceback" not in err
+
+
+def test_serve_with_workers_says_where_and_merges_their_metrics() -> None:
+    import urllib.request
+
+    with serving("--workers", "2") as served:
+        assert served.process.stdout is not None
+        workers = served.process.stdout.readline()
+        assert workers.startswith("2 workers, direct: w0 on 127.0.0.1:"), workers
+        with urllib.request.urlopen(served.metrics + "/metrics", timeout=TIMEOUT) as answer:
+            text = answer.read().decode()
+        assert 'broker_worker_up{worker="w0"} 1.0' in text
+        assert 'broker_worker_up{worker="w1"} 1.0' in text
+        assert run("pub", "--broker", served.address, "news", "hello").returncode == 0
+    # SIGINT drained both workers: serving() checked the exit status 0.
+    assert "Traceback" not in served.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many", "257"])
+def test_a_bad_worker_count_is_one_line(value: str) -> None:
+    result = run("serve", "--memory-only", "--workers", value)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'broker serve: workers must be a number from 1 to 256 or "auto" (one per core), '
+        f"got '{value}'"
+    ]
+
+
+def test_a_worker_that_cannot_start_stops_the_broker_with_its_reason(tmp_path: Path) -> None:
+    from broker.log import DirLock
+
+    data = tmp_path / "data"
+    held = DirLock(data / "workers" / "w1")  # as if another broker had w1's directory
+    try:
+        result = run(
+            "serve",
+            *("--data-dir", str(data), "--workers", "2"),
+            *("--listen", "127.0.0.1:0", "--metrics-listen", ""),
+        )
+    finally:
+        held.release()
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert any(
+        line.startswith("broker worker w1: worker w1's directory") and "in use" in line
+        for line in lines
+    ), lines
+    assert lines[-1] == "broker serve: worker w1 did not start (exit status 1)"
+    assert "Traceback" not in result.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_workers_end_when_their_supervisor_is_killed() -> None:
+    import os
+    import time
+
+    command = ["--log-level", "WARNING", "serve", "--memory-only", "--workers", "2"]
+    command += ["--listen", "127.0.0.1:0", "--metrics-listen", ""]
+    process = subprocess.Popen(broker_command(*command), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("broker listening on ")
+        pid = process.pid
+        workers = [
+            int(child)
+            for task in os.listdir(f"/proc/{pid}/task")
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        ]
+        assert len(workers) == 2 and all(map(_running, workers))
+    finally:
+        process.kill()
+        process.wait(TIMEOUT)
+        if process.stdout is not None:
+            process.stdout.close()
+    deadline = time.monotonic() + TIMEOUT
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_running, workers))

@@ -1,0 +1,74 @@
+"""``broker serve --workers N``: a supervisor and N worker processes behind one address."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+
+import trio
+
+from ..config import BrokerConfig
+from ..workers import serve_merged_metrics, serve_workers
+from ._listen import CannotListen, check_free
+
+log = logging.getLogger("broker")
+
+
+def _check_files(config: BrokerConfig) -> None:
+    """Load the TLS and auth files once here, so that a bad one stops the
+    broker with its one line before any worker starts."""
+    from ..auth import load_auth_file
+    from ..tls import server_context
+
+    if config.tls:
+        server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    if config.auth_file:
+        load_auth_file(config.auth_file)
+
+
+async def supervise(config: BrokerConfig, log_level: str) -> None:
+    """Run the workers until SIGINT/SIGTERM, then drain them all."""
+    _check_files(config)
+    metrics = config.metrics_address
+    if metrics is not None and metrics[1] != 0:
+        try:
+            check_free(*metrics)
+        except OSError as error:
+            raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    count = config.worker_count
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                supervisor = await nursery.start(
+                    partial(serve_workers, config, count, log_level=log_level)
+                )
+            except OSError as error:
+                if error.filename is not None:
+                    raise
+                raise CannotListen("clients", config.listen_address, "--listen", error) from None
+            host, port = supervisor.address
+            lines = [f"broker listening on {host}:{port}"]
+            if metrics is not None:
+                try:
+                    shown = await nursery.start(
+                        partial(
+                            serve_merged_metrics,
+                            supervisor.infos,
+                            *metrics,
+                            top=config.metrics_top,
+                        )
+                    )
+                except OSError as error:
+                    raise CannotListen(
+                        "HTTP (metrics)", metrics, "--metrics-listen", error
+                    ) from None
+                lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics")
+            directs = ", ".join(f"{w.id} on {w.member.address}" for w in supervisor.workers)
+            lines.append(f"{count} workers, direct: {directs}")
+            print("\n".join(lines), flush=True)
+            async for signum in signals:
+                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+                break
+            await supervisor.shutdown()
+            nursery.cancel_scope.cancel()

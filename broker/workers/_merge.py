@@ -1,0 +1,428 @@
+"""The workers' ``/metrics`` and ``/stat.json`` answers as one each (pure: no I/O).
+
+:func:`merge_expositions`: each worker's text is parsed with
+prometheus_client's parser; the families are merged by name and written back
+in the text format 0.0.4 the way ``prometheus_client.generate_latest`` writes
+it (:func:`write_exposition`), except that label order is kept, so the
+``worker`` label comes first.
+
+:func:`merge_stat_documents`: the documents summed where their figures add
+up, their lists of connections and topics joined and cut again as one broker
+cuts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, cast
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from broker.config import BrokerConfig
+from broker.metrics._collector import BACKLOG_UNSENT
+from broker.metrics._log_stat import LIST_LIMIT as LOG_LIST_LIMIT
+
+from ._info import WorkerInfo
+
+#: How many connections (and topics) a broker details by default (its ``metrics_top``).
+DEFAULT_TOP: Final = BrokerConfig.metrics_top
+#: The ``version`` of the ``/stat.json`` shape merged.
+STAT_VERSION: Final = 2
+#: The label each worker's samples get: the worker's id.
+WORKER_LABEL: Final = "worker"
+#: The supervisor's own families, as the text names them (a worker's family
+#: written under one of these names is left out).
+SUPERVISOR_FAMILIES: Final = ("broker_workers", "broker_worker_up", "broker_worker_restarts_total")
+#: The sample names of the OpenMetrics-only samples the text format 0.0.4 shows
+#: as gauges of their own after their family (as generate_latest does).
+_OPENMETRICS_SUFFIXES: Final = ("_created", "_gsum", "_gcount")
+#: The type word of the text format for each parsed type (as generate_latest writes it).
+_TYPE_WORDS: Final = {
+    "info": "gauge",
+    "stateset": "gauge",
+    "gaugehistogram": "histogram",
+    "unknown": "untyped",
+}
+#: The suffix the text format adds to a family's name for its TYPE and HELP lines.
+_NAME_SUFFIXES: Final = {"counter": "_total", "info": "_info"}
+
+
+#: prometheus_client's float formatting (untyped there).
+_go_float: Final = cast(Callable[[float], str], floatToGoString)
+
+
+def parse_exposition(text: str) -> list[Metric]:
+    """``text`` (the text format 0.0.4) as metric families; raises :class:`ValueError`
+    (or another parser error) if it is not."""
+    return list(text_string_to_metric_families(text))
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _sample_line(sample: Sample) -> str:
+    labels = ",".join(
+        f'{escape_label_name(name)}="{_escape_value(value)}"'
+        for name, value in sample.labels.items()
+    )
+    timestamp = ""
+    if sample.timestamp is not None:
+        timestamp = f" {int(float(sample.timestamp) * 1000):d}"
+    braces = "{" + labels + "}" if labels else ""
+    return f"{escape_metric_name(sample.name)}{braces} {_go_float(sample.value)}{timestamp}\n"
+
+
+def write_exposition(families: Iterable[Metric]) -> str:
+    """``families`` in the text format 0.0.4, byte for byte as
+    ``prometheus_client.generate_latest`` writes them, except that each
+    sample's labels are written in their order (generate_latest sorts them).
+
+    As there: a counter's TYPE and HELP name it with ``_total``, an info
+    family with ``_info``; ``_created`` (and ``_gsum``, ``_gcount``) samples
+    follow their family as gauges of their own.
+    """
+    out: list[str] = []
+    for metric in families:
+        name = escape_metric_name(metric.name + _NAME_SUFFIXES.get(metric.type, ""))
+        kind = _TYPE_WORDS.get(metric.type, metric.type)
+        help_text = _escape_help(metric.documentation)
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        extra: dict[str, list[str]] = {}
+        for sample in metric.samples:
+            suffix = next(
+                (s for s in _OPENMETRICS_SUFFIXES if sample.name == metric.name + s), None
+            )
+            if suffix is None:
+                out.append(_sample_line(sample))
+            else:
+                extra.setdefault(suffix, []).append(_sample_line(sample))
+        for suffix, lines in sorted(extra.items()):
+            name = escape_metric_name(metric.name + suffix)
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+            out.extend(lines)
+    return "".join(out)
+
+
+def _supervisor_families(workers: Sequence[WorkerInfo], answered: set[str]) -> list[Metric]:
+    count = Metric(
+        "broker_workers", "Worker processes the supervisor is configured to run.", "gauge"
+    )
+    count.add_sample("broker_workers", {}, float(len(workers)))
+    up = Metric(
+        "broker_worker_up",
+        "1 if the worker answered this scrape of the supervisor's endpoint, else 0.",
+        "gauge",
+    )
+    restarts = Metric(
+        "broker_worker_restarts", "Times the supervisor started the worker again.", "counter"
+    )
+    for worker in workers:
+        labels = {WORKER_LABEL: worker.id}
+        up.add_sample("broker_worker_up", labels, 1.0 if worker.id in answered else 0.0)
+        restarts.add_sample("broker_worker_restarts_total", labels, float(worker.restarts))
+    return [count, up, restarts]
+
+
+def merge_families(parsed: Mapping[str, Sequence[Metric]]) -> list[Metric]:
+    """Worker id -> its families, as one list of families: each name once
+    (the first worker's HELP and type win; a family of another type under a
+    name already written, as a gauge ``x_total`` after a counter ``x``, or
+    of a supervisor family's name, is left out), in
+    the order they were first seen, each with every worker's samples in the
+    order of ``parsed``; every sample has ``worker="<id>"`` as its first
+    label (replacing a ``worker`` label of the worker's own)."""
+    merged: dict[str, Metric] = {}
+    for worker, families in parsed.items():
+        for family in families:
+            exposed = family.name + _NAME_SUFFIXES.get(family.type, "")
+            if exposed in SUPERVISOR_FAMILIES:
+                continue
+            into = merged.get(exposed)
+            if into is None:
+                into = merged[exposed] = Metric(family.name, family.documentation, family.type)
+            elif (into.name, into.type) != (family.name, family.type):
+                continue
+            for sample in family.samples:
+                labels = {WORKER_LABEL: worker}
+                labels.update((k, v) for k, v in sample.labels.items() if k != WORKER_LABEL)
+                into.samples.append(sample._replace(labels=labels))
+    return list(merged.values())
+
+
+def merge_expositions(texts: Mapping[str, str], workers: Sequence[WorkerInfo] | None = None) -> str:
+    """Worker id -> its ``/metrics`` text (format 0.0.4, as ``generate_latest``
+    writes it) as one exposition in that format.
+
+    Every family's ``# HELP`` and ``# TYPE`` appear once, followed by all
+    its samples from every worker (see :func:`merge_families`); each sample
+    has the label ``worker="<id>"`` first. A family that only some workers
+    have is fine. A text that does not parse is left out, as if that worker
+    had not answered.
+
+    With ``workers`` (the supervisor's view, every configured worker), the
+    supervisor's families come first: ``broker_workers`` (gauge: how many
+    are configured), ``broker_worker_up{worker}`` (gauge: 1 if the worker's
+    text is in ``texts`` and parsed, else 0) and
+    ``broker_worker_restarts_total{worker}`` (counter: ``restarts``).
+    """
+    parsed: dict[str, list[Metric]] = {}
+    for worker, text in texts.items():
+        try:
+            parsed[worker] = parse_exposition(text)
+        except (ValueError, IndexError, KeyError, TypeError):  # the parser's refusals
+            continue
+    families = [] if workers is None else _supervisor_families(workers, set(parsed))
+    return write_exposition([*families, *merge_families(parsed)])
+
+
+# ====================================================================== /stat.json
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def combine(values: Mapping[str, Any]) -> Any:
+    """Worker id -> a value of one place in its document, as one value:
+    numbers summed, flags true if any is, mappings combined key by key
+    (a key some workers lack: from those that have it), ``null`` left out
+    (all ``null``: ``null``); anything else (text, lists, mixed kinds) the
+    common value, or ``{worker: value}`` if the workers differ."""
+    present = {worker: value for worker, value in values.items() if value is not None}
+    if not present:
+        return None
+    kinds = list(present.values())
+    if all(isinstance(v, bool) for v in kinds):
+        return any(kinds)
+    if all(_number(v) for v in kinds):
+        return sum(kinds)
+    if all(isinstance(v, Mapping) for v in kinds):
+        keys = dict.fromkeys(k for v in kinds for k in v)
+        return {key: combine({w: v[key] for w, v in present.items() if key in v}) for key in keys}
+    return _common(present)
+
+
+def _common(values: Mapping[str, Any]) -> Any:
+    """The value every worker has, or ``{worker: value}`` if they differ."""
+    distinct = list(values.values())
+    if not distinct:
+        return None
+    if all(v == distinct[0] for v in distinct):
+        return distinct[0]
+    return dict(values)
+
+
+def _tagged(docs: Mapping[str, Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The items of list ``key`` of every document, each a copy with ``worker`` first."""
+    items: list[dict[str, Any]] = []
+    for worker, doc in docs.items():
+        listed = doc.get(key)
+        if isinstance(listed, list):
+            items += [{"worker": worker, **item} for item in listed if isinstance(item, Mapping)]
+    return items
+
+
+def _num(value: object) -> float:
+    """``value`` if it is a number, else 0."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return 0.0
+
+
+def _best(
+    items: Sequence[dict[str, Any]], n: int, key: Callable[[dict[str, Any]], tuple[float, ...]]
+) -> list[dict[str, Any]]:
+    """The ``n`` items with the largest ``key``, largest first (ties: as listed)."""
+    return sorted(items, key=key, reverse=True)[: max(0, n)]
+
+
+def _two_lists(
+    items: Sequence[dict[str, Any]],
+    n: int,
+    first: Callable[[dict[str, Any]], tuple[float, ...]],
+    second: Callable[[dict[str, Any]], tuple[float, ...]],
+    wanted: Callable[[dict[str, Any]], bool],
+) -> list[dict[str, Any]]:
+    """The ``n`` items with the largest ``first`` key, then up to ``n`` more of
+    the rest that are ``wanted`` with the largest ``second`` key: how a
+    broker chooses the connections (and log topics) it details."""
+    chosen = _best(items, n, first)
+    ids = {id(item) for item in chosen}
+    rest = [item for item in items if id(item) not in ids and wanted(item)]
+    return chosen + _best(rest, n, second)
+
+
+def _debt(connection: Mapping[str, Any]) -> tuple[float, ...]:
+    account = connection.get("account")
+    account = account if isinstance(account, Mapping) else {}
+    return (float(bool(account.get("blocked"))), _num(account.get("debt")))
+
+
+def _backlog(connection: Mapping[str, Any]) -> tuple[float, ...]:
+    listed = connection.get("subscriptions")
+    listed = listed if isinstance(listed, list) else []
+    queued = sum(_num(s.get("queued")) for s in listed if isinstance(s, Mapping))
+    return (queued, _num(connection.get("unsent_bytes")))
+
+
+def _behind(connection: Mapping[str, Any]) -> bool:
+    queued, unsent = _backlog(connection)
+    return queued > 0 or unsent >= BACKLOG_UNSENT
+
+
+def _logs(docs: Mapping[str, Mapping[str, Any]], top: int) -> dict[str, Any] | None:
+    logs = {w: d["logs"] for w, d in docs.items() if isinstance(d.get("logs"), Mapping)}
+    if not logs:
+        return None
+    merged: dict[str, Any] = combine(
+        {w: {k: v for k, v in one.items() if k not in _LOG_OWN} for w, one in logs.items()}
+    )
+    merged["max_lag"] = max((_num(one.get("max_lag")) for one in logs.values()), default=0)
+    merged["max_lag"] = int(merged["max_lag"])
+    fullest = min(
+        logs.values(),
+        key=lambda one: _num(one.get("free_bytes")) if one.get("free_bytes") is not None else 1e300,
+    )
+    merged["free_bytes"] = fullest.get("free_bytes")
+    merged["size_bytes"] = fullest.get("size_bytes")
+    merged["topics"] = _two_lists(
+        _tagged(logs, "topics"),
+        top,
+        lambda t: (float(bool(t.get("blocked"))), _num(t.get("bytes"))),
+        lambda t: (_num(t.get("lag")), _num(t.get("bytes"))),
+        lambda t: _num(t.get("lag")) > 0,
+    )
+    merged["cursors"] = _best(
+        _tagged(logs, "cursors"),
+        LOG_LIST_LIMIT,
+        lambda c: (-1.0 if c.get("lag") is None else _num(c.get("lag")),),
+    )
+    return merged
+
+
+#: Keys of the ``logs`` section merged by their own rule (not :func:`combine`).
+_LOG_OWN: Final = frozenset({"max_lag", "free_bytes", "size_bytes", "topics", "cursors"})
+#: ``budgets`` keys that add up over the workers (each has its own); the
+#: others are per-connection settings, the same in every worker.
+SUMMED_BUDGETS: Final = ("global_budget", "buffer_reserved", "max_connections")
+#: Top-level keys merged by their own rule (not :func:`combine`).
+_OWN: Final = frozenset({"version", "broker", "budgets", "connections", "topics", "logs"})
+
+
+def _broker(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    parts = {w: d["broker"] for w, d in docs.items() if isinstance(d.get("broker"), Mapping)}
+    if not parts:
+        return {}
+    addresses = dict.fromkeys(str(part.get("address", "?")) for part in parts.values())
+    merged: dict[str, Any] = {"address": ", ".join(addresses)}
+    others = {
+        w: {k: v for k, v in p.items() if k not in ("address", "epoch")} for w, p in parts.items()
+    }
+    merged.update(combine(others) or {})
+    accounts = {w: p["account"] for w, p in parts.items() if isinstance(p.get("account"), Mapping)}
+    if accounts:
+        peak = max(_num(a.get("peak_debt")) for a in accounts.values())
+        merged["account"]["peak_debt"] = int(peak)
+    return merged
+
+
+def _budgets(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    parts = {w: d["budgets"] for w, d in docs.items() if isinstance(d.get("budgets"), Mapping)}
+    merged: dict[str, Any] = {}
+    for key in dict.fromkeys(k for part in parts.values() for k in part):
+        values = {w: part[key] for w, part in parts.items() if key in part}
+        merged[key] = combine(values) if key in SUMMED_BUDGETS else _common(values)
+    return merged
+
+
+def _worker_entry(info: WorkerInfo, doc: Mapping[str, Any] | None) -> dict[str, Any]:
+    broker = doc.get("broker") if doc is not None else None
+    return {
+        "id": info.id,
+        "pid": info.pid,
+        "up": doc is not None,
+        "restarts": info.restarts,
+        "direct": info.direct,
+        "metrics": "{}:{}".format(*info.metrics),
+        "epoch": broker.get("epoch") if isinstance(broker, Mapping) else None,
+        "connections_total": doc.get("connections_total") if doc is not None else None,
+        "topics_total": doc.get("topics_total") if doc is not None else None,
+    }
+
+
+def merge_stat_documents(
+    docs: Mapping[str, dict[str, Any] | None],
+    workers: Sequence[WorkerInfo],
+    *,
+    top: int = DEFAULT_TOP,
+) -> dict[str, Any]:
+    """Worker id -> its ``/stat.json`` document (None: it did not answer) as
+    one document of the same shape, which ``broker stat`` shows, with a
+    ``workers`` list added.
+
+    Summed over the workers that answered (numbers added, flags true if any
+    worker's is, nested sections key by key; see :func:`combine`):
+
+    - ``broker.statistics`` (connections, topics, subscriptions, budgets,
+      debt), ``broker.security``, ``broker.loop`` and ``broker.account``
+      (but its ``peak_debt`` is the largest worker's: peaks at different
+      times do not add up); ``broker.closing``, ``tls``, ``authentication``:
+      true if any worker's is;
+    - ``budgets``: :data:`SUMMED_BUDGETS` (``global_budget``,
+      ``buffer_reserved``, ``max_connections``: each worker has its own);
+    - ``principals`` (each principal's connections, reserved and budget),
+      ``totals`` (every family, label by label), ``connections_total`` and
+      ``topics_total`` (a topic in two workers counts twice);
+    - ``logs``: the figures (``topics_total``, ``bytes``, ``terms``,
+      ``blocked_topics``, ``subscriptions``, ``appends``, ``fsyncs``,
+      ``fsync_seconds``, ``truncated_*``, ``cursors_total``...), but
+      ``max_lag`` is the largest, and ``free_bytes`` and ``size_bytes`` are
+      those of the worker with the least free bytes (workers may share a
+      disk). ``logs`` is ``null`` if no worker keeps logs.
+
+    The same in every worker, or ``{worker: value}`` where they differ: the
+    other ``budgets`` (per-connection settings), ``version``, ``logs.data_dir``
+    and any other text. ``broker.address`` lists the workers' distinct
+    addresses (``", "``-joined); ``broker.epoch`` is per worker (in ``workers``).
+
+    Per worker, each item a copy with ``"worker": id`` first, re-chosen over
+    all workers as each worker chose them, ``top`` (its ``metrics_top``) at
+    a time: ``connections`` (the ``top`` with the most debt, blocked first,
+    then up to ``top`` more with the longest backlog), ``topics`` (the most
+    queued deliveries, then messages in), ``logs.topics`` (the most bytes,
+    blocked first, then up to ``top`` more with the most lag) and
+    ``logs.cursors`` (the 256 with the most lag).
+
+    ``workers`` lists every worker of ``workers`` in order: ``{"id", "pid",
+    "up" (it answered), "restarts", "direct" ("host:port"), "metrics"
+    ("host:port" of its own endpoint), "epoch", "connections_total",
+    "topics_total"}`` (the last three ``null`` for a worker that did not
+    answer). Documents of ids not in ``workers`` are merged all the same.
+    """
+    answered = {w: d for w, d in docs.items() if isinstance(d, Mapping)}
+    version = _common({w: d["version"] for w, d in answered.items() if "version" in d})
+    merged: dict[str, Any] = {"version": STAT_VERSION if version is None else version}
+    merged["broker"] = _broker(answered)
+    merged["budgets"] = _budgets(answered)
+    rest = {w: {k: v for k, v in d.items() if k not in _OWN} for w, d in answered.items()}
+    merged.update(combine(rest) or {})
+    merged["connections"] = _two_lists(
+        _tagged(answered, "connections"), top, _debt, _backlog, _behind
+    )
+    merged["topics"] = _best(
+        _tagged(answered, "topics"),
+        top,
+        lambda t: (_num(t.get("queued")), _num(t.get("messages_in"))),
+    )
+    merged["logs"] = _logs(answered, top)
+    merged["workers"] = [_worker_entry(info, answered.get(info.id)) for info in workers]
+    return merged

@@ -1,0 +1,197 @@
+"""``serve_workers``: N worker processes behind one address, each owning its
+topics; clients reach the owners from one address; a worker killed with
+SIGKILL is restarted and its topics' logs recover while the others go on."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.client import open_client, open_cluster_client
+from broker.config import BrokerConfig
+from broker.protocol import owner_id
+from broker.workers import Supervisor, serve_workers
+
+from ..proxy import proxied
+
+#: Generous: worker processes start in about a second, slower under load.
+DEADLINE = 60.0
+
+
+def worker_config(tmp_path: Path, **overrides: Any) -> BrokerConfig:
+    settings: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "metrics_listen": "",
+        "shutdown_deadline": 2.0,
+        "data_dir": str(tmp_path / "data"),
+        "lease": 30.0,
+        "heartbeat": 1.0,
+    }
+    settings.update(overrides)
+    return BrokerConfig(**settings)
+
+
+@asynccontextmanager
+async def running_workers(config: BrokerConfig, count: int) -> AsyncIterator[Supervisor]:
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(DEADLINE):
+            supervisor: Supervisor = await nursery.start(
+                partial(serve_workers, config, count, log_level="WARNING")
+            )
+        yield supervisor
+        with trio.fail_after(DEADLINE):
+            await supervisor.shutdown()
+
+
+def topics_of(worker: str, ids: list[str], wanted: int) -> list[str]:
+    """``wanted`` topic names that ``worker`` owns among ``ids``."""
+    found = [f"t{i}" for i in range(1000) if owner_id(f"t{i}", ids) == worker]
+    return found[:wanted]
+
+
+async def read(client: Any, topic: str, count: int) -> list[bytes]:
+    async with client.subscribe(topic, start="earliest") as subscription:
+        with trio.fail_after(DEADLINE):
+            return [(await subscription.receive()).payload for _ in range(count)]
+
+
+async def test_clients_reach_each_topics_owner_from_one_address(tmp_path: Path) -> None:
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        host, port = supervisor.address
+        topics = [f"topic-{i}" for i in range(8)]  # 4N topics
+        async with open_cluster_client(f"{host}:{port}") as client:
+            cluster = client.cluster
+            assert cluster is not None and [m.id for m in cluster.members] == ["w0", "w1"]
+            assert {m.port for m in cluster.members} == {
+                w.direct.getsockname()[1] for w in supervisor.workers
+            }
+            for topic in topics:
+                for n in range(25):
+                    await client.publish(topic, b"%s %d" % (topic.encode(), n))
+            await client.flush()
+            for topic in topics:
+                expected = [b"%s %d" % (topic.encode(), n) for n in range(25)]
+                assert await read(client, topic, 25) == expected
+        # Every topic's log is written by its owner, which holds its lock.
+        for topic in topics:
+            owner = cluster.owner(topic)
+            direct = next(w for w in supervisor.workers if w.id == owner.id)
+            async with open_client(f"127.0.0.1:{direct.direct.getsockname()[1]}") as one:
+                assert (await one.offsets([topic]))[topic][1] >= 25
+
+
+async def test_a_killed_worker_restarts_its_topics_recover_and_the_other_goes_on(
+    tmp_path: Path,
+) -> None:
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        w0, w1 = supervisor.workers
+        ids = ["w0", "w1"]
+        mine, other = topics_of("w0", ids, 1)[0], topics_of("w1", ids, 1)[0]
+        url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
+        url1 = f"127.0.0.1:{w1.direct.getsockname()[1]}"
+        async with open_client(url0) as client:
+            for n in range(100):
+                await client.publish(mine, b"%d" % n)
+            await client.flush()  # confirmed: written by w0
+        assert w0.pid is not None
+        old_pid = w0.pid
+        os.kill(old_pid, signal.SIGKILL)
+        # Meanwhile the other worker's topics never stop.
+        async with open_client(url1) as client:
+            for n in range(100):
+                await client.publish(other, b"%d" % n)
+            await client.flush()
+        with trio.fail_after(DEADLINE):
+            await w0.wait_up(restarts=1)
+        assert w0.pid != old_pid
+        assert w0.restarts == 1 and w0.last_exit == -signal.SIGKILL
+        assert w1.restarts == 0
+        async with open_client(url0, reconnect=DEADLINE) as client:
+            assert await read(client, mine, 100) == [b"%d" % n for n in range(100)]
+        async with open_client(url1) as client:
+            assert await read(client, other, 100) == [b"%d" % n for n in range(100)]
+
+
+async def test_a_session_on_a_killed_worker_resumes_with_no_loss_and_no_duplicate(
+    tmp_path: Path,
+) -> None:
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        w0 = supervisor.workers[0]
+        topic = topics_of("w0", ["w0", "w1"], 1)[0]
+        url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
+        got: list[bytes] = []
+        async with (
+            open_client(url0, name="sub", reconnect=DEADLINE) as subscriber,
+            subscriber.subscribe(topic) as subscription,
+            open_client(url0, name="pub", reconnect=DEADLINE) as publisher,
+        ):
+            for n in range(200):
+                await publisher.publish(topic, b"%d" % n)
+                if n == 99:
+                    await publisher.flush()
+                    with trio.fail_after(DEADLINE):
+                        while len(got) < 50:
+                            got.append((await subscription.receive()).payload)
+                    assert w0.pid is not None
+                    os.kill(w0.pid, signal.SIGKILL)
+            await publisher.flush()
+            with trio.fail_after(DEADLINE):
+                while len(got) < 200:
+                    got.append((await subscription.receive()).payload)
+            statistics = subscriber.statistics()
+            assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+        assert got == [b"%d" % n for n in range(200)]
+        assert w0.restarts == 1
+
+
+async def test_shutdown_drains_every_worker(tmp_path: Path) -> None:
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        processes = [w.process for w in supervisor.workers]
+    assert all(p is not None and p.returncode == 0 for p in processes)
+    assert not any(map(os.path.lexists, [w.link_path for w in supervisor.workers]))
+
+
+async def test_a_resume_that_lands_on_another_worker_is_handed_to_the_sessions_home(
+    tmp_path: Path,
+) -> None:
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        w0, w1 = supervisor.workers
+        topic = topics_of("w0", ["w0", "w1"], 1)[0]
+        # Through a proxy that first leads to w0, then (after a cut) to w1:
+        # the resumes land on w1, which passes the sockets to w0.
+        async with proxied(("127.0.0.1", w0.direct.getsockname()[1])) as proxy:
+            got: list[bytes] = []
+            async with (
+                open_client(proxy.url, name="sub", reconnect=DEADLINE) as subscriber,
+                subscriber.subscribe(topic) as subscription,
+                open_client(proxy.url, name="pub", reconnect=DEADLINE) as publisher,
+            ):
+                for n in range(200):
+                    await publisher.publish(topic, b"%d" % n)
+                    if n == 99:
+                        await publisher.flush()
+                        with trio.fail_after(DEADLINE):
+                            while len(got) < 50:
+                                got.append((await subscription.receive()).payload)
+                        proxy.target = ("127.0.0.1", w1.direct.getsockname()[1])
+                        proxy.cut()
+                await publisher.flush()
+                with trio.fail_after(DEADLINE):
+                    while len(got) < 200:
+                        got.append((await subscription.receive()).payload)
+                for client in (subscriber, publisher):
+                    statistics = client.statistics()
+                    assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+        assert got == [b"%d" % n for n in range(200)]

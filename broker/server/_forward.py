@@ -197,7 +197,8 @@ class ForwardedSubscription(Subscription):
     to the owner, mapped to the owner's sequence numbers, so the owner's
     own reliable bookkeeping (and a durable cursor) follows the local
     subscriber. A local sequence number equals the owner's (an offset, on a
-    broker that keeps logs) unless the link was reconnected meanwhile.
+    broker that keeps logs); on a memory-only broker, until the link is
+    reconnected (the owner numbers the new subscription from 1 again).
     """
 
     __slots__ = (

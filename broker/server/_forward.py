@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
 from actors import Turn
-from broker.protocol import DeliveryMode, Options, encode_deliver_tail
+from broker.protocol import DeliveryMode, Options
 
 from ._log_subscription import start_request
 from ._lossy import OptionError, QueueLimits
@@ -265,24 +265,26 @@ class ForwardedSubscription(Subscription):
             self.owner_received = 0
             self.segments.clear()
 
-    def relay(self, seq: int, tail: bytes) -> None:
-        """The owner delivered ``tail`` as its ``seq``: queue it for the local
-        subscriber (a repeat of what was relayed is skipped)."""
-        if seq <= self.owner_received:
-            return
+    def relay(self, first_seq: int, tails: list[bytes]) -> None:
+        """The owner delivered ``tails`` as its ``first_seq``, ``first_seq + 1``,
+        ...: queue them for the local subscriber, as one loan (what was
+        relayed before, after a reconnected link, is skipped)."""
+        skip = self.owner_received + 1 - first_seq
+        if skip > 0:
+            if skip >= len(tails):
+                return
+            tails = tails[skip:]
+            first_seq += skip
         local = self.next_seq + self.queued
         if local == 1 and not self.unacked and not self.segments:
-            local = self.next_seq = seq  # the subscriber sees the owner's numbers
+            local = self.next_seq = first_seq  # the subscriber sees the owner's numbers
         segments = self.segments
-        if not segments or local - seq != segments[-1][1] or seq != self.owner_received + 1:
-            segments.append((local, local - seq))
-        self.owner_received = seq
-        self.offer(self.account, [tail], [None])
+        shift = local - first_seq
+        if not segments or shift != segments[-1][1] or first_seq != self.owner_received + 1:
+            segments.append((local, shift))
+        self.owner_received = first_seq + len(tails) - 1
+        self.offer(self.account, tails, [None] * len(tails))
         self._settle()
-
-    def relay_message(self, seq: int, payload: bytes, key: bytes | None, headers: Any) -> None:
-        """:meth:`relay` of a delivered message."""
-        self.relay(seq, encode_deliver_tail(payload, key, headers))
 
     def relay_gap(self, first_seq: int, count: int) -> None:
         """The owner dropped ``count`` deliveries from ``first_seq``: the local

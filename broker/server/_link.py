@@ -37,6 +37,7 @@ from broker.protocol import (
     Connection,
     ConnectionClosed,
     Deliver,
+    DeliverManyReceived,
     DeliverReceived,
     Gap,
     GuaranteesReceived,
@@ -49,6 +50,7 @@ from broker.protocol import (
     WelcomeReceived,
     decode_body,
     encode_deliver,
+    encode_deliver_tail,
 )
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
@@ -402,7 +404,7 @@ class Link:
             lease=config.lease,
             now=trio.current_time(),
         )
-        conn.hello(self.name)
+        conn.hello(self.name, deliver_many=True)
         return conn
 
     def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
@@ -410,16 +412,25 @@ class Link:
         subscriptions = self.by_owner_handle
         for event in events:
             kind = type(event)
-            if kind is DeliverReceived:
+            if kind is DeliverManyReceived:
+                assert isinstance(event, DeliverManyReceived)
+                many = event.message
+                conn.release(event)
+                subscription = subscriptions.get(many.subscription)
+                if subscription is not None:
+                    self.deliveries_relayed += len(many.entries)
+                    subscription.relay(
+                        many.first_seq, [encode_deliver_tail(*entry) for entry in many.entries]
+                    )
+            elif kind is DeliverReceived:
                 assert isinstance(event, DeliverReceived)
                 message = event.message
                 conn.release(event)
                 subscription = subscriptions.get(message.subscription)
                 if subscription is not None:
                     self.deliveries_relayed += 1
-                    subscription.relay_message(
-                        message.seq, message.payload, message.key, message.headers
-                    )
+                    tail = encode_deliver_tail(message.payload, message.key, message.headers)
+                    subscription.relay(message.seq, [tail])
             elif kind is Confirm:
                 assert isinstance(event, Confirm)
                 state = self.by_topic_handle.get(event.topic)

@@ -36,7 +36,6 @@ from broker.protocol import (
     Confirm,
     Connection,
     ConnectionClosed,
-    Deliver,
     DeliverManyReceived,
     DeliverReceived,
     Gap,
@@ -48,8 +47,7 @@ from broker.protocol import (
     Role,
     Throttled,
     WelcomeReceived,
-    decode_body,
-    encode_deliver,
+    decode_deliver_tail,
     encode_deliver_tail,
 )
 
@@ -109,14 +107,6 @@ class _LinkTopic:
         self.confirmed = 0
         #: Batches of ``topic.pending`` (from the left) sent wholly.
         self.sending = 0
-
-
-def _publish_parts(tail: bytes) -> Deliver:
-    """The payload, key and headers of a Deliver tail (the strict decoder's reading)."""
-    head, _ = encode_deliver(0, 1, tail)
-    message = decode_body((head + tail)[4:])
-    assert isinstance(message, Deliver)
-    return message
 
 
 class _LinkPolicy(Policy):
@@ -261,9 +251,9 @@ class Link:
             batch = pending[index]
             tails = batch.routed.tails
             while batch.sent < len(tails):
-                message = _publish_parts(tails[batch.sent])
+                payload, key, headers = decode_deliver_tail(tails[batch.sent])
                 try:
-                    conn.publish(handle, message.payload, key=message.key, headers=message.headers)
+                    conn.publish(handle, payload, key=key, headers=headers)
                 except NoGuarantees:
                     state.sending = index
                     self.publishes_forwarded += sent

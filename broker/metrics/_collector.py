@@ -317,6 +317,9 @@ class BrokerCollector:
         add("broker_peak_debt_bytes", [], root.peak_debt)
         add("broker_ready", [], 1 if broker.ready else 0)
         add("broker_internal_errors_total", [], broker.internal_errors)
+        for link in broker.link_statistics() or ():
+            add("broker_forwarded_publishes_total", [link.owner], link.publishes_forwarded)
+            add("broker_forwarded_deliveries_total", [link.owner], link.deliveries_relayed)
         if broker.loop is not None:
             add("broker_loop_task_steps_total", [], broker.loop.task_steps)
             add("broker_loop_io_waits_total", [], broker.loop.io_waits)

@@ -114,6 +114,19 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "its traceback; the broker keeps serving the others).",
     ),
     MetricSpec(
+        "broker_forwarded_publishes_total",
+        "counter",
+        "Publishes a worker sent on to the worker that owns their topic (sent again "
+        "after a broken link: counted again), per owner.",
+        ("owner",),
+    ),
+    MetricSpec(
+        "broker_forwarded_deliveries_total",
+        "counter",
+        "Deliveries a worker relayed from the worker that owns their topic, per owner.",
+        ("owner",),
+    ),
+    MetricSpec(
         "broker_lease_expirations_total",
         "counter",
         "Connections closed because the client was silent for its whole lease.",

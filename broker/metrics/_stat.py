@@ -72,7 +72,8 @@ def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> d
         {"version": 2,
          "broker": {"address", "epoch", "closing", "tls", "authentication",
                     "security", "statistics", "account",
-                    "loop": {"task_steps", "io_waits"} or null (see loop_counters)},
+                    "loop": {"task_steps", "io_waits"} or null (see loop_counters),
+                    "links": [...] (a worker of several only: its links, per owner)},
          "budgets": {"global_budget", "buffer_reserved", "connection_budget", ...},
          "principals": {name: {"connections", "buffer_reserved", "buffer_budget"}},
          "totals": {family: value, or {label value: ...} per label},
@@ -155,6 +156,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
             "authentication": broker.auth is not None,
             "security": _plain(broker.security),
             "statistics": _plain(statistics),
+            **({} if (links := broker.link_statistics()) is None else {"links": _plain(links)}),
             "account": _account(broker.account),
             "loop": None
             if broker.loop is None

@@ -5,7 +5,8 @@ parameter. :class:`Connection` is one end of a connection in either role
 (client or broker) and is what servers and clients drive. Beneath it:
 
 - framing and the CBOR codec (:func:`encode`, :func:`decode_body`,
-  :class:`FrameDecoder`, :func:`encode_deliver_tail` / :func:`encode_deliver`
+  :class:`FrameDecoder`, :func:`encode_deliver_tail` (and its inverse,
+  :func:`decode_deliver_tail`) / :func:`encode_deliver`
   / :func:`deliver_many_head` for encode-once fan-out);
 - the guarantee protocol per logical channel (:class:`ChannelReceiver`,
   :class:`ChannelSender`);
@@ -18,7 +19,7 @@ parameter. :class:`Connection` is one end of a connection in either role
 ``docs/protocol.md`` is the normative description of the wire format.
 """
 
-from ._codec import decode_body
+from ._codec import decode_body, decode_deliver_tail
 from ._connection import (
     DELIVER_SLACK,
     MAX_HELLO_FRAME,
@@ -238,6 +239,7 @@ __all__ = [
     "channel_sender",
     "check_topic_name",
     "decode_body",
+    "decode_deliver_tail",
     "deliver_many_head",
     "deliver_many_head_size",
     "deliver_timed_head",

@@ -20,6 +20,8 @@ from typing import Any
 
 import cbor2
 
+from ._decode_fast import _fast_tail
+from ._encode import encode_deliver
 from ._errors import ProtocolError, RemoteProtocolError
 from ._messages import (
     Abort,
@@ -33,6 +35,7 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
+    Entry,
     FreeHandle,
     Gap,
     Goodbye,
@@ -58,6 +61,7 @@ from ._messages import (
 from ._names import topic_name_problem
 from ._owners import Cluster
 from ._types import (
+    LENGTH_PREFIX,
     U64_MAX,
     Channel,
     ChannelKind,
@@ -498,3 +502,19 @@ def decode_body(body: bytes) -> Message:
     """
     stream = io.BytesIO(body)
     return _decode_item(_new_decoder(stream), stream, 0, len(body))
+
+
+def decode_deliver_tail(tail: bytes) -> Entry:
+    """The ``(payload, key, headers)`` that :func:`~._encode.encode_deliver_tail`
+    encoded into ``tail`` (the usual shape, without headers, read directly);
+    :class:`RemoteProtocolError` for bytes that are not such a tail."""
+    try:
+        fast = _fast_tail(tail, 0, len(tail))
+    except IndexError:  # (cut short: the strict way says what is wrong)
+        fast = None
+    if fast is not None:
+        return fast[0], fast[1], None
+    head, _ = encode_deliver(0, 1, tail)
+    message = decode_body(head[LENGTH_PREFIX:] + tail)
+    assert isinstance(message, Deliver)
+    return message.payload, message.key, message.headers

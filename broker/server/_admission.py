@@ -91,6 +91,7 @@ class Admission:
         *,
         peer: str,
         identity: str | None,
+        trusted: bool = False,
     ) -> None:
         self.host = host
         self.protocol = protocol
@@ -101,12 +102,16 @@ class Admission:
         self.peer = peer
         #: The verified client certificate's common name (mutual TLS), if any.
         self.identity = identity
+        #: Another worker's link (accepted on the link listener, which only
+        #: the broker's own workers can reach): no credentials asked.
+        self.trusted = trusted
         self.client_name = ""
         #: The session this connection serves (None before the Welcome).
         self.session: Session | None = None
         #: The session ends with this connection (the client said Goodbye, or
-        #: broke the rules); otherwise it waits for a resume.
-        self.ends_session = False
+        #: broke the rules, or it is a link, which never resumes: its
+        #: subscriptions must not queue for a lease); otherwise it waits for a resume.
+        self.ends_session = trusted
         #: A refusal held back (a failed authentication): the writer waits.
         self.held: trio.CancelScope | None = None
         #: Handles were bound or freed since the session's record was written.
@@ -126,7 +131,11 @@ class Admission:
         hello = event.hello
         self.client_name = hello.client[:64]
         host = self.host
-        if host.auth is not None and not self._authenticate(hello.token, connection):
+        if (
+            host.auth is not None
+            and not self.trusted
+            and not self._authenticate(hello.token, connection)
+        ):
             return
         sessions = host.sessions
         principal = self.principal.principal.name if self.principal else None

@@ -9,6 +9,7 @@ import secrets
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -16,7 +17,6 @@ import trio
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
 from broker.auth import (
-    AuthError,
     AuthFailure,
     AuthTable,
     load_auth_file,
@@ -29,7 +29,10 @@ from broker.tls import certificate_identity, server_context
 
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
+from ._drain import queued_deliveries, route_forwarded, send_queued_deliveries
 from ._handover import hand_over, home_address, receive_sockets, session_prefix
+from ._link import LinkStatistics
+from ._links import Links
 from ._log_subscription import CursorBook
 from ._logs import TopicLogs
 from ._loop import LoopCounters
@@ -42,8 +45,8 @@ from ._session import SessionTable
 from ._session_records import SessionRecords
 from ._shared_counts import SharedCounts
 from ._staging import BatchKey, StagedPublish, StagingArea
-from ._topic import Subscription, Topic
-from ._usage import PrincipalUsage, SecurityCounters
+from ._topic import Topic
+from ._usage import PrincipalUsage, SecurityCounters, check_budget_shares
 from ._view import ConnectionView
 from ._wake import Outbox
 
@@ -51,8 +54,6 @@ log = logging.getLogger("broker.server")
 
 #: The most time spent refusing a connection (its TLS handshake included).
 REFUSAL_SECONDS = 1.0
-#: How often a graceful shutdown looks whether queued deliveries went out.
-SHUTDOWN_POLL = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,8 @@ class Broker:
         self.shutdown_cut = 0
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
+        #: This worker's links to the others (None: a single process).
+        self.links = Links(self, worker) if worker is not None else None
         self._serials = itertools.count(1)
         self._idle = trio.Event()
         self._idle.set()
@@ -165,17 +168,24 @@ class Broker:
         self._nursery: trio.Nursery | None = None
 
     def topic(self, name: str) -> Topic:
-        """The topic actor for ``name``, spawned on first use."""
+        """The topic actor for ``name``, spawned on first use: on a worker
+        that does not own it, its forwarding stand-in (``_forward``)."""
         topic = self.topics.get(name)
         if topic is None:
             logs = self.logs
-            if logs is None:
+            if self.links is not None and (stand_in := self.links.stand_in(name, self.topics)):
+                topic = stand_in
+            elif logs is None:
                 topic = Topic(name, self.topics)
             else:
                 topic = Topic(name, self.topics, logs.open(name), logs)
             self.topics[name] = topic
             self.system.spawn(topic, name=f"topic:{name[:64]}")
         return topic
+
+    def not_owned(self, topic: str) -> str | None:
+        """Why ``topic`` is not served here without forwarding (None: it is)."""
+        return self.links.not_owned(topic) if self.links else None
 
     def start_commit(
         self,
@@ -256,6 +266,10 @@ class Broker:
             debt=self.account.debt,
         )
 
+    def link_statistics(self) -> tuple[LinkStatistics, ...] | None:
+        """A worker's links, per owner it forwards to (None: a single process)."""
+        return self.links.statistics() if self.links is not None else None
+
     @property
     def ready(self) -> bool:
         """Whether the broker accepts new clients now (listening, not shutting down)."""
@@ -321,11 +335,15 @@ class Broker:
             transport = secured
             identity = certificate_identity(secured.getpeercert())
         connection = ServerConnection(self, transport, next(self._serials), peer, identity)
-        self.connections[connection.serial] = connection
         self.peers.add(address, connection.protocol)
+        await self._serve_connection(connection)
+
+    async def _serve_connection(self, connection: ServerConnection) -> None:
+        """Run ``connection`` until it closes (an error of ours ends it, logged)."""
+        self.connections[connection.serial] = connection
         self.connections_total += 1
         self._idle = trio.Event()
-        self.peer_log.info(peer, "%s %s: connected", connection.name, peer)
+        self.peer_log.info(connection.peer, "%s %s: connected", connection.name, connection.peer)
         try:
             await connection.run()
         except Exception:
@@ -333,6 +351,16 @@ class Broker:
             # the broker. Cancellation is a BaseException and passes through.
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, connection.peer)
+
+    async def handle_link(self, stream: trio.SocketStream) -> None:
+        """Serve another worker's link (accepted on the link listener, which only
+        the workers reach): an ordinary client but trusted (no TLS, no credentials)."""
+        if self.closing:
+            await self._refuse(stream)
+            return
+        await self._serve_connection(
+            ServerConnection(self, stream, next(self._serials), "link", None, trusted=True)
+        )
 
     async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[Any] | None:
         """The TLS stream over ``stream`` once its handshake completes in time,
@@ -410,14 +438,14 @@ class Broker:
                 )
         # Half the time left at most: the Goodbyes and the drain get the rest.
         with trio.move_on_at((trio.current_time() + deadline) / 2):
-            await self._route_forwarded()
-            await self._send_queued_deliveries()
+            await route_forwarded(list(self.topics.values()))
+            await send_queued_deliveries(self.connection_views())
             self.shutdown_drained = True
         if not self.shutdown_drained:
             log.warning(
                 "shutting down: %d deliveries still queued for connected subscribers "
                 "after half the shutdown deadline: they are dropped",
-                sum(queued for _, queued in self._queued_deliveries()),
+                sum(queued for _, queued in queued_deliveries(self.connection_views())),
             )
         for connection in list(self.connections.values()):
             connection.shutting_down()
@@ -429,57 +457,6 @@ class Broker:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-
-    async def _route_forwarded(self) -> None:
-        """Return once the topics have routed every publish forwarded to them
-        (none is forwarded once the shutdown began)."""
-        topics = list(self.topics.values())
-        while topics:
-            topics = [topic for topic in topics if topic.statistics().mailbox]
-            if topics:
-                await trio.sleep(SHUTDOWN_POLL)
-
-    def _queued_deliveries(self) -> list[tuple[Subscription, int]]:
-        """Each reliable subscription of a connected subscriber with deliveries
-        queued (waiting for its guarantees), and how many."""
-        return [
-            (subscription, subscription.queued)
-            for connection in self.connections.values()
-            if not connection.protocol.closed
-            for subscription in connection.subscriptions.values()
-            if subscription.charges_publishers and subscription.queued
-        ]
-
-    async def _send_queued_deliveries(self) -> None:
-        """Return once every reliable delivery queued (routed, waiting for its
-        subscriber's guarantees) is sent, or its subscription or connection is
-        gone. Nothing is routed meanwhile, so the queues only shrink; the
-        caller bounds the wait, for subscribers that issue no more guarantees."""
-        waiting = [subscription for subscription, _ in self._queued_deliveries()]
-        while waiting:
-            waiting = [
-                subscription
-                for subscription in waiting
-                if subscription.queued
-                and subscription.connection.open
-                and subscription.connection.subscriptions.get(subscription.handle) is subscription
-            ]
-            if waiting:
-                await trio.sleep(SHUTDOWN_POLL)
-
-
-def _check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:
-    """Refuse a principal whose share of the global budget cannot fund one
-    connection (its clients would wait forever for their first guarantees)."""
-    need = 2 * config.bind_capacity + config.min_publish_capacity
-    for principal in auth.principals.values():
-        budget = principal.budget(config.global_budget)
-        if budget < need:
-            raise AuthError(
-                f"principal {principal.name!r}: budget_share {principal.budget_share} of "
-                f"global_budget is {budget} bytes, less than one connection needs ({need}: "
-                "two bind channels and one publish channel)"
-            )
 
 
 async def serve_broker(
@@ -510,13 +487,14 @@ async def serve_broker(
     )
     auth = load_auth_file(config.auth_file) if config.auth_file else None
     if auth is not None:
-        _check_budget_shares(auth, config)
+        check_budget_shares(auth, config)
     log_dir = config.log_dir
     # Raises DataDirLocked (one line) if another broker has the directory.
     store = None
     if log_dir is not None:
         store = LogStore(log_dir, worker=None if worker is None else worker.worker)
     logs = TopicLogs(store, config) if store is not None else None
+    link_listeners: list[trio.SocketListener] = []
     try:
         host, port = config.listen_address
         if worker is None:
@@ -527,7 +505,7 @@ async def serve_broker(
                 for sock in worker.client_sockets
             ]
             if worker.link_socket is not None:
-                listeners.append(
+                link_listeners.append(
                     trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
                 )
     except BaseException:
@@ -547,6 +525,8 @@ async def serve_broker(
         try:
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
+                if broker.links is not None:
+                    broker.links.nursery = nursery
                 broker.sessions.start(nursery)
                 if config.loop_counters:
                     broker.loop = LoopCounters()
@@ -573,6 +553,9 @@ async def serve_broker(
                         )
 
                 await nursery.start(accept)
+                if link_listeners:
+                    serve = partial(trio.serve_listeners, handler_nursery=nursery)
+                    nursery.start_soon(serve, broker.handle_link, link_listeners)
                 broker.accepting = True
                 log.info(
                     "broker listening on %s:%d (%s, %s)",
@@ -592,7 +575,9 @@ async def serve_broker(
             broker.sessions.end_all()
             broker.persist_state()
             broker.staging.clear()
-            for listener in listeners:
+            if broker.links is not None:
+                broker.links.close()
+            for listener in [*listeners, *link_listeners]:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:

@@ -115,6 +115,8 @@ class ServerConnection:
         serial: int,
         peer: str,
         identity: str | None = None,
+        *,
+        trusted: bool = False,
     ) -> None:
         self.broker = broker
         self.stream = stream
@@ -192,6 +194,7 @@ class ServerConnection:
             self._log,
             peer=peer,
             identity=identity,
+            trusted=trusted,
         )
         self.dispatch = Dispatch(
             broker,

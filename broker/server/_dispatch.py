@@ -147,6 +147,9 @@ class Dispatch:
     def topic_bound(self, event: TopicBound, connection: Dispatched) -> None:
         self.admission.session_dirty = True
         self.admission.open_channel(event.handle, event.name, event.stage, connection)
+        if event.stage is not None and (elsewhere := self.host.not_owned(event.name)) is not None:
+            # Staged (exactly-once) publishing is not forwarded between workers.
+            connection.goodbye(GoodbyeCode.NOT_AUTHORISED, elsewhere)
 
     def commit(self, event: Commit, connection: Dispatched) -> None:
         if not self.host.closing:  # unanswered: the client sees Goodbye 5 instead

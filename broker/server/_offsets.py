@@ -23,6 +23,10 @@ class OffsetsHost(Protocol):
         """The topic logs (None: a memory-only broker)."""
         ...
 
+    def not_owned(self, topic: str) -> str | None:
+        """Why another worker answers for ``topic`` (None: this one does)."""
+        ...
+
 
 def topic_offsets(
     logs: TopicLogs, names: list[str] | None, may_read: Callable[[str], bool]
@@ -50,7 +54,9 @@ def answer_list_offsets(
     """Send the ``Offsets`` answering ``event``; returns why the client may not
     ask instead (a named topic it may not subscribe to: Goodbye 6), sending
     nothing. An answer that would not fit in one frame lists nothing and
-    says so (name fewer topics)."""
+    says so (name fewer topics). On a worker of several, a named topic
+    another worker owns is answered with nothing and the line that says
+    where to ask; unnamed, only the topics this worker owns are listed."""
     if event.topics is not None:
         for name in event.topics:
             if not may_read(name):
@@ -61,7 +67,14 @@ def answer_list_offsets(
     if logs is None:
         protocol.offsets(event.request, [], NO_LOGS)
         return None
-    entries = topic_offsets(logs, event.topics, may_read)
+    if event.topics is not None:
+        for name in event.topics:
+            if (elsewhere := host.not_owned(name)) is not None:
+                protocol.offsets(event.request, [], elsewhere)  # (its log is the owner's)
+                return None
+    entries = topic_offsets(
+        logs, event.topics, lambda name: may_read(name) and not host.not_owned(name)
+    )
     reply = Offsets(event.request, entries)
     if len(encode(reply)) > protocol.peer_max_frame:
         protocol.offsets(

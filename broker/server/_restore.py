@@ -119,7 +119,8 @@ def _subscriptions(
             continue
         topic = host.topic(info.topic_name)
         topic_log = topic.log
-        if topic_log is None:
+        if topic_log is None:  # (another worker's topic: not restored)
+            topic.release_if_unused()
             continue
         position = saved.acked.get(handle, topic_log.next_offset - 1) + 1
         request = start_request(info.options)  # (its options were accepted once)

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from broker.protocol import DeliveryMode
 
+from ._forward import ForwardTopic, forwarded_subscription
 from ._log_subscription import CursorBook, LogSubscriber, make_log_subscription, start_request
 from ._lossy import DroppingSubscriber, DroppingSubscription, OptionError, QueueLimits
 from ._topic import Subscription, Topic
@@ -31,7 +32,11 @@ def make_subscription(
     """The subscription a Subscribe asks for (raises :class:`OptionError`,
     naming the option): ``lossy`` and ``latest`` keep their own bounded
     queues; ``reliable`` reads the topic's log where there is one, and is
-    charged to its publishers (today's memory-only behaviour) where not."""
+    charged to its publishers (today's memory-only behaviour) where not.
+    A topic another worker owns gets a forwarded subscription, made at the
+    owner over the link (``_forward``)."""
+    if isinstance(topic, ForwardTopic):
+        return forwarded_subscription(connection, handle, topic, mode, options)
     if mode == DeliveryMode.RELIABLE:
         request = start_request(options)
         log = topic.log

@@ -83,6 +83,12 @@ def _charge(account: Account, tails: list[bytes]) -> int:
     return sum(map(len, tails)) + (DELIVER_HEAD_ESTIMATE + account.event_cost) * len(tails)
 
 
+def charge_of(account: Account, tails: list[bytes]) -> int:
+    """What a loan per delivery (or per publish) of ``tails`` would charge
+    in all, less one per-event constant: the cost of one loan for them."""
+    return _charge(account, tails) - account.event_cost
+
+
 def delivery_loan(account: Account, tails: list[bytes]) -> LoanedItem[list[bytes]]:
     """One loan for the deliveries of ``tails``, charging what a loan per
     delivery would in all."""
@@ -311,6 +317,8 @@ class Topic(Actor):
     """
 
     inline_turns = True
+    #: A stand-in forwarding to the worker that owns the topic (see ``_forward``).
+    forwarded = False
 
     def __init__(
         self,
@@ -335,6 +343,12 @@ class Topic(Actor):
         self.held: deque[_Held] = deque()
         #: The last error appending met (None once a retry got through).
         self.log_error: LogError | None = None
+
+    @property
+    def forwarding(self) -> int:
+        """Batches sent on to another worker and not confirmed by it yet (a
+        forwarding stand-in's; a topic routed here has none)."""
+        return 0
 
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.auth import AUTH_FAILURE_REASONS, Principal
+from broker.auth import AUTH_FAILURE_REASONS, AuthError, AuthTable, Principal
 from broker.config import BrokerConfig
 
 
@@ -101,3 +101,17 @@ class ConnectionLedger:
         counts against the principal's budget from now on."""
         principal.buffer_reserved += self.buffer_reserved
         self.principal = principal
+
+
+def check_budget_shares(auth: AuthTable, config: BrokerConfig) -> None:
+    """Refuse a principal whose share of the global budget cannot fund one
+    connection (its clients would wait forever for their first guarantees)."""
+    need = 2 * config.bind_capacity + config.min_publish_capacity
+    for principal in auth.principals.values():
+        budget = principal.budget(config.global_budget)
+        if budget < need:
+            raise AuthError(
+                f"principal {principal.name!r}: budget_share {principal.budget_share} of "
+                f"global_budget is {budget} bytes, less than one connection needs ({need}: "
+                "two bind channels and one publish channel)"
+            )

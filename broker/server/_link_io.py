@@ -1,0 +1,171 @@
+"""Running a link's connections (see ``_link``): connect to the owner's Unix
+socket, serve the connection with a reader, a writer and a keepalive task
+until it breaks, and connect again with backoff, until cancelled.
+
+The reader only hands each read's events to the link (in an
+:class:`~._wake.Outbox` step, so what they cause on client connections is
+written together) and never waits for anything but its socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+import trio
+
+from broker.protocol import Connection, ConnectionClosed
+
+from ._wake import Outbox
+
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "LinkRunner", "LinkSide"]
+
+log = logging.getLogger("broker.server")
+
+RECEIVE_SIZE = 65536
+#: The first wait before connecting again, doubled up to :data:`BACKOFF_MAX`.
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 2.0
+
+
+class LinkSide(Protocol):
+    """What runs over the link's connections: the link's state."""
+
+    @property
+    def open(self) -> bool:
+        """The current connection was welcomed by the owner."""
+        ...
+
+    @property
+    def connects(self) -> int:
+        """How many connections were welcomed so far."""
+        ...
+
+    def connected(self) -> Connection:
+        """A new connection, its Hello queued."""
+        ...
+
+    def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
+        """Apply a read's events; why the connection ended, if it did."""
+        ...
+
+    def broken(self) -> None:
+        """The current connection is gone."""
+        ...
+
+
+class LinkRunner:
+    """Keeps a link connected to ``path`` (see the module)."""
+
+    def __init__(self, side: LinkSide, outbox: Outbox, name: str, owner: str, path: str) -> None:
+        self.side = side
+        self.outbox = outbox
+        self.name = name
+        self.owner = owner
+        self.path = path
+        self._wake = trio.Event()
+
+    def flush(self) -> None:
+        """Something was queued on the connection: the writer sends it."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Keep the link connected until cancelled (reconnecting with backoff:
+        from :data:`BACKOFF_MIN` after a connection that was welcomed,
+        doubling up to :data:`BACKOFF_MAX` while none is)."""
+        backoff = BACKOFF_MIN
+        while True:
+            try:
+                stream = await trio.open_unix_socket(self.path)
+            except OSError as error:
+                log.debug("%s: cannot reach %s (%s): retrying", self.name, self.owner, error)
+            else:
+                connects = self.side.connects
+                try:
+                    reason = await self._serve(stream)
+                except Exception:  # a bug of ours: this connection ends, not the broker
+                    log.exception(
+                        "%s: link to %s ended by an internal error", self.name, self.owner
+                    )
+                    reason = ""
+                if self.side.connects > connects:
+                    backoff = BACKOFF_MIN
+                    if reason:
+                        log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _serve(self, stream: trio.SocketStream) -> str:
+        """Serve one connection of the link until it breaks; why it did."""
+        conn = self.side.connected()
+        reason = ""
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def reader() -> None:
+                    nonlocal reason
+                    reason = await self._reader(stream, conn)
+                    nursery.cancel_scope.cancel()
+
+                async def keepalive() -> None:
+                    nonlocal reason
+                    reason = await self._keepalive(conn)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(reader)
+                nursery.start_soon(keepalive)
+                stopped = await self._writer(stream, conn)
+                reason = reason or stopped
+                nursery.cancel_scope.cancel()
+        finally:
+            self.side.broken()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+        return reason
+
+    async def _writer(self, stream: trio.SocketStream, conn: Connection) -> str:
+        """Send what is queued whenever woken; why it stopped."""
+        while True:
+            data = conn.data_to_send(trio.current_time())
+            if data:
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    return f"socket error: {error}"
+            elif conn.closed:
+                return ""
+            else:
+                await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _keepalive(self, conn: Connection) -> str:
+        """Ping the owner in time and notice when it goes silent."""
+        while not conn.closed:
+            await trio.sleep_until(conn.next_deadline())
+            events = conn.handle_timer(trio.current_time())
+            self.flush()
+            for event in events:
+                if isinstance(event, ConnectionClosed):
+                    return f"owner silent: {event.reason}"
+        return ""
+
+    async def _reader(self, stream: trio.SocketStream, conn: Connection) -> str:
+        """Hand each read's events to the link; why the connection ended."""
+        outbox = self.outbox
+        while True:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                return f"socket error: {error}"
+            if not data:
+                return "closed by the owner"
+            events = conn.receive_data(data, trio.current_time())
+            outbox.open()
+            try:
+                reason = self.side.handle(conn, events)
+            finally:
+                outbox.close()
+            self.flush()
+            if reason is not None:
+                return reason

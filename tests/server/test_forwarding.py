@@ -1,0 +1,166 @@
+"""Forwarding between the workers of a multi-worker broker: a client that
+did not ask for metadata publishes and subscribes to any topic through any
+worker; the worker that does not own the topic forwards to the owner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from broker.client import open_client
+from broker.metrics import stat_document
+
+from .helpers import TIMEOUT, wait_until
+from .workers import owned_by, running_workers, url
+
+IDS = ["w0", "w1"]
+
+
+async def test_publish_through_a_non_owner_reaches_subscribers_of_both(tmp_path: Path) -> None:
+    (topic,) = owned_by("w1", IDS, "news-")
+    count = 500
+    async with (
+        running_workers(tmp_path) as (w0, w1),
+        open_client(url(w1), name="at-owner") as at_owner,
+        open_client(url(w0), name="via-w0") as via_w0,
+        open_client(url(w0), name="publisher") as publisher,
+        at_owner.subscribe(topic) as direct,
+        via_w0.subscribe(topic) as forwarded,
+    ):
+        # (The forwarded one is made at the owner a round trip later.)
+        await wait_until(lambda: w1.statistics().subscriptions == 2, what="subscriptions")
+        with trio.fail_after(TIMEOUT):
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+            await publisher.flush()
+            for subscription in (direct, forwarded):
+                got = [int((await subscription.receive()).payload) for _ in range(count)]
+                assert got == list(range(count))
+        links = w0.link_statistics()
+        assert links is not None and w1.link_statistics() == ()  # (w1 forwarded nothing)
+        document = stat_document(w0)
+        assert document["broker"]["links"][0]["owner"] == "w1"
+        assert document["broker"]["links"][0]["publishes_forwarded"] == count
+        assert [link.owner for link in links] == ["w1"]
+        assert links[0].open and links[0].publishes_in_flight == 0
+        assert links[0].publishes_forwarded == count
+        assert links[0].subscriptions_forwarded == 1
+        assert topic in w1.topics and not w1.topics[topic].forwarded
+        assert w0.topics[topic].forwarded
+
+
+async def test_a_publish_is_confirmed_only_once_the_owner_confirmed_it(tmp_path: Path) -> None:
+    """While the link to the owner cannot be opened, publishes through the
+    forwarder stay unconfirmed (flush waits) and charged to their publisher;
+    once the link opens, the owner routes them, then the client's Confirm
+    comes: when flush returns, the owner has every message."""
+    (topic,) = owned_by("w1", IDS, "held-")
+    count = 50
+    async with running_workers(tmp_path, data=True) as (w0, w1):
+        assert w0.worker is not None
+        right = w0.worker.link_paths["w1"]
+        w0.worker.link_paths["w1"] = str(tmp_path / "nowhere")  # type: ignore[index]
+        async with open_client(url(w0), name="publisher") as publisher:
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+            with trio.move_on_after(0.5) as waited:
+                await publisher.flush()
+            assert waited.cancelled_caught  # no Confirm without the owner's
+            (link,) = w0.link_statistics()
+            assert not link.open and link.publishes_in_flight == count
+            assert link.bytes_in_flight > 0
+            assert w0.connections and any(c.account.debt > 0 for c in w0.connections.values())
+            w0.links.links["w1"].runner.path = right  # type: ignore[union-attr]
+            with trio.fail_after(TIMEOUT):
+                await publisher.flush()
+            assert w1.topics[topic].messages_in == count  # routed (written) at the owner first
+            (link,) = w0.link_statistics()
+            assert link.open and link.publishes_in_flight == 0 and link.bytes_in_flight == 0
+        async with (
+            open_client(url(w1), name="reader") as reader,
+            reader.subscribe(topic, start="earliest") as subscription,
+        ):
+            with trio.fail_after(TIMEOUT):
+                got = [int((await subscription.receive()).payload) for _ in range(count)]
+        assert got == list(range(count))
+
+
+async def test_more_forwarded_topics_than_a_link_can_fund_at_once(tmp_path: Path) -> None:
+    """A link is one connection to the owner, funded from one connection
+    budget (here three topics' worth): twelve clients publishing at once to
+    twelve topics through the forwarder all get everything confirmed (the
+    link frees idle topics' handles when the owner withholds a channel), and
+    the owner's logs hold every message, in order."""
+    frame = 64 * 1024 + 64
+    budget = 2 * 16 * 1024 + 3 * frame
+    topics = owned_by("w1", IDS, "many-", 12)
+    per_topic = 200
+    async with running_workers(tmp_path, data=True, connection_budget=budget) as (w0, w1):
+        flushed: list[str] = []
+
+        async def publish(topic: str) -> None:
+            async with open_client(url(w0), name=f"pub-{topic}") as publisher:
+                for n in range(per_topic):
+                    await publisher.publish(topic, b"%d" % n)
+                await publisher.flush()
+                flushed.append(topic)
+                # Every publisher (so every forwarding topic) stays until all flushed.
+                await wait_until(lambda: len(flushed) == len(topics), what="every flush")
+
+        with trio.fail_after(4 * TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for topic in topics:
+                    nursery.start_soon(publish, topic)
+        (link,) = w0.link_statistics()
+        assert link.publishes_forwarded >= len(topics) * per_topic
+        assert link.publishes_in_flight == 0
+        for topic in topics:
+            async with (
+                open_client(url(w1), name="reader") as reader,
+                reader.subscribe(topic, start="earliest") as subscription,
+            ):
+                with trio.fail_after(TIMEOUT):
+                    got = [int((await subscription.receive()).payload) for _ in range(per_topic)]
+                assert got == list(range(per_topic)), topic
+
+
+async def test_three_workers_forward_keys_headers_and_the_largest_payloads(
+    tmp_path: Path,
+) -> None:
+    """Three workers: w0 publishes to topics w1 and w2 own, w2 subscribes to
+    w1's topic through itself; keys, headers and a payload filling a frame
+    arrive as published, offsets are the owners' log offsets."""
+    ids = ["w0", "w1", "w2"]
+    (on_w1,) = owned_by("w1", ids, "three-")
+    (on_w2,) = owned_by("w2", ids, "three-")
+    big = bytes(range(256)) * 240  # 61,440 bytes: within a 64 KiB frame with its head
+    sent = [
+        (b"small", None, None),
+        (b"keyed", b"k\x00ey", [("h", b"v"), ("empty", b"")]),
+        (big, b"big", [("size", b"%d" % len(big))]),
+    ]
+    async with (
+        running_workers(tmp_path, 3, data=True) as (w0, w1, w2),
+        open_client(url(w2), name="via-w2") as via_w2,
+        open_client(url(w0), name="via-w0") as via_w0,
+        via_w2.subscribe(on_w1) as from_w1,
+        via_w0.subscribe(on_w2) as from_w2,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="at w1")
+        # (w2 counts its own client's forwarded subscription too.)
+        await wait_until(lambda: w2.statistics().subscriptions == 2, what="at w2")
+        async with open_client(url(w0), name="publisher") as publisher:
+            for topic in (on_w1, on_w2):
+                for payload, key, headers in sent:
+                    await publisher.publish(topic, payload, key=key, headers=headers)
+            await publisher.flush()
+        for subscription in (from_w1, from_w2):
+            with trio.fail_after(TIMEOUT):
+                got = [await subscription.receive() for _ in sent]
+            assert [(m.payload, m.key, m.headers or None) for m in got] == [
+                (p, k, h) for p, k, h in sent
+            ]
+            assert [m.offset for m in got] == [1, 2, 3]
+        assert sorted(link.owner for link in w0.link_statistics() or ()) == ["w1", "w2"]
+        assert [link.owner for link in w2.link_statistics() or ()] == ["w1"]

@@ -47,7 +47,6 @@ from broker.protocol import (
     Role,
     Throttled,
     WelcomeReceived,
-    decode_deliver_tail,
     encode_deliver_tail,
 )
 
@@ -251,9 +250,8 @@ class Link:
             batch = pending[index]
             tails = batch.routed.tails
             while batch.sent < len(tails):
-                payload, key, headers = decode_deliver_tail(tails[batch.sent])
-                try:
-                    conn.publish(handle, payload, key=key, headers=headers)
+                try:  # (a Publish ends as a Deliver does: the tail is copied as is)
+                    conn.publish_tail(handle, tails[batch.sent])
                 except NoGuarantees:
                     state.sending = index
                     self.publishes_forwarded += sent

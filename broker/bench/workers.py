@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -249,12 +250,23 @@ def slow_consumer(
                 "duration": duration,
             }
         )
-        while publisher.poll() is None:
-            time.sleep(0.5)
-            for pid in pids:
-                rss_max[pid] = max(rss_max[pid], proc_status(pid, "RssAnon"))
-            _hop_debts(base, peaks)
-        published = worker_result(publisher, duration + 120)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.5):
+                for pid in pids:
+                    rss_max[pid] = max(rss_max[pid], proc_status(pid, "RssAnon"))
+                _hop_debts(base, peaks)
+
+        # (Sampled beside, not by polling the publisher: its result is
+        # larger than a pipe holds, so it ends only once it is read.)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            published = worker_result(publisher, duration + 120)
+        finally:
+            done.set()
+            sampler.join()
         slow_result = worker_result(slow, duration + 120)["subscribers"][0]
         fast_result = worker_result(fast, duration + 120)["subscribers"][0]
     config = BrokerConfig()

@@ -11,7 +11,13 @@ import trio
 from broker.client import BlockingClient, open_client
 
 from ..proxy import proxied
-from ..workers.test_supervisor import DEADLINE, running_workers, topics_of, worker_config
+from ..workers.test_supervisor import (
+    DEADLINE,
+    across_a_break,
+    running_workers,
+    topics_of,
+    worker_config,
+)
 from .conftest import Pki
 
 
@@ -23,30 +29,12 @@ async def test_a_tls_resume_on_another_worker_is_redirected_to_the_sessions_home
         w0, w1 = supervisor.workers
         topic = topics_of("w0", ["w0", "w1"], 1)[0]
         async with proxied(("127.0.0.1", w0.direct.getsockname()[1])) as proxy:
-            got: list[bytes] = []
-            tls = {"ssl_context": pki.client(), "reconnect": DEADLINE}
-            async with (
-                open_client(proxy.url, name="sub", **tls) as subscriber,
-                subscriber.subscribe(topic) as subscription,
-                open_client(proxy.url, name="pub", **tls) as publisher,
-            ):
-                for n in range(200):
-                    await publisher.publish(topic, b"%d" % n)
-                    if n == 99:
-                        await publisher.flush()
-                        with trio.fail_after(DEADLINE):
-                            while len(got) < 50:
-                                got.append((await subscription.receive()).payload)
-                        # The resumes reach w1 first: it sends them to w0.
-                        proxy.target = ("127.0.0.1", w1.direct.getsockname()[1])
-                        proxy.cut()
-                await publisher.flush()
-                with trio.fail_after(DEADLINE):
-                    while len(got) < 200:
-                        got.append((await subscription.receive()).payload)
-                for client in (subscriber, publisher):
-                    statistics = client.statistics()
-                    assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+
+            def lead_elsewhere() -> None:  # the resumes reach w1 first: it sends them to w0
+                proxy.target = ("127.0.0.1", w1.direct.getsockname()[1])
+                proxy.cut()
+
+            got = await across_a_break(proxy.url, topic, lead_elsewhere, ssl_context=pki.client())
         assert got == [b"%d" % n for n in range(200)]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -54,6 +54,37 @@ def topics_of(worker: str, ids: list[str], wanted: int) -> list[str]:
     """``wanted`` topic names that ``worker`` owns among ``ids``."""
     found = [f"t{i}" for i in range(1000) if owner_id(f"t{i}", ids) == worker]
     return found[:wanted]
+
+
+async def across_a_break(
+    url: str, topic: str, break_it: Callable[[], None], **options: Any
+) -> list[bytes]:
+    """A subscriber and a publisher (``reconnect`` on, ``options`` given) at
+    ``url``: 100 messages, ``break_it()`` once 50 of them arrived, 100 more;
+    what the subscriber received. Both clients must have resumed their
+    sessions (none lost)."""
+    got: list[bytes] = []
+    async with (
+        open_client(url, name="sub", reconnect=DEADLINE, **options) as subscriber,
+        subscriber.subscribe(topic) as subscription,
+        open_client(url, name="pub", reconnect=DEADLINE, **options) as publisher,
+    ):
+        for n in range(200):
+            await publisher.publish(topic, b"%d" % n)
+            if n == 99:
+                await publisher.flush()
+                with trio.fail_after(DEADLINE):
+                    while len(got) < 50:
+                        got.append((await subscription.receive()).payload)
+                break_it()
+        await publisher.flush()
+        with trio.fail_after(DEADLINE):
+            while len(got) < 200:
+                got.append((await subscription.receive()).payload)
+        for client in (subscriber, publisher):
+            statistics = client.statistics()
+            assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+    return got
 
 
 async def read(client: Any, topic: str, count: int) -> list[bytes]:
@@ -129,27 +160,12 @@ async def test_a_session_on_a_killed_worker_resumes_with_no_loss_and_no_duplicat
         w0 = supervisor.workers[0]
         topic = topics_of("w0", ["w0", "w1"], 1)[0]
         url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
-        got: list[bytes] = []
-        async with (
-            open_client(url0, name="sub", reconnect=DEADLINE) as subscriber,
-            subscriber.subscribe(topic) as subscription,
-            open_client(url0, name="pub", reconnect=DEADLINE) as publisher,
-        ):
-            for n in range(200):
-                await publisher.publish(topic, b"%d" % n)
-                if n == 99:
-                    await publisher.flush()
-                    with trio.fail_after(DEADLINE):
-                        while len(got) < 50:
-                            got.append((await subscription.receive()).payload)
-                    assert w0.pid is not None
-                    os.kill(w0.pid, signal.SIGKILL)
-            await publisher.flush()
-            with trio.fail_after(DEADLINE):
-                while len(got) < 200:
-                    got.append((await subscription.receive()).payload)
-            statistics = subscriber.statistics()
-            assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+
+        def kill() -> None:
+            assert w0.pid is not None
+            os.kill(w0.pid, signal.SIGKILL)
+
+        got = await across_a_break(url0, topic, kill)
         assert got == [b"%d" % n for n in range(200)]
         assert w0.restarts == 1
 
@@ -172,26 +188,10 @@ async def test_a_resume_that_lands_on_another_worker_is_handed_to_the_sessions_h
         # Through a proxy that first leads to w0, then (after a cut) to w1:
         # the resumes land on w1, which passes the sockets to w0.
         async with proxied(("127.0.0.1", w0.direct.getsockname()[1])) as proxy:
-            got: list[bytes] = []
-            async with (
-                open_client(proxy.url, name="sub", reconnect=DEADLINE) as subscriber,
-                subscriber.subscribe(topic) as subscription,
-                open_client(proxy.url, name="pub", reconnect=DEADLINE) as publisher,
-            ):
-                for n in range(200):
-                    await publisher.publish(topic, b"%d" % n)
-                    if n == 99:
-                        await publisher.flush()
-                        with trio.fail_after(DEADLINE):
-                            while len(got) < 50:
-                                got.append((await subscription.receive()).payload)
-                        proxy.target = ("127.0.0.1", w1.direct.getsockname()[1])
-                        proxy.cut()
-                await publisher.flush()
-                with trio.fail_after(DEADLINE):
-                    while len(got) < 200:
-                        got.append((await subscription.receive()).payload)
-                for client in (subscriber, publisher):
-                    statistics = client.statistics()
-                    assert statistics["sessions_lost"] == 0 and statistics["resumes"] >= 1
+
+            def lead_elsewhere() -> None:
+                proxy.target = ("127.0.0.1", w1.direct.getsockname()[1])
+                proxy.cut()
+
+            got = await across_a_break(proxy.url, topic, lead_elsewhere)
         assert got == [b"%d" % n for n in range(200)]

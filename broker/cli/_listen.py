@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-__all__ = ["CannotListen", "check_free"]
+__all__ = ["CannotListen", "check_free", "check_metrics_free", "metrics_unavailable"]
 
 
 class CannotListen(Exception):
@@ -33,3 +33,18 @@ def check_free(host: str, port: int) -> None:
             if family == socket.AF_INET6:
                 probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             probe.bind(address)
+
+
+def check_metrics_free(metrics: tuple[str, int] | None) -> None:
+    """Raise :class:`CannotListen` now if the metrics address (a fixed port)
+    is taken: checked before anything says it listens."""
+    if metrics is not None and metrics[1] != 0:
+        try:
+            check_free(*metrics)
+        except OSError as error:
+            raise metrics_unavailable(metrics, error) from None
+
+
+def metrics_unavailable(metrics: tuple[str, int], error: OSError) -> CannotListen:
+    """The one line for a metrics address that cannot be listened on."""
+    return CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error)

@@ -15,7 +15,7 @@ from ..config import FIELDS, BrokerConfig, ConfigError, load_config
 from ..runtime import raise_open_file_limit, sole_failure, tune_gc
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
-from ._listen import CannotListen, check_free
+from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 
 log = logging.getLogger("broker")
 
@@ -151,11 +151,7 @@ async def _serve(config: BrokerConfig) -> None:
     metrics = config.metrics_address
     # The metrics port is checked before the broker starts (and says it
     # listens): a taken port stops it with one line, not after a "listening".
-    if metrics is not None and metrics[1] != 0:
-        try:
-            check_free(*metrics)
-        except OSError as error:
-            raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    check_metrics_free(metrics)
     if config.log_dir is None:
         log.info("memory-only: topics are not retained")
     else:
@@ -179,9 +175,7 @@ async def _serve(config: BrokerConfig) -> None:
                 try:
                     host, port = await nursery.start(serve_metrics, broker, *metrics)
                 except OSError as error:
-                    raise CannotListen(
-                        "HTTP (metrics)", metrics, "--metrics-listen", error
-                    ) from None
+                    raise metrics_unavailable(metrics, error) from None
                 lines.append(f"metrics on http://{host}:{port}/metrics")
             print("\n".join(lines), flush=True)
             async for signum in signals:

@@ -10,7 +10,7 @@ import trio
 
 from ..config import BrokerConfig
 from ..workers import serve_merged_metrics, serve_workers
-from ._listen import CannotListen, check_free
+from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 
 log = logging.getLogger("broker")
 
@@ -31,11 +31,7 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
     """Run the workers until SIGINT/SIGTERM, then drain them all."""
     _check_files(config)
     metrics = config.metrics_address
-    if metrics is not None and metrics[1] != 0:
-        try:
-            check_free(*metrics)
-        except OSError as error:
-            raise CannotListen("HTTP (metrics)", metrics, "--metrics-listen", error) from None
+    check_metrics_free(metrics)
     count = config.worker_count
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -60,9 +56,7 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
                         )
                     )
                 except OSError as error:
-                    raise CannotListen(
-                        "HTTP (metrics)", metrics, "--metrics-listen", error
-                    ) from None
+                    raise metrics_unavailable(metrics, error) from None
                 lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics")
             directs = ", ".join(f"{w.id} on {w.member.address}" for w in supervisor.workers)
             lines.append(f"{count} workers, direct: {directs}")

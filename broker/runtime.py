@@ -6,7 +6,7 @@ import ctypes
 import ctypes.util
 import gc
 import resource
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 def tune_gc(threshold: int) -> None:
@@ -80,3 +80,18 @@ def sole_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
         failure = failure.exceptions[0]
     return failure
+
+
+def run_unwrapped(async_fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    """``trio.run(async_fn, *args)``, raising a failure that nurseries
+    wrapped in groups of one as itself (so that callers catch the one
+    error they know how to report in a line)."""
+    import trio
+
+    try:
+        trio.run(async_fn, *args)
+    except BaseExceptionGroup as group:
+        failure = sole_failure(group)
+        if failure is group:
+            raise
+        raise failure from None

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..runtime import raise_open_file_limit, sole_failure, tune_gc
+from ..runtime import raise_open_file_limit, run_unwrapped, tune_gc
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
@@ -113,18 +113,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
     try:
-        try:
-            if config.worker_count > 1:
-                from ._supervise import supervise
+        if config.worker_count > 1:
+            from ._supervise import supervise
 
-                trio.run(supervise, config, logging.getLevelName(log.getEffectiveLevel()))
-            else:
-                trio.run(_serve, config)
-        except BaseExceptionGroup as group:
-            failure = sole_failure(group)
-            if failure is group:
-                raise
-            raise failure from None
+            run_unwrapped(supervise, config, logging.getLevelName(log.getEffectiveLevel()))
+        else:
+            run_unwrapped(_serve, config)
     except (AuthError, TLSConfigError) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ from functools import partial
 
 import trio
 
-from broker.runtime import raise_open_file_limit, sole_failure, tune_gc
+from broker.runtime import raise_open_file_limit, run_unwrapped, tune_gc
 
 from ._spec import SPEC_VARIABLE, WorkerSpec
 
@@ -94,13 +94,7 @@ def main() -> int:
     tune_gc(spec.config.gc_threshold)
     raise_open_file_limit()
     try:
-        try:
-            trio.run(_run, spec)
-        except BaseExceptionGroup as group:
-            failure = sole_failure(group)
-            if failure is group:
-                raise
-            raise failure from None
+        run_unwrapped(_run, spec)
     except (LogError, OSError) as error:
         print(f"broker worker {spec.worker}: {error}", file=sys.stderr)
         return 1

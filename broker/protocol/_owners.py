@@ -17,7 +17,7 @@ Sans-IO: nothing here does I/O or knows the time.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._errors import ProtocolError
@@ -80,6 +80,11 @@ class Cluster:
                 return member
         raise AssertionError("owner_id returned a member that is not listed")  # pragma: no cover
 
+    @property
+    def index(self) -> int:
+        """The place of ``worker`` (the member this describes) in ``members``."""
+        return [member.id for member in self.members].index(self.worker)
+
     def owns(self, topic: str) -> bool:
         """Whether ``worker`` (the member this describes) owns ``topic``."""
         return owner_id(topic, (member.id for member in self.members)) == self.worker
@@ -118,8 +123,3 @@ class Cluster:
         if len(set(ids)) != len(ids) or worker not in ids:
             raise ProtocolError("cluster member ids must be unique and include the worker")
         return cls(epoch, worker, tuple(parsed))
-
-
-def members_of(ids: Sequence[str], addresses: Sequence[tuple[str, int]]) -> tuple[Member, ...]:
-    """Members from parallel lists of ids and ``(host, port)`` addresses."""
-    return tuple(Member(i, host, port) for i, (host, port) in zip(ids, addresses, strict=True))

@@ -517,7 +517,9 @@ async def serve_broker(
             config, system, ssl_context=ssl_context, auth=auth, logs=logs, worker=worker
         )
         if auth is not None and worker is not None and worker.connection_counts is not None:
-            shared = SharedCounts(worker.connection_counts, worker.index, list(auth.principals))
+            shared = SharedCounts(
+                worker.connection_counts, worker.cluster.index, list(auth.principals)
+            )
             for usage in broker.principals.values():
                 usage.shared = shared
         sockname = listeners[0].socket.getsockname()

@@ -12,8 +12,10 @@ over a Unix datagram socket (``SCM_RIGHTS``) and forgets it: the home worker
 reads the Hello itself, as if it had accepted the connection. Nothing is
 copied and the client notices nothing.
 
-A TLS connection cannot be passed (its TLS state is in this process): it is
-served here, where its session is unknown, and resumes as a new session.
+A TLS connection cannot be passed (its TLS state is in this process): its
+Hello, like any resume whose home could not take the socket, is answered
+with Goodbye 8 and the home's direct address (:func:`home_address`), where
+the client resumes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Protocol
 
 import trio
 
-from broker.protocol import Cluster, FrameDecoder, Hello, ProtocolError
+from broker.protocol import Cluster, FrameDecoder, Hello, Member, ProtocolError
 from broker.protocol._core import MAX_HELLO_FRAME
 
 log = logging.getLogger("broker.server")
@@ -51,26 +53,23 @@ PEEK_INTERVAL = 0.005
 
 def session_prefix(cluster: Cluster) -> bytes:
     """The first byte of every session id this worker creates: its index."""
-    index = [member.id for member in cluster.members].index(cluster.worker)
-    return bytes([index])
+    return bytes([cluster.index])
 
 
-def home_of(session: bytes, cluster: Cluster) -> str | None:
-    """The id of the worker that holds ``session`` if that is not this one
-    (None: this worker, or not a session id a worker made)."""
+def home_of(session: bytes, cluster: Cluster) -> Member | None:
+    """The worker that holds ``session`` if that is not this one (None: this
+    worker, or not a session id a worker made)."""
     if len(session) != SESSION_ID_BYTES or session[0] >= len(cluster.members):
         return None
-    home = cluster.members[session[0]].id
-    return None if home == cluster.worker else home
+    home = cluster.members[session[0]]
+    return None if home.id == cluster.worker else home
 
 
 def home_address(session: bytes, cluster: Cluster) -> str | None:
     """The direct address of the worker that holds ``session``, if that is
     not this one (where a resume that cannot be handed over is sent)."""
     home = home_of(session, cluster)
-    if home is None:
-        return None
-    return next(member.address for member in cluster.members if member.id == home)
+    return None if home is None else home.address
 
 
 async def hello_session(sock: trio.socket.SocketType) -> bytes | None:
@@ -113,7 +112,7 @@ async def hand_over(stream: trio.SocketStream, place: HandoverPlace, wait: float
     with trio.move_on_after(wait):
         session = await hello_session(stream.socket)
     home = None if session is None else home_of(session, place.cluster)
-    path = None if home is None else place.handover_paths.get(home)
+    path = None if home is None else place.handover_paths.get(home.id)
     if path is None or not pass_socket(stream.socket, path):
         return False
     await trio.aclose_forcefully(stream)

@@ -43,11 +43,6 @@ class WorkerSetup:
     connection_counts: str | None = None
 
     @property
-    def index(self) -> int:
-        """This worker's place in the membership (its row of shared counts)."""
-        return [member.id for member in self.cluster.members].index(self.worker)
-
-    @property
     def worker(self) -> str:
         """This worker's id."""
         return self.cluster.worker

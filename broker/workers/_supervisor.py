@@ -73,7 +73,6 @@ class WorkerProcess:
     #: The worker's direct address as clients are told it.
     member: Member
     process: trio.Process | None = None
-    pid: int | None = None
     #: Listening now (its ready line came, its process has not ended).
     up: bool = False
     restarts: int = 0
@@ -83,6 +82,11 @@ class WorkerProcess:
     last_exit: int | None = None
     _ready: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def pid(self) -> int | None:
+        """Its current (or last) process's id."""
+        return None if self.process is None else self.process.pid
 
     def _change(self, up: bool) -> None:
         self.up = up
@@ -245,7 +249,7 @@ class Supervisor:
             raise
         finally:
             os.close(write_fd)
-        worker.process, worker.pid = process, process.pid
+        worker.process = process
         async with trio.lowlevel.FdStream(read_fd) as pipe:
             line = b""
             with trio.move_on_after(START_TIMEOUT):

@@ -47,6 +47,7 @@ def test_cluster_owner_and_owns_agree() -> None:
         assert CLUSTER.owns(topic) == (CLUSTER.owner(topic).id == "w1")
     assert CLUSTER.owner("x").address in ("127.0.0.1:7401", "127.0.0.1:7402")
     assert Member("w9", "::1", 7400).address == "[::1]:7400"
+    assert CLUSTER.index == 1
 
 
 def _handshake(metadata: bool, cluster: Cluster | None) -> Welcome:

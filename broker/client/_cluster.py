@@ -78,14 +78,20 @@ class _Routing(Generic[C]):
     """Clients (of either driver) by broker URL, and which owns a topic;
     what both cluster clients share."""
 
-    def __init__(self, clients: dict[str, C], cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        clients: dict[str, C],
+        cluster: Cluster | None = None,
+        urls: dict[str, str] | None = None,
+    ) -> None:
         self.clients = clients
         self._servers = list(clients)
         #: The membership of the one multi-worker broker these clients are
         #: connected to (one client per worker, keyed by its direct URL);
         #: None: independent brokers, routed by their addresses.
         self.cluster = cluster
-        self._urls: dict[str, str] = {}
+        #: With ``cluster``: per worker id, the URL its client is keyed by.
+        self._urls: dict[str, str] = urls or {}
 
     def _route(self, topic: str) -> str:
         if self.cluster is None:
@@ -242,9 +248,7 @@ async def open_cluster_client(
                     url: await stack.enter_async_context(open_client(url, **options))
                     for url in urls.values()
                 }
-                routing = ClusterClient(members, cluster)
-                routing._urls = urls
-                yield routing
+                yield ClusterClient(members, cluster, urls)
                 return
         for server in listed:
             if server not in clients:

@@ -39,6 +39,7 @@ from ._encode import (
     encode_body,
     encode_deliver,
     encode_deliver_tail,
+    encode_deliver_tails,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
@@ -247,6 +248,7 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
+    "encode_deliver_tails",
     "owner_id",
     "topic_name_problem",
     "topic_pattern_problem",

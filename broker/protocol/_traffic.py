@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._binds import HandleBinding
 from ._codec import decode_body
-from ._core import ConnectionState
+from ._core import ConnectionState, NoGuarantees
 from ._encode import (
     MAX_DELIVER_MANY,
     MAX_DELIVER_TIMED,
@@ -91,14 +91,19 @@ class Traffic(HandleBinding):
         state.retain(frame)  # to be sent again on a resume, until confirmed
         return size
 
-    def publish_tail(self, topic: int, tail: bytes) -> int:
-        """Client: :meth:`publish` of the message whose payload, key and
-        headers are ``tail``, a Deliver tail (:func:`encode_deliver_tail`),
-        without decoding it; returns the frame size. Raises as :meth:`publish`.
+    def publish_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
+        """Client: :meth:`publish` of the messages whose payload, key and
+        headers are ``tails[start:]``, Deliver tails
+        (:func:`encode_deliver_tail`), without decoding them, in order and
+        as far as the guarantees go; returns how many were sent (fewer than
+        asked when the channel ran out of room: the rest were not sent).
+        Raises as :meth:`publish`, except that running out of room ends the
+        run instead of raising :class:`NoGuarantees`; a tail too large for
+        the peer's ``max_frame`` raises once those before it are sent.
 
-        (Its checks and fast path are :meth:`publish`'s, repeated rather than
+        (The checks and fast path are :meth:`publish`'s, repeated rather than
         shared: ``publish`` is the clients' hottest call, kept free of an
-        extra call per message.)"""
+        extra call per message; here they are paid once per run.)"""
         if self.role is not Role.CLIENT:
             self._require_role(Role.CLIENT, "publish")
         if self.state is not ConnectionState.OPEN:
@@ -108,17 +113,26 @@ class Traffic(HandleBinding):
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        frame = encode_publish_tail(topic, tail, max_frame=self.peer_max_frame)
-        size = len(frame)
-        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
-            self._out.append(frame)
-            self.frames_sent += 1
-            self.bytes_sent += size
-            self._out_size += size
-        else:
-            self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
-        state.retain(frame)  # to be sent again on a resume, until confirmed
-        return size
+        max_frame = self.peer_max_frame
+        out = self._out
+        retain = state.retain
+        sent = 0
+        for index in range(start, len(tails)):
+            frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)
+            size = len(frame)
+            if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+                out.append(frame)
+                self.frames_sent += 1
+                self.bytes_sent += size
+                self._out_size += size
+            else:
+                try:
+                    self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
+                except NoGuarantees:
+                    break
+            retain(frame)  # to be sent again on a resume, until confirmed
+            sent += 1
+        return sent
 
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:

@@ -173,6 +173,7 @@ class Dispatch:
                 event.options,
                 cursors=self.host.cursors,
                 principal=principal.principal.name if principal is not None else None,
+                trusted=self.admission.trusted,
             )
         except OptionError as error:
             topic.release_if_unused()

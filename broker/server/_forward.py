@@ -28,7 +28,7 @@ from accounts import Account, LoanedItem
 from actors import Turn
 from broker.protocol import DeliveryMode, Options
 
-from ._log_subscription import start_request
+from ._log_subscription import CURSOR_PRINCIPAL, start_request
 from ._lossy import OptionError, QueueLimits
 from ._topic import Routed, Subscriber, Subscription, Topic, charge_of
 
@@ -153,13 +153,15 @@ def forwarded_subscription(
     topic: ForwardTopic,
     mode: str,
     options: Mapping[str, object],
+    principal: str | None = None,
 ) -> ForwardedSubscription:
-    """The subscription a Subscribe to a forwarded topic makes (raises
-    :class:`OptionError`, naming the option, for what cannot be forwarded)."""
+    """The subscription a Subscribe to a forwarded topic makes, for the
+    client's ``principal`` (raises :class:`OptionError`, naming the option,
+    for what cannot be forwarded)."""
     link = topic.link
     check_forwarded_options(mode, options, logs=link.offsets)
     account = link.subscription_account(f"forward/{handle}/{topic.topic_name[:64]}")
-    return ForwardedSubscription(connection, handle, topic, mode, options, link, account)
+    return ForwardedSubscription(connection, handle, topic, mode, options, link, account, principal)
 
 
 def check_forwarded_options(mode: str, options: Mapping[str, object], *, logs: bool) -> None:
@@ -223,9 +225,14 @@ class ForwardedSubscription(Subscription):
         options: Mapping[str, object],
         link: SubscriptionLink,
         account: Account,
+        principal: str | None = None,
     ) -> None:
         super().__init__(connection, handle, topic, mode)
         self.options: Options = dict(options)  # type: ignore[arg-type]
+        if principal is not None and "cursor" in options:
+            # The owner keeps the cursor as the client's principal's, as if the
+            # client had subscribed there directly (not as the link's).
+            self.options[CURSOR_PRINCIPAL] = principal
         self.link = link
         #: Pays for the deliveries held here (see the class).
         self.account = account

@@ -42,12 +42,12 @@ from broker.protocol import (
     GuaranteesReceived,
     HandleType,
     LocalProtocolError,
-    NoGuarantees,
     Policy,
     Role,
     Throttled,
     WelcomeReceived,
     encode_deliver_tail,
+    encode_deliver_tails,
 )
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
@@ -249,16 +249,12 @@ class Link:
         while index < len(pending):
             batch = pending[index]
             tails = batch.routed.tails
-            while batch.sent < len(tails):
-                try:  # (a Publish ends as a Deliver does: the tail is copied as is)
-                    conn.publish_tail(handle, tails[batch.sent])
-                except NoGuarantees:
-                    state.sending = index
-                    self.publishes_forwarded += sent
-                    self._flush()
-                    return
-                batch.sent += 1
-                sent += 1
+            # (A Publish ends as a Deliver does: each tail is copied as is.)
+            count = conn.publish_tails(handle, tails, batch.sent)
+            batch.sent += count
+            sent += count
+            if batch.sent < len(tails):  # out of room: the rest when guarantees come
+                break
             index += 1
         state.sending = index
         self.publishes_forwarded += sent
@@ -407,9 +403,7 @@ class Link:
                 subscription = subscriptions.get(many.subscription)
                 if subscription is not None:
                     self.deliveries_relayed += len(many.entries)
-                    subscription.relay(
-                        many.first_seq, [encode_deliver_tail(*entry) for entry in many.entries]
-                    )
+                    subscription.relay(many.first_seq, encode_deliver_tails(many.entries))
             elif kind is DeliverReceived:
                 assert isinstance(event, DeliverReceived)
                 message = event.message

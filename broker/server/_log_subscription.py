@@ -44,6 +44,9 @@ PUMP_RECORDS = 1024
 PUMP_BYTES = 1 << 20
 #: The reliable options this broker knows.
 LOG_OPTIONS = frozenset({"from", "from_time", "cursor", "until", "timestamps"})
+#: The option a worker adds to a Subscribe it forwards with a ``"cursor"``:
+#: the principal whose cursor it is (taken only from another worker's link).
+CURSOR_PRINCIPAL = "cursor_principal"
 
 
 class CursorBook(Protocol):

@@ -8,7 +8,13 @@ from typing import Protocol
 from broker.protocol import DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
-from ._log_subscription import CursorBook, LogSubscriber, make_log_subscription, start_request
+from ._log_subscription import (
+    CURSOR_PRINCIPAL,
+    CursorBook,
+    LogSubscriber,
+    make_log_subscription,
+    start_request,
+)
 from ._lossy import DroppingSubscriber, DroppingSubscription, OptionError, QueueLimits
 from ._topic import Subscription, Topic
 
@@ -28,15 +34,27 @@ def make_subscription(
     *,
     cursors: CursorBook | None = None,
     principal: str | None = None,
+    trusted: bool = False,
 ) -> Subscription:
     """The subscription a Subscribe asks for (raises :class:`OptionError`,
     naming the option): ``lossy`` and ``latest`` keep their own bounded
     queues; ``reliable`` reads the topic's log where there is one, and is
     charged to its publishers (today's memory-only behaviour) where not.
     A topic another worker owns gets a forwarded subscription, made at the
-    owner over the link (``_forward``)."""
+    owner over the link (``_forward``).
+
+    A ``trusted`` connection (another worker's link) may name the principal
+    whose durable cursor it forwards (``CURSOR_PRINCIPAL``), so that a
+    cursor is the same one whichever worker its client reached; from any
+    other connection that option is unknown, and refused as such."""
+    if trusted and CURSOR_PRINCIPAL in options:
+        options = dict(options)
+        named = options.pop(CURSOR_PRINCIPAL)
+        if type(named) is not str:
+            raise OptionError(f'"{CURSOR_PRINCIPAL}" must be text: a principal\'s name')
+        principal = named
     if isinstance(topic, ForwardTopic):
-        return forwarded_subscription(connection, handle, topic, mode, options)
+        return forwarded_subscription(connection, handle, topic, mode, options, principal)
     if mode == DeliveryMode.RELIABLE:
         request = start_request(options)
         log = topic.log

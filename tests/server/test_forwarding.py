@@ -10,8 +10,9 @@ import trio
 
 from broker.client import open_client
 from broker.metrics import stat_document
+from broker.protocol import BindTopic, GoodbyeCode, Subscribe
 
-from .helpers import TIMEOUT, wait_until
+from .helpers import TIMEOUT, RawClient, wait_until
 from .workers import owned_by, running_workers, url
 
 IDS = ["w0", "w1"]
@@ -164,3 +165,65 @@ async def test_three_workers_forward_keys_headers_and_the_largest_payloads(
             assert [m.offset for m in got] == [1, 2, 3]
         assert sorted(link.owner for link in w0.link_statistics() or ()) == ["w1", "w2"]
         assert [link.owner for link in w2.link_statistics() or ()] == ["w1"]
+
+
+CURSOR_AUTH = """
+[principals.alice]
+token = "alice-token"
+publish = ["jobs.*"]
+subscribe = ["jobs.*"]
+
+[principals.bob]
+token = "bob-token"
+subscribe = ["jobs.*"]
+"""
+
+
+async def test_a_durable_cursor_is_the_principals_whichever_worker_it_reached(
+    tmp_path: Path,
+) -> None:
+    """A cursor taken through a forwarder is the owner's cursor of the
+    client's principal (not of the link): the same principal continues it
+    at the owner directly, and another principal's cursor of the same name
+    is its own."""
+    (topic,) = owned_by("w1", IDS, "jobs.")
+    auth = tmp_path / "auth.toml"
+    auth.write_text(CURSOR_AUTH)
+    async with running_workers(tmp_path, data=True, auth_file=str(auth)) as (w0, w1):
+        async with open_client(url(w1), name="pub", token="alice-token") as publisher:
+            for n in range(1, 31):
+                await publisher.publish(topic, b"%d" % n)
+            await publisher.flush()
+
+        async def take(address: str, token: str, count: int) -> list[int | None]:
+            async with (
+                open_client(address, name="reader", token=token) as reader,
+                reader.subscribe(topic, start="earliest", cursor="group") as subscription,
+            ):
+                with trio.fail_after(TIMEOUT):
+                    got = [(await subscription.receive()).offset for _ in range(count)]
+            # (Leaving acknowledged them; the owner has stored it once the
+            # forwarded subscription is gone there.)
+            await wait_until(lambda: w1.statistics().subscriptions == 0, what="cursor stored")
+            return got
+
+        assert await take(url(w0), "alice-token", 10) == list(range(1, 11))  # via w0
+        assert await take(url(w1), "alice-token", 10) == list(range(11, 21))  # at the owner
+        assert await take(url(w0), "alice-token", 5) == list(range(21, 26))  # via w0 again
+        assert await take(url(w0), "bob-token", 3) == [1, 2, 3]  # bob's own cursor
+        assert await take(url(w1), "bob-token", 3) == [4, 5, 6]
+
+
+async def test_only_a_link_may_name_the_cursors_principal(tmp_path: Path) -> None:
+    (topic,) = owned_by("w1", IDS, "named-")
+    async with running_workers(tmp_path, data=True) as (_w0, w1):
+        raw = await RawClient.connect(w1)
+        await raw.handshake()
+        await raw.send(
+            BindTopic(topic), Subscribe(0, "reliable", {"cursor": "c", "cursor_principal": "a"})
+        )
+        await raw.read_until_eof()
+        await raw.aclose()
+        (goodbye,) = raw.goodbyes()
+        assert goodbye.code == GoodbyeCode.PROTOCOL_ERROR
+        assert "unknown subscribe option(s) ['cursor_principal']" in goodbye.reason

@@ -201,7 +201,7 @@ class Deliveries:
         acked = self.subscriptions.get(handle)
         if acked is not None:
             acked.ack(seq)
-            if acked.reads_log:  # (only a log subscription's position is recorded)
+            if acked.restorable:  # (only an offset is worth recording)
                 self.acked_dirty.add(handle)
 
     def drop(self, handle: int) -> None:

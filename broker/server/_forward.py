@@ -154,14 +154,20 @@ def forwarded_subscription(
     mode: str,
     options: Mapping[str, object],
     principal: str | None = None,
+    *,
+    restored: int | None = None,
 ) -> ForwardedSubscription:
     """The subscription a Subscribe to a forwarded topic makes, for the
     client's ``principal`` (raises :class:`OptionError`, naming the option,
-    for what cannot be forwarded)."""
+    for what cannot be forwarded); with ``restored`` (the last offset its
+    session's record has as processed), one restored after a restart, made
+    at the owner when its client resumes."""
     link = topic.link
     check_forwarded_options(mode, options, logs=link.offsets)
     account = link.subscription_account(f"forward/{handle}/{topic.topic_name[:64]}")
-    return ForwardedSubscription(connection, handle, topic, mode, options, link, account, principal)
+    return ForwardedSubscription(
+        connection, handle, topic, mode, options, link, account, principal, restored=restored
+    )
 
 
 def check_forwarded_options(mode: str, options: Mapping[str, object], *, logs: bool) -> None:
@@ -211,10 +217,14 @@ class ForwardedSubscription(Subscription):
         "owner_handle",
         "owner_received",
         "paused",
+        "restored",
         "segments",
     )
 
     charges_publishers = False
+    #: (Session records are kept only by a broker with a data directory,
+    #: whose owners number reliable deliveries by log offsets.)
+    restorable = True
 
     def __init__(
         self,
@@ -226,6 +236,8 @@ class ForwardedSubscription(Subscription):
         link: SubscriptionLink,
         account: Account,
         principal: str | None = None,
+        *,
+        restored: int | None = None,
     ) -> None:
         super().__init__(connection, handle, topic, mode)
         self.options: Options = dict(options)  # type: ignore[arg-type]
@@ -247,7 +259,12 @@ class ForwardedSubscription(Subscription):
         self.segments: deque[tuple[int, int]] = deque()
         #: Guarantees to the owner are withheld until the account clears.
         self.paused = False
-        link.subscribe(self)
+        #: Restored from its session's record after a restart (the last offset
+        #: recorded as processed): made at the owner only once its client
+        #: resumes and says what it processed. None: made at once.
+        self.restored = restored
+        if restored is None:
+            link.subscribe(self)
 
     def resubscribe_options(self, *, offsets: bool) -> Options:
         """The options to make it again at the owner after a broken link: on
@@ -260,6 +277,27 @@ class ForwardedSubscription(Subscription):
             options.pop("from_time", None)
             options["from"] = self.owner_received + 1
         return options
+
+    def attach(self, connection: Subscriber, processed: int) -> int:
+        """A resumed connection takes over. A restored subscription is made at
+        the owner now, to go on after the last offset processed (the client's
+        word, or the record's if later; a durable cursor goes on from where
+        the owner has it, what was processed skipped). One whose client had
+        processed nothing starts as first asked. Nothing was sent on it
+        here yet: 0 to send again."""
+        if self.restored is None:
+            return super().attach(connection, processed)
+        processed = max(processed, self.restored)
+        self.restored = None
+        self.connection = connection
+        if processed:
+            self.acked = self.owner_received = processed
+            self.next_seq = processed + 1
+            if "cursor" not in self.options:
+                self.options.pop("from_time", None)
+                self.options["from"] = processed + 1
+        self.link.subscribe(self)
+        return 0
 
     def link_broken(self, *, offsets: bool) -> None:
         """The link's connection broke: the owner's handle is gone. On a broker

@@ -195,6 +195,7 @@ class LogSubscription(Subscription):
 
     charges_publishers = False
     reads_log = True
+    restorable = True
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from accounts import Account, LoanedItem
 from broker.protocol import BrokerSessionState, DeliveryMode
 
+from ._forward import ForwardTopic, forwarded_subscription
 from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
 from ._session import Session, SessionTable
 from ._session_records import SavedSession, SessionRecords, load_sessions
@@ -112,14 +113,28 @@ def _subscriptions(
     host: RestoringHost, saved: SavedSession, unattached: Unattached
 ) -> dict[int, Subscription]:
     """The saved session's reliable subscriptions, reading from their logs
-    after the last offset processed."""
+    after the last offset processed (forwarded ones: see
+    ``ForwardedSubscription.attach``)."""
     subscriptions: dict[int, Subscription] = {}
     for handle, (info, _) in saved.state.subscriptions.items():
         if info.mode != DeliveryMode.RELIABLE:
             continue
         topic = host.topic(info.topic_name)
+        if isinstance(topic, ForwardTopic):  # another worker's: made there on resume
+            subscription: Subscription = forwarded_subscription(
+                unattached,
+                handle,
+                topic,
+                info.mode,
+                info.options,
+                saved.principal,
+                restored=saved.acked.get(handle, 0),
+            )
+            topic.subscribe(subscription)
+            subscriptions[handle] = subscription
+            continue
         topic_log = topic.log
-        if topic_log is None:  # (another worker's topic: not restored)
+        if topic_log is None:  # (cannot be: sessions are recorded only with logs)
             topic.release_if_unused()
             continue
         position = saved.acked.get(handle, topic_log.next_offset - 1) + 1

@@ -54,7 +54,9 @@ class Acked(Protocol):
         ...
 
     @property
-    def reads_log(self) -> bool: ...
+    def restorable(self) -> bool:
+        """Whether the record keeps it (see ``Subscription.restorable``)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -90,7 +92,7 @@ class SessionRecords:
             for handle, (info, _) in state.subscriptions.items()
             if info.mode == DeliveryMode.RELIABLE
             and (sub := subscriptions.get(handle)) is not None
-            and sub.reads_log
+            and sub.restorable
         }
         record = {
             "client": session.client_name,

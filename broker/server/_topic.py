@@ -136,6 +136,9 @@ class Subscription:
     charges_publishers = True
     #: It reads its topic's log instead of being offered each batch.
     reads_log = False
+    #: Its session's record keeps it (and its position) across a restart:
+    #: it is numbered by log offsets, which a restarted broker can go on from.
+    restorable = False
 
     def __init__(self, connection: Subscriber, handle: int, topic: Topic, mode: str) -> None:
         #: The connection it sends through (a resume attaches another).

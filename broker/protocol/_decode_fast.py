@@ -1,21 +1,26 @@
-"""The fast way through the frames that carry messages: a Publish, Deliver,
-DeliverMany or DeliverTimed of the usual shape is read here directly,
-without the general CBOR decoder of :mod:`._codec`; anything else, well
-formed or not, gives None and goes the general way."""
+"""The fast way through the commonest frames: a Publish, Deliver,
+DeliverMany or DeliverTimed of the usual shape, and the Ack and
+IssueGuarantee that answer them, are read here directly, without the
+general CBOR decoder of :mod:`._codec`; anything else, well formed or not,
+gives None and goes the general way."""
 
 from __future__ import annotations
 
 import struct
 
 from ._messages import (
+    Ack,
     Deliver,
     DeliverMany,
     DeliverTimed,
     Entry,
+    IssueGuarantee,
     Publish,
 )
 from ._types import (
     U64_MAX,
+    Channel,
+    ChannelKind,
 )
 
 # The two frames that carry messages are most of the traffic. Their usual
@@ -196,11 +201,51 @@ def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | N
     return DeliverTimed(subscription, first_seq, entries, times)
 
 
-def _fast_message(data: bytes, start: int, end: int) -> Publish | Deliver | DeliverMany | None:
-    """The Publish, Deliver, DeliverMany or DeliverTimed without headers in
-    ``data[start:end]``, or None for any other frame (which the general
-    decoder then reads)."""
-    if end - start < 7:
+#: Channel kinds by their number (a look-up, not an enum call, per frame).
+_KINDS = tuple(ChannelKind)
+_ACK_CODE = 21
+_ISSUE_GUARANTEE_CODE = 10
+
+
+def _fast_control(data: bytes, start: int, end: int) -> Ack | IssueGuarantee | None:
+    """The Ack or IssueGuarantee in ``data[start:end]`` (whose head says an
+    array of three), or None for anything else."""
+    code = data[start + 1]
+    if code == _ACK_CODE:
+        subscription, pos = _fast_uint(data, start + 2)
+        if subscription < 0:
+            return None
+        seq, pos = _fast_uint(data, pos)
+        if seq < 0 or pos != end:
+            return None
+        return Ack(subscription, seq)
+    if code == _ISSUE_GUARANTEE_CODE and data[start + 2] == 0x82:
+        kind = data[start + 3]
+        if kind > ChannelKind.DELIVER:
+            return None
+        index, pos = _fast_uint(data, start + 4)
+        if index < 0 or (kind <= ChannelKind.SUBSCRIPTION_BINDS and index != 0):
+            return None
+        amount, pos = _fast_uint(data, pos)
+        if amount < 0 or pos != end:
+            return None
+        return IssueGuarantee(Channel(_KINDS[kind], index), amount)
+    return None
+
+
+def _fast_message(
+    data: bytes, start: int, end: int
+) -> Publish | Deliver | DeliverMany | Ack | IssueGuarantee | None:
+    """The Publish, Deliver, DeliverMany or DeliverTimed without headers, or
+    the Ack or IssueGuarantee, in ``data[start:end]``, or None for any other
+    frame (which the general decoder then reads)."""
+    size = end - start
+    if size >= 4 and data[start] == 0x83:
+        try:
+            return _fast_control(data, start, end)
+        except IndexError:
+            return None  # truncated: the general decoder says how
+    if size < 7:
         return None
     first = data[start]
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 from ._codec import _decode_item, _new_decoder
 from ._decode_fast import _fast_message
@@ -67,8 +68,8 @@ class FrameDecoder:
             return  # the first frame is not whole yet: nothing to copy
         data = bytes(buffer)
         self.copied += available
-        stream = io.BytesIO(data)
-        decoder = _new_decoder(stream)
+        stream: io.BytesIO | None = None  # the general decoder's, made on first need
+        decoder: Any = None
         pos = 0
         try:
             while available - pos >= LENGTH_PREFIX:
@@ -88,6 +89,9 @@ class FrameDecoder:
                 if fast is not None:
                     yield fast, end - start
                 else:
+                    if stream is None:
+                        stream = io.BytesIO(data)
+                        decoder = _new_decoder(stream)
                     yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
         finally:
             del buffer[:pos]

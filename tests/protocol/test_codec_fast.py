@@ -1,5 +1,5 @@
-"""The codec's fast path for Publish, Deliver, DeliverMany and DeliverTimed agrees with the
-general decoder.
+"""The codec's fast path for Publish, Deliver, DeliverMany, DeliverTimed,
+Ack and IssueGuarantee agrees with the general decoder.
 
 ``FrameDecoder`` reads the usual shape of the message-carrying frames
 directly. For any bytes, what it yields must be exactly what the general
@@ -17,11 +17,16 @@ from hypothesis import strategies as st
 
 from broker.protocol import (
     U64_MAX,
+    Ack,
+    Channel,
+    ChannelKind,
+    Confirm,
     Deliver,
     DeliverMany,
     DeliverTimed,
     Entry,
     FrameDecoder,
+    IssueGuarantee,
     LocalProtocolError,
     Message,
     Publish,
@@ -82,7 +87,16 @@ def _deliver_timeds(draw: st.DrawFn) -> DeliverTimed:
     return DeliverTimed(many.subscription, many.first_seq, many.entries, times)
 
 
+_channels = st.one_of(
+    st.sampled_from(
+        [Channel(ChannelKind.TOPIC_BINDS, 0), Channel(ChannelKind.SUBSCRIPTION_BINDS, 0)]
+    ),
+    st.builds(Channel, st.sampled_from([ChannelKind.PUBLISH, ChannelKind.DELIVER]), _uints),
+)
+
 _messages = st.one_of(
+    st.builds(Ack, _uints, _uints),
+    st.builds(IssueGuarantee, _channels, _uints),
     st.builds(Publish, _uints, _blobs, _keys, st.none()),
     st.builds(Deliver, _uints, _uints, _blobs, _keys, st.none()),
     _deliver_manys(),
@@ -120,9 +134,7 @@ def _assert_read_alike(body: bytes) -> None:
 
 
 @given(_messages)
-def test_fast_path_reads_what_the_general_decoder_reads(
-    message: Publish | Deliver | DeliverMany,
-) -> None:
+def test_fast_path_reads_what_the_general_decoder_reads(message: Message) -> None:
     body = cbor2.dumps(_fields(message))
     assert _fast_message(body, 0, len(body)) == message
     assert _general(body) == message
@@ -130,9 +142,7 @@ def test_fast_path_reads_what_the_general_decoder_reads(
 
 
 @given(_messages, st.data())
-def test_damaged_frames_are_read_alike(
-    message: Publish | Deliver | DeliverMany, data: st.DataObject
-) -> None:
+def test_damaged_frames_are_read_alike(message: Message, data: st.DataObject) -> None:
     body = bytearray(cbor2.dumps(_fields(message)))
     for _ in range(data.draw(st.integers(1, 3))):
         what = data.draw(st.sampled_from(["flip", "cut", "insert"]))
@@ -163,6 +173,21 @@ def test_damaged_frames_are_read_alike(
         cbor2.dumps([32, -1, b"x", None, None]),
         cbor2.dumps([32, 1, b"x", None, None]) + b"\x00",
         bytes([0x85, 0x18, 0x20, 0x01, 0x45, 0x61]),
+        # Ack and IssueGuarantee: longer integer forms, a channel kind or
+        # bind channel index out of range, a negative or text field, a
+        # trailing byte, cut short, a channel that is not a pair.
+        bytes([0x83, 0x15, 0x18, 0x05, 0x19, 0x00, 0x07]),
+        bytes([0x83, 0x0A, 0x82, 0x02, 0x18, 0x03, 0x1A, 0, 1, 0, 0]),
+        cbor2.dumps([10, [4, 0], 5]),
+        cbor2.dumps([10, [0, 1], 5]),
+        cbor2.dumps([10, [1, 0], 5]),
+        cbor2.dumps([21, -1, 2]),
+        cbor2.dumps([21, 1, "2"]),
+        cbor2.dumps([21, 1, 2]) + b"\x00",
+        cbor2.dumps([10, [2, 1], 70_000])[:-1],
+        cbor2.dumps([10, 2, 1]),
+        cbor2.dumps([10, [2, 1, 3], 1]),
+        cbor2.dumps([23, 1, 2]),
     ],
 )
 def test_edge_shapes_are_read_alike(body: bytes) -> None:
@@ -303,6 +328,9 @@ def test_the_fast_path_takes_the_usual_frames() -> None:
     assert _fast_message(deliver, 0, len(deliver)) == Deliver(3, 1000, b"x" * 100)
     with_headers = encode(Publish(3, b"x", None, [("a", b"b")]))[4:]
     assert _fast_message(with_headers, 0, len(with_headers)) is None
+    for control in (Ack(3, 70_000), IssueGuarantee(Channel(ChannelKind.DELIVER, 3), 65_536)):
+        body = encode(control)[4:]
+        assert _fast_message(body, 0, len(body)) == control
     many = DeliverMany(3, 70_000, [(b"x" * 100, None, None), (b"y", b"k", None)] * 40)
     body = encode(many)[4:]
     assert _fast_message(body, 0, len(body)) == many
@@ -338,6 +366,34 @@ def test_the_direct_publish_encoder_writes_what_encode_writes(
 ) -> None:
     frame = encode_publish(topic, payload, key, max_frame=1 << 20)
     assert frame == encode(Publish(topic, payload, key), max_frame=1 << 20)
+
+
+@given(
+    st.one_of(
+        st.builds(Ack, _uints, _uints),
+        st.builds(Confirm, _uints, _uints),
+        st.builds(IssueGuarantee, _channels, _uints),
+    )
+)
+def test_the_direct_notice_encoder_writes_what_the_generic_one_writes(
+    message: Ack | Confirm | IssueGuarantee,
+) -> None:
+    assert encode(message)[4:] == cbor2.dumps(_fields(message))
+    assert decode_body(encode(message)[4:]) == message
+
+
+def test_a_notice_the_direct_encoder_does_not_take_is_encoded_as_before() -> None:
+    """Fields out of the u64 range are the generic encoder's (and the
+    peer's decoder refuses what it wrote)."""
+    for wrong in (
+        Ack(-1, 2),
+        Confirm(1, U64_MAX + 1),
+        IssueGuarantee(Channel(ChannelKind.PUBLISH, -3), 1),
+    ):
+        body = encode(wrong)[4:]
+        assert body == cbor2.dumps(_fields(wrong))
+        with pytest.raises(RemoteProtocolError):
+            decode_body(body)
 
 
 @given(_uints, _uints, st.lists(_blobs, max_size=5))

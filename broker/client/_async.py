@@ -362,6 +362,15 @@ class Client(TrioDriver):
         welcome = self._session.conn.welcome_message
         return None if welcome is None else welcome.cluster
 
+    def reconnect_through(self, address: str) -> None:
+        """Resume through ``address`` (``HOST:PORT``, a multi-worker broker's
+        public address) whenever this client's own address cannot be
+        reached while reconnecting: a worker's direct address changes when
+        its broker restarts (with ``worker_port = 0``), its public address
+        does not, and the broker sends the resume on to the session's
+        worker. The cluster clients set it for the client of each worker."""
+        self._session.fallback = address
+
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""
         return self._session.statistics()

@@ -508,6 +508,15 @@ class BlockingClient(BlockingDriver):
         welcome = self._session.conn.welcome_message
         return None if welcome is None else welcome.cluster
 
+    def reconnect_through(self, address: str) -> None:
+        """Resume through ``address`` (``HOST:PORT``, a multi-worker broker's
+        public address) whenever this client's own address cannot be
+        reached while reconnecting: a worker's direct address changes when
+        its broker restarts (with ``worker_port = 0``), its public address
+        does not, and the broker sends the resume on to the session's
+        worker. The cluster clients set it for the client of each worker."""
+        self._session.fallback = address
+
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed, live subscriptions, bytes, resumes, for
         scripts and tests (bytes count the current connection)."""

@@ -132,7 +132,9 @@ class BlockingDriver(SessionView):
         try:
             self._pipe = SocketPipe(host, port, deadline, self._context, self._host)
         except OSError as error:
-            raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from error
+            raise ConnectionLost(
+                f"cannot connect to {host}:{port}: {error}", unreachable=True
+            ) from error
         session = self._session
         try:
             conn = session.start(time.monotonic(), resume)

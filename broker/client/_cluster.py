@@ -244,10 +244,11 @@ async def open_cluster_client(
                     stack.push_async_exit(probe.pop_all())
             if cluster is not None:
                 urls = member_urls(listed[0], cluster)
-                members = {
-                    url: await stack.enter_async_context(open_client(url, **options))
-                    for url in urls.values()
-                }
+                members: dict[str, Client] = {}
+                for url in urls.values():
+                    member = await stack.enter_async_context(open_client(url, **options))
+                    member.reconnect_through(listed[0])
+                    members[url] = member
                 yield ClusterClient(members, cluster, urls)
                 return
         for server in listed:
@@ -267,6 +268,7 @@ class BlockingClusterClient(_Routing[BlockingClient]):
         address of a multi-worker broker is enough (as :func:`open_cluster_client`)."""
         super().__init__({})
         listed = parse_servers(servers)
+        seed = listed[0] if listed else ""
         try:
             if len(listed) == 1:
                 first = BlockingClient(listed[0], **options)
@@ -281,6 +283,8 @@ class BlockingClusterClient(_Routing[BlockingClient]):
             for server in listed:
                 if server not in self.clients:
                     self.clients[server] = BlockingClient(server, **options)
+                    if self.cluster is not None:
+                        self.clients[server].reconnect_through(seed)
         except BaseException:
             self.close(flush=False)
             raise

@@ -66,10 +66,13 @@ def offsets_answer(answer: Outcome | Offsets) -> dict[str, tuple[int, int]]:
 class ConnectionLost(ClientError):
     """The connection is closed: by Goodbye (``code``/``reason``) or a broken socket."""
 
-    def __init__(self, reason: str, code: int | None = None) -> None:
+    def __init__(self, reason: str, code: int | None = None, *, unreachable: bool = False) -> None:
         super().__init__(reason if code is None else f"goodbye {code}: {reason}")
         self.code = code
         self.reason = reason
+        #: The broker's address could not be reached at all (nothing answered
+        #: the connection), as opposed to a connection that broke or was refused.
+        self.unreachable = unreachable
 
 
 def show_address(host: str, port: int) -> str:

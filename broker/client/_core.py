@@ -103,6 +103,11 @@ class ClientSession:
         self.name = name
         self.token = token
         self.reconnect = reconnect
+        #: ``HOST:PORT`` through which to resume when the client's own address
+        #: cannot be reached: a worker's direct address changes when its broker
+        #: restarts, the public address it was learnt from does not (the
+        #: cluster clients set it; see ``reconnect_through``).
+        self.fallback: str | None = None
         self.on_output: Callable[[], object] = _nothing
         self.conn = Connection(Role.CLIENT, policy=policy, now=clock())
         self.published: dict[int, int] = {}
@@ -266,7 +271,7 @@ class ClientSession:
         for subscription in self.subscriptions.values():
             subscription._reset()
         self.pending_frees.clear()  # given up: the resumed session drops them
-        self.plan = ReconnectPlan(now, self.reconnect)
+        self.plan = ReconnectPlan(now, self.reconnect, self.fallback)
 
     def begin_attempt(self, now: float) -> ClientSessionState:
         """A connection attempt starts: the session it resumes (its Hello says so)."""

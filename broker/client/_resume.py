@@ -116,10 +116,15 @@ def may_retry(error: ConnectionLost) -> bool:
 class ReconnectPlan:
     """When to try connecting again after a connection broke at ``now``:
     at once, then with exponential backoff (``BACKOFF_FIRST`` doubling to
-    ``BACKOFF_MOST``), for up to ``reconnect`` seconds in all."""
+    ``BACKOFF_MOST``), for up to ``reconnect`` seconds in all; where: the
+    client's address, or where a Goodbye 8 sent it, or, once the client's
+    address cannot be reached, ``fallback`` if given."""
 
-    def __init__(self, now: float, reconnect: float) -> None:
+    def __init__(self, now: float, reconnect: float, fallback: str | None = None) -> None:
         self.reconnect = reconnect
+        #: ``HOST:PORT`` to go on through once the client's own address cannot
+        #: be reached (see ``ClientSession.fallback``).
+        self.fallback = fallback
         #: No attempt starts at or after this time.
         self.deadline = now + reconnect
         #: When the next attempt is due.
@@ -142,6 +147,10 @@ class ReconnectPlan:
         if target is not None and target != self.redirect:
             self.redirect = target
             self.next_attempt = now  # at once, there
+            return None
+        if error.unreachable and self.fallback is not None and self.redirect is None:
+            self.redirect = self.fallback
+            self.next_attempt = now  # at once, through the broker's public address
             return None
         if refused or now + self._backoff >= self.deadline:
             return ConnectionLost(

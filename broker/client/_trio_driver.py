@@ -239,7 +239,7 @@ class TrioDriver(SessionView):
         except trio.TooSlowError:
             return ConnectionLost("cannot connect in time")
         except OSError as error:
-            return ConnectionLost(f"cannot connect: {error}")
+            return ConnectionLost(f"cannot connect: {error}", unreachable=True)
         except ConnectionLost as error:
             return error
         conn = session.start(trio.current_time(), session.begin_attempt(trio.current_time()))

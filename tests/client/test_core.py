@@ -360,6 +360,25 @@ def test_reconnect_plan_backs_off_and_gives_up() -> None:
     assert final is not None and final.code == GoodbyeCode.NOT_AUTHORISED
 
 
+def test_an_unreachable_address_falls_back_once_and_a_redirect_still_wins() -> None:
+    """A client given a fallback (a worker's client, with its broker's public
+    address) goes there at once when its own address cannot be reached; a
+    connection that broke or was refused does not make it; a Goodbye 8
+    sends it on from there."""
+    unreachable = ConnectionLost("cannot connect: refused", unreachable=True)
+    plain = ReconnectPlan(now=0.0, reconnect=5.0)
+    assert plain.failed(unreachable, 0.0) is None and plain.redirect is None
+    plan = ReconnectPlan(now=0.0, reconnect=5.0, fallback="public:7400")
+    assert plan.failed(ConnectionLost("broken pipe"), 0.0) is None
+    assert plan.redirect is None  # (it broke: the address is still right)
+    assert plan.failed(unreachable, 1.0) is None
+    assert plan.redirect == "public:7400" and plan.next_attempt == 1.0
+    assert plan.failed(unreachable, 1.0) is None  # the public address too: backoff
+    assert plan.redirect == "public:7400" and plan.next_attempt > 1.0
+    redirect = ConnectionLost("resume at w0:7401", int(GoodbyeCode.REDIRECT))
+    assert plan.failed(redirect, 2.0) is None and plan.redirect == "w0:7401"
+
+
 def test_the_subscription_limit_is_said_after_a_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     broker = FakeBroker()
     session = connected(broker)

@@ -119,6 +119,72 @@ async def test_clients_reach_each_topics_owner_from_one_address(tmp_path: Path) 
                 assert (await one.offsets([topic]))[topic][1] >= 25
 
 
+async def test_cluster_clients_go_on_after_the_whole_broker_restarts(tmp_path: Path) -> None:
+    """A restart of the whole broker (``worker_port = 0``) gives every worker
+    a new direct address: the cluster client's connections to the workers
+    resume through the public address, which sends each resume on to its
+    session's worker; publishing and subscribing go on with nothing lost
+    and nothing twice, and no session lost."""
+    topics = [f"topic-{i}" for i in range(4)]
+    got: dict[str, list[bytes]] = {topic: [] for topic in topics}
+
+    async def broker_run(
+        config: BrokerConfig, ended: trio.Event, *, task_status: trio.TaskStatus[Supervisor]
+    ) -> None:
+        try:
+            await serve_workers(config, 2, log_level="WARNING", task_status=task_status)
+        finally:
+            ended.set()  # (the data directory's lock is free)
+
+    async with trio.open_nursery() as nursery:
+        first_ended, second_ended = trio.Event(), trio.Event()
+        with trio.fail_after(DEADLINE):
+            first: Supervisor = await nursery.start(
+                broker_run, worker_config(tmp_path), first_ended
+            )
+        host, port = first.address
+        old = {w.direct.getsockname()[1] for w in first.workers}
+        async with open_cluster_client(f"{host}:{port}", reconnect=DEADLINE) as client:
+            reached = {(topic, n): trio.Event() for topic in topics for n in (20, 40)}
+
+            async def take(topic: str, *, task_status: trio.TaskStatus[None]) -> None:
+                async with client.subscribe(topic) as subscription:
+                    task_status.started()
+                    while len(got[topic]) < 40:
+                        got[topic].append((await subscription.receive()).payload)
+                        if (topic, len(got[topic])) in reached:
+                            reached[topic, len(got[topic])].set()
+
+            with trio.fail_after(DEADLINE):
+                for topic in topics:
+                    await nursery.start(take, topic)
+                for topic in topics:
+                    for n in range(20):
+                        await client.publish(topic, b"%d" % n)
+                await client.flush()
+                for topic in topics:
+                    await reached[topic, 20].wait()
+                await first.shutdown()
+                await first_ended.wait()
+                # The same public address, new direct ones.
+                again = worker_config(tmp_path, listen=f"{host}:{port}")
+                second: Supervisor = await nursery.start(broker_run, again, second_ended)
+            assert not {w.direct.getsockname()[1] for w in second.workers} & old
+            with trio.fail_after(DEADLINE):
+                for topic in topics:
+                    for n in range(20, 40):
+                        await client.publish(topic, b"%d" % n)
+                await client.flush()
+                for topic in topics:
+                    await reached[topic, 40].wait()
+            statistics = [member.statistics() for member in client.clients.values()]
+        with trio.fail_after(DEADLINE):
+            await second.shutdown()
+    for topic in topics:
+        assert got[topic] == [b"%d" % n for n in range(40)]
+    assert all(s["resumes"] >= 1 and s["sessions_lost"] == 0 for s in statistics)
+
+
 async def test_a_killed_worker_restarts_its_topics_recover_and_the_other_goes_on(
     tmp_path: Path,
 ) -> None:

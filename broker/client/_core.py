@@ -5,11 +5,10 @@ and everything a client keeps about it: topic handles (``_topics.py``),
 publish and Confirm counts, subscriptions and their inboxes, staging counts,
 outcomes of commits, Ping nonces, advisories, statistics, and what to resume
 when the connection breaks (``_resume.py``). It does no I/O and reads no
-clock of its own: a driver feeds it the bytes it reads (:meth:`receive_data`),
-runs its timers (:meth:`handle_timer` at :meth:`next_deadline`), writes what
-:meth:`data_to_send` returns, and waits in its own way (trio tasks, or a
-socket selector) for the conditions the session exposes. Operations that
-cannot go on now return False (or None) instead of waiting.
+clock of its own: a driver feeds it what it reads (:meth:`receive_data`), runs
+its timers (:meth:`handle_timer` at :meth:`next_deadline`), writes what
+:meth:`data_to_send` returns, and waits its own way (trio tasks, a selector)
+for the conditions the session exposes; what cannot go on returns False or None.
 """
 
 from __future__ import annotations
@@ -103,11 +102,7 @@ class ClientSession:
         self.name = name
         self.token = token
         self.reconnect = reconnect
-        #: ``HOST:PORT`` through which to resume when the client's own address
-        #: cannot be reached: a worker's direct address changes when its broker
-        #: restarts, the public address it was learnt from does not (the
-        #: cluster clients set it; see ``reconnect_through``).
-        self.fallback: str | None = None
+        self.fallback: str | None = None  #: see ``Client.reconnect_through``
         self.on_output: Callable[[], object] = _nothing
         self.conn = Connection(Role.CLIENT, policy=policy, now=clock())
         self.published: dict[int, int] = {}

@@ -15,7 +15,6 @@ import trio
 
 from broker.errors import sole_exception
 from broker.protocol import (
-    Cluster,
     GoodbyeCode,
     Headers,
     Options,
@@ -352,24 +351,6 @@ class Client(TrioDriver):
         elif flush and not session.all_confirmed(session.published):
             # Never leave quietly with messages the broker may not have routed.
             raise session.error or ConnectionLost("the client is closed")
-
-    @property
-    def cluster(self) -> Cluster | None:
-        """The membership of a broker of several workers, from the last
-        Welcome (each topic's owner and its direct address); None from a
-        single-process broker. :func:`~broker.client.open_cluster_client`
-        uses it to reach every topic's owner from one address."""
-        welcome = self._session.conn.welcome_message
-        return None if welcome is None else welcome.cluster
-
-    def reconnect_through(self, address: str) -> None:
-        """Resume through ``address`` (``HOST:PORT``, a multi-worker broker's
-        public address) whenever this client's own address cannot be
-        reached while reconnecting: a worker's direct address changes when
-        its broker restarts (with ``worker_port = 0``), its public address
-        does not, and the broker sends the resume on to the session's
-        worker. The cluster clients set it for the client of each worker."""
-        self._session.fallback = address
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.protocol import Channel, Connection
+from broker.protocol import Channel, Cluster, Connection
 
 from ._core import ClientSession
 
@@ -15,6 +15,24 @@ class SessionView:
     @property
     def name(self) -> str:
         return self._session.name
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The membership of a broker of several workers, from the last
+        Welcome (each topic's owner and its direct address); None from a
+        single-process broker. :func:`~broker.client.open_cluster_client`
+        uses it to reach every topic's owner from one address."""
+        welcome = self._session.conn.welcome_message
+        return None if welcome is None else welcome.cluster
+
+    def reconnect_through(self, address: str) -> None:
+        """Resume through ``address`` (``HOST:PORT``, a multi-worker broker's
+        public address) whenever this client's own address cannot be
+        reached while reconnecting: a worker's direct address changes when
+        its broker restarts (with ``worker_port = 0``), its public address
+        does not, and the broker sends the resume on to the session's
+        worker. The cluster clients set it for the client of each worker."""
+        self._session.fallback = address
 
     @property
     def throttled(self) -> set[Channel]:

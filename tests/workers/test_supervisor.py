@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from broker.client import open_client, open_cluster_client
@@ -218,35 +219,18 @@ async def test_a_killed_worker_restarts_its_topics_recover_and_the_other_goes_on
             assert await read(client, other, 100) == [b"%d" % n for n in range(100)]
 
 
+@pytest.mark.parametrize("owner", ["w0", "w1"])
 async def test_a_session_on_a_killed_worker_resumes_with_no_loss_and_no_duplicate(
-    tmp_path: Path,
+    tmp_path: Path, owner: str
 ) -> None:
+    """Clients with sessions at w0 publish and subscribe to a topic of
+    ``owner`` (w1: both forwarded); w0 is killed: once restarted, the
+    sessions resume, with their subscription (a forwarded one restored from
+    the session's record), after the last message the client processed."""
     config = worker_config(tmp_path)
     async with running_workers(config, 2) as supervisor:
         w0 = supervisor.workers[0]
-        topic = topics_of("w0", ["w0", "w1"], 1)[0]
-        url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
-
-        def kill() -> None:
-            assert w0.pid is not None
-            os.kill(w0.pid, signal.SIGKILL)
-
-        got = await across_a_break(url0, topic, kill)
-        assert got == [b"%d" % n for n in range(200)]
-        assert w0.restarts == 1
-
-
-async def test_a_killed_forwarder_restores_its_sessions_forwarded_subscriptions(
-    tmp_path: Path,
-) -> None:
-    """Clients with sessions at w0 publish and subscribe to a topic w1 owns
-    (both forwarded); w0 is killed: once restarted, the sessions resume with
-    their forwarded subscription, which goes on after the last message its
-    client processed: no loss, no duplicate."""
-    config = worker_config(tmp_path)
-    async with running_workers(config, 2) as supervisor:
-        w0 = supervisor.workers[0]
-        topic = topics_of("w1", ["w0", "w1"], 1)[0]
+        topic = topics_of(owner, ["w0", "w1"], 1)[0]
         url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
 
         def kill() -> None:

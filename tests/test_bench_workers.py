@@ -28,6 +28,11 @@ def test_workers_bench_measures_every_configuration() -> None:
         assert figures[f"{configuration}_msgs_per_worker_cpu_s"] > 0
     for configuration in ("direct", "public", "forwarded"):
         assert figures[f"ratio_{configuration}_to_one"] > 0
+        rounds = figures[f"ratio_{configuration}_to_one_rounds"]
+        assert len(rounds) == 1 and all(r > 0 for r in rounds)  # (--quick: one round)
+        assert figures[f"ratio_{configuration}_to_one_median_of_rounds"] == pytest.approx(
+            rounds[0], abs=0.001
+        )
     slow = {k.removeprefix("slow_consumer_"): v for k, v in figures.items() if "slow_consumer" in k}
     assert slow["lost"] == 0
     assert slow["slow_received"] == slow["slow_published"] > 0

@@ -99,7 +99,8 @@ class Traffic(HandleBinding):
         asked when the channel ran out of room: the rest were not sent).
         Raises as :meth:`publish`, except that running out of room ends the
         run instead of raising :class:`NoGuarantees`; a tail too large for
-        the peer's ``max_frame`` raises once those before it are sent.
+        the peer's ``max_frame`` ends the run before it, and raises
+        :class:`LocalProtocolError` when it comes first.
 
         (The checks and fast path are :meth:`publish`'s, repeated rather than
         shared: ``publish`` is the clients' hottest call, kept free of an
@@ -118,7 +119,12 @@ class Traffic(HandleBinding):
         retain = state.retain
         sent = 0
         for index in range(start, len(tails)):
-            frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)
+            try:
+                frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)
+            except LocalProtocolError:
+                if sent:
+                    break  # (it raises on the next call, as the first)
+                raise
             size = len(frame)
             if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
                 out.append(frame)

@@ -20,6 +20,7 @@ import trio
 
 from accounts import Account, LoanedItem
 from broker.protocol import (
+    DELIVER_SLACK,
     Connection,
     ConnectionClosed,
     Event,
@@ -159,7 +160,10 @@ class ServerConnection:
         self.protocol = Connection(
             Role.BROKER,
             policy=BrokerPolicy(weakref.proxy(self.budget), publish_blocked),
-            max_frame=config.max_frame,
+            # Another worker's link passes clients' publishes on under handles
+            # of its own, a few bytes longer at most: it may go as far over
+            # max_frame as a Deliver may.
+            max_frame=config.max_frame + (DELIVER_SLACK if trusted else 0),
             heartbeat=config.heartbeat,
             lease=config.lease,
             now=trio.current_time(),

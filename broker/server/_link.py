@@ -180,13 +180,15 @@ class Link:
 
     def _free_idle(self) -> None:
         """Free the handles of topics with nothing in flight and no forwarded
-        subscription (bound again when used): the owner funds a connection's
-        topics from one budget, so an idle one's room goes to one that waits.
-        Done when the owner says a channel is withheld (as the clients do),
-        and while one is, whenever a topic's last publish is confirmed."""
-        subscribed = {subscription.topic.topic_name for subscription in self.subscriptions}
+        subscription still to make with them (bound again when used; a
+        subscription, once made, does not need its topic's handle): the
+        owner funds a connection's topics from one budget, so an idle one's
+        room goes to one that waits. Done when the owner says a channel is
+        withheld (as the clients do), and while one is, whenever a topic's
+        last publish is confirmed."""
+        waiting = {subscription.topic.topic_name for subscription in self._to_subscribe}
         for name, state in self.topics.items():
-            if state.handle is not None and not state.topic.pending and name not in subscribed:
+            if state.handle is not None and not state.topic.pending and name not in waiting:
                 self._withheld.discard(state.handle)
                 del self.by_topic_handle[state.handle]
                 self._to_free.append(state.handle)

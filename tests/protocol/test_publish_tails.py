@@ -57,9 +57,10 @@ def test_it_refuses_what_publish_refuses() -> None:
     pair.run()
     big = encode_deliver_tail(b"x" * (pair.client.peer_max_frame + 1), None, None)
     small = encode_deliver_tail(b"s", None, None)
+    assert pair.client.publish_tails(topic, [small, big]) == 1  # the one before it
+    assert pair.client.topics.bindings[topic].published == 1
     with pytest.raises(LocalProtocolError, match="exceeds max_frame"):
-        pair.client.publish_tails(topic, [small, big])
-    assert pair.client.topics.bindings[topic].published == 1  # the one before it was sent
+        pair.client.publish_tails(topic, [small, big], 1)  # it comes first
 
 
 def test_it_stops_where_the_guarantees_end() -> None:

@@ -4,13 +4,16 @@ worker; the worker that does not own the topic forwards to the owner."""
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import trio
 
 from broker.client import open_client
+from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from broker.protocol import BindTopic, GoodbyeCode, Subscribe
+from broker.protocol._encode import encode_publish
 
 from .helpers import TIMEOUT, RawClient, wait_until
 from .workers import owned_by, running_workers, url
@@ -165,6 +168,39 @@ async def test_three_workers_forward_keys_headers_and_the_largest_payloads(
             assert [m.offset for m in got] == [1, 2, 3]
         assert sorted(link.owner for link in w0.link_statistics() or ()) == ["w1", "w2"]
         assert [link.owner for link in w2.link_statistics() or ()] == ["w1"]
+
+
+async def test_a_publish_filling_a_frame_is_forwarded_whatever_its_link_handle(
+    tmp_path: Path,
+) -> None:
+    """A client's Publish of exactly ``max_frame`` bytes on topic handle 0
+    becomes, on a link whose handle for the topic takes more bytes (24 and
+    on), a frame a little over ``max_frame``: the owner takes it from a
+    link (as a client takes a Deliver a little over), so it is forwarded.
+    (And the link's 25 other topics, held by forwarded subscriptions, use
+    up the owner's connection budget: the link frees their handles, which
+    the subscriptions no longer need, so this topic is funded.)"""
+    topics = owned_by("w1", IDS, "full-", 26)
+    frame = BrokerConfig().max_frame
+    # Publish head (3 bytes), handle 0 (1), a long byte string's head (3), no key or headers (2).
+    payload = b"x" * (frame - 9)
+    assert len(encode_publish(0, payload, None, max_frame=frame)) - 4 == frame
+    async with (
+        running_workers(tmp_path) as (w0, w1),
+        open_client(url(w0), name="holder") as holder,
+        AsyncExitStack() as held,
+        open_client(url(w1), name="at-owner") as at_owner,
+        at_owner.subscribe(topics[-1]) as direct,
+    ):
+        for topic in topics[:-1]:  # (each holds a link handle: the last topic's is 25)
+            await held.enter_async_context(holder.subscribe(topic))
+        await wait_until(lambda: w1.statistics().subscriptions == 26, what="subscriptions")
+        async with open_client(url(w0), name="publisher") as publisher:
+            await publisher.publish(topics[-1], payload)
+            with trio.fail_after(TIMEOUT):
+                await publisher.flush()
+        with trio.fail_after(TIMEOUT):
+            assert (await direct.receive()).payload == payload
 
 
 CURSOR_AUTH = """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import socket
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,38 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
                 records = [await forwarded.receive() for _ in range(len(seen))]
             assert [int(r.payload) for r in records] == seen
             assert [r.seq for r in records] == list(range(1, len(seen) + 1))
+
+
+async def test_subscriptions_whose_topic_handles_were_freed_are_made_again_after_a_break(
+    tmp_path: Path,
+) -> None:
+    """30 forwarded subscriptions on one link, publishes through the
+    forwarder to each (the owner withholds channels; the link frees the
+    handles the made subscriptions no longer need); then the link is cut:
+    every subscription is made again and gets what is published next."""
+    topics = owned_by("w1", IDS, "freed-", 30)
+    async with (
+        running_workers(tmp_path, data=True, lease=4 * TIMEOUT) as (w0, w1),
+        open_client(url(w0), name="holder") as holder,
+        AsyncExitStack() as held,
+    ):
+        subscriptions = [await held.enter_async_context(holder.subscribe(t)) for t in topics]
+        await wait_for_subscriptions(w1, len(topics))
+        for round_, via in ((b"before", w0), (b"after", w1)):
+            async with open_client(url(via), name="publisher") as publisher:
+                for topic in topics:
+                    await publisher.publish(topic, round_)
+                with trio.fail_after(TIMEOUT):
+                    await publisher.flush()
+            for subscription in subscriptions:
+                with trio.fail_after(TIMEOUT):
+                    assert (await subscription.receive()).payload == round_
+            if round_ == b"before":
+                assert _break_links(w1) == 1
+                await wait_until(
+                    lambda: (
+                        w0.link_statistics()[0].connects >= 2  # type: ignore[index]
+                        and w1.statistics().subscriptions == len(topics)
+                    ),
+                    what="the link reopened and every subscription made again",
+                )

@@ -39,7 +39,6 @@ from ._encode import (
     encode_body,
     encode_deliver,
     encode_deliver_tail,
-    encode_deliver_tails,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
@@ -248,7 +247,6 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
-    "encode_deliver_tails",
     "owner_id",
     "topic_name_problem",
     "topic_pattern_problem",

@@ -6,7 +6,7 @@ subscribers get it. Decoding is :mod:`._codec`'s job."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import cbor2
@@ -24,7 +24,6 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
-    Entry,
     FreeHandle,
     Gap,
     Goodbye,
@@ -51,6 +50,7 @@ from ._types import (
     LENGTH_PREFIX,
     U64_MAX,
     Channel,
+    ChannelKind,
 )
 
 _LENGTH = struct.Struct(">I")
@@ -211,7 +211,7 @@ def _notice_body(message: Message) -> bytes:
         if (
             type(value) is int
             and type(index) is int
-            and 0 <= kind <= 3
+            and 0 <= kind <= ChannelKind.DELIVER
             and 0 <= index <= U64_MAX
             and 0 <= value <= U64_MAX
         ):
@@ -319,20 +319,6 @@ def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | No
             return b"".join((blob, payload, b"\xf6\xf6"))
         return b"".join((blob, payload, _cbor_head(2, len(key)), key, _NULL))
     return b"".join(cbor2.dumps(item) for item in (payload, key, _wire_headers(headers)))
-
-
-def encode_deliver_tails(entries: Iterable[Entry]) -> list[bytes]:
-    """:func:`encode_deliver_tail` of each ``(payload, key, headers)`` entry
-    (of a DeliverMany being passed on), in one call."""
-    short = _SHORT_BLOB
-    tails: list[bytes] = []
-    append = tails.append
-    for payload, key, headers in entries:
-        if key is None and headers is None and type(payload) is bytes and len(payload) < 256:
-            append(short[len(payload)] + payload + b"\xf6\xf6")
-        else:
-            append(encode_deliver_tail(payload, key, headers))
-    return tails
 
 
 def _uint_head(value: int) -> bytes:

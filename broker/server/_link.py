@@ -47,7 +47,6 @@ from broker.protocol import (
     Throttled,
     WelcomeReceived,
     encode_deliver_tail,
-    encode_deliver_tails,
 )
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
@@ -405,7 +404,9 @@ class Link:
                 subscription = subscriptions.get(many.subscription)
                 if subscription is not None:
                     self.deliveries_relayed += len(many.entries)
-                    subscription.relay(many.first_seq, encode_deliver_tails(many.entries))
+                    subscription.relay(
+                        many.first_seq, [encode_deliver_tail(*entry) for entry in many.entries]
+                    )
             elif kind is DeliverReceived:
                 assert isinstance(event, DeliverReceived)
                 message = event.message

@@ -103,7 +103,7 @@ class ClientSession:
         self.token = token
         self.reconnect = reconnect
         self.fallback: str | None = None  #: see ``Client.reconnect_through``
-        self.on_output: Callable[[], object] = _nothing
+        self.on_output: Callable[[], object] = lambda: None
         self.conn = Connection(Role.CLIENT, policy=policy, now=clock())
         self.published: dict[int, int] = {}
         self.confirmed: dict[int, int] = {}
@@ -553,16 +553,18 @@ class ClientSession:
             conn.release_frames(Channel(ChannelKind.DELIVER, handle), size, count)
 
     def release(self, subscription: SubscriptionState) -> None:
-        """Free the space of the frames ``subscription`` has had consumed
-        whole (guarantees follow) and acknowledge what it consumed."""
+        """Free the room of the frames it consumed whole; acknowledge what it consumed."""
         size, count = subscription._inbox.collect()
-        if not count:
-            return
-        conn = self.conn
-        if not conn.closed:
-            conn.release_frames(Channel(ChannelKind.DELIVER, subscription.handle), size, count)
-            if not subscription._closed:
-                self.ack_consumed([subscription])
+        channel = Channel(ChannelKind.DELIVER, subscription.handle)
+        if count and not self.conn.closed:
+            self.conn.release_frames(channel, size, count)
+        if count:
+            self.acknowledge(subscription)
+
+    def acknowledge(self, subscription: SubscriptionState) -> None:
+        """Acknowledge what ``subscription`` consumed, frames whole or not."""
+        if not subscription._closed:
+            self.ack_consumed([subscription])
         self.on_output()
 
     def ack_consumed(self, subscriptions: Iterable[SubscriptionState]) -> None:
@@ -594,7 +596,3 @@ class ClientSession:
             "frames_resent_on_resume": self.frames_resent_on_resume,
             "sessions_lost": self.sessions_lost,
         }
-
-
-def _nothing() -> None:
-    return None

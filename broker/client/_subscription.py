@@ -32,6 +32,10 @@ class Releaser(Protocol):
 
     def release(self, subscription: SubscriptionState) -> None: ...
 
+    def acknowledge(self, subscription: SubscriptionState) -> None:
+        """Acknowledge what ``subscription`` consumed (frames whole or not)."""
+        ...
+
 
 class SubscriptionState:
     """One subscription's handle, options, inbox and counters.
@@ -72,9 +76,11 @@ class SubscriptionState:
         """The next queued message (there is one)."""
         inbox = self._inbox
         message = inbox.take()
-        self._consumed = message.seq
+        seq = self._consumed = message.seq
         if inbox.done_count:  # (rare mid-frame: not worth a call per message)
             self._release_if_due()
+        elif seq - self._acked >= RELEASE_BATCH:
+            self._releaser.acknowledge(self)  # (in a DeliverMany of up to 1024)
         return message
 
     def _take_many(self, limit: int) -> list[Message]:
@@ -87,11 +93,16 @@ class SubscriptionState:
     def _release_if_due(self) -> None:
         """Release what whole frames taken hold, once ``RELEASE_BATCH``
         messages' worth is waiting or the application has taken everything
-        received."""
+        received (acknowledging what was taken); else acknowledge what was
+        taken once ``RELEASE_BATCH`` messages are unacknowledged, whole
+        frames or not: a durable cursor (and a session's resume) never lags
+        the application by more than that, however large the frames."""
         inbox = self._inbox
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._releaser.release(self)
+        elif self._consumed - self._acked >= RELEASE_BATCH:
+            self._releaser.acknowledge(self)
 
     def _numbered(self, offsets: bool) -> None:
         """The connection's broker numbers reliable deliveries by offsets (or

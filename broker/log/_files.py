@@ -105,7 +105,14 @@ def read_meta(directory: Path, topic: str) -> dict[str, Any] | None:
         text = (directory / META).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    meta: dict[str, Any] = json.loads(text)
+    except ValueError as error:  # not UTF-8
+        raise TopicDirMismatch(f"{directory / META} is not valid JSON ({error})") from None
+    try:
+        meta: dict[str, Any] = json.loads(text)
+    except ValueError as error:
+        raise TopicDirMismatch(f"{directory / META} is not valid JSON ({error})") from None
+    if type(meta) is not dict:
+        raise TopicDirMismatch(f"{directory / META} is not a JSON object")
     if meta.get("topic") != topic:
         raise TopicDirMismatch(f"{directory} holds another topic than the one asked for")
     if meta.get("format") != FORMAT_VERSION:
@@ -139,7 +146,7 @@ def stored_topics(data_dir: Path) -> list[str]:
     """The names of the topics with a directory under ``data_dir``."""
     names = []
     for meta in sorted(topics_dir(data_dir).glob(f"*/{META}")):
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             topic = json.loads(meta.read_text(encoding="utf-8")).get("topic")
             if isinstance(topic, str):
                 names.append(topic)

@@ -106,6 +106,7 @@ from ._messages import (
     Throttled,
     TopicOffsets,
     Welcome,
+    check_publish_fields,
 )
 from ._names import (
     MAX_TOPIC_NAME,
@@ -237,6 +238,7 @@ __all__ = [
     "Welcome",
     "WelcomeReceived",
     "channel_sender",
+    "check_publish_fields",
     "check_topic_name",
     "decode_body",
     "decode_deliver_tail",

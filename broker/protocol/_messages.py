@@ -306,6 +306,36 @@ class Publish:
         return Channel(ChannelKind.PUBLISH, self.topic)
 
 
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def check_publish_fields(payload: object, key: object, headers: object) -> None:
+    """Raise :class:`TypeError` (one line: what to pass instead) unless
+    ``payload`` is ``bytes``, ``key`` is ``bytes`` or None and ``headers``
+    is None or a list (or tuple) of ``(str, bytes)`` pairs: what a Publish
+    may carry. Clients call it before anything is sent, so a wrong type is
+    the caller's error and never a malformed frame that ends the connection."""
+    if type(payload) is not bytes:
+        hint = " (encode text first, e.g. text.encode())" if isinstance(payload, str) else ""
+        raise TypeError(f"payload must be bytes, not {_kind(payload)}{hint}")
+    if key is not None and type(key) is not bytes:
+        hint = " (encode text first, e.g. key.encode())" if isinstance(key, str) else ""
+        raise TypeError(f"key must be bytes or None, not {_kind(key)}{hint}")
+    if headers is None:
+        return
+    if type(headers) not in (list, tuple):
+        raise TypeError(
+            f"headers must be a list of (name, value) pairs or None, not {_kind(headers)}"
+        )
+    for pair in headers:  # type: ignore[attr-defined]
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise TypeError(f"each header must be a (name, value) pair, not {pair!r:.60}")
+        name, value = pair
+        if type(name) is not str or type(value) is not bytes:
+            raise TypeError(f"a header is a (str, bytes) pair, not ({_kind(name)}, {_kind(value)})")
+
+
 @dataclass(slots=True)
 class Deliver:
     """A message delivered on subscription handle ``subscription`` (``[3,s]``)."""

@@ -30,7 +30,17 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelSender
 from ._handles import HandleState
-from ._messages import Ack, Confirm, Deliver, DeliverMany, DeliverTimed, Gap, Headers, Publish
+from ._messages import (
+    Ack,
+    Confirm,
+    Deliver,
+    DeliverMany,
+    DeliverTimed,
+    Gap,
+    Headers,
+    Publish,
+    check_publish_fields,
+)
 from ._short_run import ShortRun
 from ._types import (
     LENGTH_PREFIX,
@@ -78,6 +88,7 @@ class Traffic(HandleBinding):
         ):
             frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
         else:
+            check_publish_fields(payload, key, headers)
             frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
         size = len(frame)
         if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):

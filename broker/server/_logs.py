@@ -105,6 +105,8 @@ class TopicLogs:
         #: The time of each timed fsync (the batch flushes :meth:`tend` does).
         self.fsync_times = Histogram(FSYNC_BOUNDS)
         self.append_errors = 0
+        #: The logs whose unclean recovery was logged, by topic (each once).
+        self._reported: dict[str, TopicLog] = {}
 
     def open(self, name: str) -> TopicLog:
         """The log of topic ``name`` (recovered on first use); raises
@@ -117,7 +119,11 @@ class TopicLogs:
                 f"the broker cannot open the log of topic {name[:64]!r} now: {error}"
             ) from None
         recovery = topic_log.recovery
-        if not recovery.clean:
+        if not recovery.clean and self._reported.get(name) is not topic_log:
+            # Once per opening of the log: the store hands out the same log
+            # to every later caller (a ListOffsets, a subscription), whose
+            # recovery is long done.
+            self._reported[name] = topic_log
             log.warning(
                 "topic %r: recovery cut %d records (%d bytes) from its log: %s",
                 name[:64],

@@ -15,7 +15,7 @@ from broker.client import ClientError, ConnectionLost, Message
 from broker.client._core import ClientSession, Ending
 from broker.client._flows import open_subscription, restore
 from broker.client._start import subscribe_options
-from broker.client._subscription import SubscriptionState
+from broker.client._subscription import RELEASE_BATCH, SubscriptionState
 from broker.protocol import Ack, Options, Subscribed, encode_deliver_tail
 from tests.client.test_core import FakeBroker, connected, run
 
@@ -265,3 +265,27 @@ def test_unsubscribing_acknowledges_what_was_taken_mid_frame() -> None:
     session.ack_consumed([subscription])  # (again: nothing new to say)
     broker.pump(session)
     assert [e.seq for e in broker.events if isinstance(e, Ack)] == [6]
+
+
+@pytest.mark.parametrize("taking", ["one by one", "in batches"])
+def test_what_is_taken_is_acknowledged_as_it_goes_whatever_the_frames(taking: str) -> None:
+    """A DeliverMany may carry a thousand messages: an application that took
+    most of one has acknowledged them (its durable cursor and its session
+    stand at most RELEASE_BATCH behind), not waited for the frame's end."""
+    broker = FakeBroker(offsets=True)
+    session = connected(broker)
+    subscription = subscribe(session, broker, "t", cursor="c")
+    tails = [encode_deliver_tail(b"%d" % i, None, None) for i in range(1000)]
+    broker.conn.deliver_encoded_many(subscription.handle, 1, tails)
+    broker.pump(session)
+    taken = 0
+    while taken < 700:
+        if taking == "one by one":
+            taken = subscription._take().seq
+        else:
+            taken = subscription._take_many(25)[-1].seq
+    broker.pump(session)
+    acks = [e.seq for e in broker.events if isinstance(e, Ack)]
+    assert acks == sorted(acks)
+    assert 700 - RELEASE_BATCH < acks[-1] <= 700
+    assert len(acks) <= 700 // RELEASE_BATCH  # batched, not one per message

@@ -4,6 +4,7 @@ the same data directory keeps every confirmed record."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -266,6 +267,12 @@ def tear_last_record(data_dir: Path) -> None:
     term.write_bytes(bytes(data))
 
 
+def write_meta(data_dir: Path, content: bytes) -> None:
+    """Replace the only topic's meta.json with ``content``."""
+    (meta,) = data_dir.glob("topics/*/meta.json")
+    meta.write_bytes(content)
+
+
 async def test_a_torn_tail_is_cut_at_start_up_and_the_rest_served(tmp_path: Path) -> None:
     async with running_broker(log_config(tmp_path)) as broker:
         await publish(url(broker), "t", [b"r%d" % i for i in range(1, 21)])
@@ -296,6 +303,48 @@ async def test_flush_always_confirms_only_what_is_fsynced(tmp_path: Path) -> Non
         assert synced.durable_offset == synced.written_offset == 50
         assert batched.written_offset == 50
         await wait_until(lambda: batched.durable_offset == 50, what="the batch fsync")
+
+
+async def test_a_logs_recovery_is_logged_once_however_often_it_is_asked_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store hands the recovered log to every later user (ListOffsets,
+    subscriptions): the one-line warning comes with the recovery, not with
+    each of them (a Spark source polling offsets used to repeat it)."""
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"r%d" % i for i in range(1, 11)])
+    tear_last_record(tmp_path)
+    caplog.set_level(logging.WARNING, logger="broker")
+    async with running_broker(log_config(tmp_path)) as broker:
+        async with open_client(url(broker)) as client:
+            for _ in range(5):
+                assert (await client.offsets(["t"]))["t"][1] == 10
+        for _ in range(2):
+            await read(url(broker), "t", 9, {"from": "earliest"})
+    warnings = [r for r in caplog.records if "recovery cut" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "topic 't'" in warnings[0].getMessage()
+
+
+async def test_a_topic_whose_metadata_is_not_json_ends_that_client_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A damaged meta.json is a log that cannot be opened (Goodbye 3 naming
+    the file), not an internal error; other topics go on."""
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"one"])
+    for damage in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        write_meta(tmp_path, damage)
+        async with running_broker(log_config(tmp_path)) as broker:
+            raw = await RawClient.connect(broker)
+            goodbye = await goodbye_for(raw, Subscribe(0, "reliable", {}))
+            await raw.aclose()
+            await publish(url(broker), "other", [b"fine"])
+            (message,) = await read(url(broker), "other", 1, {"from": "earliest"})
+        assert goodbye.code == 3
+        assert "cannot open the log of topic 't'" in goodbye.reason
+        assert "meta.json is not" in goodbye.reason
+        assert message.payload == b"fine"
 
 
 async def test_a_log_that_cannot_be_opened_ends_that_client_in_one_line(

@@ -17,6 +17,8 @@ class CuttableProxy:
         self.cuts = 0
         self.connections = 0
         self._scopes: set[trio.CancelScope] = set()
+        self._flowing = trio.Event()
+        self._flowing.set()
 
     @property
     def url(self) -> str:
@@ -58,10 +60,20 @@ class CuttableProxy:
     ) -> None:
         try:
             while data := await source.receive_some(65536):
+                await self._flowing.wait()
                 await sink.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         done.cancel()
+
+    def freeze(self) -> None:
+        """Hold what arrives from now on, both ways (a peer gone silent)."""
+        if self._flowing.is_set():
+            self._flowing = trio.Event()
+
+    def thaw(self) -> None:
+        """Pass on what was held, and what comes next."""
+        self._flowing.set()
 
     def cut(self) -> None:
         """Break every connection now: what is in flight is lost."""

@@ -309,6 +309,9 @@ class Client(TrioDriver):
         subscription.options = options
         try:
             await self._run_flow(flows.open_subscription(self._session, subscription))
+            # (A refusal ends the connection: its Goodbye may come in the read
+            # that brought the Pong the flow waited for.)
+            self._check_open()
             yield subscription
         finally:
             subscription._closed = True
@@ -338,19 +341,23 @@ class Client(TrioDriver):
         session = self._session
         if session.closing:
             return
-        if self._reconnecting and flush:
+        if flush:
+            # Before closing: a connection that breaks meanwhile is replaced
+            # and the session resumed (with ``reconnect``), as for any flush.
             with contextlib.suppress(ConnectionLost):  # then raised below, if anything is lost
                 await self._ready_for_the_application()
+                if session.error is None and not session.conn.closed:
+                    await self.flush()
         session.closing = True
         if session.error is None and not session.conn.closed:
-            if flush:
-                await self.flush()
             session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
             session.conn.goodbye(GoodbyeCode.NORMAL, "bye")
             self._wake_writer()
         elif flush and not session.all_confirmed(session.published):
             # Never leave quietly with messages the broker may not have routed.
             raise session.error or ConnectionLost("the client is closed")
+        # Tasks waiting for guarantees or messages learn that the client is closed.
+        self._changed.unpark_all()
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed and subscriptions, for scripts and tests."""

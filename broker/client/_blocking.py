@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
@@ -457,6 +458,7 @@ class BlockingClient(BlockingDriver):
                 self._run(
                     flows.open_subscription(self._session, subscription), deadline, what="subscribe"
                 )
+                self._check_open()  # (a refusal's Goodbye may come with the Pong)
             except BaseException:
                 if subscription.handle >= 0:
                     subscription.close()
@@ -466,6 +468,22 @@ class BlockingClient(BlockingDriver):
 
     # ---------------------------------------------------------------- closing
 
+    def _take_lock_to_close(self, deadline: float | None) -> TimeoutError | None:
+        """Hold the client's lock to close it. If another thread keeps it
+        past ``deadline`` (a call waiting without a timeout), its wait is
+        broken (the socket shut down, no reconnecting: that call raises
+        :class:`ConnectionLost`) and the lock taken then; returns the
+        :class:`TimeoutError` that :meth:`close` raises once closed."""
+        wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if self._lock.acquire(timeout=-1 if wait is None else wait):
+            return None
+        self._session.closing = True  # (a plain flag: the holder sees it when its wait breaks)
+        pipe = self._pipe
+        if pipe is not None:
+            pipe.shutdown()
+        self._lock.acquire()
+        return TimeoutError("another thread kept the client busy: closed without flushing")
+
     def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
         """Flush (by default, up to ``timeout`` seconds), say Goodbye and close the socket.
 
@@ -474,10 +492,16 @@ class BlockingClient(BlockingDriver):
         confirmed (then :class:`ConnectionLost`: those messages may be lost).
         A connection being replaced is waited for when flushing. The socket
         is closed even if flushing fails; the flush's :class:`TimeoutError`
-        or :class:`ConnectionLost` is raised afterwards.
+        or :class:`ConnectionLost` is raised afterwards. If another thread
+        keeps the client busy past ``timeout`` (a call waiting without a
+        timeout of its own), that call is made to raise
+        :class:`ConnectionLost`, the client is closed without flushing, and
+        :class:`TimeoutError` is raised.
         """
         session = self._session
-        with self._lock:
+        busy = self._take_lock_to_close(deadline_in(timeout))
+        flush = flush and busy is None
+        try:
             try:
                 if flush and not session.closing:
                     if not self.closed:
@@ -494,9 +518,13 @@ class BlockingClient(BlockingDriver):
                     session.conn.goodbye(0, "bye")
                     self._pipe.linger(session.conn, LINGER_SECONDS)
                 self._close_pipe()
+        finally:
+            self._lock.release()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(LINGER_SECONDS)
+        if busy is not None:
+            raise busy
 
     def statistics(self) -> dict[str, int]:
         """Messages published/confirmed, live subscriptions, bytes, resumes, for

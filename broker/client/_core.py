@@ -237,7 +237,7 @@ class ClientSession:
             error = self.attempt_error
         if error is not None:
             raise ConnectionLost(error.reason, error.code)
-        if self.conn.closed and self.broken is None:
+        if (self.conn.closed or self.closing) and self.broken is None:
             raise ConnectionLost("the client is closed")
 
     @property
@@ -431,10 +431,10 @@ class ClientSession:
         replaced). Raises if the client ended or the name is bad."""
         key: Hashable = topic if stage is None else (topic, stage)
         handle = self.handles.get(key)
-        if handle is not None and self.ready:
+        if handle is not None and self.ready and not self.closing:
             return handle
         check_topic_name(topic)
-        self.check_open()
+        self.check_open()  # (closing: its Goodbye may be on its way, the connection not closed)
         if not self.ready:
             return None
         try:
@@ -456,7 +456,7 @@ class ClientSession:
         ``stage`` counts towards :meth:`finish_stage` (unless not ``count_stage``)."""
         handle = self.handles.get(topic if stage is None else (topic, stage))
         conn = self.conn
-        if handle is None or not self.ready or conn.closed:
+        if handle is None or not self.ready or conn.closed or self.closing:
             handle = self.bind(topic, stage)
             if handle is None:
                 return False
@@ -580,6 +580,7 @@ class ClientSession:
                 with contextlib.suppress(LocalProtocolError):  # being freed
                     conn.ack(subscription.handle, consumed)
                     subscription._acked = consumed
+                    subscription._unacked = 0
 
     # ---------------------------------------------------------------- statistics
 

@@ -54,6 +54,14 @@ class SocketPipe:
         if self.tls is not None:
             self.wbuf += self.tls.take_output()  # the ClientHello
 
+    def shutdown(self) -> None:
+        """Shut the socket down both ways, from any thread: a wait on it in
+        another thread returns, and its read finds the stream ended."""
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         """Close the socket (at once); later calls do nothing."""
         sock, self.sock = self.sock, None

@@ -66,6 +66,8 @@ class SubscriptionState:
         #: The sequence numbers of the last message consumed and of the last acknowledged.
         self._consumed = 0
         self._acked = 0
+        #: Messages taken since the last acknowledgement.
+        self._unacked = 0
 
     def _gap(self, first_seq: int, count: int) -> None:
         """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
@@ -76,10 +78,11 @@ class SubscriptionState:
         """The next queued message (there is one)."""
         inbox = self._inbox
         message = inbox.take()
-        seq = self._consumed = message.seq
+        self._consumed = message.seq
+        self._unacked += 1
         if inbox.done_count:  # (rare mid-frame: not worth a call per message)
             self._release_if_due()
-        elif seq - self._acked >= RELEASE_BATCH:
+        elif self._unacked >= RELEASE_BATCH:
             self._releaser.acknowledge(self)  # (in a DeliverMany of up to 1024)
         return message
 
@@ -87,6 +90,7 @@ class SubscriptionState:
         """The next queued messages, at most ``limit`` (at least one is queued)."""
         messages = self._inbox.take_many(limit)
         self._consumed = messages[-1].seq
+        self._unacked += len(messages)
         self._release_if_due()
         return messages
 
@@ -101,7 +105,7 @@ class SubscriptionState:
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._releaser.release(self)
-        elif self._consumed - self._acked >= RELEASE_BATCH:
+        elif self._unacked >= RELEASE_BATCH:
             self._releaser.acknowledge(self)
 
     def _numbered(self, offsets: bool) -> None:
@@ -139,3 +143,4 @@ class SubscriptionState:
         will be delivered again (the broker resends after the last consumed)."""
         self._inbox.clear()
         self._acked = self._consumed
+        self._unacked = 0

@@ -116,6 +116,7 @@ class TrioDriver(SessionView):
 
     async def _run_flow(self, steps: flows.Steps[T], *, attempt: bool = False) -> T:
         """Run one of the session's flows to its result, waiting as it asks."""
+        self._session.check_open(attempt=attempt)  # (a closed client sends nothing)
         with flows.Flow(steps) as flow:
             for condition in flow:
                 await self._wait_for(condition, attempt=attempt)

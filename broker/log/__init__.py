@@ -39,7 +39,7 @@ from ._errors import (
     RecordTooLarge,
     TopicDirMismatch,
 )
-from ._files import DirLock
+from ._files import DirLock, unopened_due
 from ._format import HEADER_SIZE
 from ._journal import JournalFormatError, StateJournal
 from ._log import Reader, TopicLog
@@ -68,4 +68,5 @@ __all__ = [
     "TopicDirMismatch",
     "TopicLog",
     "WhenFull",
+    "unopened_due",
 ]

@@ -24,6 +24,7 @@ import mmap
 import os
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,34 @@ def stored_topics(data_dir: Path) -> list[str]:
             if isinstance(topic, str):
                 names.append(topic)
     return names
+
+
+def unopened_due(
+    data_dir: Path,
+    open_dirs: set[Path],
+    retain_of: Callable[[str], float | None],
+    now_ms: int,
+) -> list[str]:
+    """The topics with a directory under ``data_dir`` other than
+    ``open_dirs`` whose oldest term is sealed and was last written more than
+    their ``retain_of(topic)`` seconds ago (by the file's modification
+    time: the newest record it holds is no newer), so that retention by
+    age has something to delete once they are opened. Reads the disk (call
+    it from a thread); a directory it cannot read is skipped."""
+    due: list[str] = []
+    with contextlib.suppress(OSError):
+        for directory in topics_dir(data_dir).iterdir():
+            if directory in open_dirs:
+                continue
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                terms = sorted(p for p in directory.iterdir() if _TERM_NAME.match(p.name))
+                if len(terms) < 2:
+                    continue
+                topic = json.loads((directory / META).read_text(encoding="utf-8")).get("topic")
+                retain = retain_of(topic) if isinstance(topic, str) else None
+                if retain is not None and terms[0].stat().st_mtime * 1000 < now_ms - retain * 1000:
+                    due.append(topic)
+    return due
 
 
 class DirLock:

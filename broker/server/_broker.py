@@ -161,6 +161,8 @@ class Broker:
         self.address: tuple[str, int] = ("", 0)
         #: This worker's links to the others (None: a single process).
         self.links = Links(self, worker) if worker is not None else None
+        if logs is not None and self.links is not None:
+            logs.owns = lambda topic: self.not_owned(topic) is None
         self._serials = itertools.count(1)
         self._idle = trio.Event()
         self._idle.set()

@@ -7,14 +7,25 @@ broker has none. It is the :class:`~._topic.TopicLogHost` of every topic.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
 
 from broker.errors import BrokerError
-from broker.log import DiskFull, LogConfig, LogError, LogFull, LogStore, StateJournal, TopicLog
+from broker.log import (
+    DiskFull,
+    LogConfig,
+    LogError,
+    LogFull,
+    LogStore,
+    StateJournal,
+    TopicLog,
+    unopened_due,
+)
 
 from ._log_subscription import CursorBook
 from ._session import Histogram
@@ -28,6 +39,8 @@ TEND_INTERVAL = 0.1
 EXPIRE_INTERVAL = 10.0
 #: How often a batch waiting for the disk is retried.
 RETRY_INTERVAL = 1.0
+#: How long after a failed write or fsync of a log it is tried again (ms).
+SYNC_RETRY_MS = 1000
 #: Upper bounds (seconds) of the fsync time histogram: an SSD syncs in about
 #: a millisecond, a busy disk or network volume in tens to hundreds.
 FSYNC_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -105,6 +118,11 @@ class TopicLogs:
         #: The time of each timed fsync (the batch flushes :meth:`tend` does).
         self.fsync_times = Histogram(FSYNC_BOUNDS)
         self.append_errors = 0
+        #: Whether this broker (worker) serves a topic's log: the only ones
+        #: retention by age opens for itself.
+        self.owns: Callable[[str], bool] = lambda _topic: True
+        #: Logs whose last write or fsync failed: when to try again (wall ms).
+        self._sync_failing: dict[TopicLog, int] = {}
         #: The logs whose unclean recovery was logged, by topic (each once).
         self._reported: dict[str, TopicLog] = {}
 
@@ -169,34 +187,49 @@ class TopicLogs:
         old, one at a time in a worker thread: the loop goes on meanwhile."""
         if not self._dirty:
             return
+        failing = self._sync_failing
         due = [
             topic_log
             for topic_log in self._dirty
-            if topic_log.closed or (topic_log.next_flush_at or 0) <= now_ms
+            if topic_log.closed
+            or ((topic_log.next_flush_at or 0) <= now_ms and failing.get(topic_log, 0) <= now_ms)
         ]
         self._dirty.difference_update(due)
         for topic_log in due:
             if topic_log.closed:
+                failing.pop(topic_log, None)
                 continue
             started = time.perf_counter()
             try:
                 job = topic_log.start_sync()
             except LogError as error:
-                log.error("topic %r: writing its log failed: %s", topic_log.topic[:64], error)
-                self._dirty.add(topic_log)
+                self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
                 continue
             if job is None:
+                self._synced(topic_log)
                 continue
             await trio.to_thread.run_sync(job.run)
             job.finish()
             if job.error is not None:
-                log.error("topic %r: fsync failed: %s", topic_log.topic[:64], job.error)
-                self._dirty.add(topic_log)
+                self._sync_failed(topic_log, now_ms, f"fsync failed: {job.error}")
                 continue
+            self._synced(topic_log)
             took = time.perf_counter() - started
             self.fsyncs += 1
             self.fsync_seconds += took
             self.fsync_times.observe(took)
+
+    def _sync_failed(self, topic_log: TopicLog, now_ms: int, what: str) -> None:
+        """Writing or syncing ``topic_log`` failed: logged once until it
+        succeeds again, tried again in a second (not at every tending)."""
+        if topic_log not in self._sync_failing:
+            log.error("topic %r: %s (tried again every second)", topic_log.topic[:64], what)
+        self._sync_failing[topic_log] = now_ms + SYNC_RETRY_MS
+        self._dirty.add(topic_log)
+
+    def _synced(self, topic_log: TopicLog) -> None:
+        if self._sync_failing.pop(topic_log, None) is not None:
+            log.info("topic %r: its log is written and synced again", topic_log.topic[:64])
 
     def retry(self) -> None:
         """Retry the topics whose batches wait for room or the disk."""
@@ -216,6 +249,23 @@ class TopicLogs:
             if not topic_log.closed:
                 topic_log.expire(now_ms)
 
+    async def open_due(self, now_ms: int) -> None:
+        """Open the logs not opened since the start whose oldest sealed term
+        is older than their ``retain_seconds`` (the disk is read in a
+        thread): retention by age covers topics nobody has used since."""
+        open_dirs = {topic_log.directory for topic_log in self.store.open_logs().values()}
+        due = await trio.to_thread.run_sync(
+            unopened_due,
+            self.store.data_dir,
+            open_dirs,
+            lambda topic: self._settings.log_config(topic).retain_seconds,
+            now_ms,
+        )
+        for name in due:
+            if self.owns(name) and name not in self.store.open_logs():
+                with contextlib.suppress(TopicUnavailable):
+                    self.open(name)
+
     async def run(self) -> None:
         """Tend the logs until cancelled."""
         next_expire = trio.current_time() + EXPIRE_INTERVAL
@@ -229,6 +279,7 @@ class TopicLogs:
                 self.retry()
             if now >= next_expire:
                 next_expire = now + EXPIRE_INTERVAL
+                await self.open_due(wall_ms())
                 self.expire(wall_ms())
                 if self._failing:
                     self.retry()

@@ -22,6 +22,7 @@ from broker.protocol import (
     Message,
     Subscribe,
 )
+from broker.server._logs import wall_ms
 
 from .helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
 
@@ -135,3 +136,39 @@ def _seqs(message: Message) -> list[int]:
 def _last_seq(message: Message) -> int:
     seqs = _seqs(message)
     return seqs[-1] if seqs else 0
+
+
+def term_files(data_dir: Path) -> list[Path]:
+    return sorted(data_dir.glob("topics/*/*.term"))
+
+
+async def test_retention_by_age_covers_a_topic_nobody_opened_since_the_start(
+    tmp_path: Path,
+) -> None:
+    """Logs are opened on first use; retention by age used to look only at
+    open ones, so a topic left alone after a restart kept its expired terms
+    (and disk) for good. The sweep now opens those whose oldest sealed term
+    is older than their retain_seconds, and deletes what is due."""
+    keep = TopicRule("t", term_bytes=TERM, retain_seconds=3600)
+    async with (
+        running_broker(make_config(data_dir=str(tmp_path), topics=(keep,))) as broker,
+        open_client(url(broker)) as client,
+    ):
+        for _ in range(400):  # about three terms
+            await client.publish("t", PAYLOAD)
+        await client.flush()
+    terms = term_files(tmp_path)
+    assert len(terms) >= 3
+    await trio.sleep(1.0)  # (wall time: what was written is now a second old)
+    expire = TopicRule("t", term_bytes=TERM, retain_seconds=0.5)
+    async with running_broker(make_config(data_dir=str(tmp_path), topics=(expire,))) as broker:
+        logs = broker.logs
+        assert logs is not None
+        assert "t" not in logs.store.open_logs()
+        await logs.open_due(wall_ms())
+        logs.expire(wall_ms())
+        kept = term_files(tmp_path)
+        async with open_client(url(broker)) as client:
+            first, end = (await client.offsets(["t"]))["t"]
+    assert [p.name for p in kept] == [terms[-1].name]  # the active term stays, whatever its age
+    assert end == 401 and first == int(terms[-1].stem)

@@ -123,8 +123,9 @@ class TopicLogs:
         self.owns: Callable[[str], bool] = lambda _topic: True
         #: Logs whose last write or fsync failed: when to try again (wall ms).
         self._sync_failing: dict[TopicLog, int] = {}
-        #: The logs whose unclean recovery was logged, by topic (each once).
-        self._reported: dict[str, TopicLog] = {}
+        #: The logs opened so far, by topic (their recovery logged, their
+        #: cursors checked: each once).
+        self._opened: dict[str, TopicLog] = {}
 
     def open(self, name: str) -> TopicLog:
         """The log of topic ``name`` (recovered on first use); raises
@@ -136,12 +137,14 @@ class TopicLogs:
             raise TopicUnavailable(
                 f"the broker cannot open the log of topic {name[:64]!r} now: {error}"
             ) from None
+        if self._opened.get(name) is topic_log:
+            return topic_log
+        # Once per opening of the log: the store hands out the same log to
+        # every later caller (a ListOffsets, a subscription).
+        self._opened[name] = topic_log
+        self._cursors_within(name, topic_log.written_offset + 1)
         recovery = topic_log.recovery
-        if not recovery.clean and self._reported.get(name) is not topic_log:
-            # Once per opening of the log: the store hands out the same log
-            # to every later caller (a ListOffsets, a subscription), whose
-            # recovery is long done.
-            self._reported[name] = topic_log
+        if not recovery.clean:
             log.warning(
                 "topic %r: recovery cut %d records (%d bytes) from its log: %s",
                 name[:64],
@@ -150,6 +153,24 @@ class TopicLogs:
                 "; ".join(recovery.details)[:300],
             )
         return topic_log
+
+    def _cursors_within(self, topic: str, end: int) -> None:
+        """Bring back to ``end`` the durable cursors of ``topic`` that stand
+        past it: the log was cut back (recovery after a crash or damage;
+        unsynced records lost with the power), and the offsets from ``end``
+        on go to new records, which those cursors must not skip."""
+        for key, position in self.cursors.items():
+            if position > end and key.split("\x00")[1:2] == [topic]:
+                self.cursors.store(key, end)
+                log.warning(
+                    "topic %r: cursor %r stood at offset %d, past the log's end %d "
+                    "(its log was cut back): it goes on from %d",
+                    topic[:64],
+                    key.split("\x00")[-1][:64],
+                    position,
+                    end,
+                    end,
+                )
 
     # --------------------------------------------------------------- TopicLogHost
 

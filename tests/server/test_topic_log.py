@@ -268,9 +268,10 @@ def tear_last_record(data_dir: Path) -> None:
 
 
 def write_meta(data_dir: Path, content: bytes) -> None:
-    """Replace the only topic's meta.json with ``content``."""
-    (meta,) = data_dir.glob("topics/*/meta.json")
-    meta.write_bytes(content)
+    """Replace topic "t"'s meta.json with ``content``."""
+    from broker.log._files import META, topic_dir_name, topics_dir
+
+    (topics_dir(data_dir) / topic_dir_name("t") / META).write_bytes(content)
 
 
 async def test_a_torn_tail_is_cut_at_start_up_and_the_rest_served(tmp_path: Path) -> None:
@@ -303,6 +304,26 @@ async def test_flush_always_confirms_only_what_is_fsynced(tmp_path: Path) -> Non
         assert synced.durable_offset == synced.written_offset == 50
         assert batched.written_offset == 50
         await wait_until(lambda: batched.durable_offset == 50, what="the batch fsync")
+
+
+async def test_a_cursor_past_a_log_cut_back_goes_on_from_its_new_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recovery cut the log back below where a durable cursor stood (a
+    torn tail, unsynced records lost in a power cut): the offsets from the
+    new end on go to new records, which the cursor must not skip; it goes
+    on from the end, and the broker says so."""
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"r%d" % i for i in range(1, 11)])
+        got = await read(url(broker), "t", 10, {"cursor": "c", "from": "earliest"})
+        assert got[-1].offset == 10
+    tear_last_record(tmp_path)  # offset 10 is cut: the log ends at 9
+    caplog.set_level(logging.WARNING, logger="broker")
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"new"])
+        (message,) = await read(url(broker), "t", 1, {"cursor": "c"})
+    assert (message.offset, message.payload) == (10, b"new")
+    assert any("past the log's end 10" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_logs_recovery_is_logged_once_however_often_it_is_asked_for(

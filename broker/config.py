@@ -13,6 +13,7 @@ retention and flush policy per topic pattern, first match wins).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -113,8 +114,10 @@ class TopicRule:
             )
         if self.retain_bytes < 0:
             raise ConfigError(f"{where}: retain_bytes must be >= 0 (0: no size limit)")
-        if self.retain_seconds < 0:
-            raise ConfigError(f"{where}: retain_seconds must be >= 0 (0: no time limit)")
+        if not self.retain_seconds >= 0 or math.isinf(self.retain_seconds):
+            raise ConfigError(
+                f"{where}: retain_seconds must be a finite number >= 0 (0: no time limit)"
+            )
         if self.when_full not in WHEN_FULL:
             raise ConfigError(
                 f'{where}: when_full must be "block" or "drop-oldest", got {self.when_full!r}'
@@ -438,6 +441,13 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def _coerce(name: str, value: Any) -> Any:
+    coerced = _coerce_type(name, value)
+    if type(coerced) is float and not math.isfinite(coerced):
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+    return coerced
+
+
+def _coerce_type(name: str, value: Any) -> Any:
     kind = type(getattr(BrokerConfig, name))
     if name == "workers" and isinstance(value, int) and not isinstance(value, bool):
         return str(value)

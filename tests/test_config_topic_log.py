@@ -178,7 +178,9 @@ def test_topics_inside_the_broker_table_or_a_file_without_one(tmp_path: Path) ->
         ('when_full = "drop"', 'when_full must be "block" or "drop-oldest", got \'drop\''),
         ('flush = "never"', 'flush must be "batch" or "always", got \'never\''),
         ("retain_bytes = -1", "retain_bytes must be >= 0 (0: no size limit)"),
-        ("retain_seconds = -5", "retain_seconds must be >= 0 (0: no time limit)"),
+        ("retain_seconds = -5", "retain_seconds must be a finite number >= 0 (0: no time limit)"),
+        ("retain_seconds = nan", "retain_seconds must be a finite number >= 0"),
+        ("retain_seconds = inf", "retain_seconds must be a finite number >= 0"),
         ("flush_interval_ms = -1", "flush_interval_ms must be >= 0"),
         ("term_bytes = 100", "term_bytes must be 4096 to 4294967295"),
         ('retain_bytes = "1GiB"', "retain_bytes must be an integer, got '1GiB'"),
@@ -233,3 +235,14 @@ def test_replace_keeps_the_topics() -> None:
     assert config.replace(listen="127.0.0.1:1").topics == (TopicRule("a"),)
     with pytest.raises(ConfigError, match="expected TopicRule"):
         BrokerConfig(topics=("a*",))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["heartbeat", "shutdown_deadline", "hello_timeout", "staging_ttl"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_time_that_is_not_a_finite_number_is_refused(name: str, value: str) -> None:
+    """NaN passed every check (each comparison is false) and failed later,
+    in every connection ("deadline must not be NaN")."""
+    with pytest.raises(ConfigError, match=f"{name}: expected a finite number"):
+        load_config(environ={f"BROKER_{name.upper()}": value})
+    with pytest.raises(ConfigError, match=f"{name}: expected a finite number"):
+        load_config(environ={}, overrides={name: float(value)})

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ._common import DEFAULT_METRICS, Subparsers, add_command, positive_float
-from ._stat import metrics_url
+from ._stat import metrics_url, not_http
 
 EXAMPLES = """
   broker health                                 # exit 0 if ready (accepting clients)
@@ -42,6 +42,7 @@ def add_parser(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -54,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{url}: {error.code} {error.reason}", file=sys.stderr)
     except (urllib.error.URLError, OSError) as error:
         print(f"{url}: unreachable: {error}", file=sys.stderr)
+    except http.client.HTTPException as error:
+        print(f"broker health: {not_http(url, error)}", file=sys.stderr)
     return 1

@@ -4,6 +4,7 @@ and channels (its ``/stat.json``), once or refreshed like ``top``."""
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -71,6 +72,17 @@ def add_parser(subparsers: Subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def not_http(url: str, error: http.client.HTTPException) -> str:
+    """Why ``url`` gave no HTTP answer (a bad address, or not the metrics
+    listener: the broker's client port, say), in one line."""
+    if isinstance(error, http.client.InvalidURL):
+        return f"bad --metrics address in {url}: {error}"
+    return (
+        f"{url} did not answer as HTTP (is it the broker's client port? "
+        "give --metrics the address of metrics_listen, 127.0.0.1:9400 by default)"
+    )
+
+
 def metrics_url(address: str) -> str:
     """``HOST:PORT`` (or a URL) -> the endpoint's base URL."""
     url = address.rstrip("/")
@@ -95,6 +107,8 @@ def _snapshot(url: str, as_json: bool, *, compact: bool) -> tuple[str, bool]:
     except (OSError, ValueError) as error:
         reason = getattr(error, "reason", None) or error
         return f"broker stat: cannot read {url}/stat.json: {reason}\n", False
+    except http.client.HTTPException as error:
+        return f"broker stat: {not_http(url, error)}\n", False
     if as_json:
         return json.dumps(document, indent=None if compact else 2) + "\n", True
     return render(document), True

@@ -66,6 +66,7 @@ KNOWN = {
     "topics",
     "connections",
     "connections_total",
+    "topics_total",
     "logs",
     "workers",
 }

@@ -150,7 +150,7 @@ class TrioDriver(SessionView):
                     self._wakeup.set()
                 self._changed.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._fail(ConnectionLost(f"connection broken: {error}"), conn)
+            self._fail(ConnectionLost(f"connection broken: {_why(error)}"), conn)
 
     async def _writer(self, stream: trio.abc.Stream, conn: Connection, done: trio.Event) -> None:
         try:
@@ -168,7 +168,7 @@ class TrioDriver(SessionView):
                         continue
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._fail(ConnectionLost(f"connection broken: {error}"), conn)
+            self._fail(ConnectionLost(f"connection broken: {_why(error)}"), conn)
         finally:
             done.set()
 
@@ -264,3 +264,13 @@ class TrioDriver(SessionView):
             if isinstance(error, ConnectionLost):
                 return error
             return session.attempt_error or ConnectionLost("no Welcome in time")
+
+
+def _why(error: BaseException) -> str:
+    """What broke a stream: trio's errors often say nothing themselves and
+    carry the cause (a TLS alert, a reset) in ``__cause__``."""
+    cause = error.__cause__
+    text = str(error)
+    if cause is not None and str(cause) and str(cause) not in text:
+        text = f"{text}: {cause}" if text else str(cause)
+    return text or type(error).__name__

@@ -210,3 +210,20 @@ def test_ctrl_c_on_a_terminal_stops_at_once_and_says_how_many_were_published(
         os.close(terminal)
     assert publisher.returncode == 130
     assert stderr == "broker pub: interrupted: published 2 message(s) to 'news'\n"
+
+
+def test_after_a_refusal_it_says_what_the_broker_confirmed(tmp_path: Path) -> None:
+    """It used to count what it had handed to the client as published:
+    "(published 1216 message(s) ... before that)" when the broker had
+    refused every one of them."""
+    from .helpers import serving
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text('[principals.ro]\ntoken = "ro-token"\npublish = []\nsubscribe = ["t"]\n')
+    with serving("--set", f"auth_file={auth}") as served:
+        lines = b"".join(b"%d\n" % n for n in range(2000))
+        result = run("pub", "t", "--broker", served.address, "--token", "ro-token", stdin=lines)
+    assert result.returncode != 0
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("broker pub: (the broker confirmed 0 of the ")
+    assert last.endswith(" message(s) given for 't' before that)")

@@ -214,3 +214,17 @@ def test_what_the_operations_runbooks_name_is_in_the_text(served_with_logs: Serv
     assert result.returncode == 0, result.stderr
     words = set(re.findall(r"[a-z_]+", result.stdout))
     assert names <= words, names - words
+
+
+@pytest.mark.parametrize("command", ["stat", "health"])
+def test_a_metrics_address_that_is_not_http_is_one_line(served: Served, command: str) -> None:
+    """The broker's client port given for --metrics (an easy mistake), or a
+    bad port: one line saying what to give, not an http.client traceback."""
+    for address, says in [
+        (served.address, "did not answer as HTTP"),
+        ("127.0.0.1:abc", "bad --metrics address"),
+    ]:
+        result = run(command, "--metrics", address)
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"broker {command}: ") and says in result.stderr

@@ -42,6 +42,7 @@ from broker.protocol import (
     GuaranteesReceived,
     HandleType,
     LocalProtocolError,
+    NoGuarantees,
     Policy,
     Role,
     Throttled,
@@ -305,10 +306,17 @@ class Link:
                 continue
             if not conn.confirmed(HandleType.TOPIC, state.handle):
                 continue
+            try:
+                handle = conn.subscribe(
+                    state.handle,
+                    subscription.mode,
+                    subscription.resubscribe_options(offsets=offsets),
+                )
+            except NoGuarantees:
+                # No room for it on the link now (the owner's max_subscriptions
+                # for this link): it waits until one ends and the owner says so.
+                break
             del self._to_subscribe[subscription]
-            handle = conn.subscribe(
-                state.handle, subscription.mode, subscription.resubscribe_options(offsets=offsets)
-            )
             subscription.owner_handle = handle
             self.by_owner_handle[handle] = subscription
         self._flush()

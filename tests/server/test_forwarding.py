@@ -263,3 +263,45 @@ async def test_only_a_link_may_name_the_cursors_principal(tmp_path: Path) -> Non
         (goodbye,) = raw.goodbyes()
         assert goodbye.code == GoodbyeCode.PROTOCOL_ERROR
         assert "unknown subscribe option(s) ['cursor_principal']" in goodbye.reason
+
+
+async def test_forwarded_subscriptions_past_the_owners_limit_wait_for_room(
+    tmp_path: Path,
+) -> None:
+    """The owner funds a link's Subscribes up to its max_subscriptions: one
+    beyond that used to be sent anyway and fail (NoGuarantees) inside the
+    client connection that caused it (an internal error ending it). Now it
+    waits until one ends; every client's connection goes on."""
+    topics = owned_by("w1", IDS, "limit-", 6)
+    got: dict[str, bytes] = {}
+
+    async def subscriber(topic: str) -> None:
+        async with (
+            open_client(url(w0), name=f"s-{topic}") as client,
+            client.subscribe(topic) as subscription,
+        ):
+            got[topic] = (await subscription.receive()).payload
+        # (leaving ends its subscription: room for a waiting one)
+
+    async with (
+        running_workers(tmp_path, data=True, max_subscriptions=3) as (w0, w1),
+        open_client(url(w1), name="pub") as publisher,
+        trio.open_nursery() as nursery,
+    ):
+        with trio.fail_after(2 * TIMEOUT):
+            for n, topic in enumerate(topics, 1):
+                nursery.start_soon(subscriber, topic)
+                await wait_until(
+                    lambda n=n: sum(s.subscriptions_forwarded for s in w0.link_statistics()) == n,
+                    what="the subscription at the forwarder",
+                )
+            while len(got) < len(topics):
+                # (those made at the owner only now start from "latest":
+                # publish until each has had one)
+                for topic in topics:
+                    if topic not in got:
+                        await publisher.publish(topic, b"hello")
+                await publisher.flush()
+                await trio.sleep(0.05)
+    assert set(got) == set(topics) and set(got.values()) == {b"hello"}
+    assert w0.internal_errors == 0

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import trio
 
-from broker.protocol import Connection
+from broker.protocol import Connection, DeliveryMode
 
 from ._topic import Subscription, Topic
 
@@ -42,13 +42,17 @@ async def route_forwarded(topics: Iterable[Topic]) -> None:
 
 def queued_deliveries(connections: Iterable[Subscribed]) -> list[tuple[Subscription, int]]:
     """Each reliable subscription of a connected subscriber with deliveries
-    queued (waiting for its guarantees), and how many."""
+    queued (waiting for its guarantees), and how many: those charged to
+    their publishers, and those relayed from another worker (a forwarded
+    subscription pays for its own, but its client's publishers saw them
+    confirmed all the same)."""
     return [
         (subscription, subscription.queued)
         for connection in connections
         if not connection.protocol.closed
         for subscription in connection.subscriptions.values()
-        if subscription.charges_publishers and subscription.queued
+        if subscription.queued
+        and (subscription.charges_publishers or subscription.mode == DeliveryMode.RELIABLE)
     ]
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import trio
 
-from broker.client import open_client
+from broker.client import ConnectionLost, open_client
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from broker.protocol import BindTopic, GoodbyeCode, Subscribe
 from broker.protocol._encode import encode_publish
+from broker.server import Broker
 
 from .helpers import TIMEOUT, RawClient, wait_until
 from .workers import owned_by, running_workers, url
@@ -305,3 +306,45 @@ async def test_forwarded_subscriptions_past_the_owners_limit_wait_for_room(
                 await trio.sleep(0.05)
     assert set(got) == set(topics) and set(got.values()) == {b"hello"}
     assert w0.internal_errors == 0
+
+
+async def test_a_graceful_shutdown_sends_what_a_forwarder_relayed_to_its_subscriber(
+    tmp_path: Path,
+) -> None:
+    """Memory-only: the publisher saw every message confirmed, so each
+    reaches a subscriber that keeps reading, also through a forwarder (the
+    forwarder's shutdown did not wait for what it had relayed and queued for
+    its client: a forwarded subscription pays for its own deliveries)."""
+    (topic,) = owned_by("w1", IDS, "drain-", 1)
+    received: list[int] = []
+    ends: list[int | None] = []
+    count = 2000
+
+    async def read_slowly(w0: Broker, *, task_status: trio.TaskStatus[None]) -> None:
+        async with (
+            open_client(url(w0), name="sub") as client,
+            client.subscribe(topic) as subscription,
+        ):
+            task_status.started()
+            try:
+                async for message in subscription:
+                    received.append(int(message.payload))
+                    if len(received) % 100 == 0:
+                        await trio.sleep(0.05)
+            except ConnectionLost as error:
+                ends.append(error.code)
+
+    async with trio.open_nursery() as nursery, running_workers(tmp_path) as (w0, w1):
+        await nursery.start(read_slowly, w0)
+        await wait_until(
+            lambda: sum(s.subscriptions_forwarded for s in w0.link_statistics()) == 1,
+            what="the forwarded subscription",
+        )
+        async with open_client(url(w1), name="pub") as publisher:
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+            await publisher.flush()
+        assert len(received) < count  # (it is behind: the shutdown has to wait for it)
+        # (both workers shut down gracefully, together)
+    assert received == list(range(count))
+    assert ends == [GoodbyeCode.SHUTTING_DOWN]

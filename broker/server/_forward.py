@@ -19,6 +19,7 @@ The link itself (a client connection to the owner) is behind the small
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -117,6 +118,11 @@ class ForwardTopic(Topic):
 class SubscriptionLink(Protocol):
     """What a forwarded subscription needs of the link to its owner."""
 
+    @property
+    def offsets(self) -> bool:
+        """Whether the broker keeps topic logs (reliable deliveries are offsets)."""
+        ...
+
     def subscribe(self, subscription: ForwardedSubscription) -> None:
         """Make ``subscription`` at the owner (again, after a broken link)."""
         ...
@@ -136,11 +142,6 @@ class SubscriptionLink(Protocol):
 
 class ForwardLink(TopicLink, SubscriptionLink, Protocol):
     """A link to the owner, as forwarding topics and subscriptions see it."""
-
-    @property
-    def offsets(self) -> bool:
-        """Whether the broker keeps topic logs (reliable deliveries are offsets)."""
-        ...
 
     def subscription_account(self, name: str) -> Account:
         """A new account for a forwarded subscription, with the channel watermarks."""
@@ -217,6 +218,7 @@ class ForwardedSubscription(Subscription):
         "owner_handle",
         "owner_received",
         "paused",
+        "pinned_ms",
         "restored",
         "segments",
     )
@@ -263,8 +265,35 @@ class ForwardedSubscription(Subscription):
         #: recorded as processed): made at the owner only once its client
         #: resumes and says what it processed. None: made at once.
         self.restored = restored
+        #: A reliable one asked to start at the latest record, on a broker
+        #: with logs: when it was made here (ms since the epoch). It is made
+        #: at the owner (first, and again after a broken link or a restart
+        #: with nothing relayed yet) from the first record received from
+        #: then on ("from_time"), not at the latest record of that moment:
+        #: what was published in between is never skipped.
+        self.pinned_ms: int | None = None
+        if (
+            restored is None
+            and mode == DeliveryMode.RELIABLE
+            and link.offsets
+            and not {"cursor", "from_time"} & set(options)
+            and options.get("from", "latest") == "latest"
+        ):
+            self.pinned_ms = time.time_ns() // 1_000_000
+            self._pinned(self.options)
         if restored is None:
             link.subscribe(self)
+
+    def _pinned(self, options: Options) -> Options:
+        """``options`` starting where it started when first made (see ``pinned_ms``)."""
+        if self.pinned_ms is not None:
+            options.pop("from", None)
+            options["from_time"] = self.pinned_ms
+        return options
+
+    def recorded_options(self, given: Mapping[str, object]) -> Mapping[str, object]:
+        """Its Subscribe's options, pinned to when it was first made."""
+        return self._pinned(dict(given))  # type: ignore[arg-type]
 
     def resubscribe_options(self, *, offsets: bool) -> Options:
         """The options to make it again at the owner after a broken link: on

@@ -58,6 +58,10 @@ class Acked(Protocol):
         """Whether the record keeps it (see ``Subscription.restorable``)."""
         ...
 
+    def recorded_options(self, given: Mapping[str, object]) -> Mapping[str, object]:
+        """The options to restore it with (its Subscribe's, ``given``, or more)."""
+        ...
+
 
 @dataclass(slots=True)
 class SavedSession:
@@ -99,7 +103,14 @@ class SessionRecords:
             "principal": session.principal,
             "topics": [[h, name, size] for h, (name, size) in state.topics.items()],
             "subscriptions": [
-                [h, info.topic, info.topic_name, info.mode, dict(info.options), size]
+                [
+                    h,
+                    info.topic,
+                    info.topic_name,
+                    info.mode,
+                    dict(subscriptions[h].recorded_options(info.options)),
+                    size,
+                ]
                 for h, (info, size) in state.subscriptions.items()
                 if h in reliable
             ],

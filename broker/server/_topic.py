@@ -140,6 +140,10 @@ class Subscription:
     #: it is numbered by log offsets, which a restarted broker can go on from.
     restorable = False
 
+    def recorded_options(self, given: Mapping[str, object]) -> Mapping[str, object]:
+        """The options its session's record restores it with: its Subscribe's."""
+        return given
+
     def __init__(self, connection: Subscriber, handle: int, topic: Topic, mode: str) -> None:
         #: The connection it sends through (a resume attaches another).
         self.connection = connection

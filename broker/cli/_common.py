@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import signal
+import socket
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -165,6 +166,8 @@ def describe(error: BaseException) -> str:
         if refused and len(refused) == len(cause.exceptions):
             where = str(error).removeprefix("all attempts to connect to ").removesuffix(" failed")
             return f"cannot connect to {where}: connection refused (is a broker running there?)"
+    if isinstance(error, socket.gaierror):
+        return f"cannot find the broker's host: {error.strerror} (check the host of --broker)"
     return str(error)
 
 

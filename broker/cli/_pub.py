@@ -118,6 +118,10 @@ def add_parser(subparsers: Subparsers) -> None:
     parser.set_defaults(func=run, parser=parser)
 
 
+#: After a Ctrl-C, how long the flush may take before it is said what it waits for.
+FLUSH_NOTICE_AFTER = 1.0
+
+
 @dataclass
 class _Tally:
     published: int = 0
@@ -212,6 +216,17 @@ async def _pub(
         # what was published (unless a second Ctrl-C cuts that short too).
         with interrupt.working():
             await publish_all()
+        if interrupt.interrupted:
+            # The flush waits for the broker, which may throttle this topic for
+            # long (a subscriber that does not keep up): say so, and how to leave.
+            with trio.move_on_after(FLUSH_NOTICE_AFTER) as waiting:
+                await client.flush()
+            if waiting.cancelled_caught:
+                print(
+                    "broker pub: interrupted: waiting for the broker to confirm what was "
+                    "published (Ctrl-C again to leave without)",
+                    file=sys.stderr,
+                )
 
 
 async def _read_all(read: Callable[[int], bytes]) -> bytes:

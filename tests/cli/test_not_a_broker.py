@@ -64,3 +64,15 @@ def test_the_metrics_port_is_named_in_one_line(served: Served) -> None:
     assert result.stderr == (
         f"broker pub: {address} did not answer as a broker (it looks like HTTP)\n"
     )
+
+
+def test_a_host_that_cannot_be_found_is_said_so() -> None:
+    """It said only "[Errno -2] Name or service not known"."""
+    import socket
+
+    from broker.cli._common import describe
+
+    line = describe(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert line == (
+        "cannot find the broker's host: Name or service not known (check the host of --broker)"
+    )

@@ -13,6 +13,7 @@ retention and flush policy per topic pattern, first match wins).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import tomllib
@@ -431,6 +432,11 @@ class BrokerConfig:
         return dataclasses.replace(self, **changes)
 
 
+log = logging.getLogger("broker")
+
+#: BROKER_ environment variables that are not settings but mean something:
+#: the client's token, the config file, a worker's setup (from its supervisor).
+OTHER_ENV = frozenset({"BROKER_TOKEN", "BROKER_CONFIG", "BROKER_WORKER_SPEC"})
 #: The settings given by name (file keys, BROKER_<NAME>, --set); the
 #: ``topics`` rules come only from ``[[topics]]`` tables of a config file.
 FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "topics"}
@@ -513,6 +519,14 @@ def load_config(
             values["topics"] = parse_topic_rules(tables, f"config {path}")
         _apply(values, table, str(path))
     env = os.environ if environ is None else environ
+    for key in sorted(env):
+        if (
+            key.startswith(ENV_PREFIX)
+            and key[len(ENV_PREFIX) :].lower() not in FIELDS
+            and key not in OTHER_ENV
+        ):
+            # (Not an error: other software uses BROKER_ names, as Celery's BROKER_URL.)
+            log.warning("ignoring the environment variable %s: no such setting", key)
     _apply(
         values,
         {

@@ -4,6 +4,7 @@ each bad value refused in one line naming the key and what it allows."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,17 @@ def test_a_time_that_is_not_a_finite_number_is_refused(name: str, value: str) ->
         load_config(environ={f"BROKER_{name.upper()}": value})
     with pytest.raises(ConfigError, match=f"{name}: expected a finite number"):
         load_config(environ={}, overrides={name: float(value)})
+
+
+def test_an_environment_variable_that_is_no_setting_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A misspelt BROKER_ name used to be ignored in silence; it is still
+    not an error (other software uses BROKER_ names), but it is said."""
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        config = load_config(
+            environ={"BROKER_LISTN": "0.0.0.0:1", "BROKER_TOKEN": "t", "BROKER_MAX_FRAME": "70000"}
+        )
+    assert config.max_frame == 70000
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == ["ignoring the environment variable BROKER_LISTN: no such setting"]

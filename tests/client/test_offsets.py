@@ -246,16 +246,25 @@ def test_a_start_on_a_broker_without_logs_is_refused_before_sending() -> None:
     assert not session.conn.closed
 
 
+def delivered_in_one_frame(
+    count: int, *, first: int
+) -> tuple[FakeBroker, ClientSession, SubscriptionState]:
+    """A subscription with a durable cursor, and ``count`` messages from
+    offset ``first`` delivered to it in one DeliverMany."""
+    broker = FakeBroker(offsets=True)
+    session = connected(broker)
+    subscription = subscribe(session, broker, "t", cursor="c")
+    tails = [encode_deliver_tail(b"%d" % i, None, None) for i in range(count)]
+    broker.conn.deliver_encoded_many(subscription.handle, first, tails)
+    broker.pump(session)
+    return broker, session, subscription
+
+
 def test_unsubscribing_acknowledges_what_was_taken_mid_frame() -> None:
     """A frame's room goes back once all its messages are taken, but a
     subscription that ends mid-frame still acknowledges what was taken (a
     durable cursor then stands right after it), and nothing more."""
-    broker = FakeBroker(offsets=True)
-    session = connected(broker)
-    subscription = subscribe(session, broker, "t", cursor="c")
-    tails = [encode_deliver_tail(b"%d" % i, None, None) for i in range(3)]
-    broker.conn.deliver_encoded_many(subscription.handle, 5, tails)
-    broker.pump(session)
+    broker, session, subscription = delivered_in_one_frame(3, first=5)
     assert [subscription._take().offset for _ in range(2)] == [5, 6]
     broker.pump(session)
     assert not [e for e in broker.events if isinstance(e, Ack)]
@@ -272,12 +281,7 @@ def test_what_is_taken_is_acknowledged_as_it_goes_whatever_the_frames(taking: st
     """A DeliverMany may carry a thousand messages: an application that took
     most of one has acknowledged them (its durable cursor and its session
     stand at most RELEASE_BATCH behind), not waited for the frame's end."""
-    broker = FakeBroker(offsets=True)
-    session = connected(broker)
-    subscription = subscribe(session, broker, "t", cursor="c")
-    tails = [encode_deliver_tail(b"%d" % i, None, None) for i in range(1000)]
-    broker.conn.deliver_encoded_many(subscription.handle, 1, tails)
-    broker.pump(session)
+    broker, session, subscription = delivered_in_one_frame(1000, first=1)
     taken = 0
     while taken < 700:
         if taking == "one by one":

@@ -23,6 +23,10 @@ log = logging.getLogger("broker.client")
 #: Consumed messages whose buffer space a subscription releases together (it
 #: releases sooner when the application has consumed everything received).
 RELEASE_BATCH = 32
+#: Messages taken whose acknowledgement is sent at the latest, whole frames
+#: or not (a DeliverMany holds up to 1,024): how far a durable cursor or a
+#: session may lag what the application took when it is killed outright.
+ACK_EVERY = 256
 #: The most messages ``receive_batch()`` returns unless told otherwise.
 BATCH_MOST = 1024
 
@@ -82,7 +86,7 @@ class SubscriptionState:
         self._unacked += 1
         if inbox.done_count:  # (rare mid-frame: not worth a call per message)
             self._release_if_due()
-        elif self._unacked >= RELEASE_BATCH:
+        elif self._unacked >= ACK_EVERY:
             self._releaser.acknowledge(self)  # (in a DeliverMany of up to 1024)
         return message
 
@@ -98,14 +102,14 @@ class SubscriptionState:
         """Release what whole frames taken hold, once ``RELEASE_BATCH``
         messages' worth is waiting or the application has taken everything
         received (acknowledging what was taken); else acknowledge what was
-        taken once ``RELEASE_BATCH`` messages are unacknowledged, whole
+        taken once ``ACK_EVERY`` messages are unacknowledged, whole
         frames or not: a durable cursor (and a session's resume) never lags
         the application by more than that, however large the frames."""
         inbox = self._inbox
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
             self._releaser.release(self)
-        elif self._unacked >= RELEASE_BATCH:
+        elif self._unacked >= ACK_EVERY:
             self._releaser.acknowledge(self)
 
     def _numbered(self, offsets: bool) -> None:

@@ -15,7 +15,7 @@ from broker.client import ClientError, ConnectionLost, Message
 from broker.client._core import ClientSession, Ending
 from broker.client._flows import open_subscription, restore
 from broker.client._start import subscribe_options
-from broker.client._subscription import RELEASE_BATCH, SubscriptionState
+from broker.client._subscription import ACK_EVERY, SubscriptionState
 from broker.protocol import Ack, Options, Subscribed, encode_deliver_tail
 from tests.client.test_core import FakeBroker, connected, run
 
@@ -280,7 +280,7 @@ def test_unsubscribing_acknowledges_what_was_taken_mid_frame() -> None:
 def test_what_is_taken_is_acknowledged_as_it_goes_whatever_the_frames(taking: str) -> None:
     """A DeliverMany may carry a thousand messages: an application that took
     most of one has acknowledged them (its durable cursor and its session
-    stand at most RELEASE_BATCH behind), not waited for the frame's end."""
+    stand at most ACK_EVERY behind), not waited for the frame's end."""
     broker, session, subscription = delivered_in_one_frame(1000, first=1)
     taken = 0
     while taken < 700:
@@ -291,5 +291,5 @@ def test_what_is_taken_is_acknowledged_as_it_goes_whatever_the_frames(taking: st
     broker.pump(session)
     acks = [e.seq for e in broker.events if isinstance(e, Ack)]
     assert acks == sorted(acks)
-    assert 700 - RELEASE_BATCH < acks[-1] <= 700
-    assert len(acks) <= 700 // RELEASE_BATCH  # batched, not one per message
+    assert 700 - ACK_EVERY < acks[-1] <= 700
+    assert len(acks) <= 700 // ACK_EVERY  # batched, not one per message

@@ -444,10 +444,13 @@ class Broker:
             await send_queued_deliveries(self.connection_views())
             self.shutdown_drained = True
         if not self.shutdown_drained:
+            links = self.link_statistics() or ()
             log.warning(
-                "shutting down: %d deliveries still queued for connected subscribers "
-                "after half the shutdown deadline: they are dropped",
+                "shutting down after half the shutdown deadline: %d deliveries still "
+                "queued for connected subscribers are dropped; %d publishes forwarded "
+                "to other workers are unconfirmed (their clients keep them)",
                 sum(queued for _, queued in queued_deliveries(self.connection_views())),
+                sum(link.publishes_in_flight for link in links),
             )
         for connection in list(self.connections.values()):
             connection.shutting_down()

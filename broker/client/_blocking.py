@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
@@ -474,8 +473,7 @@ class BlockingClient(BlockingDriver):
         broken (the socket shut down, no reconnecting: that call raises
         :class:`ConnectionLost`) and the lock taken then; returns the
         :class:`TimeoutError` that :meth:`close` raises once closed."""
-        wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if self._lock.acquire(timeout=-1 if wait is None else wait):
+        if self._acquire(deadline):
             return None
         self._session.closing = True  # (a plain flag: the holder sees it when its wait breaks)
         pipe = self._pipe

@@ -307,17 +307,19 @@ class BlockingDriver(SessionView):
         finally:
             self._lock.release()
 
+    def _acquire(self, deadline: float | None) -> bool:
+        """Take the client's lock, waiting no later than ``deadline``; whether it was taken."""
+        if deadline is None:
+            return self._lock.acquire()
+        return self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+
     @contextlib.contextmanager
     def _locked(self, deadline: float | None) -> Iterator[None]:
         """Hold the client's lock, waiting for it no later than ``deadline``.
 
         Raises :class:`TimeoutError` if another thread holds it until then.
         """
-        if deadline is None:
-            acquired = self._lock.acquire()
-        else:
-            acquired = self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0))
-        if not acquired:
+        if not self._acquire(deadline):
             raise TimeoutError("another thread kept the client busy")
         try:
             yield

@@ -555,10 +555,10 @@ class ClientSession:
     def release(self, subscription: SubscriptionState) -> None:
         """Free the room of the frames it consumed whole; acknowledge what it consumed."""
         size, count = subscription._inbox.collect()
-        channel = Channel(ChannelKind.DELIVER, subscription.handle)
-        if count and not self.conn.closed:
-            self.conn.release_frames(channel, size, count)
         if count:
+            if not self.conn.closed:
+                channel = Channel(ChannelKind.DELIVER, subscription.handle)
+                self.conn.release_frames(channel, size, count)
             self.acknowledge(subscription)
 
     def acknowledge(self, subscription: SubscriptionState) -> None:

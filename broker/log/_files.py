@@ -103,14 +103,10 @@ def read_meta(directory: Path, topic: str) -> dict[str, Any] | None:
     yet); raises :class:`TopicDirMismatch` if it belongs to another topic
     or a newer format."""
     try:
-        text = (directory / META).read_text(encoding="utf-8")
+        meta: dict[str, Any] = json.loads((directory / META).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except ValueError as error:  # not UTF-8
-        raise TopicDirMismatch(f"{directory / META} is not valid JSON ({error})") from None
-    try:
-        meta: dict[str, Any] = json.loads(text)
-    except ValueError as error:
+    except ValueError as error:  # not UTF-8, or not JSON
         raise TopicDirMismatch(f"{directory / META} is not valid JSON ({error})") from None
     if type(meta) is not dict:
         raise TopicDirMismatch(f"{directory / META} is not a JSON object")
@@ -147,11 +143,19 @@ def stored_topics(data_dir: Path) -> list[str]:
     """The names of the topics with a directory under ``data_dir``."""
     names = []
     for meta in sorted(topics_dir(data_dir).glob(f"*/{META}")):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            topic = json.loads(meta.read_text(encoding="utf-8")).get("topic")
-            if isinstance(topic, str):
-                names.append(topic)
+        topic = _topic_in(meta.parent)
+        if topic is not None:
+            names.append(topic)
     return names
+
+
+def _topic_in(directory: Path) -> str | None:
+    """The topic named by ``directory``'s metadata (None: none can be read)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        topic = json.loads((directory / META).read_text(encoding="utf-8")).get("topic")
+        if isinstance(topic, str):
+            return topic
+    return None
 
 
 def unopened_due(
@@ -175,8 +179,10 @@ def unopened_due(
                 terms = sorted(p for p in directory.iterdir() if _TERM_NAME.match(p.name))
                 if len(terms) < 2:
                     continue
-                topic = json.loads((directory / META).read_text(encoding="utf-8")).get("topic")
-                retain = retain_of(topic) if isinstance(topic, str) else None
+                topic = _topic_in(directory)
+                if topic is None:
+                    continue
+                retain = retain_of(topic)
                 if retain is not None and terms[0].stat().st_mtime * 1000 < now_ms - retain * 1000:
                     due.append(topic)
     return due

@@ -160,13 +160,16 @@ class TopicLogs:
         unsynced records lost with the power), and the offsets from ``end``
         on go to new records, which those cursors must not skip."""
         for key, position in self.cursors.items():
-            if position > end and key.split("\x00")[1:2] == [topic]:
+            if position <= end:
+                continue
+            parts = key.split("\x00")  # (principal, topic, cursor name)
+            if parts[1:2] == [topic]:
                 self.cursors.store(key, end)
                 log.warning(
                     "topic %r: cursor %r stood at offset %d, past the log's end %d "
                     "(its log was cut back): it goes on from %d",
                     topic[:64],
-                    key.split("\x00")[-1][:64],
+                    parts[-1][:64],
                     position,
                     end,
                     end,

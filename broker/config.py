@@ -13,6 +13,7 @@ retention and flush policy per topic pattern, first match wins).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -520,13 +521,17 @@ def load_config(
         _apply(values, table, str(path))
     env = os.environ if environ is None else environ
     for key in sorted(env):
-        if (
-            key.startswith(ENV_PREFIX)
-            and key[len(ENV_PREFIX) :].lower() not in FIELDS
-            and key not in OTHER_ENV
-        ):
-            # (Not an error: other software uses BROKER_ names, as Celery's BROKER_URL.)
-            log.warning("ignoring the environment variable %s: no such setting", key)
+        name = key[len(ENV_PREFIX) :].lower()
+        if key.startswith(ENV_PREFIX) and name not in FIELDS and key not in OTHER_ENV:
+            # Only a likely misspelling is said: other software uses BROKER_
+            # names of its own (Celery's BROKER_URL), which are no concern here.
+            close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
+            if close:
+                log.warning(
+                    "ignoring the environment variable %s: no such setting (did you mean %s?)",
+                    key,
+                    ENV_PREFIX + close[0].upper(),
+                )
     _apply(
         values,
         {

@@ -29,6 +29,12 @@ settings.load_profile("broker")
 _STATE_HOME = tempfile.mkdtemp(prefix="broker-tests-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 os.environ.pop("STATE_DIRECTORY", None)
+# The broker's own environment variables of the shell running the tests (a
+# BROKER_LISTEN, BROKER_TOKEN or BROKER_CONFIG of a developer's) would change
+# what the brokers and clients the tests start do: the tests set their own.
+# BROKER_REQUIRE_TOOLS is the tests' own switch (CI sets it), not the broker's.
+for _name in [n for n in os.environ if n.startswith("BROKER_") and n != "BROKER_REQUIRE_TOOLS"]:
+    del os.environ[_name]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

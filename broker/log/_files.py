@@ -281,7 +281,13 @@ def file_crc(data: bytes | mmap.mmap) -> int:
 
 
 class TermFile:
-    """The open file of the active term: written at its end only."""
+    """The open file of the active term: written at its end only.
+
+    :meth:`release` gives its descriptor back while it is idle (a broker
+    with many topics would otherwise hold one per topic ever written); the
+    next use opens the file again, and a failure to (no descriptors left)
+    is a :class:`LogWriteError` like any failed write, retried as one.
+    """
 
     def __init__(self, path: Path, *, create: bool) -> None:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -290,6 +296,8 @@ class TermFile:
         except OSError as exc:
             raise write_error(exc, f"creating {path}") from exc
         self.path = path
+        #: Released (see :meth:`release`), not closed: opened again on use.
+        self._released = False
         if create:
             try:
                 fsync_dir(path.parent)
@@ -301,8 +309,26 @@ class TermFile:
     @property
     def fd(self) -> int:
         if self._fd is None:
-            raise ValueError(f"{self.path} is closed")
+            if not self._released:
+                raise ValueError(f"{self.path} is closed")
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                raise write_error(exc, f"opening {self.path} again") from exc
+            self._released = False
         return self._fd
+
+    @property
+    def open(self) -> bool:
+        """Whether it holds a descriptor now."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Close the descriptor until the next use (nothing must be unwritten)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            self._released = True
+            os.close(fd)
 
     def write_at(self, data: memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset``; on failure the file is cut
@@ -333,6 +359,7 @@ class TermFile:
             os.ftruncate(self.fd, size)
 
     def close(self) -> None:
+        self._released = False
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)

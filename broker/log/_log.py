@@ -252,6 +252,22 @@ class TopicLog:
             return True
         return False
 
+    def release_file(self, now_ms: int, idle_ms: int) -> bool:
+        """Give back the active term file's descriptor if nothing was
+        appended for ``idle_ms`` and every record is written and fsynced; the
+        next write opens it again. Returns whether it released one."""
+        if (
+            self._closed
+            or not self._file.open
+            or self._dirty_since is not None
+            or self._written < self._active.used
+            or self._durable_next < self._written_next
+            or now_ms - self._last_time < idle_ms
+        ):
+            return False
+        self._file.release()
+        return True
+
     def start_sync(self) -> SyncJob | None:
         """:meth:`write`, then the fsync that makes every written record
         durable, to run off this thread (its :meth:`SyncJob.run` blocks; the

@@ -37,6 +37,10 @@ log = logging.getLogger("broker.server")
 TEND_INTERVAL = 0.1
 #: How often retention by age runs.
 EXPIRE_INTERVAL = 10.0
+#: How long (ms) a log's active term file stays open with nothing appended:
+#: then its descriptor is given back (opened again by the next write), so a
+#: broker holds a descriptor per topic written lately, not per topic ever.
+IDLE_FILE_MS = 30_000
 #: How often a batch waiting for the disk is retried.
 RETRY_INTERVAL = 1.0
 #: How long after a failed write or fsync of a log it is tried again (ms).
@@ -268,10 +272,13 @@ class TopicLogs:
         write_journal(self.journal)
 
     def expire(self, now_ms: int) -> None:
-        """Delete terms older than their topics' ``retain_seconds``."""
+        """Delete terms older than their topics' ``retain_seconds``; give
+        back the file descriptors of logs idle for ``IDLE_FILE_MS``."""
         for topic_log in self.store.open_logs().values():
             if not topic_log.closed:
                 topic_log.expire(now_ms)
+                if topic_log not in self._dirty:
+                    topic_log.release_file(now_ms, IDLE_FILE_MS)
 
     async def open_due(self, now_ms: int) -> None:
         """Open the logs not opened since the start whose oldest sealed term

@@ -144,3 +144,17 @@ def test_every_suite_reports_the_yardstick_beside_its_figures() -> None:
     figures = json.loads(result.stdout)
     for suite in ("actors", "protocol"):
         assert figures[suite]["python_loop_10m_s"] > 0, figures[suite]
+
+
+def test_the_entry_point_imports_no_command_before_main_runs() -> None:
+    """A Ctrl-C while the commands load (trio, cbor2: a second or so on a
+    busy machine) used to print a KeyboardInterrupt traceback: the console
+    script imported them all before ``main`` could answer it. They load
+    inside ``main`` now, whose Ctrl-C is one exit status (130)."""
+    check = (
+        "import sys, broker.cli\n"
+        "heavy = sorted(m for m in ('trio', 'cbor2', 'broker.cli._serve') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

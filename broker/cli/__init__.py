@@ -15,8 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .. import __version__
-from . import _bench, _health, _pub, _serve, _stat, _sub, _token
-from ._common import EXIT_INTERRUPTED, LOG_LEVELS
+from ._codes import EXIT_INTERRUPTED, LOG_LEVELS
 
 __all__ = ["build_parser", "main"]
 
@@ -31,6 +30,11 @@ EXAMPLES = """
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``broker`` command."""
+    # The commands (and trio, cbor2, ... with them) are imported here, not
+    # when the module is: a Ctrl-C while they load (a second or so on a busy
+    # machine) is then main's to answer, in one line, not a traceback.
+    from . import _bench, _health, _pub, _serve, _stat, _sub, _token
+
     parser = argparse.ArgumentParser(
         prog="broker",
         description="A flow-controlled pub/sub broker of actors on trio.",

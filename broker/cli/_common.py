@@ -18,11 +18,9 @@ import trio
 
 from ..errors import BrokerError, sole_exception
 from ..protocol import topic_name_problem
+from ._codes import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from ._codes import LOG_LEVELS
 
-#: ``--log-level`` values (any case is accepted).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
 DEFAULT_BROKER = "127.0.0.1:7400"
 DEFAULT_METRICS = "127.0.0.1:9400"
 

@@ -272,7 +272,8 @@ class TopicLog:
         """:meth:`write`, then the fsync that makes every written record
         durable, to run off this thread (its :meth:`SyncJob.run` blocks; the
         log may be appended to meanwhile); None if nothing needs it. Call
-        :meth:`SyncJob.finish` here once it ran."""
+        :meth:`SyncJob.finish` here once it ran. Raises :class:`LogWriteError`
+        (the write, or no file descriptor left for the sync)."""
         self.write()
         self._dirty_since = None
         if self._durable_next >= self._written_next:
@@ -495,7 +496,10 @@ class SyncJob:
     def __init__(self, log: TopicLog, file: TermFile, target: int) -> None:
         self._log = log
         self._target = target
-        self._fd = os.dup(file.fd)
+        try:
+            self._fd = os.dup(file.fd)
+        except OSError as exc:  # no descriptor left: a failed sync, tried again
+            raise write_error(exc, f"syncing the log of {log.topic!r}") from exc
         #: What the fsync raised (:class:`LogWriteError`), once it ran.
         self.error: LogWriteError | None = None
 

@@ -27,6 +27,7 @@ from broker.protocol import Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
 
+from ._accept_log import quiet_accept_errors
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
 from ._drain import queued_deliveries, route_forwarded, send_queued_deliveries
@@ -549,6 +550,8 @@ async def serve_broker(
                 if logs is not None:
                     nursery.start_soon(logs.run)
                     log.info("topic logs in %s", log_dir)
+
+                quiet_accept_errors()  # (no file descriptor left: one line per 10 s)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
                     with broker._accept_scope:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -139,7 +140,8 @@ class TopicLogs:
         except (LogError, OSError) as error:
             log.error("topic %r: its log cannot be opened: %s", name[:64], error)
             raise TopicUnavailable(
-                f"the broker cannot open the log of topic {name[:64]!r} now: {error}"
+                f"the broker cannot open the log of topic {name[:64]!r} now: "
+                f"{self._for_clients(error)}"
             ) from None
         if self._opened.get(name) is topic_log:
             return topic_log
@@ -157,6 +159,22 @@ class TopicLogs:
                 "; ".join(recovery.details)[:300],
             )
         return topic_log
+
+    def stored_topics(self) -> list[str]:
+        """The topics with a log in the data directory; raises
+        :class:`TopicUnavailable` if it cannot be listed now."""
+        try:
+            return self.store.stored_topics()
+        except OSError as error:  # (no file descriptor left, the disk)
+            log.error("the topic logs cannot be listed: %s", error)
+            raise TopicUnavailable(
+                f"the broker cannot list its topics now: {self._for_clients(error)}"
+            ) from None
+
+    def _for_clients(self, error: Exception) -> str:
+        """``error`` as a client is told it: paths relative to the data
+        directory (where the broker keeps its files is not theirs to know)."""
+        return str(error).replace(f"{self.store.data_dir}{os.sep}", "")
 
     def _cursors_within(self, topic: str, end: int) -> None:
         """Bring back to ``end`` the durable cursors of ``topic`` that stand

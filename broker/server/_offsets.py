@@ -35,8 +35,9 @@ def topic_offsets(
     every topic with a log that ``may_read`` allows), sorted by name.
     ``first`` is the first record kept, ``end`` one past the last record
     written (what a reader can read now; both equal for an empty log).
-    Raises :class:`~._logs.TopicUnavailable` if a log cannot be opened."""
-    stored = set(logs.store.stored_topics())
+    Raises :class:`~._logs.TopicUnavailable` if a log cannot be opened, or
+    the data directory listed."""
+    stored = set(logs.stored_topics())
     wanted = sorted(stored if names is None else stored.intersection(names))
     entries: list[TopicOffsets] = []
     for name in wanted:

@@ -101,3 +101,27 @@ def test_a_full_term_rotates_after_its_file_was_released(tmp_path: Path) -> None
         assert term_fds(tmp_path) == 1
     with open_log(tmp_path, term_bytes=512) as log:
         assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 61)]
+
+
+def test_no_descriptor_left_for_a_sync_is_a_write_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fsync in a thread syncs a duplicate of the file's descriptor; with
+    none left, os.dup raised a bare OSError out of the logs' tending task,
+    which ended the whole broker (its listener gone). It is a LogWriteError,
+    which tending logs and retries."""
+    with open_log(tmp_path, term_bytes=4096) as log:
+        log.append(body(1), T0)
+
+        def no_fds(fd: int) -> int:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "dup", no_fds)
+            with pytest.raises(LogWriteError, match="Too many open files"):
+                log.start_sync()
+        job = log.start_sync()
+        assert job is not None
+        job.run()
+        job.finish()
+        assert log.durable_offset == 1

@@ -188,3 +188,33 @@ async def test_a_bounded_read_whose_range_was_deleted_ends_in_a_gap(tmp_path: Pa
         ):
             await wait_until(lambda: sub.skipped_to >= 100, what="the Gap")
             assert (sub.skipped_to, sub.missed, sub.received) == (100, 99, 0)
+
+
+async def test_offsets_when_the_data_directory_cannot_be_listed_end_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file descriptor left to list the topics (os.scandir: EMFILE) used
+    to end the client's connection as an internal error, with a traceback in
+    the log and no reason for the client: it is Goodbye 3 saying why, with
+    no path of the broker's in it, and the broker goes on."""
+    import errno
+
+    from broker.log import LogStore
+
+    async with running_broker(log_config(tmp_path)) as broker:
+        await publish(url(broker), "t", [b"one"])
+
+        def no_fds(self: LogStore) -> list[str]:
+            raise OSError(errno.EMFILE, "Too many open files", str(tmp_path / "topics"))
+
+        with monkeypatch.context() as patched:
+            patched.setattr(LogStore, "stored_topics", no_fds)
+            raw = await RawClient.connect(broker)
+            goodbye = await goodbye_for(raw, ListOffsets(1, None))
+            await raw.aclose()
+        assert goodbye.code == GoodbyeCode.LIMIT_EXCEEDED
+        assert goodbye.reason == (
+            "the broker cannot list its topics now: [Errno 24] Too many open files: 'topics'"
+        )
+        async with open_client(url(broker)) as client:
+            assert await client.offsets() == {"t": (1, 2)}

@@ -202,6 +202,7 @@ class Broker:
         if the committing connection closes; ``done()`` once all are routed.
         Meanwhile the batch is in :attr:`commits_in_flight`."""
         assert self._nursery is not None
+        self.persist_state()  # its "committing" mark: a stop while routing is said
         running = self.commits_in_flight[batch] = CommitInFlight()
         running.waiters.append(done)
 
@@ -214,6 +215,7 @@ class Broker:
                 self.persist_state()
                 for waiter in running.waiters:  # before anybody else hears of it
                     waiter()
+                self.staging.forget_routed(batch)  # (written with the next state)
             finally:
                 del self.commits_in_flight[batch]
                 running.routed.set()

@@ -82,6 +82,9 @@ class _Publisher:
             assert report.stage is not None and report.stage.batch == batch
             counts[report.stage.member] = report.staged
         outcomes = cached_client(self.options).commit(batch, counts, timeout=None)
+        for server, outcome in outcomes.items():
+            if outcome.reason:  # (committed, with something to say: a stop while routing)
+                log.warning("batch %s on %s: %s", batch, server, outcome.reason)
         if all(o.status == OutcomeStatus.DUPLICATE for o in outcomes.values()):
             return "duplicate"
         return "committed"

@@ -309,7 +309,7 @@ class ClientSession:
             return None
         state = self.resume
         self.sessions_lost += 1
-        log_session_lost(self.name, state)
+        log_session_lost(self.name, state, welcome.offsets)
         self.cache.clear()
         self.published.clear()
         self.confirmed.clear()

@@ -94,16 +94,21 @@ def unconfirmed_publishes(
     return messages
 
 
-def log_session_lost(name: str, state: ClientSessionState) -> None:
-    """Say (a warning) that the broker no longer knows the session ``state`` records."""
+def log_session_lost(name: str, state: ClientSessionState, offsets: bool) -> None:
+    """Say (a warning) that the broker no longer knows the session ``state``
+    records; ``offsets``: the broker keeps topic logs (reliable
+    subscriptions then go on where they were, nothing missed)."""
     unconfirmed = sum(len(frames) for _, frames in state.retained.values())
     log.warning(
         "%s: the broker lost our session (it restarted, or the session expired): "
-        "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; "
-        "messages published meanwhile were not delivered to us",
+        "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; %s",
         name,
         len(state.subscriptions),
         unconfirmed,
+        "reliable subscriptions go on from the topic logs after the last message "
+        "processed; others miss what was published meanwhile"
+        if offsets
+        else "messages published meanwhile were not delivered to us",
     )
 
 

@@ -52,6 +52,14 @@ def test_defaults_follow_kafka() -> None:
         ({"subscribe": "a", "startingOffsets": '{"a": {"1": 3}}'}, 'one partition, "0"'),
         ({"subscribe": "a", "startingOffsets": '{"a": {"0": -3}}'}, "-2 (earliest)"),
         ({"subscribe": "a,b", "startingOffsets": '{"a": {"0": 3}}'}, "no offset for ['b']"),
+        (
+            {"subscribe": "a", "startingOffsets": '{"a": {"0": 5}, "zzz": {"0": 1}}'},
+            "names ['zzz'], which the query does not read (it reads ['a'])",
+        ),
+        (
+            {"subscribe": "a", "endingOffsets": '{"a": {"0": 5}, "b": {"0": 1}}'},
+            "\"endingOffsets\" names ['b']",
+        ),
         ({"subscribe": "a", "failOnDataLoss": "maybe"}, "true or false"),
         ({"subscribe": "a", "minPartitions": "0"}, "at least 1"),
         ({"subscribe": "a", "broker.unknown": "1"}, "unknown source option"),

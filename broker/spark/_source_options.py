@@ -189,6 +189,12 @@ def _bound(value: str | None, name: str, default: str, topics: tuple[str, ...] |
         missing = sorted(set(topics) - set(bound))
         if missing:
             raise SourceError(f'option "{name}" gives no offset for {missing}')
+        extra = sorted(set(bound) - set(topics))
+        if extra:  # (a misspelt topic would otherwise read from the default, silently)
+            raise SourceError(
+                f'option "{name}" names {extra}, which the query does not read '
+                f"(it reads {sorted(topics)})"
+            )
     return bound
 
 

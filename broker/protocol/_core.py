@@ -177,6 +177,17 @@ class ConnectionCore(FrameWriter):
             self.liveness.on_sent(now)
         return data
 
+    def pieces_to_send(self, now: float | None = None) -> list[bytes]:
+        """:meth:`data_to_send` as buffers to write in order, without copying
+        large message tails into one buffer (see ``SHARED_PIECE``): what a
+        writer to a peer that may not read should use. Empty if nothing."""
+        if not self._out:
+            return []
+        pieces = self._take_pieces()
+        if now is not None:
+            self.liveness.on_sent(now)
+        return pieces
+
     @property
     def closed(self) -> bool:
         """A Goodbye was sent or received; nothing more is processed."""

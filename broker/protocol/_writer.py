@@ -20,6 +20,11 @@ MAX_REASON = 200
 #: header and allocator rounding of a small ``bytes`` object (at most 48)
 #: and its slot in the queue's list (8, plus the list's over-allocation).
 PIECE_OVERHEAD = 64
+#: Queued pieces at least this big (the shared tail of a large message) are
+#: handed out by ``pieces_to_send`` as they are, never copied into a joined
+#: buffer: a message fanned out to thousands of subscriptions of one
+#: connection is queued as one tail shared by all, and stays one.
+SHARED_PIECE = 16 * 1024
 
 
 class FrameWriter:
@@ -58,6 +63,29 @@ class FrameWriter:
         self._out.clear()
         self._out_size = 0
         return data
+
+    def _take_pieces(self) -> list[bytes]:
+        """Everything queued, as buffers to write in order: runs of small
+        pieces joined, pieces of :data:`SHARED_PIECE` bytes or more as they
+        are (not copied); the queue is empty afterwards."""
+        out = self._out
+        if self._out_size < SHARED_PIECE or max(map(len, out)) < SHARED_PIECE:
+            return [self._take_output()] if out else []
+        pieces: list[bytes] = []
+        run: list[bytes] = []
+        for piece in out:
+            if len(piece) >= SHARED_PIECE:
+                if run:
+                    pieces.append(b"".join(run))
+                    run = []
+                pieces.append(piece)
+            else:
+                run.append(piece)
+        if run:
+            pieces.append(b"".join(run))
+        out.clear()
+        self._out_size = 0
+        return pieces
 
     def _queue(self, message: Message) -> None:
         """Queue a message, encoded within the peer's ``max_frame``."""

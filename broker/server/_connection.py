@@ -141,8 +141,8 @@ class ServerConnection:
         self._io = socket_io(stream)
         #: The writer is sending (a write from another task would interleave).
         self._sending = False
-        #: Bytes a write from another task could not finish: the writer sends them first.
-        self._unsent = b""
+        #: Buffers a write from another task could not finish: the writer sends them first.
+        self._unsent: list[bytes] = []
         self._log = ConnectionLog(broker.peer_log, self.name, peer)
         # No reference cycles through the connection (its parts never hold
         # it; the policy sees the budget through a proxy and the channels
@@ -362,27 +362,29 @@ class ServerConnection:
                 with admission.held:
                     await trio.sleep_forever()
                 admission.held = None
-            data = self._take_output()
+            pieces = self._take_output()
             if self._unsent:
-                data = self._unsent + data
-                self._unsent = b""
-            if data:
+                pieces = self._unsent + pieces
+                self._unsent = []
+            if pieces:
                 self._sending = True
                 try:
-                    await stream.send_all(data)
+                    for data in pieces:
+                        await stream.send_all(data)
+                        counters.bytes_out += len(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                     self.close_reason = self.close_reason or f"socket error: {error}"
                     self._nursery_cancel()
                     return
                 finally:
                     self._sending = False
-                counters.bytes_out += len(data)
             self._written()
             if protocol.closed and not protocol.bytes_to_send:
                 return
 
-    def _take_output(self) -> bytes:
-        """What is queued to send, made ready: what the Confirms and
+    def _take_output(self) -> list[bytes]:
+        """What is queued to send, made ready (buffers to write in order,
+        large message tails not copied: see ``pieces_to_send``): what the Confirms and
         Outcomes about to go out rely on (staged publishes, commits, the
         session's record) is written first, the Confirms are queued, and the
         loans of the deliveries being sent move to ``_writing`` (where
@@ -402,7 +404,7 @@ class ServerConnection:
             else:
                 self._writing = deliveries.inflight
             deliveries.inflight = []
-        return protocol.data_to_send(trio.current_time())
+        return protocol.pieces_to_send(trio.current_time())
 
     def _written(self) -> None:
         """Everything taken for sending is with the kernel: its loans are repaid."""
@@ -427,17 +429,17 @@ class ServerConnection:
             or self.admission.held is not None
         ):
             return False
-        data = self._take_output()
-        if data:
+        pieces = self._take_output()
+        for index, data in enumerate(pieces):
             try:
                 sent = io.send_nowait(data)
             except OSError:
                 sent = 0  # the writer meets the error and ends the connection
-                self._unsent = data
+                self._unsent = pieces[index:]
                 return False
             self.counters.bytes_out += sent
             if sent < len(data):
-                self._unsent = data[sent:]
+                self._unsent = [data[sent:], *pieces[index + 1 :]]
                 return False
         self._written()
         return True

@@ -28,6 +28,7 @@ from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
 
 from ._accept_log import quiet_accept_errors
+from ._budget_pool import BudgetPool
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
 from ._drain import queued_deliveries, route_forwarded, send_queued_deliveries
@@ -112,6 +113,7 @@ class Broker:
         self.peer_log = PeerLog(log, trio.current_time)
         #: A read's output, written by the task that handled it (see ``_wake``).
         self.outbox = Outbox()
+        self.budget_pool = BudgetPool()  # (connections sharing global_budget)
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).
@@ -549,10 +551,10 @@ async def serve_broker(
                         receive_sockets, worker.handover_socket, broker.handle_stream, nursery
                     )
                 nursery.start_soon(broker.memory.run)
+                nursery.start_soon(broker.budget_pool.run)
                 if logs is not None:
                     nursery.start_soon(logs.run)
                     log.info("topic logs in %s", log_dir)
-
                 quiet_accept_errors()  # (no file descriptor left: one line per 10 s)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:

@@ -74,6 +74,24 @@ class Ledger(Protocol):
         """What the broker's and the principal's budgets still allow."""
         ...
 
+    def broker_spare(self) -> int:
+        """What the broker's budget alone still allows."""
+        ...
+
+
+class Pool(Protocol):
+    """The broker's pool of connection budgets (``_budget_pool.BudgetPool``)."""
+
+    def short(self, member: ConnectionBudget, needed: int) -> None: ...
+
+    def freed(self) -> None: ...
+
+
+class Wakeable(Protocol):
+    """The connection's writer wake-up."""
+
+    def set(self) -> None: ...
+
 
 class ConnectionBudget:
     """The receive-buffer decisions of one connection (see the module).
@@ -110,6 +128,12 @@ class ConnectionBudget:
         #: Publish channels opened with less than they asked for (how much):
         #: the next settle shrinks idle channels for them and tops them up.
         self._short: dict[Channel, int] = {}
+        #: The broker's pool (None: on its own) and this connection's writer
+        #: wake-up, for what the pool has it do (see ``_budget_pool``).
+        self.pool: Pool | None = None
+        self.wake: Wakeable | None = None
+        #: When starved channels last asked the pool for room.
+        self._asked_pool = -float("inf")
 
     # ---------------------------------------------------------------- accounting
 
@@ -159,8 +183,8 @@ class ConnectionBudget:
     def _available(self) -> tuple[int, bool, int]:
         """:meth:`available`, and the rest of :meth:`_survey`."""
         in_use, shrinkable, pending = self._survey()
+        self._sync_ledger(in_use)
         ledger = self.ledger
-        ledger.reserve(in_use - ledger.buffer_reserved)
         spare = min(self.config.connection_budget - in_use, ledger.spare_budget())
         return spare, shrinkable, pending
 
@@ -181,7 +205,7 @@ class ConnectionBudget:
         want = config.publish_capacity
         ledger = self.ledger
         in_use = self._in_use
-        ledger.reserve(in_use - ledger.buffer_reserved)
+        self._sync_ledger(in_use)
         available = min(config.connection_budget - in_use, ledger.spare_budget())
         grant = self._grant(available)
         if grant < want:
@@ -266,11 +290,12 @@ class ConnectionBudget:
         self._active.pop(channel.index, None)
         self._next_growth.pop(channel.index, None)
 
-    def _shrink_idle(self, needed: int, *, exclude: int, quiet_only: bool) -> None:
+    def _shrink_idle(self, needed: int, *, exclude: int, quiet_only: bool) -> int:
         """Halve idle publish channels (biggest first, quiet ones before the
         others), down to one frame, until ``needed`` bytes are on their way
-        back. Only channels the protocol still has are looked at: handles
-        freed in the read being handled are gone from it already."""
+        back; returns how many are. Only channels the protocol still has are
+        looked at: handles freed in the read being handled are gone from it
+        already."""
         protocol = self.protocol
         floor = self.config.min_publish_capacity
         now = trio.current_time()
@@ -287,14 +312,16 @@ class ConnectionBudget:
                 continue
             candidates.append((recent, -receiver.capacity, receiver))
         candidates.sort(key=lambda entry: entry[:2])
+        pleaded = 0
         for _, _, receiver in candidates:
-            if needed <= 0:
+            if pleaded >= needed:
                 break
             before = receiver.capacity
             target = max(floor, before // 2)
             protocol.set_capacity(receiver.channel, target)
             self._stale = True
-            needed -= before - target  # reclaimed now, or once the sender absolves
+            pleaded += before - target  # reclaimed now, or once the sender absolves
+        return pleaded
 
     def _prune_starved(self) -> None:
         """Drop starved channels whose handle was freed."""
@@ -324,7 +351,7 @@ class ConnectionBudget:
         protocol = self.protocol
         if protocol.closed or not (self.starved or self._binds_dirty or self._short):
             if self._stale and not protocol.closed:
-                self._survey()
+                self._book()
             return False
         queued = False
         if self._short:
@@ -346,12 +373,62 @@ class ConnectionBudget:
                         protocol.throttled(channel, False)
                 queued = True
             if self.starved:
+                self._ask_pool()
                 queued = self._advise_starved() or queued
         if self._binds_dirty:
             queued = self._size_subscription_binds() or queued
         if self._stale:
-            self._survey()
+            self._book()
         return queued
+
+    def _book(self) -> None:
+        """Survey, and book what is in use in the ledger."""
+        self._sync_ledger(self._survey()[0])
+
+    def _sync_ledger(self, in_use: int) -> None:
+        """Book ``in_use`` as this connection's reservation: room that shrinks
+        and freed handles gave back is the broker's again (the pool hears)."""
+        ledger = self.ledger
+        change = in_use - ledger.buffer_reserved
+        if change:
+            ledger.reserve(change)
+            if change < 0 and self.pool is not None:
+                self.pool.freed()
+
+    def _ask_pool(self) -> None:
+        """Starved for want of the broker's budget (not this connection's or
+        its principal's): have other connections' quiet channels give room
+        back, at most once per ``IDLE_AFTER``; the pool funds these channels
+        once room is freed."""
+        pool = self.pool
+        floor = self.config.min_publish_capacity
+        if pool is None or self.ledger.broker_spare() >= floor:
+            return
+        now = trio.current_time()
+        if now - self._asked_pool < IDLE_AFTER:
+            return
+        self._asked_pool = now
+        pool.short(self, floor * len(self.starved))
+
+    # ---------------------------------------------------------------- the pool's calls
+
+    def reclaim_quiet(self, needed: int) -> int:
+        """Shrink this connection's quiet publish channels for ``needed``
+        bytes of another's; returns the bytes pleaded back."""
+        if self.protocol.closed:
+            return 0
+        pleaded = self._shrink_idle(needed, exclude=-1, quiet_only=True)
+        if pleaded and self.wake is not None:
+            self.wake.set()
+        return pleaded
+
+    def fund_starved(self) -> bool:
+        """Fund the starved channels room allows now; whether some still starve."""
+        if self.protocol.closed:
+            return False
+        if self.settle() and self.wake is not None:
+            self.wake.set()
+        return bool(self.starved)
 
     def _advise_starved(self) -> bool:
         """Tell the client (Throttled) about the starved channels that no

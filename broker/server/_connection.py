@@ -30,6 +30,7 @@ from broker.protocol import (
 
 from ._admission import Admission, AdmissionHost
 from ._budget import ConnectionBudget
+from ._budget_pool import BudgetPool
 from ._delivery import ConnectionCounters, Deliveries
 from ._dispatch import Dispatch, DispatchHost
 from ._peerlog import ConnectionLog, PeerLog
@@ -81,6 +82,11 @@ class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
 
     @property
     def security(self) -> SecurityCounters: ...
+
+    @property
+    def budget_pool(self) -> BudgetPool:
+        """The connections sharing the broker's budget (see ``_budget_pool``)."""
+        ...
 
     @property
     def session_records(self) -> SessionRecords | None:
@@ -169,6 +175,9 @@ class ServerConnection:
             now=trio.current_time(),
         )
         self.budget.protocol = self.protocol
+        self.budget.pool = broker.budget_pool
+        self.budget.wake = self._wake
+        broker.budget_pool.add(self.budget)
         self.ledger.buffer_reserved = self.budget.capacity_in_use()  # (none before the Hello)
         self.deliveries = Deliveries(
             self.name,
@@ -334,6 +343,8 @@ class ServerConnection:
         self._writing = []
         self.account.close()
         self.ledger.reserve(-self.ledger.buffer_reserved)
+        self.broker.budget_pool.remove(self.budget)
+        self.broker.budget_pool.freed()
         self.broker.forget(self)
         self._log(logging.INFO, "closed: %s", self.close_reason or "done")
 

@@ -88,6 +88,11 @@ class ConnectionLedger:
             spare = min(spare, principal.buffer_budget - principal.buffer_reserved)
         return spare
 
+    def broker_spare(self) -> int:
+        """What the broker's budget alone still allows."""
+        host = self._host
+        return host.config.global_budget - host.buffer_reserved
+
     def reserve(self, amount: int) -> None:
         """Book ``amount`` more bytes of capacity as reserved by this
         connection (and its broker and principal)."""

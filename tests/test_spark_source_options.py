@@ -115,3 +115,16 @@ def test_max_offsets_per_trigger_is_shared_in_proportion() -> None:
     assert limit_ranges({"a": 1}, {"a": 5, "b": 9}, 100) == {"a": 5, "b": 9}
     # Every topic with records waiting moves on by one at least.
     assert limit_ranges({"a": 1, "b": 1}, {"a": 10_001, "b": 2}, 10) == {"a": 10, "b": 2}
+
+
+def test_sink_headers_take_a_null_value_as_empty_and_refuse_a_null_element() -> None:
+    """A null header value is published as an empty one (the broker's header
+    values are bytes; docs/spark.md says so); a null element or key used to
+    fail the task with a bare "'NoneType' object is not subscriptable"."""
+    from broker.spark._writer import _header
+
+    assert _header(("h", None)) == ("h", b"")
+    assert _header(("h", bytearray(b"v"))) == ("h", b"v")
+    for bad in (None, (None, b"v")):
+        with pytest.raises(ValueError, match='null element or a null key in its "headers"'):
+            _header(bad)

@@ -126,9 +126,16 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = self.options
         offsets = topic_offsets(options)
         _missing(options, offsets)
-        return offset_map(
-            {t: resolve(options.starting, t, first, end) for t, (first, end) in offsets.items()}
-        )
+        starts = {t: resolve(options.starting, t, *ends) for t, ends in offsets.items()}
+        for topic, start in starts.items():
+            end = offsets[topic][1]
+            if start > end and options.fail_on_data_loss:
+                raise SourceError(
+                    f'option "startingOffsets" starts topic {topic!r} at offset {start}, past '
+                    f"its end ({end}: the offset its next record gets); start at most there, "
+                    'or set "failOnDataLoss" to "false" to wait for it'
+                )
+        return offset_map(starts)
 
     def getDefaultReadLimit(self) -> Any:
         most = self.options.max_per_trigger

@@ -109,6 +109,14 @@ def streaming_batch() -> str:
     return f"spark-query-{query}-batch-{batch}"
 
 
+def _header(header: Any) -> tuple[str, bytes]:
+    """A ``headers`` element as the broker takes it: a null value is an
+    empty one (a broker header value is bytes, never null)."""
+    if header is None or header[0] is None:
+        raise ValueError('a row has a null element or a null key in its "headers" column')
+    return header[0], b"" if header[1] is None else bytes(header[1])
+
+
 def publish_rows(
     rows: Iterable[Any], layout: RowLayout, options: SinkOptions, stage: Stage | None = None
 ) -> TaskReport:
@@ -132,9 +140,7 @@ def publish_rows(
             key = _text(row[layout.key])
         headers = None
         if layout.headers is not None and row[layout.headers] is not None:
-            headers = [
-                (h[0], bytes(h[1]) if h[1] is not None else b"") for h in row[layout.headers]
-            ]
+            headers = [_header(h) for h in row[layout.headers]]
         if layout.topic is not None:
             topic = row[layout.topic]
             if not topic:

@@ -168,6 +168,29 @@ def test_a_stream_starting_at_latest_reads_only_what_comes_after(
     assert_times(rows, since)
 
 
+def test_a_stream_starting_past_a_topics_end_says_so(
+    spark: Any, log_broker: str, tmp_path: Path
+) -> None:
+    """It used to say the log ended "before the 500 this query had reached
+    (was its log deleted?)" of a query that had reached nothing."""
+    name = topic()
+    publish(log_broker, name, 100)
+    query = (
+        spark.readStream.format("broker")
+        .option("broker.servers", log_broker)
+        .option("subscribe", name)
+        .option("startingOffsets", f'{{"{name}": {{"0": 500}}}}')
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=r"starts topic .* at offset 500, past its end"):
+        query.awaitTermination(TIMEOUT)
+
+
 def lossy_topic(address: str) -> tuple[str, int]:
     """A topic whose first records retention deleted: its name and first offset kept."""
     name = topic("lossy")

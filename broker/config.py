@@ -510,6 +510,15 @@ def load_config(
         table = data.get("broker", data)
         if not isinstance(table, dict):
             raise ConfigError(f"config {path}: [broker] must be a table")
+        if "broker" in data:
+            # (Keys above [broker], or a misspelt table, were ignored in silence.)
+            outside = sorted(key for key in data if key not in ("broker", "topics"))
+            if outside:
+                raise ConfigError(
+                    f"config {path}: {', '.join(map(repr, outside))} outside the [broker] "
+                    "table: a file with a [broker] table takes settings only there "
+                    "(and [[topics]] tables)"
+                )
         table = dict(table)
         tables = table.pop("topics", None)
         if "broker" in data and "topics" in data:

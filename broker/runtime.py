@@ -6,7 +6,14 @@ import ctypes
 import ctypes.util
 import gc
 import resource
+import signal
 from collections.abc import Awaitable, Callable
+
+#: The signals that shut a broker (or its supervisor, or a worker) down
+#: gracefully. SIGHUP too: a closed terminal, or an operator expecting a
+#: reload (not supported: settings change with a restart), used to kill the
+#: broker at once, with no drain and no line in the log.
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def tune_gc(threshold: int) -> None:

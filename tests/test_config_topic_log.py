@@ -174,6 +174,21 @@ def test_topics_inside_the_broker_table_or_a_file_without_one(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "max_connections = 5\n[broker]\nlease = 20.0\n",  # written above [broker]
+        "[broker]\nlease = 20.0\n[brokr]\nmax_connections = 5\n",  # a misspelt table
+    ],
+)
+def test_settings_outside_the_broker_table_are_refused(tmp_path: Path, text: str) -> None:
+    """A file with a [broker] table used to ignore everything outside it in
+    silence (max_connections = 5 above it: the broker started with 10,000)."""
+    message = refusal(tmp_path, text)
+    assert "outside the [broker] table" in message, message
+    assert "'max_connections'" in message or "'brokr'" in message
+
+
+@pytest.mark.parametrize(
     ("table", "says"),
     [
         ('when_full = "drop"', 'when_full must be "block" or "drop-oldest", got \'drop\''),

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..runtime import raise_open_file_limit, run_unwrapped, tune_gc
+from ..runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrapped, tune_gc
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
@@ -152,7 +152,7 @@ async def _serve(config: BrokerConfig) -> None:
         log.info("data directory %s", config.log_dir)
     # Signals are taken from the start: a SIGINT or SIGTERM that comes while
     # the broker starts (or just as it says it listens) stops it gracefully.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             try:
                 broker = await nursery.start(serve_broker, config)

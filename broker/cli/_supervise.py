@@ -9,6 +9,7 @@ from functools import partial
 import trio
 
 from ..config import BrokerConfig
+from ..runtime import SHUTDOWN_SIGNALS
 from ..workers import serve_merged_metrics, serve_workers
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 
@@ -33,7 +34,7 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
     metrics = config.metrics_address
     check_metrics_free(metrics)
     count = config.worker_count
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             try:
                 supervisor = await nursery.start(

@@ -22,7 +22,7 @@ from functools import partial
 
 import trio
 
-from broker.runtime import raise_open_file_limit, run_unwrapped, tune_gc
+from broker.runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrapped, tune_gc
 
 from ._spec import SPEC_VARIABLE, WorkerSpec
 
@@ -54,7 +54,7 @@ async def _run(spec: WorkerSpec) -> None:
         handover_paths=spec.handover_paths,
         connection_counts=spec.connection_counts,
     )
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
 
             async def end_with_supervisor() -> None:

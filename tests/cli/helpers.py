@@ -61,9 +61,9 @@ class Served:
 
 
 @contextmanager
-def serving(*flags: str) -> Iterator[Served]:
+def serving(*flags: str, stop: signal.Signals = signal.SIGINT) -> Iterator[Served]:
     """``broker serve`` on ports of the system's choosing until the block ends
-    (then stopped with SIGINT, which must end it with status 0); memory-only
+    (then stopped with ``stop``, which must end it with status 0); memory-only
     unless ``flags`` name a ``--data-dir`` (never the shared default data
     directory: another test run may hold its lock)."""
     if "--data-dir" not in flags and "--memory-only" not in flags:
@@ -93,7 +93,7 @@ def serving(*flags: str) -> Iterator[Served]:
         served.address = listening.split()[-1]
         served.metrics = metrics.split()[-1].removesuffix("/metrics")
         yield served
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         assert process.wait(TIMEOUT) == 0
     finally:
         if process.poll() is None:

@@ -95,9 +95,13 @@ def test_the_module_runs_as_the_command() -> None:
     assert result.stdout.startswith("broker ")
 
 
-def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_as_soon_as_it_says_it_listens_stops_it_gracefully(
+    signum: signal.Signals,
+) -> None:
     """Before: SIGINT right after "broker listening" came before the signal
-    handler was in place: exit status 1 and a KeyboardInterrupt traceback."""
+    handler was in place: exit status 1 and a KeyboardInterrupt traceback.
+    SIGHUP (a closed terminal) killed it at once: exit 129, no drain, no line."""
     process = subprocess.Popen(
         broker_command(
             "serve", "--memory-only", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"
@@ -109,14 +113,14 @@ def test_a_sigint_as_soon_as_it_says_it_listens_stops_it_gracefully() -> None:
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("broker listening on ")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         _, err = process.communicate(timeout=TIMEOUT)
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate(timeout=TIMEOUT)
     assert process.returncode == 0, err
-    assert "SIGINT: shutting down gracefully" in err
+    assert f"{signum.name}: shutting down gracefully" in err
     assert "Traceback" not in err
 
 
@@ -133,6 +137,13 @@ def test_serve_with_workers_says_where_and_merges_their_metrics() -> None:
         assert 'broker_worker_up{worker="w1"} 1.0' in text
         assert run("pub", "--broker", served.address, "news", "hello").returncode == 0
     # SIGINT drained both workers: serving() checked the exit status 0.
+    assert "Traceback" not in served.stderr
+
+
+def test_sighup_drains_a_supervisor_and_its_workers() -> None:
+    with serving("--workers", "2", stop=signal.SIGHUP) as served:
+        assert run("pub", "--broker", served.address, "news", "hello").returncode == 0
+    # serving() checked the exit status: 0, not -1 (killed by the signal).
     assert "Traceback" not in served.stderr
 
 

@@ -32,6 +32,7 @@ from broker.log import DirLock
 from broker.protocol import Member
 from broker.server import clear_row, create_counts
 
+from ._client import FetchError, http_get
 from ._info import WorkerInfo
 from ._sockets import reuseport_group, tcp_listener, unix_datagram, unix_listener
 from ._spec import SPEC_VARIABLE, WorkerSpec
@@ -49,6 +50,13 @@ RESTART_DELAY_MAX = 5.0
 HEALTHY_AFTER = 30.0
 #: Seconds a worker has beyond the shutdown deadline before it is killed.
 STOP_GRACE = 10.0
+#: A worker that runs is asked for its ``/healthz`` this often (seconds),
+#: each time within ``WATCH_TIMEOUT``; after ``HUNG_AFTER`` unanswered asks
+#: in a row (about half a minute) it is hung (its event loop does not run):
+#: it is killed, and restarted as any worker that ends.
+WATCH_EVERY = 5.0
+WATCH_TIMEOUT = 5.0
+HUNG_AFTER = 3
 #: Hosts that mean every interface (not an address a client can dial).
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
@@ -283,7 +291,10 @@ class Supervisor:
                     )
             else:
                 log.info("worker %s (pid %d) is up", worker.id, process.pid)
-                await process.wait()
+                async with trio.open_nursery() as watching:
+                    watching.start_soon(self._watch, worker, process)
+                    await process.wait()
+                    watching.cancel_scope.cancel()
                 worker.last_exit = process.returncode
                 worker._change(False)
             if self.closing:
@@ -299,6 +310,35 @@ class Supervisor:
                 clear_row(self._counts, worker.index, self._principals)
             await trio.sleep(delay)
             delay = min(delay * 2, RESTART_DELAY_MAX)
+
+    async def _watch(self, worker: WorkerProcess, process: trio.Process) -> None:
+        """Kill ``worker``'s ``process`` once it has not answered its health
+        check ``HUNG_AFTER`` times in a row (a crash is seen by its exit; a
+        hang only so). Ends with the process (cancelled)."""
+        missed = 0
+        while True:
+            await trio.sleep(WATCH_EVERY)
+            address = worker.metrics
+            if address is None or self.closing:
+                continue
+            answered = False
+            with trio.move_on_after(WATCH_TIMEOUT):
+                try:
+                    status, _ = await http_get(address, "/healthz", max_bytes=1024)
+                    answered = status == 200
+                except FetchError:
+                    pass
+            missed = 0 if answered else missed + 1
+            if missed >= HUNG_AFTER:
+                log.error(
+                    "worker %s (pid %d) did not answer %d health checks in a row: it hangs; "
+                    "killing it (it is restarted)",
+                    worker.id,
+                    process.pid,
+                    missed,
+                )
+                process.kill()
+                return
 
     async def wait_ready(self) -> None:
         """Until every worker has listened once."""

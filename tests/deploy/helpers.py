@@ -63,6 +63,8 @@ def broker_metric_names() -> frozenset[str]:
             names.update(spec.name + suffix for suffix in ("_bucket", "_sum", "_count"))
             continue
         names.add(spec.name)
+    # The supervisor's own series (a broker of several workers).
+    names.update(("broker_workers", "broker_worker_up", "broker_worker_restarts_total"))
     return frozenset(names)
 
 

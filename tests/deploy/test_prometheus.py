@@ -40,6 +40,9 @@ EXPECTED_ALERTS = {
     "BrokerTopicBlocked",
     "BrokerLogAppendErrors",
     "BrokerSubscriptionLagging",
+    # the workers of `broker serve --workers N`
+    "BrokerWorkerDown",
+    "BrokerWorkerRestarting",
 }
 
 

@@ -219,6 +219,30 @@ async def test_a_killed_worker_restarts_its_topics_recover_and_the_other_goes_on
             assert await read(client, other, 100) == [b"%d" % n for n in range(100)]
 
 
+async def test_a_hung_worker_is_killed_and_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose event loop stopped (here: SIGSTOP) used to stay in
+    place for good: /healthz 200, nothing logged, its topics unserved."""
+    import broker.workers._supervisor as supervising
+
+    monkeypatch.setattr(supervising, "WATCH_EVERY", 0.2)
+    monkeypatch.setattr(supervising, "WATCH_TIMEOUT", 0.5)
+    monkeypatch.setattr(supervising, "HUNG_AFTER", 3)
+    async with running_workers(worker_config(tmp_path), 2) as supervisor:
+        w0, w1 = supervisor.workers
+        assert w0.pid is not None
+        os.kill(w0.pid, signal.SIGSTOP)
+        with trio.fail_after(DEADLINE):
+            await w0.wait_up(restarts=1)
+        assert w0.last_exit == -signal.SIGKILL
+        assert w1.restarts == 0  # answering all along: left alone
+        url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
+        async with open_client(url0) as client:
+            await client.publish(topics_of("w0", ["w0", "w1"], 1)[0], b"served again")
+            await client.flush()
+
+
 @pytest.mark.parametrize("owner", ["w0", "w1"])
 async def test_a_session_on_a_killed_worker_resumes_with_no_loss_and_no_duplicate(
     tmp_path: Path, owner: str

@@ -170,6 +170,8 @@ class BrokerCollector:
             hooks.remove(self._retire)
 
     def _retire(self, connection: ConnectionView) -> None:
+        if connection.link:
+            return  # (another worker's: its traffic is counted at its clients' worker)
         try:
             self._closed.add(connection_figures(connection), counters_only=True)
         except Exception:  # a bug of ours: the broker's cleanup must go on
@@ -230,7 +232,10 @@ class BrokerCollector:
     def _walk(self) -> Walk[Snapshot]:
         broker = self.broker
         totals = self._closed.copy()  # before the list: a connection closing later counts once
-        live = broker.connection_views()
+        # Clients only: another worker's link carries what that worker's
+        # clients sent, which that worker counts (the merged metrics of a
+        # broker of several workers would count it twice).
+        live = broker.connection_views(links=False)
         indebted: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         behind: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         self.visited = 0
@@ -256,12 +261,18 @@ class BrokerCollector:
         topics = list(broker.topics.values())
         subscriptions = queued = 0
         busiest: Best[tuple[Topic, int]] = Best(self.top)
+        stand_ins = 0
         for index, topic in enumerate(topics):
             if index and index % self.chunk == 0:
                 yield
-            subscriptions += len(topic.subscriptions)
             waiting = sum(s.queued for s in topic.subscriptions)
             queued += waiting
+            if topic.forwarded:
+                # Another worker's topic: it counts the topic and (as its
+                # link's) the subscriptions; the queues here are this one's.
+                stand_ins += 1
+                continue
+            subscriptions += len(topic.subscriptions)
             busiest.offer((waiting, topic.messages_in), (topic, waiting))
         logs = yield from log_walk(broker, self.top, self.chunk)
         top = indebted.best()
@@ -282,7 +293,7 @@ class BrokerCollector:
                 for topic, waiting in busiest.best()
             ],
             connections=len(live),
-            topics=len(topics),
+            topics=len(topics) - stand_ins,
             subscriptions=subscriptions,
             queued_deliveries=queued,
             finished=0.0,
@@ -305,7 +316,7 @@ class BrokerCollector:
         broker = self.broker
         root = broker.account.statistics()
         add("broker_build_info", [__version__], 1)
-        add("broker_connections_open", [], len(broker.connections))
+        add("broker_connections_open", [], snapshot.connections)
         add("broker_connections_accepted_total", [], broker.connections_total)
         add("broker_connections_refused_total", [], broker.refused_total)
         add("broker_topics", [], snapshot.topics)

@@ -128,6 +128,8 @@ class ServerConnection:
         self.broker = broker
         self.stream = stream
         self.serial = serial
+        #: Another worker's link (trusted), not a client: left out of client metrics.
+        self.link = trusted
         config = broker.config
         self.peer = peer
         self.name = f"conn-{serial}"

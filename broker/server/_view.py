@@ -28,6 +28,11 @@ class ConnectionView(Protocol):
     def serial(self) -> int: ...
 
     @property
+    def link(self) -> bool:
+        """Another worker's link (a broker of several workers), not a client."""
+        ...
+
+    @property
     def name(self) -> str: ...
 
     @property

@@ -9,6 +9,7 @@ from pathlib import Path
 import trio
 
 from broker.client import open_client
+from broker.workers._client import http_get
 
 from .test_supervisor import DEADLINE, running_workers, topics_of, worker_config
 
@@ -47,3 +48,52 @@ async def test_a_plain_client_at_the_public_address_uses_every_workers_topics(
                     await publisher.flush()
         for topic in topics:
             assert received[topic] == [b"%s %d" % (topic.encode(), n) for n in range(count)]
+
+
+async def test_forwarded_traffic_is_counted_once_in_the_workers_metrics(tmp_path: Path) -> None:
+    """The owner used to count another worker's link as a client connection,
+    and what it carried as messages received and sent: the merged metrics of
+    ``--workers 2`` said 2,000 messages in and out for 1,000, two
+    connections, topics and subscriptions for one of each."""
+    ids = ["w0", "w1"]
+    topic = topics_of("w0", ids, 1)[0]
+    count = 300
+    async with running_workers(worker_config(tmp_path), 2) as supervisor:
+        w0, w1 = supervisor.workers
+        at_w1 = f"127.0.0.1:{w1.direct.getsockname()[1]}"  # (w0 owns the topic)
+        async with (
+            open_client(at_w1, name="subscriber") as subscriber,
+            subscriber.subscribe(topic) as subscription,
+            open_client(at_w1, name="publisher") as publisher,
+        ):
+            for n in range(count):
+                await publisher.publish(topic, b"%d" % n)
+            await publisher.flush()
+            with trio.fail_after(DEADLINE):
+                for _ in range(count):
+                    await subscription.receive()
+            totals: dict[str, float] = {}
+            for worker in (w0, w1):
+                assert worker.metrics is not None
+                status, body = await http_get(worker.metrics, "/metrics")
+                assert status == 200
+                for line in body.decode().splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in SUMMED:
+                        totals[name] = totals.get(name, 0.0) + float(value)
+        assert totals == {
+            "broker_connections_open": 2.0,
+            "broker_received_messages_total": count,
+            "broker_sent_messages_total": count,
+            "broker_topics": 1.0,
+            "broker_subscriptions": 1.0,
+        }
+
+
+SUMMED = {
+    "broker_connections_open",
+    "broker_received_messages_total",
+    "broker_sent_messages_total",
+    "broker_topics",
+    "broker_subscriptions",
+}

@@ -370,5 +370,6 @@ class ConnectionCore(FrameWriter):
         if capacity is None:
             capacity = self.policy.initial_capacity(channel)
         receiver = ChannelReceiver(channel, capacity)
+        receiver.max_dropping = self.policy.max_dropping
         self._issue(receiver)
         return receiver

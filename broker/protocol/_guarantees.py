@@ -91,6 +91,8 @@ class ChannelReceiver:
         "dropped_bytes",
         "dropped_frames",
         "dropping",
+        "dropping_bytes",
+        "max_dropping",
         "receiving_limit",
         "sending_limit",
         "target_capacity",
@@ -110,6 +112,12 @@ class ChannelReceiver:
         self.dropped_bytes = 0
         #: True from a drop until the sender's Apologise.
         self.dropping = False
+        #: Bytes dropped since the first drop (reset by the Apologise), and
+        #: how many the sender may send so before it ends the connection
+        #: (code 3; None: no bound): a sender that heeds ``AnnounceDropping``
+        #: stops at what it had in flight.
+        self.dropping_bytes = 0
+        self.max_dropping: int | None = None
         #: Capacity being shrunk toward, or None.
         self.target_capacity: int | None = None
         #: Remaining bytes the sender may still send or absolve (LimitSending).
@@ -279,10 +287,20 @@ class ChannelReceiver:
             self._accepted += size
             self.accepted_frames += 1
             return True, []
+        if self.dropping:
+            limit = self.max_dropping
+            if limit is not None and self.dropping_bytes + size > limit:
+                raise RemoteProtocolError(
+                    f"{self.channel}: more than {limit} bytes sent beyond the guarantees "
+                    "after the channel began dropping (no Apologise)",
+                    GoodbyeCode.LIMIT_EXCEEDED,
+                )
+            self.dropping_bytes += size
+            self.dropped_frames += 1
+            self.dropped_bytes += size
+            return False, []
         self.dropped_frames += 1
         self.dropped_bytes += size
-        if self.dropping:
-            return False, []
         self.dropping = True
         out: list[IssueGuarantee | AnnounceDropping] = []
         guarantee = self.issue()
@@ -337,6 +355,7 @@ class ChannelReceiver:
         if not self.dropping:
             raise RemoteProtocolError(f"{self.channel}: Apologise while not dropping")
         self.dropping = False
+        self.dropping_bytes = 0
 
     def on_limit_sending(self, bound: int) -> None:
         """The sender promised to send at most ``bound`` more bytes."""

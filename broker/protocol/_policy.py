@@ -33,6 +33,10 @@ class Policy:
     issue_fraction: float = 0.25
     #: Bytes a sender may have in flight beyond its guarantees (0 = never).
     optimism: int = 0
+    #: Bytes this side lets a sender go on sending on a channel after its
+    #: first drop, before the sender's Apologise; past it the connection ends
+    #: (code 3). None: no bound.
+    max_dropping: int | None = None
     #: When a buffer is shrunk below what its sender holds guarantees for,
     #: ask the sender to absolve the rest (True) or wait for processing alone.
     plead_on_shrink: bool = True

@@ -34,6 +34,11 @@ class BudgetView(Protocol):
         ...
 
 
+#: Frames (of ``max_frame``) a client may send on a dropping channel before
+#: it is cut off (see ``Policy.max_dropping``): 1 MiB at the defaults.
+MAX_DROPPING_FRAMES = 16
+
+
 class BrokerPolicy(Policy):
     """Guarantees on a publish channel are issued only while its account is clear.
 
@@ -50,6 +55,11 @@ class BrokerPolicy(Policy):
             bind_capacity=config.bind_capacity,
             publish_capacity=config.publish_capacity,
             deliver_capacity=0,
+            # A client that goes on flooding a dropping channel is cut off
+            # (it would have the broker read and drop at full speed for good).
+            max_dropping=max(
+                config.publish_capacity, MAX_DROPPING_FRAMES * (config.max_frame + 64)
+            ),
         )
         self._budget = budget
         self._blocked = blocked

@@ -15,6 +15,7 @@ from broker.protocol import (
     ChannelKind,
     ChannelReceiver,
     ChannelSender,
+    GoodbyeCode,
     IssueGuarantee,
     RemoteProtocolError,
     SentFrame,
@@ -222,3 +223,22 @@ def test_issuing_freed_space_before_the_announcement_would_mislead_the_sender() 
     # ...so the announcement names nothing: a protocol error, and the frame is lost.
     with pytest.raises(RemoteProtocolError, match="no unconfirmed frames"):
         sender.on_announce_dropping()
+
+
+def test_a_sender_that_goes_on_sending_on_a_dropping_channel_is_cut_off() -> None:
+    """``max_dropping``: what a sender sends after the first drop and before
+    its Apologise is bounded (a sender that heeds AnnounceDropping stops at
+    what it had in flight); past it, code 3. The Apologise starts afresh."""
+    receiver = ChannelReceiver(Channel(ChannelKind.PUBLISH, 0), 10)
+    receiver.max_dropping = 100
+    receiver.issue(10)
+    assert receiver.on_frame(10)[0]  # within the guarantees
+    accepted, to_send = receiver.on_frame(60)  # the first drop: not counted
+    assert not accepted and receiver.dropping and to_send
+    assert receiver.on_frame(60) == (False, [])
+    assert receiver.on_frame(40) == (False, [])  # 100 dropped since: the bound
+    with pytest.raises(RemoteProtocolError, match="more than 100 bytes") as raised:
+        receiver.on_frame(1)
+    assert raised.value.code == GoodbyeCode.LIMIT_EXCEEDED
+    receiver.on_apologise()
+    assert receiver.dropping_bytes == 0

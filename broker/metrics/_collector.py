@@ -324,6 +324,7 @@ class BrokerCollector:
         add("broker_queued_deliveries", [], snapshot.queued_deliveries)
         add("broker_buffer_reserved_bytes", [], broker.buffer_reserved)
         add("broker_buffer_budget_bytes", [], broker.config.global_budget)
+        add("broker_connections_waiting_for_budget", [], broker.budget_pool.waiting)
         add("broker_debt_bytes", [], root.debt)
         add("broker_peak_debt_bytes", [], root.peak_debt)
         add("broker_ready", [], 1 if broker.ready else 0)

@@ -98,6 +98,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "broker_buffer_budget_bytes", "gauge", "The broker-wide receive buffer budget (config)."
     ),
     MetricSpec(
+        "broker_connections_waiting_for_budget",
+        "gauge",
+        "Connections with publish channels that wait for room in the broker-wide "
+        "receive buffer budget (other connections' quiet channels are shrunk for them).",
+    ),
+    MetricSpec(
         "broker_debt_bytes",
         "gauge",
         "Debt of the broker's root account: every connection's outstanding work, "

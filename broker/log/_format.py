@@ -145,6 +145,27 @@ class Scan:
         return len(self.positions) - 1
 
 
+def count_cut(
+    data: memoryview | bytes | bytearray | mmap.mmap, start: int, limit: int, first_offset: int
+) -> int:
+    """How many records ``data[start:limit]`` (what :func:`scan` stopped at)
+    seems to hold, for the report of what recovery cut: the bad record, then
+    the headers that follow it by their sizes with consecutive offsets
+    (checksums not checked); a torn last record is no record."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    unpack = HEADER.unpack_from
+    pos = start
+    count = 0
+    while pos + HEADER_SIZE <= limit:
+        _, size, offset, _ = unpack(view, pos)
+        end = pos + HEADER_SIZE + size
+        if end > limit or (count and offset != first_offset + count):
+            break
+        count += 1
+        pos = end
+    return count
+
+
 def scan(
     data: memoryview | bytes | bytearray | mmap.mmap,
     limit: int,

@@ -17,7 +17,7 @@ from ._files import (
     remove_term,
     term_path,
 )
-from ._format import Scan, decode_index, scan
+from ._format import Scan, count_cut, decode_index, scan
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
@@ -85,6 +85,8 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
                 found = _indexed(path, data, base, min_time)
             if found is None:
                 found = scan(data, size, base, min_time)
+            # The records in what is cut (the bad one and those after it).
+            lost = 0 if found.zeros else count_cut(data, found.end, size, found.next_offset)
         finally:
             _release(data)
         if broken:
@@ -97,10 +99,15 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
         if found.cut:
             broken = True
             cut_bytes += found.cut
-            kind = "zeros" if found.zeros else "a torn or corrupt record"
+            cut_records += lost
+            what = (
+                "zeros"
+                if found.zeros
+                else f"a torn or corrupt record and what follows it (about {lost} records)"
+            )
             details.append(
                 f"cut term {base} at byte {found.end} after offset {found.next_offset - 1}: "
-                f"{found.cut} bytes of {kind}"
+                f"{found.cut} bytes of {what}"
             )
             _cut_file(path, found.end)
         terms.append(Term(base, max(config.term_bytes, found.end), None, found))

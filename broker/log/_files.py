@@ -23,6 +23,7 @@ import json
 import mmap
 import os
 import re
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -140,13 +141,33 @@ def topics_dir(data_dir: Path) -> Path:
 
 
 def stored_topics(data_dir: Path) -> list[str]:
-    """The names of the topics with a directory under ``data_dir``."""
-    names = []
-    for meta in sorted(topics_dir(data_dir).glob(f"*/{META}")):
-        topic = _topic_in(meta.parent)
+    """The names of the topics with a directory under ``data_dir``: named by
+    its metadata, or (metadata lost, terms there) by the directory's name,
+    which opening the topic's log then writes the metadata for."""
+    names: list[str] = []
+    root = topics_dir(data_dir)
+    if not root.is_dir():
+        return names
+    for directory in sorted(root.iterdir()):
+        topic = _topic_in(directory)
+        if topic is None and not (directory / META).exists():
+            topic = _topic_of_dir_name(directory)
         if topic is not None:
             names.append(topic)
     return names
+
+
+def _topic_of_dir_name(directory: Path) -> str | None:
+    """The topic ``directory``'s name encodes (:func:`topic_dir_name`), if it
+    holds term files and its name is not a shortened one; None otherwise."""
+    name = directory.name
+    if "~" in name or not directory.is_dir() or not any(directory.glob("*.term")):
+        return None
+    try:
+        topic = urllib.parse.unquote_to_bytes(name).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return topic if topic_dir_name(topic) == name else None
 
 
 def _topic_in(directory: Path) -> str | None:

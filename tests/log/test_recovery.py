@@ -286,6 +286,25 @@ def test_the_store_keeps_topics_apart_by_name(tmp_path: Path) -> None:
             assert bytes(store.topic(name).read(1).tails[0]) == name.encode()
 
 
+def test_a_topic_whose_metadata_was_lost_is_still_listed(tmp_path: Path) -> None:
+    """A topic directory without its meta.json (its terms there) used to be
+    left out of the stored topics (ListOffsets said nothing of it) while a
+    subscription read it all: it is listed by its directory's name, and
+    opening it writes the metadata again. A shortened name (``~``) cannot be
+    read back: left out, as a directory with no terms."""
+    names = ["orders", "a/b", "é", "x" * 255]
+    with LogStore(tmp_path) as store:
+        for index, name in enumerate(names):
+            store.topic(name).append(name.encode(), T0 + index)
+    for name in names:
+        (tmp_path / "topics" / files.topic_dir_name(name) / "meta.json").unlink()
+    (tmp_path / "topics" / "empty").mkdir()
+    with LogStore(tmp_path) as store:
+        assert sorted(store.stored_topics()) == sorted(names[:3])
+        assert bytes(store.topic("a/b").read(1).tails[0]) == b"a/b"
+        assert (tmp_path / "topics" / files.topic_dir_name("a/b") / "meta.json").exists()
+
+
 def test_a_topic_dir_of_another_topic_is_refused(tmp_path: Path) -> None:
     with open_log(tmp_path):
         pass

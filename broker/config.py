@@ -364,18 +364,24 @@ class BrokerConfig:
             raise ConfigError("need 0 < heartbeat < lease")
         if self.throttle_notice_after < 0:
             raise ConfigError("throttle_notice_after must be >= 0")
-        if self.staging_limit < 0 or self.staging_ttl <= 0 or self.staging_remember < 1:
-            raise ConfigError("staging_limit >= 0, staging_ttl > 0 and staging_remember >= 1")
+        for setting, ok, bound in (
+            ("staging_limit", self.staging_limit >= 0, ">= 0"),
+            ("staging_ttl", self.staging_ttl > 0, "> 0"),
+            ("staging_remember", self.staging_remember >= 1, ">= 1"),
+            ("max_unsent", self.max_unsent >= 64 * KiB, ">= 64 KiB (65536)"),
+            ("max_connections", self.max_connections >= 1, ">= 1"),
+            ("shutdown_deadline", self.shutdown_deadline >= 0, ">= 0"),
+            ("tls_handshake_timeout", self.tls_handshake_timeout > 0, "> 0"),
+            ("hello_timeout", self.hello_timeout > 0, "> 0"),
+        ):
+            if not ok:
+                raise ConfigError(f"{setting} must be {bound}, got {getattr(self, setting)!r}")
         if self.lossy_budget < 64 * KiB:
             raise ConfigError("lossy_budget must be at least 64 KiB")
-        if self.max_unsent < 64 * KiB or self.max_connections < 1 or self.shutdown_deadline < 0:
-            raise ConfigError("max_unsent >= 64 KiB, max_connections >= 1, deadline >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together: set both or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
-        if self.tls_handshake_timeout <= 0 or self.hello_timeout <= 0:
-            raise ConfigError("tls_handshake_timeout and hello_timeout must be > 0")
         if self.max_unwelcomed_per_address < 0:
             raise ConfigError("max_unwelcomed_per_address must be >= 0 (0: no limit)")
         if not 0 <= self.auth_failure_delay <= self.auth_failure_delay_max:
@@ -476,7 +482,12 @@ def _coerce_type(name: str, value: Any) -> Any:
     raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
 
 
-def _apply(base: dict[str, Any], values: Mapping[str, Any], source: str) -> None:
+def _apply(
+    base: dict[str, Any],
+    values: Mapping[str, Any],
+    source: str,
+    origins: dict[str, str] | None = None,
+) -> None:
     for key, value in values.items():
         name = key.replace("-", "_")
         if name == "topics":
@@ -484,6 +495,8 @@ def _apply(base: dict[str, Any], values: Mapping[str, Any], source: str) -> None
         if name not in FIELDS:
             raise ConfigError(f"{source}: unknown setting {key!r}")
         base[name] = _coerce(name, value)
+        if origins is not None:
+            origins[name] = source
 
 
 def read_toml(path: str | os.PathLike[str], what: str, error: type[BrokerError]) -> dict[str, Any]:
@@ -505,6 +518,8 @@ def load_config(
 ) -> BrokerConfig:
     """Defaults, then the TOML file at ``path``, then the environment, then ``overrides``."""
     values: dict[str, Any] = {}
+    #: Where each setting given came from (the last source that gave it).
+    origins: dict[str, str] = {}
     if path is not None:
         data = read_toml(path, "config", ConfigError)
         table = data.get("broker", data)
@@ -527,7 +542,7 @@ def load_config(
             tables = data["topics"]
         if tables is not None:
             values["topics"] = parse_topic_rules(tables, f"config {path}")
-        _apply(values, table, str(path))
+        _apply(values, table, f"config {path}", origins)
     env = os.environ if environ is None else environ
     for key in sorted(env):
         name = key[len(ENV_PREFIX) :].lower()
@@ -549,9 +564,19 @@ def load_config(
             if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in FIELDS
         },
         "environment",
+        origins,
     )
-    _apply(values, {k: v for k, v in (overrides or {}).items() if v is not None}, "flags")
+    _apply(values, {k: v for k, v in (overrides or {}).items() if v is not None}, "flags", origins)
     try:
         return BrokerConfig(**values)
     except TypeError as error:  # pragma: no cover - guarded by _apply
         raise ConfigError(str(error)) from None
+    except ConfigError as error:
+        # Say where the value the message names came from (file, BROKER_..., a flag).
+        message = str(error)
+        name = message.split(" ", 1)[0]
+        origin = origins.get(name)
+        if origin is None or origin == "flags":  # (a flag: the user just typed it)
+            raise
+        where = f"{ENV_PREFIX}{name.upper()}" if origin == "environment" else origin
+        raise ConfigError(f"{message} (set by {where})") from None

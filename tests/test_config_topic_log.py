@@ -288,3 +288,21 @@ def test_an_environment_variable_that_is_no_setting_is_warned_about(
         "ignoring the environment variable BROKER_LISTN: no such setting"
         " (did you mean BROKER_LISTEN?)"
     ]
+
+
+def test_a_refused_value_names_its_setting_and_where_it_came_from(tmp_path: Path) -> None:
+    """Several settings used to share one message ("max_unsent >= 64 KiB,
+    max_connections >= 1, deadline >= 0": which one, and "deadline" is no
+    setting), and a value from the environment did not say so."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(environ={"BROKER_MAX_CONNECTIONS": "0"})
+    assert str(raised.value) == (
+        "max_connections must be >= 1, got 0 (set by BROKER_MAX_CONNECTIONS)"
+    )
+    path = write(tmp_path, "[broker]\nshutdown_deadline = -1.0\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, environ={})
+    assert str(raised.value) == f"shutdown_deadline must be >= 0, got -1.0 (set by config {path})"
+    with pytest.raises(ConfigError) as raised:
+        load_config(environ={}, overrides={"max_unsent": 10})
+    assert str(raised.value) == "max_unsent must be >= 64 KiB (65536), got 10"

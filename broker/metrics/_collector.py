@@ -235,7 +235,7 @@ class BrokerCollector:
         # Clients only: another worker's link carries what that worker's
         # clients sent, which that worker counts (the merged metrics of a
         # broker of several workers would count it twice).
-        live = broker.connection_views(links=False)
+        live = [view for view in broker.connection_views() if not view.link]
         indebted: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         behind: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         self.visited = 0

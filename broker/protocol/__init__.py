@@ -123,6 +123,7 @@ from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
+    OPTIMISM_FRAMES,
     PROTOCOL_VERSION,
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
@@ -147,6 +148,7 @@ __all__ = [
     "MAX_HELLO_FRAME",
     "MAX_TOPIC_NAME",
     "MIN_TOPIC_NAME",
+    "OPTIMISM_FRAMES",
     "PIECE_OVERHEAD",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",

@@ -30,7 +30,15 @@ from ._events import (
 )
 from ._guarantees import ChannelSender, SentFrame
 from ._handle_state import SubscriptionState, TopicState
-from ._types import TOPIC_BINDS, Channel, ChannelKind, HandleType, Role
+from ._types import (
+    LENGTH_PREFIX,
+    OPTIMISM_FRAMES,
+    TOPIC_BINDS,
+    Channel,
+    ChannelKind,
+    HandleType,
+    Role,
+)
 
 
 class FlowControl(ConnectionCore):
@@ -163,7 +171,12 @@ class FlowControl(ConnectionCore):
         # The broker never sends beyond a subscriber's guarantees.
         if channel.kind == ChannelKind.DELIVER:
             return 0
-        return self.policy.optimism_for(channel)
+        # At most OPTIMISM_FRAMES frames of the peer's max_frame: a receiver
+        # may cut off a sender that drops more (see ``Policy.max_dropping``).
+        return min(
+            self.policy.optimism_for(channel),
+            OPTIMISM_FRAMES * (self.peer_max_frame + LENGTH_PREFIX),
+        )
 
     def _send_frame(
         self, sender: ChannelSender, message: Any, frame: bytes | None = None, tail: bytes = b""

@@ -13,6 +13,11 @@ U64_MAX = (1 << 64) - 1
 LENGTH_PREFIX = 4
 #: Default upper bound of a frame body, announced in ``Welcome``.
 DEFAULT_MAX_FRAME = 1 << 20
+#: A sender's optimism (bytes in flight beyond its guarantees) is at most
+#: this many frames of the peer's ``max_frame``; a receiver may end a
+#: connection whose sender drops more than that beyond its guarantees
+#: (``Policy.max_dropping``).
+OPTIMISM_FRAMES = 16
 
 
 class ChannelKind(IntEnum):

@@ -256,13 +256,10 @@ class Broker:
         if not self.connections:
             self._idle.set()
 
-    def connection_views(self, *, links: bool = True) -> list[ConnectionView]:
+    def connection_views(self) -> list[ConnectionView]:
         """The live connections as observers read them (a list of its own:
-        safe to walk across checkpoints, while connections come and go);
-        without other workers' links unless ``links``."""
-        if links:
-            return list(self.connections.values())
-        return [c for c in self.connections.values() if not c.link]
+        safe to walk across checkpoints, while connections come and go)."""
+        return list(self.connections.values())
 
     def statistics(self) -> BrokerStatistics:
         return BrokerStatistics(

@@ -6,7 +6,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from broker.config import BrokerConfig
-from broker.protocol import SUBSCRIPTION_BINDS, Channel, ChannelKind, ChannelReceiver, Policy
+from broker.protocol import (
+    LENGTH_PREFIX,
+    OPTIMISM_FRAMES,
+    SUBSCRIPTION_BINDS,
+    Channel,
+    ChannelKind,
+    ChannelReceiver,
+    Policy,
+)
 
 
 class BudgetView(Protocol):
@@ -34,11 +42,6 @@ class BudgetView(Protocol):
         ...
 
 
-#: Frames (of ``max_frame``) a client may send on a dropping channel before
-#: it is cut off (see ``Policy.max_dropping``): 1 MiB at the defaults.
-MAX_DROPPING_FRAMES = 16
-
-
 class BrokerPolicy(Policy):
     """Guarantees on a publish channel are issued only while its account is clear.
 
@@ -56,10 +59,11 @@ class BrokerPolicy(Policy):
             publish_capacity=config.publish_capacity,
             deliver_capacity=0,
             # A client that goes on flooding a dropping channel is cut off
-            # (it would have the broker read and drop at full speed for good).
-            max_dropping=max(
-                config.publish_capacity, MAX_DROPPING_FRAMES * (config.max_frame + 64)
-            ),
+            # (it would have the broker read and drop at full speed for good);
+            # one that heeds AnnounceDropping drops at most its guarantees
+            # (a channel holds at most connection_budget) and its optimism.
+            max_dropping=config.connection_budget
+            + OPTIMISM_FRAMES * (config.max_frame + LENGTH_PREFIX),
         )
         self._budget = budget
         self._blocked = blocked

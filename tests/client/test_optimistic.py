@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from broker.client import BlockingClient, ClientError, open_client
+from broker.config import BrokerConfig
 from broker.protocol import Policy
 from tests.server.helpers import (
     TIMEOUT,
@@ -28,15 +29,39 @@ SLOW = Policy(deliver_capacity=8 * 1024)
 COUNT = 3000
 
 
-def payload(i: int) -> bytes:
-    return b"%06d" % i + b"z" * 500
+def payload(i: int, size: int = 506) -> bytes:
+    return b"%06d" % i + b"z" * (size - 6)
 
 
-async def test_optimistic_publishing_into_a_saturated_channel_loses_and_repeats_nothing() -> None:
-    async with running_broker(TIGHT) as broker:
+#: Small frames and budget: a broker that cuts off a client dropping more
+#: than 512 KiB + 16 frames of 4 KiB beyond its guarantees.
+SMALL_FRAMES = make_config(
+    max_frame=4096,
+    publish_capacity=128 * 1024,
+    connection_budget=512 * 1024,
+    channel_high_watermark=64 * 1024,
+    channel_low_watermark=32 * 1024,
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "optimism", "size"),
+    [
+        (TIGHT, 256 * 1024, 506),
+        # Asked for far more than the broker lets a client drop: the client
+        # runs at most 16 frames of the broker's max_frame ahead (it used to
+        # run 8 MiB ahead, and the broker then cut it off with Goodbye 3).
+        (SMALL_FRAMES, 8 * 1024 * 1024, 4000),
+    ],
+    ids=["256KiB", "8MiB-capped"],
+)
+async def test_optimistic_publishing_into_a_saturated_channel_loses_and_repeats_nothing(
+    config: BrokerConfig, optimism: int, size: int
+) -> None:
+    async with running_broker(config) as broker:
         async with (
             open_client(url(broker), name="sub", policy=SLOW) as subscriber,
-            open_client(url(broker), name="pub", optimism=256 * 1024) as publisher,
+            open_client(url(broker), name="pub", optimism=optimism) as publisher,
             subscriber.subscribe("t") as subscription,
         ):
             await wait_subscribed(broker, "t")
@@ -52,7 +77,7 @@ async def test_optimistic_publishing_into_a_saturated_channel_loses_and_repeats_
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(consume)
                     for i in range(COUNT):
-                        await publisher.publish("t", payload(i))
+                        await publisher.publish("t", payload(i, size))
                     await publisher.flush()
             assert received == list(range(COUNT))
             # It did run ahead: the broker dropped, the client resent.

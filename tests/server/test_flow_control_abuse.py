@@ -10,6 +10,7 @@ import trio
 from broker.client import open_client
 from broker.config import KiB, MiB
 from broker.protocol import (
+    OPTIMISM_FRAMES,
     TOPIC_BINDS,
     AnnounceDropping,
     BindTopic,
@@ -75,9 +76,7 @@ async def test_publishing_beyond_guarantees_is_dropped_per_protocol() -> None:
             connection = connection_named(broker, "flooder")
             receiver = connection.protocol.receiver(PUBLISH_0)
 
-            # (60 frames: what is dropped stays within the bound that cuts a
-            # flooding client off; see the next test.)
-            frames = [encode(Publish(0, numbered(i))) for i in range(60)]
+            frames = [encode(Publish(0, numbered(i))) for i in range(120)]
             # One write per frame, each processed by the broker before the
             # next: frames beyond the guarantees arrive both while the channel
             # drains and after its account blocked it.
@@ -212,10 +211,12 @@ BINDS = {
 async def test_a_client_that_floods_a_dropping_channel_is_cut_off() -> None:
     """Publishes that go on after the broker announced the drop, with no
     Apologise: the broker used to read and drop them at full speed for as
-    long as the client went on (250 MB/s, a core, for good). Past 16 frames'
-    worth it ends the connection with Goodbye 3; others go on."""
+    long as the client went on (250 MB/s, a core, for good). Past what a
+    client that heeds the announcement can have sent (its guarantees, at
+    most connection_budget, and its optimism, at most 16 frames) it ends the
+    connection with Goodbye 3; others go on."""
     async with (
-        running_broker(**FLOOD) as broker,
+        running_broker(**FLOOD, connection_budget=256 * KiB) as broker,
         open_client(url(broker), name="slow", policy=Policy(deliver_capacity=4 * KiB)) as sub,
         sub.subscribe("flood"),
         raw_client(broker, background=True) as raw,
@@ -225,7 +226,7 @@ async def test_a_client_that_floods_a_dropping_channel_is_cut_off() -> None:
         await raw.send(BindTopic("flood"))
         await raw.wait_for_guarantee(PUBLISH_0)
         frame = encode(Publish(0, b"x" * 4000))
-        bound = 16 * (FLOOD["max_frame"] + 64)
+        bound = 256 * KiB + OPTIMISM_FRAMES * (FLOOD["max_frame"] + 4)
         with trio.fail_after(10):
             for _ in range(2 * bound // len(frame) + FLOOD["publish_capacity"] // len(frame)):
                 if raw.goodbyes():
@@ -242,9 +243,7 @@ async def test_thousands_of_binds_stay_within_budgets() -> None:
     async with running_broker(**BINDS) as broker:
         async with raw_client(broker, background=True) as raw:
             await raw.handshake("binder")
-            # (Past the bind channel, what is dropped stays within the bound
-            # that cuts a flooding client off.)
-            frames = [encode(BindTopic(f"topic-{i:05d}")) for i in range(1200)]
+            frames = [encode(BindTopic(f"topic-{i:05d}")) for i in range(3000)]
             await raw.send(*frames)
             connection = connection_named(broker, "binder")
             announcement = await raw.wait_for(

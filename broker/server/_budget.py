@@ -84,6 +84,8 @@ class Pool(Protocol):
 
     def short(self, member: ConnectionBudget, needed: int) -> None: ...
 
+    def reclaim_for(self, member: ConnectionBudget, needed: int) -> None: ...
+
     def freed(self) -> None: ...
 
 
@@ -275,6 +277,10 @@ class ConnectionBudget:
         if available < missing and shrinkable:
             self._shrink_idle(missing - available, exclude=index, quiet_only=True)
             available = self.available()
+        pool = self.pool
+        if available < missing and pool is not None and self.ledger.broker_spare() < missing:
+            # (The broker's budget is short: quiet channels elsewhere give back.)
+            pool.reclaim_for(self, missing - max(available, 0))
         grant = min(missing, available)
         if grant > 0 and self._may_advise(channel):
             self.ledger.reserve(grant)

@@ -18,7 +18,8 @@ every later publisher waiting). The pool closes that gap:
   connection's bookkeeping).
 
 A channel shrunk so takes its room back when its client publishes again
-(``note_busy``), from channels quiet by then.
+(``note_busy``), from channels quiet by then: its own connection's, or
+others' through the pool (:meth:`BudgetPool.reclaim_for`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,13 @@ class BudgetPool:
         self._reclaim(needed)
         self._freed.set()  # (the run task starts its timer)
 
-    def _reclaim(self, needed: int) -> None:
+    def reclaim_for(self, member: PoolMember, needed: int) -> None:
+        """``member``'s busy channel, shrunk before for another, wants
+        ``needed`` bytes back: quiet channels elsewhere give some back (it
+        takes them as it next grows)."""
+        self._reclaim(needed, also_skip=member)
+
+    def _reclaim(self, needed: int, also_skip: PoolMember | None = None) -> None:
         self.reclaims += 1
         members = self._members
         # At most SCAN members per ask, each moved to the end once looked at:
@@ -97,7 +104,7 @@ class BudgetPool:
                 break
             del members[other]
             members[other] = None
-            if other in self._waiting:
+            if other in self._waiting or other is also_skip:
                 continue
             pleaded = other.reclaim_quiet(needed)
             needed -= pleaded

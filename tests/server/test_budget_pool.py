@@ -12,9 +12,10 @@ import trio
 import trio.testing
 
 from broker.client import open_client
+from broker.protocol import Channel, ChannelKind
 from broker.server._budget_pool import SCAN, BudgetPool
 
-from .helpers import TIMEOUT, running_broker, url
+from .helpers import TIMEOUT, connection_named, running_broker, url, wait_until
 
 
 async def test_a_starved_publisher_gets_room_from_other_connections_quiet_channels() -> None:
@@ -43,6 +44,50 @@ async def test_a_starved_publisher_gets_room_from_other_connections_quiet_channe
             for _ in range(50):
                 await clients[0].publish("t0", b"y" * 10_000)
             await clients[0].flush()
+
+
+async def test_a_channel_shrunk_for_another_takes_room_back_from_quiet_ones_when_busy() -> None:
+    """The pool shrinks a quiet channel for a starved one; busy again, it
+    used to stay shrunk for good once the broker's budget was all reserved
+    (its connection had no quiet channel of its own to take from): it asks
+    the pool too, and other connections' quiet channels give room back."""
+    async with (
+        running_broker(global_budget=1024 * 1024, connection_budget=1024 * 1024) as broker,
+        AsyncExitStack() as stack,
+    ):
+        clients = [
+            await stack.enter_async_context(open_client(url(broker), name=f"c{i}"))
+            for i in range(5)
+        ]
+        for i, client in enumerate(clients):
+            with trio.fail_after(TIMEOUT):
+                await client.publish(f"t{i}", b"x" * 100)
+                await client.flush()
+        assert broker.budget_pool.reclaimed_bytes > 0  # the last one was funded so
+        channels = {
+            i: connection_named(broker, f"c{i}").protocol.receiver(PUBLISH_0) for i in range(3)
+        }
+        shrunk = [i for i, receiver in channels.items() if receiver.capacity < FULL]
+        assert shrunk, "the pool shrank one of the first three"
+        busy = shrunk[0]
+        done = trio.Event()
+
+        async def keep_publishing() -> None:
+            while not done.is_set():
+                await clients[busy].publish(f"t{busy}", b"y" * 1000)
+                await trio.sleep(0.02)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_publishing)
+            await wait_until(
+                lambda: channels[busy].capacity == FULL, what="the busy channel grown back"
+            )
+            done.set()
+        assert broker.buffer_reserved <= broker.config.global_budget
+
+
+FULL = 256 * 1024
+PUBLISH_0 = Channel(ChannelKind.PUBLISH, 0)
 
 
 class Member:

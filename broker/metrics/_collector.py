@@ -232,10 +232,8 @@ class BrokerCollector:
     def _walk(self) -> Walk[Snapshot]:
         broker = self.broker
         totals = self._closed.copy()  # before the list: a connection closing later counts once
-        # Clients only: another worker's link carries what that worker's
-        # clients sent, which that worker counts (the merged metrics of a
-        # broker of several workers would count it twice).
-        live = [view for view in broker.connection_views() if not view.link]
+        live = broker.connection_views()
+        clients = 0
         indebted: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         behind: Best[tuple[ConnectionView, Figures]] = Best(self.top)
         self.visited = 0
@@ -244,10 +242,17 @@ class BrokerCollector:
                 yield
             figures = connection_figures(connection)
             self.visited += 1
+            # Another worker's link is listed (it may hold a backlog) but not
+            # in the totals: it carries what that worker's clients sent, which
+            # that worker counts (merged, it would count twice).
+            link = connection.link
             if connection.closed.is_set() or connection.serial not in broker.connections:
-                totals.add(figures, counters_only=True)  # closed since: its counters only
+                if not link:
+                    totals.add(figures, counters_only=True)  # closed since: counters only
                 continue
-            totals.add(figures)
+            if not link:
+                clients += 1
+                totals.add(figures)
             blocked = figures["broker_connection_blocked", ()]
             indebted.offer(
                 (blocked, figures["broker_connection_debt_bytes", ()]), (connection, figures)
@@ -292,7 +297,7 @@ class BrokerCollector:
                 }
                 for topic, waiting in busiest.best()
             ],
-            connections=len(live),
+            connections=clients,
             topics=len(topics) - stand_ins,
             subscriptions=subscriptions,
             queued_deliveries=queued,

@@ -263,7 +263,7 @@ class Broker:
 
     def statistics(self) -> BrokerStatistics:
         return BrokerStatistics(
-            connections=len(self.connections),
+            connections=sum(not c.link for c in self.connections.values()),
             connections_total=self.connections_total,
             refused_total=self.refused_total,
             topics=len(self.topics),
@@ -348,7 +348,7 @@ class Broker:
     async def _serve_connection(self, connection: ServerConnection) -> None:
         """Run ``connection`` until it closes (an error of ours ends it, logged)."""
         self.connections[connection.serial] = connection
-        self.connections_total += 1
+        self.connections_total += not connection.link  # (clients: links are no clients)
         self._idle = trio.Event()
         self.peer_log.info(connection.peer, "%s %s: connected", connection.name, connection.peer)
         try:

@@ -158,3 +158,30 @@ def test_the_entry_point_imports_no_command_before_main_runs() -> None:
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_several_tasks_losing_one_connection_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`broker sub a b c` whose broker went silent: each topic's task raised
+    ConnectionLost, and the command printed a 60-line ExceptionGroup."""
+    import trio
+    import trio.lowlevel
+
+    from broker.cli._common import run_interruptibly
+    from broker.client import ConnectionLost
+
+    async def body(interrupt: object) -> None:
+        async def lose() -> None:
+            await trio.lowlevel.checkpoint()
+            raise ConnectionLost("the broker went silent (lease expired)")
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(lose)
+
+    _, status = run_interruptibly("sub", body)
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "broker sub: the broker went silent (lease expired)"
+    ]

@@ -224,7 +224,12 @@ def run_interruptibly(
         failure = group
         while isinstance(failure, BaseExceptionGroup):  # nurseries in nurseries
             if (inner := sole_exception(failure)) is failure:
-                raise
+                # Several tasks (one per topic of `broker sub a b c`) met the
+                # same end (the connection lost): say the first, in one line.
+                mine, other = failure.split((BrokerError, OSError))
+                if other is not None or mine is None:
+                    raise
+                inner = mine.exceptions[0]
             failure = inner
     except (BrokerError, OSError) as error:
         failure = error

@@ -1,4 +1,4 @@
-"""``broker serve``: run the broker (and its metrics endpoint) until SIGINT/SIGTERM."""
+"""``broker serve``: run the broker (and its metrics endpoint) until SIGINT/SIGTERM/SIGHUP."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def add_parser(subparsers: Subparsers) -> None:
         subparsers,
         "serve",
         help="run the broker",
-        description="Run the broker until SIGINT/SIGTERM (then: stop accepting, Goodbye 5, "
+        description="Run the broker until SIGINT/SIGTERM/SIGHUP (then: stop accepting, Goodbye 5, "
         "drain). Settings: defaults < --config TOML < BROKER_<NAME> environment < flags. "
         "Both addresses are bound before it says it listens.",
         examples=EXAMPLES,

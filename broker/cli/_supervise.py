@@ -29,7 +29,7 @@ def _check_files(config: BrokerConfig) -> None:
 
 
 async def supervise(config: BrokerConfig, log_level: str) -> None:
-    """Run the workers until SIGINT/SIGTERM, then drain them all."""
+    """Run the workers until SIGINT/SIGTERM/SIGHUP, then drain them all."""
     _check_files(config)
     metrics = config.metrics_address
     check_metrics_free(metrics)

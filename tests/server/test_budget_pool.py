@@ -6,24 +6,26 @@ of other connections now give room back (``_budget_pool``)."""
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 import trio.testing
 
-from broker.client import open_client
+from broker.client import Client, open_client
 from broker.protocol import Channel, ChannelKind
+from broker.server import Broker
 from broker.server._budget_pool import SCAN, BudgetPool
 
 from .helpers import TIMEOUT, connection_named, running_broker, url, wait_until
 
 
-async def test_a_starved_publisher_gets_room_from_other_connections_quiet_channels() -> None:
-    # 512 KiB: the first connection takes 288 KiB (its bind channels and a
-    # full publish channel), the next two 96 KiB each (one frame: the budget
-    # is short); then nothing is left. Five fit once the first is shrunk.
+@asynccontextmanager
+async def idle_publishers(budget: int) -> AsyncIterator[tuple[Broker, list[Client]]]:
+    """A broker whose global and connection budgets are ``budget``, and five
+    clients that each published once to a topic of their own, then idle."""
     async with (
-        running_broker(global_budget=512 * 1024, connection_budget=512 * 1024) as broker,
+        running_broker(global_budget=budget, connection_budget=budget) as broker,
         AsyncExitStack() as stack,
     ):
         clients = [
@@ -31,10 +33,17 @@ async def test_a_starved_publisher_gets_room_from_other_connections_quiet_channe
             for i in range(5)
         ]
         for i, client in enumerate(clients):
-            # Each publishes once and stays connected, idle.
             with trio.fail_after(TIMEOUT):
                 await client.publish(f"t{i}", b"x" * 100)
                 await client.flush()
+        yield broker, clients
+
+
+async def test_a_starved_publisher_gets_room_from_other_connections_quiet_channels() -> None:
+    # 512 KiB: the first connection takes 288 KiB (its bind channels and a
+    # full publish channel), the next two 96 KiB each (one frame: the budget
+    # is short); then nothing is left. Five fit once the first is shrunk.
+    async with idle_publishers(512 * 1024) as (broker, clients):
         pool = broker.budget_pool
         assert pool.reclaims > 0 and pool.reclaimed_bytes > 0
         assert pool.waiting == 0
@@ -51,18 +60,7 @@ async def test_a_channel_shrunk_for_another_takes_room_back_from_quiet_ones_when
     used to stay shrunk for good once the broker's budget was all reserved
     (its connection had no quiet channel of its own to take from): it asks
     the pool too, and other connections' quiet channels give room back."""
-    async with (
-        running_broker(global_budget=1024 * 1024, connection_budget=1024 * 1024) as broker,
-        AsyncExitStack() as stack,
-    ):
-        clients = [
-            await stack.enter_async_context(open_client(url(broker), name=f"c{i}"))
-            for i in range(5)
-        ]
-        for i, client in enumerate(clients):
-            with trio.fail_after(TIMEOUT):
-                await client.publish(f"t{i}", b"x" * 100)
-                await client.flush()
+    async with idle_publishers(1024 * 1024) as (broker, clients):
         assert broker.budget_pool.reclaimed_bytes > 0  # the last one was funded so
         channels = {
             i: connection_named(broker, f"c{i}").protocol.receiver(PUBLISH_0) for i in range(3)

@@ -161,7 +161,7 @@ def _topic_of_dir_name(directory: Path) -> str | None:
     """The topic ``directory``'s name encodes (:func:`topic_dir_name`), if it
     holds term files and its name is not a shortened one; None otherwise."""
     name = directory.name
-    if "~" in name or not directory.is_dir() or not any(directory.glob("*.term")):
+    if "~" in name or not directory.is_dir() or not list_terms(directory):
         return None
     try:
         topic = urllib.parse.unquote_to_bytes(name).decode("utf-8")
@@ -197,7 +197,7 @@ def unopened_due(
             if directory in open_dirs:
                 continue
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                terms = sorted(p for p in directory.iterdir() if _TERM_NAME.match(p.name))
+                terms = [path for _, path in list_terms(directory)]
                 if len(terms) < 2:
                     continue
                 topic = _topic_in(directory)
@@ -380,7 +380,5 @@ class TermFile:
             os.ftruncate(self.fd, size)
 
     def close(self) -> None:
-        self._released = False
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        self.release()
+        self._released = False  # (closed for good: no use opens it again)

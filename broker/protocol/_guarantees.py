@@ -287,7 +287,8 @@ class ChannelReceiver:
             self._accepted += size
             self.accepted_frames += 1
             return True, []
-        if self.dropping:
+        dropping = self.dropping
+        if dropping:
             limit = self.max_dropping
             if limit is not None and self.dropping_bytes + size > limit:
                 raise RemoteProtocolError(
@@ -296,11 +297,10 @@ class ChannelReceiver:
                     GoodbyeCode.LIMIT_EXCEEDED,
                 )
             self.dropping_bytes += size
-            self.dropped_frames += 1
-            self.dropped_bytes += size
-            return False, []
         self.dropped_frames += 1
         self.dropped_bytes += size
+        if dropping:
+            return False, []
         self.dropping = True
         out: list[IssueGuarantee | AnnounceDropping] = []
         guarantee = self.issue()

@@ -265,8 +265,7 @@ class StagingArea:
         a restart a retried Commit routes all of it again (publishes routed
         before the crash are then routed twice; a warning says so).
         """
-        journal_keys = self._routing.get(batch_key)
-        if journal_keys is not None:
+        if batch_key in self._routing:
             self._committed(batch_key, [])
 
     def forget_routed(self, batch_key: BatchKey) -> None:
@@ -278,9 +277,7 @@ class StagingArea:
         drops staged publishes of a committed batch left in the journal.)"""
         journal_keys = self._routing.pop(batch_key, None)
         if journal_keys is not None:
-            assert self.journal is not None
-            for journal_key in journal_keys:
-                self.journal.delete(SPACE_STAGED, journal_key)
+            self._delete_staged(journal_keys)
 
     def abort(self, owner: str | None, batch_name: str) -> CommitDecision:
         """Discard everything staged in ``batch_name`` so far (refused if it
@@ -373,15 +370,19 @@ class StagingArea:
         if batch_key in self.finished:
             self._serial += 1
             self.journal.put(SPACE_COMMITTED, batch_id, self._serial)
-        for journal_key in journal_keys:
-            self.journal.delete(SPACE_STAGED, journal_key)
+        self._delete_staged(journal_keys)
         self.journal.delete(SPACE_COMMITTING, batch_id)
 
     def _unjournal(self, batch: StagedBatch) -> None:
         """Delete an aborted or expired batch's publishes from the journal."""
         if self.journal is not None:
-            for journal_key in batch.journal_keys:
-                self.journal.delete(SPACE_STAGED, journal_key)
+            self._delete_staged(batch.journal_keys)
+
+    def _delete_staged(self, journal_keys: list[str]) -> None:
+        """Delete staged publishes (their journal keys) from the journal."""
+        assert self.journal is not None
+        for journal_key in journal_keys:
+            self.journal.delete(SPACE_STAGED, journal_key)
 
     def _restore(self, journal: StateJournal) -> None:
         """Load the committed batches and staged publishes ``journal`` holds."""

@@ -126,7 +126,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = self.options
         offsets = topic_offsets(options)
         _missing(options, offsets)
-        starts = {t: resolve(options.starting, t, *ends) for t, ends in offsets.items()}
+        starts = {t: resolve(options.starting, t, *kept) for t, kept in offsets.items()}
         for topic, start in starts.items():
             end = offsets[topic][1]
             if start > end and options.fail_on_data_loss:

@@ -21,7 +21,7 @@ from ._format import Scan, count_cut, decode_index, scan
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
-__all__ = ["recover"]
+__all__ = ["recover", "survey"]
 
 
 def _release(data: bytes | mmap.mmap) -> None:
@@ -126,3 +126,34 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
     active.load(buffer)
     recovery = Recovery(cut_bytes, cut_records, cut_terms, details)
     return terms, recovery
+
+
+def survey(directory: Path) -> tuple[int, int]:
+    """The first offset kept and the next offset of the log in ``directory``,
+    as :func:`recover` would find them, read only: nothing is cut, created
+    or loaded, and no lock is needed (a log being appended to meanwhile
+    reads as of some moment during the call: a record half written is not
+    counted). Raises :class:`OSError` if a term cannot be read."""
+    files = list_terms(directory)
+    if not files:
+        return 1, 1
+    expected = files[0][0]
+    min_time = 0
+    for number, (base, path) in enumerate(files):
+        if base != expected:
+            break
+        data = map_file(path)
+        try:
+            found = None
+            if number < len(files) - 1:
+                found = _indexed(path, data, base, min_time)
+            if found is None:
+                found = scan(data, len(data), base, min_time)
+        finally:
+            _release(data)
+        expected = found.next_offset
+        if found.cut:
+            break
+        if found.last_time is not None:
+            min_time = found.last_time
+    return files[0][0], expected

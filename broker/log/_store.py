@@ -10,6 +10,7 @@ from ._errors import LogClosed
 from ._files import DirLock, fsync_dir, stored_topics, topic_dir_name, topics_dir
 from ._journal import StateJournal
 from ._log import TopicLog
+from ._recover import survey
 from ._types import LogConfig
 
 __all__ = ["JOURNAL_NAME", "WORKERS", "LogStore"]
@@ -87,6 +88,19 @@ class LogStore:
             if lock is not None:
                 self._topic_locks[name] = lock
         return log
+
+    def survey(self, name: str) -> tuple[int, int]:
+        """The first offset kept and the next offset of the log of ``name``,
+        which need not be open, read from its files without opening it
+        (nothing is cut or locked: safe in a thread, and beside the log's
+        writer). Raises :class:`OSError` if its files cannot be read, and
+        :class:`TopicNameError` for an invalid name."""
+        check_topic_name(name)
+        return survey(topics_dir(self.data_dir) / topic_dir_name(name))
+
+    def opened(self, name: str) -> TopicLog | None:
+        """The log of ``name`` if it is open (None: not opened yet)."""
+        return self._logs.get(name)
 
     def open_logs(self) -> dict[str, TopicLog]:
         """The logs opened so far, by topic."""

@@ -34,7 +34,7 @@ from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
 from ._log_subscription import CursorBook
 from ._logs import TopicUnavailable
-from ._offsets import OffsetsHost, answer_list_offsets
+from ._offsets import OffsetsHost, Survey, answer_list_offsets
 from ._peerlog import LINE_CHARS, ConnectionLog, shown
 from ._publishing import PublishChannel, Publishing, PublishingHost
 from ._subscribe import OptionError, make_subscription
@@ -55,6 +55,11 @@ class Dispatched(Admitted, Protocol):
 
     #: Why the connection closed (for its last log line).
     close_reason: str
+
+
+#: ListOffsets a connection may have waiting for logs to be read at once;
+#: one more ends it (Goodbye 3): a client waits for its answers.
+MAX_SURVEYS = 8
 
 
 class Dispatch:
@@ -83,6 +88,8 @@ class Dispatch:
         self.counters = counters
         self.log = log
         self.protocol = publishing.protocol
+        #: ListOffsets answers waiting for logs to be read (at most MAX_SURVEYS).
+        self.surveys = 0
 
     def handle(self, events: list[Event], connection: Dispatched) -> None:
         """Apply ``events``: publishes go to their channel's buffer (or
@@ -185,10 +192,31 @@ class Dispatch:
         self.budget.subscriptions_changed()
 
     def list_offsets(self, event: ListOffsets, connection: Dispatched) -> None:
-        denied = answer_list_offsets(self.host, self.protocol, self.admission.may_subscribe, event)
-        if denied is not None:
-            self.deny(denied, connection)
+        answer = answer_list_offsets(self.host, self.protocol, self.admission.may_subscribe, event)
+        if isinstance(answer, Survey):
+            nursery = self.publishing.nursery
+            if self.surveys >= MAX_SURVEYS or nursery is None:
+                connection.goodbye(
+                    GoodbyeCode.LIMIT_EXCEEDED,
+                    f"more than {MAX_SURVEYS} ListOffsets wait for the disk: "
+                    "wait for their answers before asking again",
+                )
+                return
+            self.surveys += 1
+            nursery.start_soon(self._survey, answer, connection)
+        elif answer is not None:
+            self.deny(answer, connection)
         self.publishing.wake.set()
+
+    async def _survey(self, survey: Survey, connection: Dispatched) -> None:
+        """Answer a ListOffsets that waits for logs to be read (see :class:`Survey`)."""
+        try:
+            await survey.answer()
+        except TopicUnavailable as error:  # (the broker's disk, not the client)
+            connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, str(error))
+        finally:
+            self.surveys -= 1
+            self.publishing.wake.set()
 
     def ack(self, event: Ack, connection: Dispatched) -> None:
         self.deliveries.ack(event.subscription, event.seq)

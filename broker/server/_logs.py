@@ -160,6 +160,26 @@ class TopicLogs:
             )
         return topic_log
 
+    def opened(self, name: str) -> TopicLog | None:
+        """The log of ``name`` if it is open (None: not opened since the start)."""
+        topic_log = self.store.opened(name)
+        return None if topic_log is None or topic_log.closed else topic_log
+
+    async def survey(self, name: str) -> tuple[int, int]:
+        """The first offset kept and the next offset of ``name``'s log without
+        opening it, its files read in a thread (a log of large terms takes
+        a fraction of a second to scan, and the event loop goes on); raises
+        :class:`TopicUnavailable` if they cannot be read. Cancelled, it
+        returns at once: the thread, which only reads, is left to finish."""
+        try:
+            return await trio.to_thread.run_sync(self.store.survey, name, abandon_on_cancel=True)
+        except (LogError, OSError) as error:
+            log.error("topic %r: its log cannot be read: %s", name[:64], error)
+            raise TopicUnavailable(
+                f"the broker cannot read the log of topic {name[:64]!r} now: "
+                f"{self._for_clients(error)}"
+            ) from None
+
     def stored_topics(self) -> list[str]:
         """The topics with a log in the data directory; raises
         :class:`TopicUnavailable` if it cannot be listed now."""

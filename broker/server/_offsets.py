@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from broker.log import TopicLog
 from broker.protocol import Connection, ListOffsets, Offsets, TopicOffsets, encode
 
 from ._logs import TopicLogs
@@ -28,36 +29,83 @@ class OffsetsHost(Protocol):
         ...
 
 
-def topic_offsets(
-    logs: TopicLogs, names: list[str] | None, may_read: Callable[[str], bool]
-) -> list[TopicOffsets]:
-    """``(name, first, end)`` of the named topics that have a log (None: of
-    every topic with a log that ``may_read`` allows), sorted by name.
-    ``first`` is the first record kept, ``end`` one past the last record
-    written (what a reader can read now; both equal for an empty log).
-    Raises :class:`~._logs.TopicUnavailable` if a log cannot be opened, or
-    the data directory listed."""
-    stored = set(logs.stored_topics())
-    wanted = sorted(stored if names is None else stored.intersection(names))
-    entries: list[TopicOffsets] = []
-    for name in wanted:
-        if names is None and not may_read(name):
-            continue
-        topic_log = logs.open(name)
-        end = topic_log.written_offset + 1
-        entries.append((name, min(topic_log.first_offset, end), end))
-    return entries
+def _offsets(topic_log: TopicLog) -> tuple[int, int]:
+    """``(first, end)`` of an open log: the first record kept, and one past
+    the last record written (what a reader can read now; both equal for an
+    empty log)."""
+    end = topic_log.written_offset + 1
+    return min(topic_log.first_offset, end), end
+
+
+def _reply(
+    protocol: Connection, request: int, names: list[str], known: dict[str, tuple[int, int]]
+) -> None:
+    """Send the ``Offsets`` of ``names`` (sorted), or, if they would not fit
+    in one frame, nothing and the line that says to ask for fewer."""
+    entries: list[TopicOffsets] = [(name, *known[name]) for name in names]
+    if len(encode(Offsets(request, entries))) > protocol.peer_max_frame:
+        protocol.offsets(
+            request,
+            [],
+            f"the offsets of {len(entries)} topics do not fit in one frame: ask for fewer topics",
+        )
+    else:
+        protocol.offsets(request, entries)
+
+
+class Survey:
+    """An answer that waits for logs not opened since the start: their files
+    are read in a thread, one log at a time (a log of large terms takes a
+    fraction of a second to scan; the event loop goes on meanwhile), without
+    opening them. A log that opens meanwhile is answered from memory."""
+
+    def __init__(
+        self,
+        logs: TopicLogs,
+        protocol: Connection,
+        request: int,
+        names: list[str],
+        known: dict[str, tuple[int, int]],
+    ) -> None:
+        self._logs = logs
+        self._protocol = protocol
+        self._request = request
+        self._names = names
+        self._known = known
+
+    async def answer(self) -> None:
+        """Read what is missing, then send the answer (nothing if the
+        connection closed meanwhile). Raises :class:`TopicUnavailable` if
+        a log cannot be read."""
+        logs = self._logs
+        for name in self._names:
+            if name in self._known or self._protocol.closed:
+                continue
+            topic_log = logs.opened(name)
+            if topic_log is None:
+                first, end = await logs.survey(name)
+                # Opened while its files were read: the open log is newer.
+                topic_log = logs.opened(name)
+                self._known[name] = (min(first, end), end)
+            if topic_log is not None:
+                self._known[name] = _offsets(topic_log)
+        if not self._protocol.closed:
+            _reply(self._protocol, self._request, self._names, self._known)
 
 
 def answer_list_offsets(
     host: OffsetsHost, protocol: Connection, may_read: Callable[[str], bool], event: ListOffsets
-) -> str | None:
-    """Send the ``Offsets`` answering ``event``; returns why the client may not
-    ask instead (a named topic it may not subscribe to: Goodbye 6), sending
-    nothing. An answer that would not fit in one frame lists nothing and
-    says so (name fewer topics). On a worker of several, a named topic
-    another worker owns is answered with nothing and the line that says
-    where to ask; unnamed, only the topics this worker owns are listed."""
+) -> str | Survey | None:
+    """Send the ``Offsets`` answering ``event`` (entries sorted by name: the
+    named topics that have a log, or, none named, every topic with a log
+    that ``may_read`` allows); returns why the client may not ask instead
+    (a named topic it may not subscribe to: Goodbye 6), sending nothing,
+    or the :class:`Survey` to await when logs not yet open must be read
+    first. An answer that would not fit in one frame lists nothing and says
+    so (name fewer topics). On a worker of several, a named topic another
+    worker owns is answered with nothing and the line that says where to
+    ask; unnamed, only the topics this worker owns are listed. Raises
+    :class:`TopicUnavailable` if the data directory cannot be listed."""
     if event.topics is not None:
         for name in event.topics:
             if not may_read(name):
@@ -73,16 +121,16 @@ def answer_list_offsets(
             if (elsewhere := host.not_owned(name)) is not None:
                 protocol.offsets(event.request, [], elsewhere)  # (its log is the owner's)
                 return None
-    entries = topic_offsets(
-        logs, event.topics, lambda name: may_read(name) and not host.not_owned(name)
-    )
-    reply = Offsets(event.request, entries)
-    if len(encode(reply)) > protocol.peer_max_frame:
-        protocol.offsets(
-            event.request,
-            [],
-            f"the offsets of {len(entries)} topics do not fit in one frame: ask for fewer topics",
-        )
-    else:
-        protocol.offsets(event.request, entries)
+    stored = set(logs.stored_topics())
+    names = sorted(stored if event.topics is None else stored.intersection(event.topics))
+    if event.topics is None:
+        names = [name for name in names if may_read(name) and not host.not_owned(name)]
+    known: dict[str, tuple[int, int]] = {}
+    for name in names:
+        topic_log = logs.opened(name)
+        if topic_log is not None:
+            known[name] = _offsets(topic_log)
+    if len(known) < len(names):
+        return Survey(logs, protocol, event.request, names, known)
+    _reply(protocol, event.request, names, known)
     return None

@@ -54,8 +54,8 @@ STOP_GRACE = 10.0
 #: each time within ``WATCH_TIMEOUT``; after ``HUNG_AFTER`` unanswered asks
 #: in a row (a minute or more) it is hung (its event loop does not run):
 #: it is killed, and restarted as any worker that ends. (A loop blocked that
-#: long by legitimate work, such as a ListOffsets of every topic opening
-#: hundreds of large logs, has cut all its clients at their lease already.)
+#: long by legitimate work, such as hundreds of large logs opened at once
+#: by retention, has cut all its clients at their lease already.)
 WATCH_EVERY = 5.0
 WATCH_TIMEOUT = 5.0
 HUNG_AFTER = 12

@@ -344,7 +344,8 @@ class BrokerCollector:
         add("broker_lease_expirations_total", [], security.lease_expirations)
         sessions = broker.sessions
         detached = sessions.detached
-        add("broker_sessions", ["connected"], len(sessions.sessions) - detached)
+        # (links' sessions are no clients': they end with their link, never detached)
+        add("broker_sessions", ["connected"], len(sessions.sessions) - detached - sessions.links)
         add("broker_sessions", ["detached"], detached)
         add("broker_sessions_created_total", [], sessions.created_total)
         add("broker_sessions_resumed_total", [], sessions.resumed_total)

@@ -152,7 +152,11 @@ class Admission:
             self._resume(session, hello.processed, connection)
         else:
             self.session = sessions.create(
-                connection, self.client_name, self.deliveries.subscriptions, principal
+                connection,
+                self.client_name,
+                self.deliveries.subscriptions,
+                principal,
+                link=self.trusted,
             )
             self.protocol.welcome(
                 session=self.session.id,
@@ -276,9 +280,10 @@ class Admission:
     def record(self, records: SessionRecords) -> None:
         """Put what changed of the session into ``records`` (a broker with a
         data directory: its handles, what was routed, what the client
-        processed), before the Confirms that rely on it go out."""
+        processed), before the Confirms that rely on it go out. A link's
+        session is not recorded: it ends with its link, never resumed."""
         session = self.session
-        if session is None:
+        if session is None or session.link:
             return
         deliveries = self.deliveries
         if self.session_dirty:

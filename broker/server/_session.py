@@ -42,6 +42,7 @@ class Session:
         "connection",
         "detached_at",
         "id",
+        "link",
         "principal",
         "state",
         "subscriptions",
@@ -62,6 +63,8 @@ class Session:
         #: When the last connection broke (None while attached).
         self.detached_at: float | None = None
         self._expiry: trio.CancelScope | None = None
+        #: The session of another worker's link (not a client's).
+        self.link = False
 
     @property
     def name(self) -> str:
@@ -112,6 +115,9 @@ class SessionTable:
         #: What every session id created here starts with (a worker's index).
         self.prefix = prefix
         self.sessions: dict[bytes, Session] = {}
+        #: Of :attr:`sessions`, those of other workers' links (not counted
+        #: as clients' sessions in the metrics).
+        self.links = 0
         self.created_total = 0
         self.resumed_total = 0
         self.expired_total = 0
@@ -135,8 +141,9 @@ class SessionTable:
         return sum(1 for s in self.sessions.values() if s.connection is None)
 
     def unacked(self) -> int:
-        """Deliveries sent and not acknowledged, over every session."""
-        sessions = self.sessions.values()
+        """Deliveries sent and not acknowledged, over every client's session
+        (a link's are counted at the worker that relays them, as its client's)."""
+        sessions = [s for s in self.sessions.values() if not s.link]
         return sum(sub.unacked_deliveries for s in sessions for sub in s.subscriptions.values())
 
     def create(
@@ -145,14 +152,19 @@ class SessionTable:
         client_name: str,
         subscriptions: dict[int, Subscription],
         principal: str | None,
+        *,
+        link: bool = False,
     ) -> Session:
         """A new session of ``client_name``, attached to ``connection``, whose
-        subscriptions are (from now on) ``subscriptions``."""
+        subscriptions are (from now on) ``subscriptions``; ``link``: of
+        another worker's link, counted in :attr:`links`, not as created."""
         session = Session(client_name, principal, self.prefix)
         session.subscriptions = subscriptions
         session.connection = connection
         self.sessions[session.id] = session
-        self.created_total += 1
+        session.link = link
+        self.links += link
+        self.created_total += not link
         return session
 
     def find(self, session_id: bytes, principal: str | None) -> Session | None:
@@ -201,7 +213,8 @@ class SessionTable:
             session._expiry = None
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
-            if self.records is not None and not self.keep_records:
+            self.links -= session.link
+            if self.records is not None and not self.keep_records and not session.link:
                 self.records.forget(session)
         session.close_subscriptions()
 

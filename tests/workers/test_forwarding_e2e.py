@@ -87,6 +87,8 @@ async def test_forwarded_traffic_is_counted_once_in_the_workers_metrics(tmp_path
             "broker_sent_messages_total": count,
             "broker_topics": 1.0,
             "broker_subscriptions": 1.0,
+            'broker_sessions{state="connected"}': 2.0,
+            "broker_sessions_created_total": 2.0,
         }
 
 
@@ -96,4 +98,6 @@ SUMMED = {
     "broker_sent_messages_total",
     "broker_topics",
     "broker_subscriptions",
+    'broker_sessions{state="connected"}',
+    "broker_sessions_created_total",
 }

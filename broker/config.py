@@ -443,7 +443,26 @@ log = logging.getLogger("broker")
 
 #: BROKER_ environment variables that are not settings but mean something:
 #: the client's token, the config file, a worker's setup (from its supervisor).
-OTHER_ENV = frozenset({"BROKER_TOKEN", "BROKER_CONFIG", "BROKER_WORKER_SPEC"})
+OTHER_ENV = frozenset({"BROKER_TOKEN", "BROKER_CONFIG", "BROKER_WORKER_SPEC", "BROKER_LOG_LEVEL"})
+#: Names users give the settings after other servers' habits (``BROKER_PORT``):
+#: the setting each most likely means.
+ENV_HINTS = {
+    "port": "listen",
+    "host": "listen",
+    "bind": "listen",
+    "address": "listen",
+    "metrics_port": "metrics_listen",
+    "metrics_host": "metrics_listen",
+    "metrics_address": "metrics_listen",
+    "data": "data_dir",
+    "datadir": "data_dir",
+    "data_path": "data_dir",
+    "auth": "auth_file",
+    "tls_certfile": "tls_cert",
+    "tls_keyfile": "tls_key",
+    "cert": "tls_cert",
+    "key": "tls_key",
+}
 #: The settings given by name (file keys, BROKER_<NAME>, --set); the
 #: ``topics`` rules come only from ``[[topics]]`` tables of a config file.
 FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "topics"}
@@ -549,7 +568,8 @@ def load_config(
         if key.startswith(ENV_PREFIX) and name not in FIELDS and key not in OTHER_ENV:
             # Only a likely misspelling is said: other software uses BROKER_
             # names of its own (Celery's BROKER_URL), which are no concern here.
-            close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
+            close = [ENV_HINTS[name]] if name in ENV_HINTS else []
+            close = close or difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
             if close:
                 log.warning(
                     "ignoring the environment variable %s: no such setting (did you mean %s?)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -185,3 +186,42 @@ def test_several_tasks_losing_one_connection_is_one_line(
     assert capsys.readouterr().err.splitlines() == [
         "broker sub: the broker went silent (lease expired)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "level"),
+    [("warning", [], "30"), ("warning", ["--log-level", "error"], "40"), ("", [], "20")],
+)
+def test_the_log_level_comes_from_the_flag_or_broker_log_level(
+    env: str, flags: list[str], level: str
+) -> None:
+    """``BROKER_LOG_LEVEL`` (what a container sets) used to be ignored in
+    silence; it is the level unless ``--log-level`` says otherwise."""
+    check = (
+        "import logging; from broker.cli import main; "
+        f"main([*{flags!r}, 'serve', '--set', 'no_such_setting=1']); "
+        "print(logging.getLogger().level)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "BROKER_LOG_LEVEL": env},
+    )
+    assert result.stdout.strip() == level, result.stderr
+
+
+def test_a_bad_broker_log_level_is_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "serve"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "BROKER_LOG_LEVEL": "loud"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "broker: error: BROKER_LOG_LEVEL: 'LOUD' is not a logging level"
+        " (choose from DEBUG, INFO, WARNING, ERROR)"
+    )

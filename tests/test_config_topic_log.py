@@ -290,6 +290,33 @@ def test_an_environment_variable_that_is_no_setting_is_warned_about(
     ]
 
 
+def test_names_after_other_servers_habits_say_the_setting_they_mean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``BROKER_PORT`` or ``BROKER_METRICS_PORT`` are no misspelling that
+    difflib finds, and used to be ignored in silence: each now says the
+    setting it most likely means. ``BROKER_LOG_LEVEL`` is read by the
+    command (not a setting) and not warned about."""
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        load_config(
+            environ={
+                "BROKER_PORT": "7000",
+                "BROKER_METRICS_PORT": "9000",
+                "BROKER_DATA": "/var/lib/broker",
+                "BROKER_LOG_LEVEL": "debug",
+            }
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring the environment variable BROKER_{name}: no such setting"
+        f" (did you mean BROKER_{meant}?)"
+        for name, meant in (
+            ("DATA", "DATA_DIR"),
+            ("METRICS_PORT", "METRICS_LISTEN"),
+            ("PORT", "LISTEN"),
+        )
+    ]
+
+
 def test_a_refused_value_names_its_setting_and_where_it_came_from(tmp_path: Path) -> None:
     """Several settings used to share one message ("max_unsent >= 64 KiB,
     max_connections >= 1, deadline >= 0": which one, and "deadline" is no

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 from .. import __version__
@@ -47,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         type=str.upper,
-        default="INFO",
+        default=None,
         choices=LOG_LEVELS,
-        help="logging level, before or after the command (default: %(default)s)",
+        help="logging level, before or after the command (default: $BROKER_LOG_LEVEL, or INFO)",
     )
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, help="(broker COMMAND --help for more)"
@@ -62,10 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``broker`` command; returns the process exit status."""
     try:
-        args = build_parser().parse_args(argv)
-        logging.basicConfig(
-            level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        level = args.log_level or os.environ.get("BROKER_LOG_LEVEL", "").upper() or "INFO"
+        if level not in LOG_LEVELS:
+            parser.error(
+                f"BROKER_LOG_LEVEL: {level!r} is not a logging level "
+                f"(choose from {', '.join(LOG_LEVELS)})"
+            )
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (start-up)

@@ -138,11 +138,7 @@ class TopicLogs:
         try:
             topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
         except (LogError, OSError) as error:
-            log.error("topic %r: its log cannot be opened: %s", name[:64], error)
-            raise TopicUnavailable(
-                f"the broker cannot open the log of topic {name[:64]!r} now: "
-                f"{self._for_clients(error)}"
-            ) from None
+            raise self._unavailable(name, "open", "opened", error) from None
         if self._opened.get(name) is topic_log:
             return topic_log
         # Once per opening of the log: the store hands out the same log to
@@ -174,11 +170,18 @@ class TopicLogs:
         try:
             return await trio.to_thread.run_sync(self.store.survey, name, abandon_on_cancel=True)
         except (LogError, OSError) as error:
-            log.error("topic %r: its log cannot be read: %s", name[:64], error)
-            raise TopicUnavailable(
-                f"the broker cannot read the log of topic {name[:64]!r} now: "
-                f"{self._for_clients(error)}"
-            ) from None
+            raise self._unavailable(name, "read", "read", error) from None
+
+    def _unavailable(
+        self, name: str, verb: str, participle: str, error: Exception
+    ) -> TopicUnavailable:
+        """Log that ``name``'s log cannot be ``participle`` (opened, read);
+        the error to raise for its client."""
+        log.error("topic %r: its log cannot be %s: %s", name[:64], participle, error)
+        return TopicUnavailable(
+            f"the broker cannot {verb} the log of topic {name[:64]!r} now: "
+            f"{self._for_clients(error)}"
+        )
 
     def stored_topics(self) -> list[str]:
         """The topics with a log in the data directory; raises

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ import trio
 from broker.client import ConnectionLost, open_client
 from broker.log import LogStore
 from broker.protocol import GoodbyeCode, ListOffsets, Offsets
+from broker.server import Broker
 from broker.server._dispatch import MAX_SURVEYS
 
 from .helpers import TIMEOUT, RawClient, running_broker, url, wait_until
@@ -26,10 +27,7 @@ from .test_topic_log import log_config, publish
 async def test_offsets_of_logs_not_opened_since_the_start_leave_them_unopened(
     tmp_path: Path,
 ) -> None:
-    async with running_broker(log_config(tmp_path)) as broker:
-        await publish(url(broker), "a", [b"x"] * 10)
-        await publish(url(broker), "b", [b"y"] * 5)
-    async with running_broker(log_config(tmp_path)) as broker:
+    async with restarted(tmp_path, a=10, b=5) as broker:
         logs = broker.logs
         assert logs is not None
         async with open_client(url(broker), name="reader") as client:
@@ -40,6 +38,17 @@ async def test_offsets_of_logs_not_opened_since_the_start_leave_them_unopened(
             await client.flush()
             assert logs.opened("a") is not None
             assert await client.offsets() == {"a": (1, 12), "b": (1, 6)}
+
+
+@asynccontextmanager
+async def restarted(tmp_path: Path, **records: int) -> AsyncIterator[Broker]:
+    """A broker started again on a data directory where each topic named
+    got that many records (none of their logs opened since the start)."""
+    async with running_broker(log_config(tmp_path)) as broker:
+        for topic, count in records.items():
+            await publish(url(broker), topic, [b"x"] * count)
+    async with running_broker(log_config(tmp_path)) as broker:
+        yield broker
 
 
 @contextmanager
@@ -65,9 +74,7 @@ def slow_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event
 async def test_offsets_waiting_for_the_disk_hold_up_no_other_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with running_broker(log_config(tmp_path)) as broker:
-        await publish(url(broker), "old", [b"x"] * 3)
-    async with running_broker(log_config(tmp_path)) as broker:
+    async with restarted(tmp_path, old=3) as broker:
         answers: list[dict[str, tuple[int, int]]] = []
 
         async def ask() -> None:
@@ -95,9 +102,7 @@ async def test_offsets_waiting_for_the_disk_hold_up_no_other_client(
 async def test_too_many_offsets_waiting_for_the_disk_end_the_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with running_broker(log_config(tmp_path)) as broker:
-        await publish(url(broker), "old", [b"x"])
-    async with running_broker(log_config(tmp_path)) as broker:
+    async with restarted(tmp_path, old=1) as broker:
         with slow_disk(monkeypatch) as (started, release):
             raw = await RawClient.connect(broker)
             await raw.handshake()
@@ -118,9 +123,7 @@ async def test_too_many_offsets_waiting_for_the_disk_end_the_connection(
 async def test_a_log_whose_files_cannot_be_read_ends_the_asker_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with running_broker(log_config(tmp_path)) as broker:
-        await publish(url(broker), "old", [b"x"])
-    async with running_broker(log_config(tmp_path)) as broker:
+    async with restarted(tmp_path, old=1) as broker:
 
         def unreadable(self: LogStore, name: str) -> tuple[int, int]:
             raise OSError(errno.EIO, "Input/output error", str(tmp_path / "topics" / name))

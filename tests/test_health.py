@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker import cli
@@ -77,6 +78,18 @@ async def test_broker_health_exits_0_when_ready_and_1_when_not() -> None:
         cli.main, ["health", "--metrics", address, "--timeout", "2"]
     )
     assert gone == 1
+
+
+def test_a_health_check_of_nothing_says_what_to_check_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It said "http://127.0.0.1:1/readyz: unreachable: <urlopen error [Errno
+    111] Connection refused>": no "broker health:", and urllib's repr."""
+    assert cli.main(["health", "--metrics", "127.0.0.1:1"]) == 1
+    assert capsys.readouterr().err == (
+        "broker health: cannot read http://127.0.0.1:1/readyz: connection refused"
+        " (is a broker running there? give --metrics its metrics_listen)\n"
+    )
 
 
 def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ._common import DEFAULT_METRICS, Subparsers, add_command, positive_float
-from ._stat import metrics_url, not_http
+from ._stat import metrics_url, not_http, unreachable
 
 EXAMPLES = """
   broker health                                 # exit 0 if ready (accepting clients)
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{url}: {response.status} {response.read().decode(errors='replace').strip()}")
             return 0
     except urllib.error.HTTPError as error:
-        print(f"{url}: {error.code} {error.reason}", file=sys.stderr)
-    except (urllib.error.URLError, OSError) as error:
-        print(f"{url}: unreachable: {error}", file=sys.stderr)
+        print(f"broker health: {url}: {error.code} {error.reason}", file=sys.stderr)
+    except OSError as error:
+        print(f"broker health: {unreachable(url, error)}", file=sys.stderr)
     except http.client.HTTPException as error:
         print(f"broker health: {not_http(url, error)}", file=sys.stderr)
     return 1

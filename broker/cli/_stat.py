@@ -83,6 +83,26 @@ def not_http(url: str, error: http.client.HTTPException) -> str:
     )
 
 
+def unreachable(url: str, error: OSError) -> str:
+    """Why ``url`` could not be read (``urllib``'s error), in one line that
+    says what to check."""
+    import socket
+    import urllib.error
+
+    reason: object = error.reason if isinstance(error, urllib.error.URLError) else error
+    if isinstance(reason, ConnectionRefusedError):
+        why = "connection refused (is a broker running there? give --metrics its metrics_listen)"
+    elif isinstance(reason, socket.gaierror):
+        why = f"cannot find the host: {reason.strerror} (check the host of --metrics)"
+    elif isinstance(reason, TimeoutError | socket.timeout):
+        why = "no answer in time (is the broker's event loop stuck, or the address wrong?)"
+    elif isinstance(reason, OSError) and reason.strerror:
+        why = reason.strerror
+    else:
+        why = str(reason)
+    return f"cannot read {url}: {why}"
+
+
 def metrics_url(address: str) -> str:
     """``HOST:PORT`` (or a URL) -> the endpoint's base URL."""
     url = address.rstrip("/")
@@ -104,9 +124,10 @@ def _snapshot(url: str, as_json: bool, *, compact: bool) -> tuple[str, bool]:
     """One snapshot as text (newline-terminated), and whether it was read."""
     try:
         document = fetch(url)
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "reason", None) or error
-        return f"broker stat: cannot read {url}/stat.json: {reason}\n", False
+    except OSError as error:
+        return f"broker stat: {unreachable(url + '/stat.json', error)}\n", False
+    except ValueError as error:
+        return f"broker stat: cannot read {url}/stat.json: {error}\n", False
     except http.client.HTTPException as error:
         return f"broker stat: {not_http(url, error)}\n", False
     if as_json:

@@ -514,5 +514,8 @@ async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -
         await secured.do_handshake()
     except trio.BrokenResourceError as error:
         cause = error.__cause__ or error
-        raise ConnectionLost(f"TLS handshake with {host} failed: {cause}") from None
+        hint = ""
+        if "WRONG_VERSION_NUMBER" in str(cause):  # (it answered, not in TLS)
+            hint = " (does the broker use TLS? without tls:// the connection is plain TCP)"
+        raise ConnectionLost(f"TLS handshake with {host} failed: {cause}{hint}") from None
     return secured

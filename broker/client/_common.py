@@ -181,6 +181,11 @@ def split_url(url: str) -> tuple[str, int, bool]:
     for scheme in PLAIN_SCHEMES + TLS_SCHEMES:
         if url.startswith(scheme):
             url = url[len(scheme) :]
+    if "://" in url:
+        scheme = url.partition("://")[0] + "://"
+        raise ClientError(
+            f"{scheme} is not a broker address: use HOST:PORT, or tls://HOST:PORT for TLS"
+        )
     try:
         host, port = parse_address(url.rstrip("/"), default_port=DEFAULT_PORT)
     except ConfigError as error:

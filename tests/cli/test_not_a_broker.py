@@ -76,3 +76,23 @@ def test_a_host_that_cannot_be_found_is_said_so() -> None:
     assert line == (
         "cannot find the broker's host: Name or service not known (check the host of --broker)"
     )
+
+
+def test_a_url_of_another_scheme_is_refused_in_one_line() -> None:
+    """``--broker http://HOST:PORT`` said "cannot find the broker's host":
+    the scheme, not the host, was wrong."""
+    result = run("pub", "news", "x", "--broker", "http://127.0.0.1:7400")
+    assert result.returncode != 0
+    assert result.stderr == (
+        "broker pub: http:// is not a broker address: use HOST:PORT, or tls://HOST:PORT for TLS\n"
+    )
+
+
+def test_tls_to_a_plain_broker_says_what_to_check(served: Served) -> None:
+    """It gave only OpenSSL's "[SSL: WRONG_VERSION_NUMBER] wrong version number"."""
+    result = run("pub", "news", "x", "--broker", "tls://" + served.address)
+    assert result.returncode == 1
+    assert "WRONG_VERSION_NUMBER" in result.stderr
+    assert result.stderr.endswith(
+        " (does the broker use TLS? without tls:// the connection is plain TCP)\n"
+    )

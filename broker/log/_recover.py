@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from itertools import pairwise
 from pathlib import Path
 
 from ._files import (
@@ -21,7 +22,7 @@ from ._format import Scan, count_cut, decode_index, scan
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
-__all__ = ["recover", "survey"]
+__all__ = ["expired_terms", "recover", "survey"]
 
 
 def _release(data: bytes | mmap.mmap) -> None:
@@ -157,3 +158,25 @@ def survey(directory: Path) -> tuple[int, int]:
         if found.last_time is not None:
             min_time = found.last_time
     return files[0][0], expected
+
+
+def expired_terms(directory: Path, cutoff_ms: int) -> list[Path]:
+    """The sealed terms at the start of the log in ``directory`` whose newest
+    record was received before ``cutoff_ms``, oldest first, as their index
+    files say (what :meth:`TopicLog.expire` would delete once the log is
+    open), read only: never the last term, and none from the first whose
+    index is missing or bad, or that the next term does not follow."""
+    files = list_terms(directory)
+    expired: list[Path] = []
+    for (base, path), (next_base, _) in pairwise(files):
+        raw = read_index(path)
+        decoded = None if raw is None else decode_index(raw, path.stat().st_size, base)
+        if decoded is None:
+            break
+        found, _ = decoded
+        if found.next_offset != next_base or found.last_time is None:
+            break
+        if found.last_time >= cutoff_ms:
+            break
+        expired.append(path)
+    return expired

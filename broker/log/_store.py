@@ -6,11 +6,18 @@ import shutil
 from pathlib import Path
 
 from ..protocol import check_topic_name
-from ._errors import LogClosed
-from ._files import DirLock, fsync_dir, stored_topics, topic_dir_name, topics_dir
+from ._errors import DataDirLocked, LogClosed
+from ._files import (
+    DirLock,
+    fsync_dir,
+    remove_term,
+    stored_topics,
+    topic_dir_name,
+    topics_dir,
+)
 from ._journal import StateJournal
 from ._log import TopicLog
-from ._recover import survey
+from ._recover import expired_terms, survey
 from ._types import LogConfig
 
 __all__ = ["JOURNAL_NAME", "WORKERS", "LogStore"]
@@ -97,6 +104,38 @@ class LogStore:
         :class:`TopicNameError` for an invalid name."""
         check_topic_name(name)
         return survey(topics_dir(self.data_dir) / topic_dir_name(name))
+
+    def expired_terms(self, name: str, cutoff_ms: int) -> list[Path]:
+        """The term files of ``name``'s log, not open, that retention by age
+        would delete (see :func:`expired_terms`): read only, safe in a
+        thread. Raises :class:`OSError` if they cannot be read."""
+        check_topic_name(name)
+        return expired_terms(topics_dir(self.data_dir) / topic_dir_name(name), cutoff_ms)
+
+    def remove_expired(self, name: str, paths: list[Path]) -> int:
+        """Delete ``paths`` (from :meth:`expired_terms`) of ``name``'s log
+        without opening it, unless it was opened meanwhile (its own
+        retention then decides) or, on a worker, another one holds its
+        directory; returns how many were deleted."""
+        if self._lock is None:
+            raise LogClosed(f"the log store of {self.data_dir} is closed")
+        if name in self._logs or not paths:
+            return 0
+        directory = paths[0].parent
+        lock = None
+        if self.worker is not None:
+            try:
+                lock = DirLock(directory, f"the log of topic {name!r}")
+            except DataDirLocked:
+                return 0
+        try:
+            for path in paths:
+                remove_term(path)
+            fsync_dir(directory)
+        finally:
+            if lock is not None:
+                lock.release()
+        return len(paths)
 
     def opened(self, name: str) -> TopicLog | None:
         """The log of ``name`` if it is open (None: not opened yet)."""

@@ -7,7 +7,6 @@ broker has none. It is the :class:`~._topic.TopicLogHost` of every topic.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -321,22 +320,35 @@ class TopicLogs:
                 if topic_log not in self._dirty:
                     topic_log.release_file(now_ms, IDLE_FILE_MS)
 
-    async def open_due(self, now_ms: int) -> None:
-        """Open the logs not opened since the start whose oldest sealed term
-        is older than their ``retain_seconds`` (the disk is read in a
-        thread): retention by age covers topics nobody has used since."""
+    async def expire_unopened(self, now_ms: int) -> None:
+        """Retention by age of the logs not opened since the start (topics
+        nobody has used since), without opening them: which of their sealed
+        terms are due is read in a thread (by the files' times, then their
+        index files), and only those files are deleted, on the loop."""
         open_dirs = {topic_log.directory for topic_log in self.store.open_logs().values()}
+        retain_of = self._settings.log_config
         due = await trio.to_thread.run_sync(
             unopened_due,
             self.store.data_dir,
             open_dirs,
-            lambda topic: self._settings.log_config(topic).retain_seconds,
+            lambda topic: retain_of(topic).retain_seconds,
             now_ms,
         )
         for name in due:
-            if self.owns(name) and name not in self.store.open_logs():
-                with contextlib.suppress(TopicUnavailable):
-                    self.open(name)
+            if not self.owns(name) or self.store.opened(name) is not None:
+                continue
+            seconds = retain_of(name).retain_seconds
+            assert seconds is not None  # (due: it has a retention by age)
+            try:
+                paths = await trio.to_thread.run_sync(
+                    self.store.expired_terms, name, now_ms - int(seconds * 1000)
+                )
+                deleted = self.store.remove_expired(name, paths)
+            except (LogError, OSError) as error:
+                log.warning("topic %r: retention could not delete terms: %s", name[:64], error)
+                continue
+            if deleted:
+                log.info("topic %r: retention deleted %d terms", name[:64], deleted)
 
     async def run(self) -> None:
         """Tend the logs until cancelled."""
@@ -351,7 +363,7 @@ class TopicLogs:
                 self.retry()
             if now >= next_expire:
                 next_expire = now + EXPIRE_INTERVAL
-                await self.open_due(wall_ms())
+                await self.expire_unopened(wall_ms())
                 self.expire(wall_ms())
                 if self._failing:
                     self.retry()

@@ -55,7 +55,7 @@ STOP_GRACE = 10.0
 #: in a row (a minute or more) it is hung (its event loop does not run):
 #: it is killed, and restarted as any worker that ends. (A loop blocked that
 #: long by legitimate work, such as hundreds of large logs opened at once
-#: by retention, has cut all its clients at their lease already.)
+#: by their first publishes, has cut all its clients at their lease already.)
 WATCH_EVERY = 5.0
 WATCH_TIMEOUT = 5.0
 HUNG_AFTER = 12

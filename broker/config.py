@@ -13,7 +13,6 @@ retention and flush policy per topic pattern, first match wins).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import os
@@ -24,6 +23,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ._env_names import ENV_PREFIX, mistaken_names, settings_in
 from .errors import BrokerError
 
 if TYPE_CHECKING:
@@ -441,32 +441,9 @@ class BrokerConfig:
 
 log = logging.getLogger("broker")
 
-#: BROKER_ environment variables that are not settings but mean something:
-#: the client's token, the config file, a worker's setup (from its supervisor).
-OTHER_ENV = frozenset({"BROKER_TOKEN", "BROKER_CONFIG", "BROKER_WORKER_SPEC", "BROKER_LOG_LEVEL"})
-#: Names users give the settings after other servers' habits (``BROKER_PORT``):
-#: the setting each most likely means.
-ENV_HINTS = {
-    "port": "listen",
-    "host": "listen",
-    "bind": "listen",
-    "address": "listen",
-    "metrics_port": "metrics_listen",
-    "metrics_host": "metrics_listen",
-    "metrics_address": "metrics_listen",
-    "data": "data_dir",
-    "datadir": "data_dir",
-    "data_path": "data_dir",
-    "auth": "auth_file",
-    "tls_certfile": "tls_cert",
-    "tls_keyfile": "tls_key",
-    "cert": "tls_cert",
-    "key": "tls_key",
-}
 #: The settings given by name (file keys, BROKER_<NAME>, --set); the
 #: ``topics`` rules come only from ``[[topics]]`` tables of a config file.
 FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "topics"}
-ENV_PREFIX = "BROKER_"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -563,26 +540,13 @@ def load_config(
             values["topics"] = parse_topic_rules(tables, f"config {path}")
         _apply(values, table, f"config {path}", origins)
     env = os.environ if environ is None else environ
-    for key in sorted(env):
-        name = key[len(ENV_PREFIX) :].lower()
-        if key.startswith(ENV_PREFIX) and name not in FIELDS and key not in OTHER_ENV:
-            # Only a likely misspelling is said: other software uses BROKER_
-            # names of its own (Celery's BROKER_URL), which are no concern here.
-            close = [ENV_HINTS[name]] if name in ENV_HINTS else []
-            close = close or difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
-            if close:
-                log.warning(
-                    "ignoring the environment variable %s: no such setting (did you mean %s?)",
-                    key,
-                    ENV_PREFIX + close[0].upper(),
-                )
+    for key, meant in mistaken_names(env, FIELDS):
+        log.warning(
+            "ignoring the environment variable %s: no such setting (did you mean %s?)", key, meant
+        )
     _apply(
         values,
-        {
-            key[len(ENV_PREFIX) :].lower(): value
-            for key, value in env.items()
-            if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in FIELDS
-        },
+        settings_in(env, FIELDS),
         "environment",
         origins,
     )

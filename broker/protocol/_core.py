@@ -28,6 +28,7 @@ from ._session import ClientSessionState
 from ._short_run import ShortRun
 from ._types import (
     DEFAULT_MAX_FRAME,
+    LENGTH_PREFIX,
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
     Channel,
@@ -369,6 +370,10 @@ class ConnectionCore(FrameWriter):
         one), with its first guarantees issued. The caller keeps it."""
         if capacity is None:
             capacity = self.policy.initial_capacity(channel)
+            if channel.kind == ChannelKind.DELIVER and self.policy.deliver_capacity is None:
+                # A window smaller than the largest Deliver the broker may send
+                # would never take such a message, nor any after it: stalled.
+                capacity = max(capacity, LENGTH_PREFIX + self.peer_max_frame + DELIVER_SLACK)
         receiver = ChannelReceiver(channel, capacity)
         receiver.max_dropping = self.policy.max_dropping
         self._issue(receiver)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from ._guarantees import ChannelReceiver
 from ._types import Channel, ChannelKind
 
+#: A subscription's delivery window unless the policy or the broker's
+#: ``max_frame`` says otherwise (see :attr:`Policy.deliver_capacity`).
+DEFAULT_DELIVER_CAPACITY = 256 * 1024
 #: Publish and deliver channels issue in batches; bind channels never do.
 _FIRST_BATCHED_KIND = int(ChannelKind.PUBLISH)
 
@@ -24,7 +27,12 @@ class Policy:
     #: Initial buffer capacity per receiving channel kind, in bytes.
     bind_capacity: int = 16 * 1024
     publish_capacity: int = 256 * 1024
-    deliver_capacity: int = 256 * 1024
+    #: A subscription's delivery window. None (the default):
+    #: :data:`DEFAULT_DELIVER_CAPACITY`, or, if the broker's largest Deliver
+    #: is larger (its ``max_frame`` raised), that: a window must hold one
+    #: delivery, and one smaller than a message never takes it, nor anything
+    #: after it. A number is the window, as given.
+    deliver_capacity: int | None = None
     #: Issue freed space only once at least this many bytes are issuable...
     issue_threshold: int = 1
     #: ...and at least this fraction of the channel's capacity. Batching saves
@@ -49,6 +57,8 @@ class Policy:
         if channel.kind == ChannelKind.PUBLISH:
             return self.publish_capacity
         if channel.kind == ChannelKind.DELIVER:
+            if self.deliver_capacity is None:
+                return DEFAULT_DELIVER_CAPACITY
             return self.deliver_capacity
         return self.bind_capacity
 

@@ -43,11 +43,31 @@ def _bound(host: str, port: int, *, reuseport: bool) -> socket.socket:
     return sock
 
 
+def _free(host: str, port: int) -> None:
+    """Raise ``OSError`` (EADDRINUSE) if a socket is bound to ``host:port``:
+    a plain bind, without ``SO_REUSEPORT``, fails beside any listener."""
+    probe = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    finally:
+        probe.close()
+
+
 def reuseport_group(host: str, port: int, count: int) -> list[socket.socket]:
     """``count`` listening sockets on one ``host:port``, all with
     ``SO_REUSEPORT``: the kernel spreads new connections over them (by a
     hash of the client's address and port). ``port`` 0 picks a free port
-    for the first and binds the others to the same one."""
+    for the first and binds the others to the same one.
+
+    A port another process listens on is refused (``OSError`` EADDRINUSE)
+    as a single listener's would be, even if that process used
+    ``SO_REUSEPORT`` too (another broker of several workers): the kernel
+    would otherwise spread the clients over both brokers. (Checked by a
+    plain bind just before: two brokers started within that moment are not
+    caught.)"""
+    if port:
+        _free(host, port)
     first = _bound(host, port, reuseport=True)
     group = [first]
     try:

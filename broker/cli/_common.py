@@ -24,6 +24,9 @@ from ._codes import LOG_LEVELS
 DEFAULT_BROKER = "127.0.0.1:7400"
 DEFAULT_METRICS = "127.0.0.1:9400"
 
+#: How long ``pub`` and ``sub`` try to connect again to a broker that went
+#: away (``--reconnect``): a broker's restart, or a worker's.
+RECONNECT = 60.0
 #: Subparsers' type (argparse keeps the class private).
 Subparsers = Any
 
@@ -77,12 +80,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number above 0."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number, 0 or more."""
+    value = _number(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number, 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    value = _number(text)
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
     return value
@@ -128,6 +143,15 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
         help="private key of --cert, if not in the same file (mosquitto's --key; "
         "here --key is the message key)",
     )
+    group.add_argument(
+        "--reconnect",
+        type=non_negative_float,
+        default=RECONNECT,
+        metavar="SECONDS",
+        help="when the connection breaks or the broker restarts, connect again for up to "
+        "this long and go on where it was (nothing lost or repeated when the broker kept "
+        "the session); 0: end at once (default: %(default)s)",
+    )
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +159,7 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     from ..tls import client_context
 
     token = args.token if args.token is not None else os.environ.get("BROKER_TOKEN")
-    options: dict[str, Any] = {"token": token or None}
+    options: dict[str, Any] = {"token": token or None, "reconnect": args.reconnect}
     if args.tls or args.cafile or args.cert:
         options["ssl_context"] = client_context(args.cafile, args.cert, args.key_file)
     return options

@@ -20,7 +20,7 @@ from .helpers import TIMEOUT, broker_command, run, serving
 @pytest.mark.parametrize(
     ("argv", "level"),
     [
-        (["serve"], "INFO"),
+        (["serve"], None),  # (then $BROKER_LOG_LEVEL, or INFO: see test_cli.py)
         (["--log-level", "DEBUG", "serve"], "DEBUG"),
         (["serve", "--log-level", "DEBUG"], "DEBUG"),
         (["serve", "--log-level", "warning"], "WARNING"),
@@ -28,7 +28,7 @@ from .helpers import TIMEOUT, broker_command, run, serving
         (["--log-level", "ERROR", "stat"], "ERROR"),
     ],
 )
-def test_log_level_before_or_after_the_command(argv: list[str], level: str) -> None:
+def test_log_level_before_or_after_the_command(argv: list[str], level: str | None) -> None:
     """Before: ``broker serve --log-level DEBUG`` was refused."""
     assert build_parser().parse_args(argv).log_level == level
 

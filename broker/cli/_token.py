@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(32)
     print(f"token: {token}", file=sys.stderr)
     print("# Give the client the token above (broker pub --token, BROKER_TOKEN, token=...).")
-    print(f"[principals.{args.principal}]")
+    # A name with a dot is quoted: [principals.a.b] would be table a's table b.
+    name = args.principal if "." not in args.principal else f'"{args.principal}"'
+    print(f"[principals.{name}]")
     print(f'token_sha256 = "{token_digest(token)}"')
     return 0

@@ -10,10 +10,14 @@ from broker import cli
 from broker.auth import load_auth_file
 
 
+@pytest.mark.parametrize("name", ["spark-etl", "svc.billing"])
 def test_the_printed_entry_admits_the_printed_token_and_nothing_else(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    assert cli.main(["token", "spark-etl"]) == 0
+    """A dotted name's table was printed as ``[principals.svc.billing]``
+    (table svc's table billing): appended to the auth file, it stopped the
+    broker from starting."""
+    assert cli.main(["token", name]) == 0
     captured = capsys.readouterr()
     token = captured.err.strip().removeprefix("token: ")
     assert len(token) >= 40
@@ -22,7 +26,7 @@ def test_the_printed_entry_admits_the_printed_token_and_nothing_else(
     path.write_text(captured.out)
     table = load_auth_file(path)
     principal = table.authenticate(token, None)
-    assert getattr(principal, "name", None) == "spark-etl"
+    assert getattr(principal, "name", None) == name
     assert table.authenticate(token + "x", None) is not principal
     # Two calls never print the same token.
     assert cli.main(["token", "other"]) == 0

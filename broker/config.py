@@ -19,170 +19,53 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ._env_names import ENV_PREFIX, mistaken_names, settings_in
+from ._topic_rules import (
+    DEFAULT_TOPIC_RULE,
+    FLUSH,
+    TOPIC_KEYS,
+    WHEN_FULL,
+    ConfigError,
+    GiB,
+    KiB,
+    MiB,
+    TopicRule,
+    parse_address,
+    parse_topic_rules,
+)
 from .errors import BrokerError
+
+__all__ = [
+    "DEFAULT_TOPIC_RULE",
+    "FIELDS",
+    "FLUSH",
+    "LOOPBACK",
+    "MAX_WORKERS",
+    "TOPIC_KEYS",
+    "WHEN_FULL",
+    "BrokerConfig",
+    "ConfigError",
+    "GiB",
+    "KiB",
+    "MiB",
+    "TopicRule",
+    "load_config",
+    "parse_address",
+    "parse_topic_rules",
+    "read_toml",
+]
 
 if TYPE_CHECKING:
     from .log import LogConfig
-
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-
 
 #: Most worker processes ``broker serve --workers`` runs.
 MAX_WORKERS = 256
 
 #: Hosts that do not leave the machine.
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-
-
-class ConfigError(BrokerError):
-    """A configuration value is missing, malformed or inconsistent."""
-
-
-def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``) -> ``(host, port)``."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        if default_port is None:
-            raise ConfigError(f"address {text!r} needs a port (HOST:PORT)")
-        host, port = text, str(default_port)
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigError(f"address {text!r}: port {port!r} is not a number") from None
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"address {text!r}: port out of range")
-    return host, number
-
-
-#: What ``when_full`` and ``flush`` of a ``[[topics]]`` table may say.
-WHEN_FULL = ("block", "drop-oldest")
-FLUSH = ("batch", "always")
-#: A term's size limits: a u32 position, and room for more than a few records.
-MIN_TERM_BYTES = 4 * KiB
-MAX_TERM_BYTES = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class TopicRule:
-    """How the logs of the topics whose name matches ``pattern`` (an
-    :mod:`fnmatch` glob, case-sensitive: ``*``, ``?``, ``[abc]``) keep their
-    records: one ``[[topics]]`` table of the config file. A key the table
-    leaves out takes the default below, which is also what a topic that no
-    table matches gets.
-
-    ``retain_bytes`` and ``retain_seconds`` of 0 mean no limit of that kind.
-    Invalid values raise :class:`ConfigError` naming the key and what it allows.
-    """
-
-    pattern: str = "*"
-    #: Whole terms are deleted, oldest first, once the log (its active term
-    #: counted at full size) would pass this many bytes.
-    retain_bytes: int = 1 * GiB
-    #: A sealed term whose newest record is older than this is deleted.
-    retain_seconds: float = 7 * 24 * 3600.0
-    #: Over ``retain_bytes`` with a reader still needing the oldest term:
-    #: "block" throttles publishers, "drop-oldest" deletes it (the reader gets a Gap).
-    when_full: str = "block"
-    #: "batch": a record is written with the next batch (fsynced at most
-    #: ``flush_interval_ms`` later) before its Confirm; "always": fsynced first.
-    flush: str = "batch"
-    flush_interval_ms: int = 1000
-    #: Size of one term file (the largest record is ``term_bytes - 24``).
-    term_bytes: int = 16 * MiB
-
-    def __post_init__(self) -> None:
-        where = f"[[topics]] pattern {self.pattern!r}"
-        if not isinstance(self.pattern, str) or not self.pattern:
-            raise ConfigError(
-                '[[topics]]: pattern must be a non-empty glob over topic names, e.g. "metrics.*"'
-            )
-        for name in ("retain_bytes", "flush_interval_ms", "term_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"{where}: {name} must be an integer, got {value!r}")
-        if isinstance(self.retain_seconds, bool) or not isinstance(
-            self.retain_seconds, (int, float)
-        ):
-            raise ConfigError(
-                f"{where}: retain_seconds must be a number, got {self.retain_seconds!r}"
-            )
-        if self.retain_bytes < 0:
-            raise ConfigError(f"{where}: retain_bytes must be >= 0 (0: no size limit)")
-        if not self.retain_seconds >= 0 or math.isinf(self.retain_seconds):
-            raise ConfigError(
-                f"{where}: retain_seconds must be a finite number >= 0 (0: no time limit)"
-            )
-        if self.when_full not in WHEN_FULL:
-            raise ConfigError(
-                f'{where}: when_full must be "block" or "drop-oldest", got {self.when_full!r}'
-            )
-        if self.flush not in FLUSH:
-            raise ConfigError(f'{where}: flush must be "batch" or "always", got {self.flush!r}')
-        if self.flush_interval_ms < 0:
-            raise ConfigError(f"{where}: flush_interval_ms must be >= 0")
-        if not MIN_TERM_BYTES <= self.term_bytes <= MAX_TERM_BYTES:
-            raise ConfigError(
-                f"{where}: term_bytes must be {MIN_TERM_BYTES} to {MAX_TERM_BYTES} "
-                f"(got {self.term_bytes})"
-            )
-
-    def matches(self, topic: str) -> bool:
-        """Whether ``topic`` is one of this rule's topics."""
-        return fnmatchcase(topic, self.pattern)
-
-    def log_config(self) -> LogConfig:
-        """The :class:`broker.log.LogConfig` of this rule's topics."""
-        from .log import LogConfig
-
-        return LogConfig(
-            term_bytes=self.term_bytes,
-            retain_bytes=self.retain_bytes or None,
-            retain_seconds=float(self.retain_seconds) or None,
-            when_full=cast(Any, self.when_full),
-            flush=cast(Any, self.flush),
-            flush_interval_ms=self.flush_interval_ms,
-        )
-
-
-#: The keys of a ``[[topics]]`` table.
-TOPIC_KEYS = tuple(f.name for f in fields(TopicRule))
-#: What a topic that no ``[[topics]]`` table matches gets.
-DEFAULT_TOPIC_RULE = TopicRule()
-
-
-def parse_topic_rules(tables: Any, source: str) -> tuple[TopicRule, ...]:
-    """The ``[[topics]]`` tables of a config document (``source`` names it in
-    errors), in order; raises :class:`ConfigError` for anything else than an
-    array of tables, a table without ``pattern``, an unknown key or a bad value."""
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ConfigError(f'{source}: topics must be [[topics]] tables (pattern = "...", ...)')
-    rules = []
-    for number, table in enumerate(tables, 1):
-        values = {str(key).replace("-", "_"): value for key, value in table.items()}
-        unknown = sorted(set(values) - set(TOPIC_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{source}: [[topics]] #{number}: unknown key {unknown[0]!r} "
-                f"(allowed: {', '.join(TOPIC_KEYS)})"
-            )
-        if "pattern" not in values:
-            raise ConfigError(
-                f"{source}: [[topics]] #{number} needs a pattern: a glob over topic "
-                'names, e.g. pattern = "metrics.*" ("*" for every topic)'
-            )
-        try:
-            rules.append(TopicRule(**values))
-        except ConfigError as error:
-            raise ConfigError(f"{source}: {error}") from None
-    return tuple(rules)
 
 
 @dataclass(frozen=True)
@@ -323,12 +206,20 @@ class BrokerConfig:
                 raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
         if "\0" in self.data_dir:
             raise ConfigError("data_dir must not contain a NUL character")
-        for rule in (*self.topics, DEFAULT_TOPIC_RULE):
+        for rule in () if self.memory_only else (*self.topics, DEFAULT_TOPIC_RULE):
             if rule.term_bytes < self.max_frame + 64:
-                where = "the default" if rule is DEFAULT_TOPIC_RULE else repr(rule.pattern)
+                least = (
+                    "must hold the largest message: "
+                    f"at least max_frame + 64 ({self.max_frame + 64})"
+                )
+                if rule is DEFAULT_TOPIC_RULE:
+                    raise ConfigError(
+                        f"term_bytes of topics without a [[topics]] table ({rule.term_bytes}, "
+                        f'the default) {least}: set it in a [[topics]] table (pattern = "*" for '
+                        "every topic)"
+                    )
                 raise ConfigError(
-                    f"term_bytes of [[topics]] {where} ({rule.term_bytes}) must hold the "
-                    f"largest message: at least max_frame + 64 ({self.max_frame + 64})"
+                    f"term_bytes of [[topics]] pattern {rule.pattern!r} ({rule.term_bytes}) {least}"
                 )
         parse_address(self.listen)
         if self.metrics_listen:
@@ -351,9 +242,16 @@ class BrokerConfig:
         if self.max_subscriptions < 1:
             raise ConfigError("max_subscriptions must be at least 1")
         if self.connection_budget < 2 * self.bind_capacity + self.min_publish_capacity:
-            raise ConfigError("connection_budget must fund both bind channels and one publish")
+            raise ConfigError(
+                f"connection_budget ({self.connection_budget}) must fund both bind channels and "
+                "one publish channel: at least 2 x bind_capacity + max_frame + 64 "
+                f"({2 * self.bind_capacity + self.min_publish_capacity})"
+            )
         if self.global_budget < self.connection_budget:
-            raise ConfigError("global_budget must be >= connection_budget")
+            raise ConfigError(
+                f"global_budget ({self.global_budget}) must be >= connection_budget "
+                f"({self.connection_budget})"
+            )
         for low, high in (
             ("channel_low_watermark", "channel_high_watermark"),
             ("connection_low_watermark", "connection_high_watermark"),
@@ -361,7 +259,10 @@ class BrokerConfig:
             if not 0 <= getattr(self, low) <= getattr(self, high):
                 raise ConfigError(f"need 0 <= {low} <= {high}")
         if self.heartbeat <= 0 or self.lease <= self.heartbeat:
-            raise ConfigError("need 0 < heartbeat < lease")
+            raise ConfigError(
+                f"heartbeat must be above 0 and below lease, got heartbeat {self.heartbeat!r} "
+                f"and lease {self.lease!r}"
+            )
         if self.throttle_notice_after < 0:
             raise ConfigError("throttle_notice_after must be >= 0")
         for setting, ok, bound in (
@@ -490,9 +391,36 @@ def _apply(
             raise ConfigError(f"{source}: topics are set by [[topics]] tables of a config file")
         if name not in FIELDS:
             raise ConfigError(f"{source}: unknown setting {key!r}")
-        base[name] = _coerce(name, value)
+        try:
+            base[name] = _coerce(name, value)
+        except ConfigError as error:
+            shown = f"{ENV_PREFIX}{name.upper()}" if source == "environment" else source
+            raise ConfigError(f"{error} (set by {shown})") from None
         if origins is not None:
             origins[name] = source
+
+
+def _follow_max_frame(values: dict[str, Any]) -> None:
+    """A ``max_frame`` set above what the defaults fund raises the budgets
+    not set with it: ``publish_capacity`` to one frame (``max_frame +
+    64``), ``connection_budget`` to both bind channels and that,
+    ``global_budget`` to that; so raising it takes one setting."""
+    frame = values.get("max_frame")
+    if not isinstance(frame, int):
+        return
+
+    def default(name: str) -> int:
+        value = FIELDS[name].default
+        assert isinstance(value, int)
+        return value
+
+    publish = values.setdefault("publish_capacity", max(default("publish_capacity"), frame + 64))
+    bind = values.get("bind_capacity", default("bind_capacity"))
+    if isinstance(publish, int) and isinstance(bind, int):
+        least = 2 * bind + publish
+        budget = values.setdefault("connection_budget", max(default("connection_budget"), least))
+        if isinstance(budget, int):
+            values.setdefault("global_budget", max(default("global_budget"), budget))
 
 
 def read_toml(path: str | os.PathLike[str], what: str, error: type[BrokerError]) -> dict[str, Any]:
@@ -551,6 +479,7 @@ def load_config(
         origins,
     )
     _apply(values, {k: v for k, v in (overrides or {}).items() if v is not None}, "flags", origins)
+    _follow_max_frame(values)
     try:
         return BrokerConfig(**values)
     except TypeError as error:  # pragma: no cover - guarded by _apply

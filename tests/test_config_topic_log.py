@@ -234,16 +234,54 @@ def test_topics_are_not_a_flat_setting() -> None:
 
 
 def test_a_term_must_hold_the_largest_message() -> None:
-    with pytest.raises(ConfigError, match=r"term_bytes of \[\[topics\]\] 'small' \(8192\)"):
+    with pytest.raises(ConfigError, match=r"term_bytes of \[\[topics\]\] pattern 'small' \(8192\)"):
         BrokerConfig(topics=(TopicRule("small", term_bytes=8192),), max_frame=65536)
-    with pytest.raises(ConfigError, match=r"term_bytes of \[\[topics\]\] the default"):
+    with pytest.raises(ConfigError) as raised:
         BrokerConfig(
             max_frame=100 * MiB,
             publish_capacity=101 * MiB,
             connection_budget=1 << 30,
             global_budget=1 << 31,
         )
+    assert str(raised.value) == (
+        "term_bytes of topics without a [[topics]] table (16777216, the default) must hold "
+        "the largest message: at least max_frame + 64 (104857664): set it in a [[topics]] "
+        'table (pattern = "*" for every topic)'
+    )
     BrokerConfig(topics=(TopicRule("small", term_bytes=8192),), max_frame=4096)
+    # A memory-only broker keeps no log: its terms are no concern ("--memory-only
+    # --set max_frame=16777216" was refused for them).
+    BrokerConfig(memory_only=True, max_frame=100 * MiB, publish_capacity=101 * MiB,
+                 connection_budget=1 << 30, global_budget=1 << 31)  # fmt: skip
+
+
+def test_raising_max_frame_is_one_setting(caplog: pytest.LogCaptureFixture) -> None:
+    """It took three refusals: publish_capacity, then connection_budget
+    (which said no number), then global_budget; they now follow a
+    max_frame set alone, and a budget set too is checked as it is."""
+    config = load_config(environ={}, overrides={"max_frame": 8 * MiB, "memory_only": True})
+    assert config.publish_capacity == 8 * MiB + 64
+    assert config.connection_budget == 2 * config.bind_capacity + 8 * MiB + 64
+    assert load_config(environ={}, overrides={"max_frame": 4096}).publish_capacity == 256 * 1024
+    with pytest.raises(ConfigError) as raised:
+        load_config(
+            environ={},
+            overrides={"max_frame": 8 * MiB, "memory_only": True, "connection_budget": MiB},
+        )
+    assert str(raised.value) == (
+        "connection_budget (1048576) must fund both bind channels and one publish channel: "
+        "at least 2 x bind_capacity + max_frame + 64 (8421440)"
+    )
+
+
+def test_a_value_of_the_wrong_type_says_where_it_came_from(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(environ={"BROKER_MAX_FRAME": "abc"})
+    assert str(raised.value) == "max_frame: expected int, got 'abc' (set by BROKER_MAX_FRAME)"
+    path = write(tmp_path, '[broker]\nmax_frame = "big"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, environ={})
+    assert str(raised.value) == f"max_frame: expected int, got 'big' (set by config {path})"
 
 
 def test_replace_keeps_the_topics() -> None:

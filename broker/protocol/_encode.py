@@ -187,10 +187,24 @@ def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     else:
         body = encode_body(message)
     if len(body) > max_frame:
+        if kind is Publish:
+            payload = len(message.payload)  # type: ignore[union-attr]
+            raise _too_large(len(body), payload, max_frame)
         raise LocalProtocolError(
             f"{type(message).__name__} frame of {len(body)} bytes exceeds max_frame {max_frame}"
         )
     return _LENGTH.pack(len(body)) + body
+
+
+def _too_large(body: int, payload: int, max_frame: int) -> LocalProtocolError:
+    """The error of a Publish of a ``payload``-byte message whose frame body
+    is ``body`` bytes, over ``max_frame``: what fits, and what to change."""
+    fits = max(max_frame - (body - payload), 0)
+    return LocalProtocolError(
+        f"a message of {payload} bytes is too large: its Publish frame of {body} bytes "
+        f"exceeds the broker's max_frame {max_frame} (with its key and headers, a payload "
+        f"of at most {fits} bytes fits; or raise the broker's max_frame)"
+    )
 
 
 #: The notices sent for most messages, by type: the head of their array
@@ -272,7 +286,7 @@ def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: 
         body = len(_PUBLISH_HEAD) + len(handle) + len(blob) + size + len(key_part) + 1
         parts = (_LENGTH.pack(body), _PUBLISH_HEAD, handle, blob, payload, key_part, _NULL)
     if body > max_frame:
-        raise LocalProtocolError(f"Publish frame of {body} bytes exceeds max_frame {max_frame}")
+        raise _too_large(body, size, max_frame)
     return b"".join(parts)
 
 

@@ -818,3 +818,26 @@ def test_a_small_frame_cannot_make_the_decoder_allocate_megabytes() -> None:
 )
 def test_duplicate_map_keys_are_refused(body: bytes) -> None:
     _assert_refused(body)
+
+
+@pytest.mark.parametrize("headers", [None, [("h", b"v" * 100)]])
+def test_a_message_too_large_says_how_large_a_payload_fits(headers: Any) -> None:
+    """It said "Publish frame of 65547 bytes exceeds max_frame 65536" of a
+    65,536-byte message: frame bytes, not the message, and no remedy."""
+    from broker.protocol import LocalProtocolError
+    from broker.protocol._encode import encode_publish
+
+    limit = 1024
+    too_big = Publish(1, b"m" * 2000, b"key", headers)
+    with pytest.raises(LocalProtocolError) as raised:
+        if headers is None:
+            encode_publish(1, too_big.payload, too_big.key, max_frame=limit)
+        else:
+            encode(too_big, max_frame=limit)
+    reason = str(raised.value)
+    assert reason.startswith("a message of 2000 bytes is too large: its Publish frame of ")
+    fits = int(reason.split("a payload of at most ")[1].split()[0])
+    encode(dataclasses.replace(too_big, payload=b"m" * fits), max_frame=limit)  # fits
+    with pytest.raises(LocalProtocolError):
+        encode(dataclasses.replace(too_big, payload=b"m" * (fits + 1)), max_frame=limit)
+    assert reason.endswith("or raise the broker's max_frame)")

@@ -104,7 +104,23 @@ def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) ->
         timeout=30,
     )
     assert result.returncode == 2
-    assert "max_frame: expected int" in result.stderr
+    assert result.stderr == (
+        f"broker serve: max_frame: expected int, got 'not a number' (set by config {config})"
+        " (named by BROKER_CONFIG)\n"
+    )
+    environment["BROKER_CONFIG"] = str(tmp_path / "nope.toml")
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--memory-only"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"broker serve: cannot read config {tmp_path / 'nope.toml'}: No such file or directory"
+        " (named by BROKER_CONFIG)\n"
+    )
 
 
 def test_broker_serve_reports_a_bad_auth_file_and_exits_2(tmp_path: Path) -> None:

@@ -190,7 +190,12 @@ def describe(error: BaseException) -> str:
             return f"cannot connect to {where}: connection refused (is a broker running there?)"
     if isinstance(error, socket.gaierror):
         return f"cannot find the broker's host: {error.strerror} (check the host of --broker)"
-    return str(error)
+    text = str(error)
+    if text.endswith("credentials required"):
+        return f"{text} (give --token, or set $BROKER_TOKEN)"
+    if text.endswith("bad credentials"):
+        return f"{text} (check --token, or $BROKER_TOKEN)"
+    return text
 
 
 class Interrupt:

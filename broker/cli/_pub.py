@@ -151,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
     elif args.message is not None:
         payload = args.message.encode()
+    elif sys.stdin.isatty():  # (no MESSAGE: without this a terminal just waits)
+        what = "all of stdin is one message" if args.stdin_whole else "each line is a message"
+        print(f"broker pub: reading stdin ({what}); Ctrl-D to end", file=sys.stderr)
     tally = _Tally()
 
     async def body(interrupt: Interrupt) -> None:

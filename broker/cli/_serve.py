@@ -96,7 +96,13 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
         if not sep:
             raise ConfigError(f"--set expects NAME=VALUE, got {item!r}")
         overrides[name.strip()] = value.strip()
-    return load_config(args.config or os.environ.get("BROKER_CONFIG") or None, overrides=overrides)
+    path = args.config or os.environ.get("BROKER_CONFIG") or None
+    try:
+        return load_config(path, overrides=overrides)
+    except ConfigError as error:
+        if args.config is None and path is not None and f"config {path}" in str(error):
+            raise ConfigError(f"{error} (named by BROKER_CONFIG)") from None
+        raise
 
 
 def run(args: argparse.Namespace) -> int:

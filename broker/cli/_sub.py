@@ -69,6 +69,10 @@ silence, 1 on an error, 130 on Ctrl-C.
 """
 
 
+#: What other brokers' subscriptions take as wildcards (MQTT, NATS, globs).
+WILDCARDS = ("#", "+", "*", ">")
+
+
 def add_parser(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
@@ -243,6 +247,13 @@ def run(args: argparse.Namespace) -> int:
     except FormatError as error:
         parser.error(f"--format: {error}")
     refused = refuse_topics("sub", args.topics)
+    for topic in args.topics:
+        if any(sign in topic for sign in WILDCARDS):
+            print(
+                f"broker sub: {topic!r} is one topic of that name: there are no wildcard "
+                "subscriptions (name each topic)",
+                file=sys.stderr,
+            )
     if refused is not None:
         return refused
     tally = _Tally()

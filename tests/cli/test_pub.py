@@ -209,7 +209,10 @@ def test_ctrl_c_on_a_terminal_stops_at_once_and_says_how_many_were_published(
         os.close(controller)
         os.close(terminal)
     assert publisher.returncode == 130
-    assert stderr == "broker pub: interrupted: published 2 message(s) to 'news'\n"
+    assert stderr == (
+        "broker pub: reading stdin (each line is a message); Ctrl-D to end\n"
+        "broker pub: interrupted: published 2 message(s) to 'news'\n"
+    )
 
 
 def test_after_a_refusal_it_says_what_the_broker_confirmed(tmp_path: Path) -> None:
@@ -227,3 +230,24 @@ def test_after_a_refusal_it_says_what_the_broker_confirmed(tmp_path: Path) -> No
     last = result.stderr.splitlines()[-1]
     assert last.startswith("broker pub: (the broker confirmed 0 of the ")
     assert last.endswith(" message(s) given for 't' before that)")
+
+
+def test_reading_a_terminal_says_so() -> None:
+    """``broker pub TOPIC`` on a terminal waited in silence for lines: a user
+    who forgot MESSAGE saw a hang."""
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run(
+            broker_command("pub", "news", "--broker", "127.0.0.1:1"),
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert result.stderr.splitlines()[0] == (
+        "broker pub: reading stdin (each line is a message); Ctrl-D to end"
+    )

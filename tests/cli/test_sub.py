@@ -273,3 +273,13 @@ def test_an_option_the_broker_refuses_is_one_line(served: Served) -> None:
         "broker sub: goodbye 1: Subscribe: max_queued must be an integer in 1..1000000"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_a_wildcard_of_other_brokers_is_said_to_be_a_topic_name() -> None:
+    """``broker sub 'sensors/#'`` subscribed to a topic of that very name and
+    said nothing: a Mosquitto user waited for sensors/x in vain."""
+    result = run("sub", "sensors/#", "--broker", "127.0.0.1:1")
+    assert result.stderr.splitlines()[0] == (
+        "broker sub: 'sensors/#' is one topic of that name: there are no wildcard"
+        " subscriptions (name each topic)"
+    )

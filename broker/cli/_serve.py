@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from ..runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrapped, tu
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
+from ._stopping import stop_on_signals
 
 log = logging.getLogger("broker")
 
@@ -178,8 +178,5 @@ async def _serve(config: BrokerConfig) -> None:
                     raise metrics_unavailable(metrics, error) from None
                 lines.append(f"metrics on http://{host}:{port}/metrics")
             print("\n".join(lines), flush=True)
-            async for signum in signals:
-                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                break
-            await broker.shutdown()
+            await stop_on_signals(signals, broker.shutdown, config.shutdown_deadline)
             nursery.cancel_scope.cancel()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 from functools import partial
 
 import trio
@@ -12,6 +11,7 @@ from ..config import BrokerConfig
 from ..runtime import SHUTDOWN_SIGNALS
 from ..workers import serve_merged_metrics, serve_workers
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
+from ._stopping import stop_on_signals
 
 log = logging.getLogger("broker")
 
@@ -62,8 +62,5 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
             directs = ", ".join(f"{w.id} on {w.member.address}" for w in supervisor.workers)
             lines.append(f"{count} workers, direct: {directs}")
             print("\n".join(lines), flush=True)
-            async for signum in signals:
-                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                break
-            await supervisor.shutdown()
+            await stop_on_signals(signals, supervisor.shutdown, config.shutdown_deadline)
             nursery.cancel_scope.cancel()

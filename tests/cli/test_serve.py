@@ -14,7 +14,7 @@ import pytest
 
 from broker.cli import build_parser
 
-from .helpers import TIMEOUT, broker_command, run, serving
+from .helpers import TIMEOUT, Subscriber, broker_command, run, serving
 
 
 @pytest.mark.parametrize(
@@ -215,3 +215,41 @@ def test_workers_end_when_their_supervisor_is_killed() -> None:
     while any(map(_running, workers)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_running, workers))
+
+
+def test_a_second_ctrl_c_stops_a_draining_broker_at_once() -> None:
+    """A second SIGINT during the drain was ignored in silence: the broker
+    went on waiting for a client that does not read, up to its deadline."""
+    process = subprocess.Popen(
+        broker_command(
+            "serve", "--memory-only", "--listen", "127.0.0.1:0", "--metrics-listen", "",
+            "--set", "shutdown_deadline=600",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    stopped = None
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        address = process.stdout.readline().split()[-1]
+        # A subscriber that stops reading: the drain waits for it.
+        stopped = Subscriber("t", "--broker", address)
+        stopped.process.send_signal(signal.SIGSTOP)
+        process.send_signal(signal.SIGINT)
+        for line in process.stderr:
+            if "shutting down gracefully" in line:
+                assert "(within 600 s; SIGINT again to stop at once)" in line
+                break
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=TIMEOUT)  # (not 600 s)
+    finally:
+        if stopped is not None:
+            stopped.process.send_signal(signal.SIGCONT)
+            stopped.kill()
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err
+    assert "SIGINT again: stopping at once" in err
+    assert "Traceback" not in err

@@ -58,7 +58,7 @@ from ._resume import (
     without_subscription,
 )
 from ._subscription import SubscriptionState
-from ._topics import TopicCache
+from ._topics import FlushTargets, TopicCache, covered
 
 log = logging.getLogger("broker.client")
 
@@ -473,15 +473,13 @@ class ClientSession:
             self.stage_counts[stage] = self.stage_counts.get(stage, 0) + 1
         return True
 
-    def flush_targets(self) -> dict[int, int]:
+    def flush_targets(self) -> FlushTargets:
         """What a flush waits for: the publishes made so far, per topic handle."""
-        return dict(self.published)
+        return FlushTargets(self.sessions_lost, dict(self.published))
 
-    def all_confirmed(self, targets: dict[int, int]) -> bool:
-        """The broker's Confirm counts cover ``targets`` (a handle released
-        since had all its publishes confirmed)."""
-        confirmed = self.confirmed
-        return all(confirmed.get(h, n) >= n for h, n in targets.items())
+    def all_confirmed(self, targets: FlushTargets | dict[int, int]) -> bool:
+        """The broker's Confirm counts cover ``targets`` (see :func:`covered`)."""
+        return covered(targets, self.confirmed, self.published, self.sessions_lost)
 
     def finish_stage(self, stage: Stage) -> int:
         """Let go of ``stage``'s topic handles (everything published with it

@@ -29,6 +29,7 @@ follow messages already routed.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 from broker.protocol import (
     Channel,
@@ -311,3 +312,30 @@ class TopicCache:
             "topics": len(self.handles),
             "topics_released": self.released,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class FlushTargets:
+    """What a flush waits for: the publishes made before it, per topic
+    handle, in the session as it was (``sessions_lost`` then)."""
+
+    sessions_lost: int
+    counts: dict[int, int]
+
+
+def covered(
+    targets: FlushTargets | dict[int, int],
+    confirmed: dict[int, int],
+    published: dict[int, int],
+    sessions_lost: int,
+) -> bool:
+    """The ``confirmed`` counts cover ``targets`` (a handle released since
+    had all its publishes confirmed). Targets taken before a lost session
+    count no more: what was unconfirmed then was published again in the new
+    session (with new counts, maybe under the same handles), and it is
+    everything ``published`` now that must be confirmed (a flush waited for
+    ever on the old counts)."""
+    if isinstance(targets, FlushTargets):
+        stale = targets.sessions_lost != sessions_lost
+        targets = published if stale else targets.counts
+    return all(confirmed.get(h, n) >= n for h, n in targets.items())

@@ -389,3 +389,32 @@ def test_the_subscription_limit_is_said_after_a_round_trip(monkeypatch: pytest.M
     with pytest.raises(LimitReached, match="max_subscriptions"):
         run(open_subscription(session, subscription), broker, session)
     assert not session.cache._pins  # the topic is unpinned again
+
+
+def test_a_flush_under_way_ends_once_a_lost_sessions_publishes_are_confirmed_again() -> None:
+    """A flush that began before the broker lost the session waited for the
+    old session's counts (3 on the topic's handle) while the new session
+    counts from 0 under the same handle: with 2 of them published again
+    and confirmed, it waited for ever (the producers of a memory-only
+    broker killed with publishes in flight hung for good)."""
+    broker = FakeBroker()
+    session = connected(broker, reconnect=5.0)
+    publish(session, broker, "t", b"one")
+    broker.pump(session)
+    broker.confirming = False
+    publish(session, broker, "t", b"two")
+    publish(session, broker, "t", b"three")
+    broker.pump(session)
+    targets = session.flush_targets()
+    assert not session.all_confirmed(targets)
+    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
+    again = FakeBroker(resumed=False)
+    session.start(1.0, session.begin_attempt(1.0))
+    again.pump(session)
+    lost = session.attempt_welcomed()
+    assert lost is not None
+    run(restore(session, lost), again, session)
+    session.reconnected()
+    again.pump(session)
+    assert again.received == {"t": [b"two", b"three"]}
+    assert session.all_confirmed(targets)

@@ -151,8 +151,20 @@ def count_cut(
     """How many records ``data[start:limit]`` (what :func:`scan` stopped at)
     seems to hold, for the report of what recovery cut: the bad record, then
     the headers that follow it by their sizes with consecutive offsets
-    (checksums not checked); a torn last record is no record."""
+    (checksums not checked); a torn last record is no record. When the bad
+    record's own size is what is damaged (nothing follows it by that size),
+    the record after it is looked for by its offset and checksum, and
+    counted on from there."""
     view = data if isinstance(data, memoryview) else memoryview(data)
+    count = _count_from(view, start, limit, first_offset)
+    if count <= 1:
+        after = _find_record(view, start + 1, limit, first_offset + 1)
+        if after is not None:
+            return 1 + _count_from(view, after, limit, first_offset + 1)
+    return count
+
+
+def _count_from(view: memoryview, start: int, limit: int, first_offset: int) -> int:
     unpack = HEADER.unpack_from
     pos = start
     count = 0
@@ -164,6 +176,22 @@ def count_cut(
         count += 1
         pos = end
     return count
+
+
+def _find_record(view: memoryview, start: int, limit: int, offset: int) -> int | None:
+    """Where in ``view[start:limit]`` a whole record of ``offset`` with a good
+    checksum starts (None if nowhere)."""
+    wanted = struct.pack("<Q", offset)
+    raw = bytes(view[:limit])
+    at = raw.find(wanted, start + 8)
+    while at != -1:
+        pos = at - 8  # (crc and size come before the offset)
+        crc, size, _, _ = HEADER.unpack_from(raw, pos)
+        end = pos + HEADER_SIZE + size
+        if end <= limit and crc32(raw[pos + 4 : end]) == crc:
+            return pos
+        at = raw.find(wanted, at + 1)
+    return None
 
 
 def scan(

@@ -15,7 +15,8 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-from .. import __version__
+import broker
+
 from ._codes import EXIT_INTERRUPTED, LOG_LEVELS
 
 __all__ = ["build_parser", "main"]
@@ -43,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+        "--version",
+        action="version",
+        version=f"%(prog)s {broker.__version__}",
+        help="print the version",
     )
     parser.add_argument(
         "--log-level",

@@ -283,6 +283,8 @@ class ClientSession:
         self.broken = error
         final = self.plan.failed(error, now)
         if final is not None:
+            for subscription in self.resuming.values():
+                subscription._given_up()
             self.broken = self.resume = self.plan = None
             self.error = final
 
@@ -304,6 +306,8 @@ class ClientSession:
                 self.confirmed[handle] = max(self.confirmed.get(handle, 0), count)
             self.cache.connection_replaced()
             self.resumes += 1
+            for subscription in self.resuming.values():
+                subscription._resumed()
             self.frames_resent_on_resume += self._resent_last
             log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
             return None
@@ -583,8 +587,7 @@ class ClientSession:
     # ---------------------------------------------------------------- statistics
 
     def statistics(self) -> dict[str, int]:
-        """Messages published/confirmed, subscriptions, bytes of the current
-        connection, resends and resumes."""
+        """Messages published/confirmed, subscriptions, bytes, resends, resumes."""
         return {
             **self.cache.statistics(),
             "subscriptions": len(self.subscriptions),

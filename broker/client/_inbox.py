@@ -70,7 +70,7 @@ class Inbox:
     message).
     """
 
-    __slots__ = ("_ends", "done_count", "done_size", "messages", "offsets", "topic")
+    __slots__ = ("_ends", "detached", "done_count", "done_size", "messages", "offsets", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -86,6 +86,10 @@ class Inbox:
         #: Frames taken whole and not yet collected: their size and messages.
         self.done_size = 0
         self.done_count = 0
+        #: How many messages at the front came through a connection since
+        #: replaced, of a session the broker lost (:meth:`keep`): no frame
+        #: of this connection holds them, nothing acknowledges them.
+        self.detached = 0
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -108,9 +112,19 @@ class Inbox:
         self._ends.append((messages[-1].seq, event.size, len(messages)))
         return len(messages)
 
+    def keep(self, messages: list[Message]) -> None:
+        """Queue ``messages`` (received through a connection since replaced,
+        in a session the broker lost) first, detached: taken before anything
+        received now, without releasing or acknowledging anything."""
+        self.messages.extendleft(reversed(messages))
+        self.detached += len(messages)
+
     def take(self) -> Message:
         """The next message (there is one)."""
         message = self.messages.popleft()
+        if self.detached:
+            self.detached -= 1
+            return message
         ends = self._ends
         if ends[0][0] == message.seq:  # its frame is all taken
             _, size, count = ends.popleft()
@@ -122,6 +136,10 @@ class Inbox:
         """The next messages, at most ``limit`` (at least one is queued)."""
         messages = self.messages
         popleft = messages.popleft
+        if self.detached:  # (never mixed with messages of frames: see keep)
+            detached = [popleft() for _ in range(min(limit, self.detached))]
+            self.detached -= len(detached)
+            return detached
         taken = [popleft() for _ in range(min(limit, len(messages)))]
         last = taken[-1].seq
         ends = self._ends
@@ -146,5 +164,5 @@ class Inbox:
         count = self.done_count + sum(end[2] for end in self._ends)
         self.messages.clear()
         self._ends.clear()
-        self.done_size = self.done_count = 0
+        self.done_size = self.done_count = self.detached = 0
         return size, count

@@ -72,6 +72,12 @@ class SubscriptionState:
         self._acked = 0
         #: Messages taken since the last acknowledgement.
         self._unacked = 0
+        #: While reconnecting: the messages received and not consumed, those
+        #: of a session lost before and those of frames of the broken
+        #: connection (see :meth:`_reset`), and the last offset of the latter.
+        self._held: list[Message] = []
+        self._held_framed: list[Message] = []
+        self._held_to = 0
 
     def _gap(self, first_seq: int, count: int) -> None:
         """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
@@ -81,6 +87,8 @@ class SubscriptionState:
     def _take(self) -> Message:
         """The next queued message (there is one)."""
         inbox = self._inbox
+        if inbox.detached:
+            return inbox.take()  # (of a lost session: nothing to acknowledge)
         message = inbox.take()
         self._consumed = message.seq
         self._unacked += 1
@@ -92,6 +100,8 @@ class SubscriptionState:
 
     def _take_many(self, limit: int) -> list[Message]:
         """The next queued messages, at most ``limit`` (at least one is queued)."""
+        if self._inbox.detached:
+            return self._inbox.take_many(limit)  # (of a lost session: see _take)
         messages = self._inbox.take_many(limit)
         self._consumed = messages[-1].seq
         self._unacked += len(messages)
@@ -119,15 +129,19 @@ class SubscriptionState:
 
     def _resubscribing(self, offsets: bool) -> SubscriptionState:
         """The session was lost: make the options to subscribe again with, on
-        a broker that numbers by offsets (or not). If the messages consumed
+        a broker that numbers by offsets (or not). If the messages received
         carried offsets, it starts from the record after the last one
-        consumed (its ``"from"`` replaces the start options it was made
-        with): nothing is lost or delivered twice (a durable cursor the
-        broker knows takes precedence: it continues after its last
-        acknowledged record). On a broker without topic logs, options that
-        need one are dropped (said in a warning), as the broker would refuse
-        them. Returns itself."""
+        received (its ``"from"`` replaces the start options it was made
+        with), and those received and not consumed stay queued: nothing is
+        lost or delivered twice. With a durable cursor the broker knows (it
+        takes precedence: it continues after its last acknowledged record)
+        it starts after the last consumed, and delivers the rest again. On a
+        broker without topic logs, options that need one are dropped (said
+        in a warning), as the broker would refuse them, and what was
+        received and not consumed stays queued (no broker has it any more).
+        Returns itself."""
         options = self.options or {}
+        kept = self._held + self._held_framed
         if not offsets:
             if without_log_problem(options) is not None:
                 self.options = {k: v for k, v in options.items() if k not in LOG_KEYS}
@@ -137,14 +151,43 @@ class SubscriptionState:
                     self.topic,
                     ", ".join(sorted(set(options) & set(LOG_KEYS))),
                 )
-        elif self._inbox.offsets and self._consumed > 0:
+        elif self._inbox.offsets and "cursor" in options:
+            kept = self._held  # (the cursor's broker delivers the rest again)
+            if self._consumed > 0:
+                self.options = {k: v for k, v in options.items() if k not in START_KEYS}
+                self.options["from"] = self._consumed + 1
+        elif self._inbox.offsets and max(self._consumed, self._held_to) > 0:
             self.options = {k: v for k, v in options.items() if k not in START_KEYS}
-            self.options["from"] = self._consumed + 1
+            self.options["from"] = max(self._consumed, self._held_to) + 1
+        self._inbox.keep(kept)
+        self._held = self._held_framed = []
         return self
 
+    def _resumed(self) -> None:
+        """The session was resumed: the broker delivers again what was
+        received and not consumed; only what came in a session lost before
+        stays held."""
+        self._inbox.keep(self._held)
+        self._held = self._held_framed = []
+
+    def _given_up(self) -> None:
+        """Reconnecting ended for good: what was received and not consumed
+        is still the application's to take (before the error)."""
+        self._inbox.keep(self._held + self._held_framed)
+        self._held = self._held_framed = []
+
     def _reset(self) -> None:
-        """The connection was replaced: what was received and not consumed
-        will be delivered again (the broker resends after the last consumed)."""
-        self._inbox.clear()
+        """The connection was replaced: what was received and not consumed is
+        held until the new connection says whether the session was resumed
+        (then the broker delivers it again: see :meth:`_resumed`,
+        :meth:`_resubscribing`, :meth:`_given_up`)."""
+        inbox = self._inbox
+        messages = list(inbox.messages)
+        self._held = messages[: inbox.detached]
+        self._held_framed = messages[inbox.detached :]
+        # (offsets of the framed ones: a lost session's subscription made
+        # again with topic logs starts after them, not after the consumed.)
+        self._held_to = self._held_framed[-1].seq if inbox.offsets and self._held_framed else 0
+        inbox.clear()
         self._acked = self._consumed
         self._unacked = 0

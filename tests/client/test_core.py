@@ -418,3 +418,48 @@ def test_a_flush_under_way_ends_once_a_lost_sessions_publishes_are_confirmed_aga
     again.pump(session)
     assert again.received == {"t": [b"two", b"three"]}
     assert session.all_confirmed(targets)
+
+
+def broken_with_unconsumed(reconnect: float = 5.0) -> tuple[ClientSession, SubscriptionState]:
+    """A subscription that received seqs 1-3 and consumed 1, then its
+    connection broke (the client reconnects)."""
+    broker = FakeBroker()
+    session = connected(broker, reconnect=reconnect)
+    subscription = subscribed(session, broker, "news")
+    for seq in (1, 2, 3):
+        broker.conn.deliver(subscription.handle, seq, b"m%d" % seq)
+    broker.pump(session)
+    assert subscription._take().seq == 1
+    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
+    return session, subscription
+
+
+def test_what_was_received_and_not_consumed_outlives_a_lost_session() -> None:
+    """A memory-only broker that restarted (or shut down gracefully) lost the
+    session: the messages the client had received and not consumed were
+    dropped, to be delivered again by a session that no longer existed
+    (confirmed messages lost for subscribers that kept reading)."""
+    session, subscription = broken_with_unconsumed()
+    again = FakeBroker(resumed=False)
+    session.start(1.0, session.begin_attempt(1.0))
+    again.pump(session)
+    lost = session.attempt_welcomed()
+    assert lost is not None
+    run(restore(session, lost), again, session)
+    session.reconnected()
+    again.conn.deliver(subscription.handle, 1, b"new")
+    again.pump(session)
+    taken = [subscription._take() for _ in range(3)]
+    assert [(m.payload, m.seq) for m in taken] == [(b"m2", 2), (b"m3", 3), (b"new", 1)]
+    session.ack_consumed([subscription])
+    again.pump(session)
+    # Only the new session's delivery is acknowledged to the new broker.
+    assert [e.seq for e in again.events if isinstance(e, Ack)] == [1]
+
+
+def test_what_was_received_is_still_taken_when_reconnecting_gives_up() -> None:
+    session, subscription = broken_with_unconsumed(reconnect=0.5)
+    session.start(1.0, session.begin_attempt(1.0))
+    session.attempt_failed(ConnectionLost("refused"), now=5.0)  # past its 0.5 s
+    assert session.closed
+    assert [subscription._take().payload for _ in range(2)] == [b"m2", b"m3"]

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.log import (
+    HEADER_SIZE,
     DataDirLocked,
     DiskFull,
     LogStore,

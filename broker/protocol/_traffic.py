@@ -24,6 +24,7 @@ from ._encode import (
     encode_deliver,
     encode_publish,
     encode_publish_tail,
+    publish_tail_frames,
     time_heads,
 )
 from ._errors import LocalProtocolError, RemoteProtocolError
@@ -129,6 +130,24 @@ class Traffic(HandleBinding):
         out = self._out
         retain = state.retain
         sent = 0
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
+            # The usual case: the frames plainly within the guarantees (and
+            # max_frame), encoded and accounted for in one go.
+            frames = publish_tail_frames(topic, tails, start, sender.room())
+            for count, frame in enumerate(frames):
+                if len(frame) - LENGTH_PREFIX > max_frame:
+                    del frames[count:]
+                    break
+            if frames:
+                size = sum(map(len, frames))
+                sender.record_within_guarantees(len(frames), size)
+                out += frames
+                self.frames_sent += len(frames)
+                self.bytes_sent += size
+                self._out_size += size
+                state.retain_all(frames)
+                sent = len(frames)
+                start += sent
         for index in range(start, len(tails)):
             try:
                 frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)

@@ -13,6 +13,7 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
+    EncodedDeliveries,
     Entry,
     IssueGuarantee,
     Publish,
@@ -156,6 +157,60 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     if pos != end:
         return None
     return DeliverMany(subscription, first_seq, entries)
+
+
+def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None:
+    """The DeliverMany without headers in ``data[start:end]`` as
+    :class:`EncodedDeliveries` (each entry's tail sliced, not decoded), or
+    None for any other frame."""
+    first = data[start]
+    if 0x86 <= first <= 0x97:
+        items, pos = first - 0x80, start + 1
+    elif first == 0x98:
+        items, pos = data[start + 1], start + 2
+    elif first == 0x99:
+        items, pos = data[start + 1] << 8 | data[start + 2], start + 3
+    else:
+        return None
+    count, extra = divmod(items - 3, 3)
+    if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
+        return None
+    fields = _fast_run_fields(data, pos + 2, count, 3, end)
+    if fields is None:
+        return None
+    subscription, first_seq, pos = fields
+    tails: list[bytes] = []
+    append = tails.append
+    for _ in range(count):
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 4 + data[pos + 1]
+            if data[stop - 2] == _NULL_BYTE and data[stop - 1] == _NULL_BYTE:
+                append(data[pos:stop])
+                pos = stop
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        append(data[pos : entry[2]])
+        pos = entry[2]
+    if pos != end:
+        return None
+    return EncodedDeliveries(subscription, first_seq, tails)
+
+
+def _fast_message_encoded(
+    data: bytes, start: int, end: int
+) -> Publish | Deliver | DeliverMany | EncodedDeliveries | Ack | IssueGuarantee | None:
+    """:func:`_fast_message`, but a DeliverMany without headers is read as
+    :class:`EncodedDeliveries` (for a client that passes deliveries on)."""
+    if end - start >= 7 and 0x86 <= data[start] <= 0x99:
+        try:
+            encoded = _fast_encoded(data, start, end)
+        except (IndexError, struct.error):
+            return None  # truncated: the general decoder says how
+        if encoded is not None:
+            return encoded
+    return _fast_message(data, start, end)
 
 
 _U64_AT = struct.Struct(">Q")

@@ -302,6 +302,38 @@ def encode_publish_tail(topic: int, tail: bytes, *, max_frame: int) -> bytes:
     return b"".join((_LENGTH.pack(body), _PUBLISH_HEAD, handle, tail))
 
 
+def publish_tail_frames(topic: int, tails: list[bytes], start: int, room: int) -> list[bytes]:
+    """The whole Publish frames on ``topic`` of ``tails[start:]``
+    (:func:`encode_publish_tail` of each), as many as fit in ``room`` bytes
+    in all, in order: one head per topic handle, not one per tail. The
+    caller vouches that ``topic`` is a u64 and checks each frame against
+    the peer's ``max_frame``."""
+    head = _PUBLISH_HEAD + (_SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic))
+    fixed = len(head)
+    pack = _publish_frame_struct(fixed).pack
+    frames: list[bytes] = []
+    append = frames.append
+    for index in range(start, len(tails)):
+        tail = tails[index]
+        body = fixed + len(tail)
+        room -= body + 4
+        if room < 0:
+            break
+        append(pack(body, head) + tail)
+    return frames
+
+
+_PUBLISH_FRAME_HEADS: dict[int, struct.Struct] = {}
+
+
+def _publish_frame_struct(fixed: int) -> struct.Struct:
+    """Packs a Publish frame's length prefix and its ``fixed`` bytes of head."""
+    packer = _PUBLISH_FRAME_HEADS.get(fixed)
+    if packer is None:
+        packer = _PUBLISH_FRAME_HEADS[fixed] = struct.Struct(f">I{fixed}s")
+    return packer
+
+
 def _publish_body(message: Publish) -> bytes:
     """The body of a Publish without headers, as :func:`encode_body` makes it."""
     topic, payload, key = message.topic, message.payload, message.key

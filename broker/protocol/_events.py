@@ -19,6 +19,7 @@ from ._messages import (
     Confirm,
     Deliver,
     DeliverMany,
+    EncodedDeliveries,
     Gap,
     Hello,
     ListOffsets,
@@ -104,6 +105,16 @@ class DeliverManyReceived:
 
 
 @dataclass(slots=True)
+class EncodedDeliveriesReceived:
+    """A DeliverMany was buffered and is given with its entries encoded (see
+    :class:`EncodedDeliveries`); released as a :class:`DeliverManyReceived`."""
+
+    message: EncodedDeliveries
+    channel: Channel
+    size: int
+
+
+@dataclass(slots=True)
 class GuaranteesReceived:
     """Room to send on ``channel`` grew; ``balance`` is the new balance."""
 
@@ -177,6 +188,7 @@ Event = (
     | PublishReceived
     | DeliverReceived
     | DeliverManyReceived
+    | EncodedDeliveriesReceived
     | GuaranteesReceived
     | DropAnnounced
     | FramesAbandoned

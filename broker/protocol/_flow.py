@@ -23,6 +23,7 @@ from ._errors import LocalProtocolError
 from ._events import (
     DeliverManyReceived,
     DeliverReceived,
+    EncodedDeliveriesReceived,
     Event,
     FramesAbandoned,
     HandleDeleted,
@@ -98,7 +99,8 @@ class FlowControl(ConnectionCore):
         self._queue(self._receiver(channel).limit_receiving(bound))
 
     def release(
-        self, event: PublishReceived | DeliverReceived | DeliverManyReceived
+        self,
+        event: PublishReceived | DeliverReceived | DeliverManyReceived | EncodedDeliveriesReceived,
     ) -> list[Event]:
         """A received Publish, Deliver or DeliverMany has been processed
         (all of a DeliverMany's entries): free its buffer space.
@@ -106,7 +108,7 @@ class FlowControl(ConnectionCore):
         Returns the events this causes: a :class:`HandleDeleted` when the
         frame was the last reference to a handle being freed.
         """
-        if type(event) is DeliverManyReceived:
+        if type(event) is DeliverManyReceived or type(event) is EncodedDeliveriesReceived:
             return self.release_frames(event.channel, event.size, len(event.message.entries))
         return self.release_frame(event.channel, event.size)
 

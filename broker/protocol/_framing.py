@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._codec import _decode_item, _new_decoder
-from ._decode_fast import _fast_message
+from ._decode_fast import _fast_message, _fast_message_encoded
 from ._errors import RemoteProtocolError
-from ._messages import Message
+from ._messages import EncodedDeliveries, Message
 from ._types import DEFAULT_MAX_FRAME, LENGTH_PREFIX, GoodbyeCode
 
 #: The length prefix. (Made here, not imported: Python 3.11 compiles a method
@@ -36,10 +36,12 @@ class FrameDecoder:
     copied at most twice (:attr:`copied` counts them).
     """
 
-    __slots__ = ("_buffer", "copied", "max_frame")
+    __slots__ = ("_buffer", "copied", "encoded_deliveries", "max_frame")
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
+        #: A DeliverMany without headers is given as :class:`EncodedDeliveries`.
+        self.encoded_deliveries = False
         self._buffer = bytearray()
         #: Bytes copied out of the buffer for decoding, in all.
         self.copied = 0
@@ -53,7 +55,7 @@ class FrameDecoder:
         """Append received bytes."""
         self._buffer += data
 
-    def messages(self) -> Iterator[tuple[Message, int]]:
+    def messages(self) -> Iterator[tuple[Message | EncodedDeliveries, int]]:
         """Yield ``(message, frame_size)`` for every whole frame buffered.
 
         A frame counts as consumed once it is yielded (or found malformed);
@@ -68,6 +70,7 @@ class FrameDecoder:
             return  # the first frame is not whole yet: nothing to copy
         data = bytes(buffer)
         self.copied += available
+        fast_message = _fast_message_encoded if self.encoded_deliveries else _fast_message
         stream: io.BytesIO | None = None  # the general decoder's, made on first need
         decoder: Any = None
         pos = 0
@@ -85,7 +88,7 @@ class FrameDecoder:
                 if end > available:
                     return
                 start, pos = pos, end
-                fast = _fast_message(data, start + LENGTH_PREFIX, end)
+                fast = fast_message(data, start + LENGTH_PREFIX, end)
                 if fast is not None:
                     yield fast, end - start
                 else:

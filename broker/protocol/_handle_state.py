@@ -53,6 +53,13 @@ class TopicState(Binding[str]):
             retained = self.retained = deque()
         retained.append(frame)
 
+    def retain_all(self, frames: list[bytes]) -> None:
+        """Client: :meth:`retain` each of ``frames``, in order."""
+        retained = self.retained
+        if retained is None:
+            retained = self.retained = deque()
+        retained += frames
+
     @property
     def published(self) -> int:
         """Client: Publish frames sent on the handle in the whole session."""

@@ -36,6 +36,7 @@ class Handshake(SessionResume):
         resume: ClientSessionState | None = None,
         deliver_many: bool = False,
         metadata: bool = False,
+        encoded_deliveries: bool = False,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
         presenting ``token`` to a broker that authenticates its clients.
@@ -44,6 +45,11 @@ class Handshake(SessionResume):
         :class:`DeliverMany` frames, so the broker may deliver many messages
         in one frame; without it (the default) every delivery comes as a
         Deliver.
+
+        With ``encoded_deliveries`` too, a DeliverMany whose entries have no
+        headers is given as :class:`EncodedDeliveriesReceived`: each entry's
+        Deliver tail as it was on the wire, not decoded (for a client that
+        passes deliveries on, as a broker relaying to its own subscribers).
 
         With ``metadata`` the Hello asks a broker of several workers for its
         membership: the Welcome's ``cluster`` (None from a single process).
@@ -73,6 +79,7 @@ class Handshake(SessionResume):
         self._queue(message)
         self.hello_message = message
         self._many = deliver_many
+        self._decoder.encoded_deliveries = deliver_many and encoded_deliveries
         self.state = ConnectionState.AWAIT_WELCOME
 
     def welcome(

@@ -382,6 +382,23 @@ class DeliverMany:
 
 
 @dataclass(slots=True)
+class EncodedDeliveries:
+    """A DeliverMany as a client that passes its deliveries on reads it
+    (``hello(..., encoded_deliveries=True)``): ``entries[i]``, the delivery
+    numbered ``first_seq + i``, is its payload, key and headers as they were
+    on the wire, a Deliver tail (see :func:`encode_deliver_tail`), not
+    decoded. Not a frame of its own: the same bytes as a DeliverMany."""
+
+    subscription: int
+    first_seq: int
+    entries: list[bytes]
+
+    @property
+    def channel(self) -> Channel:
+        return Channel(ChannelKind.DELIVER, self.subscription)
+
+
+@dataclass(slots=True)
 class DeliverTimed(DeliverMany):
     """A :class:`DeliverMany` whose entries carry their records' receive
     times: ``times[i]`` (ms since the Unix epoch) is the time the broker

@@ -24,10 +24,17 @@ from ._encode import (
     encode_deliver,
     encode_publish,
     encode_publish_tail,
+    publish_tail_frames,
     time_heads,
 )
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
+from ._events import (
+    DeliverManyReceived,
+    DeliverReceived,
+    EncodedDeliveriesReceived,
+    Event,
+    PublishReceived,
+)
 from ._guarantees import ChannelSender
 from ._handles import HandleState
 from ._messages import (
@@ -36,6 +43,7 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
+    EncodedDeliveries,
     Gap,
     Headers,
     Publish,
@@ -129,6 +137,24 @@ class Traffic(HandleBinding):
         out = self._out
         retain = state.retain
         sent = 0
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
+            # The usual case: the frames plainly within the guarantees (and
+            # max_frame), encoded and accounted for in one go.
+            frames = publish_tail_frames(topic, tails, start, sender.room())
+            for count, frame in enumerate(frames):
+                if len(frame) - LENGTH_PREFIX > max_frame:
+                    del frames[count:]
+                    break
+            if frames:
+                size = sum(map(len, frames))
+                sender.record_within_guarantees(len(frames), size)
+                out += frames
+                self.frames_sent += len(frames)
+                self.bytes_sent += size
+                self._out_size += size
+                state.retain_all(frames)
+                sent = len(frames)
+                start += sent
         for index in range(start, len(tails)):
             try:
                 frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)
@@ -406,12 +432,25 @@ class Traffic(HandleBinding):
         events.append(DeliverReceived(message, channel, size))
 
     def _on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
+        channel = self._accept_many(message, size, events)
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _on_encoded_deliveries(
+        self, message: EncodedDeliveries, size: int, events: list[Event]
+    ) -> None:
+        channel = self._accept_many(message, size, events)
+        events.append(EncodedDeliveriesReceived(message, channel, size))
+
+    def _accept_many(
+        self, message: DeliverMany | EncodedDeliveries, size: int, events: list[Event]
+    ) -> Channel:
+        """Buffer a DeliverMany (however its entries are read); its channel."""
         if self.role is not Role.CLIENT or not self._many:
             raise RemoteProtocolError(
                 "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
             )
         if self.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            raise RemoteProtocolError("DeliverMany before the handshake completed")
         handle = message.subscription
         entries = len(message.entries)
         subscription = self.subscriptions.bindings.get(handle)
@@ -420,10 +459,8 @@ class Traffic(HandleBinding):
             receiver = subscription.receiver
             if receiver is not None and receiver.accept_guaranteed(size):
                 subscription.references += entries
-                events.append(DeliverManyReceived(message, receiver.channel, size))
-                return
-        channel = self._accept_delivery("DeliverMany", handle, size, entries, events)
-        events.append(DeliverManyReceived(message, channel, size))
+                return receiver.channel
+        return self._accept_delivery("DeliverMany", handle, size, entries, events)
 
     def _on_deliver_timed(self, message: DeliverTimed, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:

@@ -38,6 +38,7 @@ from broker.protocol import (
     ConnectionClosed,
     DeliverManyReceived,
     DeliverReceived,
+    EncodedDeliveriesReceived,
     Gap,
     GuaranteesReceived,
     HandleType,
@@ -397,7 +398,7 @@ class Link:
             lease=config.lease,
             now=trio.current_time(),
         )
-        conn.hello(self.name, deliver_many=True)
+        conn.hello(self.name, deliver_many=True, encoded_deliveries=True)
         return conn
 
     def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
@@ -405,7 +406,15 @@ class Link:
         subscriptions = self.by_owner_handle
         for event in events:
             kind = type(event)
-            if kind is DeliverManyReceived:
+            if kind is EncodedDeliveriesReceived:
+                assert isinstance(event, EncodedDeliveriesReceived)
+                encoded = event.message
+                conn.release(event)
+                subscription = subscriptions.get(encoded.subscription)
+                if subscription is not None:
+                    self.deliveries_relayed += len(encoded.entries)
+                    subscription.relay(encoded.first_seq, encoded.entries)
+            elif kind is DeliverManyReceived:
                 assert isinstance(event, DeliverManyReceived)
                 many = event.message
                 conn.release(event)

@@ -4,7 +4,13 @@ until it breaks, and connect again with backoff, until cancelled.
 
 The reader only hands each read's events to the link (in an
 :class:`~._wake.Outbox` step, so what they cause on client connections is
-written together) and never waits for anything but its socket.
+written together) and never waits for anything but its socket. What the
+link queues during an outbox step (a client's read that forwarded
+publishes or Acks, the link's own read) is written at the end of the step
+by the task that ran it, with one non-blocking ``write`` on the socket
+(see ``_wake`` and ``_socket_io``), as a client connection's output is; the
+writer task sends only what that could not (the socket was full, or
+nothing was open) and what the keepalive queues.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import trio
 
 from broker.protocol import Connection, ConnectionClosed
 
-from ._wake import Outbox
+from ._socket_io import SocketIO, socket_io
+from ._wake import Outbox, Wake
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "LinkRunner", "LinkSide"]
 
@@ -64,11 +71,40 @@ class LinkRunner:
         self.name = name
         self.owner = owner
         self.path = path
-        self._wake = trio.Event()
+        self._wake = Wake(outbox)
+        self._wake.write_now = self._write_now
+        #: The current connection and its socket's fast path (None: none).
+        self._conn: Connection | None = None
+        self._io: SocketIO | None = None
+        #: The writer task is in a ``send_all``.
+        self._sending = False
+        #: What a write from another task could not send: the writer sends
+        #: it first.
+        self._unsent = b""
 
     def flush(self) -> None:
-        """Something was queued on the connection: the writer sends it."""
+        """Something was queued on the connection: it is sent (at the end of
+        the outbox step under way, if one is; else by the writer)."""
         self._wake.set()
+
+    def _write_now(self) -> bool:
+        """Send what is queued from the calling task, if the writer is idle
+        and the socket takes it all now; False if the writer must (it is
+        woken then)."""
+        conn, io = self._conn, self._io
+        if conn is None or io is None or self._sending or self._unsent:
+            return False
+        data = conn.data_to_send(trio.current_time())
+        if not data:
+            return True
+        try:
+            sent = io.send_nowait(data)
+        except OSError:
+            sent = 0  # the writer meets the error and ends the connection
+        if sent < len(data):
+            self._unsent = data[sent:]
+            return False
+        return True
 
     async def run(self) -> None:
         """Keep the link connected until cancelled (reconnecting with backoff:
@@ -98,7 +134,9 @@ class LinkRunner:
 
     async def _serve(self, stream: trio.SocketStream) -> str:
         """Serve one connection of the link until it breaks; why it did."""
-        conn = self.side.connected()
+        conn = self._conn = self.side.connected()
+        self._io = socket_io(stream)
+        self._unsent = b""
         reason = ""
         try:
             async with trio.open_nursery() as nursery:
@@ -119,25 +157,32 @@ class LinkRunner:
                 reason = reason or stopped
                 nursery.cancel_scope.cancel()
         finally:
+            self._conn = self._io = None
+            self._unsent = b""
             self.side.broken()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
         return reason
 
     async def _writer(self, stream: trio.SocketStream, conn: Connection) -> str:
-        """Send what is queued whenever woken; why it stopped."""
+        """Send what is queued whenever woken (what a write from another
+        task left unsent first); why it stopped."""
         while True:
             data = conn.data_to_send(trio.current_time())
+            if self._unsent:
+                data, self._unsent = self._unsent + data, b""
             if data:
+                self._sending = True
                 try:
                     await stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                     return f"socket error: {error}"
+                finally:
+                    self._sending = False
             elif conn.closed:
                 return ""
             else:
                 await self._wake.wait()
-                self._wake = trio.Event()
 
     async def _keepalive(self, conn: Connection) -> str:
         """Ping the owner in time and notice when it goes silent."""
@@ -153,19 +198,25 @@ class LinkRunner:
     async def _reader(self, stream: trio.SocketStream, conn: Connection) -> str:
         """Hand each read's events to the link; why the connection ended."""
         outbox = self.outbox
+        io = self._io
         while True:
-            try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                return f"socket error: {error}"
-            if not data:
-                return "closed by the owner"
+            if io is not None:
+                data: bytes = await io.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return "closed by the owner, or broken"
+            else:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    return f"socket error: {error}"
+                if not data:
+                    return "closed by the owner"
             events = conn.receive_data(data, trio.current_time())
             outbox.open()
             try:
                 reason = self.side.handle(conn, events)
+                self.flush()  # (written as the step ends, with what the events caused)
             finally:
                 outbox.close()
-            self.flush()
             if reason is not None:
                 return reason

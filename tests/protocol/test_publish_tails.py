@@ -13,6 +13,7 @@ from broker.protocol import (
     PublishReceived,
     encode_deliver_tail,
 )
+from broker.protocol._encode import encode_publish_tail, publish_tail_frames
 
 from .pair import ConnectionPair, of, split_frames
 
@@ -72,3 +73,16 @@ def test_it_stops_where_the_guarantees_end() -> None:
     assert pair.client.publish_tails(topic, [tail]) == 0  # still no room: nothing sent
     with pytest.raises(NoGuarantees):
         pair.client.publish(topic, b"y" * 1000)
+
+
+@pytest.mark.parametrize("topic", [0, 23, 24, 255, 256, 70_000, 2**32])
+def test_frames_in_one_go_are_those_of_one_tail_at_a_time(topic: int) -> None:
+    tails = [encode_deliver_tail(*message) for message in MESSAGES]
+    one_by_one = [encode_publish_tail(topic, tail, max_frame=1 << 20) for tail in tails]
+    assert publish_tail_frames(topic, tails, 0, 1 << 20) == one_by_one
+    assert publish_tail_frames(topic, tails, 2, 1 << 20) == one_by_one[2:]
+    # As many as fit in the room, in order.
+    room = sum(map(len, one_by_one[:3]))
+    assert publish_tail_frames(topic, tails, 0, room) == one_by_one[:3]
+    assert publish_tail_frames(topic, tails, 0, room - 1) == one_by_one[:2]
+    assert publish_tail_frames(topic, tails, 0, 0) == []

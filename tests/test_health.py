@@ -92,30 +92,26 @@ def test_a_health_check_of_nothing_says_what_to_check_in_one_line(
     )
 
 
-def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) -> None:
-    config = tmp_path / "broker.toml"
-    config.write_text('[broker]\nmax_frame = "not a number"\n')
-    environment = {**os.environ, "BROKER_CONFIG": str(config)}
-    result = subprocess.run(
+def _serve_with_broker_config(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "broker", "serve", "--memory-only", "--listen", "127.0.0.1:0"],
-        env=environment,
+        env={**os.environ, "BROKER_CONFIG": str(config)},
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def test_broker_serve_reads_the_config_named_by_broker_config(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text('[broker]\nmax_frame = "not a number"\n')
+    result = _serve_with_broker_config(config)
     assert result.returncode == 2
     assert result.stderr == (
         f"broker serve: max_frame: expected int, got 'not a number' (set by config {config})"
         " (named by BROKER_CONFIG)\n"
     )
-    environment["BROKER_CONFIG"] = str(tmp_path / "nope.toml")
-    result = subprocess.run(
-        [sys.executable, "-m", "broker", "serve", "--memory-only"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = _serve_with_broker_config(tmp_path / "nope.toml")
     assert result.returncode == 2
     assert result.stderr == (
         f"broker serve: cannot read config {tmp_path / 'nope.toml'}: No such file or directory"

@@ -119,18 +119,26 @@ def _fast_run_fields(
     return subscription, first_seq, pos
 
 
+def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
+    """The item count of the array a DeliverMany frame is (6 to 65,535
+    items) and where its first item starts, or None for another head."""
+    first = data[start]
+    if 0x86 <= first <= 0x97:
+        return first - 0x80, start + 1
+    if first == 0x98:
+        return data[start + 1], start + 2
+    if first == 0x99:
+        return data[start + 1] << 8 | data[start + 2], start + 3
+    return None
+
+
 def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     """The DeliverMany without headers in ``data[start:end]``, or None for
     any other frame (which the general decoder then reads)."""
-    first = data[start]
-    if 0x86 <= first <= 0x97:
-        items, pos = first - 0x80, start + 1
-    elif first == 0x98:
-        items, pos = data[start + 1], start + 2
-    elif first == 0x99:
-        items, pos = data[start + 1] << 8 | data[start + 2], start + 3
-    else:
+    found = _many_head(data, start)
+    if found is None:
         return None
+    items, pos = found
     count, extra = divmod(items - 3, 3)
     if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
         if data[pos] == 0x18 and data[pos + 1] == 35:
@@ -163,15 +171,10 @@ def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None
     """The DeliverMany without headers in ``data[start:end]`` as
     :class:`EncodedDeliveries` (each entry's tail sliced, not decoded), or
     None for any other frame."""
-    first = data[start]
-    if 0x86 <= first <= 0x97:
-        items, pos = first - 0x80, start + 1
-    elif first == 0x98:
-        items, pos = data[start + 1], start + 2
-    elif first == 0x99:
-        items, pos = data[start + 1] << 8 | data[start + 2], start + 3
-    else:
+    found = _many_head(data, start)
+    if found is None:
         return None
+    items, pos = found
     count, extra = divmod(items - 3, 3)
     if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
         return None

@@ -408,6 +408,15 @@ def test_a_flush_under_way_ends_once_a_lost_sessions_publishes_are_confirmed_aga
     targets = session.flush_targets()
     assert not session.all_confirmed(targets)
     assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
+    again = restored_on_a_new_broker(session)
+    again.pump(session)
+    assert again.received == {"t": [b"two", b"three"]}
+    assert session.all_confirmed(targets)
+
+
+def restored_on_a_new_broker(session: ClientSession) -> FakeBroker:
+    """The broken ``session``'s next attempt reaches a broker that does not
+    know it: restored there (subscribed again, unconfirmed published again)."""
     again = FakeBroker(resumed=False)
     session.start(1.0, session.begin_attempt(1.0))
     again.pump(session)
@@ -415,9 +424,7 @@ def test_a_flush_under_way_ends_once_a_lost_sessions_publishes_are_confirmed_aga
     assert lost is not None
     run(restore(session, lost), again, session)
     session.reconnected()
-    again.pump(session)
-    assert again.received == {"t": [b"two", b"three"]}
-    assert session.all_confirmed(targets)
+    return again
 
 
 def broken_with_unconsumed(reconnect: float = 5.0) -> tuple[ClientSession, SubscriptionState]:
@@ -440,13 +447,7 @@ def test_what_was_received_and_not_consumed_outlives_a_lost_session() -> None:
     dropped, to be delivered again by a session that no longer existed
     (confirmed messages lost for subscribers that kept reading)."""
     session, subscription = broken_with_unconsumed()
-    again = FakeBroker(resumed=False)
-    session.start(1.0, session.begin_attempt(1.0))
-    again.pump(session)
-    lost = session.attempt_welcomed()
-    assert lost is not None
-    run(restore(session, lost), again, session)
-    session.reconnected()
+    again = restored_on_a_new_broker(session)
     again.conn.deliver(subscription.handle, 1, b"new")
     again.pump(session)
     taken = [subscription._take() for _ in range(3)]

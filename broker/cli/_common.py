@@ -207,6 +207,11 @@ class Interrupt:
     def __init__(self) -> None:
         self.count = 0
         self.work: trio.CancelScope | None = None
+        #: Whether the command's clients are reconnecting (set by the
+        #: command): Ctrl-C then ends it at once, as nothing can be finished
+        #: cleanly without a broker (leaving would wait for one, up to
+        #: ``--reconnect``).
+        self.reconnecting: Callable[[], bool] = lambda: False
 
     @property
     def interrupted(self) -> bool:
@@ -241,6 +246,14 @@ def run_interruptibly(
                 nursery.start_soon(run_body)
                 async for _ in signals:
                     interrupt.count += 1
+                    if interrupt.reconnecting():
+                        sys.stdout.flush()
+                        print(
+                            f"broker {command}: interrupted while reconnecting to the broker",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        os._exit(EXIT_INTERRUPTED)  # (leaving would wait for a broker)
                     if interrupt.count == 1 and interrupt.work is not None:
                         interrupt.work.cancel()
                     else:

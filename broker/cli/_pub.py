@@ -189,6 +189,7 @@ async def _pub(
     server = route(args.topic, parse_servers(args.broker))
     async with open_client(server, name="broker-pub", **client_options(args)) as client:
         tally.confirmed = lambda: client.statistics()["confirmed"]
+        interrupt.reconnecting = lambda: client.reconnecting
         headers = args.header or None
         started = trio.current_time()
 

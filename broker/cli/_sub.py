@@ -301,6 +301,8 @@ async def _sub(
         open_cluster_client(owners, name="broker-sub", **client_options(args)) as cluster,
         AsyncExitStack() as stack,
     ):
+        clients = list(cluster.clients.values())
+        interrupt.reconnecting = lambda: any(client.reconnecting for client in clients)
         subscriptions: list[Subscription] = []
         for topic in dict.fromkeys(args.topics):
             context = cluster.subscribe(

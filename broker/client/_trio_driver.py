@@ -71,6 +71,11 @@ class TrioDriver(SessionView):
         """A broken connection is being replaced (callers wait meanwhile)."""
         return self._session.broken is not None
 
+    @property
+    def reconnecting(self) -> bool:
+        """The connection broke and is being replaced (see ``reconnect``)."""
+        return self._reconnecting
+
     # ---------------------------------------------------------------- running
 
     async def _run(self, nursery: trio.Nursery) -> None:

@@ -66,3 +66,25 @@ def test_sub_with_reconnect_0_ends_at_once_in_one_line(tmp_path: Path) -> None:
         status, out, err = subscriber.finish()
     assert (status, out) == (1, b"")
     assert err.splitlines() == ["broker sub: the broker closed the connection"], err
+
+
+def test_ctrl_c_while_reconnecting_ends_at_once(tmp_path: Path) -> None:
+    """Ctrl-C was ignored until --reconnect ran out (leaving waited for a
+    broker to flush to and to unsubscribe from), a second one still took
+    10 s: with nothing to finish without a broker, it ends at once."""
+    port = free_port()
+    with broker_on(port, tmp_path) as broker:
+        subscriber = Subscriber("rs", "--broker", f"127.0.0.1:{port}", "--reconnect", "600")
+        broker.send_signal(signal.SIGKILL)
+        broker.wait(TIMEOUT)
+    try:
+        assert subscriber.process.stderr is not None
+        for line in subscriber.process.stderr:  # (it says it reconnects)
+            if b"reconnecting" in line:
+                break
+        subscriber.process.send_signal(signal.SIGINT)
+        status, out, err = subscriber.finish()  # (within TIMEOUT, not 600 s)
+    finally:
+        subscriber.kill()
+    assert (status, out) == (130, b"")
+    assert err.splitlines()[-1] == "broker sub: interrupted while reconnecting to the broker"

@@ -169,6 +169,8 @@ class Traffic(HandleBinding):
                 self.bytes_sent += size
                 self._out_size += size
             else:
+                if size > self._room(sender):
+                    break  # (what _send_frame would refuse: no decoding for nothing)
                 try:
                     self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:

@@ -11,6 +11,7 @@ from broker.protocol import (
     LocalProtocolError,
     NoGuarantees,
     PublishReceived,
+    _traffic,
     encode_deliver_tail,
 )
 from broker.protocol._encode import encode_publish_tail, publish_tail_frames
@@ -86,3 +87,19 @@ def test_frames_in_one_go_are_those_of_one_tail_at_a_time(topic: int) -> None:
     assert publish_tail_frames(topic, tails, 0, room) == one_by_one[:3]
     assert publish_tail_frames(topic, tails, 0, room - 1) == one_by_one[:2]
     assert publish_tail_frames(topic, tails, 0, 0) == []
+
+
+def test_out_of_room_it_stops_without_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = ConnectionPair()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    tail = encode_deliver_tail(b"y" * 1000, None, None)
+    sent = pair.client.publish_tails(topic, [tail] * 10_000)
+    assert 0 < sent < 10_000
+
+    def no_decoding(body: bytes) -> None:
+        raise AssertionError("a frame that cannot go was decoded")
+
+    monkeypatch.setattr(_traffic, "decode_body", no_decoding)
+    assert pair.client.publish_tails(topic, [tail] * 3) == 0
+    assert pair.client.topics.bindings[topic].published == sent

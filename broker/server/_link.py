@@ -401,6 +401,15 @@ class Link:
         conn.hello(self.name, deliver_many=True, encoded_deliveries=True)
         return conn
 
+    def _relay(self, handle: int, first_seq: int, tails: list[bytes]) -> None:
+        """Relay deliveries (their encoded tails) from ``first_seq`` on the
+        owner's subscription ``handle`` to its forwarded subscription here,
+        if it still has one."""
+        subscription = self.by_owner_handle.get(handle)
+        if subscription is not None:
+            self.deliveries_relayed += len(tails)
+            subscription.relay(first_seq, tails)
+
     def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
         """Apply a read's events; why the connection ended, if it did."""
         subscriptions = self.by_owner_handle
@@ -410,29 +419,25 @@ class Link:
                 assert isinstance(event, EncodedDeliveriesReceived)
                 encoded = event.message
                 conn.release(event)
-                subscription = subscriptions.get(encoded.subscription)
-                if subscription is not None:
-                    self.deliveries_relayed += len(encoded.entries)
-                    subscription.relay(encoded.first_seq, encoded.entries)
+                self._relay(encoded.subscription, encoded.first_seq, encoded.entries)
             elif kind is DeliverManyReceived:
                 assert isinstance(event, DeliverManyReceived)
                 many = event.message
                 conn.release(event)
-                subscription = subscriptions.get(many.subscription)
-                if subscription is not None:
-                    self.deliveries_relayed += len(many.entries)
-                    subscription.relay(
-                        many.first_seq, [encode_deliver_tail(*entry) for entry in many.entries]
-                    )
+                self._relay(
+                    many.subscription,
+                    many.first_seq,
+                    [encode_deliver_tail(*entry) for entry in many.entries],
+                )
             elif kind is DeliverReceived:
                 assert isinstance(event, DeliverReceived)
-                message = event.message
+                one = event.message
                 conn.release(event)
-                subscription = subscriptions.get(message.subscription)
-                if subscription is not None:
-                    self.deliveries_relayed += 1
-                    tail = encode_deliver_tail(message.payload, message.key, message.headers)
-                    subscription.relay(message.seq, [tail])
+                self._relay(
+                    one.subscription,
+                    one.seq,
+                    [encode_deliver_tail(one.payload, one.key, one.headers)],
+                )
             elif kind is Confirm:
                 assert isinstance(event, Confirm)
                 state = self.by_topic_handle.get(event.topic)

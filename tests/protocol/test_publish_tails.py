@@ -63,13 +63,20 @@ def test_it_refuses_what_publish_refuses() -> None:
         pair.client.publish_tails(topic, [small, big], 1)  # it comes first
 
 
-def test_it_stops_where_the_guarantees_end() -> None:
-    pair = ConnectionPair()
+def out_of_room(pair: ConnectionPair) -> tuple[int, bytes, int]:
+    """Bind topic "t" and publish 1000-byte tails until the guarantees end:
+    the topic handle, the tail and how many went."""
     topic = pair.client.bind_topic("t")
     pair.run()
     tail = encode_deliver_tail(b"y" * 1000, None, None)
     sent = pair.client.publish_tails(topic, [tail] * 10_000)
     assert 0 < sent < 10_000
+    return topic, tail, sent
+
+
+def test_it_stops_where_the_guarantees_end() -> None:
+    pair = ConnectionPair()
+    topic, tail, sent = out_of_room(pair)
     assert pair.client.topics.bindings[topic].published == sent
     assert pair.client.publish_tails(topic, [tail]) == 0  # still no room: nothing sent
     with pytest.raises(NoGuarantees):
@@ -91,11 +98,7 @@ def test_frames_in_one_go_are_those_of_one_tail_at_a_time(topic: int) -> None:
 
 def test_out_of_room_it_stops_without_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
     pair = ConnectionPair()
-    topic = pair.client.bind_topic("t")
-    pair.run()
-    tail = encode_deliver_tail(b"y" * 1000, None, None)
-    sent = pair.client.publish_tails(topic, [tail] * 10_000)
-    assert 0 < sent < 10_000
+    topic, tail, sent = out_of_room(pair)
 
     def no_decoding(body: bytes) -> None:
         raise AssertionError("a frame that cannot go was decoded")

@@ -31,7 +31,7 @@ from ._accept_log import quiet_accept_errors
 from ._budget_pool import BudgetPool
 from ._commit import CommitInFlight, route_commit
 from ._connection import ServerConnection
-from ._drain import queued_deliveries, route_forwarded, send_queued_deliveries
+from ._drain import drain, queued_deliveries
 from ._handover import hand_over, home_address, receive_sockets, session_prefix
 from ._link import LinkStatistics
 from ._links import Links
@@ -415,8 +415,9 @@ class Broker:
         1. Stop accepting clients, and publishes: from now on a publish (or
            a Commit) is neither routed nor confirmed; its client keeps it to
            publish again (see ``docs/operations.md``).
-        2. Let commits under way finish, and the topics route what was
-           forwarded to them; then send the reliable deliveries queued to
+        2. Let commits under way finish, and drain (``_drain.drain``): the
+           topics route what was forwarded to them, links between workers
+           pass on their last; then send the reliable deliveries queued to
            their connected subscribers as fast as those issue guarantees, for
            at most half the time left: whatever a client saw confirmed reaches
            every connected subscriber that keeps reading.
@@ -445,8 +446,7 @@ class Broker:
                 )
         # Half the time left at most: the Goodbyes and the drain get the rest.
         with trio.move_on_at((trio.current_time() + deadline) / 2):
-            await route_forwarded(list(self.topics.values()))
-            await send_queued_deliveries(self.connection_views())
+            await drain(self.topics.values(), self.connections.values(), self.links)
             self.shutdown_drained = True
         if not self.shutdown_drained:
             links = self.link_statistics() or ()

@@ -1,6 +1,9 @@
-"""What a graceful shutdown waits for before its Goodbyes: the topics to
-route what was forwarded to them, then the reliable deliveries queued for
-connected subscribers to go out (see ``Broker.shutdown``)."""
+"""What a graceful shutdown waits for before its Goodbyes to clients (see
+``Broker.shutdown`` and :func:`drain`): the topics to route what was
+forwarded to them; the deliveries queued for other workers' links to go
+out, then those links' Goodbyes; the owners of the topics this worker
+forwards to, to confirm and relay their last (their Goodbyes); then the
+reliable deliveries queued for connected subscribers to go out."""
 
 from __future__ import annotations
 
@@ -13,7 +16,13 @@ from broker.protocol import Connection, DeliveryMode
 
 from ._topic import Subscription, Topic
 
-__all__ = ["SHUTDOWN_POLL", "queued_deliveries", "route_forwarded", "send_queued_deliveries"]
+__all__ = [
+    "SHUTDOWN_POLL",
+    "drain",
+    "queued_deliveries",
+    "route_forwarded",
+    "send_queued_deliveries",
+]
 
 #: How often a graceful shutdown looks whether queued deliveries went out.
 SHUTDOWN_POLL = 0.01
@@ -29,13 +38,68 @@ class Subscribed(Protocol):
     def subscriptions(self) -> Mapping[int, Subscription]: ...
 
 
+class Peer(Subscribed, Protocol):
+    """A connection as the whole drain sees it: a client's or a link's."""
+
+    @property
+    def link(self) -> bool:
+        """Another worker's link, not a client."""
+        ...
+
+    def shutting_down(self) -> None:
+        """Send the last Confirms, then Goodbye 5."""
+        ...
+
+
+class Owners(Protocol):
+    """This worker's links to the owners of the topics it forwards to."""
+
+    def awaits_owners(self) -> bool:
+        """Whether an owner may still confirm or relay something."""
+        ...
+
+
+async def drain(
+    topics: Iterable[Topic], connections: Iterable[Peer], owners: Owners | None
+) -> None:
+    """Return once what was confirmed is on its way to every connected
+    subscriber, also to one reached through another worker:
+
+    1. ``topics`` route what was forwarded to them (none is once the
+       shutdown began);
+    2. the other workers' links get the deliveries queued for them, then
+       their last Confirms and Goodbye 5: each forwarder learns that its
+       owner has confirmed and relayed everything it ever will;
+    3. this worker's own links have heard that from their owners (the
+       owners shut down at the same time: step 2 there) or have nothing in
+       flight, so what they relayed is queued for the subscribers here;
+    4. the reliable deliveries queued for the clients go out.
+
+    Each step waits only for other workers' steps that come before it, so
+    workers shutting down together never wait for each other in a cycle.
+    The caller bounds the whole (a worker shut down alone waits for its
+    owners' Goodbyes until then)."""
+    peers = list(connections)
+    await route_forwarded(topics)
+    links = [peer for peer in peers if peer.link]
+    await send_queued_deliveries(links)
+    for link in links:
+        link.shutting_down()
+    waiting = owners is not None and owners.awaits_owners()
+    while waiting:
+        await trio.sleep(SHUTDOWN_POLL)
+        waiting = owners is not None and owners.awaits_owners()
+    await send_queued_deliveries([peer for peer in peers if not peer.link])
+
+
 async def route_forwarded(topics: Iterable[Topic]) -> None:
     """Return once ``topics`` have routed every publish forwarded to them
-    (none is forwarded once the shutdown began; the owners of topics that
-    other workers own confirmed what was sent on to them)."""
+    (none is forwarded once the shutdown began). A stand-in's batches sent
+    on to another worker are not waited for here: their owner's Goodbye
+    says it confirmed what it will (see :func:`drain`)."""
     waiting = list(topics)
     while waiting:
-        waiting = [t for t in waiting if t.statistics().mailbox or t.forwarding]
+        waiting = [t for t in waiting if t.statistics().mailbox]
         if waiting:
             await trio.sleep(SHUTDOWN_POLL)
 

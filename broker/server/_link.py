@@ -40,6 +40,7 @@ from broker.protocol import (
     DeliverReceived,
     EncodedDeliveriesReceived,
     Gap,
+    GoodbyeCode,
     GuaranteesReceived,
     HandleType,
     LocalProtocolError,
@@ -133,8 +134,11 @@ class Link:
         self.name = name
         self.owner = owner
         self.conn: Connection | None = None
-        #: Welcomed by the owner: handles may be bound.
+        #: Welcomed by the owner, and not closed since: handles may be bound.
         self.open = False
+        #: The owner said it is shutting down (Goodbye 5) on the last
+        #: connection, or refused the next one so: it sends nothing more.
+        self.owner_closing = False
         self.connects = 0
         self.publishes_forwarded = 0
         self.deliveries_relayed = 0
@@ -242,10 +246,13 @@ class Link:
         self._send(state)
 
     def _send(self, state: _LinkTopic) -> None:
-        """Send the topic's pending publishes as far as the guarantees go."""
+        """Send the topic's pending publishes as far as the guarantees go
+        (none on a connection that is closed: they wait for the next)."""
         conn = self.conn
         handle = state.handle
         assert conn is not None and handle is not None
+        if conn.closed:
+            return
         pending = state.topic.pending
         index = state.sending
         sent = 0
@@ -362,6 +369,16 @@ class Link:
             while pending:
                 pending.popleft().loan.repay()
 
+    @property
+    def awaits_owner(self) -> bool:
+        """Whether the owner may still send something a shutdown here waits
+        for: Confirms of forwarded publishes, or deliveries to relay to a
+        forwarded subscription (not once the owner said it shuts down: it
+        sent those before its Goodbye)."""
+        if self.owner_closing:
+            return False
+        return bool(self.subscriptions) or any(s.topic.pending for s in self.topics.values())
+
     # ---------------------------------------------------------------- statistics
 
     def statistics(self) -> LinkStatistics:
@@ -466,6 +483,10 @@ class Link:
                 self._welcomed()
             elif kind is ConnectionClosed:
                 assert isinstance(event, ConnectionClosed)
+                # (Closed now, though ``broken`` comes only once its tasks
+                # end: nothing is bound or sent on it meanwhile.)
+                self.open = False
+                self.owner_closing = event.code == GoodbyeCode.SHUTTING_DOWN
                 return f"goodbye {event.code}: {event.reason}"
         self._subscribe_waiting()
         if self._to_unsubscribe:
@@ -476,6 +497,7 @@ class Link:
 
     def _welcomed(self) -> None:
         self.open = True
+        self.owner_closing = False
         self.connects += 1
         for state in list(self.topics.values()):
             self._bind(state)

@@ -54,6 +54,11 @@ class Links:
             f"or to its direct address {owner.address}"
         )
 
+    def awaits_owners(self) -> bool:
+        """Whether an owner may still send what a shutdown here waits for
+        (see :attr:`Link.awaits_owner`)."""
+        return any(link.awaits_owner for link in self.links.values())
+
     def close(self) -> None:
         """The broker stops: every link lets go of what it holds (unconfirmed)."""
         for link in self.links.values():

@@ -158,6 +158,10 @@ class Admission:
                 principal,
                 link=self.trusted,
             )
+            # Recorded even if it never binds a handle (a cluster client's
+            # connection to a worker that owns none of its topics): a session
+            # without a record is "unknown" after a restart.
+            self.session_dirty = True
             self.protocol.welcome(
                 session=self.session.id,
                 epoch=host.epoch,

@@ -189,3 +189,29 @@ async def test_with_a_data_directory_a_session_is_resumed_after_a_broker_restart
         assert stats["resumes"] >= 1
         assert second.sessions.resumed_total >= 1
         nursery.cancel_scope.cancel()
+
+
+async def test_with_a_data_directory_an_idle_session_is_resumed_after_a_broker_restart(
+    tmp_path: Path,
+) -> None:
+    """A session that never bound a handle (a cluster client's connection to
+    a worker that owns none of its topics) is recorded too: after a graceful
+    restart on the same data directory its client resumes it; the broker
+    does not call it unknown."""
+    config = make_config(data_dir=str(tmp_path), heartbeat=0.5, lease=10.0)
+    stop, stopped = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery, proxied(("127.0.0.1", 9)) as proxy:
+        first: Broker = await nursery.start(serve_until, config, stop, stopped)
+        proxy.target = first.address
+        async with open_client(proxy.url, name="idle", reconnect=TIMEOUT) as client:
+            with trio.fail_after(TIMEOUT):
+                stop.set()  # a graceful stop: Goodbye 5
+                await stopped.wait()
+            second: Broker = await nursery.start(serve_until, config, trio.Event(), trio.Event())
+            proxy.target = second.address
+            await wait_until(lambda: client.resumes + client.sessions_lost >= 1, what="a resume")
+            stats = client.statistics()
+        assert stats["sessions_lost"] == 0
+        assert stats["resumes"] == 1
+        assert second.sessions.resumed_total == 1
+        nursery.cancel_scope.cancel()

@@ -186,6 +186,47 @@ async def test_cluster_clients_go_on_after_the_whole_broker_restarts(tmp_path: P
     assert all(s["resumes"] >= 1 and s["sessions_lost"] == 0 for s in statistics)
 
 
+async def test_a_cluster_clients_idle_connections_keep_their_sessions_over_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A cluster client using only a topic of ``w0`` holds an idle session
+    on ``w1`` (nothing bound there): a graceful restart of the whole broker
+    on the same data directory loses neither session."""
+    (topic,) = topics_of("w0", ["w0", "w1"], 1)
+    async with trio.open_nursery() as nursery:
+        first_ended, second_ended = trio.Event(), trio.Event()
+
+        async def broker_run(
+            config: BrokerConfig, ended: trio.Event, *, task_status: trio.TaskStatus[Supervisor]
+        ) -> None:
+            try:
+                await serve_workers(config, 2, log_level="WARNING", task_status=task_status)
+            finally:
+                ended.set()
+
+        with trio.fail_after(DEADLINE):
+            first: Supervisor = await nursery.start(
+                broker_run, worker_config(tmp_path), first_ended
+            )
+        host, port = first.address
+        async with open_cluster_client(f"{host}:{port}", reconnect=DEADLINE) as client:
+            with trio.fail_after(DEADLINE):
+                await client.publish(topic, b"before")
+                await client.flush()
+                await first.shutdown()
+                await first_ended.wait()
+                again = worker_config(tmp_path, listen=f"{host}:{port}")
+                second: Supervisor = await nursery.start(broker_run, again, second_ended)
+                await client.publish(topic, b"after")
+                await client.flush()
+                members = list(client.clients.values())  # (flush waited for each to resume)
+            statistics = [member.statistics() for member in members]
+        with trio.fail_after(DEADLINE):
+            await second.shutdown()
+    assert [s["sessions_lost"] for s in statistics] == [0, 0]
+    assert all(s["resumes"] == 1 for s in statistics)
+
+
 async def test_a_killed_worker_restarts_its_topics_recover_and_the_other_goes_on(
     tmp_path: Path,
 ) -> None:

@@ -93,10 +93,6 @@ class ForwardTopic(Topic):
         #: Batches sent or to send to the owner, not wholly confirmed yet.
         self.pending: deque[PendingBatch] = deque()
 
-    @property
-    def forwarding(self) -> int:
-        return len(self.pending)
-
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
         account = turn.account

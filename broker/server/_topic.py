@@ -351,12 +351,6 @@ class Topic(Actor):
         #: The last error appending met (None once a retry got through).
         self.log_error: LogError | None = None
 
-    @property
-    def forwarding(self) -> int:
-        """Batches sent on to another worker and not confirmed by it yet (a
-        forwarding stand-in's; a topic routed here has none)."""
-        return 0
-
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
         account = turn.account

@@ -116,7 +116,23 @@ class _Routing(Generic[C]):
         """Per broker, the members of a commit (``counts[member][server]``
         staged there), in the order of ``counts``. A member that staged
         nothing on a broker is listed nowhere: the same to the broker, and
-        it keeps the Commit frame small."""
+        it keeps the Commit frame small.
+
+        Counts on a broker this client is not connected to raise
+        :class:`ClientError` and nothing is committed: each broker discards
+        what a commit leaves out, so sending the rest would lose them (the
+        workers' direct addresses change at a restart unless ``worker_port``
+        fixes them)."""
+        for member, per in counts.items():
+            unknown = sorted(
+                server for server, n in per.items() if n and server not in self.clients
+            )
+            if unknown:
+                raise ClientError(
+                    f"commit counts of {member!r} name {', '.join(unknown)}, not a broker of this "
+                    f"client ({', '.join(self.clients)}): nothing was committed; commit with the "
+                    "addresses that staged it (with --workers, fix them with worker_port)"
+                )
         return {
             server: [(member, n) for member, per in counts.items() if (n := per.get(server, 0))]
             for server in self.clients

@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from broker.client import StagingRefused, open_client, open_cluster_client, route
+from broker.client import ClientError, StagingRefused, open_client, open_cluster_client, route
 from broker.protocol import OutcomeStatus, Stage
 
 from ..server.helpers import TIMEOUT, running_broker, url, wait_idle
@@ -84,3 +84,26 @@ async def test_the_async_cluster_client_stages_on_every_broker() -> None:
         await stack.aclose()
         for broker in brokers:
             await wait_idle(broker)
+
+
+async def test_counts_naming_a_broker_the_client_does_not_know_commit_nothing() -> None:
+    """Counts from ``finish_stage`` keyed by addresses that are no longer the
+    client's (the workers' direct ports changed at a restart) used to be
+    dropped: each broker got a commit without the members, discarded what
+    was staged and answered "committed"."""
+    async with AsyncExitStack() as stack:
+        brokers = [await stack.enter_async_context(running_broker()) for _ in range(2)]
+        servers = [url(b) for b in brokers]
+        topics = [f"t{i}" for i in range(8)]
+        task = await stack.enter_async_context(open_cluster_client(servers, name="task"))
+        stage = Stage("job-5", "p0")
+        for topic in topics:
+            await task.publish(topic, topic.encode(), stage=stage)
+        per_server = await task.finish_stage(stage)
+        moved = {f"127.0.0.1:{9 + n}": count for n, count in enumerate(per_server.values())}
+        with pytest.raises(ClientError, match="nothing was committed"):
+            await task.commit("job-5", {"p0": moved})
+        # Still staged, whole: the right counts commit it all.
+        outcomes = await task.commit("job-5", {"p0": per_server})
+        assert {o.status for o in outcomes.values()} == {OutcomeStatus.COMMITTED}
+        assert sum(o.messages for o in outcomes.values()) == len(topics)

@@ -120,6 +120,16 @@ async def test_clients_reach_each_topics_owner_from_one_address(tmp_path: Path) 
                 assert (await one.offsets([topic]))[topic][1] >= 25
 
 
+async def broker_run(
+    config: BrokerConfig, ended: trio.Event, *, task_status: trio.TaskStatus[Supervisor]
+) -> None:
+    """Two workers until shut down; ``ended`` once the data directory's lock is free."""
+    try:
+        await serve_workers(config, 2, log_level="WARNING", task_status=task_status)
+    finally:
+        ended.set()
+
+
 async def test_cluster_clients_go_on_after_the_whole_broker_restarts(tmp_path: Path) -> None:
     """A restart of the whole broker (``worker_port = 0``) gives every worker
     a new direct address: the cluster client's connections to the workers
@@ -128,14 +138,6 @@ async def test_cluster_clients_go_on_after_the_whole_broker_restarts(tmp_path: P
     and nothing twice, and no session lost."""
     topics = [f"topic-{i}" for i in range(4)]
     got: dict[str, list[bytes]] = {topic: [] for topic in topics}
-
-    async def broker_run(
-        config: BrokerConfig, ended: trio.Event, *, task_status: trio.TaskStatus[Supervisor]
-    ) -> None:
-        try:
-            await serve_workers(config, 2, log_level="WARNING", task_status=task_status)
-        finally:
-            ended.set()  # (the data directory's lock is free)
 
     async with trio.open_nursery() as nursery:
         first_ended, second_ended = trio.Event(), trio.Event()
@@ -195,14 +197,6 @@ async def test_a_cluster_clients_idle_connections_keep_their_sessions_over_a_res
     (topic,) = topics_of("w0", ["w0", "w1"], 1)
     async with trio.open_nursery() as nursery:
         first_ended, second_ended = trio.Event(), trio.Event()
-
-        async def broker_run(
-            config: BrokerConfig, ended: trio.Event, *, task_status: trio.TaskStatus[Supervisor]
-        ) -> None:
-            try:
-                await serve_workers(config, 2, log_level="WARNING", task_status=task_status)
-            finally:
-                ended.set()
 
         with trio.fail_after(DEADLINE):
             first: Supervisor = await nursery.start(

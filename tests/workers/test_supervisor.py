@@ -197,7 +197,6 @@ async def test_a_cluster_clients_idle_connections_keep_their_sessions_over_a_res
     (topic,) = topics_of("w0", ["w0", "w1"], 1)
     async with trio.open_nursery() as nursery:
         first_ended, second_ended = trio.Event(), trio.Event()
-
         with trio.fail_after(DEADLINE):
             first: Supervisor = await nursery.start(
                 broker_run, worker_config(tmp_path), first_ended

@@ -163,6 +163,9 @@ class ConnectionCore(FrameWriter):
         self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
         self._many = False
+        #: PublishMany frames may be sent (client) / received (broker): the
+        #: Hello asked for them and the Welcome allowed them.
+        self._publish_many = False
 
     # ---------------------------------------------------------------- lifecycle
 

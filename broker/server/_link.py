@@ -252,8 +252,9 @@ class Link:
         while index < len(pending):
             batch = pending[index]
             tails = batch.routed.tails
-            # (A Publish ends as a Deliver does: each tail is copied as is.)
-            count = conn.publish_tails(handle, tails, batch.sent)
+            # (A Publish ends as a Deliver does: each tail is copied as is,
+            # as few PublishMany frames as the owner's guarantees allow.)
+            count = conn.publish_many_tails(handle, tails, batch.sent)
             batch.sent += count
             sent += count
             if batch.sent < len(tails):  # out of room: the rest when guarantees come
@@ -398,7 +399,7 @@ class Link:
             lease=config.lease,
             now=trio.current_time(),
         )
-        conn.hello(self.name, deliver_many=True, encoded_deliveries=True)
+        conn.hello(self.name, deliver_many=True, encoded_deliveries=True, publish_many=True)
         return conn
 
     def _relay(self, handle: int, first_seq: int, tails: list[bytes]) -> None:

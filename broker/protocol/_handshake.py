@@ -38,6 +38,7 @@ class Handshake(SessionResume):
         metadata: bool = False,
         encoded_deliveries: bool = False,
         publish_many: bool = False,
+        keep_unconfirmed: bool = True,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
         presenting ``token`` to a broker that authenticates its clients.
@@ -54,6 +55,10 @@ class Handshake(SessionResume):
 
         With ``publish_many`` the Hello asks to send PublishMany frames
         (:meth:`publish_many_tails`), if the Welcome allows them.
+
+        With ``keep_unconfirmed=False`` the client says it will never
+        resume the session: publishes are only counted until confirmed, not
+        kept (:meth:`session_state` then refuses).
 
         With ``metadata`` the Hello asks a broker of several workers for its
         membership: the Welcome's ``cluster`` (None from a single process).
@@ -84,6 +89,7 @@ class Handshake(SessionResume):
         self._queue(message)
         self.hello_message = message
         self._many = deliver_many
+        self._keep_unconfirmed = keep_unconfirmed
         self._decoder.encoded_deliveries = deliver_many and encoded_deliveries
         self.state = ConnectionState.AWAIT_WELCOME
 

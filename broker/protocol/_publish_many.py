@@ -66,14 +66,18 @@ class ManyPublishing(Traffic):
             capacity = min(room, limit) - _HEAD_MAX
             first = start + sent
             stop = min(count, first + MAX_PUBLISH_MANY)
-            body = 0
-            end = first
-            while end < stop:
-                size = len(tails[end])
-                if body + size > capacity:
-                    break
-                body += size
-                end += 1
+            # The usual case: all of them fit one frame (summed in one go).
+            body = sum(map(len, tails[first:stop])) if not frames else capacity + 1
+            end = stop
+            if body > capacity:
+                body = 0
+                end = first
+                while end < stop:
+                    size = len(tails[end])
+                    if body + size > capacity:
+                        break
+                    body += size
+                    end += 1
             if end == first:
                 break  # out of room (or a tail too large: publish_tails says so)
             head = publish_many_head(topic, end - first, body)
@@ -89,8 +93,13 @@ class ManyPublishing(Traffic):
             self.frames_sent += frames
             self.bytes_sent += total
             self._out_size += total
-            # Each kept as a Publish of its own, for a resume.
-            state.retain_all(publish_tail_frames(topic, tails[start : start + sent], 0, 1 << 62))
+            if self._keep_unconfirmed:
+                # Each kept as a Publish of its own, for a resume.
+                state.retain_all(
+                    publish_tail_frames(topic, tails[start : start + sent], 0, 1 << 62)
+                )
+            else:
+                state.unkept += sent
         if sent == 0 and start < count:
             return self.publish_tails(topic, tails, start)  # (one, or what is wrong)
         return sent

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from broker.protocol import (
     FrameDecoder,
     GoodbyeCode,
     Headers,
+    LocalProtocolError,
     PublishMany,
     PublishManyReceived,
     PublishReceived,
@@ -213,3 +215,32 @@ def test_a_damaged_frame_gets_a_goodbye_never_a_traceback(
         assert isinstance(event.error, RemoteProtocolError)
     if not closed:
         pair.broker.data_to_send()  # (whatever it says, it is a protocol answer)
+
+
+def test_a_client_that_never_resumes_keeps_nothing_but_counts() -> None:
+    pair = ConnectionPair(handshake=False)
+    pair.client.hello("link", publish_many=True, keep_unconfirmed=False)
+    pair.to_broker()
+    pair.broker.welcome(session=bytes(16), epoch=b"e")
+    pair.run()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    tails = tails_of(MESSAGES)
+    pair.client.publish(topic, b"one")
+    assert pair.client.publish_tails(topic, tails[:2]) == 2
+    assert pair.client.publish_many_tails(topic, tails) == len(tails)
+    state = pair.client.topics.bindings[topic]
+    assert not state.retained
+    assert state.published == 3 + len(tails)
+    pair.run()
+    pair.broker.confirm(topic, 4)
+    pair.run()
+    pair.assert_no_errors()
+    assert (state.retained_base, state.published) == (4, 3 + len(tails))
+    # A Confirm beyond what was sent is still refused.
+    pair.broker.confirm(topic, 4 + len(tails))
+    pair.run()
+    (closed,) = of(ConnectionClosed, pair.client_events)
+    assert closed.code == GoodbyeCode.PROTOCOL_ERROR and not closed.by_peer
+    with pytest.raises(LocalProtocolError):
+        pair.client.session_state()

@@ -32,6 +32,7 @@ from ._connection import (
 from ._encode import (
     MAX_DELIVER_MANY,
     MAX_DELIVER_TIMED,
+    MAX_PUBLISH_MANY,
     deliver_many_head,
     deliver_many_head_size,
     deliver_timed_head,
@@ -39,6 +40,7 @@ from ._encode import (
     encode_body,
     encode_deliver,
     encode_deliver_tail,
+    publish_many_head,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
@@ -53,6 +55,7 @@ from ._events import (
     HandleDeleted,
     HandleFreeProposed,
     HelloReceived,
+    PublishManyReceived,
     PublishReceived,
     Subscribed,
     SubscriptionDropped,
@@ -103,6 +106,7 @@ from ._messages import (
     Plead,
     Pong,
     Publish,
+    PublishMany,
     Stage,
     Subscribe,
     Throttled,
@@ -148,6 +152,7 @@ __all__ = [
     "MAX_DELIVER_MANY",
     "MAX_DELIVER_TIMED",
     "MAX_HELLO_FRAME",
+    "MAX_PUBLISH_MANY",
     "MAX_TOPIC_NAME",
     "MIN_TOPIC_NAME",
     "OPTIMISM_FRAMES",
@@ -226,6 +231,8 @@ __all__ = [
     "Pong",
     "ProtocolError",
     "Publish",
+    "PublishMany",
+    "PublishManyReceived",
     "PublishReceived",
     "ReceiverStatistics",
     "RemoteProtocolError",
@@ -256,6 +263,7 @@ __all__ = [
     "encode_deliver",
     "encode_deliver_tail",
     "owner_id",
+    "publish_many_head",
     "topic_name_problem",
     "topic_pattern_problem",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 import cbor2
 
 from ._decode_fast import _fast_tail
-from ._encode import encode_deliver
+from ._encode import encode_deliver, encode_deliver_tail
 from ._errors import ProtocolError, RemoteProtocolError
 from ._messages import (
     Abort,
@@ -53,6 +53,7 @@ from ._messages import (
     Plead,
     Pong,
     Publish,
+    PublishMany,
     Stage,
     Subscribe,
     Throttled,
@@ -200,7 +201,7 @@ def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
 _HELLO_KEYS = frozenset({"client", "session", "processed"})
 #: A Hello may also carry a credential (absent when the client has none) and
 #: say that the client reads DeliverMany frames.
-_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many", "metadata"})
+_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many", "metadata", "publish_many"})
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
@@ -222,6 +223,7 @@ def _hello(f: list[Any]) -> Hello:
         _secret(rec["token"], "token") if "token" in rec else None,
         _bool(rec["deliver_many"], "deliver_many") if "deliver_many" in rec else False,
         _bool(rec["metadata"], "metadata") if "metadata" in rec else False,
+        _bool(rec["publish_many"], "publish_many") if "publish_many" in rec else False,
     )
 
 
@@ -241,7 +243,7 @@ def _welcome(f: list[Any]) -> Welcome:
     if resumed:
         keys = _WELCOME_KEYS_RESUMED | ({"subscriptions"} & fields.keys())
     if type(fields) is dict:
-        keys = keys | ({"offsets", "cluster"} & fields.keys())
+        keys = keys | ({"offsets", "cluster", "publish_many"} & fields.keys())
     rec = _record(fields, keys, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
@@ -271,6 +273,7 @@ def _welcome(f: list[Any]) -> Welcome:
         surviving,
         _bool(rec["offsets"], "offsets") if "offsets" in rec else False,
         _cluster(rec["cluster"]) if "cluster" in rec else None,
+        _bool(rec["publish_many"], "publish_many") if "publish_many" in rec else False,
     )
 
 
@@ -295,6 +298,19 @@ def _deliver(f: list[Any]) -> Deliver:
         _opt_blob(f[4], "key"),
         _headers(f[5]),
     )
+
+
+def _publish_many(f: list[Any]) -> PublishMany:
+    count, extra = divmod(len(f) - 2, 3)
+    if count < 1 or extra:
+        raise _bad("a PublishMany carries whole [payload, key, headers] entries, at least one")
+    topic = _u64(f[1], "topic")
+    keys = [_opt_blob(f[i + 1], "key") for i in range(2, len(f), 3)]
+    entries = [
+        encode_deliver_tail(_blob(f[i], "payload"), keys[(i - 2) // 3], _headers(f[i + 2]))
+        for i in range(2, len(f), 3)
+    ]
+    return PublishMany(topic, entries, keys)
 
 
 def _deliver_many(f: list[Any]) -> DeliverMany:
@@ -446,6 +462,7 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.DELIVER: (6, _deliver),
     MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
     MessageType.DELIVER_TIMED: (0, _deliver_timed),
+    MessageType.PUBLISH_MANY: (0, _publish_many),
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),

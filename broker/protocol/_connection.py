@@ -69,12 +69,13 @@ from ._messages import (
     Plead,
     Pong,
     Publish,
+    PublishMany,
     Subscribe,
     Throttled,
     Welcome,
 )
+from ._publish_many import ManyPublishing
 from ._short_run import ShortRun
-from ._traffic import Traffic
 from ._writer import MAX_REASON, PIECE_OVERHEAD
 
 __all__ = [
@@ -89,7 +90,7 @@ __all__ = [
 ]
 
 
-class Connection(Handshake, Traffic, ControlHandling):
+class Connection(Handshake, ManyPublishing, ControlHandling):
     """The protocol state of one connection, for either role."""
 
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
@@ -137,6 +138,7 @@ class Connection(Handshake, Traffic, ControlHandling):
 #: bound methods would make every connection a cycle only the collector frees.
 _HANDLERS: dict[type, Callable[[Connection, Any, int, list[Event]], None]] = {
     Publish: Connection._on_publish,
+    PublishMany: Connection._on_publish_many,
     Deliver: Connection._on_deliver,
     DeliverMany: Connection._on_deliver_many,
     EncodedDeliveries: Connection._on_encoded_deliveries,

@@ -163,6 +163,12 @@ class ConnectionCore(FrameWriter):
         self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
         self._many = False
+        #: PublishMany frames may be sent (client) / received (broker): the
+        #: Hello asked for them and the Welcome allowed them.
+        self._publish_many = False
+        #: Client: sent publishes are kept until confirmed, for a resume
+        #: (``hello(keep_unconfirmed=False)``: only counted).
+        self._keep_unconfirmed = True
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -17,6 +17,7 @@ from ._messages import (
     Entry,
     IssueGuarantee,
     Publish,
+    PublishMany,
 )
 from ._types import (
     U64_MAX,
@@ -120,10 +121,11 @@ def _fast_run_fields(
 
 
 def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
-    """The item count of the array a DeliverMany frame is (6 to 65,535
-    items) and where its first item starts, or None for another head."""
+    """The item count of the array a DeliverMany or PublishMany frame is (5
+    to 65,535 items) and where its first item starts, or None for another
+    head."""
     first = data[start]
-    if 0x86 <= first <= 0x97:
+    if 0x85 <= first <= 0x97:
         return first - 0x80, start + 1
     if first == 0x98:
         return data[start + 1], start + 2
@@ -132,9 +134,10 @@ def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
     return None
 
 
-def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
-    """The DeliverMany without headers in ``data[start:end]``, or None for
-    any other frame (which the general decoder then reads)."""
+def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | PublishMany | None:
+    """The DeliverMany (or DeliverTimed, or PublishMany) without headers in
+    ``data[start:end]``, or None for any other frame (which the general
+    decoder then reads)."""
     found = _many_head(data, start)
     if found is None:
         return None
@@ -143,6 +146,8 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | None:
     if count < 1 or extra or data[pos] != 0x18 or data[pos + 1] != 34:
         if data[pos] == 0x18 and data[pos + 1] == 35:
             return _fast_timed(data, pos + 2, items, end)
+        if data[pos] == 0x18 and data[pos + 1] == 36:
+            return _fast_publish_many(data, pos + 2, items, end)
         return None
     fields = _fast_run_fields(data, pos + 2, count, 3, end)
     if fields is None:
@@ -203,7 +208,9 @@ def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None
 
 def _fast_message_encoded(
     data: bytes, start: int, end: int
-) -> Publish | Deliver | DeliverMany | EncodedDeliveries | Ack | IssueGuarantee | None:
+) -> (
+    Publish | PublishMany | Deliver | DeliverMany | EncodedDeliveries | Ack | IssueGuarantee | None
+):
     """:func:`_fast_message`, but a DeliverMany without headers is read as
     :class:`EncodedDeliveries` (for a client that passes deliveries on)."""
     if end - start >= 7 and 0x86 <= data[start] <= 0x99:
@@ -214,6 +221,38 @@ def _fast_message_encoded(
         if encoded is not None:
             return encoded
     return _fast_message(data, start, end)
+
+
+def _fast_publish_many(data: bytes, pos: int, items: int, end: int) -> PublishMany | None:
+    """The PublishMany without headers whose fields start at ``pos`` after
+    its head of ``items`` elements, up to ``end``, its entries sliced (not
+    decoded); None for anything else."""
+    count, extra = divmod(items - 2, 3)
+    if count < 1 or extra:
+        return None
+    topic, pos = _fast_uint(data, pos)
+    # A count longer than the bytes left could hold is not this frame's.
+    if topic < 0 or 3 * count > end - pos:
+        return None
+    tails: list[bytes] = []
+    keys: list[bytes | None] = [None] * count
+    append = tails.append
+    for index in range(count):
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 4 + data[pos + 1]
+            if data[stop - 2] == _NULL_BYTE and data[stop - 1] == _NULL_BYTE:
+                append(data[pos:stop])
+                pos = stop
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        append(data[pos : entry[2]])
+        keys[index] = entry[1]
+        pos = entry[2]
+    if pos != end:
+        return None
+    return PublishMany(topic, tails, keys)
 
 
 _U64_AT = struct.Struct(">Q")
@@ -293,7 +332,7 @@ def _fast_control(data: bytes, start: int, end: int) -> Ack | IssueGuarantee | N
 
 def _fast_message(
     data: bytes, start: int, end: int
-) -> Publish | Deliver | DeliverMany | Ack | IssueGuarantee | None:
+) -> Publish | PublishMany | Deliver | DeliverMany | Ack | IssueGuarantee | None:
     """The Publish, Deliver, DeliverMany or DeliverTimed without headers, or
     the Ack or IssueGuarantee, in ``data[start:end]``, or None for any other
     frame (which the general decoder then reads)."""
@@ -308,7 +347,7 @@ def _fast_message(
     first = data[start]
     try:
         if first >= 0x98 or data[start + 1] != 0x18 or data[start + 2] >= 34:
-            return _fast_many(data, start, end) if first >= 0x86 else None
+            return _fast_many(data, start, end) if first >= 0x85 else None
         code = data[start + 2]
         if first == 0x86 and code == 33:
             subscription, pos = _fast_uint(data, start + 3)

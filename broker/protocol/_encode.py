@@ -40,6 +40,7 @@ from ._messages import (
     Plead,
     Pong,
     Publish,
+    PublishMany,
     Stage,
     Subscribe,
     Throttled,
@@ -133,7 +134,7 @@ def _fields(message: Message) -> list[Any]:
             return [44, request, [[name, first, end] for name, first, end in topics], reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed, token, deliver_many, metadata):
+        case Hello(version, client, session, processed, token, deliver_many, metadata, sends_many):
             fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
             if token is not None:
                 fields["token"] = token
@@ -141,6 +142,8 @@ def _fields(message: Message) -> list[Any]:
                 fields["deliver_many"] = True
             if metadata:
                 fields["metadata"] = True
+            if sends_many:
+                fields["publish_many"] = True
             return [0, version, fields]
         case Welcome():
             welcome: dict[str, Any] = {
@@ -160,12 +163,16 @@ def _fields(message: Message) -> list[Any]:
                 welcome["offsets"] = True
             if message.cluster is not None:
                 welcome["cluster"] = message.cluster.to_wire()
+            if message.publish_many:
+                welcome["publish_many"] = True
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
 
 def encode_body(message: Message) -> bytes:
     """The CBOR body of ``message`` (without the length prefix)."""
+    if type(message) is PublishMany:
+        return _publish_many_body(message)
     try:
         return cbor2.dumps(_fields(message))
     except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
@@ -184,6 +191,8 @@ def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
         body = _publish_body(message)  # type: ignore[arg-type]
     elif kind in _NOTICES:
         body = _notice_body(message)
+    elif kind is PublishMany:
+        body = _publish_many_body(message)  # type: ignore[arg-type]
     else:
         body = encode_body(message)
     if len(body) > max_frame:
@@ -484,3 +493,27 @@ def encode_deliver(subscription: int, seq: int, tail: bytes) -> tuple[bytes, byt
     if not (0 <= subscription <= U64_MAX and 0 <= seq <= U64_MAX):
         raise LocalProtocolError("subscription and seq must be u64")
     return next(deliver_heads(subscription, seq, [tail])), tail
+
+
+#: Most entries one PublishMany carries (its array head then takes at most 3 bytes).
+MAX_PUBLISH_MANY = (0xFFFF - 2) // 3
+_PUBLISH_MANY_TYPE = _cbor_head(0, 36)
+
+
+def publish_many_head(topic: int, count: int, entries_size: int) -> bytes:
+    """The length prefix and head of a PublishMany frame of ``count``
+    entries (Deliver tails, see :func:`encode_deliver_tail`) on ``topic``
+    that take ``entries_size`` bytes: the head followed by the entries is
+    the frame. The caller vouches for a u64 ``topic`` and ``1 <= count <=
+    MAX_PUBLISH_MANY``; the head is at most 17 bytes."""
+    head = _cbor_head(4, 2 + 3 * count) + _PUBLISH_MANY_TYPE + _uint_head(topic)
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
+def _publish_many_body(message: PublishMany) -> bytes:
+    """The body of a PublishMany: its head, then its entries as they are."""
+    count = len(message.entries)
+    topic = message.topic
+    if not 1 <= count <= MAX_PUBLISH_MANY or type(topic) is not int or not 0 <= topic <= U64_MAX:
+        raise LocalProtocolError("a PublishMany carries 1 to 21,844 entries on a u64 topic handle")
+    return publish_many_head(topic, count, 0)[LENGTH_PREFIX:] + b"".join(message.entries)

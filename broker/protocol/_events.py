@@ -28,6 +28,7 @@ from ._messages import (
     Outcome,
     Pong,
     Publish,
+    PublishMany,
     Stage,
     Throttled,
     Welcome,
@@ -80,6 +81,18 @@ class PublishReceived:
     """A Publish was buffered; call ``release(event)`` once it is processed."""
 
     message: Publish
+    topic_name: str
+    channel: Channel
+    size: int
+
+
+@dataclass(slots=True)
+class PublishManyReceived:
+    """A PublishMany was buffered; release it once all its entries are
+    processed (``release(event)``, or ``release_frames`` with one count per
+    entry)."""
+
+    message: PublishMany
     topic_name: str
     channel: Channel
     size: int
@@ -186,6 +199,7 @@ Event = (
     | TopicBound
     | Subscribed
     | PublishReceived
+    | PublishManyReceived
     | DeliverReceived
     | DeliverManyReceived
     | EncodedDeliveriesReceived

@@ -27,6 +27,7 @@ from ._events import (
     Event,
     FramesAbandoned,
     HandleDeleted,
+    PublishManyReceived,
     PublishReceived,
 )
 from ._guarantees import ChannelSender, SentFrame
@@ -100,7 +101,11 @@ class FlowControl(ConnectionCore):
 
     def release(
         self,
-        event: PublishReceived | DeliverReceived | DeliverManyReceived | EncodedDeliveriesReceived,
+        event: PublishReceived
+        | PublishManyReceived
+        | DeliverReceived
+        | DeliverManyReceived
+        | EncodedDeliveriesReceived,
     ) -> list[Event]:
         """A received Publish, Deliver or DeliverMany has been processed
         (all of a DeliverMany's entries): free its buffer space.
@@ -108,9 +113,10 @@ class FlowControl(ConnectionCore):
         Returns the events this causes: a :class:`HandleDeleted` when the
         frame was the last reference to a handle being freed.
         """
-        if type(event) is DeliverManyReceived or type(event) is EncodedDeliveriesReceived:
-            return self.release_frames(event.channel, event.size, len(event.message.entries))
-        return self.release_frame(event.channel, event.size)
+        if type(event) is PublishReceived or type(event) is DeliverReceived:
+            return self.release_frame(event.channel, event.size)
+        assert not isinstance(event, PublishReceived | DeliverReceived)
+        return self.release_frames(event.channel, event.size, len(event.message.entries))
 
     def release_frame(self, channel: Channel, size: int) -> list[Event]:
         """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""

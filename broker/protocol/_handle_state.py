@@ -39,6 +39,9 @@ class TopicState(Binding[str]):
     #: resume), in order, and how many it confirmed before them.
     retained: deque[bytes] | None = None
     retained_base: int = 0
+    #: Client: publishes sent after the retained ones and not kept (by a
+    #: client that never resumes: ``hello(keep_unconfirmed=False)``).
+    unkept: int = 0
     #: Broker: bytes the handle's BindTopic holds on the bind channel while
     #: the handle lives (None on the client).
     bind_size: int | None = None
@@ -63,7 +66,8 @@ class TopicState(Binding[str]):
     @property
     def published(self) -> int:
         """Client: Publish frames sent on the handle in the whole session."""
-        return self.retained_base + (len(self.retained) if self.retained is not None else 0)
+        retained = self.retained
+        return self.retained_base + (len(retained) if retained is not None else 0) + self.unkept
 
     def confirm(self, count: int) -> bool:
         """Client: the broker confirmed ``count`` publishes (cumulative);
@@ -73,9 +77,14 @@ class TopicState(Binding[str]):
         if not base <= count <= self.published:
             return False
         retained = self.retained
-        if retained is not None and count > base:
-            for _ in range(count - base):
-                retained.popleft()
+        if count > base:
+            confirmed = count - base
+            if retained:
+                kept = min(confirmed, len(retained))
+                for _ in range(kept):
+                    retained.popleft()
+                confirmed -= kept
+            self.unkept -= confirmed
             self.retained_base = count
         return True
 

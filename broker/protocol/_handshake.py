@@ -37,6 +37,8 @@ class Handshake(SessionResume):
         deliver_many: bool = False,
         metadata: bool = False,
         encoded_deliveries: bool = False,
+        publish_many: bool = False,
+        keep_unconfirmed: bool = True,
     ) -> None:
         """Client: open the connection (a new session, or resume ``session``),
         presenting ``token`` to a broker that authenticates its clients.
@@ -50,6 +52,13 @@ class Handshake(SessionResume):
         headers is given as :class:`EncodedDeliveriesReceived`: each entry's
         Deliver tail as it was on the wire, not decoded (for a client that
         passes deliveries on, as a broker relaying to its own subscribers).
+
+        With ``publish_many`` the Hello asks to send PublishMany frames
+        (:meth:`publish_many_tails`), if the Welcome allows them.
+
+        With ``keep_unconfirmed=False`` the client says it will never
+        resume the session: publishes are only counted until confirmed, not
+        kept (:meth:`session_state` then refuses).
 
         With ``metadata`` the Hello asks a broker of several workers for its
         membership: the Welcome's ``cluster`` (None from a single process).
@@ -75,10 +84,12 @@ class Handshake(SessionResume):
             token,
             deliver_many,
             metadata,
+            publish_many,
         )
         self._queue(message)
         self.hello_message = message
         self._many = deliver_many
+        self._keep_unconfirmed = keep_unconfirmed
         self._decoder.encoded_deliveries = deliver_many and encoded_deliveries
         self.state = ConnectionState.AWAIT_WELCOME
 
@@ -136,9 +147,11 @@ class Handshake(SessionResume):
             surviving,
             offsets,
             cluster if self.hello_message is not None and self.hello_message.metadata else None,
+            self.hello_message is not None and self.hello_message.publish_many,
         )
         self._queue(message)
         self.welcome_message = message
+        self._publish_many = message.publish_many
         self.peer_max_frame = self.max_frame + DELIVER_SLACK
         self.state = ConnectionState.OPEN
         if restore is not None:
@@ -164,6 +177,8 @@ class Handshake(SessionResume):
         resume = self._resume
         check_welcome(message, resume)  # a refused Welcome changes nothing
         self.welcome_message = message
+        hello = self.hello_message
+        self._publish_many = message.publish_many and hello is not None and hello.publish_many
         self.peer_max_frame = message.max_frame
         self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
         self.liveness.lease = message.lease_ms / 1000

@@ -44,6 +44,8 @@ class Hello:
     #: The client asks for the membership of a multi-worker broker (the
     #: Welcome's ``cluster``), to reach each topic's owner directly.
     metadata: bool = False
+    #: The client would send ``PublishMany`` frames (if the Welcome allows).
+    publish_many: bool = False
 
 
 @dataclass(slots=True)
@@ -74,6 +76,9 @@ class Welcome:
     #: To a Hello that asked for ``metadata``, from a broker of several
     #: workers: the membership and this worker's id (else None).
     cluster: Cluster | None = None
+    #: To a Hello that asked for ``publish_many``: the client may send
+    #: ``PublishMany`` frames.
+    publish_many: bool = False
 
 
 @dataclass(slots=True)
@@ -410,6 +415,24 @@ class DeliverTimed(DeliverMany):
     times: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class PublishMany:
+    """Publishes to topic handle ``topic`` in one frame (channel
+    ``[2, topic]``), from a client whose Welcome allowed it:
+    ``entries[i]`` is the i-th publish's payload, key and headers as on
+    the wire, a Deliver tail (see :func:`encode_deliver_tail`), and
+    ``keys[i]`` its key."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_MANY
+    topic: int
+    entries: list[bytes]
+    keys: list[bytes | None]
+
+    @property
+    def channel(self) -> Channel:
+        return Channel(ChannelKind.PUBLISH, self.topic)
+
+
 ControlMessage = (
     Hello
     | Welcome
@@ -434,7 +457,9 @@ ControlMessage = (
     | ListOffsets
     | Offsets
 )
-ChannelMessage = BindTopic | Subscribe | Publish | Deliver | DeliverMany | DeliverTimed
+ChannelMessage = (
+    BindTopic | Subscribe | Publish | PublishMany | Deliver | DeliverMany | DeliverTimed
+)
 Message = ControlMessage | ChannelMessage
 GuaranteeMessage = (
     IssueGuarantee | Absolve | Plead | LimitSending | LimitReceiving | AnnounceDropping | Apologise

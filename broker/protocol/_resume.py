@@ -49,6 +49,8 @@ class SessionResume(HandleBinding):
                 {h: t.received for h, t in live.items()},
                 {h: t.stage for h, t in live.items() if t.stage is not None},
             )
+        if not self._keep_unconfirmed:
+            raise LocalProtocolError("this client keeps no unconfirmed publishes: no resume")
         proposed = HandleState.PROPOSED
         live = {h: t for h, t in self.topics.items() if t.state is bound or t.state is proposed}
         subscriptions = {h: s for h, s in self.subscriptions.items() if s.state is bound}

@@ -107,7 +107,10 @@ class Traffic(HandleBinding):
             self._out_size += size
         else:
             self._send_frame(sender, Publish(topic, payload, key, headers), frame)
-        state.retain(frame)  # to be sent again on a resume, until confirmed
+        if self._keep_unconfirmed:
+            state.retain(frame)  # to be sent again on a resume, until confirmed
+        else:
+            state.unkept += 1
         return size
 
     def publish_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
@@ -152,8 +155,11 @@ class Traffic(HandleBinding):
                 self.frames_sent += len(frames)
                 self.bytes_sent += size
                 self._out_size += size
-                state.retain_all(frames)
                 sent = len(frames)
+                if self._keep_unconfirmed:
+                    state.retain_all(frames)
+                else:
+                    state.unkept += sent
                 start += sent
         for index in range(start, len(tails)):
             try:
@@ -175,7 +181,10 @@ class Traffic(HandleBinding):
                     self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:
                     break
-            retain(frame)  # to be sent again on a resume, until confirmed
+            if self._keep_unconfirmed:
+                retain(frame)  # to be sent again on a resume, until confirmed
+            else:
+                state.unkept += 1
             sent += 1
         return sent
 

@@ -102,6 +102,7 @@ class MessageType(IntEnum):
     DELIVER = 33
     DELIVER_MANY = 34
     DELIVER_TIMED = 35
+    PUBLISH_MANY = 36
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42

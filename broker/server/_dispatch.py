@@ -24,6 +24,7 @@ from broker.protocol import (
     HandleType,
     HelloReceived,
     ListOffsets,
+    PublishManyReceived,
     PublishReceived,
     Subscribed,
     TopicBound,
@@ -123,6 +124,17 @@ class Dispatch:
                 state.buffer.append(event)
                 touched.add(state)
                 counters.messages_in += 1
+            elif type(event) is PublishManyReceived:
+                # (As a Publish, but never staged: the protocol refuses that.)
+                if closing:
+                    continue
+                state = channels[event.channel.index]
+                if not state.may_publish:
+                    self.deny(f"may not publish to {shown(state.topic.topic_name)}", connection)
+                    break
+                state.buffer.append(event)
+                touched.add(state)
+                counters.messages_in += len(event.message.entries)
             elif type(event) is GuaranteesReceived:
                 if event.channel.kind == ChannelKind.DELIVER:
                     self.deliveries.pump(event.channel.index)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 import trio
@@ -54,7 +55,7 @@ from broker.protocol import (
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
 from ._link_io import LinkRunner
-from ._wake import Outbox
+from ._wake import Outbox, Wake
 
 __all__ = ["Link", "LinkHost", "LinkStatistics"]
 
@@ -155,6 +156,12 @@ class Link:
         #: Topic handles whose channel the owner said it withholds (Throttled).
         self._withheld: set[int] = set()
         self.runner = LinkRunner(self, host.outbox, name, owner, path)
+        #: Topics with batches to send once the outbox step under way ends
+        #: (see :meth:`publish`), and the wake that sends them then.
+        self._dirty: dict[_LinkTopic, None] = {}
+        self._outbox = host.outbox
+        self._deferred = Wake(host.outbox)
+        self._deferred.write_now = self._send_dirty
 
     @property
     def offsets(self) -> bool:
@@ -201,10 +208,31 @@ class Link:
         self._free_handles()
 
     def publish(self, topic: ForwardTopic, batch: PendingBatch) -> None:
-        """Send ``batch`` to the owner as its guarantees allow (see ``TopicLink``)."""
+        """Send ``batch`` to the owner as its guarantees allow (see ``TopicLink``).
+
+        While an outbox step is under way (a client's read), it is sent when
+        the step ends, with the topic's other batches of the step: in as few
+        PublishMany frames as the guarantees allow, so the owner decodes,
+        routes and confirms them as one."""
         state = self._topic(topic)
-        if state.handle is not None:
+        if state.handle is None:
+            return
+        if self._outbox.is_open:
+            self._dirty[state] = None
+            self._deferred.set()  # (noted before the link's own wake: sent first)
+            self.runner.flush()
+        else:
             self._send(state)
+
+    def _send_dirty(self) -> bool:
+        """The outbox step ended: send what its publishes left to send."""
+        dirty = self._dirty
+        self._dirty = {}
+        for state in dirty:
+            if state.handle is not None and self.by_topic_handle.get(state.handle) is state:
+                self._send(state, flush=False)
+        self.runner.flush()  # (already noted and flushed next, or the writer sends it)
+        return True
 
     def topic_released(self, topic: ForwardTopic) -> None:
         """Let go of ``topic``'s handle on the owner (its room funds others)."""
@@ -245,9 +273,10 @@ class Link:
         self.by_topic_handle[state.handle] = state
         self._send(state)
 
-    def _send(self, state: _LinkTopic) -> None:
-        """Send the topic's pending publishes as far as the guarantees go
-        (none on a connection that is closed: they wait for the next)."""
+    def _send(self, state: _LinkTopic, *, flush: bool = True) -> None:
+        """Send the topic's pending publishes as far as the guarantees go:
+        every batch not sent wholly yet, together (none on a connection that
+        is closed: they wait for the next)."""
         conn = self.conn
         handle = state.handle
         assert conn is not None and handle is not None
@@ -255,20 +284,30 @@ class Link:
             return
         pending = state.topic.pending
         index = state.sending
-        sent = 0
+        if index >= len(pending):
+            return
+        if index == len(pending) - 1:
+            batch = pending[index]
+            tails = batch.routed.tails[batch.sent :] if batch.sent else batch.routed.tails
+        else:
+            tails = []
+            for batch in islice(pending, index, None):
+                tails += batch.routed.tails[batch.sent :]
+        # (A Publish ends as a Deliver does: each tail is copied as is, in
+        # as few PublishMany frames as the owner's guarantees allow.)
+        sent = left = conn.publish_many_tails(handle, tails)
         while index < len(pending):
             batch = pending[index]
-            tails = batch.routed.tails
-            # (A Publish ends as a Deliver does: each tail is copied as is.)
-            count = conn.publish_tails(handle, tails, batch.sent)
-            batch.sent += count
-            sent += count
-            if batch.sent < len(tails):  # out of room: the rest when guarantees come
-                break
+            take = min(left, len(batch.routed.tails) - batch.sent)
+            batch.sent += take
+            left -= take
+            if batch.sent < len(batch.routed.tails):
+                break  # out of room: the rest when guarantees come
             index += 1
         state.sending = index
         self.publishes_forwarded += sent
-        self._flush()
+        if flush:
+            self._flush()
 
     def _confirmed(self, state: _LinkTopic, count: int) -> None:
         """The owner confirmed ``count`` publishes on the topic's handle in
@@ -415,7 +454,15 @@ class Link:
             lease=config.lease,
             now=trio.current_time(),
         )
-        conn.hello(self.name, deliver_many=True, encoded_deliveries=True)
+        # (A new session each time: what the owner did not confirm is sent
+        # again by the link itself, so nothing is kept for a resume.)
+        conn.hello(
+            self.name,
+            deliver_many=True,
+            encoded_deliveries=True,
+            publish_many=True,
+            keep_unconfirmed=False,
+        )
         return conn
 
     def _relay(self, handle: int, first_seq: int, tails: list[bytes]) -> None:

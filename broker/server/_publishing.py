@@ -22,6 +22,7 @@ from broker.protocol import (
     HandleDeleted,
     HandleType,
     OutcomeStatus,
+    PublishManyReceived,
     PublishReceived,
     Stage,
     encode_deliver_tail,
@@ -86,7 +87,7 @@ class PublishChannel:
     account: Account
     topic: Topic
     #: Received publishes not yet forwarded to the topic (the channel buffer).
-    buffer: deque[PublishReceived] = field(default_factory=deque)
+    buffer: deque[PublishReceived | PublishManyReceived] = field(default_factory=deque)
     #: Publishes the topic has routed to every subscription (for Confirm).
     routed: int = 0
     confirmed: int = 0
@@ -196,9 +197,7 @@ class Publishing:
         closing = self.host.closing
         for state in list(self.channels.values()):
             if state.buffer and not closing:
-                size = sum(event.size for event in state.buffer)
-                self._forward(state, list(state.buffer), size, 0)
-                state.buffer.clear()
+                self._forward_all(state)
             state.topic.publishers -= 1
             state.topic.release_if_unused()
             state.account.close()
@@ -270,6 +269,18 @@ class Publishing:
         protocol = self.protocol
         left = limit or len(buffer)
         while buffer and left > 0 and not account.blocked:
+            if type(buffer[0]) is PublishManyReceived:
+                # Many publishes in one frame: a batch of its own, as received.
+                many = buffer.popleft()
+                assert type(many) is PublishManyReceived
+                left -= 1
+                self._forward_many(state, many, account.event_cost)
+                released = protocol.release_frames(
+                    state.channel, many.size, len(many.message.entries)
+                )
+                if released:
+                    self._released(released)
+                continue
             # While routed, a publish's loan and its deliveries' loans are all
             # charged: the room is shared by the publishes and their fan-out.
             # Batches not routed yet will add their fan-out: count it as spent.
@@ -283,6 +294,9 @@ class Publishing:
             most = min(FORWARD_BATCH, left)
             while buffer and len(batch) < most and (not batch or size + deliveries <= room):
                 event = buffer.popleft()
+                if type(event) is not PublishReceived:
+                    buffer.appendleft(event)  # (a PublishMany goes as its own batch)
+                    break
                 batch.append(event)
                 size += event.size
                 deliveries += fan_out * (event.size + per_delivery)
@@ -307,6 +321,37 @@ class Publishing:
             account=state.account,
             cost=size,
         )
+
+    def _forward_many(self, state: PublishChannel, event: PublishManyReceived, cost: int) -> None:
+        """Send the publishes of one PublishMany to the topic as one batch
+        (one loan on the channel's account, as :meth:`_forward`'s); ``cost``
+        is the account's per-event constant."""
+        message = event.message
+        tails = message.entries
+        fan_out = state.topic.charging * (event.size + (DELIVER_HEAD_ESTIMATE + cost) * len(tails))
+        state.unrouted_fan_out += fan_out
+        state.topic.send_nowait(
+            Routed(tails, self, state.channel.index, fan_out, message.keys),
+            account=state.account,
+            cost=event.size,
+        )
+
+    def _forward_all(self, state: PublishChannel) -> None:
+        """Send everything in the channel's buffer to the topic, in order,
+        whatever the account says (the connection ends)."""
+        buffer = state.buffer
+        while buffer:
+            if type(buffer[0]) is PublishManyReceived:
+                many = buffer.popleft()
+                assert type(many) is PublishManyReceived
+                self._forward_many(state, many, 0)
+                continue
+            batch: list[PublishReceived] = []
+            while buffer and type(buffer[0]) is PublishReceived:
+                event = buffer.popleft()
+                assert type(event) is PublishReceived
+                batch.append(event)
+            self._forward(state, batch, sum(event.size for event in batch), 0)
 
     async def _await_clear(self, state: PublishChannel) -> None:
         """Resume a throttled channel once its account clears and its buffer

@@ -53,6 +53,7 @@ class ConnectionPair:
         handshake: bool = True,
         deliver_many: bool = False,
         broker_max_frame: int | None = None,
+        publish_many: bool = False,
     ) -> None:
         """``deliver_many``: the client's Hello says it reads DeliverMany frames.
         ``broker_max_frame``: the broker's ``max_frame`` (announced in Welcome)."""
@@ -62,6 +63,7 @@ class ConnectionPair:
         else:
             self.broker = Connection(Role.BROKER, policy=broker_policy, max_frame=broker_max_frame)
         self.deliver_many = deliver_many
+        self.publish_many = publish_many
         self.wire_to_broker: deque[bytes] = deque()
         self.wire_to_client: deque[bytes] = deque()
         self.client_events: list[Event] = []
@@ -71,7 +73,9 @@ class ConnectionPair:
             self.handshake()
 
     def handshake(self) -> None:
-        self.client.hello("test-client", deliver_many=self.deliver_many)
+        self.client.hello(
+            "test-client", deliver_many=self.deliver_many, publish_many=self.publish_many
+        )
         self.flush()
         events = self.to_broker()
         assert isinstance(events[0], HelloReceived)

@@ -56,6 +56,7 @@ from broker.protocol import (
     Plead,
     Pong,
     Publish,
+    PublishMany,
     RemoteProtocolError,
     Stage,
     Subscribe,
@@ -83,9 +84,11 @@ MESSAGES: list[Message] = [
     Hello(0, "", SESSION, {0: 0, 1: U64_MAX, U64_MAX: 7}),
     Hello(U64_MAX, "ünïcødé ✓", b"", {}),
     Hello(1, "c", b"\x00" * 40, {3: 4}),
+    Hello(1, "link", None, {}, None, True, False, True),
     Welcome(1, SESSION, False, b"epoch", 15_000, 5_000, DEFAULT_MAX_FRAME, {}),
     Welcome(0, b"\xff" * 16, True, b"", 0, 0, 0, {0: 0, U64_MAX: U64_MAX}, (0, 0)),
     Welcome(U64_MAX, SESSION, True, b"e" * 300, U64_MAX, U64_MAX, U64_MAX, {5: 1}, (6, U64_MAX)),
+    Welcome(1, SESSION, False, b"e", 1, 1, 64, {}, publish_many=True),
     Ping(0),
     Ping(U64_MAX),
     Pong(0),
@@ -152,6 +155,18 @@ MESSAGES: list[Message] = [
     DeliverMany(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])]),
     DeliverMany(3, 2**32, [(b"p" * 100, None, None), (b"", b"", []), (b"q", None, [("n", b"1")])]),
     DeliverMany(24, U64_MAX - 99, [(bytes([i]) * i, None, None) for i in range(100)]),
+    *(
+        PublishMany(
+            topic, [encode_deliver_tail(*entry) for entry in entries], [e[1] for e in entries]
+        )
+        for topic, entries in [
+            (0, [(b"", None, None)]),
+            (U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])]),
+            (3, [(b"p" * 100, None, None), (b"", b"", []), (b"q", None, [("n", b"1")])]),
+            (24, [(bytes([i]) * i, None, None) for i in range(100)]),
+            (7, [(b"p" * 30, None, None), (b"k", b"key", None)]),
+        ]
+    ),
     DeliverTimed(0, 0, [(b"", None, None)], [0]),
     DeliverTimed(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])], [U64_MAX]),
     DeliverTimed(3, 2**32, [(b"p", None, None), (b"", b"", [])], [1_764_294_000_000, 23]),

@@ -1,0 +1,147 @@
+"""PublishMany: many publishes to one topic handle in one frame, from a
+client whose Hello asked for it and whose Welcome allowed it (a worker's
+link to a topic's owner forwards its publishes so).
+
+The frame is one channel message on ``[2, t]``: its whole size counts once
+against the guarantees and it is accepted or dropped whole, but each entry
+counts as one publish everywhere else (references to the handle, the
+session's received and confirmed counts). The client keeps each entry as a
+Publish frame of its own for a resume (what a resumed session sends again
+is plain Publish frames). PublishMany is never sent on a staged handle.
+"""
+
+from __future__ import annotations
+
+from ._core import ConnectionState
+from ._encode import MAX_PUBLISH_MANY, publish_many_head, publish_tail_frames
+from ._errors import RemoteProtocolError
+from ._events import Event, PublishManyReceived
+from ._handles import HandleState
+from ._messages import PublishMany
+from ._traffic import Traffic
+from ._types import LENGTH_PREFIX, TOPIC_BINDS, Role
+
+__all__ = ["ManyPublishing"]
+
+#: The longest a PublishMany head (length prefix included) can be.
+_HEAD_MAX = LENGTH_PREFIX + 3 + 2 + 9
+
+
+class ManyPublishing(Traffic):
+    """Sending (client) and receiving (broker) PublishMany frames."""
+
+    @property
+    def publish_many(self) -> bool:
+        """Client: the Welcome allowed PublishMany frames (broker: the Hello
+        asked for them and the Welcome said so)."""
+        return self._publish_many
+
+    def publish_many_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
+        """Client: :meth:`publish_tails`, but as few PublishMany frames as the
+        guarantees and the peer's ``max_frame`` allow, where the Welcome
+        allowed them (else, or when the channel is not plainly within its
+        guarantees, as :meth:`publish_tails` sends them); returns how many
+        were sent, in order."""
+        if not self._publish_many or self._bind_senders[TOPIC_BINDS].retransmit:
+            return self.publish_tails(topic, tails, start)
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        state = self.topics.bindings.get(topic)
+        if (
+            state is None
+            or state.state is not HandleState.BOUND
+            or state.sender is None
+            or state.stage is not None
+            or state.sender.sending_limit is not None
+            or type(topic) is not int
+        ):
+            return self.publish_tails(topic, tails, start)  # (which says what is wrong)
+        sender = state.sender
+        room = sender.room()
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        count = len(tails)
+        sent = frames = total = 0
+        while start + sent < count:
+            capacity = min(room, limit) - _HEAD_MAX
+            first = start + sent
+            stop = min(count, first + MAX_PUBLISH_MANY)
+            # The usual case: all of them fit one frame (summed in one go).
+            body = sum(map(len, tails[first:stop])) if not frames else capacity + 1
+            end = stop
+            if body > capacity:
+                body = 0
+                end = first
+                while end < stop:
+                    size = len(tails[end])
+                    if body + size > capacity:
+                        break
+                    body += size
+                    end += 1
+            if end == first:
+                break  # out of room (or a tail too large: publish_tails says so)
+            head = publish_many_head(topic, end - first, body)
+            out.append(head)
+            out += tails[first:end]
+            size = len(head) + body
+            room -= size
+            total += size
+            frames += 1
+            sent += end - first
+        if frames:
+            sender.record_within_guarantees(frames, total)
+            self.frames_sent += frames
+            self.bytes_sent += total
+            self._out_size += total
+            if self._keep_unconfirmed:
+                # Each kept as a Publish of its own, for a resume.
+                state.retain_all(
+                    publish_tail_frames(topic, tails[start : start + sent], 0, 1 << 62)
+                )
+            else:
+                state.unkept += sent
+        if sent == 0 and start < count:
+            return self.publish_tails(topic, tails, start)  # (one, or what is wrong)
+        return sent
+
+    def _on_publish_many(self, message: PublishMany, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER or not self._publish_many:
+            raise RemoteProtocolError(
+                "PublishMany is sent by clients, and only by one whose Welcome allows it"
+            )
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.topic
+        count = len(message.entries)
+        topic = self.topics.bindings.get(handle)
+        if (
+            topic is not None
+            and topic.state is HandleState.BOUND
+            and not topic.peer_done
+            and topic.stage is None
+        ):
+            # The usual case, in short: a bound topic, within the guarantees.
+            receiver = topic.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                topic.references += count
+                topic.received += count
+                events.append(PublishManyReceived(message, topic.value, receiver.channel, size))
+                return
+        topic = self._resolve_topic(handle, events)
+        if topic is None:
+            # An optimistic reference whose bind was dropped (and announced).
+            self.discarded_frames += 1
+            return
+        if topic.stage is not None:
+            raise RemoteProtocolError(f"PublishMany on staged topic handle {handle}")
+        receiver = topic.receiver
+        assert receiver is not None  # a broker receives on every bound topic
+        accepted, out = receiver.on_frame(size)
+        if topic.state is HandleState.BOUND:
+            self._queue_all(out)
+        if accepted:
+            if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
+                self._issue(receiver)  # confirm the optimistic frame without delay
+            topic.references += count
+            topic.received += count
+            events.append(PublishManyReceived(message, topic.value, receiver.channel, size))

@@ -187,9 +187,21 @@ def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None
     if fields is None:
         return None
     subscription, first_seq, pos = fields
+    tails = _slice_entries(data, pos, count, end, None)
+    if tails is None:
+        return None
+    return EncodedDeliveries(subscription, first_seq, tails)
+
+
+def _slice_entries(
+    data: bytes, pos: int, count: int, end: int, keys: list[bytes | None] | None
+) -> list[bytes] | None:
+    """The ``count`` entries (``payload, key, null`` each) from ``pos`` to
+    exactly ``end``, each sliced whole, not decoded, with each key written
+    into ``keys`` where it is given; None if they are not such entries."""
     tails: list[bytes] = []
     append = tails.append
-    for _ in range(count):
+    for index in range(count):
         if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
             stop = pos + 4 + data[pos + 1]
             if data[stop - 2] == _NULL_BYTE and data[stop - 1] == _NULL_BYTE:
@@ -200,10 +212,10 @@ def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None
         if entry is None:
             return None
         append(data[pos : entry[2]])
+        if keys is not None:
+            keys[index] = entry[1]
         pos = entry[2]
-    if pos != end:
-        return None
-    return EncodedDeliveries(subscription, first_seq, tails)
+    return tails if pos == end else None
 
 
 def _fast_message_encoded(
@@ -234,23 +246,9 @@ def _fast_publish_many(data: bytes, pos: int, items: int, end: int) -> PublishMa
     # A count longer than the bytes left could hold is not this frame's.
     if topic < 0 or 3 * count > end - pos:
         return None
-    tails: list[bytes] = []
     keys: list[bytes | None] = [None] * count
-    append = tails.append
-    for index in range(count):
-        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
-            stop = pos + 4 + data[pos + 1]
-            if data[stop - 2] == _NULL_BYTE and data[stop - 1] == _NULL_BYTE:
-                append(data[pos:stop])
-                pos = stop
-                continue
-        entry = _fast_entry(data, pos)
-        if entry is None:
-            return None
-        append(data[pos : entry[2]])
-        keys[index] = entry[1]
-        pos = entry[2]
-    if pos != end:
+    tails = _slice_entries(data, pos, count, end, keys)
+    if tails is None:
         return None
     return PublishMany(topic, tails, keys)
 

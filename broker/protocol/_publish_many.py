@@ -134,14 +134,7 @@ class ManyPublishing(Traffic):
             return
         if topic.stage is not None:
             raise RemoteProtocolError(f"PublishMany on staged topic handle {handle}")
-        receiver = topic.receiver
-        assert receiver is not None  # a broker receives on every bound topic
-        accepted, out = receiver.on_frame(size)
-        if topic.state is HandleState.BOUND:
-            self._queue_all(out)
-        if accepted:
-            if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
-                self._issue(receiver)  # confirm the optimistic frame without delay
-            topic.references += count
-            topic.received += count
+        if self._receive_publishes(topic, count, size):
+            receiver = topic.receiver
+            assert receiver is not None  # (checked by _receive_publishes)
             events.append(PublishManyReceived(message, topic.value, receiver.channel, size))

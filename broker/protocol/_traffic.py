@@ -36,6 +36,7 @@ from ._events import (
     PublishReceived,
 )
 from ._guarantees import ChannelSender
+from ._handle_state import TopicState
 from ._handles import HandleState
 from ._messages import (
     Ack,
@@ -209,6 +210,16 @@ class Traffic(HandleBinding):
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1
             return
+        if self._receive_publishes(topic, 1, size):
+            receiver = topic.receiver
+            assert receiver is not None  # (checked by _receive_publishes)
+            events.append(PublishReceived(message, topic.value, receiver.channel, size))
+
+    def _receive_publishes(self, topic: TopicState, count: int, size: int) -> bool:
+        """Broker: account one channel message of ``size`` bytes carrying
+        ``count`` publishes on ``topic`` against its guarantees (queueing
+        what that sends); True if it was accepted, its publishes then
+        counted in the handle's references and received."""
         receiver = topic.receiver
         assert receiver is not None  # a broker receives on every bound topic
         accepted, out = receiver.on_frame(size)
@@ -217,9 +228,9 @@ class Traffic(HandleBinding):
         if accepted:
             if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
                 self._issue(receiver)  # confirm the optimistic frame without delay
-            topic.references += 1
-            topic.received += 1
-            events.append(PublishReceived(message, topic.value, receiver.channel, size))
+            topic.references += count
+            topic.received += count
+        return accepted
 
     # ---------------------------------------------------------------- deliver
 

@@ -16,6 +16,7 @@ import trio
 
 from broker.client import open_client
 
+from ..server.helpers import wait_until
 from .test_supervisor import DEADLINE, running_workers, topics_of, worker_config
 
 #: Messages published; the kill comes at the middle one.
@@ -39,9 +40,7 @@ async def test_a_forwarder_killed_mid_stream_loses_nothing_and_stores_no_confirm
                     # Some confirmed, the rest in flight; whatever the client
                     # had heard confirmed before the kill (a Confirm arriving
                     # after this counts as unconfirmed).
-                    with trio.fail_after(DEADLINE):
-                        while publisher.statistics()["confirmed"] < COUNT // 4:
-                            await trio.sleep(0.001)
+                    await wait_until(lambda: publisher.statistics()["confirmed"] >= COUNT // 4)
                     confirmed_at_kill = publisher.statistics()["confirmed"]
                     assert w0.pid is not None
                     os.kill(w0.pid, signal.SIGKILL)
@@ -53,15 +52,17 @@ async def test_a_forwarder_killed_mid_stream_loses_nothing_and_stores_no_confirm
         assert COUNT // 4 <= confirmed_at_kill <= COUNT // 2 + 1
 
         stored: list[int] = []
-        async with open_client(url1, name="reader") as reader:
-            async with reader.subscribe(topic, start="earliest") as subscription:
-                with trio.fail_after(DEADLINE):
-                    while not stored or stored[-1] != COUNT - 1:
-                        stored.append(int((await subscription.receive()).payload))
-                # Nothing is stored after the last publish's first copy.
-                with trio.move_on_after(0.5):
-                    extra = await subscription.receive()
-                    raise AssertionError(f"stored after the last publish: {extra.payload!r}")
+        async with (
+            open_client(url1, name="reader") as reader,
+            reader.subscribe(topic, start="earliest") as subscription,
+        ):
+            with trio.fail_after(DEADLINE):
+                while not stored or stored[-1] != COUNT - 1:
+                    stored.append(int((await subscription.receive()).payload))
+            # Nothing is stored after the last publish's first copy.
+            with trio.move_on_after(0.5):
+                extra = await subscription.receive()
+                raise AssertionError(f"stored after the last publish: {extra.payload!r}")
 
     first_copies = list(dict.fromkeys(stored))
     assert first_copies == list(range(COUNT))  # none lost, in order

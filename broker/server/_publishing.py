@@ -22,6 +22,7 @@ from broker.protocol import (
     HandleDeleted,
     HandleType,
     OutcomeStatus,
+    PublishMany,
     PublishManyReceived,
     PublishReceived,
     Stage,
@@ -269,10 +270,18 @@ class Publishing:
         protocol = self.protocol
         left = limit or len(buffer)
         while buffer and left > 0 and not account.blocked:
+            # While routed, a publish's loan and its deliveries' loans are all
+            # charged: the room is shared by the publishes and their fan-out.
+            # Batches not routed yet will add their fan-out: count it as spent.
+            room = account.high_watermark - account.debt - state.unrouted_fan_out
+            fan_out = state.topic.charging  # lossy/latest queues charge nobody here
+            per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
+            if room <= 0 and state.unrouted_fan_out > 0:
+                break  # resumed by routed() when the topic has caught up
             if type(buffer[0]) is PublishManyReceived:
-                # Many publishes in one frame: a batch of its own, as received.
-                many = buffer.popleft()
-                assert type(many) is PublishManyReceived
+                # Many publishes in one frame: a batch of its own, cut where
+                # it takes the account over its watermark (as below).
+                many = _cut_many(buffer, room, fan_out, per_delivery)
                 left -= 1
                 self._forward_many(state, many, account.event_cost)
                 released = protocol.release_frames(
@@ -281,16 +290,8 @@ class Publishing:
                 if released:
                     self._released(released)
                 continue
-            # While routed, a publish's loan and its deliveries' loans are all
-            # charged: the room is shared by the publishes and their fan-out.
-            # Batches not routed yet will add their fan-out: count it as spent.
-            room = account.high_watermark - account.debt - state.unrouted_fan_out
-            fan_out = state.topic.charging  # lossy/latest queues charge nobody here
-            per_delivery = DELIVER_HEAD_ESTIMATE + account.event_cost
             batch: list[PublishReceived] = []
             size = deliveries = 0
-            if room <= 0 and state.unrouted_fan_out > 0:
-                break  # resumed by routed() when the topic has caught up
             most = min(FORWARD_BATCH, left)
             while buffer and len(batch) < most and (not batch or size + deliveries <= room):
                 event = buffer.popleft()
@@ -463,3 +464,34 @@ class Publishing:
         if not self.protocol.closed:
             self.protocol.outcome(request, decision.status, decision.messages, decision.reason)
             self.wake.set()
+
+
+def _cut_many(
+    buffer: deque[PublishReceived | PublishManyReceived],
+    room: float,
+    fan_out: int,
+    per_delivery: int,
+) -> PublishManyReceived:
+    """Take from the head of ``buffer`` (a PublishMany) the publishes that
+    fit ``room`` with their deliveries' charge, up to and including the one
+    that passes it (at least one): all of them, or a part, the rest left at
+    the head. The part's size is its entries' bytes; the last part has the
+    frame's head too, so the parts' sizes add up to the frame's."""
+    many = buffer[0]
+    assert type(many) is PublishManyReceived
+    entries = many.message.entries
+    spent = size = count = 0
+    for entry in entries:
+        count += 1
+        size += len(entry)
+        spent += len(entry) + fan_out * (len(entry) + per_delivery)
+        if spent > room:
+            break
+    if count == len(entries):
+        buffer.popleft()
+        return many
+    keys = many.message.keys
+    rest = PublishMany(many.message.topic, entries[count:], keys[count:])
+    buffer[0] = PublishManyReceived(rest, many.topic_name, many.channel, many.size - size)
+    part = PublishMany(many.message.topic, entries[:count], keys[:count])
+    return PublishManyReceived(part, many.topic_name, many.channel, size)

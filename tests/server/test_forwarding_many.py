@@ -13,6 +13,7 @@ import trio
 
 from broker.client import open_client
 from broker.protocol import LocalProtocolError
+from broker.server._publishing import PublishChannel
 
 from .helpers import TIMEOUT, wait_until
 from .workers import owned_by, running_workers, url
@@ -47,3 +48,50 @@ async def test_a_burst_goes_to_the_owner_in_few_frames(tmp_path: Path) -> None:
         (statistics,) = w0.link_statistics()
         assert statistics.publishes_forwarded == count
         await wait_until(lambda: w0.link_statistics()[0].publishes_in_flight == 0, what="confirms")
+
+
+async def test_a_publish_many_takes_the_owners_account_past_its_watermark_by_one_publish(
+    tmp_path: Path,
+) -> None:
+    """A subscriber at the owner that reads nothing: the link's channel
+    account there stops at its watermark plus about one publish and its
+    delivery, as publishes one at a time would; a PublishMany frame (here
+    up to four times the watermark) is cut where it passes the watermark."""
+    (topic,) = owned_by("w1", IDS, "many-")
+    watermark = 64 * 1024
+    payload = b"." * 100
+    async with (
+        running_workers(
+            tmp_path, channel_high_watermark=watermark, channel_low_watermark=watermark // 2
+        ) as (w0, w1),
+        open_client(url(w1), name="stuck") as stuck,
+        stuck.subscribe(topic),
+        open_client(url(w0), name="publisher") as publisher,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def publish() -> None:
+            while True:
+                await publisher.publish(topic, payload)
+
+        nursery.start_soon(publish)
+
+        def link_channel() -> PublishChannel | None:
+            for connection in w1.connections.values():
+                if connection.protocol.publish_many:
+                    for state in connection.publishing.channels.values():
+                        return state
+            return None
+
+        def throttled() -> bool:
+            state = link_channel()
+            return state is not None and state.account.blocked
+
+        await wait_until(throttled, what="the link's channel at the owner throttled")
+        await trio.sleep(0.2)  # (what the link sends meanwhile is buffered, not charged)
+        state = link_channel()
+        assert state is not None
+        one_publish = 2 * (len(payload) + 200)  # its loan and its delivery's, generously
+        assert watermark < state.account.peak_debt <= watermark + one_publish
+        nursery.cancel_scope.cancel()
+        await publisher.aclose(flush=False)  # (its last publishes are never confirmed)

@@ -43,11 +43,13 @@ from ._files import DirLock, unopened_due
 from ._format import HEADER_SIZE
 from ._journal import JournalFormatError, StateJournal
 from ._log import Reader, TopicLog
-from ._store import LogStore
+from ._store import JOURNAL_NAME, WORKERS, LogStore
 from ._types import FlushPolicy, LogConfig, Recovery, Run, Start, WhenFull
 
 __all__ = [
     "HEADER_SIZE",
+    "JOURNAL_NAME",
+    "WORKERS",
     "DataDirLocked",
     "DirLock",
     "DiskFull",

@@ -28,6 +28,7 @@ from broker.log import (
 )
 
 from ._log_subscription import CursorBook
+from ._rehome import CURSORS, rehome_cursors
 from ._session import Histogram
 from ._topic import Topic
 
@@ -67,7 +68,7 @@ class LogSettings(Protocol):
 class JournalCursors:
     """A :class:`~._log_subscription.CursorBook` in the data directory's state journal."""
 
-    SPACE = "cursors"
+    SPACE = CURSORS
 
     def __init__(self, journal: StateJournal) -> None:
         self._journal = journal
@@ -113,6 +114,8 @@ class TopicLogs:
         self.journal = store.journal
         if self.journal.recovered_cut_bytes:
             log.warning("state journal: %s", self.journal.recovery_detail)
+        if store.worker is None:  # (a supervisor moves them for its workers)
+            rehome_cursors(store.data_dir, lambda _topic: None, (None, self.journal))
         self.cursors: CursorBook = JournalCursors(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
         #: appends that failed (full, or the disk).

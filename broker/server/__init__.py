@@ -11,7 +11,7 @@ from ._connection import ConnectionCounters, PublishChannel, ServerConnection
 from ._lossy import DroppingSubscription, OptionError, QueueLimits
 from ._placement import WorkerSetup
 from ._policy import BrokerPolicy
-from ._rehome import rehome_cursors
+from ._rehome import rehome_state
 from ._shared_counts import clear_row, create_counts
 from ._topic import Subscription, Topic
 from ._view import ConnectionView
@@ -32,6 +32,6 @@ __all__ = [
     "WorkerSetup",
     "clear_row",
     "create_counts",
-    "rehome_cursors",
+    "rehome_state",
     "serve_broker",
 ]

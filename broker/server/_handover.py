@@ -58,10 +58,13 @@ def session_prefix(cluster: Cluster) -> bytes:
 
 def home_of(session: bytes, cluster: Cluster) -> Member | None:
     """The worker that holds ``session`` if that is not this one (None: this
-    worker, or not a session id a worker made)."""
-    if len(session) != SESSION_ID_BYTES or session[0] >= len(cluster.members):
+    worker, or not a session id). The first byte of the id, modulo the
+    number of workers, names it: a worker's sessions start with its index,
+    and a session from before a change of the number (or of a single
+    process) is where the change put it (see ``_rehome``)."""
+    if len(session) != SESSION_ID_BYTES:
         return None
-    home = cluster.members[session[0]]
+    home = cluster.members[session[0] % len(cluster.members)]
     return None if home.id == cluster.worker else home
 
 

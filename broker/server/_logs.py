@@ -28,7 +28,7 @@ from broker.log import (
 )
 
 from ._log_subscription import CursorBook
-from ._rehome import CURSORS, rehome_cursors
+from ._rehome import CURSORS, rehome_state
 from ._session import Histogram
 from ._topic import Topic
 
@@ -115,7 +115,7 @@ class TopicLogs:
         if self.journal.recovered_cut_bytes:
             log.warning("state journal: %s", self.journal.recovery_detail)
         if store.worker is None:  # (a supervisor moves them for its workers)
-            rehome_cursors(store.data_dir, lambda _topic: None, (None, self.journal))
+            rehome_state(store.data_dir, lambda _t: None, lambda _s: None, (None, self.journal))
         self.cursors: CursorBook = JournalCursors(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
         #: appends that failed (full, or the disk).

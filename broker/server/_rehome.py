@@ -1,16 +1,20 @@
-"""Durable cursors follow their topics when the number of workers changes.
+"""Durable cursors and sessions follow their homes when the number of
+workers changes.
 
-A durable cursor's position lives in the state journal of the process that
-owns its topic: ``<data_dir>/state.journal`` for a single broker process,
-``<data_dir>/workers/<id>/state.journal`` for worker ``<id>``. Changing
-``--workers`` moves topics to other owners; :func:`rehome_cursors`, run
-before any worker starts (the caller holds the data directory's lock),
-moves each cursor to the journal of its topic's new owner, so a cursor goes
-on from its position instead of from its subscription's start.
+A process keeps its state in its own journal: ``<data_dir>/state.journal``
+for a single broker process, ``<data_dir>/workers/<id>/state.journal`` for
+worker ``<id>``. A durable cursor belongs with its topic's owner, a
+session with its home worker (the first byte of its id, modulo the number
+of workers; see ``_handover.home_of``). Changing ``--workers`` moves both;
+:func:`rehome_state`, run before any worker starts (the caller holds the
+data directory's lock), moves each record to its new home, so a cursor
+goes on from its position, and a client resumes its session, instead of
+starting again.
 
 Crash-safe by order: every destination journal is fsynced before any
-source forgets a cursor; a crash between the two leaves a cursor in both,
-and the next run keeps the larger position (a cursor only moves forward).
+source forgets a record; a crash between the two leaves a record in both,
+and the next run keeps the larger position or count (both only grow) and
+the session record already at its home.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from pathlib import Path
 
 from broker.log import JOURNAL_NAME, WORKERS, DirLock, StateJournal
 
-__all__ = ["CURSORS", "rehome_cursors"]
+from ._handover import SESSION_ID_BYTES
+from ._session_records import COUNTS, SESSIONS
+
+__all__ = ["CURSORS", "rehome_state"]
 
 #: The state journal's space of durable cursors (key: principal NUL topic NUL name).
 CURSORS = "cursors"
@@ -47,20 +54,32 @@ def _homes_with_journals(data_dir: Path) -> list[Home]:
     return homes
 
 
-def rehome_cursors(
+def _session_of(key: str) -> str | None:
+    """The session (hex id) a session record or count key names."""
+    sid = key.partition("/")[0]
+    try:
+        return sid if len(bytes.fromhex(sid)) == SESSION_ID_BYTES else None
+    except ValueError:
+        return None
+
+
+def rehome_state(
     data_dir: Path,
-    home_of: Callable[[str], Home],
+    topic_home: Callable[[str], Home],
+    session_home: Callable[[bytes], Home],
     opened: tuple[Home, StateJournal] | None = None,
 ) -> int:
     """Move every durable cursor under ``data_dir`` to the journal of
-    ``home_of(topic)`` (None: the single process's); return how many moved.
+    ``topic_home(topic)``, and every session's records to the journal of
+    ``session_home(session id)`` (None: the single process's); return how
+    many records moved.
 
     ``opened`` is a journal the caller has open already (used, not closed);
     every other is opened here, a worker's under its directory's lock (a
-    :class:`~broker.log.DataDirLocked` if a worker still runs). A cursor
-    in two journals keeps the larger position.
+    :class:`~broker.log.DataDirLocked` if a worker still runs). A record in
+    two journals keeps the larger position or count (a session's record:
+    the one already at its home).
     """
-    space = CURSORS
     journals: dict[Home, StateJournal] = {}
     locks: list[DirLock] = []
 
@@ -78,29 +97,38 @@ def rehome_cursors(
             journals[home] = found
         return found
 
+    def home_of(space: str, key: str) -> tuple[bool, Home]:
+        """Whether ``key`` names a cursor (a session) and its home."""
+        if space == CURSORS:
+            topic = _topic_of(key)
+            return (False, None) if topic is None else (True, topic_home(topic))
+        sid = _session_of(key)
+        return (False, None) if sid is None else (True, session_home(bytes.fromhex(sid)))
+
     try:
-        moved: list[tuple[StateJournal, str]] = []
+        moved: list[tuple[StateJournal, str, str]] = []
         for home in _homes_with_journals(data_dir):
             source = journal(home)
-            for key, position in source.items(space):
-                topic = _topic_of(key)
-                if type(position) is not int or topic is None or home_of(topic) == home:
-                    continue
-                destination = journal(home_of(topic))
-                held = destination.get(space, key)
-                if type(held) is not int or held < position:
-                    destination.put(space, key, position)
-                moved.append((source, key))
+            for space in (CURSORS, SESSIONS, COUNTS):
+                for key, value in source.items(space):
+                    known, target = home_of(space, key)
+                    if not known or target == home:
+                        continue
+                    destination = journal(target)
+                    held = destination.get(space, key)
+                    if held is None or (type(held) is int and type(value) is int and held < value):
+                        destination.put(space, key, value)
+                    moved.append((source, space, key))
         if moved:
             for each in journals.values():
                 if each.pending:
                     each.flush()
-            for source, key in moved:
+            for source, space, key in moved:
                 source.delete(space, key)
             for each in journals.values():
                 if each.pending:
                     each.flush()
-            log.info("moved %d durable cursors to their topics' owners", len(moved))
+            log.info("moved %d records of cursors and sessions to their new homes", len(moved))
         return len(moved)
     finally:
         for home, each in journals.items():

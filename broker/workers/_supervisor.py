@@ -30,7 +30,7 @@ import trio
 from broker.config import BrokerConfig
 from broker.log import DirLock
 from broker.protocol import Member, owner_id
-from broker.server import clear_row, create_counts, rehome_cursors
+from broker.server import clear_row, create_counts, rehome_state
 
 from ._client import FetchError, http_get
 from ._info import WorkerInfo
@@ -150,7 +150,11 @@ class Supervisor:
         if config.log_dir is not None:
             self._lock = DirLock(config.log_dir)
             ids = [f"w{index}" for index in range(self.count)]
-            rehome_cursors(Path(config.log_dir), lambda topic: owner_id(topic, ids))
+            rehome_state(
+                Path(config.log_dir),
+                lambda topic: owner_id(topic, ids),
+                lambda session: ids[session[0] % self.count] if session else None,
+            )
         host, port = config.listen_address
         self._runtime = Path(tempfile.mkdtemp(prefix="broker-workers-"))
         self._life = os.pipe()

@@ -35,7 +35,8 @@ class FailingLog:
 async def test_a_failing_sync_is_logged_once_and_tried_every_second(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store: Any = SimpleNamespace(journal=SimpleNamespace(recovered_cut_bytes=0))
+    # (A worker's store: a single process's would gather the workers' journals.)
+    store: Any = SimpleNamespace(journal=SimpleNamespace(recovered_cut_bytes=0), worker="w0")
     logs = TopicLogs(store, None)  # type: ignore[arg-type]
     failing = FailingLog(failures=3)
     logs._dirty.add(failing)  # type: ignore[arg-type]

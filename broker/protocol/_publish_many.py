@@ -18,7 +18,7 @@ from ._errors import RemoteProtocolError
 from ._events import Event, PublishManyReceived
 from ._handles import HandleState
 from ._messages import PublishMany
-from ._traffic import Traffic
+from ._traffic import Traffic, fitting_run
 from ._types import LENGTH_PREFIX, TOPIC_BINDS, Role
 
 __all__ = ["ManyPublishing"]
@@ -67,17 +67,7 @@ class ManyPublishing(Traffic):
             first = start + sent
             stop = min(count, first + MAX_PUBLISH_MANY)
             # The usual case: all of them fit one frame (summed in one go).
-            body = sum(map(len, tails[first:stop])) if not frames else capacity + 1
-            end = stop
-            if body > capacity:
-                body = 0
-                end = first
-                while end < stop:
-                    size = len(tails[end])
-                    if body + size > capacity:
-                        break
-                    body += size
-                    end += 1
+            end, body = fitting_run(tails, first, stop, capacity, whole=not frames)
             if end == first:
                 break  # out of room (or a tail too large: publish_tails says so)
             head = publish_many_head(topic, end - first, body)

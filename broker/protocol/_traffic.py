@@ -62,6 +62,28 @@ from ._types import (
 )
 
 
+def fitting_run(
+    tails: list[bytes], first: int, stop: int, capacity: int, *, whole: bool
+) -> tuple[int, int]:
+    """The end of the longest run ``tails[first:end]`` (``end <= stop``)
+    whose bytes add up to at most ``capacity``, and that sum. With
+    ``whole`` (the usual case: a batch's first frame) they are first summed
+    all in one go; otherwise, or if they do not all fit, measured one by one."""
+    if whole:
+        body = sum(map(len, tails[first:stop]))
+        if body <= capacity:
+            return stop, body
+    body = 0
+    end = first
+    while end < stop:
+        size = len(tails[end])
+        if body + size > capacity:
+            break
+        body += size
+        end += 1
+    return end, body
+
+
 class Traffic(HandleBinding):
     """Publish, Deliver, DeliverMany and their notices."""
 
@@ -325,18 +347,7 @@ class Traffic(HandleBinding):
             cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
             # The usual case: all of them fit the first frame (summed in one
             # go; once a batch needs several frames, they are measured one by one).
-            body = sum(map(len, tails[sent:stop])) if not frames else cap + 1
-            if body <= cap:
-                end = stop
-            else:
-                end = sent
-                body = 0
-                while end < stop:
-                    size = len(tails[end])
-                    if body + size > cap:
-                        break
-                    body += size
-                    end += 1
+            end, body = fitting_run(tails, sent, stop, cap, whole=not frames)
             # ...then at its real size, a byte or two shorter for fewer entries.
             while (
                 end < stop

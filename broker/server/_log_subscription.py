@@ -165,9 +165,19 @@ def start_request(options: Mapping[str, object]) -> StartRequest:
     return StartRequest(start, cursor, until, timestamps)
 
 
+#: The state journal's space of durable cursors (keys: :func:`cursor_key`).
+CURSORS = "cursors"
+
+
 def cursor_key(principal: str | None, topic: str, name: str) -> str:
     """The key a durable cursor is stored under: one namespace per principal and topic."""
     return "\x00".join((principal or "", topic, name))
+
+
+def cursor_topic(key: str) -> str | None:
+    """The topic a :func:`cursor_key` names (None: not such a key)."""
+    parts = key.split("\x00")
+    return parts[1] if len(parts) == 3 else None
 
 
 class LogSubscription(Subscription):

@@ -27,8 +27,8 @@ from broker.log import (
     unopened_due,
 )
 
-from ._log_subscription import CursorBook
-from ._rehome import CURSORS, rehome_state
+from ._log_subscription import CURSORS, CursorBook
+from ._rehome import rehome_state
 from ._session import Histogram
 from ._topic import Topic
 

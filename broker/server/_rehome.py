@@ -26,23 +26,15 @@ from pathlib import Path
 from broker.log import JOURNAL_NAME, WORKERS, DirLock, StateJournal
 
 from ._handover import SESSION_ID_BYTES
+from ._log_subscription import CURSORS, cursor_topic
 from ._session_records import COUNTS, SESSIONS
 
-__all__ = ["CURSORS", "rehome_state"]
-
-#: The state journal's space of durable cursors (key: principal NUL topic NUL name).
-CURSORS = "cursors"
+__all__ = ["rehome_state"]
 
 log = logging.getLogger("broker.server")
 
 #: The journal of the single broker process (a worker's is named by its id).
 Home = str | None
-
-
-def _topic_of(key: str) -> str | None:
-    """The topic a cursor key (``principal NUL topic NUL name``) names."""
-    parts = key.split("\x00")
-    return parts[1] if len(parts) == 3 else None
 
 
 def _homes_with_journals(data_dir: Path) -> list[Home]:
@@ -54,13 +46,13 @@ def _homes_with_journals(data_dir: Path) -> list[Home]:
     return homes
 
 
-def _session_of(key: str) -> str | None:
-    """The session (hex id) a session record or count key names."""
-    sid = key.partition("/")[0]
+def _session_of(key: str) -> bytes | None:
+    """The session id a session record or count key (hex id first) names."""
     try:
-        return sid if len(bytes.fromhex(sid)) == SESSION_ID_BYTES else None
+        sid = bytes.fromhex(key.partition("/")[0])
     except ValueError:
         return None
+    return sid if len(sid) == SESSION_ID_BYTES else None
 
 
 def rehome_state(
@@ -100,10 +92,15 @@ def rehome_state(
     def home_of(space: str, key: str) -> tuple[bool, Home]:
         """Whether ``key`` names a cursor (a session) and its home."""
         if space == CURSORS:
-            topic = _topic_of(key)
+            topic = cursor_topic(key)
             return (False, None) if topic is None else (True, topic_home(topic))
         sid = _session_of(key)
-        return (False, None) if sid is None else (True, session_home(bytes.fromhex(sid)))
+        return (False, None) if sid is None else (True, session_home(sid))
+
+    def flush_all() -> None:
+        for each in journals.values():
+            if each.pending:
+                each.flush()
 
     try:
         moved: list[tuple[StateJournal, str, str]] = []
@@ -120,14 +117,10 @@ def rehome_state(
                         destination.put(space, key, value)
                     moved.append((source, space, key))
         if moved:
-            for each in journals.values():
-                if each.pending:
-                    each.flush()
+            flush_all()  # (every record at its new home first)
             for source, space, key in moved:
                 source.delete(space, key)
-            for each in journals.values():
-                if each.pending:
-                    each.flush()
+            flush_all()
             log.info("moved %d records of cursors and sessions to their new homes", len(moved))
         return len(moved)
     finally:

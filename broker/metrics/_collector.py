@@ -337,6 +337,7 @@ class BrokerCollector:
         for link in broker.link_statistics() or ():
             add("broker_forwarded_publishes_total", [link.owner], link.publishes_forwarded)
             add("broker_forwarded_deliveries_total", [link.owner], link.deliveries_relayed)
+        add("broker_forwarded_duplicates_total", [], broker.seen.duplicates)
         if broker.loop is not None:
             add("broker_loop_task_steps_total", [], broker.loop.task_steps)
             add("broker_loop_io_waits_total", [], broker.loop.io_waits)

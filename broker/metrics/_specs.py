@@ -127,6 +127,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         ("owner",),
     ),
     MetricSpec(
+        "broker_forwarded_duplicates_total",
+        "counter",
+        "Forwarded publishes this worker, their topic's owner, had stored already "
+        "(sent again by a client whose forwarding worker died before the Confirm): "
+        "confirmed, not stored twice.",
+    ),
+    MetricSpec(
         "broker_forwarded_deliveries_total",
         "counter",
         "Deliveries a worker relayed from the worker that owns their topic, per owner.",

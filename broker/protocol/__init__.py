@@ -123,6 +123,7 @@ from ._names import (
     topic_name_problem,
     topic_pattern_problem,
 )
+from ._origins import OriginRun, slice_origins
 from ._owners import Cluster, Member, owner_id
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
@@ -223,6 +224,7 @@ __all__ = [
     "NoGuarantees",
     "Offsets",
     "Options",
+    "OriginRun",
     "Outcome",
     "OutcomeStatus",
     "Ping",
@@ -264,6 +266,7 @@ __all__ = [
     "encode_deliver_tail",
     "owner_id",
     "publish_many_head",
+    "slice_origins",
     "topic_name_problem",
     "topic_pattern_problem",
 ]

@@ -60,6 +60,7 @@ from ._messages import (
     Welcome,
 )
 from ._names import topic_name_problem
+from ._origins import check_origins
 from ._owners import Cluster
 from ._types import (
     LENGTH_PREFIX,
@@ -302,15 +303,19 @@ def _deliver(f: list[Any]) -> Deliver:
 
 def _publish_many(f: list[Any]) -> PublishMany:
     count, extra = divmod(len(f) - 2, 3)
-    if count < 1 or extra:
-        raise _bad("a PublishMany carries whole [payload, key, headers] entries, at least one")
+    if count < 1 or extra > 1:
+        raise _bad(
+            "a PublishMany carries whole [payload, key, headers] entries, at least one, "
+            "then at most its origins"
+        )
     topic = _u64(f[1], "topic")
-    keys = [_opt_blob(f[i + 1], "key") for i in range(2, len(f), 3)]
+    stop = 2 + 3 * count
+    keys = [_opt_blob(f[i + 1], "key") for i in range(2, stop, 3)]
     entries = [
         encode_deliver_tail(_blob(f[i], "payload"), keys[(i - 2) // 3], _headers(f[i + 2]))
-        for i in range(2, len(f), 3)
+        for i in range(2, stop, 3)
     ]
-    return PublishMany(topic, entries, keys)
+    return PublishMany(topic, entries, keys, check_origins(f[-1], count) if extra else None)
 
 
 def _deliver_many(f: list[Any]) -> DeliverMany:

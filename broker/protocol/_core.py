@@ -166,6 +166,9 @@ class ConnectionCore(FrameWriter):
         #: PublishMany frames may be sent (client) / received (broker): the
         #: Hello asked for them and the Welcome allowed them.
         self._publish_many = False
+        #: Broker: the peer is another worker's link, whose PublishMany frames
+        #: may say whose publishes they carry (origin runs); set by the broker.
+        self.accept_origins = False
         #: Client: sent publishes are kept until confirmed, for a resume
         #: (``hello(keep_unconfirmed=False)``: only counted).
         self._keep_unconfirmed = True

@@ -19,6 +19,7 @@ from ._messages import (
     Publish,
     PublishMany,
 )
+from ._origins import read_origins
 from ._types import (
     U64_MAX,
     Channel,
@@ -187,18 +188,19 @@ def _fast_encoded(data: bytes, start: int, end: int) -> EncodedDeliveries | None
     if fields is None:
         return None
     subscription, first_seq, pos = fields
-    tails = _slice_entries(data, pos, count, end, None)
-    if tails is None:
+    sliced = _slice_entries(data, pos, count, end, None)
+    if sliced is None or sliced[1] != end:
         return None
-    return EncodedDeliveries(subscription, first_seq, tails)
+    return EncodedDeliveries(subscription, first_seq, sliced[0])
 
 
 def _slice_entries(
     data: bytes, pos: int, count: int, end: int, keys: list[bytes | None] | None
-) -> list[bytes] | None:
-    """The ``count`` entries (``payload, key, null`` each) from ``pos`` to
-    exactly ``end``, each sliced whole, not decoded, with each key written
-    into ``keys`` where it is given; None if they are not such entries."""
+) -> tuple[list[bytes], int] | None:
+    """The ``count`` entries (``payload, key, null`` each) from ``pos``,
+    each sliced whole, not decoded, with each key written into ``keys``
+    where it is given, and where they end (at ``end`` or before); None if
+    they are not such entries."""
     tails: list[bytes] = []
     append = tails.append
     for index in range(count):
@@ -215,7 +217,7 @@ def _slice_entries(
         if keys is not None:
             keys[index] = entry[1]
         pos = entry[2]
-    return tails if pos == end else None
+    return (tails, pos) if pos <= end else None
 
 
 def _fast_message_encoded(
@@ -240,17 +242,22 @@ def _fast_publish_many(data: bytes, pos: int, items: int, end: int) -> PublishMa
     its head of ``items`` elements, up to ``end``, its entries sliced (not
     decoded); None for anything else."""
     count, extra = divmod(items - 2, 3)
-    if count < 1 or extra:
+    if count < 1 or extra > 1:
         return None
     topic, pos = _fast_uint(data, pos)
     # A count longer than the bytes left could hold is not this frame's.
     if topic < 0 or 3 * count > end - pos:
         return None
     keys: list[bytes | None] = [None] * count
-    tails = _slice_entries(data, pos, count, end, keys)
-    if tails is None:
+    sliced = _slice_entries(data, pos, count, end, keys)
+    if sliced is None:
         return None
-    return PublishMany(topic, tails, keys)
+    tails, pos = sliced
+    if not extra:
+        return PublishMany(topic, tails, keys) if pos == end else None
+    # A worker link's: its origin runs follow the entries.
+    origins = read_origins(data, pos, end, count)
+    return None if origins is None else PublishMany(topic, tails, keys, origins)
 
 
 _U64_AT = struct.Struct(">Q")

@@ -46,6 +46,7 @@ from ._messages import (
     Throttled,
     Welcome,
 )
+from ._origins import encode_origins
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -500,13 +501,14 @@ MAX_PUBLISH_MANY = (0xFFFF - 2) // 3
 _PUBLISH_MANY_TYPE = _cbor_head(0, 36)
 
 
-def publish_many_head(topic: int, count: int, entries_size: int) -> bytes:
+def publish_many_head(topic: int, count: int, entries_size: int, origins: bool = False) -> bytes:
     """The length prefix and head of a PublishMany frame of ``count``
     entries (Deliver tails, see :func:`encode_deliver_tail`) on ``topic``
-    that take ``entries_size`` bytes: the head followed by the entries is
-    the frame. The caller vouches for a u64 ``topic`` and ``1 <= count <=
-    MAX_PUBLISH_MANY``; the head is at most 17 bytes."""
-    head = _cbor_head(4, 2 + 3 * count) + _PUBLISH_MANY_TYPE + _uint_head(topic)
+    that take ``entries_size`` bytes (with ``origins``: and then the
+    encoded origin runs, counted in ``entries_size``): the head followed
+    by the entries is the frame. The caller vouches for a u64 ``topic`` and
+    ``1 <= count <= MAX_PUBLISH_MANY``; the head is at most 17 bytes."""
+    head = _cbor_head(4, 2 + 3 * count + origins) + _PUBLISH_MANY_TYPE + _uint_head(topic)
     return _LENGTH.pack(len(head) + entries_size) + head
 
 
@@ -516,4 +518,10 @@ def _publish_many_body(message: PublishMany) -> bytes:
     topic = message.topic
     if not 1 <= count <= MAX_PUBLISH_MANY or type(topic) is not int or not 0 <= topic <= U64_MAX:
         raise LocalProtocolError("a PublishMany carries 1 to 21,844 entries on a u64 topic handle")
-    return publish_many_head(topic, count, 0)[LENGTH_PREFIX:] + b"".join(message.entries)
+    origins = message.origins
+    if origins is None:
+        return publish_many_head(topic, count, 0)[LENGTH_PREFIX:] + b"".join(message.entries)
+    if sum(run[3] for run in origins) != count:
+        raise LocalProtocolError("a PublishMany's origin runs cover each of its entries once")
+    head = publish_many_head(topic, count, 0, origins=True)[LENGTH_PREFIX:]
+    return head + b"".join(message.entries) + encode_origins(origins)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ._origins import OriginRun
 from ._owners import Cluster
 from ._types import (
     SUBSCRIPTION_BINDS,
@@ -421,12 +422,14 @@ class PublishMany:
     ``[2, topic]``), from a client whose Welcome allowed it:
     ``entries[i]`` is the i-th publish's payload, key and headers as on
     the wire, a Deliver tail (see :func:`encode_deliver_tail`), and
-    ``keys[i]`` its key."""
+    ``keys[i]`` its key. From a worker's link, ``origins`` says whose
+    publishes they are (see :mod:`._origins`); None from anyone else."""
 
     TYPE: ClassVar[MessageType] = MessageType.PUBLISH_MANY
     topic: int
     entries: list[bytes]
     keys: list[bytes | None]
+    origins: list[OriginRun] | None = None
 
     @property
     def channel(self) -> Channel:

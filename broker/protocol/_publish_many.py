@@ -12,12 +12,14 @@ is plain Publish frames). PublishMany is never sent on a staged handle.
 
 from __future__ import annotations
 
-from ._core import ConnectionState
+from ._core import ConnectionState, NoGuarantees
 from ._encode import MAX_PUBLISH_MANY, publish_many_head, publish_tail_frames
 from ._errors import RemoteProtocolError
 from ._events import Event, PublishManyReceived
+from ._handle_state import TopicState
 from ._handles import HandleState
 from ._messages import PublishMany
+from ._origins import OriginRun, encode_origins, origins_size_bound, slice_origins
 from ._traffic import Traffic, fitting_run
 from ._types import LENGTH_PREFIX, TOPIC_BINDS, Role
 
@@ -36,12 +38,22 @@ class ManyPublishing(Traffic):
         asked for them and the Welcome said so)."""
         return self._publish_many
 
-    def publish_many_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
+    def publish_many_tails(
+        self,
+        topic: int,
+        tails: list[bytes],
+        start: int = 0,
+        origins: list[OriginRun] | None = None,
+    ) -> int:
         """Client: :meth:`publish_tails`, but as few PublishMany frames as the
         guarantees and the peer's ``max_frame`` allow, where the Welcome
         allowed them (else, or when the channel is not plainly within its
         guarantees, as :meth:`publish_tails` sends them); returns how many
-        were sent, in order."""
+        were sent, in order.
+
+        A worker's link passes ``origins``, the runs of ``tails`` (see
+        :mod:`._origins`): each frame then carries those of its entries.
+        Publishes sent as Publish frames carry none."""
         if not self._publish_many or self._bind_senders[TOPIC_BINDS].retransmit:
             return self.publish_tails(topic, tails, start)
         if self.state is not ConnectionState.OPEN:
@@ -62,17 +74,27 @@ class ManyPublishing(Traffic):
         out = self._out
         count = len(tails)
         sent = frames = total = 0
+        # (What a frame's origin runs take is reserved out of its room.)
+        reserve = _HEAD_MAX if origins is None else _HEAD_MAX + origins_size_bound(len(origins))
         while start + sent < count:
-            capacity = min(room, limit) - _HEAD_MAX
+            capacity = min(room, limit) - reserve
             first = start + sent
             stop = min(count, first + MAX_PUBLISH_MANY)
             # The usual case: all of them fit one frame (summed in one go).
             end, body = fitting_run(tails, first, stop, capacity, whole=not frames)
             if end == first:
                 break  # out of room (or a tail too large: publish_tails says so)
-            head = publish_many_head(topic, end - first, body)
-            out.append(head)
-            out += tails[first:end]
+            if origins is None:
+                head = publish_many_head(topic, end - first, body)
+                out.append(head)
+                out += tails[first:end]
+            else:
+                runs = encode_origins(slice_origins(origins, first, end))
+                body += len(runs)
+                head = publish_many_head(topic, end - first, body, origins=True)
+                out.append(head)
+                out += tails[first:end]
+                out.append(runs)
             size = len(head) + body
             room -= size
             total += size
@@ -91,8 +113,34 @@ class ManyPublishing(Traffic):
             else:
                 state.unkept += sent
         if sent == 0 and start < count:
+            if origins is not None:
+                return self._publish_one_beyond(state, topic, tails[start], origins, start)
             return self.publish_tails(topic, tails, start)  # (one, or what is wrong)
         return sent
+
+    def _publish_one_beyond(
+        self, state: TopicState, topic: int, tail: bytes, origins: list[OriginRun], at: int
+    ) -> int:
+        """Send ``tail`` alone, with its origin (entry ``at`` of
+        ``origins``), where the guarantees have no room for it: beyond
+        them if the optimism allows (as :meth:`publish_tails` would send
+        it, but as a PublishMany, which keeps its origin); how many were sent."""
+        runs = encode_origins(slice_origins(origins, at, at + 1))
+        head = publish_many_head(topic, 1, len(tail) + len(runs), origins=True)
+        if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self.peer_max_frame:
+            return self.publish_tails(topic, [tail])  # (which says it is too large)
+        sender = state.sender
+        assert sender is not None
+        message = PublishMany(topic, [tail], [None], slice_origins(origins, at, at + 1))
+        try:
+            self._send_frame(sender, message, head + tail + runs)
+        except NoGuarantees:
+            return 0
+        if self._keep_unconfirmed:
+            state.retain_all(publish_tail_frames(topic, [tail], 0, 1 << 62))
+        else:
+            state.unkept += 1
+        return 1
 
     def _on_publish_many(self, message: PublishMany, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER or not self._publish_many:
@@ -101,6 +149,8 @@ class ManyPublishing(Traffic):
             )
         if self.state is not ConnectionState.OPEN:
             self._check_open(message)
+        if message.origins is not None and not self.accept_origins:
+            raise RemoteProtocolError("only a worker's link may say whose publishes it sends")
         handle = message.topic
         count = len(message.entries)
         topic = self.topics.bindings.get(handle)

@@ -168,6 +168,8 @@ class Admission:
                 offsets=host.offsets,
                 cluster=host.cluster,
             )
+        if self.session is not None:
+            self.publishing.session_id = self.session.id  # (its publishes' origin)
         # The bind channels exist now: their buffers count against the budgets.
         budget = self.publishing.budget
         ledger = self.ledger
@@ -274,7 +276,7 @@ class Admission:
             state = self.open_channel(handle, name, restore.stages.get(handle), connection)
             if state is None:
                 return
-            state.routed = state.confirmed = restore.received.get(handle, 0)
+            state.routed = state.confirmed = state.forwarded = restore.received.get(handle, 0)
         redelivered = 0
         for handle, subscription in deliveries.subscriptions.items():
             redelivered += subscription.attach(deliveries, processed.get(handle, 0))

@@ -43,6 +43,7 @@ from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._placement import WorkerSetup
 from ._restore import restore_sessions
+from ._seen import SeenOrigins
 from ._session import SessionTable
 from ._session_records import SessionRecords
 from ._shared_counts import SharedCounts
@@ -134,6 +135,7 @@ class Broker:
         self.sessions.records = self.session_records
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
+        self.seen = SeenOrigins()  # (what this worker took of forwarded publishes)
         #: Staged publishes waiting for their batch's commit (exactly-once publishing).
         self.staging = StagingArea(
             self.account,
@@ -145,9 +147,8 @@ class Broker:
         #: Hands freed heap memory back once the debt falls after a burst.
         self.memory = MemoryReturn(self.account)
         self.connections: dict[int, ServerConnection] = {}
-        #: Called with each connection as the broker forgets it, once its
-        #: cleanup is done (its counters final): metrics fold them into
-        #: broker-wide totals. A hook must be quick and must not raise.
+        #: Called with each connection forgotten, its counters final (metrics fold
+        #: them into broker-wide totals). A hook must be quick and must not raise.
         self.connection_closed_hooks: list[Callable[[ConnectionView], None]] = []
         self.buffer_reserved = 0
         self.connections_total = 0

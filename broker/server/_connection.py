@@ -176,6 +176,7 @@ class ServerConnection:
             lease=config.lease,
             now=trio.current_time(),
         )
+        self.protocol.accept_origins = trusted
         self.budget.protocol = self.protocol
         self.budget.pool = broker.budget_pool
         self.budget.wake = self._wake

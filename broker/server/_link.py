@@ -46,11 +46,13 @@ from broker.protocol import (
     HandleType,
     LocalProtocolError,
     NoGuarantees,
+    OriginRun,
     Policy,
     Role,
     Throttled,
     WelcomeReceived,
     encode_deliver_tail,
+    slice_origins,
 )
 
 from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
@@ -286,16 +288,24 @@ class Link:
         index = state.sending
         if index >= len(pending):
             return
+        origins: list[OriginRun] = []
         if index == len(pending) - 1:
             batch = pending[index]
             tails = batch.routed.tails[batch.sent :] if batch.sent else batch.routed.tails
+            origins += _origins_of(batch)
         else:
             tails = []
             for batch in islice(pending, index, None):
                 tails += batch.routed.tails[batch.sent :]
+                for run in _origins_of(batch):
+                    if origins and (last := origins[-1])[:2] == run[:2] and run[2] == sum(last[2:]):
+                        origins[-1] = (*run[:2], last[2], last[3] + run[3])  # (one run)
+                    else:
+                        origins.append(run)
         # (A Publish ends as a Deliver does: each tail is copied as is, in
-        # as few PublishMany frames as the owner's guarantees allow.)
-        sent = left = conn.publish_many_tails(handle, tails)
+        # as few PublishMany frames as the owner's guarantees allow, with
+        # whose publishes they are: the owner stores none twice.)
+        sent = left = conn.publish_many_tails(handle, tails, origins=origins)
         while index < len(pending):
             batch = pending[index]
             take = min(left, len(batch.routed.tails) - batch.sent)
@@ -568,3 +578,13 @@ class Link:
         for subscription in self.subscriptions:
             subscription.link_broken(offsets=offsets)
         self._to_subscribe = dict.fromkeys(self.subscriptions)
+
+
+def _origins_of(batch: PendingBatch) -> list[OriginRun]:
+    """The origin runs of the publishes of ``batch`` not sent yet (a run
+    naming no session for publishes without one, such as a commit's)."""
+    routed = batch.routed
+    count = len(routed.tails)
+    if routed.origins is None:
+        return [(b"", 0, 1, count - batch.sent)]
+    return slice_origins(routed.origins, batch.sent, count) if batch.sent else routed.origins

@@ -27,11 +27,13 @@ from broker.protocol import (
     PublishReceived,
     Stage,
     encode_deliver_tail,
+    slice_origins,
 )
 
 from ._budget import ConnectionBudget
 from ._commit import CommitInFlight
 from ._peerlog import ConnectionLog, shown
+from ._seen import SeenOrigins
 from ._staging import STAGED_PUBLISH_OVERHEAD, BatchKey, CommitDecision, StagedPublish, StagingArea
 from ._topic import DELIVER_HEAD_ESTIMATE, FORWARD_BATCH, Routed, Topic
 from ._wake import Wake
@@ -58,6 +60,11 @@ class PublishingHost(Protocol):
 
     @property
     def commits_in_flight(self) -> dict[BatchKey, CommitInFlight]: ...
+
+    @property
+    def seen(self) -> SeenOrigins:
+        """What this worker took of each forwarded origin (see ``_seen``)."""
+        ...
 
     def topic(self, name: str) -> Topic:
         """The topic actor for ``name``, spawned on first use."""
@@ -91,6 +98,9 @@ class PublishChannel:
     buffer: deque[PublishReceived | PublishManyReceived] = field(default_factory=deque)
     #: Publishes the topic has routed to every subscription (for Confirm).
     routed: int = 0
+    #: Publishes passed on to the topic (counted on from a resume's ``routed``):
+    #: the index on the handle of the last one.
+    forwarded: int = 0
     confirmed: int = 0
     #: A task waits for the account to clear (guarantees are withheld meanwhile).
     waiting: bool = False
@@ -138,6 +148,8 @@ class Publishing:
         self.wake = wake
         self.log = log
         self.channels: dict[int, PublishChannel] = {}
+        #: The client's session (set once it has one): its publishes' origin.
+        self.session_id = b""
         #: Channels whose routed count the client has not been told (Confirm).
         self.confirm_dirty: set[int] = set()
         #: Whose staged batches this connection may commit: its principal's.
@@ -230,7 +242,7 @@ class Publishing:
             return
         state.unrouted_fan_out -= routed.fan_out
         if not self.protocol.closed:
-            state.routed += len(routed.tails)
+            state.routed += len(routed.tails) + routed.skipped
             self.confirm_dirty.add(routed.handle)
             self.wake.set()
             if state.buffer and not state.waiting and not state.draining:
@@ -317,8 +329,14 @@ class Publishing:
             encode_deliver_tail(e.message.payload, e.message.key, e.message.headers) for e in batch
         ]
         state.unrouted_fan_out += fan_out
-        state.topic.send_nowait(
-            Routed(tails, self, state.channel.index, fan_out, [e.message.key for e in batch]),
+        handle = state.channel.index
+        first = state.forwarded + 1
+        state.forwarded += len(batch)
+        topic = state.topic
+        # (Where the topic is another worker's, its owner learns whose they are.)
+        origins = [(self.session_id, handle, first, len(batch))] if topic.forwarded else None
+        topic.send_nowait(
+            Routed(tails, self, handle, fan_out, [e.message.key for e in batch], origins),
             account=state.account,
             cost=size,
         )
@@ -329,10 +347,25 @@ class Publishing:
         is the account's per-event constant."""
         message = event.message
         tails = message.entries
-        fan_out = state.topic.charging * (event.size + (DELIVER_HEAD_ESTIMATE + cost) * len(tails))
+        keys = message.keys
+        count = len(tails)
+        topic = state.topic
+        fan_out = topic.charging * (event.size + (DELIVER_HEAD_ESTIMATE + cost) * count)
         state.unrouted_fan_out += fan_out
-        state.topic.send_nowait(
-            Routed(tails, self, state.channel.index, fan_out, message.keys),
+        handle = state.channel.index
+        origins = message.origins
+        skipped = 0
+        if origins is None:
+            if topic.forwarded:
+                origins = [(self.session_id, handle, state.forwarded + 1, count)]
+        elif not topic.forwarded:
+            # A worker's link forwards them: none is stored twice.
+            taken = self.host.seen.take(topic.topic_name, origins, tails, keys)
+            if taken is not None:
+                tails, keys, skipped = taken
+        state.forwarded += count
+        topic.send_nowait(
+            Routed(tails, self, handle, fan_out, keys, origins, skipped),
             account=state.account,
             cost=event.size,
         )
@@ -494,7 +527,13 @@ def _cut_many(
         buffer.popleft()
         return many
     keys = many.message.keys
-    rest = PublishMany(many.message.topic, entries[count:], keys[count:])
-    buffer[0] = PublishManyReceived(rest, many.topic_name, many.channel, many.size - size)
-    part = PublishMany(many.message.topic, entries[:count], keys[:count])
+    origins = many.message.origins
+    topic = many.message.topic
+    first = rest = None
+    if origins is not None:  # (a worker link's: each part with its own)
+        first = slice_origins(origins, 0, count)
+        rest = slice_origins(origins, count, len(entries))
+    after = PublishMany(topic, entries[count:], keys[count:], rest)
+    buffer[0] = PublishManyReceived(after, many.topic_name, many.channel, many.size - size)
+    part = PublishMany(topic, entries[:count], keys[:count], first)
     return PublishManyReceived(part, many.topic_name, many.channel, size)

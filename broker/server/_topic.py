@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
 from broker.log import LogError, LogFull, TopicLog
+from broker.protocol import OriginRun
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
@@ -75,6 +76,10 @@ class Routed:
     fan_out: int
     #: The publishes' keys, in the same order (``latest`` subscriptions keep one per key).
     keys: list[bytes | None]
+    #: Whose publishes they are, where a worker forwards them (see ``_seen``).
+    origins: list[OriginRun] | None = None
+    #: Publishes of the batch left out as taken before (routed all the same).
+    skipped: int = 0
 
 
 def _charge(account: Account, tails: list[bytes]) -> int:
@@ -370,7 +375,7 @@ class Topic(Actor):
         subscriptions that keep their own queues (every one, without a log)
         and confirm it."""
         for subscription in self.subscriptions:
-            if not subscription.reads_log:
+            if not subscription.reads_log and routed.tails:
                 subscription.offer(account, routed.tails, routed.keys)
         self.messages_in += len(routed.tails)
         routed.origin.routed(routed)
@@ -397,6 +402,8 @@ class Topic(Actor):
         host = self._host
         assert log is not None and host is not None
         tails = held.routed.tails
+        if not tails:
+            return True  # (all of them taken before: see ``_seen``)
         appended = 0
         try:
             while held.appended < len(tails):

@@ -46,6 +46,7 @@ async def test_a_batch_handed_over_after_the_owners_goodbye_waits() -> None:
     link = Link(host, "link:w0->w1", "w1", "/nonexistent")
     conn = link.connected()
     owner = Connection(Role.BROKER)
+    owner.accept_origins = True  # (as the owner's side of a link is)
     hello = owner.receive_data(conn.data_to_send(0.0), 0.0)
     assert isinstance(hello[0], HelloReceived)
     owner.welcome(session=bytes(16), epoch=b"e")

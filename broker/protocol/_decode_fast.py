@@ -19,7 +19,7 @@ from ._messages import (
     Publish,
     PublishMany,
 )
-from ._origins import read_origins
+from ._origins import MAX_SESSION_ID, OriginRun
 from ._types import (
     U64_MAX,
     Channel,
@@ -256,8 +256,34 @@ def _fast_publish_many(data: bytes, pos: int, items: int, end: int) -> PublishMa
     if not extra:
         return PublishMany(topic, tails, keys) if pos == end else None
     # A worker link's: its origin runs follow the entries.
-    origins = read_origins(data, pos, end, count)
+    origins = _fast_origins(data, pos, end, count)
     return None if origins is None else PublishMany(topic, tails, keys, origins)
+
+
+def _fast_origins(data: bytes, pos: int, end: int, count: int) -> list[OriginRun] | None:
+    """The origin runs at exactly ``data[pos:end]`` of a PublishMany of
+    ``count`` entries (fewer than 24 runs, each ``[session, handle, first,
+    count]``: what a link sends), or None (the general way tells)."""
+    head = data[pos]
+    if not 0x81 <= head <= 0x97:
+        return None
+    pos += 1
+    runs: list[OriginRun] = []
+    total = 0
+    for _ in range(head - 0x80):
+        if data[pos] != 0x84:
+            return None
+        start, stop = _fast_blob(data, pos + 1)
+        if start < 0 or stop - start > MAX_SESSION_ID:
+            return None
+        handle, pos = _fast_uint(data, stop)
+        first, pos = _fast_uint(data, pos)
+        size, pos = _fast_uint(data, pos)
+        if handle < 0 or first < 1 or size < 1:
+            return None
+        runs.append((data[start:stop], handle, first, size))
+        total += size
+    return runs if pos == end and total == count else None
 
 
 _U64_AT = struct.Struct(">Q")

@@ -46,7 +46,7 @@ from ._messages import (
     Throttled,
     Welcome,
 )
-from ._origins import encode_origins
+from ._origins import OriginRun
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -525,3 +525,9 @@ def _publish_many_body(message: PublishMany) -> bytes:
         raise LocalProtocolError("a PublishMany's origin runs cover each of its entries once")
     head = publish_many_head(topic, count, 0, origins=True)[LENGTH_PREFIX:]
     return head + b"".join(message.entries) + encode_origins(origins)
+
+
+def encode_origins(runs: list[OriginRun]) -> bytes:
+    """The CBOR of ``runs`` as the last element of a ``PublishMany`` (see
+    :mod:`._origins`; the caller vouches for their types)."""
+    return cbor2.dumps(runs)  # (a tuple is encoded as an array)

@@ -19,10 +19,7 @@ them; a client that does is told so and closed.
 
 from __future__ import annotations
 
-import io
 from typing import Any
-
-import cbor2
 
 from ._errors import RemoteProtocolError
 from ._types import U64_MAX
@@ -31,9 +28,7 @@ __all__ = [
     "MAX_SESSION_ID",
     "OriginRun",
     "check_origins",
-    "encode_origins",
     "origins_size_bound",
-    "read_origins",
     "slice_origins",
 ]
 
@@ -76,25 +71,6 @@ def check_origins(value: Any, count: int) -> list[OriginRun]:
     if total != count:
         raise _bad(f"the origin runs cover {total} publishes of a PublishMany of {count}")
     return runs
-
-
-def read_origins(data: bytes, start: int, end: int, count: int) -> list[OriginRun] | None:
-    """The origin runs encoded at exactly ``data[start:end]`` for ``count``
-    entries, or None if they are not well formed (the general decoder then
-    says what is wrong)."""
-    stream = io.BytesIO(data[start:end])
-    try:
-        value = cbor2.CBORDecoder(stream, max_depth=3, allow_indefinite=False).decode()
-        if stream.tell() != end - start:
-            return None
-        return check_origins(value, count)
-    except Exception:  # cbor2 raises several types for garbage: the general way tells
-        return None
-
-
-def encode_origins(runs: list[OriginRun]) -> bytes:
-    """The CBOR of ``runs`` as a ``PublishMany`` carries them."""
-    return cbor2.dumps([list(run) for run in runs])
 
 
 def origins_size_bound(runs: int) -> int:

@@ -24,7 +24,7 @@ from broker.protocol import (
     slice_origins,
 )
 from broker.protocol._decode_fast import _fast_message
-from broker.protocol._origins import encode_origins
+from broker.protocol._encode import encode_origins
 
 from .pair import ConnectionPair, of, split_frames
 

@@ -121,18 +121,25 @@ def _fast_run_fields(
     return subscription, first_seq, pos
 
 
-def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
-    """The item count of the array a DeliverMany or PublishMany frame is (5
-    to 65,535 items) and where its first item starts, or None for another
-    head."""
+def _array_head(data: bytes, start: int) -> tuple[int, int] | None:
+    """The item count of the array at ``start`` (1 to 65,535 items) and
+    where its first item starts, or None for another head."""
     first = data[start]
-    if 0x85 <= first <= 0x97:
+    if 0x81 <= first <= 0x97:
         return first - 0x80, start + 1
     if first == 0x98:
         return data[start + 1], start + 2
     if first == 0x99:
         return data[start + 1] << 8 | data[start + 2], start + 3
     return None
+
+
+def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
+    """The item count of the array a DeliverMany or PublishMany frame is (5
+    to 65,535 items) and where its first item starts, or None for another
+    head."""
+    found = _array_head(data, start)
+    return found if found is not None and found[0] >= 5 else None
 
 
 def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | PublishMany | None:
@@ -262,15 +269,15 @@ def _fast_publish_many(data: bytes, pos: int, items: int, end: int) -> PublishMa
 
 def _fast_origins(data: bytes, pos: int, end: int, count: int) -> list[OriginRun] | None:
     """The origin runs at exactly ``data[pos:end]`` of a PublishMany of
-    ``count`` entries (fewer than 24 runs, each ``[session, handle, first,
-    count]``: what a link sends), or None (the general way tells)."""
-    head = data[pos]
-    if not 0x81 <= head <= 0x97:
+    ``count`` entries (each ``[session, handle, first, count]``: what a link
+    sends), or None (the general way tells)."""
+    found = _array_head(data, pos)
+    if found is None:
         return None
-    pos += 1
+    runs_count, pos = found
     runs: list[OriginRun] = []
     total = 0
-    for _ in range(head - 0x80):
+    for _ in range(runs_count):
         if data[pos] != 0x84:
             return None
         start, stop = _fast_blob(data, pos + 1)

@@ -74,22 +74,22 @@ class ManyPublishing(Traffic):
         out = self._out
         count = len(tails)
         sent = frames = total = 0
-        # (What a frame's origin runs take is reserved out of its room.)
-        reserve = _HEAD_MAX if origins is None else _HEAD_MAX + origins_size_bound(len(origins))
         while start + sent < count:
-            capacity = min(room, limit) - reserve
+            capacity = min(room, limit) - _HEAD_MAX
             first = start + sent
             stop = min(count, first + MAX_PUBLISH_MANY)
-            # The usual case: all of them fit one frame (summed in one go).
-            end, body = fitting_run(tails, first, stop, capacity, whole=not frames)
-            if end == first:
-                break  # out of room (or a tail too large: publish_tails says so)
             if origins is None:
+                # The usual case: all of them fit one frame (summed in one go).
+                end, body = fitting_run(tails, first, stop, capacity, whole=not frames)
+                if end == first:
+                    break  # out of room (or a tail too large: publish_tails says so)
                 head = publish_many_head(topic, end - first, body)
                 out.append(head)
                 out += tails[first:end]
             else:
-                runs = encode_origins(slice_origins(origins, first, end))
+                end, body, runs = _fit_with_origins(tails, first, stop, capacity, origins, frames)
+                if end == first:
+                    break
                 body += len(runs)
                 head = publish_many_head(topic, end - first, body, origins=True)
                 out.append(head)
@@ -178,3 +178,21 @@ class ManyPublishing(Traffic):
             receiver = topic.receiver
             assert receiver is not None  # (checked by _receive_publishes)
             events.append(PublishManyReceived(message, topic.value, receiver.channel, size))
+
+
+def _fit_with_origins(
+    tails: list[bytes], first: int, stop: int, capacity: int, origins: list[OriginRun], frames: int
+) -> tuple[int, int, bytes]:
+    """The end of the run of ``tails`` from ``first`` (to ``stop`` at most)
+    that fits ``capacity`` with its origin runs, the run's bytes, and the
+    runs encoded. Room is kept for every run of the rest; when that leaves
+    none, the frame carries the publishes of one run (the room for one is
+    kept), so that many origins never keep a frame from going."""
+    runs = slice_origins(origins, first, stop)
+    end, body = fitting_run(
+        tails, first, stop, capacity - origins_size_bound(len(runs)), whole=not frames
+    )
+    if end == first and len(runs) > 1:
+        stop = first + runs[0][3]
+        end, body = fitting_run(tails, first, stop, capacity - origins_size_bound(1), whole=False)
+    return end, body, encode_origins(slice_origins(runs, 0, end - first))

@@ -136,3 +136,40 @@ def test_a_slice_of_runs_is_the_slice_of_their_publishes(
         message.origins = sliced
         assert decode_body(encode(message)[4:]) == message
         assert len(encode_origins(sliced)) > 0
+
+
+def test_many_runs_are_read_the_fast_way_too() -> None:
+    """A frame of one publish from each of 300 sessions (a topic many
+    clients publish to through one worker)."""
+    runs: list[OriginRun] = [(b"%016d" % n, 0, n + 1, 1) for n in range(300)]
+    tail = encode_deliver_tail(b"x", None, None)
+    message = PublishMany(5, [tail] * 300, [None] * 300, runs)
+    frame = encode(message)
+    assert _fast_message(frame, 4, len(frame)) == decode_body(frame[4:]) == message
+
+
+def test_room_kept_for_many_runs_never_keeps_a_frame_from_going() -> None:
+    """300 origins' runs take more than a 4 KiB frame could keep for them:
+    frames then carry fewer runs, and every publish still goes, with its own."""
+    pair, topic = opened(max_frame=4096)
+    runs: list[OriginRun] = [(b"%016d" % n, 0, 1, 1) for n in range(300)]
+    tails = [encode_deliver_tail(bytes([n % 256]) * 100, None, None) for n in range(300)]
+    sent = calls = 0
+    carried: list[OriginRun] = []
+    received: list[bytes] = []
+    while sent < 300:
+        more = pair.client.publish_many_tails(topic, tails, sent, origins=runs)
+        assert more > 0
+        sent += more
+        calls += 1
+        frames = split_frames(pair.client.data_to_send())
+        assert all(len(frame) - 4 <= pair.client.peer_max_frame for frame in frames)
+        for event in of(PublishManyReceived, pair.broker.receive_data(b"".join(frames), now=0.0)):
+            assert event.message.origins is not None
+            carried += event.message.origins
+            received += event.message.entries
+            pair.broker.release(event)
+        pair.run()
+    assert received == tails and expand(carried) == expand(runs)
+    assert calls <= 10  # (as far as the guarantees go each time, not one at a time)
+    pair.assert_no_errors()

@@ -93,3 +93,70 @@ async def test_a_forwarder_killed_mid_stream_loses_nothing_and_stores_nothing_tw
     repeated = [n for n, copies in Counter(stored).items() if copies > 1]
     assert repeated == []
     assert stored == list(range(COUNT))  # none lost, in order
+
+
+async def test_publishers_of_several_sessions_through_a_killed_forwarder_store_each_once(
+    tmp_path: Path,
+) -> None:
+    """Three publishers' batches share the link's frames (one origin run
+    each): after the same stop-and-kill as above, each publisher's messages
+    are in the owner's log once each, in its order."""
+    names = ["a", "b", "c"]
+    each = 1500
+    config = worker_config(tmp_path)
+    async with running_workers(config, 2) as supervisor:
+        w0, w1 = supervisor.workers
+        assert w0.pid is not None and w1.pid is not None
+        topic = topics_of("w1", ["w0", "w1"], 1)[0]  # owned by w1, published at w0
+        url0 = f"127.0.0.1:{w0.direct.getsockname()[1]}"
+        url1 = f"127.0.0.1:{w1.direct.getsockname()[1]}"
+        forwarded = "broker_forwarded_publishes_total"
+        waiting: list[str] = []
+        go_on = trio.Event()
+
+        async def publish(name: str) -> None:
+            async with open_client(url0, name=name, reconnect=DEADLINE) as publisher:
+                for n in range(each):
+                    await publisher.publish(topic, b"%s %d" % (name.encode(), n))
+                    if n == each // 3:
+                        # Forwarded and confirmed a while: then the owner stops.
+                        await wait_until(lambda: publisher.statistics()["confirmed"] > 0)
+                        waiting.append(name)
+                        await go_on.wait()
+                with trio.fail_after(DEADLINE):
+                    await publisher.flush()
+                assert publisher.statistics()["sessions_lost"] == 0
+
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(publish, name)
+                await wait_until(lambda: len(waiting) == len(names))
+                os.kill(w1.pid, signal.SIGSTOP)  # the owner pauses
+                before = await metric(w0.metrics, forwarded)
+                go_on.set()
+                while True:
+                    if await metric(w0.metrics, forwarded) >= before + BURST:
+                        break
+                    await trio.sleep(0.01)
+                os.kill(w0.pid, signal.SIGSTOP)
+                os.kill(w1.pid, signal.SIGCONT)
+                await trio.sleep(0.2)
+                os.kill(w0.pid, signal.SIGKILL)
+        assert w0.restarts == 1
+        assert await metric(w1.metrics, "broker_forwarded_duplicates_total") >= BURST
+
+        stored: dict[str, list[int]] = {name: [] for name in names}
+        async with (
+            open_client(url1, name="reader") as reader,
+            reader.subscribe(topic, start="earliest") as subscription,
+        ):
+            with trio.fail_after(DEADLINE):
+                while sum(map(len, stored.values())) < len(names) * each:
+                    name, number = (await subscription.receive()).payload.split()
+                    stored[name.decode()].append(int(number))
+            with trio.move_on_after(0.5):
+                extra = await subscription.receive()
+                raise AssertionError(f"stored after the last publish: {extra.payload!r}")
+    for name in names:
+        assert stored[name] == list(range(each)), name

@@ -123,7 +123,7 @@ from ._names import (
     topic_name_problem,
     topic_pattern_problem,
 )
-from ._origins import OriginRun, slice_origins
+from ._origins import OriginRun, add_runs, slice_origins
 from ._owners import Cluster, Member, owner_id
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
@@ -252,6 +252,7 @@ __all__ = [
     "TopicOffsets",
     "Welcome",
     "WelcomeReceived",
+    "add_runs",
     "channel_sender",
     "check_publish_fields",
     "check_topic_name",

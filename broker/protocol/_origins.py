@@ -27,6 +27,7 @@ from ._types import U64_MAX
 __all__ = [
     "MAX_SESSION_ID",
     "OriginRun",
+    "add_runs",
     "check_origins",
     "origins_size_bound",
     "slice_origins",
@@ -76,6 +77,18 @@ def check_origins(value: Any, count: int) -> list[OriginRun]:
 def origins_size_bound(runs: int) -> int:
     """The most bytes the encoding of ``runs`` runs can take."""
     return 3 + _RUN_MAX * runs
+
+
+def add_runs(runs: list[OriginRun], more: list[OriginRun]) -> None:
+    """Append ``more`` to ``runs``; a run that continues the one before it
+    (the same session and handle, the next index) joins it."""
+    for run in more:
+        if runs:
+            session, handle, first, count = runs[-1]
+            if run[0] == session and run[1] == handle and run[2] == first + count:
+                runs[-1] = (session, handle, first, count + run[3])
+                continue
+        runs.append(run)
 
 
 def slice_origins(runs: list[OriginRun], start: int, stop: int) -> list[OriginRun]:

@@ -125,13 +125,14 @@ class ManyPublishing(Traffic):
         ``origins``), where the guarantees have no room for it: beyond
         them if the optimism allows (as :meth:`publish_tails` would send
         it, but as a PublishMany, which keeps its origin); how many were sent."""
-        runs = encode_origins(slice_origins(origins, at, at + 1))
+        own = slice_origins(origins, at, at + 1)
+        runs = encode_origins(own)
         head = publish_many_head(topic, 1, len(tail) + len(runs), origins=True)
         if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self.peer_max_frame:
             return self.publish_tails(topic, [tail])  # (which says it is too large)
         sender = state.sender
         assert sender is not None
-        message = PublishMany(topic, [tail], [None], slice_origins(origins, at, at + 1))
+        message = PublishMany(topic, [tail], [None], own)
         try:
             self._send_frame(sender, message, head + tail + runs)
         except NoGuarantees:

@@ -51,6 +51,7 @@ from broker.protocol import (
     Role,
     Throttled,
     WelcomeReceived,
+    add_runs,
     encode_deliver_tail,
     slice_origins,
 )
@@ -297,11 +298,7 @@ class Link:
             tails = []
             for batch in islice(pending, index, None):
                 tails += batch.routed.tails[batch.sent :]
-                for run in _origins_of(batch):
-                    if origins and (last := origins[-1])[:2] == run[:2] and run[2] == sum(last[2:]):
-                        origins[-1] = (*run[:2], last[2], last[3] + run[3])  # (one run)
-                    else:
-                        origins.append(run)
+                add_runs(origins, _origins_of(batch))
         # (A Publish ends as a Deliver does: each tail is copied as is, in
         # as few PublishMany frames as the owner's guarantees allow, with
         # whose publishes they are: the owner stores none twice.)

@@ -21,6 +21,7 @@ from broker.protocol import (
     Event,
     HandleDeleted,
     HandleType,
+    OriginRun,
     OutcomeStatus,
     PublishMany,
     PublishManyReceived,
@@ -329,14 +330,10 @@ class Publishing:
             encode_deliver_tail(e.message.payload, e.message.key, e.message.headers) for e in batch
         ]
         state.unrouted_fan_out += fan_out
-        handle = state.channel.index
-        first = state.forwarded + 1
-        state.forwarded += len(batch)
-        topic = state.topic
-        # (Where the topic is another worker's, its owner learns whose they are.)
-        origins = [(self.session_id, handle, first, len(batch))] if topic.forwarded else None
-        topic.send_nowait(
-            Routed(tails, self, handle, fan_out, [e.message.key for e in batch], origins),
+        keys = [e.message.key for e in batch]
+        origins = self._passed_on(state, len(batch))
+        state.topic.send_nowait(
+            Routed(tails, self, state.channel.index, fan_out, keys, origins),
             account=state.account,
             cost=size,
         )
@@ -352,23 +349,34 @@ class Publishing:
         topic = state.topic
         fan_out = topic.charging * (event.size + (DELIVER_HEAD_ESTIMATE + cost) * count)
         state.unrouted_fan_out += fan_out
-        handle = state.channel.index
         origins = message.origins
         skipped = 0
         if origins is None:
-            if topic.forwarded:
-                origins = [(self.session_id, handle, state.forwarded + 1, count)]
-        elif not topic.forwarded:
-            # A worker's link forwards them: none is stored twice.
-            taken = self.host.seen.take(topic.topic_name, origins, tails, keys)
-            if taken is not None:
-                tails, keys, skipped = taken
-        state.forwarded += count
+            origins = self._passed_on(state, count)
+        else:
+            state.forwarded += count
+            if not topic.forwarded:
+                # A worker's link forwards them to their owner: none is stored
+                # twice (and the runs, checked, are needed no more).
+                taken = self.host.seen.take(topic.topic_name, origins, tails, keys)
+                if taken is not None:
+                    tails, keys, skipped = taken
+                origins = None
         topic.send_nowait(
-            Routed(tails, self, handle, fan_out, keys, origins, skipped),
+            Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,
             cost=event.size,
         )
+
+    def _passed_on(self, state: PublishChannel, count: int) -> list[OriginRun] | None:
+        """Count ``count`` more publishes of ``state`` passed on to its topic;
+        where the topic is another worker's, their origin run (its owner
+        learns whose they are: see ``_seen``)."""
+        first = state.forwarded + 1
+        state.forwarded += count
+        if not state.topic.forwarded:
+            return None
+        return [(self.session_id, state.channel.index, first, count)]
 
     def _forward_all(self, state: PublishChannel) -> None:
         """Send everything in the channel's buffer to the topic, in order,

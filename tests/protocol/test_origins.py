@@ -17,6 +17,7 @@ from broker.protocol import (
     PublishMany,
     PublishManyReceived,
     RemoteProtocolError,
+    add_runs,
     decode_body,
     encode,
     encode_deliver_tail,
@@ -173,3 +174,11 @@ def test_room_kept_for_many_runs_never_keeps_a_frame_from_going() -> None:
     assert received == tails and expand(carried) == expand(runs)
     assert calls <= 10  # (as far as the guarantees go each time, not one at a time)
     pair.assert_no_errors()
+
+
+def test_a_run_that_continues_the_last_one_joins_it() -> None:
+    runs: list[OriginRun] = [(b"s", 1, 1, 5)]
+    add_runs(runs, [(b"s", 1, 6, 3), (b"s", 2, 9, 1), (b"", 0, 1, 2), (b"", 0, 1, 2)])
+    add_runs(runs, [(b"s", 2, 10, 4), (b"s", 2, 20, 1)])
+    joined: list[OriginRun] = [(b"s", 1, 1, 8), (b"s", 2, 9, 1), (b"", 0, 1, 2), (b"", 0, 1, 2)]
+    assert runs == [*joined, (b"s", 2, 10, 4), (b"s", 2, 20, 1)]

@@ -4,12 +4,14 @@ the same run, with the same open-loop method (issue 22).
 At each rate (100, 1,000 and 10,000 msg/s) in turn: the broker's own
 per-rate run (:func:`rates_table`) with minimal clients of its protocol
 (``ours``, the like-for-like figures) and with the project's client library
-(``ours_client``), then Mosquitto at QoS 1, then at QoS 0,
-each on a freshly started broker, one publisher process to one subscriber
-process, 100-byte payloads stamped with their scheduled send time. Reported
-per broker: p50/p99 latency, messages received and the broker's CPU per
-message over the middle of the run; and the broker's figures over
-Mosquitto's (``ratio_qos{1,0}_rate_{rate}_{p50,p99,cpu}``).
+(``ours_client``), then Mosquitto at QoS 1, then at QoS 0, then the floor
+(``trio_floor``: the least an MQTT broker written with trio does, at QoS 1,
+see ``_trio_floor``), each on a freshly started broker, one publisher
+process to one subscriber process, 100-byte payloads stamped with their
+scheduled send time. Reported per broker: p50/p99 latency, messages
+received and the broker's CPU per message over the middle of the run; and
+the broker's figures over each other's
+(``ratio_{qos1,qos0,floor}_rate_{rate}_{p50,p99,cpu}``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +40,9 @@ MISSING = "broker bench peers: needs mosquitto, which is not installed (apt inst
 
 #: The Mosquitto runs: the QoS of each, and the name its figures go under.
 QOS_RUNS = ((1, "mosquitto_qos1"), (0, "mosquitto_qos0"))
+
+#: The rows this broker's figures are divided by, and the name of each ratio.
+COMPARED = (("mosquitto_qos1", "qos1"), ("mosquitto_qos0", "qos0"), ("trio_floor", "floor"))
 
 #: The figures compared as ratios, and the key of each in a per-rate result.
 RATIOS = (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg"))
@@ -111,6 +117,31 @@ def mosquitto_rates_table(
     return results
 
 
+@contextmanager
+def trio_floor_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The floor relay (``_trio_floor``) on a free loopback port, stopped after the block."""
+    command = [sys.executable, "-m", "broker.bench._trio_floor"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        port = process.stdout.readline().strip()
+        if not port.isdigit():
+            raise RuntimeError(f"the trio floor relay did not start: {port!r}")
+        yield f"127.0.0.1:{port}", process
+    finally:
+        stop(process)
+
+
+def floor_rates_table(duration: float, rates: tuple[int, ...] = TABLE_RATES) -> dict[str, Any]:
+    """:func:`mosquitto_rates_table` for the trio floor relay, at QoS 1."""
+    results: dict[str, Any] = {}
+    with trio_floor_process() as (url, process):
+        for rate in rates:
+            figures = at_rate(url, process.pid, rate, duration, mqtt_qos=1)
+            results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
+    return results
+
+
 def run(
     quick: bool = False,
     progress: Callable[[str], None] = lambda _step: None,
@@ -140,14 +171,16 @@ def run(
         for qos, name in QOS_RUNS:
             progress(f"{rate:,} msg/s for {duration:.0f} s: mosquitto at QoS {qos}")
             runs[name] = mosquitto_rates_table(path, duration, qos, (rate,))
+        progress(f"{rate:,} msg/s for {duration:.0f} s: the trio floor relay at QoS 1")
+        runs["trio_floor"] = floor_rates_table(duration, (rate,))
         for name, figures in runs.items():
             results.update({f"{name}_{key}": value for key, value in figures.items()})
-        for qos, name in QOS_RUNS:
+        for name, short in COMPARED:
             for ratio, key in RATIOS:
                 theirs = results[f"{name}_rate_{rate}_{key}"]
                 ours = results[f"ours_rate_{rate}_{key}"]
-                # (None: no CPU tick fell in Mosquitto's window.)
-                results[f"ratio_qos{qos}_rate_{rate}_{ratio}"] = ours / theirs if theirs else None
+                # (None: no CPU tick fell in that broker's window.)
+                results[f"ratio_{short}_rate_{rate}_{ratio}"] = ours / theirs if theirs else None
     results["python_loop_10m_s_after"] = python_loop_10m_s()
     results["bench_seconds"] = time.perf_counter() - started
     return results
@@ -155,7 +188,7 @@ def run(
 
 def table(results: dict[str, Any]) -> list[str]:
     """``results`` of :func:`run` as a table: a row per rate and broker, the
-    broker's own figures over each Mosquitto row's in the ratio columns."""
+    broker's own figures over each compared row's in the ratio columns."""
     rates = sorted(
         {int(key.split("_")[2]) for key in results if key.startswith("ours_rate_")},
     )
@@ -165,7 +198,7 @@ def table(results: dict[str, Any]) -> list[str]:
     )
     lines = [header]
     for rate in rates:
-        for name in ("ours", "ours_client", *(name for _qos, name in QOS_RUNS)):
+        for name in ("ours", "ours_client", *(name for name, _short in COMPARED)):
             prefix = f"{name}_rate_{rate}_"
             row = (
                 f"{rate:>7,}  {name.replace('_', ' '):<15}"
@@ -173,9 +206,9 @@ def table(results: dict[str, Any]) -> list[str]:
                 f"{results[prefix + 'broker_cpu_us_per_msg']:>12,.1f}"
                 f"{results[prefix + 'received']:>10,}"
             )
-            if name.startswith("mosquitto"):
-                qos = name[-1]
-                ratios = [results[f"ratio_qos{qos}_rate_{rate}_{ratio}"] for ratio, _ in RATIOS]
+            short = dict(COMPARED).get(name)
+            if short is not None:
+                ratios = [results[f"ratio_{short}_rate_{rate}_{ratio}"] for ratio, _ in RATIOS]
                 row += "".join("     n/a" if r is None else f"{r:>8.2f}" for r in ratios)
             lines.append(row)
     lines.append(

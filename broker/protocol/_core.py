@@ -385,5 +385,9 @@ class ConnectionCore(FrameWriter):
                 capacity = max(capacity, LENGTH_PREFIX + self.peer_max_frame + DELIVER_SLACK)
         receiver = ChannelReceiver(channel, capacity)
         receiver.max_dropping = self.policy.max_dropping
+        if channel.kind == ChannelKind.DELIVER:
+            receiver.largest_frame = LENGTH_PREFIX + self.peer_max_frame + DELIVER_SLACK
+        else:
+            receiver.largest_frame = LENGTH_PREFIX + self.max_frame
         self._issue(receiver)
         return receiver

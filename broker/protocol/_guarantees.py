@@ -92,6 +92,7 @@ class ChannelReceiver:
         "dropped_frames",
         "dropping",
         "dropping_bytes",
+        "largest_frame",
         "max_dropping",
         "receiving_limit",
         "sending_limit",
@@ -112,6 +113,10 @@ class ChannelReceiver:
         self.dropped_bytes = 0
         #: True from a drop until the sender's Apologise.
         self.dropping = False
+        #: The largest frame (with its length prefix) the sender may send on
+        #: the channel, if known: a sender holding guarantees for that much
+        #: can always send its next frame (see ``Policy.amount_to_issue``).
+        self.largest_frame: int | None = None
         #: Bytes dropped since the first drop (reset by the Apologise), and
         #: how many the sender may send so before it ends the connection
         #: (code 3; None: no bound): a sender that heeds ``AnnounceDropping``

@@ -82,6 +82,16 @@ class Policy:
             # The sender still has guarantees: wait until a batch has freed up...
             batch = max(self.issue_threshold, int(receiver.capacity * self.issue_fraction))
             if issuable < batch:
+                largest = receiver.largest_frame
+                if (
+                    largest is not None
+                    and receiver.sender_balance >= largest
+                    and receiver.receiving_limit is None
+                ):
+                    # The sender can send any frame it has: its next frames
+                    # complete the batch (one IssueGuarantee per batch, not
+                    # per processed frame, when frames trickle in).
+                    return 0
                 # ...but never for a batch that processing or a receiving limit
                 # cannot complete (the sender may be blocked on a large frame).
                 batch = min(batch, issuable + receiver.buffered)

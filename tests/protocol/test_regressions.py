@@ -73,3 +73,58 @@ def test_a_batch_processing_cannot_complete_is_not_waited_for() -> None:
     assert limited.on_frame(100)[0]
     limited.limit_receiving(20)
     assert policy.amount_to_issue(limited) == 20  # the limit caps any batch
+
+
+def test_a_sender_that_can_send_its_largest_frame_waits_for_a_batch() -> None:
+    """With the largest frame known, the shortcut for a batch processing
+    cannot complete applies only to a sender that may be stuck on a frame."""
+    policy = Policy(issue_threshold=1000)
+    receiver = ChannelReceiver(CH, 200)
+    receiver.largest_frame = 50
+    receiver.issue(190)
+    assert receiver.buffered == 0 and receiver.sender_balance == 190
+    assert policy.amount_to_issue(receiver) == 0  # it can send any frame: they complete a batch
+    receiver.largest_frame = 191
+    assert policy.amount_to_issue(receiver) == 10  # it may be waiting for a frame of 191
+    limited = ChannelReceiver(CH, 200)
+    limited.largest_frame = 50
+    limited.issue(150)
+    assert limited.on_frame(100)[0]
+    limited.limit_receiving(20)
+    assert policy.amount_to_issue(limited) == 20  # a receiving limit still caps the batch
+
+
+def test_publishes_trickling_in_are_answered_by_a_guarantee_per_batch_not_per_frame() -> None:
+    """A publisher whose frames are processed one by one as they come gets
+    its guarantees back a batch at a time (a quarter of the channel), not
+    with an IssueGuarantee per frame."""
+    from broker.protocol import GuaranteesReceived, PublishReceived
+
+    from .pair import ConnectionPair, of
+
+    pair = ConnectionPair(broker_max_frame=1024)
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    channel = Channel(ChannelKind.PUBLISH, topic)
+    capacity = pair.broker.receiver(channel).capacity
+    pair.client_events.clear()
+    for _ in range(200):
+        pair.client.publish(topic, b"x" * 100)
+        pair.run()
+        for event in of(PublishReceived, pair.broker_events):
+            pair.broker.release(event)
+        pair.broker_events.clear()
+        pair.run()
+    assert pair.broker.receiver(channel).accepted_frames == 200
+    assert capacity // 4 > 200 * 120  # (fewer bytes than a batch)
+    assert of(GuaranteesReceived, pair.client_events) == []
+    # Past a quarter of the channel, one IssueGuarantee gives it all back.
+    for _ in range(capacity // 4 // 100):
+        pair.client.publish(topic, b"x" * 100)
+        pair.run()
+        for event in of(PublishReceived, pair.broker_events):
+            pair.broker.release(event)
+        pair.broker_events.clear()
+        pair.run()
+    assert len(of(GuaranteesReceived, pair.client_events)) == 1
+    assert pair.client.sender(channel).balance > capacity - capacity // 4

@@ -108,23 +108,22 @@ def test_publishes_trickling_in_are_answered_by_a_guarantee_per_batch_not_per_fr
     channel = Channel(ChannelKind.PUBLISH, topic)
     capacity = pair.broker.receiver(channel).capacity
     pair.client_events.clear()
-    for _ in range(200):
-        pair.client.publish(topic, b"x" * 100)
-        pair.run()
-        for event in of(PublishReceived, pair.broker_events):
-            pair.broker.release(event)
-        pair.broker_events.clear()
-        pair.run()
+
+    def trickle(count: int) -> None:
+        """``count`` publishes, each read and processed before the next."""
+        for _ in range(count):
+            pair.client.publish(topic, b"x" * 100)
+            pair.run()
+            for event in of(PublishReceived, pair.broker_events):
+                pair.broker.release(event)
+            pair.broker_events.clear()
+            pair.run()
+
+    trickle(200)
     assert pair.broker.receiver(channel).accepted_frames == 200
     assert capacity // 4 > 200 * 120  # (fewer bytes than a batch)
     assert of(GuaranteesReceived, pair.client_events) == []
     # Past a quarter of the channel, one IssueGuarantee gives it all back.
-    for _ in range(capacity // 4 // 100):
-        pair.client.publish(topic, b"x" * 100)
-        pair.run()
-        for event in of(PublishReceived, pair.broker_events):
-            pair.broker.release(event)
-        pair.broker_events.clear()
-        pair.run()
+    trickle(capacity // 4 // 100)
     assert len(of(GuaranteesReceived, pair.client_events)) == 1
     assert pair.client.sender(channel).balance > capacity - capacity // 4

@@ -109,11 +109,19 @@ def mosquitto_rates_table(
     """At each of ``rates``, on one freshly started Mosquitto, with MQTT
     clients at ``qos``: :func:`at_rate`'s figures (latency percentiles,
     messages received, broker CPU per message), keyed ``rate_{rate}_{figure}``."""
-    results: dict[str, Any] = {}
     with mosquitto_process(path) as (url, process):
-        for rate in rates:
-            figures = at_rate(url, process.pid, rate, duration, mqtt_qos=qos)
-            results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
+        return _mqtt_rates(url, process.pid, duration, qos, rates)
+
+
+def _mqtt_rates(
+    url: str, pid: int, duration: float, qos: int, rates: tuple[int, ...]
+) -> dict[str, Any]:
+    """:func:`at_rate`'s figures at each of ``rates`` with MQTT clients at
+    ``qos``, against the MQTT broker process ``pid`` serving ``url``."""
+    results: dict[str, Any] = {}
+    for rate in rates:
+        figures = at_rate(url, pid, rate, duration, mqtt_qos=qos)
+        results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
     return results
 
 
@@ -134,12 +142,8 @@ def trio_floor_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 def floor_rates_table(duration: float, rates: tuple[int, ...] = TABLE_RATES) -> dict[str, Any]:
     """:func:`mosquitto_rates_table` for the trio floor relay, at QoS 1."""
-    results: dict[str, Any] = {}
     with trio_floor_process() as (url, process):
-        for rate in rates:
-            figures = at_rate(url, process.pid, rate, duration, mqtt_qos=1)
-            results.update({f"rate_{rate}_{key}": value for key, value in figures.items()})
-    return results
+        return _mqtt_rates(url, process.pid, duration, 1, rates)
 
 
 def run(

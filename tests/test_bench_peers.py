@@ -9,7 +9,9 @@ import json
 import pytest
 import trio
 
+from broker.bench import _mqtt as mqtt
 from broker.bench import peers
+from broker.bench._trio_floor import _Relay
 from broker.cli import main
 from broker.cli._bench import DEFAULT_SUITES
 from tests.deploy.helpers import missing_tool
@@ -62,33 +64,32 @@ def test_peers_measures_both_brokers_at_every_rate() -> None:
 async def test_the_trio_floor_relays_a_publish_and_acknowledges_it() -> None:
     """The floor relay does what the peer clients need of a broker: CONNACK,
     SUBACK, the PUBLISH forwarded to the subscriber, PUBACK to the publisher."""
-    from broker.bench import _mqtt as mqtt
-    from broker.bench._trio_floor import _Relay
-
     relay = _Relay()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, relay.serve, 0)
-        port = listeners[0].socket.getsockname()[1]
-        clients = []
-        for name in ("sub", "pub"):
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(mqtt.connect(name))
-            clients.append((stream, mqtt.PacketReader()))
+    # (A relay that answered nothing would otherwise hang the test.)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, relay.serve, 0)
+            port = listeners[0].socket.getsockname()[1]
+            clients = []
+            for name in ("sub", "pub"):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(mqtt.connect(name))
+                clients.append((stream, mqtt.PacketReader()))
 
-        async def packet(index: int) -> mqtt.Packet:
-            stream, reader = clients[index]
-            while not (packets := reader.feed(await stream.receive_some(4096))):
-                pass
-            return packets[0]
+            async def packet(index: int) -> mqtt.Packet:
+                stream, reader = clients[index]
+                while not (packets := reader.feed(await stream.receive_some(4096))):
+                    pass
+                return packets[0]
 
-        assert mqtt.parse_connack(await packet(0)) == 0
-        assert mqtt.parse_connack(await packet(1)) == 0
-        await clients[0][0].send_all(mqtt.subscribe(7, "t", 1))
-        assert mqtt.parse_suback(await packet(0)) == (7, [1])
-        await clients[1][0].send_all(mqtt.publish("t", b"hello", 1, 42))
-        delivered = mqtt.parse_publish(await packet(0))
-        assert (delivered.topic, delivered.payload, delivered.qos) == ("t", b"hello", 1)
-        assert mqtt.parse_puback(await packet(1)) == 42
-        for stream, _reader in clients:
-            await stream.aclose()
-        nursery.cancel_scope.cancel()
+            assert mqtt.parse_connack(await packet(0)) == 0
+            assert mqtt.parse_connack(await packet(1)) == 0
+            await clients[0][0].send_all(mqtt.subscribe(7, "t", 1))
+            assert mqtt.parse_suback(await packet(0)) == (7, [1])
+            await clients[1][0].send_all(mqtt.publish("t", b"hello", 1, 42))
+            delivered = mqtt.parse_publish(await packet(0))
+            assert (delivered.topic, delivered.payload, delivered.qos) == ("t", b"hello", 1)
+            assert mqtt.parse_puback(await packet(1)) == 42
+            for stream, _reader in clients:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()

@@ -42,7 +42,7 @@ MISSING = "broker bench peers: needs mosquitto, which is not installed (apt inst
 QOS_RUNS = ((1, "mosquitto_qos1"), (0, "mosquitto_qos0"))
 
 #: The rows this broker's figures are divided by, and the name of each ratio.
-COMPARED = (("mosquitto_qos1", "qos1"), ("mosquitto_qos0", "qos0"), ("trio_floor", "floor"))
+COMPARED = (*((name, f"qos{qos}") for qos, name in QOS_RUNS), ("trio_floor", "floor"))
 
 #: The figures compared as ratios, and the key of each in a per-rate result.
 RATIOS = (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg"))

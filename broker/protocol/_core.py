@@ -377,17 +377,20 @@ class ConnectionCore(FrameWriter):
     def _new_receiver(self, channel: Channel, capacity: int | None = None) -> ChannelReceiver:
         """A receiving state for ``channel`` (capacity: the policy's initial
         one), with its first guarantees issued. The caller keeps it."""
+        deliver = channel.kind == ChannelKind.DELIVER
+        # The largest frame the sender may send: a Deliver of the broker's
+        # max_frame, or a frame of ours.
+        largest = LENGTH_PREFIX + (
+            self.peer_max_frame + DELIVER_SLACK if deliver else self.max_frame
+        )
         if capacity is None:
             capacity = self.policy.initial_capacity(channel)
-            if channel.kind == ChannelKind.DELIVER and self.policy.deliver_capacity is None:
+            if deliver and self.policy.deliver_capacity is None:
                 # A window smaller than the largest Deliver the broker may send
                 # would never take such a message, nor any after it: stalled.
-                capacity = max(capacity, LENGTH_PREFIX + self.peer_max_frame + DELIVER_SLACK)
+                capacity = max(capacity, largest)
         receiver = ChannelReceiver(channel, capacity)
         receiver.max_dropping = self.policy.max_dropping
-        if channel.kind == ChannelKind.DELIVER:
-            receiver.largest_frame = LENGTH_PREFIX + self.peer_max_frame + DELIVER_SLACK
-        else:
-            receiver.largest_frame = LENGTH_PREFIX + self.max_frame
+        receiver.largest_frame = largest
         self._issue(receiver)
         return receiver

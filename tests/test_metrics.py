@@ -154,6 +154,15 @@ async def wait_until(address: Address, condition: Callable[[Scrape], bool]) -> S
             await trio.sleep(0.01)
 
 
+def debt_series(scrape: Scrape) -> list[float]:
+    """The channels' debts of a scrape that are not zero."""
+    return [
+        value
+        for (name, _labels), value in scrape.samples.items()
+        if name == "broker_channel_debt_bytes" and value
+    ]
+
+
 def server_connection(broker: Broker, name: str) -> ServerConnection:
     return next(c for c in broker.connections.values() if c.name == name)
 
@@ -356,6 +365,8 @@ async def test_stat_json_lists_connections_channels_subscriptions_and_topics() -
             await publisher.publish("prices", b"42")
             await publisher.flush()
             await subscription.receive()
+            # (the subscriber's Ack, held back up to its ack_delay, clears the debt)
+            await wait_until(address, lambda scrape: not debt_series(scrape))
             response = await get(address, "/stat.json")
             assert response.status == 200
             assert response.headers["content-type"] == "application/json"

@@ -267,11 +267,16 @@ class BlockingDriver(SessionView):
                 return
 
     def _keepalive(self) -> None:
-        """Ping when this side has been silent; give up on a silent broker."""
+        """Ping when this side has been silent, send held acknowledgements
+        when due (written at once); give up on a silent broker."""
         if self._pipe is not None:
-            lost = self._session.handle_timer(time.monotonic())
+            session = self._session
+            held = len(session.held)
+            lost = session.handle_timer(time.monotonic())
             if lost is not None:
                 self._fail(lost)
+            elif len(session.held) < held:
+                self._write_now()
 
     def _service(self) -> None:
         """Without waiting: read what is readable, keep alive, write what is pending."""

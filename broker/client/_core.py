@@ -49,6 +49,7 @@ from broker.protocol import (
     check_topic_name,
 )
 
+from ._acks import HeldAcks
 from ._common import ConnectionLost, handshake_error, subscription_limit
 from ._resume import (
     ReconnectPlan,
@@ -57,7 +58,7 @@ from ._resume import (
     resume_state,
     without_subscription,
 )
-from ._subscription import SubscriptionState
+from ._subscription import RELEASE_BATCH, SubscriptionState
 from ._topics import FlushTargets, TopicCache, covered
 
 log = logging.getLogger("broker.client")
@@ -84,9 +85,11 @@ class ClientSession:
     """A client's session with one broker, over successive connections.
 
     ``clock()`` is the driver's monotonic time (for the topic cache's
-    learning window only); ``reconnect`` the seconds a broken connection may
-    take to be replaced (0: never). ``on_output()`` is called when consuming
-    messages queued output (guarantees, acknowledgements) on its own.
+    learning window and held acknowledgements); ``reconnect`` the seconds a
+    broken connection may take to be replaced (0: never). ``on_output()`` is
+    called when consuming messages queued output (guarantees,
+    acknowledgements) on its own; ``held.on_timer(due)`` when an
+    acknowledgement is held back until ``due`` (see :meth:`next_deadline`).
     """
 
     def __init__(
@@ -104,7 +107,9 @@ class ClientSession:
         self.reconnect = reconnect
         self.fallback: str | None = None  #: see ``Client.reconnect_through``
         self.on_output: Callable[[], object] = lambda: None
+        self.clock = clock
         self.conn = Connection(Role.CLIENT, policy=policy, now=clock())
+        self.held = HeldAcks[SubscriptionState](self.conn.policy.ack_delay)
         self.published: dict[int, int] = {}
         self.confirmed: dict[int, int] = {}
         #: Topic handles by name, and by (name, stage) for staged ones.
@@ -194,16 +199,21 @@ class ClientSession:
         conn = self.conn
         if conn.welcome_message is None or conn.closed:
             return None
-        return conn.next_deadline()
+        held = self.held.earliest()
+        due = conn.next_deadline()
+        return due if held is None else min(due, held)
 
     def handle_timer(self, now: float) -> ConnectionLost | None:
-        """Ping when this side has been silent; the connection's end if the
-        broker went silent for its whole lease (a Goodbye 4 is queued)."""
+        """Ping when this side has been silent, send held acknowledgements
+        that are due; the connection's end if the broker went silent for its
+        whole lease (a Goodbye 4 is queued)."""
         if self.conn.welcome_message is None:
             return None
         for event in self.conn.handle_timer(now):
             if isinstance(event, ConnectionClosed):
                 return ConnectionLost("the broker went silent (lease expired)")
+        if self.held:  # (of a connection replaced meanwhile: dropped; the next Ack covers them)
+            self.ack_consumed(s for s in self.held.take_due(now) if not s._closed)
         return None
 
     def fail(self, error: ConnectionLost, now: float) -> Ending:
@@ -266,6 +276,7 @@ class ClientSession:
         for subscription in self.subscriptions.values():
             subscription._reset()
         self.pending_frees.clear()  # given up: the resumed session drops them
+        self.held.clear()  # (what was consumed is the resume's `processed`)
         self.plan = ReconnectPlan(now, self.reconnect, self.fallback)
 
     def begin_attempt(self, now: float) -> ClientSessionState:
@@ -399,33 +410,12 @@ class ClientSession:
             self.throttled.add(channel)
         else:
             self.throttled.discard(channel)
-        if channel == SUBSCRIPTION_BINDS:
-            log.log(
-                logging.INFO if event.throttled else logging.DEBUG,
-                "%s: %s",
-                self.name,
-                "near the broker's limit of subscriptions per connection"
-                if event.throttled
-                else "no longer near the broker's subscription limit",
-            )
-            return
-        topic = self.topic_of(channel)
-        if self.cache.on_throttled(self.conn, channel, event.throttled):
-            # A new channel the broker has no room for yet: the client
-            # releases a topic it no longer uses to make some (see _topics).
-            log.debug("%s: no capacity for topic %r yet", self.name, topic)
+        if channel != SUBSCRIPTION_BINDS:
+            self.cache.on_throttled(self.conn, channel, event.throttled, self.name)
         elif event.throttled:
-            log.info("%s: the broker withholds guarantees on topic %r", self.name, topic)
+            log.info("%s: near the broker's limit of subscriptions per connection", self.name)
         else:
-            log.info("%s: topic %r flows again", self.name, topic)
-
-    def topic_of(self, channel: Channel) -> str | None:
-        """The topic whose publish channel ``channel`` is (None for other channels)."""
-        if channel.kind == ChannelKind.PUBLISH:
-            for key, bound in self.handles.items():
-                if bound == channel.index:
-                    return str(key[0]) if isinstance(key, tuple) else str(key)
-        return None
+            log.debug("%s: no longer near the broker's subscription limit", self.name)
 
     # ---------------------------------------------------------------- publishing
 
@@ -554,14 +544,21 @@ class ClientSession:
         if count and not conn.closed:
             conn.release_frames(Channel(ChannelKind.DELIVER, handle), size, count)
 
-    def release(self, subscription: SubscriptionState) -> None:
-        """Free the room of the frames it consumed whole; acknowledge what it consumed."""
+    def release(self, subscription: SubscriptionState, *, hold: bool = False) -> None:
+        """Free the room of the frames it consumed whole; acknowledge what it
+        consumed (with ``hold``, fewer than ``RELEASE_BATCH`` messages, held
+        back for the policy's ``ack_delay`` while less than ``HOLD_BYTES`` is)."""
         size, count = subscription._inbox.collect()
         if count:
             if not self.conn.closed:
                 channel = Channel(ChannelKind.DELIVER, subscription.handle)
                 self.conn.release_frames(channel, size, count)
-            self.acknowledge(subscription)
+            if not (
+                hold
+                and subscription._unacked < RELEASE_BATCH
+                and self.held.hold(subscription, size, self.clock())
+            ):
+                self.acknowledge(subscription)
 
     def acknowledge(self, subscription: SubscriptionState) -> None:
         """Acknowledge what ``subscription`` consumed, frames whole or not."""
@@ -583,6 +580,7 @@ class ClientSession:
                     conn.ack(subscription.handle, consumed)
                     subscription._acked = consumed
                     subscription._unacked = 0
+                    self.held.forget(subscription)
 
     # ---------------------------------------------------------------- statistics
 

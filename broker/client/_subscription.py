@@ -34,7 +34,11 @@ BATCH_MOST = 1024
 class Releaser(Protocol):
     """Who frees the room of consumed messages (the client session)."""
 
-    def release(self, subscription: SubscriptionState) -> None: ...
+    def release(self, subscription: SubscriptionState, *, hold: bool = False) -> None:
+        """Free the room of the frames it consumed whole and acknowledge what
+        it consumed (with ``hold``, fewer than a batch: the Ack may be held
+        back for a moment)."""
+        ...
 
     def acknowledge(self, subscription: SubscriptionState) -> None:
         """Acknowledge what ``subscription`` consumed (frames whole or not)."""
@@ -111,14 +115,15 @@ class SubscriptionState:
     def _release_if_due(self) -> None:
         """Release what whole frames taken hold, once ``RELEASE_BATCH``
         messages' worth is waiting or the application has taken everything
-        received (acknowledging what was taken); else acknowledge what was
+        received (acknowledging what was taken: a batch at once, fewer
+        within the policy's ``ack_delay``); else acknowledge what was
         taken once ``ACK_EVERY`` messages are unacknowledged, whole
         frames or not: a durable cursor (and a session's resume) never lags
         the application by more than that, however large the frames."""
         inbox = self._inbox
         done = inbox.done_count
         if done and (done >= RELEASE_BATCH or not inbox.messages):
-            self._releaser.release(self)
+            self._releaser.release(self, hold=done < RELEASE_BATCH)
         elif self._unacked >= ACK_EVERY:
             self._releaser.acknowledge(self)
 

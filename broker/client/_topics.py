@@ -28,6 +28,7 @@ follow messages already routed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ DEFAULT_MAX_TOPICS = 1000
 #: How long the number of channels the broker funded, learned when it
 #: starved one, bounds the handles held (it may fund more later).
 LEARNED_FOR = 1.0
+
+log = logging.getLogger("broker.client")
 
 
 class TopicCache:
@@ -168,9 +171,29 @@ class TopicCache:
             self._retire_one(conn)
         return self.pump(conn)
 
-    def on_throttled(self, conn: Connection, channel: Channel, throttled: bool) -> bool:
-        """The broker says it (no longer) withholds ``channel``'s guarantees;
-        True if ``channel`` is a publish channel it opened without capacity
+    def topic_of(self, channel: Channel) -> str | None:
+        """The topic whose publish channel ``channel`` is (None for other channels)."""
+        if channel.kind == ChannelKind.PUBLISH:
+            for key, bound in self.handles.items():
+                if bound == channel.index:
+                    return str(key[0]) if isinstance(key, tuple) else str(key)
+        return None
+
+    def on_throttled(self, conn: Connection, channel: Channel, throttled: bool, name: str) -> None:
+        """The broker says it (no longer) withholds ``channel``'s guarantees
+        (logged, as client ``name``). A publish channel it opened without
+        capacity makes the cache learn to hold fewer handles (and release
+        one it no longer uses to make some, see :meth:`pump`)."""
+        topic = self.topic_of(channel)
+        if self._starving(conn, channel, throttled):
+            log.debug("%s: no capacity for topic %r yet", name, topic)
+        elif throttled:
+            log.info("%s: the broker withholds guarantees on topic %r", name, topic)
+        else:
+            log.info("%s: topic %r flows again", name, topic)
+
+    def _starving(self, conn: Connection, channel: Channel, throttled: bool) -> bool:
+        """True if ``channel`` is a publish channel it opened without capacity
         (and, for the end of it, that was funded since)."""
         if channel.kind != ChannelKind.PUBLISH:
             return False

@@ -11,6 +11,7 @@ reconnection task when a connection breaks; it feeds the sans-IO
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 import trio
@@ -178,7 +179,8 @@ class TrioDriver(SessionView):
             done.set()
 
     async def _keepalive(self, conn: Connection) -> None:
-        """The session's timers: Pings when due; a silent broker ends the connection."""
+        """The session's timers: Pings and held acknowledgements when due; a
+        silent broker ends the connection."""
         session = self._session
 
         def over() -> bool:
@@ -189,7 +191,12 @@ class TrioDriver(SessionView):
                 return
             await self._changed.park()
         while not over():
-            await trio.sleep_until(conn.next_deadline())
+            due = session.next_deadline()
+            timer = trio.CancelScope(deadline=conn.next_deadline() if due is None else due)
+            # (an acknowledgement held back until a sooner time wakes it sooner)
+            session.held.on_timer = partial(_sooner, timer)
+            with timer:
+                await trio.sleep_forever()
             if over():  # it ended while we slept
                 return
             lost = session.handle_timer(trio.current_time())
@@ -279,3 +286,8 @@ def _why(error: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text}: {cause}" if text else str(cause)
     return text or type(error).__name__
+
+
+def _sooner(timer: trio.CancelScope, due: float) -> None:
+    """Wake the keepalive task sleeping in ``timer`` by ``due`` at the latest."""
+    timer.deadline = min(timer.deadline, due)

@@ -44,7 +44,7 @@ class SessionView:
         """Topics the broker says it withholds guarantees on, for longer than
         its notice threshold (advisory: publishing to them waits)."""
         session = self._session
-        names = {session.topic_of(channel) for channel in session.throttled}
+        names = {session.cache.topic_of(channel) for channel in session.throttled}
         return {name for name in names if name is not None}
 
     @property

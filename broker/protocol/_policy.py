@@ -51,6 +51,10 @@ class Policy:
     #: Process binds when they arrive (True) or only when referenced or
     #: asked to with :meth:`Connection.process_binds` (False).
     process_binds_on_arrival: bool = True
+    #: Client: the longest, in seconds, an ``Ack`` for fewer than a batch of
+    #: deliveries is held back, so that one cumulative Ack covers what
+    #: trickles in meanwhile (0: acknowledge at once).
+    ack_delay: float = 0.02
 
     def initial_capacity(self, channel: Channel) -> int:
         """Buffer capacity a new receiving channel starts with."""

@@ -224,9 +224,14 @@ def test_subscribing_taking_and_releasing_in_batches() -> None:
     broker.pump(session)
     acks = [e for e in broker.events if isinstance(e, Ack)]
     assert [a.seq for a in acks] == [RELEASE_BATCH]
-    taken += subscription._take_many(100)  # everything left: released at once
+    taken += subscription._take_many(100)  # everything left: released at once...
     broker.pump(session)
     assert [m.seq for m in taken] == list(range(1, count + 1))
+    assert [e.seq for e in broker.events if isinstance(e, Ack)] == [RELEASE_BATCH]
+    due = session.next_deadline()  # ...and acknowledged within the policy's ack_delay
+    assert due == session.conn.policy.ack_delay
+    assert session.handle_timer(due) is None
+    broker.pump(session)
     assert [e.seq for e in broker.events if isinstance(e, Ack)] == [RELEASE_BATCH, count]
     session.unsubscribe(subscription)
     broker.pump(session)

@@ -9,11 +9,12 @@ The publisher sends each publish as soon as it is due, its frame written at
 once, and reads Confirms meanwhile; it finishes once every publish is
 confirmed. The subscriber (single ``Deliver`` frames, as a minimal client
 asks) times each delivery (the time of the read that completed it) and
-releases the read's frames; it acknowledges as the client library does: at
-once once :data:`ACK_BATCH` deliveries are unacknowledged, else within the
-policy's ``ack_delay`` of the first (one cumulative ``Ack`` covers what
-trickles in meanwhile). Results have the shape of the broker's own workers'
-results.
+releases the read's frames; it acknowledges by the client library's rule
+(and its constants): at once when 32 deliveries (``RELEASE_BATCH``) or
+``HOLD_BYTES`` of frames are unacknowledged, else within the policy's
+``ack_delay`` of the first (one cumulative ``Ack`` covers what trickles in
+meanwhile), and what is left before it leaves. Results have the shape of the
+broker's own workers' results.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 import trio
 
+from broker.client._acks import HOLD_BYTES
+from broker.client._subscription import RELEASE_BATCH
 from broker.protocol import (
     Confirm,
     Connection,
@@ -38,10 +41,6 @@ from broker.protocol import (
 )
 
 from ._open_loop import STAMP, Arrivals, filler_for, published, schedule
-
-#: Unacknowledged deliveries acknowledged at once (the client library's
-#: ``RELEASE_BATCH``); fewer wait up to the policy's ``ack_delay``.
-ACK_BATCH = 32
 
 
 class _Raw:
@@ -152,7 +151,7 @@ async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     print("ready", flush=True)
     arrivals = Arrivals()
     delay = conn.policy.ack_delay
-    acked = seq = 0
+    acked = seq = held = 0  # (held: bytes of the deliveries not acknowledged)
     due = math.inf  # when the held Ack is due
     with trio.move_on_after(spec.get("timeout", math.inf)):
         while arrivals.received < count:
@@ -164,13 +163,16 @@ async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
                 if type(event) is DeliverReceived:
                     arrivals.arrived(event.message.payload, now)
                     seq = event.message.seq
+                    held += event.size
                     conn.release(event)
             if seq > acked:
-                if seq - acked >= ACK_BATCH or trio.current_time() >= due:
+                if seq - acked >= RELEASE_BATCH or held >= HOLD_BYTES or trio.current_time() >= due:
                     conn.ack(handle, seq)
-                    acked, due = seq, math.inf
+                    acked, held, due = seq, 0, math.inf
                 elif due == math.inf:
                     due = trio.current_time() + delay
             await raw.flush()
+    if seq > acked:
+        conn.ack(handle, seq)
     await raw.close()
     return arrivals.result()

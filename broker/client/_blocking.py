@@ -511,7 +511,7 @@ class BlockingClient(BlockingDriver):
                 if goodbye:
                     session.ack_consumed(session.subscriptions.values())  # (a cursor's place)
                 session.close_here()
-                self._stop.set()
+                self._stop_heartbeat()
                 if goodbye and self._pipe is not None:
                     session.conn.goodbye(0, "bye")
                     self._pipe.linger(session.conn, LINGER_SECONDS)

@@ -58,14 +58,28 @@ def remaining(deadline: float | None) -> float | None:
 
 
 def _heartbeat(
-    client_ref: weakref.ref[BlockingDriver], stop: threading.Event, interval: float
+    client_ref: weakref.ref[BlockingDriver],
+    stop: threading.Event,
+    nudge: threading.Event,
+    interval: float,
 ) -> None:
-    """The heartbeat thread's loop; holds the client only weakly between ticks."""
-    while not stop.wait(interval):
+    """The heartbeat thread's loop: a tick every ``interval`` seconds, and
+    when a held acknowledgement falls due (``nudge`` is set when one starts
+    being held); holds the client only weakly between ticks."""
+    timeout = interval
+    while True:
+        nudge.wait(timeout)
+        nudge.clear()
+        if stop.is_set():
+            return
         client = client_ref()
         if client is None:
             return
-        client._heartbeat_tick()
+        timeout = interval
+        if client._heartbeat_tick():  # (else the lock's holder services it)
+            due = client._session.held.earliest()
+            if due is not None:
+                timeout = min(interval, max(due - time.monotonic(), 0.001))
         del client
 
 
@@ -105,6 +119,8 @@ class BlockingDriver(SessionView):
         self._lock = threading.RLock()
         self._service_requested = False
         self._stop = threading.Event()
+        self._nudge = nudge = threading.Event()
+        self._session.held.on_timer = lambda due: nudge.set()  # (not self: no cycle)
         self._thread: threading.Thread | None = None
         self._pipe: SocketPipe | None = None
         with self._lock:
@@ -113,7 +129,7 @@ class BlockingDriver(SessionView):
         assert welcome is not None
         self._thread = threading.Thread(
             target=_heartbeat,
-            args=(weakref.ref(self), self._stop, welcome.heartbeat_ms / 2000),
+            args=(weakref.ref(self), self._stop, self._nudge, welcome.heartbeat_ms / 2000),
             name=f"broker-heartbeat:{name}",
             daemon=True,
         )
@@ -178,7 +194,12 @@ class BlockingDriver(SessionView):
                 pipe.send_some()
         self._close_pipe()
         if self._session.fail(error, time.monotonic()) is Ending.ENDED:
-            self._stop.set()
+            self._stop_heartbeat()
+
+    def _stop_heartbeat(self) -> None:
+        """The client ended: its heartbeat thread stops (at once)."""
+        self._stop.set()
+        self._nudge.set()
 
     def _close_pipe(self) -> None:
         pipe, self._pipe = self._pipe, None
@@ -202,7 +223,7 @@ class BlockingDriver(SessionView):
         if error is not None:
             session.attempt_failed(error, time.monotonic())
             if session.error is not None:
-                self._stop.set()
+                self._stop_heartbeat()
 
     def _reconnect_attempt(self, deadline: float) -> ConnectionLost | None:
         """Connect once and resume the session (or restore a lost one); the error if not."""
@@ -287,16 +308,16 @@ class BlockingDriver(SessionView):
         self._keepalive()
         self._write_now()
 
-    def _heartbeat_tick(self) -> None:
+    def _heartbeat_tick(self) -> bool:
         """Called by the heartbeat thread: service now (or reconnect, when an
-        attempt is due), or ask the lock's holder to.
+        attempt is due), or ask the lock's holder to (then False).
 
         Never raises: an unexpected error ends the connection (and is logged),
         so the application sees it as :class:`ConnectionLost` on its next call.
         """
         if not self._lock.acquire(blocking=False):
             self._service_requested = True
-            return
+            return False
         session = self._session
         try:
             if session.broken is not None and session.error is None:
@@ -311,6 +332,7 @@ class BlockingDriver(SessionView):
             self._fail(ConnectionLost(f"heartbeat failed: {error!r}"))
         finally:
             self._lock.release()
+        return True
 
     def _acquire(self, deadline: float | None) -> bool:
         """Take the client's lock, waiting no later than ``deadline``; whether it was taken."""

@@ -406,10 +406,7 @@ class ClientSession:
 
     def _on_throttled(self, event: Throttled) -> None:
         channel = event.channel
-        if event.throttled:
-            self.throttled.add(channel)
-        else:
-            self.throttled.discard(channel)
+        (self.throttled.add if event.throttled else self.throttled.discard)(channel)
         if channel != SUBSCRIPTION_BINDS:
             self.cache.on_throttled(self.conn, channel, event.throttled, self.name)
         elif event.throttled:
@@ -546,19 +543,21 @@ class ClientSession:
 
     def release(self, subscription: SubscriptionState, *, hold: bool = False) -> None:
         """Free the room of the frames it consumed whole; acknowledge what it
-        consumed (with ``hold``, fewer than ``RELEASE_BATCH`` messages, held
-        back for the policy's ``ack_delay`` while less than ``HOLD_BYTES`` is)."""
+        consumed (``hold``: a small batch, maybe held back, see ``HeldAcks``)."""
         size, count = subscription._inbox.collect()
-        if count:
-            if not self.conn.closed:
-                channel = Channel(ChannelKind.DELIVER, subscription.handle)
-                self.conn.release_frames(channel, size, count)
-            if not (
-                hold
-                and subscription._unacked < RELEASE_BATCH
-                and self.held.hold(subscription, size, self.clock())
-            ):
-                self.acknowledge(subscription)
+        if not count:
+            return
+        conn = self.conn
+        if not conn.closed:
+            channel = Channel(ChannelKind.DELIVER, subscription.handle)
+            conn.release_frames(channel, size, count)
+            if hold and subscription._unacked < RELEASE_BATCH:
+                window = conn.receiver(channel).capacity
+                if self.held.hold(subscription, size, self.clock(), window):
+                    if conn.bytes_to_send:  # (the guarantees released go now)
+                        self.on_output()
+                    return
+        self.acknowledge(subscription)
 
     def acknowledge(self, subscription: SubscriptionState) -> None:
         """Acknowledge what ``subscription`` consumed, frames whole or not."""

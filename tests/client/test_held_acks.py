@@ -24,10 +24,11 @@ def test_held_acks_fall_due_in_order_and_bytes_bound_them() -> None:
     held = HeldAcks[str](0.02)
     timers: list[float] = []
     held.on_timer = timers.append
+    window = 1 << 20
     assert held.earliest() is None
-    assert held.hold("a", 100, 1.0)
-    assert held.hold("b", 100, 1.005)
-    assert held.hold("a", 100, 1.01)  # held already: no new timer
+    assert held.hold("a", 100, 1.0, window)
+    assert held.hold("b", 100, 1.005, window)
+    assert held.hold("a", 100, 1.01, window)  # held already: no new timer
     assert timers == [1.02, 1.025]
     assert held.earliest() == 1.02
     assert held.take_due(1.019) == []
@@ -36,12 +37,15 @@ def test_held_acks_fall_due_in_order_and_bytes_bound_them() -> None:
     held.forget("b")
     assert held.earliest() is None
     # Bytes: what reaches HOLD_BYTES goes at once, and nothing of it stays held.
-    assert not held.hold("c", HOLD_BYTES, 2.0)
-    assert held.hold("c", HOLD_BYTES - 1, 2.0)
-    assert not held.hold("c", 1, 2.0)
+    assert not held.hold("c", HOLD_BYTES, 2.0, window)
+    assert held.hold("c", HOLD_BYTES - 1, 2.0, window)
+    assert not held.hold("c", 1, 2.0, window)
     assert len(held) == 0
+    # ...and so does what reaches a quarter of a small delivery window.
+    assert held.hold("d", 255, 2.0, 1024)
+    assert not held.hold("d", 1, 2.0, 1024)
     # A delay of 0 holds nothing.
-    assert not HeldAcks[str](0.0).hold("a", 1, 0.0)
+    assert not HeldAcks[str](0.0).hold("a", 1, 0.0, window)
 
 
 class Clock:
@@ -151,3 +155,49 @@ async def test_the_blocking_client_sends_a_held_ack_while_it_waits() -> None:
     handle = result["handle"]
     assert result["held"] == {handle: 0}
     assert result["after"] == {handle: result["seq"]}
+
+
+def test_guarantees_released_while_an_ack_is_held_are_sent_at_once() -> None:
+    # A small delivery window: releasing a few frames frees a batch of room,
+    # whose IssueGuarantee must not wait for the held Ack (the broker may
+    # have nothing more to send until it comes).
+    broker = FakeBroker()
+    policy = Policy(deliver_capacity=16 * 1024)  # (below the largest Deliver: room goes at once)
+    session = ClientSession("held", policy, None, max_topics=10, reconnect=0.0, clock=Clock())
+    woken: list[int] = []
+    session.on_output = lambda: woken.append(session.conn.bytes_to_send)
+    session.start(0.0)
+    broker.pump(session)
+    subscription = subscribed(session, broker, "t")
+    issued_while_held = 0
+    for seq in range(1, 21):
+        broker.conn.deliver(subscription.handle, seq, b"x" * 100)
+        broker.pump(session)
+        woken.clear()
+        subscription._take()
+        if session.conn.bytes_to_send:  # the release issued guarantees...
+            assert len(session.held) == 1  # ...while the Ack is held,
+            assert woken and woken[-1] > 0  # and the driver was told to write them
+            issued_while_held += 1
+        broker.pump(session)
+    assert issued_while_held >= 3
+    assert not [e for e in broker.events if isinstance(e, Ack)]  # all still held (time stood still)
+
+
+async def test_the_blocking_client_sends_a_held_ack_between_calls() -> None:
+    # Heartbeats 100 s apart: only the held Ack's own timer can send it in time.
+    async with running_broker(heartbeat=100.0, lease=200.0) as broker:
+        address = url(broker)
+        async with blocking_client(address, name="sub") as reader:
+
+            def take_one() -> tuple[int, int, int]:
+                with connect(address, name="pub") as writer:
+                    sub = reader.subscribe("t", timeout=30)
+                    writer.publish("t", b"one")
+                message = sub.receive(timeout=30)
+                return sub.handle, message.seq, reader._conn.processed[sub.handle]
+
+            # The application takes a message and then makes no call at all.
+            handle, seq, acked_then = await trio.to_thread.run_sync(take_one)
+            assert acked_then == 0  # held
+            await wait_until(lambda: reader._conn.processed[handle] == seq)

@@ -212,7 +212,7 @@ class ClientSession:
         for event in self.conn.handle_timer(now):
             if isinstance(event, ConnectionClosed):
                 return ConnectionLost("the broker went silent (lease expired)")
-        if self.held:  # (of a connection replaced meanwhile: dropped; the next Ack covers them)
+        if self.held:  # (a closed one acknowledged what it consumed as it closed)
             self.ack_consumed(s for s in self.held.take_due(now) if not s._closed)
         return None
 

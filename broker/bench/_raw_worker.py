@@ -10,10 +10,10 @@ once, and reads Confirms meanwhile; it finishes once every publish is
 confirmed. The subscriber (single ``Deliver`` frames, as a minimal client
 asks) times each delivery (the time of the read that completed it) and
 releases the read's frames; it acknowledges by the client library's rule
-(and its constants): at once when 32 deliveries (``RELEASE_BATCH``) or
-``HOLD_BYTES`` of frames are unacknowledged, else within the policy's
-``ack_delay`` of the first (one cumulative ``Ack`` covers what trickles in
-meanwhile), and what is left before it leaves. Results have the shape of the
+(its ``HeldAcks`` and ``RELEASE_BATCH``): at once when 32 deliveries, 8 KiB
+of frames or a quarter of the window are unacknowledged, else within the
+policy's ``ack_delay`` of the first (one cumulative ``Ack`` covers what
+trickles in meanwhile), and what is left before it leaves. Results have the shape of the
 broker's own workers' results.
 """
 
@@ -25,9 +25,11 @@ from typing import Any
 
 import trio
 
-from broker.client._acks import HOLD_BYTES
+from broker.client._acks import HeldAcks
 from broker.client._subscription import RELEASE_BATCH
 from broker.protocol import (
+    Channel,
+    ChannelKind,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -150,27 +152,33 @@ async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:
     await raw.until_confirmed(HandleType.SUBSCRIPTION, handle)
     print("ready", flush=True)
     arrivals = Arrivals()
-    delay = conn.policy.ack_delay
-    acked = seq = held = 0  # (held: bytes of the deliveries not acknowledged)
-    due = math.inf  # when the held Ack is due
+    held = HeldAcks[int](conn.policy.ack_delay)  # (the library's rule of holding an Ack)
+    window = conn.receiver(Channel(ChannelKind.DELIVER, handle)).capacity
+    acked = seq = 0
     with trio.move_on_after(spec.get("timeout", math.inf)):
         while arrivals.received < count:
             events: list[Event] = []
-            with trio.move_on_at(due):
+            due = held.earliest()
+            with trio.move_on_at(math.inf if due is None else due):
                 events = await raw.read()
             now = time.perf_counter_ns()
+            size = 0
             for event in events:
                 if type(event) is DeliverReceived:
                     arrivals.arrived(event.message.payload, now)
                     seq = event.message.seq
-                    held += event.size
+                    size += event.size
                     conn.release(event)
-            if seq > acked:
-                if seq - acked >= RELEASE_BATCH or held >= HOLD_BYTES or trio.current_time() >= due:
-                    conn.ack(handle, seq)
-                    acked, held, due = seq, 0, math.inf
-                elif due == math.inf:
-                    due = trio.current_time() + delay
+            clock = trio.current_time()
+            if size and (
+                seq - acked >= RELEASE_BATCH or not held.hold(handle, size, clock, window)
+            ):
+                held.forget(handle)
+                conn.ack(handle, seq)
+                acked = seq
+            if held.take_due(clock):  # (due, whether this read brought more or not)
+                conn.ack(handle, seq)
+                acked = seq
             await raw.flush()
     if seq > acked:
         conn.ack(handle, seq)

@@ -289,14 +289,14 @@ class BlockingDriver(SessionView):
 
     def _keepalive(self) -> None:
         """Ping when this side has been silent, send held acknowledgements
-        when due (written at once); give up on a silent broker."""
+        when due (what the timers queued is written at once); give up on a
+        silent broker."""
         if self._pipe is not None:
             session = self._session
-            held = len(session.held)
             lost = session.handle_timer(time.monotonic())
             if lost is not None:
                 self._fail(lost)
-            elif len(session.held) < held:
+            elif session.conn.bytes_to_send:
                 self._write_now()
 
     def _service(self) -> None:

@@ -4,14 +4,15 @@ the same run, with the same open-loop method (issue 22).
 At each rate (100, 1,000 and 10,000 msg/s) in turn: the broker's own
 per-rate run (:func:`rates_table`) with minimal clients of its protocol
 (``ours``, the like-for-like figures) and with the project's client library
-(``ours_client``), then Mosquitto at QoS 1, then at QoS 0, then the floor
-(``trio_floor``: the least an MQTT broker written with trio does, at QoS 1,
-see ``_trio_floor``), each on a freshly started broker, one publisher
-process to one subscriber process, 100-byte payloads stamped with their
-scheduled send time. Reported per broker: p50/p99 latency, messages
-received and the broker's CPU per message over the middle of the run; and
-the broker's figures over each other's
-(``ratio_{qos1,qos0,floor}_rate_{rate}_{p50,p99,cpu}``).
+(``ours_client``), then Mosquitto at QoS 1, then at QoS 0, then two floors at
+QoS 1 (``trio_floor``: the least an MQTT broker written with trio does, see
+``_trio_floor``; ``python_floor``: the least one written in Python does,
+with no framework, see ``_python_floor``), each on a freshly started broker,
+one publisher process to one subscriber process, 100-byte payloads stamped
+with their scheduled send time. Reported per broker: p50/p99 latency,
+messages received and the broker's CPU per message over the middle of the
+run; and the broker's figures over each other's
+(``ratio_{qos1,qos0,floor,pyfloor}_rate_{rate}_{p50,p99,cpu}``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ MISSING = "broker bench peers: needs mosquitto, which is not installed (apt inst
 QOS_RUNS = ((1, "mosquitto_qos1"), (0, "mosquitto_qos0"))
 
 #: The rows this broker's figures are divided by, and the name of each ratio.
-COMPARED = (*((name, f"qos{qos}") for qos, name in QOS_RUNS), ("trio_floor", "floor"))
+COMPARED = (
+    *((name, f"qos{qos}") for qos, name in QOS_RUNS),
+    ("trio_floor", "floor"),
+    ("python_floor", "pyfloor"),
+)
 
 #: The figures compared as ratios, and the key of each in a per-rate result.
 RATIOS = (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg"))
@@ -125,24 +130,31 @@ def _mqtt_rates(
     return results
 
 
+#: The floor relays: the name their figures go under, and their module.
+FLOORS = (("trio_floor", "_trio_floor"), ("python_floor", "_python_floor"))
+
+
 @contextmanager
-def trio_floor_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """The floor relay (``_trio_floor``) on a free loopback port, stopped after the block."""
-    command = [sys.executable, "-m", "broker.bench._trio_floor"]
+def floor_process(module: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A floor relay (``module``, one of :data:`FLOORS`) on a free loopback
+    port, stopped after the block."""
+    command = [sys.executable, "-m", f"broker.bench.{module}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         port = process.stdout.readline().strip()
         if not port.isdigit():
-            raise RuntimeError(f"the trio floor relay did not start: {port!r}")
+            raise RuntimeError(f"the floor relay {module} did not start: {port!r}")
         yield f"127.0.0.1:{port}", process
     finally:
         stop(process)
 
 
-def floor_rates_table(duration: float, rates: tuple[int, ...] = TABLE_RATES) -> dict[str, Any]:
-    """:func:`mosquitto_rates_table` for the trio floor relay, at QoS 1."""
-    with trio_floor_process() as (url, process):
+def floor_rates_table(
+    duration: float, rates: tuple[int, ...] = TABLE_RATES, module: str = "_trio_floor"
+) -> dict[str, Any]:
+    """:func:`mosquitto_rates_table` for a floor relay (``module``), at QoS 1."""
+    with floor_process(module) as (url, process):
         return _mqtt_rates(url, process.pid, duration, 1, rates)
 
 
@@ -175,8 +187,9 @@ def run(
         for qos, name in QOS_RUNS:
             progress(f"{rate:,} msg/s for {duration:.0f} s: mosquitto at QoS {qos}")
             runs[name] = mosquitto_rates_table(path, duration, qos, (rate,))
-        progress(f"{rate:,} msg/s for {duration:.0f} s: the trio floor relay at QoS 1")
-        runs["trio_floor"] = floor_rates_table(duration, (rate,))
+        for name, module in FLOORS:
+            progress(f"{rate:,} msg/s for {duration:.0f} s: the {name.replace('_', ' ')} at QoS 1")
+            runs[name] = floor_rates_table(duration, (rate,), module)
         for name, figures in runs.items():
             results.update({f"{name}_{key}": value for key, value in figures.items()})
         for name, short in COMPARED:

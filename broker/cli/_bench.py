@@ -22,7 +22,8 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
     ),
     "peers": (
         "broker.bench.peers",
-        "this broker beside Mosquitto (QoS 1 and 0) and a minimal trio relay (the floor) "
+        "this broker beside Mosquitto (QoS 1 and 0) and two minimal relays (the trio and "
+        "Python floors) "
         "at 100, 1k and 10k msg/s, same run, same open-loop method (needs mosquitto; "
         "not run by default)",
     ),

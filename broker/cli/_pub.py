@@ -182,6 +182,7 @@ async def _pub(
     args: argparse.Namespace, payload: bytes | None, tally: _Tally, interrupt: Interrupt
 ) -> None:
     from ..client import open_client, parse_servers, route
+    from ..protocol import LocalProtocolError
 
     key = args.key.encode() if args.key is not None else None
     if payload is None and args.stdin_whole:
@@ -219,7 +220,15 @@ async def _pub(
         # Ctrl-C stops publishing at once; leaving the client then flushes
         # what was published (unless a second Ctrl-C cuts that short too).
         with interrupt.working():
-            await publish_all()
+            try:
+                await publish_all()
+            except LocalProtocolError:
+                # A message refused before it was sent (too large for the
+                # broker's max_frame): the connection is fine, so what went
+                # before is confirmed first, and the count said is true (a
+                # user told "confirmed 0" would send those again: twice).
+                await client.flush()
+                raise
         if interrupt.interrupted:
             # The flush waits for the broker, which may throttle this topic for
             # long (a subscriber that does not keep up): say so, and how to leave.

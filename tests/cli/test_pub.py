@@ -232,6 +232,28 @@ def test_after_a_refusal_it_says_what_the_broker_confirmed(tmp_path: Path) -> No
     assert last.endswith(" message(s) given for 't' before that)")
 
 
+def test_a_message_too_large_is_said_after_what_went_before_is_confirmed(
+    served: Served,
+) -> None:
+    """The messages before one too large for ``max_frame`` are delivered: it
+    used to say "confirmed 0 of the 2", so a user who sent them again got
+    each one twice."""
+    subscriber = Subscriber("big", "--count", "2", "--broker", served.address)
+    try:
+        lines = b"a\nb\n" + b"x" * 70_000 + b"\nd\n"
+        result = run("pub", "big", "--broker", served.address, stdin=lines)
+        assert result.returncode == 1
+        said = result.stderr.splitlines()
+        assert said[0].startswith("broker pub: a message of 70000 bytes is too large")
+        assert said[-1] == (
+            "broker pub: (the broker confirmed 2 of the 2 message(s) given for 'big' before that)"
+        )
+        status, out, _err = subscriber.finish()
+        assert (status, out) == (0, b"a\nb\n")
+    finally:
+        subscriber.kill()
+
+
 def test_reading_a_terminal_says_so() -> None:
     """``broker pub TOPIC`` on a terminal waited in silence for lines: a user
     who forgot MESSAGE saw a hang."""

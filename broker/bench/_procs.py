@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ def broker_process(
         command += ["--set", "memory_only=true"]
     else:
         command += ["--set", f"data_dir={data_dir}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -66,6 +67,7 @@ def broker_process(
             raise RuntimeError(f"broker did not start: {line!r}")
         yield f"127.0.0.1:{port}", process
     finally:
+        end_workers()
         stop(process)
 
 
@@ -82,12 +84,43 @@ def stop(process: subprocess.Popen[Any]) -> None:
         process.stdout.close()
 
 
+#: The client workers started and not reaped yet (see :func:`end_workers`).
+_live_workers: set[subprocess.Popen[str]] = set()
+
+
 def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    """A client worker process (``_worker``) for ``spec``.
+
+    Like every process a bench starts, it runs in a session of its own
+    (``start_new_session``): a Ctrl-C at the terminal reaches the bench
+    alone, which then ends its workers (:func:`end_workers`) before the
+    brokers they use, so nothing but the bench says anything of it."""
+    # A Ctrl-C while it starts is taken once it is on the list (else it could
+    # be left to meet its stopped broker). It starts with SIGINT blocked too:
+    # a worker is ended by its bench, never by a signal of the terminal's.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        _live_workers.add(process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return process
+
+
+def end_workers() -> None:
+    """Kill the client workers still running (their bench was interrupted,
+    or failed): called before a bench's broker stops, so that none of them
+    reports the broker going away."""
+    while _live_workers:
+        process = _live_workers.pop()
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
 
 
 def wait_ready(process: subprocess.Popen[str]) -> None:
@@ -103,6 +136,7 @@ def worker_result(process: subprocess.Popen[str], timeout: float) -> dict[str, A
     except subprocess.TimeoutExpired:
         process.kill()
         raise RuntimeError("benchmark worker timed out") from None
+    _live_workers.discard(process)
     if process.returncode:
         raise RuntimeError(f"benchmark worker failed with status {process.returncode}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])

@@ -218,7 +218,14 @@ def main() -> None:
         "raw_pub": raw_publish,
         "raw_sub": raw_subscribe,
     }
-    result = trio.run(roles[role], spec)
+    try:
+        result = trio.run(roles[role], spec)
+    except Exception as error:
+        # One line (the bench then says that a worker failed, and stops).
+        while isinstance(error, ExceptionGroup) and error.exceptions:
+            error = error.exceptions[0]
+        print(f"broker bench: a {role} worker failed: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     result["cpu_s"] = _cpu_seconds() - before
     print(json.dumps(result), flush=True)
 

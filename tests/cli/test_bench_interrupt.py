@@ -1,0 +1,71 @@
+"""Ctrl-C during ``broker bench``: the bench stops its workers and brokers
+and exits 130, with no traceback from any of them (its child processes
+printed theirs: a worker interrupted in its imports, or told by its broker
+that it was shutting down)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import TIMEOUT, broker_command
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found[int(entry.name)] = command
+    return found
+
+
+@pytest.mark.parametrize("when", ["broker started", "worker running"])
+def test_ctrl_c_ends_the_bench_and_its_processes_without_a_traceback(when: str) -> None:
+    bench = subprocess.Popen(
+        broker_command("bench", "broker", "--quick"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # (its own process group, as a terminal's job)
+    )
+    wanted = "broker.bench._worker" if when == "worker running" else " serve "
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(wanted in command for command in seen.values()):
+            assert bench.poll() is None and time.monotonic() < deadline, bench.stderr
+            time.sleep(0.02)
+            seen = _children(bench.pid)
+        # A Ctrl-C at the terminal: SIGINT to the job's process group.
+        os.killpg(bench.pid, signal.SIGINT)
+        _out, err = bench.communicate(timeout=TIMEOUT)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err
+    assert err == ""
+    # Nothing it started is left running.
+    for pid in seen:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in _state(pid), seen[pid]
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}") / "status").read_text()
+    except OSError:
+        return "zombie"

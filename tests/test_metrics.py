@@ -402,11 +402,43 @@ async def test_stat_json_lists_connections_channels_subscriptions_and_topics() -
         (topic,) = document["topics"]
         assert topic == {
             "name": "prices",
-            "publishers": 2,  # subscribing binds the topic too
+            # (Subscribing binds the topic too: that channel never published.)
+            "publishers": 1,
             "subscriptions": 1,
             "queued": 0,
             "messages_in": 1,
         }
+
+
+async def test_a_topics_publishers_are_the_channels_that_published() -> None:
+    """A client that binds topics only to subscribe to them was counted as
+    each one's publisher; a publisher counts from its first publish until
+    its connection closes."""
+
+    async def publishers(until: dict[str, int]) -> dict[str, int]:
+        """The topics' publishers, read until they are ``until`` (or 5 s passed)."""
+        with trio.move_on_after(5):
+            while True:
+                document = json.loads((await get(address, "/stat.json")).body)
+                found = {topic["name"]: topic["publishers"] for topic in document["topics"]}
+                if found == until:
+                    break
+                await trio.sleep(0.01)
+        return found
+
+    async with (
+        running() as (broker, address),
+        open_client(url(broker), name="subscriber") as subscriber,
+        subscriber.subscribe("a"),
+        subscriber.subscribe("b") as subscription,
+    ):
+        assert await publishers({"a": 0, "b": 0}) == {"a": 0, "b": 0}
+        async with open_client(url(broker), name="publisher") as publisher:
+            await publisher.publish("b", b"1")
+            await publisher.flush()
+            await subscription.receive()
+            assert await publishers({"a": 0, "b": 1}) == {"a": 0, "b": 1}
+        assert await publishers({"a": 0, "b": 0}) == {"a": 0, "b": 0}
 
 
 # ====================================================================== bounds

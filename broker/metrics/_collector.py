@@ -290,7 +290,7 @@ class BrokerCollector:
             top_topics=[
                 {
                     "name": topic.topic_name,
-                    "publishers": topic.publishers,
+                    "publishers": topic.publishing,
                     "subscriptions": len(topic.subscriptions),
                     "queued": waiting,
                     "messages_in": topic.messages_in,

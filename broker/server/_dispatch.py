@@ -114,6 +114,8 @@ class Dispatch:
                 if not state.may_publish:
                     self.deny(f"may not publish to {shown(state.topic.topic_name)}", connection)
                     break
+                if not state.published:
+                    state.mark_published()
                 if state.stage is not None:
                     refusal = publishing.stage(state, event)
                     if refusal is not None:
@@ -132,6 +134,8 @@ class Dispatch:
                 if not state.may_publish:
                     self.deny(f"may not publish to {shown(state.topic.topic_name)}", connection)
                     break
+                if not state.published:
+                    state.mark_published()
                 state.buffer.append(event)
                 touched.add(state)
                 counters.messages_in += len(event.message.entries)

@@ -116,6 +116,22 @@ class PublishChannel:
     #: :meth:`Publishing.drain` is forwarding its buffer (a topic that routes
     #: a batch at once, in line, must not start a second drain inside it).
     draining: bool = False
+    #: It has received a publish (counted in its topic's ``publishing``).
+    published: bool = False
+
+    def mark_published(self) -> None:
+        """A publish arrived on it: its topic counts it among its publishers."""
+        if not self.published:
+            self.published = True
+            self.topic.publishing += 1
+
+    def unbind(self) -> None:
+        """It leaves its topic (its handle freed, its connection closed)."""
+        topic = self.topic
+        topic.publishers -= 1
+        if self.published:
+            topic.publishing -= 1
+        topic.release_if_unused()
 
 
 class Publishing:
@@ -195,8 +211,7 @@ class Publishing:
             return
         del self.channels[handle]
         self.budget.forget(state.channel)
-        state.topic.publishers -= 1
-        state.topic.release_if_unused()
+        state.unbind()
         state.account.close()
         if self.budget.settle():  # its capacity may fund a starved channel
             self.wake.set()
@@ -212,8 +227,7 @@ class Publishing:
         for state in list(self.channels.values()):
             if state.buffer and not closing:
                 self._forward_all(state)
-            state.topic.publishers -= 1
-            state.topic.release_if_unused()
+            state.unbind()
             state.account.close()
         self.channels.clear()
 

@@ -343,7 +343,12 @@ class Topic(Actor):
         self.subscriptions: list[Subscription] = []
         #: Subscriptions whose deliveries are charged to the publishers.
         self.charging = 0
+        #: Publish channels bound to it (they keep it alive).
         self.publishers = 0
+        #: Those of them that have published on their connection (a client
+        #: binds a topic to subscribe too): what ``broker stat`` calls its
+        #: publishers.
+        self.publishing = 0
         self.messages_in = 0
         self._registry = registry
         #: The topic's log (None: a memory-only broker).

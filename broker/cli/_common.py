@@ -154,6 +154,17 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_brokers(args: argparse.Namespace) -> None:
+    """A ``--broker`` that names no broker (``host:abc``, empty) is a usage
+    error (status 2), said before anything is read or connected."""
+    from ..client import ClientError, parse_servers
+
+    try:
+        parse_servers(args.broker)
+    except ClientError as error:
+        args.parser.error(f"--broker: {error}")
+
+
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
     """``open_client`` keyword arguments from the client flags (token, TLS files)."""
     from ..tls import client_context

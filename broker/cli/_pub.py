@@ -17,6 +17,7 @@ from ._common import (
     Subparsers,
     add_client_flags,
     add_command,
+    check_brokers,
     client_options,
     positive_float,
     positive_int,
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         parser.error("-K/--key-separator and --skip-empty apply to stdin lines only")
     if args.key_separator == "":
         parser.error("-K/--key-separator must not be empty")
+    check_brokers(args)
     refused = refuse_topics("pub", [args.topic])
     if refused is not None:
         return refused

@@ -161,6 +161,23 @@ def test_contradictory_or_bad_arguments_are_refused(args: list[str], said: str) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", [["pub", "news", "x"], ["sub", "news"]])
+@pytest.mark.parametrize(
+    ("address", "said"),
+    [
+        ("127.0.0.1:abc", "--broker: address '127.0.0.1:abc': port 'abc' is not a number"),
+        ("", "--broker: no broker address given"),
+    ],
+)
+def test_a_broker_address_that_names_no_broker_is_a_usage_error(
+    command: list[str], address: str, said: str
+) -> None:
+    """It exited 1, as if a broker had failed, where usage errors exit 2."""
+    result = run(*command, "--broker", address)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith(said)
+
+
 def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
     result = run("pub", "news", "--file", str(tmp_path / "missing"), "--broker", "127.0.0.1:1")
     assert result.returncode == 1

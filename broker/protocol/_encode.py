@@ -209,7 +209,14 @@ def encode(message: Message, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
 def _too_large(body: int, payload: int, max_frame: int) -> LocalProtocolError:
     """The error of a Publish of a ``payload``-byte message whose frame body
     is ``body`` bytes, over ``max_frame``: what fits, and what to change."""
-    fits = max(max_frame - (body - payload), 0)
+    overhead = body - payload
+    if overhead > max_frame:
+        return LocalProtocolError(
+            f"a message of {payload} bytes is too large: its key and headers alone make "
+            f"a Publish frame of {overhead} bytes, over the broker's max_frame {max_frame} "
+            "(shorten them, or raise the broker's max_frame)"
+        )
+    fits = max_frame - overhead
     return LocalProtocolError(
         f"a message of {payload} bytes is too large: its Publish frame of {body} bytes "
         f"exceeds the broker's max_frame {max_frame} (with its key and headers, a payload "

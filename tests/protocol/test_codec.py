@@ -856,3 +856,20 @@ def test_a_message_too_large_says_how_large_a_payload_fits(headers: Any) -> None
     with pytest.raises(LocalProtocolError):
         encode(dataclasses.replace(too_big, payload=b"m" * (fits + 1)), max_frame=limit)
     assert reason.endswith("or raise the broker's max_frame)")
+
+
+def test_headers_too_large_for_any_payload_are_blamed() -> None:
+    """It said "a payload of at most 0 bytes fits" when not even an empty
+    payload did: the headers were the problem."""
+    from broker.protocol import LocalProtocolError
+
+    too_big = Publish(1, b"x", None, [("h", b"v" * 2000)])
+    with pytest.raises(LocalProtocolError) as raised:
+        encode(too_big, max_frame=1024)
+    reason = str(raised.value)
+    assert reason.startswith("a message of 1 bytes is too large: its key and headers alone ")
+    assert reason.endswith("(shorten them, or raise the broker's max_frame)")
+    overhead = int(reason.split("a Publish frame of ")[1].split()[0])
+    with pytest.raises(LocalProtocolError):
+        encode(dataclasses.replace(too_big, payload=b""), max_frame=overhead - 1)
+    encode(dataclasses.replace(too_big, payload=b""), max_frame=overhead)  # fits exactly

@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    # (Before Spark starts: without a broker, every task would fail with a
+    # traceback of its own, and the job with pages of them.)
+    unreachable = _unreachable(args.broker)
+    if unreachable:
+        print(f"spark_publish: {unreachable}", file=sys.stderr)
+        return 1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -88,6 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.stop()
     return 0
+
+
+def _unreachable(servers: str) -> str | None:
+    """Why no broker of ``servers`` (``broker.servers``) can be reached, or None."""
+    import socket
+
+    from broker.client import ClientError, parse_servers
+    from broker.client._common import split_url
+
+    try:
+        urls = parse_servers(servers)
+    except ClientError as error:
+        return f"--broker: {error}"
+    for url in urls:
+        host, port, _tls = split_url(url)
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+        except OSError as error:
+            reason = error.strerror or error
+            return f"cannot connect to the broker at {host}:{port}: {reason} (is it running?)"
+    return None
 
 
 if __name__ == "__main__":

@@ -130,3 +130,25 @@ def test_the_pipeline_killed_with_sigkill_and_restarted_writes_each_record_once(
             messages = [subscription.receive(timeout=TIMEOUT) for _ in range(total)]
     numbers = sorted(int(m.payload.split(b";")[0].removeprefix(b"ID=")) for m in messages)
     assert numbers == list(range(total))
+
+
+def test_without_a_broker_the_example_says_so_in_one_line_before_spark_starts() -> None:
+    """It printed about 250 lines: a traceback from every task, then the job's."""
+    import socket
+
+    with socket.socket() as unused:  # (a port nothing listens on: bound, never listening)
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "examples/spark_publish.py", "--broker", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"spark_publish: cannot connect to the broker at 127.0.0.1:{port}: "
+        "Connection refused (is it running?)\n"
+    )

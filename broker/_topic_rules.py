@@ -96,6 +96,11 @@ class TopicRule:
             raise ConfigError(
                 '[[topics]]: pattern must be a non-empty glob over topic names, e.g. "metrics.*"'
             )
+        from .protocol import topic_pattern_problem  # (here: the config loads without it)
+
+        problem = topic_pattern_problem(self.pattern)
+        if problem is not None:  # (a rule that could never apply: a typo, surely)
+            raise ConfigError(f"{where}: {problem}")
         for name in ("retain_bytes", "flush_interval_ms", "term_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):

@@ -221,6 +221,19 @@ def test_a_table_without_pattern_is_refused(tmp_path: Path) -> None:
     assert "non-empty" in refusal(tmp_path, '[[topics]]\npattern = ""\n')
 
 
+@pytest.mark.parametrize(
+    ("pattern", "says"),
+    [("a b", "U+0020 (a space, Zs)"), ("cafe\u0301.*", "not in Unicode NFC form")],
+)
+def test_a_pattern_no_topic_name_can_match_is_refused(
+    tmp_path: Path, pattern: str, says: str
+) -> None:
+    """It was accepted, and its settings silently applied to no topic."""
+    message = refusal(tmp_path, f'[[topics]]\npattern = "{pattern}"\n')
+    assert f"[[topics]] pattern {pattern!r}: topic pattern" in message, message
+    assert says in message, message
+
+
 def test_topics_that_are_not_tables_are_refused(tmp_path: Path) -> None:
     assert "[[topics]] tables" in refusal(tmp_path, 'topics = ["a*"]\n')
     assert "[[topics]] tables" in refusal(tmp_path, '[topics]\npattern = "a*"\n')

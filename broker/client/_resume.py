@@ -99,16 +99,24 @@ def log_session_lost(name: str, state: ClientSessionState, offsets: bool) -> Non
     records; ``offsets``: the broker keeps topic logs (reliable
     subscriptions then go on where they were, nothing missed)."""
     unconfirmed = sum(len(frames) for _, frames in state.retained.values())
+    subscriptions = len(state.subscriptions)
+    parts = []
+    if subscriptions:
+        parts.append(f"subscribing again to {subscriptions} topic(s)")
+    if unconfirmed or not subscriptions:
+        parts.append(f"publishing {unconfirmed} unconfirmed message(s) again")
+    said = ", ".join(parts)
+    if subscriptions:  # (what a subscriber missed: nothing to say to a publisher)
+        said += "; " + (
+            "reliable subscriptions go on from the topic logs after the last message "
+            "processed; others miss what was published meanwhile"
+            if offsets
+            else "messages published meanwhile were not delivered to us"
+        )
     log.warning(
-        "%s: the broker lost our session (it restarted, or the session expired): "
-        "subscribing again to %d topic(s), publishing %d unconfirmed message(s) again; %s",
+        "%s: the broker lost our session (it restarted, or the session expired): %s",
         name,
-        len(state.subscriptions),
-        unconfirmed,
-        "reliable subscriptions go on from the topic logs after the last message "
-        "processed; others miss what was published meanwhile"
-        if offsets
-        else "messages published meanwhile were not delivered to us",
+        said,
     )
 
 

@@ -215,3 +215,32 @@ async def test_with_a_data_directory_an_idle_session_is_resumed_after_a_broker_r
         assert stats["resumes"] == 1
         assert second.sessions.resumed_total == 1
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("subscriptions", "retained", "said"),
+    [
+        (0, 2, "publishing 2 unconfirmed message(s) again"),
+        (0, 0, "publishing 0 unconfirmed message(s) again"),
+        (1, 0, "subscribing again to 1 topic(s); messages published meanwhile were not"),
+    ],
+)
+def test_a_lost_session_is_said_of_what_the_client_does(
+    caplog: pytest.LogCaptureFixture, subscriptions: int, retained: int, said: str
+) -> None:
+    """A publisher was told of "subscribing again to 0 topic(s)" and of
+    messages "not delivered to us"."""
+    from types import SimpleNamespace
+
+    from broker.client._resume import log_session_lost
+
+    state = SimpleNamespace(
+        subscriptions=dict.fromkeys(range(subscriptions)),
+        retained={1: (None, [b""] * retained)} if retained else {},
+    )
+    caplog.set_level(logging.WARNING, logger="broker")
+    log_session_lost("pub", state, offsets=False)  # type: ignore[arg-type]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("pub: the broker lost our session (it restarted, or the ")
+    assert said in warning
+    assert ("delivered" in warning) == bool(subscriptions)

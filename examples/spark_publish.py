@@ -100,8 +100,7 @@ def _unreachable(servers: str) -> str | None:
     """Why no broker of ``servers`` (``broker.servers``) can be reached, or None."""
     import socket
 
-    from broker.client import ClientError, parse_servers
-    from broker.client._common import split_url
+    from broker.client import ClientError, parse_servers, split_url
 
     try:
         urls = parse_servers(servers)

@@ -154,15 +154,18 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_brokers(args: argparse.Namespace) -> None:
-    """A ``--broker`` that names no broker (``host:abc``, empty) is a usage
-    error (status 2), said before anything is read or connected."""
+def refuse_brokers(command: str, args: argparse.Namespace) -> int | None:
+    """A ``--broker`` that names no broker (``host:abc``, ``http://...``,
+    empty) is a usage error: 2 after saying so in one line, before anything
+    is read or connected; None to go on."""
     from ..client import ClientError, parse_servers
 
     try:
         parse_servers(args.broker)
     except ClientError as error:
-        args.parser.error(f"--broker: {error}")
+        print(f"broker {command}: {error}", file=sys.stderr)
+        return 2
+    return None
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:

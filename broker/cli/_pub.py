@@ -17,10 +17,10 @@ from ._common import (
     Subparsers,
     add_client_flags,
     add_command,
-    check_brokers,
     client_options,
     positive_float,
     positive_int,
+    refuse_brokers,
     refuse_topics,
     run_interruptibly,
     unescape,
@@ -139,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         parser.error("-K/--key-separator and --skip-empty apply to stdin lines only")
     if args.key_separator == "":
         parser.error("-K/--key-separator must not be empty")
-    check_brokers(args)
+    refused = refuse_brokers("pub", args)
+    if refused is not None:
+        return refused
     refused = refuse_topics("pub", [args.topic])
     if refused is not None:
         return refused

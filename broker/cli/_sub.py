@@ -20,10 +20,10 @@ from ._common import (
     Subparsers,
     add_client_flags,
     add_command,
-    check_brokers,
     client_options,
     positive_float,
     positive_int,
+    refuse_brokers,
     refuse_topics,
     run_interruptibly,
     unescape,
@@ -247,7 +247,9 @@ def run(args: argparse.Namespace) -> int:
         printer = _printer(args)
     except FormatError as error:
         parser.error(f"--format: {error}")
-    check_brokers(args)
+    refused = refuse_brokers("sub", args)
+    if refused is not None:
+        return refused
     refused = refuse_topics("sub", args.topics)
     for topic in args.topics:
         if any(sign in topic for sign in WILDCARDS):

@@ -4,6 +4,7 @@ results, and readings of a process's memory and CPU from ``/proc``."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -59,7 +60,7 @@ def broker_process(
         command += ["--set", "memory_only=true"]
     else:
         command += ["--set", f"data_dir={data_dir}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    process = spawn(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -67,13 +68,42 @@ def broker_process(
             raise RuntimeError(f"broker did not start: {line!r}")
         yield f"127.0.0.1:{port}", process
     finally:
-        end_workers()
         stop(process)
 
 
+#: Every process a bench started and has not stopped or reaped yet, and
+#: whether it is a client worker (see :func:`spawn`).
+_started: dict[subprocess.Popen[Any], bool] = {}
+
+
+def spawn(command: list[str], *, worker: bool = False, **options: Any) -> subprocess.Popen[Any]:
+    """Start a process of a bench (a broker, a peer, a floor, a client
+    ``worker``): ``subprocess.Popen(command, **options)``, in a session of
+    its own.
+
+    A Ctrl-C at the terminal then reaches the bench alone, which ends its
+    workers before the servers they use (:func:`stop`), so that nothing but
+    the bench says anything of it. The process is on the list of started
+    ones before a Ctrl-C can interrupt the bench (SIGINT is blocked meanwhile,
+    and stays blocked in the process: it is ended by its bench, never by a
+    signal of the terminal's), so whatever an interrupt cuts short is ended
+    at exit (:func:`_stop_all`)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process = subprocess.Popen(command, start_new_session=True, **options)
+        _started[process] = worker
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return process
+
+
 def stop(process: subprocess.Popen[Any]) -> None:
-    """SIGTERM, and SIGKILL if it has not ended ten seconds later; its
-    standard output pipe, if any, is closed."""
+    """Stop a server process a bench started (a broker, a peer, a floor):
+    first the client workers still running (the bench was interrupted, or
+    failed), so that none of them reports the server going away; then
+    SIGTERM, and SIGKILL if it has not ended ten seconds later; its standard
+    output pipe, if any, is closed."""
+    _end_workers()
     process.terminate()
     try:
         process.wait(10)
@@ -82,45 +112,32 @@ def stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
     if process.stdout is not None:
         process.stdout.close()
+    _started.pop(process, None)
 
 
-#: The client workers started and not reaped yet (see :func:`end_workers`).
-_live_workers: set[subprocess.Popen[str]] = set()
-
-
-def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
-    """A client worker process (``_worker``) for ``spec``.
-
-    Like every process a bench starts, it runs in a session of its own
-    (``start_new_session``): a Ctrl-C at the terminal reaches the bench
-    alone, which then ends its workers (:func:`end_workers`) before the
-    brokers they use, so nothing but the bench says anything of it."""
-    # A Ctrl-C while it starts is taken once it is on the list (else it could
-    # be left to meet its stopped broker). It starts with SIGINT blocked too:
-    # a worker is ended by its bench, never by a signal of the terminal's.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        _live_workers.add(process)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    return process
-
-
-def end_workers() -> None:
-    """Kill the client workers still running (their bench was interrupted,
-    or failed): called before a bench's broker stops, so that none of them
-    reports the broker going away."""
-    while _live_workers:
-        process = _live_workers.pop()
+def _end_workers() -> None:
+    """Kill the client workers still running, and reap them."""
+    for process in [process for process, worker in _started.items() if worker]:
+        del _started[process]
         if process.poll() is None:
             process.kill()
         process.communicate()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At exit, what an interrupted bench left running: its workers, then
+    its servers."""
+    _end_workers()
+    for process in list(_started):
+        stop(process)
+
+
+def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    """A client worker process (``_worker``) for ``spec`` (see :func:`spawn`)."""
+    command = [sys.executable, "-m", "broker.bench._worker", json.dumps(spec)]
+    process: subprocess.Popen[str] = spawn(command, worker=True, stdout=subprocess.PIPE, text=True)
+    return process
 
 
 def wait_ready(process: subprocess.Popen[str]) -> None:
@@ -136,7 +153,7 @@ def worker_result(process: subprocess.Popen[str], timeout: float) -> dict[str, A
     except subprocess.TimeoutExpired:
         process.kill()
         raise RuntimeError("benchmark worker timed out") from None
-    _live_workers.discard(process)
+    _started.pop(process, None)
     if process.returncode:
         raise RuntimeError(f"benchmark worker failed with status {process.returncode}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])

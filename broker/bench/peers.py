@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._procs import end_workers, free_port, stop
+from ._procs import free_port, spawn, stop
 from ._rates import TABLE_RATES, at_rate, rates_table
 from ._yardstick import python_loop_10m_s
 
@@ -97,18 +97,14 @@ def mosquitto_process(path: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]
             "log_dest none\n"
             "max_queued_messages 0\n"
         )
-        process = subprocess.Popen(
-            [path, "-c", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # (a Ctrl-C is the bench's: see _procs.worker)
+        process: subprocess.Popen[bytes] = spawn(
+            [path, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
             # (A generous deadline: the machine may be busy with the tests.)
             _wait_listening(port, process, 30)
             yield f"127.0.0.1:{port}", process
         finally:
-            end_workers()
             stop(process)
 
 
@@ -143,8 +139,7 @@ def floor_process(module: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A floor relay (``module``, one of :data:`FLOORS`) on a free loopback
     port, stopped after the block."""
     command = [sys.executable, "-m", f"broker.bench.{module}"]
-    # (A Ctrl-C is the bench's: see _procs.worker.)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    process: subprocess.Popen[str] = spawn(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         port = process.stdout.readline().strip()
@@ -152,7 +147,6 @@ def floor_process(module: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
             raise RuntimeError(f"the floor relay {module} did not start: {port!r}")
         yield f"127.0.0.1:{port}", process
     finally:
-        end_workers()
         stop(process)
 
 

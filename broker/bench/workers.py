@@ -47,9 +47,9 @@ from broker.protocol import owner_id
 
 from ._procs import (
     cpu_seconds,
-    end_workers,
     free_port,
     proc_status,
+    spawn,
     stop,
     wait_ready,
     worker,
@@ -76,8 +76,7 @@ def _broker(
     command += ["--listen", f"127.0.0.1:{port}"]
     command += ["--metrics-listen", "127.0.0.1:0" if metrics else ""]
     command += ["--set", "memory_only=true", "--workers", str(workers)]
-    # (A Ctrl-C is the bench's: see _procs.worker.)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    process: subprocess.Popen[str] = spawn(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -97,7 +96,6 @@ def _broker(
             pids = _children(process.pid)
         yield urls, pids, base, f"127.0.0.1:{port}"
     finally:
-        end_workers()
         stop(process)
 
 

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unreachable(servers: str) -> str | None:
-    """Why no broker of ``servers`` (``broker.servers``) can be reached, or None."""
+    """Why a broker of ``servers`` (``broker.servers``) cannot be reached
+    (the first that cannot), or None when every one can."""
     import socket
 
     from broker.client import ClientError, parse_servers, split_url

@@ -66,6 +66,32 @@ def add_command(
     return parser
 
 
+class _Habit(argparse.Action):
+    """An option another tool has and this command takes otherwise (Mosquitto's
+    ``-t TOPIC``): said in one line with the form to use, status 2."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, hint: str) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+        self.hint = hint
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: {option_string} is not an option: {self.hint}", file=sys.stderr)
+        parser.exit(2)
+
+
+def refuse_habits(parser: argparse.ArgumentParser, hints: dict[tuple[str, ...], str]) -> None:
+    """Options users bring from other tools (``mosquitto_pub -t news -m hello``),
+    left out of ``--help``: each is refused with its hint (what to write instead)."""
+    for flags, hint in hints.items():
+        parser.add_argument(*flags, action=_Habit, hint=hint, dest="_habit")
+
+
 # ---------------------------------------------------------------- argument types
 
 

@@ -21,6 +21,7 @@ from ._common import (
     positive_float,
     positive_int,
     refuse_brokers,
+    refuse_habits,
     refuse_topics,
     run_interruptibly,
     unescape,
@@ -116,6 +117,13 @@ def add_parser(subparsers: Subparsers) -> None:
         help="at most R messages per second (default: as fast as the broker takes them)",
     )
     add_client_flags(parser)
+    refuse_habits(
+        parser,
+        {
+            ("-t", "--topic"): "TOPIC is positional, first: broker pub news hello",
+            ("-m", "--message"): "MESSAGE is positional, after TOPIC: broker pub news hello",
+        },
+    )
     parser.set_defaults(func=run, parser=parser)
 
 

@@ -24,6 +24,7 @@ from ._common import (
     positive_float,
     positive_int,
     refuse_brokers,
+    refuse_habits,
     refuse_topics,
     run_interruptibly,
     unescape,
@@ -152,6 +153,9 @@ def add_parser(subparsers: Subparsers) -> None:
     # starts like a negative number is a value (no flag of sub looks so).
     parser._negative_number_matcher = re.compile(r"^-\.?\d")
     add_client_flags(parser)
+    refuse_habits(
+        parser, {("-t", "--topic"): "TOPIC is positional: broker sub news [more topics ...]"}
+    )
     parser.set_defaults(func=run, parser=parser)
 
 

@@ -161,6 +161,34 @@ def test_contradictory_or_bad_arguments_are_refused(args: list[str], said: str) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["pub", "-t", "news", "-m", "hello"],
+            "broker pub: -t is not an option: TOPIC is positional, first: broker pub news hello",
+        ),
+        (
+            ["pub", "news", "-m", "hello"],
+            "broker pub: -m is not an option: MESSAGE is positional, after TOPIC: "
+            "broker pub news hello",
+        ),
+        (
+            ["sub", "--topic", "news"],
+            "broker sub: --topic is not an option: TOPIC is positional: "
+            "broker sub news [more topics ...]",
+        ),
+    ],
+)
+def test_mosquittos_topic_and_message_flags_say_the_form_to_use(args: list[str], said: str) -> None:
+    """``broker pub -t news -m hello`` printed the top-level usage and took
+    ``news`` for the topic; now one line says that both are positional."""
+    result = run(*args, "--broker", "127.0.0.1:1")
+    assert result.returncode == 2
+    assert result.stderr == said + "\n"
+    assert "--topic" not in run("pub", "--help").stdout
+
+
 @pytest.mark.parametrize("command", [["pub", "news", "x"], ["sub", "news"]])
 @pytest.mark.parametrize(
     ("address", "said"),

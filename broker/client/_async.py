@@ -38,6 +38,7 @@ from ._common import (
 )
 from ._start import Start, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
+from ._tls import failure_hint
 from ._topics import DEFAULT_MAX_TOPICS
 from ._trio_driver import TrioDriver
 
@@ -514,8 +515,6 @@ async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -
         await secured.do_handshake()
     except trio.BrokenResourceError as error:
         cause = error.__cause__ or error
-        hint = ""
-        if "WRONG_VERSION_NUMBER" in str(cause):  # (it answered, not in TLS)
-            hint = " (does the broker use TLS? without tls:// the connection is plain TCP)"
+        hint = failure_hint(cause)
         raise ConnectionLost(f"TLS handshake with {host} failed: {cause}{hint}") from None
     return secured

@@ -16,7 +16,7 @@ import time
 from broker.protocol import Connection
 
 from ._common import PEER_CLOSED, ConnectionLost
-from ._tls import TLSPipe
+from ._tls import TLSPipe, failure_hint
 
 #: Bytes asked of the socket per ``recv``.
 RECEIVE_SIZE = 64 * 1024
@@ -84,7 +84,7 @@ class SocketPipe:
             if tls.established and conn.bytes_to_send:
                 tls.send(conn.data_to_send(time.monotonic()))
         except ssl.SSLError as error:
-            raise ConnectionLost(f"TLS error: {error}") from None
+            raise ConnectionLost(f"TLS error: {error}{failure_hint(error)}") from None
         self.wbuf += tls.take_output()
 
     def send_some(self) -> None:
@@ -122,7 +122,7 @@ class SocketPipe:
         try:
             data = tls.receive(data)
         except ssl.SSLError as error:
-            raise ConnectionLost(f"TLS error: {error}") from None
+            raise ConnectionLost(f"TLS error: {error}{failure_hint(error)}") from None
         self.wbuf += tls.take_output()  # handshake replies
         self.eof = tls.closed
         return data

@@ -94,3 +94,17 @@ class TLSPipe:
             return
         with contextlib.suppress(ssl.SSLError):  # SSLWantReadError included
             self._object.unwrap()
+
+
+def failure_hint(cause: object) -> str:
+    """What to check after a failed TLS handshake, from OpenSSL's reason in
+    ``cause`` (its text): a parenthesised hint with a leading space, or ``""``."""
+    text = str(cause)
+    if "WRONG_VERSION_NUMBER" in text:  # (it answered, not in TLS)
+        return " (does the broker use TLS? without tls:// the connection is plain TCP)"
+    if "CERTIFICATE_VERIFY_FAILED" in text:  # self-signed, or a private CA
+        return (
+            " (the broker's certificate is not trusted: give the CA that signed it with"
+            " --cafile PEM, or client_context(cafile=...); a self-signed certificate is its own)"
+        )
+    return ""

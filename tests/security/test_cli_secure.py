@@ -96,6 +96,9 @@ def test_tls_and_tokens_from_the_command_line(pki: Pki, tmp_path: Path) -> None:
         untrusted = run("pub", "news", "x", "--broker", address, "--token", token)
         assert untrusted.returncode == 1
         assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+        # It gave OpenSSL's reason alone: the line now says what to pass.
+        assert "give the CA that signed it with --cafile PEM" in untrusted.stderr
+        assert len(untrusted.stderr.splitlines()) == 1
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(TIMEOUT) == 0

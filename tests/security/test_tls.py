@@ -61,9 +61,10 @@ async def test_a_tls_url_uses_the_system_trust_store_which_does_not_know_the_tes
     pki: Pki,
 ) -> None:
     async with running_broker(tls_config(pki)) as broker:
-        with pytest.raises(ConnectionLost, match="TLS handshake"):
+        with pytest.raises(ConnectionLost, match="TLS handshake") as raised:
             async with open_client("tls://{}:{}".format(*broker.address)):
                 pass  # pragma: no cover - the handshake fails
+        assert "give the CA that signed it with --cafile PEM" in str(raised.value)
         await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
         await tls_round_trip(broker, pki.client())  # others are unaffected
 
@@ -97,8 +98,9 @@ async def test_a_blocking_client_that_does_not_trust_the_broker_is_refused(pki: 
         def connect() -> None:
             BlockingClient(url(broker), ssl_context=untrusting, connect_timeout=TIMEOUT)
 
-        with pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED"):
+        with pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED") as raised:
             await trio.to_thread.run_sync(connect)
+        assert "give the CA that signed it with --cafile PEM" in str(raised.value)
         await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
 
 

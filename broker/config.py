@@ -13,6 +13,7 @@ retention and flush policy per topic pattern, first match wins).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -390,7 +391,9 @@ def _apply(
         if name == "topics":
             raise ConfigError(f"{source}: topics are set by [[topics]] tables of a config file")
         if name not in FIELDS:
-            raise ConfigError(f"{source}: unknown setting {key!r}")
+            close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
+            meant = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: unknown setting {key!r}{meant}")
         try:
             base[name] = _coerce(name, value)
         except ConfigError as error:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,22 @@ def test_help_lists_the_commands() -> None:
 def test_serve_refuses_an_unknown_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--set", "no_such_budget=1"]) == 2
     assert "unknown setting 'no_such_budget'" in capsys.readouterr().err
+
+
+def test_a_misspelt_setting_gets_a_did_you_mean(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The environment path had one; ``--set`` and the config file said only
+    "unknown setting"."""
+    assert main(["serve", "--set", "conection_budget=5"]) == 2
+    assert capsys.readouterr().err == (
+        "broker serve: flags: unknown setting 'conection_budget'"
+        " (did you mean 'connection_budget'?)\n"
+    )
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nconection_budget = 5\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "(did you mean 'connection_budget'?)" in capsys.readouterr().err
 
 
 def test_serve_refuses_inconsistent_watermarks(capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     token = secrets.token_urlsafe(32)
     print(f"token: {token}", file=sys.stderr)
-    print("# Give the client the token above (broker pub --token, BROKER_TOKEN, token=...).")
+    print(
+        "# Give the client the token printed on stderr "
+        "(broker pub --token, BROKER_TOKEN, token=...)."
+    )
     # A name with a dot is quoted: [principals.a.b] would be table a's table b.
     name = args.principal if "." not in args.principal else f'"{args.principal}"'
     print(f"[principals.{name}]")

@@ -21,6 +21,9 @@ def test_the_printed_entry_admits_the_printed_token_and_nothing_else(
     captured = capsys.readouterr()
     token = captured.err.strip().removeprefix("token: ")
     assert len(token) >= 40
+    # The comment said the token was "above", on stdout, where it is not.
+    assert "stderr" in captured.out.splitlines()[0]
+    assert "above" not in captured.out
     assert token not in captured.out  # the entry holds only its digest
     path = tmp_path / "auth.toml"
     path.write_text(captured.out)

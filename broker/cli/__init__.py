@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import broker
@@ -79,4 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (start-up)
-        return EXIT_INTERRUPTED
+        return _interrupted_status(sys.argv[1:] if argv is None else argv)
+
+
+def _interrupted_status(argv: Sequence[str]) -> int:
+    """The status of a Ctrl-C before the command took it over (while the
+    commands load: a second or more on a busy machine): 0 for the commands
+    that Ctrl-C ends normally (``serve``, ``stat --watch``), else 130."""
+    words = [word for word in argv if not word.startswith("-")]
+    if list(argv[:1]) == ["--log-level"]:  # (its value is no command)
+        words = words[1:]
+    command = words[0] if words else ""
+    watching = any(word in ("-w", "--watch") or word.startswith("--watch=") for word in argv)
+    if command == "serve" or (command == "stat" and watching):
+        return 0
+    return EXIT_INTERRUPTED

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from broker import cli
 from broker.cli._stat_text import render
 
 from .helpers import TIMEOUT, Served, Subscriber, broker_command, interrupt, run, serving
@@ -230,3 +231,28 @@ def test_a_metrics_address_that_is_not_http_is_one_line(served: Served, command:
         assert result.returncode == 1
         assert result.stderr.count("\n") == 1, result.stderr
         assert result.stderr.startswith(f"broker {command}: ") and says in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["stat", "--watch"], 0),
+        (["--log-level", "DEBUG", "stat", "-w", "0.5"], 0),
+        (["stat", "--watch=1"], 0),
+        (["serve"], 0),
+        (["stat"], 130),
+        (["sub", "news"], 130),
+        (["--log-level", "DEBUG", "pub", "stat", "--watch"], 130),
+    ],
+)
+def test_a_ctrl_c_while_the_commands_load_ends_stat_watch_normally(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], status: int
+) -> None:
+    """A Ctrl-C in the first second or so (the commands loading) exited 130
+    from ``stat --watch``, which Ctrl-C ends normally (status 0)."""
+
+    def loading() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", loading)
+    assert cli.main(argv) == status

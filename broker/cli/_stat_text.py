@@ -258,7 +258,9 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
     topics = _list(logs, "topics")
     total = logs.get("topics_total", len(topics))
     shown = f"{total}" if total == len(topics) else f"{total}, {len(topics)} in detail"
-    lines.append(f"  topics ({shown})")
+    # Only the logs opened since the start are known here: a topic nobody
+    # has used since stays on disk, uncounted (say so, not "all topics").
+    lines.append(f"  topics opened since the broker started ({shown})")
     if topics:
         names = [repr(topic.get("name", "?")) + _worker(topic) for topic in topics]
         table = _table(topics, names, LOG_COLUMNS, "    ")

@@ -41,6 +41,14 @@ def test_the_deploy_files_are_there() -> None:
     assert (REPO / ".dockerignore").is_file()
 
 
+def test_the_guide_points_to_workers_for_more_than_one_core() -> None:
+    """One broker uses every core with `workers`: the guide says so, not "run several"."""
+    guide = " ".join((DEPLOY / "README.md").read_text().split())
+    sentence = guide[guide.index("To use more than one core") :].split(".")[0]
+    assert "`workers`" in sentence
+    assert "run several" not in sentence
+
+
 @pytest.mark.parametrize("path", YAML_FILES, ids=_id)
 def test_yaml_file_parses(path: Path) -> None:
     documents = load_yaml_all(path)

@@ -42,6 +42,23 @@ def test_the_example_job_publishes_every_row_exactly_once(broker_address: str) -
     assert all(len(m.payload) == 100 and m.key is not None for m in messages)
 
 
+def test_the_read_example_reads_every_record_and_ends_without_a_traceback(
+    log_broker: str,
+) -> None:
+    """``examples/spark_read.py`` ended a successful run with a BrokenPipeError
+    traceback from pyspark's worker daemon: its ``show(3)`` stopped reading a
+    task's rows while the task was still sending (2 of 2 runs, 300,000 rows)."""
+    from .test_source import publish, topic
+
+    name = topic("read.example")
+    publish(log_broker, name, 20_000, size=200)
+    args = ["examples/spark_read.py", "--broker", log_broker, "--topic", name, "--runs", "1"]
+    done = run_script(args, ROOT)
+    assert f"run 1: read 20000 rows of {name!r}" in done.stdout
+    assert "|     1|" in done.stdout  # the first rows, by offset
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 def test_the_pipeline_example_copies_every_record_once(log_broker: str, tmp_path: Path) -> None:
     """``examples/spark_pipeline.py`` reads one topic and writes to another,
     exactly once; run again on the same checkpoint it writes nothing more."""

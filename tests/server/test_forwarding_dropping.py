@@ -16,6 +16,8 @@ import trio
 from broker.client import Message, Subscription, open_client
 from broker.protocol import Policy
 from broker.server import Broker, DroppingSubscription
+from broker.server import _link as link_module
+from broker.server._link import Link, _LinkPolicy
 
 from .helpers import TIMEOUT, wait_until
 from .workers import owned_by, running_workers, url
@@ -128,3 +130,52 @@ async def test_numbering_goes_on_across_a_broken_link(tmp_path: Path, mode: str)
         assert [m.payload for m in got] == [b"%d %d" % (r, n) for r in range(2) for n in range(100)]
         assert [m.seq for m in got] == list(range(1, 201))
         assert sub.missed == 0
+
+
+class _NarrowLinkPolicy(_LinkPolicy):
+    """A link policy with room for about four deliveries per subscription."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__(link)
+        self.deliver_capacity = 1024
+
+
+@pytest.mark.parametrize("mode", ["lossy", "latest"])
+async def test_what_the_owner_drops_reaches_the_subscriber_as_gaps(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link that cannot keep up (a narrow window) makes the owner's own
+    queue drop: its Gaps become holes in the forwarder's numbering,
+    reported in order with the forwarder's own drops; deliveries plus Gaps
+    are exactly what was published."""
+    monkeypatch.setattr(link_module, "_LinkPolicy", _NarrowLinkPolicy)
+    (topic,) = owned_by("w1", IDS, "narrow-")
+    published = 3000
+    async with (
+        running_workers(tmp_path) as (w0, w1),
+        open_client(url(w0), name="sub", policy=Policy(deliver_capacity=1024)) as subscriber,
+        open_client(url(w1), name="pub") as publisher,
+        subscriber.subscribe(topic, mode=mode, options={"max_queued": 50}) as sub,
+    ):
+        await wait_until(lambda: w1.statistics().subscriptions == 1, what="made at the owner")
+        here, there = queue_of(w0, topic), queue_of(w1, topic)
+        with trio.fail_after(TIMEOUT):
+            for n in range(published):
+                payload = b"%05d" % n + b"." * 200
+                try:
+                    # (Without yielding: the publishes go in writes as large as
+                    # the guarantees allow, and the owner routes hundreds of
+                    # them in one read, far more than its queue and the link's
+                    # window hold together.)
+                    publisher.publish_nowait(topic, payload, key=b"%d" % n)
+                except trio.WouldBlock:
+                    await publisher.publish(topic, payload, key=b"%d" % n)
+            await publisher.flush()
+        messages = await drain(sub, published)
+        assert there.dropped_overflow > 0 and there.gaps_sent > 0  # (the owner dropped)
+        assert len(messages) + sub.missed == published
+        # Each missed one was dropped once: at the owner or at the forwarder.
+        assert sub.missed == there.dropped + here.dropped
+        seqs = [m.seq for m in messages]
+        assert seqs == sorted(set(seqs)) and seqs[-1] <= published
+        assert messages[-1].payload.startswith(b"%05d" % (published - 1))

@@ -9,12 +9,15 @@ owner routes it. For a topic it does not own, a worker keeps:
   owner, holding each batch's loan on its publisher's channel account until
   the owner has confirmed it: only then is the batch *routed* for the
   publisher (its Confirm);
-- a :class:`ForwardedSubscription` per local Subscribe: the same
+- a :class:`ForwardedSubscription` per local reliable Subscribe: the same
   subscription made at the owner over the link; what the owner delivers is
-  relayed to the local subscriber through the usual subscription queue.
+  relayed to the local subscriber through the usual subscription queue
+  (a lossy or latest Subscribe keeps its dropping queue here instead, fed
+  by the link: see ``_forward_dropping``).
 
 The link itself (a client connection to the owner) is behind the small
-:class:`TopicLink` and :class:`SubscriptionLink` protocols.
+:class:`TopicLink` and :class:`SubscriptionLink` protocols; what it needs of
+a subscription it feeds, behind :class:`LinkedSubscription`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ForwardLink",
     "ForwardTopic",
     "ForwardedSubscription",
+    "LinkedSubscription",
     "PendingBatch",
     "SubscriptionLink",
     "TopicLink",
@@ -111,6 +115,37 @@ class ForwardTopic(Topic):
             self.stop()
 
 
+class LinkedSubscription(Protocol):
+    """A local subscription fed by the owner over a link, as the link sees
+    it: a reliable :class:`ForwardedSubscription`, or a lossy or latest
+    ``ForwardedDroppingSubscription``."""
+
+    topic: Topic
+    mode: str
+    #: Its handle on the link's current connection (None: not made there yet).
+    owner_handle: int | None
+
+    def resubscribe_options(self, *, offsets: bool) -> Options:
+        """The options to make it with at the owner (again, after a broken link)."""
+        ...
+
+    def relay(self, first_seq: int, tails: list[bytes]) -> None:
+        """The owner delivered ``tails`` as its ``first_seq``, ``first_seq + 1``, ..."""
+        ...
+
+    def relay_gap(self, first_seq: int, count: int) -> None:
+        """The owner dropped ``count`` deliveries from ``first_seq``."""
+        ...
+
+    def link_broken(self, *, offsets: bool) -> None:
+        """The link's connection broke: the owner's subscription is gone."""
+        ...
+
+    def may_receive(self) -> bool:
+        """Whether the link may issue guarantees to the owner for it now."""
+        ...
+
+
 class SubscriptionLink(Protocol):
     """What a forwarded subscription needs of the link to its owner."""
 
@@ -119,19 +154,19 @@ class SubscriptionLink(Protocol):
         """Whether the broker keeps topic logs (reliable deliveries are offsets)."""
         ...
 
-    def subscribe(self, subscription: ForwardedSubscription) -> None:
+    def subscribe(self, subscription: LinkedSubscription) -> None:
         """Make ``subscription`` at the owner (again, after a broken link)."""
         ...
 
-    def unsubscribe(self, subscription: ForwardedSubscription) -> None:
+    def unsubscribe(self, subscription: LinkedSubscription) -> None:
         """End ``subscription`` at the owner."""
         ...
 
-    def ack(self, subscription: ForwardedSubscription, seq: int) -> None:
+    def ack(self, subscription: LinkedSubscription, seq: int) -> None:
         """Acknowledge the owner's deliveries up to its ``seq``."""
         ...
 
-    def resume_deliveries(self, subscription: ForwardedSubscription) -> None:
+    def resume_deliveries(self, subscription: LinkedSubscription) -> None:
         """``subscription``'s account cleared: the owner may send again."""
         ...
 
@@ -154,8 +189,8 @@ def forwarded_subscription(
     *,
     restored: int | None = None,
 ) -> ForwardedSubscription:
-    """The subscription a Subscribe to a forwarded topic makes, for the
-    client's ``principal`` (raises :class:`OptionError`, naming the option,
+    """The subscription a reliable Subscribe to a forwarded topic makes, for
+    the client's ``principal`` (raises :class:`OptionError`, naming the option,
     for what cannot be forwarded); with ``restored`` (the last offset its
     session's record has as processed), one restored after a restart, made
     at the owner when its client resumes."""
@@ -188,14 +223,14 @@ def check_forwarded_options(mode: str, options: Mapping[str, object], *, logs: b
 
 
 class ForwardedSubscription(Subscription):
-    """A local subscription whose deliveries come from the owner over a link.
+    """A local reliable subscription whose deliveries come from the owner
+    over a link (a lossy or latest one: ``_forward_dropping``).
 
     Locally it is a reliable :class:`~._topic.Subscription` queue (the
     subscriber's guarantees, its Acks and a resumed session's resend work as
     for any); its deliveries are charged to its own :attr:`account` (with
     the channel watermarks), from the moment they are relayed until the
-    local subscriber acknowledges them (reliable mode) or they are queued
-    for its socket (lossy and latest: the owner did the dropping). The link
+    local subscriber acknowledges them. The link
     issues guarantees to the owner on the subscription's link channel only
     while that account is not blocked, so what it holds is bounded by the
     watermark plus one link channel's capacity. Each local Ack is passed on
@@ -368,11 +403,6 @@ class ForwardedSubscription(Subscription):
 
     def pump(self) -> None:
         super().pump()
-        if self.mode != DeliveryMode.RELIABLE:
-            # Queued on the socket within its guarantees: nothing to keep.
-            while self.unacked:
-                self.unacked.popleft()[1].repay()
-            self.acked = self.next_seq - 1
         self._settle()
 
     def ack(self, seq: int) -> None:

@@ -56,7 +56,7 @@ from broker.protocol import (
     slice_origins,
 )
 
-from ._forward import ForwardedSubscription, ForwardTopic, PendingBatch
+from ._forward import ForwardTopic, LinkedSubscription, PendingBatch
 from ._link_io import LinkRunner
 from ._wake import Outbox, Wake
 
@@ -148,10 +148,10 @@ class Link:
         self.deliveries_relayed = 0
         self.topics: dict[str, _LinkTopic] = {}
         self.by_topic_handle: dict[int, _LinkTopic] = {}
-        self.subscriptions: dict[ForwardedSubscription, None] = {}
-        self.by_owner_handle: dict[int, ForwardedSubscription] = {}
+        self.subscriptions: dict[LinkedSubscription, None] = {}
+        self.by_owner_handle: dict[int, LinkedSubscription] = {}
         #: Forwarded subscriptions to make on the current connection.
-        self._to_subscribe: dict[ForwardedSubscription, None] = {}
+        self._to_subscribe: dict[LinkedSubscription, None] = {}
         #: Topic handles to free once the owner confirmed what they wait for.
         self._to_free: list[int] = []
         #: Subscription handles to free at the owner (see ``_free_subscriptions``).
@@ -340,7 +340,7 @@ class Link:
 
     # ---------------------------------------------------------------- SubscriptionLink
 
-    def subscribe(self, subscription: ForwardedSubscription) -> None:
+    def subscribe(self, subscription: LinkedSubscription) -> None:
         """Make ``subscription`` at the owner once its topic handle is confirmed."""
         topic = subscription.topic
         assert isinstance(topic, ForwardTopic)
@@ -375,7 +375,7 @@ class Link:
             self.by_owner_handle[handle] = subscription
         self._flush()
 
-    def unsubscribe(self, subscription: ForwardedSubscription) -> None:
+    def unsubscribe(self, subscription: LinkedSubscription) -> None:
         """End ``subscription`` at the owner (what it still sends is dropped)."""
         self.subscriptions.pop(subscription, None)
         self._to_subscribe.pop(subscription, None)
@@ -391,7 +391,7 @@ class Link:
         what it delivers is released unread)."""
         self._to_unsubscribe = self._free(HandleType.SUBSCRIPTION, self._to_unsubscribe)
 
-    def ack(self, subscription: ForwardedSubscription, seq: int) -> None:
+    def ack(self, subscription: LinkedSubscription, seq: int) -> None:
         """Acknowledge the owner's deliveries up to its ``seq``."""
         conn = self.conn
         handle = subscription.owner_handle
@@ -399,7 +399,7 @@ class Link:
             conn.ack(handle, seq)
             self._flush()
 
-    def resume_deliveries(self, subscription: ForwardedSubscription) -> None:
+    def resume_deliveries(self, subscription: LinkedSubscription) -> None:
         """Issue the guarantees withheld from the owner on ``subscription``."""
         conn = self.conn
         handle = subscription.owner_handle

@@ -8,6 +8,7 @@ from typing import Protocol
 from broker.protocol import DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
+from ._forward_dropping import forwarded_dropping_subscription
 from ._log_subscription import (
     CURSOR_PRINCIPAL,
     CursorBook,
@@ -41,7 +42,8 @@ def make_subscription(
     queues; ``reliable`` reads the topic's log where there is one, and is
     charged to its publishers (today's memory-only behaviour) where not.
     A topic another worker owns gets a forwarded subscription, made at the
-    owner over the link (``_forward``).
+    owner over the link (``_forward``); a lossy or latest one keeps its
+    dropping queue here all the same, fed by the link (``_forward_dropping``).
 
     A ``trusted`` connection (another worker's link) may name the principal
     whose durable cursor it forwards (``CURSOR_PRINCIPAL``), so that a
@@ -54,6 +56,8 @@ def make_subscription(
             raise OptionError(f'"{CURSOR_PRINCIPAL}" must be text: a principal\'s name')
         principal = named
     if isinstance(topic, ForwardTopic):
+        if mode != DeliveryMode.RELIABLE:
+            return forwarded_dropping_subscription(connection, handle, topic, mode, options)
         return forwarded_subscription(connection, handle, topic, mode, options, principal)
     if mode == DeliveryMode.RELIABLE:
         request = start_request(options)

@@ -24,6 +24,9 @@ from ._topic import FORWARD_BATCH, Routed, Topic
 
 log = logging.getLogger("broker.server")
 
+#: How long a start waits for the commits it completes before accepting clients.
+COMPLETE_BEFORE_ACCEPTING = 10
+
 #: What a commit calls before a run of its publishes to a topic is appended
 #: to the topic's log: ``(topic, index, count)`` -> the topic's hook.
 Progress = Callable[[str, int, int], Callable[[int], None] | None]
@@ -109,33 +112,41 @@ async def route_commit(
     (in its log already: a commit completed at start-up); ``progress`` is
     asked for each batch's hook (``Routed.before_append``)."""
     skip = routed_before or {}
-    numbered: list[tuple[int, StagedPublish]] = []
+    # Runs per topic, each with the index (among the batch's publishes to
+    # its topic) of its first publish, less those in the log already.
+    runs: list[tuple[str, int, list[StagedPublish]]] = []
     index: dict[str, int] = {}
-    for publish in publishes:
-        n = index[publish.topic] = index.get(publish.topic, -1) + 1
-        if n >= skip.get(publish.topic, 0):
-            numbered.append((n, publish))
-    run = CommitRun(len(numbered))
+    for topic_name, group in itertools.groupby(publishes, key=lambda p: p.topic):
+        run_of_topic = list(group)
+        first = index.get(topic_name, 0)
+        index[topic_name] = first + len(run_of_topic)
+        left_out = min(max(skip.get(topic_name, 0) - first, 0), len(run_of_topic))
+        if left_out:
+            for publish in run_of_topic[:left_out]:
+                publish.loan.repay()
+            run_of_topic = run_of_topic[left_out:]
+        if run_of_topic:
+            runs.append((topic_name, first + left_out, run_of_topic))
+    run = CommitRun(sum(len(run_of_topic) for _, _, run_of_topic in runs))
     held: dict[str, Topic] = {}
     try:
-        for topic_name, group in itertools.groupby(numbered, key=lambda p: p[1].topic):
+        for topic_name, first, run_of_topic in runs:
             topic = held.get(topic_name)
             if topic is None:
                 topic = held[topic_name] = broker.topic(topic_name)
                 topic.publishers += 1  # kept alive until everything is routed
-            run_of_topic = list(group)
             for start in range(0, len(run_of_topic), FORWARD_BATCH):
                 chunk = run_of_topic[start : start + FORWARD_BATCH]
                 await account.ensure_clear_funds()
-                tails = [p.loan.item for _, p in chunk]
+                tails = [p.loan.item for p in chunk]
                 size = sum(len(tail) for tail in tails)
-                keys = [p.key for _, p in chunk]
+                keys = [p.key for p in chunk]
                 # (No fan-out estimate: the account's own debt paces a commit.)
                 routed = Routed(tails, run, 0, 0, keys)
                 if progress is not None:
-                    routed.before_append = progress(topic_name, chunk[0][0], len(chunk))
+                    routed.before_append = progress(topic_name, first + start, len(chunk))
                 topic.send_nowait(routed, account=account, cost=size)
-                for _, publish in chunk:
+                for publish in chunk:
                     publish.loan.repay()
         await run.done.wait()
     finally:
@@ -187,11 +198,16 @@ def start_commit(
 
 
 async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
-    """Complete the commits a stop cut off while they routed (before the
-    broker accepts clients): each topic's log is asked how much of the
-    batch's share it holds, and the rest is routed. One whose topic is not
-    served here (the workers changed) or whose log cannot be opened is kept
-    (a commit of it is refused, saying why) for a start that can."""
+    """Complete the commits a stop cut off while they routed: each topic's
+    log is asked how much of the batch's share it holds, and the rest is
+    routed. One whose topic is not served here (the workers changed) or
+    whose log cannot be opened is kept (a commit of it is refused, saying
+    why) for a start that can.
+
+    Returns once they are routed (the broker then accepts clients), or
+    after :data:`COMPLETE_BEFORE_ACCEPTING` seconds (a log full with
+    ``when_full="block"`` waits for its readers, who need clients; a
+    retried commit waits for its batch anyway)."""
     staging = host.staging
     logs = host.logs
     for batch, unfinished in list(staging.unfinished.items()):
@@ -242,5 +258,12 @@ async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
             kind="commit",
         )
         start_commit(host, nursery, batch, account, publishes, account.close, routed_before)
-    for running in list(host.commits_in_flight.values()):
-        await running.routed.wait()
+    with trio.move_on_after(COMPLETE_BEFORE_ACCEPTING) as waited:
+        for running in list(host.commits_in_flight.values()):
+            await running.routed.wait()
+    if waited.cancelled_caught:
+        log.warning(
+            "commits cut off by the stop are still being completed after %d s (a topic's "
+            "log full?): clients are accepted meanwhile",
+            COMPLETE_BEFORE_ACCEPTING,
+        )

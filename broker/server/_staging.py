@@ -368,11 +368,8 @@ class StagingArea:
 
     def forget_routed(self, batch_key: BatchKey) -> None:
         """After :meth:`routed` was written: delete the batch's staged
-        publishes from the journal. Apart, because for a big batch these
-        deletes take a while to make (200,000 of them, about 0.3 s): a kill
-        in that time used to leave the batch routed but not remembered as
-        committed, so a retried commit routed all of it again. (A restart
-        drops staged publishes of a committed batch left in the journal.)"""
+        publishes from the journal (apart: 200,000 deletes take about 0.3 s;
+        a restart drops those of a committed batch left in the journal)."""
         journal_keys = self._routing.pop(batch_key, None)
         if journal_keys is not None:
             self._delete_staged(journal_keys)
@@ -556,37 +553,38 @@ class StagingArea:
         be (then its batch, if any, is staged again)."""
         members = parse_members(value)
         batch = self.batches.get(batch_key)
-        whose = "anonymous clients" if batch_key[0] is None else repr(batch_key[0])
-        if batch is None or members is None:
-            if batch is not None:  # (a record of an older broker: no members)
-                self.interrupted.add(batch_key)
+        what = f"staged batch {shown(batch_key[1])} of " + (
+            "anonymous clients" if batch_key[0] is None else repr(batch_key[0])
+        )
+        if members is None and batch is None:
+            log.warning("state journal: dropped a malformed commit record of %s", what)
+            return False
+        if members is None:  # (an older broker's record: ``true``)
+            self.interrupted.add(batch_key)
             log.warning(
-                "staged batch %s of %s was being committed when the broker stopped and "
-                "cannot be completed (%s): it is staged again, and a retried commit "
-                "routes all of it (what was routed before the stop is then routed twice)",
-                shown(batch_key[1]),
-                whose,
-                "its staged messages are not in the journal"
-                if batch is None
-                else "the journal does not say which members it listed",
+                "%s was being committed when the broker stopped, and the journal does not "
+                "say which members: it is staged again, and a retried commit routes all of "
+                "it (what was routed before the stop is then routed twice)",
+                what,
             )
             return False
         publishes: list[StagedPublish] = []
         for member, count in members:
-            staged = batch.members.get(member, [])
-            if len(staged) != count:
+            staged = [] if batch is None else batch.members.get(member, [])
+            if len(staged) != count:  # (damage: the journal lost staged records)
                 log.error(
-                    "staged batch %s of %s was being committed when the broker stopped, "
-                    "but member %r has %d staged messages in the journal, not %d: it is "
-                    "staged again (its commit is refused)",
-                    shown(batch_key[1]),
-                    whose,
-                    member[:64],
+                    "%s was being committed when the broker stopped, but member %s has "
+                    "%d staged messages in the state journal, not %d: it cannot be "
+                    "completed (a retried commit is refused)",
+                    what,
+                    shown(member),
                     len(staged),
                     count,
                 )
                 return False
             publishes += staged
+        if batch is None:
+            return False
         del self.batches[batch_key]
         self.size -= batch.size
         listed = {member for member, _ in members}

@@ -5,11 +5,13 @@ item 3): after each restart a batch is visible wholly once or not at all
 batch exactly once.
 
 Real broker processes on one data directory, real TCP, multi-topic batches
-of several thousand messages. Each round stages a batch, commits it and
-kills the broker: at once (the Commit perhaps not even read), once a reader
-has seen a random number of the batch's messages (while it routes), or
-after the Outcome. Then the broker starts again, the topics are read, and
-the commit is sent again as the client (or the Spark sink's driver) does.
+of several thousand messages, another client publishing to the same topics
+meanwhile. Each round stages a batch, commits it and kills the broker: at
+once (the Commit perhaps not even read), once a reader has seen a random
+number of the batch's messages (while it routes), or after the Outcome.
+Then the broker starts again, the topics are read, and the commit is sent
+again: by a new client (the Spark driver run again), or (every third
+round) by the same client, which reconnects and resumes its session.
 """
 
 from __future__ import annotations
@@ -154,12 +156,16 @@ async def commit_and_kill(
     members: list[tuple[str, int]],
     starts: dict[str, int],
     kill_at: int | None,
-) -> bool:
+    reconnect: bool,
+) -> tuple[bool, str | None]:
     """Commit ``batch`` and kill the broker: once a reader has seen
     ``kill_at`` of its messages in the first topic (0: as soon as the
     Commit is sent), or (None) after the Outcome; meanwhile another client
     publishes to the topics (its messages land between the batch's runs).
-    Whether the kill cut the commit off before its Outcome."""
+    Whether the kill cut the commit off before its Outcome; and with
+    ``reconnect`` (a client that reconnects, resumes its session and sends
+    the Commit again, as the Spark sink's does) the broker is started
+    again and the commit's final outcome is returned too."""
     address = f"127.0.0.1:{broker.port}"
     outcome: list[int] = []
 
@@ -176,23 +182,33 @@ async def commit_and_kill(
             answered.set()
 
     async with (
-        open_client(address, name="driver") as driver,
-        open_client(address, name="watch") as watch,
-        watch.subscribe(TOPICS[0], start=starts[TOPICS[0]]) as seen,
+        open_client(address, name="driver", reconnect=4 * TIMEOUT if reconnect else 0) as driver,
         trio.open_nursery() as nursery,
     ):
-        nursery.start_soon(noise)
         nursery.start_soon(commit, driver)
-        with trio.fail_after(TIMEOUT):
-            if kill_at is None:
-                await answered.wait()
-            count = 0
-            while kill_at is not None and count < kill_at:
-                if batch_of((await seen.receive()).payload) == batch:
-                    count += 1
-        broker.kill()
-        nursery.cancel_scope.cancel()  # (the noise, and a commit left hanging)
-    return not outcome
+        async with (
+            open_client(address, name="watch") as watch,
+            watch.subscribe(TOPICS[0], start=starts[TOPICS[0]]) as seen,
+            trio.open_nursery() as watching,
+        ):
+            watching.start_soon(noise)
+            with trio.fail_after(TIMEOUT):
+                if kill_at is None:
+                    await answered.wait()
+                count = 0
+                while kill_at is not None and count < kill_at:
+                    if batch_of((await seen.receive()).payload) == batch:
+                        count += 1
+            cut = not outcome
+            broker.kill()
+            watching.cancel_scope.cancel()  # (the noise, the watch)
+        if not reconnect:
+            nursery.cancel_scope.cancel()  # (a commit left hanging)
+            return cut, None
+        await trio.to_thread.run_sync(broker.start)
+        with trio.fail_after(2 * TIMEOUT):
+            await answered.wait()
+    return cut, OutcomeStatus(outcome[-1]).name.lower()
 
 
 async def retry_commit(address: str, batch: str, members: list[tuple[str, int]]) -> str:
@@ -213,13 +229,17 @@ async def run_rounds(broker: BrokerProcess, rng: random.Random) -> tuple[Figures
         starts = await end_offsets(address)
         in_first = sum(topic_of(i) == TOPICS[0] for i in range(PER_MEMBER)) * MEMBERS
         kill_at = rng.choice([0, None, *[rng.randint(1, in_first - 1) for _ in range(6)]])
-        cut = await commit_and_kill(broker, batch, members, starts, kill_at)
+        reconnect = round_ % 3 == 2
+        cut, retried = await commit_and_kill(broker, batch, members, starts, kill_at, reconnect)
         figures.cut += cut
-        await trio.to_thread.run_sync(broker.start)
+        if not reconnect:
+            await trio.to_thread.run_sync(broker.start)
         visible = sum(batch_of(m) == batch for m in await read_since(address, starts))
         if 0 < visible < MEMBERS * PER_MEMBER:
             figures.partly_visible.append(f"{batch}: {visible}")
-        figures.retried[await retry_commit(address, batch, members)] += 1
+        if retried is None:
+            retried = await retry_commit(address, batch, members)
+        figures.retried[retried] += 1
     everything.update(await read_since(address, dict.fromkeys(TOPICS, 0)))
     missing = expected - set(everything)
     assert not missing, f"{len(missing)} messages missing"
@@ -239,7 +259,7 @@ async def test_kill_9_at_random_points_of_commits_leaves_every_batch_once(
         f"{len(figures.partly_visible)}; batches duplicated: {len(twice)} "
         f"({sum(n - 1 for n in everything.values())} messages); retries: {dict(figures.retried)}"
     )
-    assert figures.cut >= ROUNDS // 2  # (most kills land before the Outcome)
+    assert figures.cut >= ROUNDS // 3  # (most kills land before the Outcome)
     assert not figures.partly_visible, figures.partly_visible
     assert not twice, dict(twice)
     assert set(everything.values()) == {1}

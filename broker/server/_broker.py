@@ -29,7 +29,7 @@ from broker.tls import certificate_identity, server_context
 
 from ._accept_log import quiet_accept_errors
 from ._budget_pool import BudgetPool
-from ._commit import CommitInFlight, route_commit
+from ._commit import CommitInFlight, complete_unfinished, start_commit
 from ._connection import ServerConnection
 from ._drain import drain, queued_deliveries
 from ._handover import hand_over, home_address, receive_sockets, session_prefix
@@ -201,29 +201,9 @@ class Broker:
         done: Callable[[], None],
     ) -> None:
         """Route a committed batch's ``publishes`` (charged to ``account``) in
-        the broker's own nursery, so that a commit under way completes even
-        if the committing connection closes; ``done()`` once all are routed.
-        Meanwhile the batch is in :attr:`commits_in_flight`."""
+        the broker's own nursery (see ``_commit.start_commit``)."""
         assert self._nursery is not None
-        self.persist_state()  # its "committing" mark: a stop while routing is said
-        running = self.commits_in_flight[batch] = CommitInFlight()
-        running.waiters.append(done)
-
-        async def run() -> None:
-            try:
-                await route_commit(self, account, publishes)
-                # Remembered as committed (written, before anybody hears of
-                # it): a rerun after a restart is answered "duplicate".
-                self.staging.routed(batch)
-                self.persist_state()
-                for waiter in running.waiters:  # before anybody else hears of it
-                    waiter()
-                self.staging.forget_routed(batch)  # (written with the next state)
-            finally:
-                del self.commits_in_flight[batch]
-                running.routed.set()
-
-        self._nursery.start_soon(run)
+        start_commit(self, self._nursery, batch, account, publishes, done)
 
     def persist_state(self) -> None:
         """Write the state journal's pending changes (staged publishes,
@@ -556,6 +536,7 @@ async def serve_broker(
                 if logs is not None:
                     nursery.start_soon(logs.run)
                     log.info("topic logs in %s", log_dir)
+                await complete_unfinished(broker, nursery)  # (commits a stop cut off)
                 quiet_accept_errors()  # (no file descriptor left: one line per 10 s)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:

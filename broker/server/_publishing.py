@@ -71,6 +71,10 @@ class PublishingHost(Protocol):
         """The topic actor for ``name``, spawned on first use."""
         ...
 
+    def not_owned(self, topic: str) -> str | None:
+        """Why ``topic`` is not served here without forwarding (None: it is)."""
+        ...
+
     def start_commit(
         self,
         batch: BatchKey,
@@ -489,7 +493,8 @@ class Publishing:
         account under this connection's) and answer once it is routed."""
         host = self.host
         batch = (self.owner, event.batch)
-        decision = host.staging.commit(*batch, event.members)
+        # (A topic whose owner moved since the batch was staged: refused.)
+        decision = host.staging.commit(*batch, event.members, host.not_owned)
         running = host.commits_in_flight.get(batch)
         if decision.status is OutcomeStatus.DUPLICATE and running is not None:
             # The first commit is still routing: "committed before" must

@@ -26,13 +26,22 @@ committed batch is put there once its publishes are routed
 area on the same journal restores them: a batch staged before the restart
 commits, one committed before it is a duplicate. The area only puts; the
 broker writes the journal (see :meth:`StagingArea.routed`).
+
+A commit is atomic across a crash: its members are put in the journal
+(``committing``) before anything is routed, and before each run of its
+publishes is appended to a topic's log, where in the log it goes
+(:meth:`StagingArea.progress`). A stop that cuts the routing off leaves
+the batch in :attr:`StagingArea.unfinished`; at start-up the broker finds
+how much of each topic's share is in the log and routes only the rest
+(:meth:`StagingArea.resume`), so the batch is then visible wholly and
+once, and a retried commit is a duplicate.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accounts import Account, LoanedItem, unlimited
@@ -40,6 +49,21 @@ from broker.log import StateJournal
 from broker.protocol import OutcomeStatus, Stage
 
 from ._peerlog import shown
+from ._staging_records import (
+    SPACE_COMMITTED,
+    SPACE_COMMITTING,
+    SPACE_PROGRESS,
+    SPACE_STAGED,
+    Members,
+    Progress,
+    batch_id,
+    parse_batch_id,
+    parse_members,
+    parse_progress,
+    parse_staged,
+    progress_id,
+)
+from ._staging_records import BatchKey as BatchKey  # (re-exported)
 
 log = logging.getLogger("broker.server")
 
@@ -48,19 +72,9 @@ log = logging.getLogger("broker.server")
 #: so that ``staging_limit`` bounds the memory really used.
 STAGED_PUBLISH_OVERHEAD = 176
 
-#: ``(principal, batch)``: batches of different principals never mix.
-BatchKey = tuple[str | None, str]
-
-#: Journal spaces. ``staged``: key a 20-digit serial (staging order), value
-#: ``[owner, batch, member, topic, key, tail, cost]``. ``committed``: key the
-#: batch key as JSON, value a serial (commit order). ``committing``: the same
-#: keys, for a commit whose publishes were being routed.
-SPACE_STAGED = "staging.staged"
-SPACE_COMMITTED = "staging.committed"
-SPACE_COMMITTING = "staging.committing"
-
-#: The reason of a "committed" Outcome for a batch whose first commit a
-#: broker stop cut off while it was routing.
+#: The reason of a "committed" Outcome for a batch whose first commit a stop
+#: cut off while it was routing, by a broker that did not record its
+#: members (before commits were completed at start-up).
 INTERRUPTED = (
     "the broker stopped while it routed this batch before: the messages routed "
     "then are now routed a second time"
@@ -93,6 +107,32 @@ class StagedBatch:
     @property
     def messages(self) -> int:
         return sum(len(publishes) for publishes in self.members.values())
+
+
+@dataclass(slots=True, eq=False)
+class UnfinishedCommit:
+    """A commit a stop cut off while it routed, restored from the journal:
+    its publishes in commit order and where each topic's share was going."""
+
+    publishes: list[StagedPublish]
+    #: The journal keys of the batch's staged publishes (all its members').
+    journal_keys: list[str]
+    #: Per topic, the last run of its publishes put before being appended.
+    progress: dict[str, Progress] = field(default_factory=dict)
+    #: Why the broker cannot complete it here ("" until it tried): a commit
+    #: or abort of the batch is refused with this.
+    blocked: str = ""
+
+    def routed_before(self, topic: str, next_offset: int) -> int:
+        """How many of the batch's publishes to ``topic`` are in its log,
+        whose next offset is ``next_offset``: those before the last run
+        put, and of that run what the log holds from its offset on (a run
+        is appended whole, contiguous: others' publishes wait behind it)."""
+        place = self.progress.get(topic)
+        if place is None:
+            return 0
+        index, offset, count = place
+        return index + min(max(next_offset - offset, 0), count)
 
 
 @dataclass(slots=True)
@@ -151,8 +191,14 @@ class StagingArea:
         #: Committed batches being routed: the journal keys of their publishes.
         self._routing: dict[BatchKey, list[str]] = {}
         #: Batches whose commit a stop cut off while routing (restored from
-        #: the journal's ``committing`` marks): their next commit says so.
+        #: the journal's ``committing`` marks): the broker completes them
+        #: at start-up (:meth:`resume`) or says why not (:meth:`block`).
+        self.unfinished: dict[BatchKey, UnfinishedCommit] = {}
+        #: Those restored from a broker that did not record the members:
+        #: staged again, their next commit says so (:data:`INTERRUPTED`).
         self.interrupted: set[BatchKey] = set()
+        #: Per commit being routed, the topics it put progress for.
+        self._progress_topics: dict[BatchKey, set[str]] = {}
         self._serial = 0
         if journal is not None:
             self._restore(journal)
@@ -180,7 +226,7 @@ class StagingArea:
         visible).
         """
         batch_key = (owner, stage.batch)
-        if batch_key in self.finished:
+        if batch_key in self.finished or batch_key in self.unfinished:
             self.counters.discarded["late"] += 1
             return None
         if self.size + cost > self.limit:
@@ -205,16 +251,24 @@ class StagingArea:
         return None
 
     def commit(
-        self, owner: str | None, batch_name: str, members: list[tuple[str, int]]
+        self,
+        owner: str | None,
+        batch_name: str,
+        members: Members,
+        elsewhere: Callable[[str], str | None] | None = None,
     ) -> CommitDecision:
         """Decide a Commit of ``batch_name`` listing ``members`` with their counts.
 
         Refused (nothing changes) if a listed member staged a different
         number of publishes than listed: a publish lost on the way must fail
-        the commit, not vanish. A batch committed before is a duplicate, and
-        anything staged into it since is discarded.
+        the commit, not vanish; or if ``elsewhere(topic)`` says why one of
+        its topics is not served here. A batch committed before is a
+        duplicate, and anything staged into it since is discarded.
         """
         batch_key = (owner, batch_name)
+        unfinished = self.unfinished.get(batch_key)
+        if unfinished is not None:
+            return self._refuse(unfinished.blocked or "the batch is being committed")
         if batch_key in self.finished:
             self._count(OutcomeStatus.DUPLICATE)
             return CommitDecision(OutcomeStatus.DUPLICATE, 0, "the batch was committed before")
@@ -230,6 +284,11 @@ class StagingArea:
                     f"member {member!r} staged {have} publishes, the commit lists {count}"
                 )
         publishes = [publish for member in names for publish in staged.get(member, ())]
+        if elsewhere is not None:
+            for topic in sorted({publish.topic for publish in publishes}):
+                why = elsewhere(topic)
+                if why is not None:
+                    return self._refuse(why)
         if batch is not None:
             del self.batches[batch_key]
             self.size -= batch.size
@@ -240,8 +299,10 @@ class StagingArea:
         if self.journal is not None:
             journal_keys = [] if batch is None else batch.journal_keys
             if publishes:
-                # Remembered as committed only once routed (:meth:`routed`).
-                self.journal.put(SPACE_COMMITTING, _batch_id(batch_key), True)
+                # Remembered as committed only once routed (:meth:`routed`);
+                # until then its members, to complete it after a stop.
+                listed = [[member, count] for member, count in members]
+                self.journal.put(SPACE_COMMITTING, batch_id(batch_key), listed)
                 self._routing[batch_key] = journal_keys
             else:
                 self._committed(batch_key, journal_keys)
@@ -250,6 +311,43 @@ class StagingArea:
             self.interrupted.discard(batch_key)
             reason = INTERRUPTED
         return CommitDecision(OutcomeStatus.COMMITTED, len(publishes), reason, publishes)
+
+    def progress(
+        self, batch_key: BatchKey, topic: str, index: int, count: int
+    ) -> Callable[[int], None] | None:
+        """For a commit being routed: what the topic calls with its log's
+        next offset before it appends the batch's publishes to ``topic``
+        from its ``index``-th (``count`` of them): it puts where they go in
+        the journal and writes it (raising :class:`~broker.log.LogError`
+        if it cannot: the publishes then wait). None without a journal."""
+        journal = self.journal
+        if journal is None:
+            return None
+        self._progress_topics.setdefault(batch_key, set()).add(topic)
+        key = progress_id(batch_key, topic)
+
+        def before_append(offset: int) -> None:
+            journal.put(SPACE_PROGRESS, key, [index, offset, count])
+            journal.write()
+
+        return before_append
+
+    def resume(self, batch_key: BatchKey) -> list[StagedPublish]:
+        """Take up unfinished commit ``batch_key`` (the broker routes what
+        its topics' logs do not hold yet, then calls :meth:`routed`): the
+        batch is committed from now on; returns its publishes, in order."""
+        unfinished = self.unfinished.pop(batch_key)
+        self.finished[batch_key] = None
+        self._forget_oldest()
+        self._routing[batch_key] = unfinished.journal_keys
+        self._progress_topics[batch_key] = set(unfinished.progress)
+        return unfinished.publishes
+
+    def block(self, batch_key: BatchKey, reason: str) -> None:
+        """Unfinished commit ``batch_key`` cannot be completed here: keep it
+        (in the journal too, for a start that can), refusing its commit and
+        abort with ``reason``."""
+        self.unfinished[batch_key].blocked = reason
 
     def routed(self, batch_key: BatchKey) -> None:
         """The publishes of committed batch ``batch_key`` are routed (in the
@@ -261,20 +359,17 @@ class StagingArea:
         Outcome is sent, and then writes the journal (``journal.write()``)
         before sending it: an Outcome "committed" then means a rerun is
         answered "duplicate" after a kill -9. A commit cut off before this
-        (a crash while routing) leaves its batch staged in the journal: after
-        a restart a retried Commit routes all of it again (publishes routed
-        before the crash are then routed twice; a warning says so).
+        (a crash while routing) is in the journal as committing, with the
+        progress of its publishes into each topic's log: the next start
+        completes it (see the module).
         """
         if batch_key in self._routing:
             self._committed(batch_key, [])
 
     def forget_routed(self, batch_key: BatchKey) -> None:
         """After :meth:`routed` was written: delete the batch's staged
-        publishes from the journal. Apart, because for a big batch these
-        deletes take a while to make (200,000 of them, about 0.3 s): a kill
-        in that time used to leave the batch routed but not remembered as
-        committed, so a retried commit routed all of it again. (A restart
-        drops staged publishes of a committed batch left in the journal.)"""
+        publishes from the journal (apart: 200,000 deletes take about 0.3 s;
+        a restart drops those of a committed batch left in the journal)."""
         journal_keys = self._routing.pop(batch_key, None)
         if journal_keys is not None:
             self._delete_staged(journal_keys)
@@ -285,6 +380,9 @@ class StagingArea:
         batch_key = (owner, batch_name)
         if batch_key in self.finished:
             return self._refuse("the batch was committed")
+        unfinished = self.unfinished.get(batch_key)
+        if unfinished is not None:
+            return self._refuse(unfinished.blocked or "the batch is being committed")
         batch = self.batches.pop(batch_key, None)
         discarded = 0
         if batch is not None:
@@ -330,7 +428,11 @@ class StagingArea:
             else:
                 for publish in publishes:
                     publish.loan.repay()
+        for unfinished in self.unfinished.values():
+            for publish in unfinished.publishes:
+                publish.loan.repay()
         self.batches.clear()
+        self.unfinished.clear()
         self._routing.clear()
         self.size = 0
 
@@ -352,7 +454,7 @@ class StagingArea:
         while len(self.finished) > self.remember:
             forgotten, _ = self.finished.popitem(last=False)
             if self.journal is not None:
-                self.journal.delete(SPACE_COMMITTED, _batch_id(forgotten))
+                self.journal.delete(SPACE_COMMITTED, batch_id(forgotten))
 
     def _discard(self, publishes: list[StagedPublish], reason: str) -> None:
         for publish in publishes:
@@ -366,12 +468,14 @@ class StagingArea:
         then delete its staged publishes: in that order, so a torn write
         never loses the one while keeping the others."""
         assert self.journal is not None
-        batch_id = _batch_id(batch_key)
+        key = batch_id(batch_key)
         if batch_key in self.finished:
             self._serial += 1
-            self.journal.put(SPACE_COMMITTED, batch_id, self._serial)
+            self.journal.put(SPACE_COMMITTED, key, self._serial)
         self._delete_staged(journal_keys)
-        self.journal.delete(SPACE_COMMITTING, batch_id)
+        self.journal.delete(SPACE_COMMITTING, key)
+        for topic in sorted(self._progress_topics.pop(batch_key, ())):
+            self.journal.delete(SPACE_PROGRESS, progress_id(batch_key, topic))
 
     def _unjournal(self, batch: StagedBatch) -> None:
         """Delete an aborted or expired batch's publishes from the journal."""
@@ -385,13 +489,14 @@ class StagingArea:
             self.journal.delete(SPACE_STAGED, journal_key)
 
     def _restore(self, journal: StateJournal) -> None:
-        """Load the committed batches and staged publishes ``journal`` holds."""
+        """Load the committed batches, staged publishes and unfinished
+        commits ``journal`` holds."""
         committed: list[tuple[int, BatchKey]] = []
-        for batch_id, order in journal.items(SPACE_COMMITTED):
-            batch_key = _parse_batch_id(batch_id)
+        for batch_key_id, order in journal.items(SPACE_COMMITTED):
+            batch_key = parse_batch_id(batch_key_id)
             if batch_key is None or not isinstance(order, int):
-                log.warning("state journal: dropped a malformed committed batch %r", batch_id)
-                journal.delete(SPACE_COMMITTED, batch_id)
+                log.warning("state journal: dropped a malformed committed batch %r", batch_key_id)
+                journal.delete(SPACE_COMMITTED, batch_key_id)
                 continue
             committed.append((order, batch_key))
             self._serial = max(self._serial, order)
@@ -399,7 +504,7 @@ class StagingArea:
             self.finished[batch_key] = None
         self._forget_oldest()
         for journal_key, record in journal.items(SPACE_STAGED):
-            restored = _parse_staged(record)
+            restored = parse_staged(record)
             if restored is None:
                 log.warning("state journal: dropped a malformed staged publish %s", journal_key)
                 journal.delete(SPACE_STAGED, journal_key)
@@ -419,60 +524,72 @@ class StagingArea:
             self.size += cost
             if journal_key.isdigit():
                 self._serial = max(self._serial, int(journal_key))
-        for batch_id, _ in journal.items(SPACE_COMMITTING):
-            batch_key = _parse_batch_id(batch_id)
-            if batch_key is not None and batch_key in self.batches:
-                self.interrupted.add(batch_key)
-                log.warning(
-                    "staged batch %s of %s was being committed when the broker stopped: it "
-                    "is staged again, and a retried commit routes all of it (what was routed "
-                    "before the stop is then routed twice)",
-                    shown(batch_key[1]),
-                    "anonymous clients" if batch_key[0] is None else repr(batch_key[0]),
-                )
-            journal.delete(SPACE_COMMITTING, batch_id)
-        if self.batches or self.finished:
+        for batch_key_id, value in journal.items(SPACE_COMMITTING):
+            batch_key = parse_batch_id(batch_key_id)
+            if batch_key is None or batch_key in self.finished:
+                journal.delete(SPACE_COMMITTING, batch_key_id)  # (done: routed, remembered)
+            elif not self._restore_commit(batch_key, value):
+                journal.delete(SPACE_COMMITTING, batch_key_id)
+        for progress_key, value in journal.items(SPACE_PROGRESS):
+            parsed = parse_progress(progress_key, value)
+            unfinished = None if parsed is None else self.unfinished.get(parsed[0])
+            if parsed is None or unfinished is None:  # (its commit was done, or is lost)
+                journal.delete(SPACE_PROGRESS, progress_key)
+                continue
+            unfinished.progress[parsed[1]] = parsed[2]
+        if self.batches or self.finished or self.unfinished:
             log.info(
                 "staging restored from the state journal: %d batches staged (%d bytes), "
-                "%d committed batches remembered",
+                "%d committed batches remembered, %d commits to complete",
                 len(self.batches),
                 self.size,
                 len(self.finished),
+                len(self.unfinished),
             )
 
-
-def _batch_id(batch_key: BatchKey) -> str:
-    """A batch key as a journal key (JSON: the principal may be None)."""
-    return json.dumps(list(batch_key), ensure_ascii=False, separators=(",", ":"))
-
-
-def _parse_batch_id(batch_id: str) -> BatchKey | None:
-    try:
-        owner, batch = json.loads(batch_id)
-    except ValueError:
-        return None
-    if (owner is None or isinstance(owner, str)) and isinstance(batch, str):
-        return (owner, batch)
-    return None
-
-
-_Staged = tuple[str | None, str, str, str, bytes | None, bytes, int]
-
-
-def _parse_staged(record: object) -> _Staged | None:
-    """A staged publish's journal record, checked; None if malformed."""
-    if not isinstance(record, list) or len(record) != 7:
-        return None
-    owner, batch, member, topic, key, tail, cost = record
-    if (
-        (owner is None or isinstance(owner, str))
-        and isinstance(batch, str)
-        and isinstance(member, str)
-        and isinstance(topic, str)
-        and (key is None or isinstance(key, bytes))
-        and isinstance(tail, bytes)
-        and isinstance(cost, int)
-        and cost >= 0
-    ):
-        return owner, batch, member, topic, key, tail, cost
-    return None
+    def _restore_commit(self, batch_key: BatchKey, value: object) -> bool:
+        """Restore the commit of ``batch_key`` that a stop cut off (its
+        ``committing`` record's ``value``) as unfinished; False if it cannot
+        be (then its batch, if any, is staged again)."""
+        members = parse_members(value)
+        batch = self.batches.get(batch_key)
+        what = f"staged batch {shown(batch_key[1])} of " + (
+            "anonymous clients" if batch_key[0] is None else repr(batch_key[0])
+        )
+        if members is None and batch is None:
+            log.warning("state journal: dropped a malformed commit record of %s", what)
+            return False
+        if members is None:  # (an older broker's record: ``true``)
+            self.interrupted.add(batch_key)
+            log.warning(
+                "%s was being committed when the broker stopped, and the journal does not "
+                "say which members: it is staged again, and a retried commit routes all of "
+                "it (what was routed before the stop is then routed twice)",
+                what,
+            )
+            return False
+        publishes: list[StagedPublish] = []
+        for member, count in members:
+            staged = [] if batch is None else batch.members.get(member, [])
+            if len(staged) != count:  # (damage: the journal lost staged records)
+                log.error(
+                    "%s was being committed when the broker stopped, but member %s has "
+                    "%d staged messages in the state journal, not %d: it cannot be "
+                    "completed (a retried commit is refused)",
+                    what,
+                    shown(member),
+                    len(staged),
+                    count,
+                )
+                return False
+            publishes += staged
+        if batch is None:
+            return False
+        del self.batches[batch_key]
+        self.size -= batch.size
+        listed = {member for member, _ in members}
+        self._discard(
+            [p for m, ps in batch.members.items() if m not in listed for p in ps], "superseded"
+        )
+        self.unfinished[batch_key] = UnfinishedCommit(publishes, batch.journal_keys)
+        return True

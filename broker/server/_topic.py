@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,6 +80,10 @@ class Routed:
     origins: list[OriginRun] | None = None
     #: Publishes of the batch left out as taken before (routed all the same).
     skipped: int = 0
+    #: Called with the log's next offset before the first of ``tails`` is
+    #: appended to it (a commit records where its publishes go: ``_commit``);
+    #: may raise :class:`~broker.log.LogError`, and the batch then waits.
+    before_append: Callable[[int], None] | None = None
 
 
 def _charge(account: Account, tails: list[bytes]) -> int:
@@ -411,6 +415,8 @@ class Topic(Actor):
             return True  # (all of them taken before: see ``_seen``)
         appended = 0
         try:
+            if not held.appended and held.routed.before_append is not None:
+                held.routed.before_append(log.next_offset)
             while held.appended < len(tails):
                 # (A call that fills the log part way appends what fits; the
                 # next one raises why the rest does not.)

@@ -396,22 +396,22 @@ async def test_the_committing_mark_is_written_before_routing_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kill -9 while a commit routes must leave the journal's "committing"
-    mark, so the next start warns and the retried commit's Outcome says the
-    batch is routed a second time. The mark used to stay in the journal's
-    buffer until routing ended: a kill meanwhile left no trace (a 200,000-row
-    commit killed half a second in was stored twice without a word)."""
-    import broker.server._broker as broker_module
+    record, so the next start completes the commit. The mark used to stay in
+    the journal's buffer until routing ended: a kill meanwhile left no trace
+    (a 200,000-row commit killed half a second in was stored twice without
+    a word)."""
+    import broker.server._commit as commit_module
     from broker.server._staging import SPACE_COMMITTING
 
     seen: list[tuple[bool, int]] = []
-    real_route = broker_module.route_commit
+    real_route = commit_module.route_commit
 
-    async def route_commit(host: Any, account: Any, publishes: Any) -> None:
+    async def route_commit(host: Any, account: Any, publishes: Any, **options: Any) -> None:
         journal = host.logs.journal
         seen.append((journal.pending, len(journal.items(SPACE_COMMITTING))))
-        await real_route(host, account, publishes)
+        await real_route(host, account, publishes, **options)
 
-    monkeypatch.setattr(broker_module, "route_commit", route_commit)
+    monkeypatch.setattr(commit_module, "route_commit", route_commit)
 
     def commit(address: str) -> OutcomeStatus:
         with BlockingClient(address, name="task") as task:

@@ -116,3 +116,25 @@ def test_an_aborted_batch_may_be_staged_and_committed_afresh() -> None:
     assert staging.messages == 0
     assert staging.counters.discarded["late"] == 2
     assert staging.abort(None, "query-1/7").status is OutcomeStatus.REFUSED
+
+
+def test_a_commit_to_a_topic_served_elsewhere_is_refused_and_changes_nothing() -> None:
+    """After a change of ``--workers`` a batch's topic may be owned by another
+    worker: its commit is refused (never forwarded: a forwarded commit cut
+    off by a kill could not be completed exactly), and the batch stays."""
+    staging = area()
+    stage(staging, None, "job", "0/0", 2)
+
+    def elsewhere(topic: str) -> str | None:
+        return f"topic {topic!r} is owned by worker w1" if topic == "t" else None
+
+    refused = staging.commit(None, "job", [("0/0", 2)], elsewhere)
+    assert (refused.status, refused.reason) == (
+        OutcomeStatus.REFUSED,
+        "topic 't' is owned by worker w1",
+    )
+    assert staging.messages == 2 and not staging.finished
+    decision = staging.commit(None, "job", [("0/0", 2)], lambda _topic: None)
+    assert decision.status is OutcomeStatus.COMMITTED
+    for publish in decision.publishes:
+        publish.loan.repay()

@@ -17,9 +17,11 @@ from broker.server._staging import (
     INTERRUPTED,
     SPACE_COMMITTED,
     SPACE_COMMITTING,
+    SPACE_PROGRESS,
     SPACE_STAGED,
     CommitDecision,
     StagingArea,
+    UnfinishedCommit,
 )
 
 #: Every Broker made by a test, so that its loans are repaid at the end.
@@ -229,22 +231,103 @@ def test_the_remember_bound_holds_in_the_journal_and_across_restarts(tmp_path: P
     assert list(broker.restart(remember=5).staging.finished) == [(None, "d"), (None, "a")]
 
 
-def test_a_commit_cut_off_while_routing_is_staged_again(
+def test_a_commit_cut_off_while_routing_is_completed_after_a_restart(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Killed before its publishes were all routed: the batch is not
-    remembered as committed (that would lose them); a retried commit routes
-    it all again, and a warning says so."""
+    """Killed before its publishes were all routed: the batch comes back as
+    an unfinished commit (its listed members' publishes, in order, with
+    where each topic's share was going), for the broker to complete; a
+    commit or a late publish meanwhile changes nothing."""
     broker = Broker(tmp_path / "state.journal")
-    broker.stage("alice", "job-3", "0/0", 2)
-    decision = broker.staging.commit("alice", "job-3", [("0/0", 2)])
+    broker.stage("alice", "job-3", "0/0", 4)
+    broker.stage("alice", "job-3", "1/0", 3)  # a failed attempt, left out
+    broker.stage("alice", "job-3", "0/1", 2)
+    decision = broker.staging.commit("alice", "job-3", [("0/1", 2), ("0/0", 4)])
     assert decision.status is OutcomeStatus.COMMITTED
-    for publish in decision.publishes:  # (partly routed, say)
+    batch = ("alice", "job-3")
+    # Routing began: t0's first run (2 publishes) goes to offset 40 of its log.
+    before_append = broker.staging.progress(batch, "t0", 0, 2)
+    assert before_append is not None
+    before_append(40)  # (it writes the journal: the kill can come now)
+    for publish in decision.publishes:  # (the kill: the loans go with the process)
         publish.loan.repay()
     # A duplicate commit meanwhile waits for the first in the broker.
-    assert broker.staging.commit("alice", "job-3", [("0/0", 2)]).status is OutcomeStatus.DUPLICATE
-    broker.journal.write()  # (another connection's work wrote the journal)
-    assert len(broker.journal.items(SPACE_COMMITTING)) == 1
+    assert broker.staging.commit(*batch, [("0/1", 2), ("0/0", 4)]).status is OutcomeStatus.DUPLICATE
+    with caplog.at_level(logging.WARNING, logger="broker.server"):
+        broker = broker.restart()
+    assert "was being committed" not in caplog.text  # (nothing to warn of: completed)
+    staging = broker.staging
+    assert batch not in staging.finished and batch not in staging.batches
+    unfinished = staging.unfinished[batch]
+    assert [p.loan.item for p in unfinished.publishes] == [
+        *(b"job-3/0/1/%d" % i for i in range(2)),
+        *(b"job-3/0/0/%d" % i for i in range(4)),
+    ]
+    assert unfinished.progress == {"t0": (0, 40, 2)}
+    assert staging.counters.discarded["superseded"] == 3
+    # Until the broker completes it: no commit, no abort, late publishes dropped.
+    assert staging.commit(*batch, []).status is OutcomeStatus.REFUSED
+    assert staging.abort(*batch).status is OutcomeStatus.REFUSED
+    broker.stage("alice", "job-3", "2/0", 1)
+    assert staging.counters.discarded["late"] == 1 and staging.messages == 0
+    # Killed again before the start completed it: the same.
+    broker = broker.restart()
+    assert broker.staging.unfinished[batch].progress == {"t0": (0, 40, 2)}
+    publishes = broker.staging.resume(batch)
+    assert len(publishes) == 6 and batch in broker.staging.finished
+    assert broker.staging.commit(*batch, []).status is OutcomeStatus.DUPLICATE
+    for publish in publishes:
+        publish.loan.repay()
+    broker.staging.routed(batch)
+    broker.journal.write()
+    broker.staging.forget_routed(batch)
+    broker.journal.write()
+    for space in (SPACE_STAGED, SPACE_COMMITTING, SPACE_PROGRESS):
+        assert broker.journal.items(space) == [], space
+    broker = broker.restart()
+    assert broker.staging.unfinished == {} and batch in broker.staging.finished
+
+
+def test_what_a_topic_log_holds_of_an_unfinished_commit() -> None:
+    """The last run put for a topic (publishes from index 4, 3 of them, from
+    offset 100): what the log's next offset says of it."""
+    unfinished = UnfinishedCommit([], [], {"t": (4, 100, 3)})
+    assert unfinished.routed_before("t", 100) == 4  # the run not appended
+    assert unfinished.routed_before("t", 90) == 4  # (a log cut back further)
+    assert unfinished.routed_before("t", 102) == 6  # appended in part
+    assert unfinished.routed_before("t", 103) == 7  # appended whole
+    assert unfinished.routed_before("t", 500) == 7  # others' records after it
+    assert unfinished.routed_before("other", 500) == 0  # nothing appended yet
+
+
+def test_an_unfinished_commit_that_cannot_be_completed_stays(tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "state.journal")
+    broker.stage(None, "moved", "m", 2)
+    decision = broker.staging.commit(None, "moved", [("m", 2)])
+    for publish in decision.publishes:
+        publish.loan.repay()
+    broker.journal.write()
+    broker = broker.restart()
+    broker.staging.block((None, "moved"), "topic 't0' is owned by worker w1")
+    refused = broker.staging.commit(None, "moved", [("m", 2)])
+    assert (refused.status, refused.reason) == (
+        OutcomeStatus.REFUSED,
+        "topic 't0' is owned by worker w1",
+    )
+    assert broker.staging.abort(None, "moved").status is OutcomeStatus.REFUSED
+    broker = broker.restart()  # kept for a start that can complete it
+    assert len(broker.staging.unfinished[(None, "moved")].publishes) == 2
+
+
+def test_a_commit_record_without_members_is_staged_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal of a broker that did not record a commit's members: the
+    batch is staged again and the retried commit routes it all, saying so."""
+    broker = Broker(tmp_path / "state.journal")
+    broker.stage("alice", "job-3", "0/0", 2)
+    broker.journal.put(SPACE_COMMITTING, '["alice","job-3"]', True)
+    broker.journal.write()
     with caplog.at_level(logging.WARNING, logger="broker.server"):
         broker = broker.restart()
     assert "was being committed when the broker stopped" in caplog.text

@@ -36,7 +36,7 @@ from ._handover import hand_over, home_address, receive_sockets, session_prefix
 from ._link import LinkStatistics
 from ._links import Links
 from ._log_subscription import CursorBook
-from ._logs import TopicLogs
+from ._logs import TopicLogs, TopicUnavailable
 from ._loop import LoopCounters
 from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
@@ -192,6 +192,18 @@ class Broker:
     def not_owned(self, topic: str) -> str | None:
         """Why ``topic`` is not served here without forwarding (None: it is)."""
         return self.links.not_owned(topic) if self.links else None
+
+    def cannot_commit_to(self, topic: str) -> str | None:
+        """Why a commit cannot route to ``topic`` here (None: it can): not
+        owned here, or its log cannot be opened now (checked before the
+        commit changes anything, so that it is refused, not cut off)."""
+        why = self.not_owned(topic)
+        if why is None and self.logs is not None:
+            try:
+                self.logs.open(topic)
+            except TopicUnavailable as error:
+                return str(error)
+        return why
 
     def start_commit(
         self,

@@ -180,9 +180,20 @@ def start_commit(
 
     async def run() -> None:
         try:
-            await route_commit(
-                host, account, publishes, routed_before=routed_before, progress=progress
-            )
+            try:
+                await route_commit(
+                    host, account, publishes, routed_before=routed_before, progress=progress
+                )
+            except TopicUnavailable as error:
+                # Its logs opened when it was decided: one failing since is a
+                # disk fault. It stays in the journal as being committed (the
+                # next start completes it), and the broker goes on.
+                log.error(
+                    "staged batch %s: its commit is cut off (the next start completes it): %s",
+                    shown(batch[1]),
+                    error,
+                )
+                return
             # Remembered as committed (written, before anybody hears of
             # it): a rerun after a restart is answered "duplicate".
             staging.routed(batch)

@@ -71,8 +71,8 @@ class PublishingHost(Protocol):
         """The topic actor for ``name``, spawned on first use."""
         ...
 
-    def not_owned(self, topic: str) -> str | None:
-        """Why ``topic`` is not served here without forwarding (None: it is)."""
+    def cannot_commit_to(self, topic: str) -> str | None:
+        """Why a commit cannot route to ``topic`` here (None: it can)."""
         ...
 
     def start_commit(
@@ -493,8 +493,9 @@ class Publishing:
         account under this connection's) and answer once it is routed."""
         host = self.host
         batch = (self.owner, event.batch)
-        # (A topic whose owner moved since the batch was staged: refused.)
-        decision = host.staging.commit(*batch, event.members, host.not_owned)
+        # (A topic whose owner moved since the batch was staged, or whose
+        # log cannot be opened now: refused, before anything changes.)
+        decision = host.staging.commit(*batch, event.members, host.cannot_commit_to)
         running = host.commits_in_flight.get(batch)
         if decision.status is OutcomeStatus.DUPLICATE and running is not None:
             # The first commit is still routing: "committed before" must

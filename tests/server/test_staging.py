@@ -392,6 +392,51 @@ async def test_staged_and_committed_batches_survive_a_broker_restart(tmp_path: P
     assert payloads == [b"open:%d" % i for i in range(3)]
 
 
+async def test_a_commit_to_a_topic_whose_log_cannot_be_opened_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch staged before a restart, committed while its topic's log
+    cannot be opened (no file descriptor left, an unreadable directory):
+    the TopicUnavailable raised while routing ended the whole broker. The
+    commit is now refused before anything changes, and succeeds later."""
+    from broker.server._logs import TopicLogs, TopicUnavailable
+
+    data_dir = str(tmp_path)
+
+    def stage(address: str) -> None:
+        with BlockingClient(address, name="task") as task:
+            staged = Stage("job", "0/0")
+            for i in range(3):
+                task.publish("events", b"%d" % i, stage=staged)
+            assert task.finish_stage(staged, timeout=TIMEOUT) == 3
+
+    def commit(address: str) -> tuple[str, OutcomeStatus, list[bytes]]:
+        with BlockingClient(address, name="driver") as driver:
+            with pytest.raises(StagingRefused) as refused:
+                driver.commit("job", [("0/0", 3)], timeout=TIMEOUT)
+            monkeypatch.undo()  # the log can be opened again
+            with collecting(driver, "events") as received:
+                outcome = driver.commit("job", [("0/0", 3)], timeout=TIMEOUT)
+                wait_for(lambda: len(received) == 3, "the batch")
+            return str(refused.value), outcome.status, [m.payload for m in received]
+
+    async with running_broker(data_dir=data_dir) as broker:
+        await trio.to_thread.run_sync(stage, url(broker))
+    opened = TopicLogs.open
+
+    def failing(logs: TopicLogs, name: str) -> Any:
+        if name == "events":
+            raise TopicUnavailable("the broker cannot open the log of topic 'events' now: EMFILE")
+        return opened(logs, name)
+
+    monkeypatch.setattr(TopicLogs, "open", failing)
+    async with running_broker(data_dir=data_dir) as broker:
+        why, status, payloads = await trio.to_thread.run_sync(commit, url(broker))
+    assert "cannot open the log of topic 'events' now: EMFILE" in why
+    assert status == OutcomeStatus.COMMITTED
+    assert payloads == [b"0", b"1", b"2"]
+
+
 async def test_the_committing_mark_is_written_before_routing_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,9 @@ from broker.protocol import OutcomeStatus, Stage
 
 from .test_supervisor import DEADLINE, running_workers, topics_of, worker_config
 
-PER_TOPIC = 2000
+#: Large enough that the commit is still routing when the kill lands (it
+#: lands once 200 of them were seen: a hundredth of the batch).
+PER_TOPIC = 10_000
 
 
 async def read_all(client: Client, topic: str) -> list[bytes]:
@@ -59,7 +61,7 @@ async def test_a_worker_killed_mid_commit_completes_it_when_started_again(
                 trio.open_nursery() as nursery,
             ):
                 nursery.start_soon(commit, driver)
-                for _ in range(200):  # (of 2,000 there: the commit is routing)
+                for _ in range(200):  # (of 10,000 there: the commit is routing)
                     await seen.receive()
                 os.kill(owner.pid, signal.SIGKILL)
                 nursery.cancel_scope.cancel()

@@ -478,46 +478,48 @@ class ServerConnection:
         outbox = self.broker.outbox
         dispatch = self.dispatch
         data: bytes | bytearray
-        while not protocol.closed:
-            await self._pause_if_needed()
-            if protocol.frames_waiting:
-                # A turn handles FRAMES_PER_TURN frames at most: what the last
-                # read brought waits while the other tasks take their turns.
-                await trio.lowlevel.checkpoint()
-                data = b""
-            else:
-                data = await receive(RECEIVE_SIZE)
-                if not data:
-                    self.close_reason = self.close_reason or "peer closed the connection"
-                    if not protocol.closed:
-                        protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
-                    # Nothing more can reach a peer that closed: the writer stops.
-                    self._nursery_cancel()
-                    return
-                counters.bytes_in += len(data)
-            frames, size = protocol.frames_received, protocol.bytes_received
-            events = protocol.receive_data(data, trio.current_time(), max_frames=FRAMES_PER_TURN)
-            # The protocol is done with the turn: only now is it acted on. What
-            # it causes to be sent, here and on other connections, is written
-            # when it is handled (see ``_wake``).
-            outbox.open()
-            try:
-                dispatch.channel_frames = dispatch.channel_bytes = 0
-                if events:
-                    self._handle_events(events)
-                # (An Absolve may have completed a shrink; handles may have gone;
-                # channels opened short get their shrinks and top-ups.)
-                budget.settle()
-                if protocol.bytes_to_send or protocol.closed:
-                    self._wake.set()
-            finally:
-                outbox.close()
-            if protocol.bytes_to_send or self._unsent:
-                # Answers wait to be written: the control frames stay charged.
-                self.control_charges.charge(
-                    protocol.frames_received - frames - dispatch.channel_frames,
-                    protocol.bytes_received - size - dispatch.channel_bytes,
+        try:
+            while not protocol.closed:
+                await self._pause_if_needed()
+                if protocol.frames_waiting:  # (the rest of a read: others go first)
+                    await trio.lowlevel.checkpoint()
+                    data = b""
+                else:
+                    data = await receive(RECEIVE_SIZE)
+                    if not data:
+                        self.close_reason = self.close_reason or "peer closed the connection"
+                        if not protocol.closed:
+                            protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
+                        # Nothing more can reach a peer that closed: the writer stops.
+                        self._nursery_cancel()
+                        return
+                    counters.bytes_in += len(data)
+                frames, size = protocol.frames_received, protocol.bytes_received
+                events = protocol.receive_data(
+                    data, trio.current_time(), max_frames=FRAMES_PER_TURN
                 )
+                # The protocol is done with the turn: only now is it acted on. What
+                # it causes to be sent, on any connection, is written after (``_wake``).
+                outbox.open()
+                try:
+                    dispatch.channel_frames = dispatch.channel_bytes = 0
+                    if events:
+                        self._handle_events(events)
+                    # (An Absolve may have completed a shrink; handles may have gone;
+                    # channels opened short get their shrinks and top-ups.)
+                    budget.settle()
+                    if protocol.bytes_to_send or protocol.closed:
+                        self._wake.set()
+                finally:
+                    # Output waits for the read's last turn (or another task's).
+                    outbox.close(flush=not protocol.frames_waiting)
+                if protocol.bytes_to_send or self._unsent:  # (answers wait to be written)
+                    self.control_charges.charge(
+                        protocol.frames_received - frames - dispatch.channel_frames,
+                        protocol.bytes_received - size - dispatch.channel_bytes,
+                    )
+        finally:
+            outbox.flush()  # (what turns of a read cut short left noted)
 
     async def _receive_some(self, max_bytes: int) -> bytes | bytearray:
         """The stream's next bytes; ``b""`` once it ended or broke."""
@@ -533,11 +535,13 @@ class ServerConnection:
     async def _pause_if_needed(self) -> None:
         if self.protocol.memory_to_send > self.broker.config.max_unsent:
             # The client does not read: stop reading until the writer drains.
+            self.broker.outbox.flush()
             self.counters.reader_pauses += 1
             self._drained = trio.Event()
             await self._suspended(self._drained.wait())
         deliveries = self.deliveries
         if not deliveries.refresh_stalled() and not self.account.is_clear():
+            self.broker.outbox.flush()
             self.counters.reader_pauses += 1
             with trio.CancelScope() as scope:
                 deliveries.funds_scope = scope

@@ -390,9 +390,10 @@ class TopicLogs:
         cause = failure or next((t.log_error for t in self._failing if t.log_error), None)
         if cause is not None or unwritten:
             log.error(
-                "stopping: %d publishes not written, never confirmed (their clients keep "
-                "them): %s%s",
-                unwritten,
+                "stopping: %s%s%s",
+                f"{unwritten} publishes not written, never confirmed (their clients keep them): "
+                if unwritten
+                else "not everything could be written: ",
                 "the disk is full: " if isinstance(cause, DiskFull) else "",
                 cause,
             )

@@ -93,8 +93,19 @@ __all__ = [
 class Connection(Handshake, ManyPublishing, ControlHandling):
     """The protocol state of one connection, for either role."""
 
-    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
+    def receive_data(
+        self,
+        data: bytes | bytearray | memoryview,
+        now: float,
+        *,
+        max_frames: int | None = None,
+    ) -> list[Event]:
         """Process bytes from the peer; returns what happened, in order.
+
+        With ``max_frames``, at most that many frames are handled; the rest
+        stay buffered (:attr:`frames_waiting`) for the next call, which may
+        pass no new bytes: so that a caller can bound the work of one turn
+        whatever a read brought (a read of tiny frames holds thousands).
 
         A protocol violation ends the list with :class:`ConnectionClosed`
         (with ``error`` set) after queueing a ``Goodbye``; frames before the
@@ -113,7 +124,7 @@ class Connection(Handshake, ManyPublishing, ControlHandling):
         frames = received = 0
         run: ShortRun | None = None
         try:
-            for message, size in self._decoder.messages():
+            for message, size in self._decoder.messages(max_frames):
                 frames += 1
                 received += size
                 kind = type(message)
@@ -132,6 +143,13 @@ class Connection(Handshake, ManyPublishing, ControlHandling):
             self.frames_received += frames
             self.bytes_received += received
         return events
+
+    @property
+    def frames_waiting(self) -> bool:
+        """Whole frames received are still to be handled (``receive_data``
+        stopped at its ``max_frames``): call it again, with or without new
+        bytes."""
+        return self.state is not ConnectionState.CLOSED and self._decoder.frame_ready
 
 
 #: How each received message is handled: unbound, as a per-connection table of

@@ -32,17 +32,23 @@ class FrameDecoder:
     before the body is buffered.
 
     The work is linear in the bytes fed, however they are split: nothing is
-    copied out of the buffer until its first frame is whole, so each byte is
-    copied at most twice (:attr:`copied` counts them).
+    copied out of the buffer until its first frame is whole, and what a
+    :meth:`messages` stopped at its ``limit`` leaves copied is decoded from
+    that copy next time, so each byte is copied at most twice
+    (:attr:`copied` counts them).
     """
 
-    __slots__ = ("_buffer", "copied", "encoded_deliveries", "max_frame")
+    __slots__ = ("_buffer", "_copy", "_copy_pos", "copied", "encoded_deliveries", "max_frame")
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
         #: A DeliverMany without headers is given as :class:`EncodedDeliveries`.
         self.encoded_deliveries = False
         self._buffer = bytearray()
+        #: A copy whose frames from ``_copy_pos`` on are the buffer's first
+        #: bytes, not decoded yet (a ``limit`` stopped :meth:`messages`), or None.
+        self._copy: bytes | None = None
+        self._copy_pos = 0
         #: Bytes copied out of the buffer for decoding, in all.
         self.copied = 0
 
@@ -55,46 +61,71 @@ class FrameDecoder:
         """Append received bytes."""
         self._buffer += data
 
-    def messages(self) -> Iterator[tuple[Message | EncodedDeliveries, int]]:
-        """Yield ``(message, frame_size)`` for every whole frame buffered.
+    @property
+    def frame_ready(self) -> bool:
+        """A whole frame (or a length prefix to refuse) waits at the front:
+        :meth:`messages` has something to give."""
+        buffer = self._buffer
+        if len(buffer) < LENGTH_PREFIX:
+            return False
+        (length,) = _LENGTH.unpack_from(buffer)
+        return LENGTH_PREFIX + length <= len(buffer) or not 0 < length <= self.max_frame
+
+    def messages(
+        self, limit: int | None = None
+    ) -> Iterator[tuple[Message | EncodedDeliveries, int]]:
+        """Yield ``(message, frame_size)`` for every whole frame buffered, or
+        for the first ``limit`` of them.
 
         A frame counts as consumed once it is yielded (or found malformed);
-        stopping early leaves the frames after it buffered.
+        stopping early (or at ``limit``) leaves the frames after it buffered.
         """
         buffer = self._buffer
-        available = len(buffer)
-        if available < LENGTH_PREFIX:
-            return
-        (length,) = _LENGTH.unpack_from(buffer)
-        if LENGTH_PREFIX + length > available and 0 < length <= self.max_frame:
-            return  # the first frame is not whole yet: nothing to copy
-        data = bytes(buffer)
-        self.copied += available
-        fast_message = _fast_message_encoded if self.encoded_deliveries else _fast_message
-        stream: io.BytesIO | None = None  # the general decoder's, made on first need
-        decoder: Any = None
-        pos = 0
-        try:
-            while available - pos >= LENGTH_PREFIX:
-                (length,) = _LENGTH.unpack_from(data, pos)
-                if length == 0:
-                    raise RemoteProtocolError("malformed frame: empty frame")
-                if length > self.max_frame:
-                    raise RemoteProtocolError(
-                        f"frame of {length} bytes exceeds max_frame {self.max_frame}",
-                        GoodbyeCode.FRAME_TOO_LARGE,
-                    )
-                end = pos + LENGTH_PREFIX + length
-                if end > available:
-                    return
-                start, pos = pos, end
-                fast = fast_message(data, start + LENGTH_PREFIX, end)
-                if fast is not None:
-                    yield fast, end - start
-                else:
-                    if stream is None:
-                        stream = io.BytesIO(data)
-                        decoder = _new_decoder(stream)
-                    yield _decode_item(decoder, stream, start + LENGTH_PREFIX, end), end - start
-        finally:
-            del buffer[:pos]
+        taken = 0
+        while True:
+            data = self._copy
+            if data is not None:
+                pos = self._copy_pos
+                self._copy = None
+            elif self.frame_ready:
+                data = bytes(buffer)
+                self.copied += len(data)
+                pos = 0
+            else:
+                return  # the first frame is not whole yet: nothing to copy
+            front = pos  # (where the buffer begins in data)
+            available = len(data)
+            fast_message = _fast_message_encoded if self.encoded_deliveries else _fast_message
+            stream: io.BytesIO | None = None  # the general decoder's, made on first need
+            decoder: Any = None
+            try:
+                while available - pos >= LENGTH_PREFIX:
+                    if taken == limit:
+                        self._copy, self._copy_pos = data, pos  # (the rest, next time)
+                        return
+                    (length,) = _LENGTH.unpack_from(data, pos)
+                    if length == 0:
+                        raise RemoteProtocolError("malformed frame: empty frame")
+                    if length > self.max_frame:
+                        raise RemoteProtocolError(
+                            f"frame of {length} bytes exceeds max_frame {self.max_frame}",
+                            GoodbyeCode.FRAME_TOO_LARGE,
+                        )
+                    end = pos + LENGTH_PREFIX + length
+                    if end > available:
+                        break
+                    start, pos = pos, end
+                    taken += 1
+                    fast = fast_message(data, start + LENGTH_PREFIX, end)
+                    if fast is not None:
+                        yield fast, end - start
+                    else:
+                        if stream is None:
+                            stream = io.BytesIO(data)
+                            decoder = _new_decoder(stream)
+                        yield (
+                            _decode_item(decoder, stream, start + LENGTH_PREFIX, end),
+                            end - start,
+                        )
+            finally:
+                del buffer[: pos - front]

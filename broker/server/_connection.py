@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -29,6 +29,7 @@ from broker.protocol import (
 )
 
 from ._admission import Admission, AdmissionHost
+from ._answers import ControlCharges
 from ._budget import ConnectionBudget
 from ._budget_pool import BudgetPool
 from ._delivery import ConnectionCounters, Deliveries
@@ -46,6 +47,7 @@ from ._wake import Outbox, Wake
 __all__ = [
     "FORWARD_BATCH",
     "FORWARD_SLICE",
+    "FRAMES_PER_TURN",
     "LINGER_SECONDS",
     "RECEIVE_SIZE",
     "ConnectionCounters",
@@ -55,8 +57,11 @@ __all__ = [
 ]
 
 #: Bytes asked of the socket per read. The connection account is checked
-#: between reads; channel frames are bounded by guarantees regardless.
+#: between turns; channel frames are bounded by guarantees regardless.
 RECEIVE_SIZE = 64 * 1024
+#: Frames one turn of the reader handles at most before the other tasks go
+#: (a read of tiny frames holds thousands): the rest wait in the protocol.
+FRAMES_PER_TURN = 64
 #: How long a closing connection waits for the client to see its Goodbye.
 LINGER_SECONDS = 1.0
 
@@ -223,7 +228,9 @@ class ServerConnection:
         )
         #: The Hello must have arrived by then, whatever else the peer sends.
         self._hello_deadline = trio.current_time() + config.hello_timeout
-        self._writing: list[LoanedItem[bytes]] = []
+        self._writing: list[LoanedItem[Any]] = []
+        #: Control frames whose answers wait to be written (see ``_answers``).
+        self.control_charges = ControlCharges(self.account)
         self._drained = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.closed = trio.Event()
@@ -344,6 +351,7 @@ class ServerConnection:
         for loan in self._writing:
             loan.repay()
         self._writing = []
+        self.control_charges.repay()
         self.account.close()
         self.ledger.reserve(-self.ledger.buffer_reserved)
         self.broker.budget_pool.remove(self.budget)
@@ -418,6 +426,8 @@ class ServerConnection:
             else:
                 self._writing = deliveries.inflight
             deliveries.inflight = []
+        if self.control_charges.waiting:
+            self._writing += self.control_charges.take()
         return protocol.pieces_to_send(trio.current_time())
 
     def _written(self) -> None:
@@ -466,32 +476,50 @@ class ServerConnection:
         counters = self.counters
         budget = self.budget
         outbox = self.broker.outbox
-        while not protocol.closed:
-            await self._pause_if_needed()
-            data = await receive(RECEIVE_SIZE)
-            if not data:
-                self.close_reason = self.close_reason or "peer closed the connection"
-                if not protocol.closed:
-                    protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
-                # Nothing more can reach a peer that closed: the writer stops.
-                self._nursery_cancel()
-                return
-            counters.bytes_in += len(data)
-            events = protocol.receive_data(data, trio.current_time())
-            # The protocol is done with the read: only now is it acted on. What
-            # it causes to be sent, here and on other connections, is written
-            # when it is handled (see ``_wake``).
-            outbox.open()
-            try:
-                if events:
-                    self._handle_events(events)
-                # (An Absolve may have completed a shrink; handles may have gone;
-                # channels opened short get their shrinks and top-ups.)
-                budget.settle()
-                if protocol.bytes_to_send or protocol.closed:
-                    self._wake.set()
-            finally:
-                outbox.close()
+        dispatch = self.dispatch
+        data: bytes | bytearray
+        try:
+            while not protocol.closed:
+                await self._pause_if_needed()
+                if protocol.frames_waiting:  # (the rest of a read: others go first)
+                    await trio.lowlevel.checkpoint()
+                    data = b""
+                else:
+                    data = await receive(RECEIVE_SIZE)
+                    if not data:
+                        self.close_reason = self.close_reason or "peer closed the connection"
+                        if not protocol.closed:
+                            protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
+                        # Nothing more can reach a peer that closed: the writer stops.
+                        self._nursery_cancel()
+                        return
+                    counters.bytes_in += len(data)
+                frames, size = protocol.frames_received, protocol.bytes_received
+                events = protocol.receive_data(
+                    data, trio.current_time(), max_frames=FRAMES_PER_TURN
+                )
+                # The protocol is done with the turn: only now is it acted on. What
+                # it causes to be sent, on any connection, is written after (``_wake``).
+                outbox.open()
+                try:
+                    dispatch.channel_frames = dispatch.channel_bytes = 0
+                    if events:
+                        self._handle_events(events)
+                    # (An Absolve may have completed a shrink; handles may have gone;
+                    # channels opened short get their shrinks and top-ups.)
+                    budget.settle()
+                    if protocol.bytes_to_send or protocol.closed:
+                        self._wake.set()
+                finally:
+                    # Output waits for the read's last turn (or another task's).
+                    outbox.close(flush=not protocol.frames_waiting)
+                if protocol.bytes_to_send or self._unsent:  # (answers wait to be written)
+                    self.control_charges.charge(
+                        protocol.frames_received - frames - dispatch.channel_frames,
+                        protocol.bytes_received - size - dispatch.channel_bytes,
+                    )
+        finally:
+            outbox.flush()  # (what turns of a read cut short left noted)
 
     async def _receive_some(self, max_bytes: int) -> bytes | bytearray:
         """The stream's next bytes; ``b""`` once it ended or broke."""
@@ -507,11 +535,13 @@ class ServerConnection:
     async def _pause_if_needed(self) -> None:
         if self.protocol.memory_to_send > self.broker.config.max_unsent:
             # The client does not read: stop reading until the writer drains.
+            self.broker.outbox.flush()
             self.counters.reader_pauses += 1
             self._drained = trio.Event()
             await self._suspended(self._drained.wait())
         deliveries = self.deliveries
         if not deliveries.refresh_stalled() and not self.account.is_clear():
+            self.broker.outbox.flush()
             self.counters.reader_pauses += 1
             with trio.CancelScope() as scope:
                 deliveries.funds_scope = scope

@@ -91,6 +91,9 @@ class Dispatch:
         self.protocol = publishing.protocol
         #: ListOffsets answers waiting for logs to be read (at most MAX_SURVEYS).
         self.surveys = 0
+        #: The Publish and PublishMany frames of the last :meth:`handle`, and
+        #: their bytes: charged to their channels (the rest are control frames).
+        self.channel_frames = self.channel_bytes = 0
 
     def handle(self, events: list[Event], connection: Dispatched) -> None:
         """Apply ``events``: publishes go to their channel's buffer (or
@@ -106,8 +109,11 @@ class Dispatch:
         # protocol error) all stand: they end with ConnectionClosed. Only a
         # Goodbye of ours, said while handling them, stops the rest.
         closed_before = protocol.closed
+        frames = size = 0
         for event in events:
             if type(event) is PublishReceived:
+                frames += 1
+                size += event.size
                 if closing:
                     continue  # a shutdown accepts none: never routed, never confirmed
                 state = channels[event.channel.index]
@@ -128,6 +134,8 @@ class Dispatch:
                 counters.messages_in += 1
             elif type(event) is PublishManyReceived:
                 # (As a Publish, but never staged: the protocol refuses that.)
+                frames += 1
+                size += event.size
                 if closing:
                     continue
                 state = channels[event.channel.index]
@@ -151,6 +159,8 @@ class Dispatch:
                         connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, str(error))
                 if protocol.closed and not closed_before:
                     break  # nothing after a Goodbye of ours is applied
+        self.channel_frames = frames
+        self.channel_bytes = size
         if touched:
             now = trio.current_time()
             budget = self.budget

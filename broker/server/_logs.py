@@ -22,6 +22,7 @@ from broker.log import (
     LogError,
     LogFull,
     LogStore,
+    LogWriteError,
     StateJournal,
     TopicLog,
     unopened_due,
@@ -372,6 +373,27 @@ class TopicLogs:
                     self.retry()
 
     def close(self) -> None:
-        """Flush and close every log; release the data directory."""
+        """Flush and close every log and the state journal; release the data
+        directory. What the disk cannot take now (full, or failing) was never
+        confirmed (see ``Topic._append``): the logs are closed all the same
+        and the stop goes on as any other, saying so in one line."""
         self._dirty.clear()
-        self.store.close()
+        logs = self.store.open_logs()
+        failure: LogError | None = None
+        try:
+            self.store.close()
+        except LogWriteError as error:
+            failure = error
+        # Held batches' records not appended, and records appended not written.
+        unwritten = sum(len(h.routed.tails) - h.appended for t in self._failing for h in t.held)
+        unwritten += sum(max(0, t.next_offset - 1 - t.written_offset) for t in logs.values())
+        cause = failure or next((t.log_error for t in self._failing if t.log_error), None)
+        if cause is not None or unwritten:
+            log.error(
+                "stopping: %s%s%s",
+                f"{unwritten} publishes not written, never confirmed (their clients keep them): "
+                if unwritten
+                else "not everything could be written: ",
+                "the disk is full: " if isinstance(cause, DiskFull) else "",
+                cause,
+            )

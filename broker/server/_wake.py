@@ -10,6 +10,9 @@ instead; when the read is handled, each is *flushed*: the connection writes
 what it has at once, from this task, if its writer is idle (one ``send``
 instead of a task switch and a ``send``), and wakes its writer otherwise.
 All the output a read causes goes out together, coalesced per connection.
+A read whose frames take several turns (``FRAMES_PER_TURN``) closes the
+outbox without flushing between them: the next step's end flushes, its own
+next turn's or another task's, so that others' output never waits for it.
 """
 
 from __future__ import annotations
@@ -40,10 +43,16 @@ class Outbox:
     def open(self) -> None:
         self._depth += 1
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
         """End a step; the outermost one flushes every noted wake, in the
-        order they were first noted."""
+        order they were first noted. With ``flush`` False they wait for the
+        end of the next step (this task's or another's) or :meth:`flush`."""
         self._depth -= 1
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        """Flush the noted wakes now, if no step is under way."""
         if not self._depth and self._noted:
             noted = self._noted
             self._noted = {}

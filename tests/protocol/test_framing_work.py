@@ -10,6 +10,7 @@ from broker.protocol import (
     FrameDecoder,
     Ping,
     Policy,
+    Pong,
     Publish,
     PublishReceived,
     encode,
@@ -65,3 +66,75 @@ def test_a_connection_fed_one_byte_at_a_time_takes_the_frame_once() -> None:
     assert received.message.payload == b"y" * 64 * 1024 and received.size == len(frame)
     assert pair.broker._decoder.copied <= 2 * len(frame) + 1024  # (+ the handshake's)
     pair.assert_no_errors()
+
+
+# ==================================================================== issue 40, item 6
+
+
+def test_a_limit_takes_that_many_frames_and_copies_each_byte_once() -> None:
+    """``messages(limit)`` gives at most ``limit`` frames; the rest stay
+    buffered (``frame_ready``) and are decoded from the same copy next time:
+    a read of thousands of tiny frames taken 64 at a time is copied once
+    (before: a limit made of the buffer's copy a cost per call)."""
+    pings = [Ping(i) for i in range(1000)]
+    stream = b"".join(encode(ping) for ping in pings)
+    decoder = FrameDecoder()
+    decoder.feed(stream)
+    taken: list[object] = []
+    calls = 0
+    while decoder.frame_ready:
+        batch = [message for message, _ in decoder.messages(64)]
+        assert 1 <= len(batch) <= 64
+        taken += batch
+        calls += 1
+    assert taken == pings
+    assert calls == 16
+    assert decoder.copied == len(stream)
+    assert decoder.buffered == 0
+
+
+def test_bytes_fed_while_a_limit_holds_frames_back_come_after_them() -> None:
+    """Cut anywhere, fed between limited takes, a stream decodes in order,
+    every whole frame comes out, and no byte is copied more than twice."""
+    rng = random.Random(40)
+    messages = [
+        Publish(rng.randrange(4), rng.randbytes(rng.randrange(0, 300))) if i % 3 else Ping(i)
+        for i in range(600)
+    ]
+    stream = b"".join(encode(message) for message in messages)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randrange(1, 200)))
+        decoder = FrameDecoder()
+        taken: list[object] = []
+        start = 0
+        for end in [*cuts, len(stream)]:
+            decoder.feed(stream[start:end])
+            start = end
+            taken += [message for message, _ in decoder.messages(rng.randrange(1, 40))]
+        while decoder.frame_ready:
+            taken += [message for message, _ in decoder.messages(7)]
+        assert taken == messages
+        assert decoder.copied <= 2 * len(stream)
+
+
+def test_a_connection_handles_at_most_max_frames_per_call() -> None:
+    """The broker's ``receive_data(..., max_frames=64)`` answers 64 Pings
+    per call; ``frames_waiting`` says more are buffered, and calls without
+    new bytes take them, in order, until none are left."""
+    pair = ConnectionPair()
+    broker = pair.broker
+    broker.data_to_send()
+    broker.receive_data(b"".join(encode(Ping(i)) for i in range(200)), 1.0, max_frames=64)
+    answered = [of_pongs(broker.data_to_send())]
+    while broker.frames_waiting:
+        broker.receive_data(b"", 1.0, max_frames=64)
+        answered.append(of_pongs(broker.data_to_send()))
+    assert [len(pongs) for pongs in answered] == [64, 64, 64, 8]
+    assert [pong.nonce for pongs in answered for pong in pongs] == list(range(200))
+    pair.assert_no_errors()
+
+
+def of_pongs(data: bytes) -> list[Pong]:
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    return [message for message, _ in decoder.messages() if isinstance(message, Pong)]

@@ -60,12 +60,12 @@ def reentry_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     real_receive = Connection.receive_data
 
-    def receive_data(self: Connection, data: bytes, now: float) -> Any:
+    def receive_data(self: Connection, data: bytes, now: float, **limit: Any) -> Any:
         if self.role is not Role.BROKER:
-            return real_receive(self, data, now)
+            return real_receive(self, data, now, **limit)
         inside.add(id(self))
         try:
-            return real_receive(self, data, now)
+            return real_receive(self, data, now, **limit)
         finally:
             inside.discard(id(self))
 

@@ -65,6 +65,31 @@ async def test_a_read_s_wakes_are_flushed_once_each_when_the_outermost_step_ends
     assert not outbox.is_open
 
 
+async def test_wakes_left_noted_between_turns_go_out_at_the_next_step_s_end() -> None:
+    """A read's turns (issue 40, item 6) close the outbox without flushing
+    until the last: the wakes wait, and the end of any task's next step, or
+    a flush before the reader pauses, writes them (once each)."""
+    outbox = Outbox()
+    flooder, other = Wake(outbox), Wake(outbox)
+    flooder_writes = flooder.write_now = Writes(True)
+    other_writes = other.write_now = Writes(True)
+    outbox.open()
+    flooder.set()
+    outbox.close(flush=False)  # a turn with frames of its read left
+    assert flooder_writes.calls == 0 and not outbox.is_open
+    outbox.open()  # another connection's turn
+    other.set()
+    outbox.close()
+    assert (flooder_writes.calls, other_writes.calls) == (1, 1)
+    outbox.open()
+    flooder.set()
+    outbox.close(flush=False)
+    outbox.flush()  # the reader is about to pause
+    assert flooder_writes.calls == 2
+    outbox.flush()  # (nothing noted: nothing written)
+    assert flooder_writes.calls == 2
+
+
 async def test_a_wake_without_a_direct_write_wakes_its_writer_when_flushed() -> None:
     outbox = Outbox()
     wake = Wake(outbox)  # (write_now None: a TLS stream, say)

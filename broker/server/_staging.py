@@ -27,7 +27,8 @@ area on the same journal restores them: a batch staged before the restart
 commits, one committed before it is a duplicate. The area only puts; the
 broker writes the journal (see :meth:`StagingArea.routed`).
 
-A commit is atomic across a crash: its members are put in the journal
+A commit is atomic across a crash of the process (not a power cut: the
+journal is written, not fsynced, at each step): its members are put in the journal
 (``committing``) before anything is routed, and before each run of its
 publishes is appended to a topic's log, where in the log it goes
 (:meth:`StagingArea.progress`). A stop that cuts the routing off leaves
@@ -39,6 +40,7 @@ once, and a retried commit is a duplicate.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -450,11 +452,14 @@ class StagingArea:
         self._forget_oldest()
 
     def _forget_oldest(self) -> None:
-        """Forget the oldest committed batches beyond ``remember``."""
-        while len(self.finished) > self.remember:
-            forgotten, _ = self.finished.popitem(last=False)
+        """Forget the oldest committed batches beyond ``remember``, but not
+        one still routing (forgotten, its retry would route it again)."""
+        excess = max(len(self.finished) - self.remember, 0)
+        settled = (key for key in self.finished if key not in self._routing)
+        for batch_key in list(itertools.islice(settled, excess)):  # (oldest first)
+            del self.finished[batch_key]
             if self.journal is not None:
-                self.journal.delete(SPACE_COMMITTED, batch_id(forgotten))
+                self.journal.delete(SPACE_COMMITTED, batch_id(batch_key))
 
     def _discard(self, publishes: list[StagedPublish], reason: str) -> None:
         for publish in publishes:

@@ -231,6 +231,28 @@ def test_the_remember_bound_holds_in_the_journal_and_across_restarts(tmp_path: P
     assert list(broker.restart(remember=5).staging.finished) == [(None, "d"), (None, "a")]
 
 
+def test_a_batch_still_routing_is_not_forgotten_by_later_commits(tmp_path: Path) -> None:
+    """Review: more than ``remember`` commits while one routes evicted the
+    routing batch from the finished ones; its ``routed()`` then left it out
+    of the journal, and its retry (after a restart) routed it again."""
+    broker = Broker(tmp_path / "state.journal", remember=2)
+    broker.stage(None, "slow", "m", 2)
+    routing = broker.staging.commit(None, "slow", [("m", 2)])  # (not routed yet)
+    assert routing.status is OutcomeStatus.COMMITTED
+    for name in ("a", "b", "c"):
+        broker.stage(None, name, "m", 1)
+        assert broker.commit(None, name, [("m", 1)]).status is OutcomeStatus.COMMITTED
+    assert (None, "slow") in broker.staging.finished
+    for publish in routing.publishes:
+        publish.loan.repay()
+    broker.staging.routed((None, "slow"))
+    broker.journal.write()
+    broker.staging.forget_routed((None, "slow"))
+    broker.journal.write()
+    broker = broker.restart()
+    assert broker.commit(None, "slow", [("m", 2)]).status is OutcomeStatus.DUPLICATE
+
+
 def test_a_commit_cut_off_while_routing_is_completed_after_a_restart(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -539,16 +539,17 @@ async def serve_broker(
                 if broker.session_records is not None:
                     restore_sessions(broker, broker.session_records)
                 nursery.start_soon(broker._expire_staging)
-                if worker is not None and worker.handover_socket is not None:
-                    nursery.start_soon(
-                        receive_sockets, worker.handover_socket, broker.handle_stream, nursery
-                    )
                 nursery.start_soon(broker.memory.run)
                 nursery.start_soon(broker.budget_pool.run)
                 if logs is not None:
                     nursery.start_soon(logs.run)
                     log.info("topic logs in %s", log_dir)
                 await complete_unfinished(broker, nursery)  # (commits a stop cut off)
+                if worker is not None and worker.handover_socket is not None:
+                    # (Sessions handed over are clients too: after the above.)
+                    nursery.start_soon(
+                        receive_sockets, worker.handover_socket, broker.handle_stream, nursery
+                    )
                 quiet_accept_errors()  # (no file descriptor left: one line per 10 s)
 
                 async def accept(*, task_status: trio.TaskStatus[Any]) -> None:

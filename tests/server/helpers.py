@@ -7,6 +7,7 @@ Every wait has a deadline: a test that would hang fails instead.
 from __future__ import annotations
 
 import itertools
+import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
@@ -150,6 +151,18 @@ async def assert_round_trip(broker: Broker, *, topic: str = "probe") -> None:
             message = await subscription.receive()
             assert message.payload == payload
             assert message.key == b"k"
+
+
+def cut_links(owner: Broker) -> int:
+    """Cut the owner's side of every link connection to it; how many."""
+    cut = 0
+    for connection in list(owner.connections.values()):
+        if connection.peer == "link":
+            stream = connection.stream
+            assert isinstance(stream, trio.SocketStream)
+            stream.socket.shutdown(socket.SHUT_RDWR)
+            cut += 1
+    return cut
 
 
 def connection_named(broker: Broker, client: str) -> ServerConnection:

@@ -7,7 +7,6 @@ most its ``max_queued``), and its numbering goes on across a broken link.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from broker.server import Broker, DroppingSubscription
 from broker.server import _link as link_module
 from broker.server._link import Link, _LinkPolicy
 
-from .helpers import TIMEOUT, wait_until
+from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url
 
 IDS = ["w0", "w1"]
@@ -37,18 +36,6 @@ def queue_of(broker: Broker, topic: str) -> DroppingSubscription:
     (subscription,) = found
     assert isinstance(subscription, DroppingSubscription)
     return subscription
-
-
-def cut_links(owner: Broker) -> int:
-    """Cut the owner's side of every link connection to it; how many."""
-    cut = 0
-    for connection in list(owner.connections.values()):
-        if connection.peer == "link":
-            stream = connection.stream
-            assert isinstance(stream, trio.SocketStream)
-            stream.socket.shutdown(socket.SHUT_RDWR)
-            cut += 1
-    return cut
 
 
 async def drain(subscription: Subscription, total: int) -> list[Message]:

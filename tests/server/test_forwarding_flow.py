@@ -5,7 +5,6 @@ saturated at once, and a link that breaks."""
 from __future__ import annotations
 
 import random
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from broker.client import open_client
 from broker.server import Broker
 
 from ..proxy import cut_on_progress, proxied
-from .helpers import TIMEOUT, wait_until
+from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url
 
 IDS = ["w0", "w1"]
@@ -201,18 +200,6 @@ async def test_forwarding_saturated_both_ways_completes(tmp_path: Path) -> None:
         assert [link.owner for link in w1.link_statistics()] == ["w0"]
 
 
-def _break_links(owner: Broker) -> int:
-    """Cut the owner's side of every link connection to it; how many."""
-    cut = 0
-    for connection in list(owner.connections.values()):
-        if connection.peer == "link":
-            stream = connection.stream
-            assert isinstance(stream, trio.SocketStream)
-            stream.socket.shutdown(socket.SHUT_RDWR)
-            cut += 1
-    return cut
-
-
 @pytest.mark.parametrize("data", [False, True], ids=["memory-only", "topic-logs"])
 async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
     tmp_path: Path, data: bool
@@ -240,7 +227,7 @@ async def test_a_broken_link_is_reopened_and_nothing_confirmed_is_lost(
                 await publisher.publish(topic, b"%d" % n)
                 if n in (500, 1500, 2500):
                     await publisher.flush()
-                    cuts += _break_links(w1)
+                    cuts += cut_links(w1)
             await publisher.flush()
             seen: list[int] = []
             while len(set(seen)) < count:
@@ -285,7 +272,7 @@ async def test_subscriptions_whose_topic_handles_were_freed_are_made_again_after
                 with trio.fail_after(TIMEOUT):
                     assert (await subscription.receive()).payload == round_
             if round_ == b"before":
-                assert _break_links(w1) == 1
+                assert cut_links(w1) == 1
                 await wait_until(
                     lambda: (
                         w0.link_statistics()[0].connects >= 2  # type: ignore[index]

@@ -383,13 +383,21 @@ async def serve_workers(
     count: int,
     *,
     log_level: str = "INFO",
+    supervisor: Supervisor | None = None,
     task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``count`` workers behind ``config.listen`` until :meth:`Supervisor.shutdown`
     (or cancelled: then every worker is killed); ``task_status.started(supervisor)``
     once every worker listens. A worker that cannot start the first time
-    raises :class:`WorkerFailed`; later, a worker that ends is restarted."""
-    supervisor = Supervisor(config, count, log_level=log_level)
+    raises :class:`WorkerFailed`; later, a worker that ends is restarted.
+
+    ``supervisor`` (made with the same ``config`` and ``count``, its sockets
+    not made yet) is the one to run, for a caller that serves its
+    :meth:`~Supervisor.infos` before the client port listens (``broker
+    serve`` binds the merged metrics endpoint first, so that it answers as
+    soon as clients can connect)."""
+    if supervisor is None:
+        supervisor = Supervisor(config, count, log_level=log_level)
     supervisor.make_sockets()
     try:
         async with trio.open_nursery() as nursery:

@@ -1,6 +1,6 @@
 """``broker serve --workers 2`` as an operator runs it (a real process on
 127.0.0.1): its metrics endpoint answers from the moment the client port
-accepts."""
+accepts, and ``broker stat`` shows what each worker serves."""
 
 from __future__ import annotations
 
@@ -11,10 +11,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
 
 from broker.bench._procs import free_port
+from broker.client import open_client
 
-from ..cli.helpers import TIMEOUT, broker_command
+from ..cli.helpers import TIMEOUT, Served, broker_command, run, serving
+from .test_supervisor import topics_of
 
 #: Seconds between two connection attempts while waiting for a port.
 POLL = 0.002
@@ -76,3 +82,59 @@ def test_the_metrics_port_answers_the_moment_the_client_port_accepts() -> None:
             text = got.read().decode()
         assert "broker_workers 2.0" in text
         assert 'broker_worker_up{worker="w0"}' in text
+
+
+def directs(served: Served) -> dict[str, str]:
+    """The workers' direct addresses, from the third line ``broker serve`` says."""
+    assert served.process.stdout is not None
+    line = served.process.stdout.readline()
+    assert line.startswith("2 workers, direct: "), line
+    pairs = line.removeprefix("2 workers, direct: ").strip().split(", ")
+    return dict(pair.split(" on ") for pair in pairs)
+
+
+async def test_stats_worker_table_shows_each_workers_connections_and_topics(
+    tmp_path: Path,
+) -> None:
+    """Clients that publish and leave (as ``broker pub`` does) and one that
+    stays: each worker's row counts them. (It showed the client connections
+    open at that instant and the topics open: 0 and 0 for a worker whose
+    publishers had left, while they published again and again.)"""
+    ids = ["w0", "w1"]
+    (a,) = topics_of("w0", ids, 1)
+    b, c = topics_of("w1", ids, 2)
+    with serving("--workers", "2", "--data-dir", str(tmp_path)) as served:
+        at = directs(served)
+        for url, topic, count in [(at["w0"], a, 3), (at["w1"], b, 1), (at["w1"], c, 1)]:
+            for _ in range(count):
+                async with open_client(url, name="short") as client:
+                    for n in range(10):
+                        await client.publish(topic, b"%d" % n)
+                    await client.flush()
+        async with open_client(at["w1"], name="stays") as client:
+            await client.publish(c, b"one more")
+            await client.flush()
+
+            def settled() -> dict[str, Any]:
+                """The document once the workers have seen the short ones go."""
+                deadline = time.monotonic() + TIMEOUT
+                while True:
+                    document = served.stat()
+                    if document["connections_total"] == 1 or time.monotonic() > deadline:
+                        return document
+                    time.sleep(0.05)
+
+            document = await trio.to_thread.run_sync(settled)
+            text = await trio.to_thread.run_sync(lambda: run("stat", "--metrics", served.metrics))
+    rows = {row["id"]: row for row in document["workers"]}
+    shown = ("connections", "connections_total", "topics", "messages_in")
+    assert [rows["w0"].get(key) for key in shown] == [0, 3, 1, 30]
+    assert [rows["w1"].get(key) for key in shown] == [1, 3, 2, 21]
+    # The links between the workers are no client connections.
+    assert document["broker"]["statistics"]["connections"] == 1
+    lines = text.stdout.splitlines()
+    head = lines.index("workers (2, 2 up)")
+    table = [line.split() for line in lines[head + 1 : head + 4]]
+    assert table[0] == ["id", "pid", "up", "restarts", "direct", *shown]
+    assert table[1][0] == "w0" and table[1][5:] == ["0", "3", "1", "30"]
+    assert table[2][0] == "w1" and table[2][5:] == ["1", "3", "2", "21"]

@@ -289,11 +289,17 @@ class Supervisor:
             started = trio.current_time()
             process = await self._start(worker)
             if not worker.up:
-                if process.returncode is None:
+                hung = process.returncode is None  # no ready line in START_TIMEOUT
+                if hung:
                     process.kill()
-                await process.wait()
-                worker.last_exit = process.returncode
-                if worker.restarts == 0 and not worker._ready.is_set():
+                worker.last_exit = await process.wait()
+                # One that could not start (it exited with its error, or
+                # hung) stops the broker the first time. One killed by a
+                # signal meanwhile (kill -9, the OOM killer) is restarted as
+                # any worker that ends: it may have served clients already,
+                # and they reconnect.
+                failed = hung or worker.last_exit >= 0
+                if failed and worker.restarts == 0 and not worker._ready.is_set():
                     raise WorkerFailed(
                         f"worker {worker.id} did not start (exit status {process.returncode})"
                     )

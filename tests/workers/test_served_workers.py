@@ -4,6 +4,7 @@ accepts, and ``broker stat`` shows what each worker serves."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 import trio
 
 from broker.bench._procs import free_port
-from broker.client import open_client
+from broker.client import BlockingClient, open_client
 
 from ..cli.helpers import TIMEOUT, Served, broker_command, run, serving
 from .test_supervisor import topics_of
@@ -138,3 +139,59 @@ async def test_stats_worker_table_shows_each_workers_connections_and_topics(
     assert table[0] == ["id", "pid", "up", "restarts", "direct", *shown]
     assert table[1][0] == "w0" and table[1][5:] == ["0", "3", "1", "30"]
     assert table[2][0] == "w1" and table[2][5:] == ["1", "3", "2", "21"]
+
+
+def workers_of(pid: int) -> list[int]:
+    """The worker processes (``python -m broker.workers``) whose parent is
+    ``pid`` now, from ``/proc``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().split(b"\0")
+        except OSError:
+            continue  # it ended meanwhile
+        if int(fields[1]) == pid and b"broker.workers" in command:
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_killed_while_it_starts_is_restarted() -> None:
+    """A worker killed (SIGKILL) before it said it was up used to count as
+    one that could not start: the whole broker stopped ("worker w0 did not
+    start (exit status -9)", status 1), and every client connected to the
+    other worker lost it. It is restarted as any worker that ends."""
+    process = subprocess.Popen(
+        broker_command(
+            "serve", "--workers", "2", "--memory-only",
+            "--listen", "127.0.0.1:0", "--metrics-listen", "",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (started := workers_of(process.pid)):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(POLL)
+        os.kill(started[0], signal.SIGKILL)
+        assert process.stdout is not None
+        said = process.stdout.readline()
+        assert said.startswith("broker listening on "), said + process.communicate()[1]
+        address = said.split()[-1]
+        with BlockingClient(address) as client:
+            client.publish("after", b"served")
+            client.flush(timeout=TIMEOUT)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=TIMEOUT)
+        assert process.returncode == 0, stderr
+        assert "ended (signal SIGKILL): restarting it" in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=TIMEOUT)

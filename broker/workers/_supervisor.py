@@ -241,7 +241,9 @@ class Supervisor:
 
     # ---------------------------------------------------------------- running
 
-    async def _start(self, worker: WorkerProcess) -> trio.Process:
+    async def _start(self, worker: WorkerProcess) -> tuple[trio.Process, bool]:
+        """Start ``worker``'s process and read its ready line: the process,
+        and whether it hung (no ready line, nor its end, in ``START_TIMEOUT``)."""
         read_fd, write_fd = os.pipe()
         try:
             spec = self.spec(worker, write_fd)
@@ -268,7 +270,7 @@ class Supervisor:
         worker.process = process
         async with trio.lowlevel.FdStream(read_fd) as pipe:
             line = b""
-            with trio.move_on_after(START_TIMEOUT):
+            with trio.move_on_after(START_TIMEOUT) as waiting:
                 while not line.endswith(b"\n"):
                     chunk = await pipe.receive_some(4096)
                     if not chunk:
@@ -280,17 +282,16 @@ class Supervisor:
             worker.metrics = (host, port)
             worker._change(True)
             worker._ready.set()
-        return process
+        return process, waiting.cancelled_caught
 
     async def _keep(self, worker: WorkerProcess) -> None:
         """Run ``worker``, restarting it whenever it ends (but not while closing)."""
         delay = RESTART_DELAY
         while True:
             started = trio.current_time()
-            process = await self._start(worker)
+            process, hung = await self._start(worker)
             if not worker.up:
-                hung = process.returncode is None  # no ready line in START_TIMEOUT
-                if hung:
+                if process.returncode is None:  # (hung, or ended but not yet reaped)
                     process.kill()
                 worker.last_exit = await process.wait()
                 # One that could not start (it exited with its error, or

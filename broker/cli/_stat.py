@@ -37,10 +37,11 @@ position, acked and lag; the durable cursors), then each connection with its
 account (debt), buffer_reserved and unsent_bytes, its channels and its
 subscriptions (mode, queued, delivered). A merged document (the endpoint
 of a supervisor of several workers) also has a workers section (id, pid, up,
-restarts, direct address, connections and topics) and tags each connection
-and topic with @worker. --watch redraws the screen on a
-terminal; into a file or pipe it appends each snapshot after a line with
-its time. A broker that does not answer is said, and watched for again.
+restarts, direct address, client connections now and accepted since it
+started, topics, messages in) and tags each connection and topic with
+@worker. --watch redraws the screen on a terminal; into a file or pipe it
+appends each snapshot after a line with its time. A broker that does not
+answer is said, and watched for again.
 """
 
 

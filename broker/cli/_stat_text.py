@@ -38,7 +38,16 @@ SUBSCRIPTION_FIELDS = (
 )
 TOPIC_COLUMNS = ("publishers", "subscriptions", "queued", "messages_in")
 #: Columns of the workers' table (a supervisor's merged document: ``workers``).
-WORKER_COLUMNS = ("pid", "up", "restarts", "direct", "connections_total", "topics_total")
+WORKER_COLUMNS = (
+    "pid",
+    "up",
+    "restarts",
+    "direct",
+    "connections",
+    "connections_total",
+    "topics",
+    "messages_in",
+)
 #: Columns of the topic logs' table (``logs.topics``) and of the durable cursors.
 LOG_COLUMNS = ("first_offset", "last_offset", "bytes", "terms", "held", "lag")
 CURSOR_COLUMNS = ("position", "lag", "subscribed")

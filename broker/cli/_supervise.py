@@ -9,7 +9,7 @@ import trio
 
 from ..config import BrokerConfig
 from ..runtime import SHUTDOWN_SIGNALS
-from ..workers import serve_merged_metrics, serve_workers
+from ..workers import Supervisor, serve_merged_metrics, serve_workers
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 from ._stopping import stop_on_signals
 
@@ -34,11 +34,27 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
     metrics = config.metrics_address
     check_metrics_free(metrics)
     count = config.worker_count
+    supervisor = Supervisor(config, count, log_level=log_level)
     with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
+            # The metrics endpoint listens first: whoever sees the client port
+            # accept (a probe, a test, a client) can scrape at once. Until the
+            # workers are up it answers with each worker down (and /readyz 503).
+            shown: tuple[str, int] | None = None
+            if metrics is not None:
+                try:
+                    shown = await nursery.start(
+                        partial(
+                            serve_merged_metrics, supervisor.infos, *metrics, top=config.metrics_top
+                        )
+                    )
+                except OSError as error:
+                    raise metrics_unavailable(metrics, error) from None
             try:
-                supervisor = await nursery.start(
-                    partial(serve_workers, config, count, log_level=log_level)
+                await nursery.start(
+                    partial(
+                        serve_workers, config, count, log_level=log_level, supervisor=supervisor
+                    )
                 )
             except OSError as error:
                 if error.filename is not None:
@@ -46,18 +62,7 @@ async def supervise(config: BrokerConfig, log_level: str) -> None:
                 raise CannotListen("clients", config.listen_address, "--listen", error) from None
             host, port = supervisor.address
             lines = [f"broker listening on {host}:{port}"]
-            if metrics is not None:
-                try:
-                    shown = await nursery.start(
-                        partial(
-                            serve_merged_metrics,
-                            supervisor.infos,
-                            *metrics,
-                            top=config.metrics_top,
-                        )
-                    )
-                except OSError as error:
-                    raise metrics_unavailable(metrics, error) from None
+            if shown is not None:
                 lines.append(f"metrics on http://{shown[0]}:{shown[1]}/metrics")
             directs = ", ".join(f"{w.id} on {w.member.address}" for w in supervisor.workers)
             lines.append(f"{count} workers, direct: {directs}")

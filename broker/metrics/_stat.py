@@ -137,7 +137,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
     logs = yield from logs_document(broker, snapshot.logs)
     config = broker.config
     statistics = BrokerStatistics(
-        connections=len(broker.connections),
+        connections=snapshot.connections,  # (clients: another worker's link is none)
         connections_total=broker.connections_total,
         refused_total=broker.refused_total,
         topics=snapshot.topics,

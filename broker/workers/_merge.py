@@ -344,19 +344,46 @@ def _budgets(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _topics(doc: Mapping[str, Any]) -> Any:
+    """The topics a worker serves: its topic logs if it keeps them (a topic
+    whose clients have all left is closed, but its log is still there),
+    else the topics open now."""
+    logs = doc.get("logs")
+    if isinstance(logs, Mapping) and logs.get("topics_total") is not None:
+        return logs["topics_total"]
+    return doc.get("topics_total")
+
+
 def _worker_entry(info: WorkerInfo, doc: Mapping[str, Any] | None) -> dict[str, Any]:
-    broker = doc.get("broker") if doc is not None else None
-    return {
+    entry: dict[str, Any] = {
         "id": info.id,
         "pid": info.pid,
         "up": doc is not None,
         "restarts": info.restarts,
         "direct": info.direct,
         "metrics": "{}:{}".format(*info.metrics),
-        "epoch": broker.get("epoch") if isinstance(broker, Mapping) else None,
-        "connections_total": doc.get("connections_total") if doc is not None else None,
-        "topics_total": doc.get("topics_total") if doc is not None else None,
+        "epoch": None,
+        "connections": None,
+        "connections_total": None,
+        "topics": None,
+        "messages_in": None,
     }
+    if doc is None:
+        return entry
+    broker = doc.get("broker")
+    broker = broker if isinstance(broker, Mapping) else {}
+    statistics = broker.get("statistics")
+    statistics = statistics if isinstance(statistics, Mapping) else {}
+    totals = doc.get("totals")
+    totals = totals if isinstance(totals, Mapping) else {}
+    entry.update(
+        epoch=broker.get("epoch"),
+        connections=doc.get("connections_total"),
+        connections_total=statistics.get("connections_total"),
+        topics=_topics(doc),
+        messages_in=totals.get("broker_received_messages_total"),
+    )
+    return entry
 
 
 def merge_stat_documents(
@@ -404,9 +431,15 @@ def merge_stat_documents(
 
     ``workers`` lists every worker of ``workers`` in order: ``{"id", "pid",
     "up" (it answered), "restarts", "direct" ("host:port"), "metrics"
-    ("host:port" of its own endpoint), "epoch", "connections_total",
-    "topics_total"}`` (the last three ``null`` for a worker that did not
-    answer). Documents of ids not in ``workers`` are merged all the same.
+    ("host:port" of its own endpoint), "epoch", "connections" (its client
+    connections now: its document's ``connections_total``),
+    "connections_total" (client connections it accepted since it started:
+    its ``broker.statistics.connections_total``), "topics" (the topics it
+    serves: its topic logs' ``topics_total`` if it keeps logs, else its open
+    topics' ``topics_total``), "messages_in" (messages its clients
+    published since it started: ``totals.broker_received_messages_total``)}``
+    (from ``epoch`` on ``null`` for a worker that did not answer). Documents
+    of ids not in ``workers`` are merged all the same.
     """
     answered = {w: d for w, d in docs.items() if isinstance(d, Mapping)}
     version = _common({w: d["version"] for w, d in answered.items() if "version" in d})

@@ -241,7 +241,9 @@ class Supervisor:
 
     # ---------------------------------------------------------------- running
 
-    async def _start(self, worker: WorkerProcess) -> trio.Process:
+    async def _start(self, worker: WorkerProcess) -> tuple[trio.Process, bool]:
+        """Start ``worker``'s process and read its ready line: the process,
+        and whether it hung (no ready line, nor its end, in ``START_TIMEOUT``)."""
         read_fd, write_fd = os.pipe()
         try:
             spec = self.spec(worker, write_fd)
@@ -268,7 +270,7 @@ class Supervisor:
         worker.process = process
         async with trio.lowlevel.FdStream(read_fd) as pipe:
             line = b""
-            with trio.move_on_after(START_TIMEOUT):
+            with trio.move_on_after(START_TIMEOUT) as waiting:
                 while not line.endswith(b"\n"):
                     chunk = await pipe.receive_some(4096)
                     if not chunk:
@@ -280,20 +282,25 @@ class Supervisor:
             worker.metrics = (host, port)
             worker._change(True)
             worker._ready.set()
-        return process
+        return process, waiting.cancelled_caught
 
     async def _keep(self, worker: WorkerProcess) -> None:
         """Run ``worker``, restarting it whenever it ends (but not while closing)."""
         delay = RESTART_DELAY
         while True:
             started = trio.current_time()
-            process = await self._start(worker)
+            process, hung = await self._start(worker)
             if not worker.up:
-                if process.returncode is None:
+                if process.returncode is None:  # (hung, or ended but not yet reaped)
                     process.kill()
-                await process.wait()
-                worker.last_exit = process.returncode
-                if worker.restarts == 0 and not worker._ready.is_set():
+                worker.last_exit = await process.wait()
+                # One that could not start (it exited with its error, or
+                # hung) stops the broker the first time. One killed by a
+                # signal meanwhile (kill -9, the OOM killer) is restarted as
+                # any worker that ends: it may have served clients already,
+                # and they reconnect.
+                failed = hung or worker.last_exit >= 0
+                if failed and worker.restarts == 0 and not worker._ready.is_set():
                     raise WorkerFailed(
                         f"worker {worker.id} did not start (exit status {process.returncode})"
                     )
@@ -383,13 +390,21 @@ async def serve_workers(
     count: int,
     *,
     log_level: str = "INFO",
+    supervisor: Supervisor | None = None,
     task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``count`` workers behind ``config.listen`` until :meth:`Supervisor.shutdown`
     (or cancelled: then every worker is killed); ``task_status.started(supervisor)``
     once every worker listens. A worker that cannot start the first time
-    raises :class:`WorkerFailed`; later, a worker that ends is restarted."""
-    supervisor = Supervisor(config, count, log_level=log_level)
+    raises :class:`WorkerFailed`; later, a worker that ends is restarted.
+
+    ``supervisor`` (made with the same ``config`` and ``count``, its sockets
+    not made yet) is the one to run, for a caller that serves its
+    :meth:`~Supervisor.infos` before the client port listens (``broker
+    serve`` binds the merged metrics endpoint first, so that it answers as
+    soon as clients can connect)."""
+    if supervisor is None:
+        supervisor = Supervisor(config, count, log_level=log_level)
     supervisor.make_sockets()
     try:
         async with trio.open_nursery() as nursery:

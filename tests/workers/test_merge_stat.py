@@ -246,8 +246,10 @@ def test_the_workers_list() -> None:
             "direct": "127.0.0.1:7401",
             "metrics": "127.0.0.1:9401",
             "epoch": "aa",
-            "connections_total": 3,
-            "topics_total": 3,
+            "connections": 3,
+            "connections_total": 10,
+            "topics": 3,  # open topics (it keeps no logs)
+            "messages_in": 1,
         },
         {
             "id": "w1",
@@ -257,8 +259,10 @@ def test_the_workers_list() -> None:
             "direct": "127.0.0.1:7402",
             "metrics": "127.0.0.1:9402",
             "epoch": "bb",
-            "connections_total": 4,
-            "topics_total": 3,
+            "connections": 4,
+            "connections_total": 20,
+            "topics": 2,  # its topic logs
+            "messages_in": 2,
         },
         {
             "id": "w2",
@@ -268,8 +272,10 @@ def test_the_workers_list() -> None:
             "direct": "127.0.0.1:7403",
             "metrics": "127.0.0.1:9403",
             "epoch": None,
+            "connections": None,
             "connections_total": None,
-            "topics_total": None,
+            "topics": None,
+            "messages_in": None,
         },
     ]
 
@@ -288,10 +294,20 @@ def test_broker_stat_shows_the_workers() -> None:
     start = lines.index("workers (3, 2 up)")
     table = [line.split() for line in lines[start + 1 : start + 5]]
     assert table == [
-        ["id", "pid", "up", "restarts", "direct", "connections_total", "topics_total"],
-        ["w0", "101", "true", "0", "127.0.0.1:7401", "3", "3"],
-        ["w1", "102", "true", "3", "127.0.0.1:7402", "4", "3"],
-        ["w2", "null", "false", "7", "127.0.0.1:7403", "null", "null"],
+        [
+            "id",
+            "pid",
+            "up",
+            "restarts",
+            "direct",
+            "connections",
+            "connections_total",
+            "topics",
+            "messages_in",
+        ],
+        ["w0", "101", "true", "0", "127.0.0.1:7401", "3", "10", "3", "1"],
+        ["w1", "102", "true", "3", "127.0.0.1:7402", "4", "20", "2", "2"],
+        ["w2", "null", "false", "7", "127.0.0.1:7403", "null", "null", "null", "null"],
     ]
     assert lines[start + 5] == ""
     assert any(line.startswith("  conn-1 @w1  127.0.0.1:5000  ") for line in lines)

@@ -32,6 +32,7 @@ from ._files import (
     write_index,
 )
 from ._format import check_size, encode_index
+from ._open_files import OpenFiles
 from ._recover import recover
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery, Run, Start
@@ -58,7 +59,14 @@ class TopicLog:
     delivers only up to :attr:`durable_offset`.
     """
 
-    def __init__(self, directory: Path, topic: str, config: LogConfig, now_ms: int | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        config: LogConfig,
+        now_ms: int | None,
+        files: OpenFiles | None = None,
+    ) -> None:
         """Open (or create) the log in ``directory``; prefer :meth:`open`."""
         create_topic_dir(directory, topic, now_ms)
         self.directory = directory
@@ -69,7 +77,9 @@ class TopicLog:
         self.recovery: Recovery = recovery
         self._terms: list[Term] = terms
         self._active = terms[-1]
-        self._file = TermFile(term_path(directory, self._active.base), create=False)
+        #: The bound of open files its term files open within (the store's).
+        self._files = files
+        self._file = TermFile(term_path(directory, self._active.base), create=False, files=files)
         self._file.sync()
         self._written = self._active.used
         # The crc32 of the active term's bytes in its file (for its index).
@@ -85,12 +95,20 @@ class TopicLog:
 
     @classmethod
     def open(
-        cls, directory: Path, topic: str, config: LogConfig | None = None, now_ms: int | None = None
+        cls,
+        directory: Path,
+        topic: str,
+        config: LogConfig | None = None,
+        now_ms: int | None = None,
+        *,
+        files: OpenFiles | None = None,
     ) -> TopicLog:
         """Open the log of ``topic`` in ``directory``, creating it if new.
         A torn or corrupt tail is cut (see :attr:`recovery`). The caller
-        holds the data directory's lock (:class:`LogStore` does)."""
-        return cls(directory, topic, config or LogConfig(), now_ms)
+        holds the data directory's lock (:class:`LogStore` does), and gives
+        the bound its term files stay open within (``files``: none, each
+        stays open while it is written)."""
+        return cls(directory, topic, config or LogConfig(), now_ms, files)
 
     # ------------------------------------------------------------------ state
 
@@ -278,6 +296,9 @@ class TopicLog:
         self._dirty_since = None
         if self._durable_next >= self._written_next:
             return None
+        if self._file.clean:  # (synced as its descriptor was given back for another file)
+            self._synced(self._written_next)
+            return None
         return SyncJob(self, self._file, self._written_next)
 
     def _synced(self, durable_next: int) -> None:
@@ -305,7 +326,7 @@ class TopicLog:
         write_index(term_path(self.directory, sealed.base), index)
         base = sealed.next_offset
         capacity = self.config.term_bytes
-        new_file = TermFile(term_path(self.directory, base), create=True)
+        new_file = TermFile(term_path(self.directory, base), create=True, files=self._files)
         self._file.close()
         self._file = new_file
         self._active = Term(base, capacity, new_buffer(capacity))
@@ -491,15 +512,14 @@ class SyncJob:
     (see :meth:`TopicLog.start_sync`). It syncs a duplicate of the file's
     descriptor, so the log may rotate or close meanwhile."""
 
-    __slots__ = ("_fd", "_log", "_target", "error")
+    __slots__ = ("_fd", "_file", "_log", "_target", "_writes", "error")
 
     def __init__(self, log: TopicLog, file: TermFile, target: int) -> None:
         self._log = log
         self._target = target
-        try:
-            self._fd = os.dup(file.fd)
-        except OSError as exc:  # no descriptor left: a failed sync, tried again
-            raise write_error(exc, f"syncing the log of {log.topic!r}") from exc
+        self._file = file
+        self._writes = file.writes
+        self._fd = file.dup()  # (LogWriteError: no descriptor left, tried again)
         #: What the fsync raised (:class:`LogWriteError`), once it ran.
         self.error: LogWriteError | None = None
 
@@ -516,6 +536,7 @@ class SyncJob:
         """On the log's thread: the records it covered are durable (unless it failed:
         they stay written, and the next sync tries again)."""
         if self.error is None:
+            self._file.synced_to(self._writes)
             self._log._synced(self._target)
         else:
             self._log._sync_failed()

@@ -176,9 +176,9 @@ class BrokerConfig:
     #: Keep no topic log at all, whatever ``data_dir`` says (what the broker
     #: did before it had logs): topics are not retained, nothing survives a restart.
     memory_only: bool = False
-    #: Most topic log files held open at once (a log's active term file):
-    #: beyond it the least recently used is closed (synced first) and opens
-    #: again at its next write. 0: a quarter of the open-file limit
+    #: Most topic log files held open at once (a log's active term file, and
+    #: its sealed terms mapped for reads): beyond it the least recently used
+    #: is closed (synced first) and opens again at its next use. 0: a quarter of the open-file limit
     #: (RLIMIT_NOFILE, as ``broker serve`` raised it), at least 16.
     max_open_log_files: int = 0
     #: Worker processes of ``broker serve``: a number, or "auto" (one per

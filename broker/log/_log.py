@@ -32,7 +32,7 @@ from ._files import (
     write_index,
 )
 from ._format import check_size, encode_index
-from ._open_files import OpenFiles
+from ._open_files import OpenFiles, TermMaps
 from ._recover import recover
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery, Run, Start
@@ -67,7 +67,8 @@ class TopicLog:
         now_ms: int | None,
         files: OpenFiles | None = None,
     ) -> None:
-        """Open (or create) the log in ``directory``; prefer :meth:`open`."""
+        """Open (or create) the log in ``directory``; prefer :meth:`open`
+        (a :class:`LogStore` gives ``files``: the bound its files open within)."""
         create_topic_dir(directory, topic, now_ms)
         self.directory = directory
         self.topic = topic
@@ -89,26 +90,20 @@ class TopicLog:
         self._dirty_since: int | None = None
         self._write_error: LogWriteError | None = None
         self._mapped: OrderedDict[int, Term] = OrderedDict()
+        #: The mapped terms' places in the store's bound (a map holds a descriptor).
+        self._maps = TermMaps(files, self._unmap)
         self._readers: set[Reader] = set()
         self._always = config.flush == "always"
         self._closed = False
 
     @classmethod
     def open(
-        cls,
-        directory: Path,
-        topic: str,
-        config: LogConfig | None = None,
-        now_ms: int | None = None,
-        *,
-        files: OpenFiles | None = None,
+        cls, directory: Path, topic: str, config: LogConfig | None = None, now_ms: int | None = None
     ) -> TopicLog:
         """Open the log of ``topic`` in ``directory``, creating it if new.
         A torn or corrupt tail is cut (see :attr:`recovery`). The caller
-        holds the data directory's lock (:class:`LogStore` does), and gives
-        the bound its term files stay open within (``files``: none, each
-        stays open while it is written)."""
-        return cls(directory, topic, config or LogConfig(), now_ms, files)
+        holds the data directory's lock (:class:`LogStore` does)."""
+        return cls(directory, topic, config or LogConfig(), now_ms)
 
     # ------------------------------------------------------------------ state
 
@@ -382,6 +377,7 @@ class TopicLog:
     def _delete_oldest(self) -> None:
         term = self._terms.pop(0)
         self._mapped.pop(term.base, None)
+        self._maps.closed(term.base)
         term.unload()
         remove_term(term_path(self.directory, term.base))
         with contextlib.suppress(OSError):
@@ -454,9 +450,16 @@ class TopicLog:
             return
         self._mapped[term.base] = term
         self._mapped.move_to_end(term.base)
+        self._maps.used(term.base)
         while len(self._mapped) > self.config.mapped_terms:
-            _, old = self._mapped.popitem(last=False)
-            old.unload()
+            self._unmap(next(iter(self._mapped)))
+
+    def _unmap(self, base: int) -> None:
+        """Drop the map of term ``base`` (slices read from it keep it alive)."""
+        term = self._mapped.pop(base, None)
+        if term is not None:
+            term.unload()
+        self._maps.closed(base)
 
     def reader(self, start: Start | None = None, *, register: bool = True) -> Reader:
         """A reader from ``start`` (default: earliest). A registered reader's
@@ -498,7 +501,8 @@ class TopicLog:
             self._closed = True
             self._file.close()
             self._readers.clear()
-            self._mapped.clear()
+            for base in list(self._mapped):
+                self._unmap(base)
 
     def __enter__(self) -> TopicLog:
         return self

@@ -1,14 +1,17 @@
 """How many topic log files a store holds open at once: a bound, kept by
 closing the least recently used one.
 
-A log keeps one descriptor: its active term's file (sealed terms are read
-through maps, which keep none; directory syncs, recovery and maps open
-theirs only for the call). A store of thousands of topics would otherwise
-hold thousands of descriptors and leave none for connections. The store's
-:class:`OpenFiles` admits each file as it opens and, at the limit, gives
-back the descriptor of the least recently used one first; that file opens
-again at its next write (a ``pwrite`` and, at the batch's end, an fsync:
-its append position and what is durable live in the log, not the file).
+A log holds descriptors for its active term's file and for each sealed
+term it keeps mapped for reads (CPython's ``mmap`` keeps a duplicate of
+the file's descriptor for the map's life, until Python 3.13's
+``trackfd=False``); directory syncs, index files and recovery open theirs
+only for the call. A store of thousands of topics would otherwise hold
+thousands of descriptors and leave none for connections. The store's
+:class:`OpenFiles` admits each file and map as it opens and, at the limit,
+gives back the descriptor of the least recently used one first. A term
+file opens again at its next write (a ``pwrite`` and, at the batch's end,
+an fsync: its append position and what is durable live in the log, not
+the file); a map is made again at the next read of its term.
 
 A file is never closed with a write not fsynced: one that is not synced
 yet is synced first (on the caller's thread), and kept open if that sync
@@ -19,10 +22,11 @@ from __future__ import annotations
 
 import resource
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import islice
 from typing import Protocol
 
-__all__ = ["DEFAULT_SHARE", "MIN_OPEN_FILES", "OpenFiles", "default_open_files"]
+__all__ = ["DEFAULT_SHARE", "MIN_OPEN_FILES", "OpenFiles", "TermMaps", "default_open_files"]
 
 #: The default bound is this share of the process's open-file limit: the
 #: rest is for connections, listeners, the journal and files opened briefly.
@@ -48,6 +52,23 @@ class Evictable(Protocol):
         """Give back the descriptor until the next use, fsynced first if
         need be; False if it stays open (the sync failed)."""
         ...
+
+
+class Mapped:
+    """A sealed term's map in the bound: closing it drops the map (``unmap``;
+    reads in flight keep it until they are done)."""
+
+    __slots__ = ("_unmap",)
+
+    #: A map has nothing to sync.
+    clean = True
+
+    def __init__(self, unmap: Callable[[], None]) -> None:
+        self._unmap = unmap
+
+    def evict(self) -> bool:
+        self._unmap()
+        return True
 
 
 def default_open_files() -> int:
@@ -114,3 +135,35 @@ class OpenFiles:
     def closed(self, file: Evictable) -> None:
         """``file`` gave its descriptor back."""
         self._open.pop(file, None)
+
+
+class TermMaps:
+    """A log's sealed terms kept mapped for reads, each one counted in the
+    store's bound (``files``; none: not counted) while it is mapped: one
+    closed for room is dropped with ``unmap(base)``."""
+
+    __slots__ = ("_files", "_maps", "_unmap")
+
+    def __init__(self, files: OpenFiles | None, unmap: Callable[[int], None]) -> None:
+        self._files = files
+        self._unmap = unmap
+        self._maps: dict[int, Mapped] = {}
+
+    def used(self, base: int) -> None:
+        """Term ``base`` is mapped and was just read."""
+        files = self._files
+        if files is None:
+            return
+        entry = self._maps.get(base)
+        if entry is not None:
+            files.used(entry)
+            return
+        files.make_room()
+        entry = self._maps[base] = Mapped(lambda: self._unmap(base))
+        files.opened(entry)
+
+    def closed(self, base: int) -> None:
+        """Term ``base`` is no longer mapped (or never was)."""
+        entry = self._maps.pop(base, None)
+        if entry is not None and self._files is not None:
+            self._files.closed(entry)

@@ -99,9 +99,7 @@ class LogStore:
             if self.worker is not None:
                 lock = DirLock(directory, f"the log of topic {name!r}")
             try:
-                log = TopicLog.open(
-                    directory, name, config or self.config, now_ms, files=self.files
-                )
+                log = TopicLog(directory, name, config or self.config, now_ms, self.files)
             except BaseException:
                 if lock is not None:
                     lock.release()

@@ -50,6 +50,42 @@ def test_many_logs_hold_at_most_the_bound_of_open_files(tmp_path: Path) -> None:
             assert read_all(store.topic(name).reader()) == expected
 
 
+def fds_under(path: Path) -> list[str]:
+    """What this process's descriptors under ``path`` name."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            found.append(target)
+    return found
+
+
+def test_sealed_terms_indexes_and_directories_hold_no_descriptor(tmp_path: Path) -> None:
+    """Every descriptor a log holds is its active term file's: sealed terms
+    are read through maps (which keep none), index files, recovery and
+    directory syncs open theirs for the call only."""
+    config = LogConfig(term_bytes=512)
+    with LogStore(tmp_path, config, open_files=3) as store:
+        for name in names(10):
+            log = store.topic(name, now_ms=T0)
+            for offset in range(1, 61):
+                log.append(body(offset), T0)
+            log.flush()
+            assert log.term_count > 3
+        for name, log in store.open_logs().items():
+            assert len(read_all(log.reader())) == 60, name  # maps its sealed terms
+        held = fds_under(tmp_path)
+        assert all(target.endswith((".term", ".lock")) for target in held), held
+        assert len([target for target in held if target.endswith(".term")]) <= 3
+    with LogStore(tmp_path, config, open_files=3) as store:  # recovery of all ten
+        for name in names(10):
+            assert len(read_all(store.topic(name).reader())) == 60
+        assert len([t for t in fds_under(tmp_path) if t.endswith(".term")]) <= 3
+
+
 def test_a_file_with_writes_not_synced_is_synced_before_it_is_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,8 @@ topic ended its client's connection with Goodbye 3 and ``accept()`` failed.
 Here the broker runs in its own process with ``RLIMIT_NOFILE`` 256 and
 takes 2,000 topics (3 records each, every one confirmed), a new connection
 meanwhile, a read of every topic, and a restart that reads them from disk.
+Terms are small, so that each topic has a sealed term, which a read from
+the first record maps (and a map keeps a descriptor: these count too).
 Deadlines are hang guards only.
 """
 
@@ -52,7 +54,7 @@ def broker_process(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen
     url, metrics url)``; stopped (SIGTERM, then killed) afterwards."""
     command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
     command += ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
-    command += ["--set", f"data_dir={data_dir}"]
+    command += ["--set", f"data_dir={data_dir}", "--config", str(data_dir.parent / "broker.toml")]
     with open(log, "ab") as errors:
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=errors, preexec_fn=_low_limit
@@ -77,12 +79,23 @@ def broker_process(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen
             process.stdout.close()
 
 
+#: Small terms: two records each, so a topic's third starts its second term.
+CONFIG = """
+[broker]
+max_frame = 4032
+
+[[topics]]
+pattern = "*"
+term_bytes = 4096
+"""
+
+
 def topic(number: int) -> str:
     return f"t{number:05d}"
 
 
 def payload(number: int, record: int) -> bytes:
-    return b"%d.%d" % (number, record)
+    return b"%d.%d:" % (number, record) + b"." * 1900
 
 
 async def scrape(metrics_url: str) -> dict[str, float]:
@@ -136,6 +149,7 @@ def expected(numbers: range) -> dict[int, list[bytes]]:
 async def test_thousands_of_topics_under_a_low_open_file_limit(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     log = tmp_path / "broker.log"
+    (tmp_path / "broker.toml").write_text(CONFIG)
     everything = range(TOPICS)
     with trio.fail_after(DEADLINE):
         with broker_process(data_dir, log) as (_, url, metrics_url):
@@ -151,7 +165,8 @@ async def test_thousands_of_topics_under_a_low_open_file_limit(tmp_path: Path) -
             assert figures["broker_log_open_files_limit"] == LIMIT // 4
             assert figures["broker_log_open_files"] <= LIMIT // 4
             assert figures["broker_log_file_opens_total"] > TOPICS
-            assert figures["broker_log_file_evictions_total"] >= TOPICS - LIMIT // 4
+            # (Most closed for room: an idle file is given back only after 30 s.)
+            assert figures["broker_log_file_evictions_total"] >= TOPICS // 2
         # A restart reads them back from their files, under the same limit.
         with broker_process(data_dir, log) as (_, url, metrics_url):
             assert await read_all(url, everything) == expected(everything)

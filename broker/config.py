@@ -177,6 +177,11 @@ class BrokerConfig:
     #: Keep no topic log at all, whatever ``data_dir`` says (what the broker
     #: did before it had logs): topics are not retained, nothing survives a restart.
     memory_only: bool = False
+    #: Most topic log files held open at once (a log's active term file, and
+    #: its sealed terms mapped for reads): beyond it the least recently used
+    #: is closed (synced first) and opens again at its next use. 0: a quarter of the open-file limit
+    #: (RLIMIT_NOFILE, as ``broker serve`` raised it), at least 16.
+    max_open_log_files: int = 0
     #: Worker processes of ``broker serve``: a number, or "auto" (one per
     #: core). With more than one, a supervisor runs them behind ``listen``
     #: and each owns a share of the topics (see "Workers" in the operations guide).
@@ -272,6 +277,7 @@ class BrokerConfig:
             ("staging_remember", self.staging_remember >= 1, ">= 1"),
             ("max_unsent", self.max_unsent >= 64 * KiB, ">= 64 KiB (65536)"),
             ("max_connections", self.max_connections >= 1, ">= 1"),
+            ("max_open_log_files", self.max_open_log_files >= 0, ">= 0 (0: derived)"),
             ("shutdown_deadline", self.shutdown_deadline >= 0, ">= 0"),
             ("tls_handshake_timeout", self.tls_handshake_timeout > 0, "> 0"),
             ("hello_timeout", self.hello_timeout > 0, "> 0"),

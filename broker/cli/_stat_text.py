@@ -65,6 +65,8 @@ LOG_FIGURES = (
     "fsync_seconds",
     "truncated_records",
     "truncated_bytes",
+    "open_files",
+    "file_evictions",
 )
 #: Top-level keys shown by their own sections (any other is shown generically).
 KNOWN = {

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import DataDirLocked, DiskFull, LogWriteError, TopicDirMismatch
+from ._open_files import OpenFiles
 
 __all__ = [
     "FORMAT_VERSION",
@@ -305,20 +306,31 @@ class TermFile:
     """The open file of the active term: written at its end only.
 
     :meth:`release` gives its descriptor back while it is idle (a broker
-    with many topics would otherwise hold one per topic ever written); the
-    next use opens the file again, and a failure to (no descriptors left)
-    is a :class:`LogWriteError` like any failed write, retried as one.
+    with many topics would otherwise hold one per topic ever written), and
+    ``files`` (the store's :class:`OpenFiles`) closes it when other files
+    need the room (:meth:`evict`); the next use opens the file again, and a
+    failure to (no descriptors left) is a :class:`LogWriteError` like any
+    failed write, retried as one. It counts its writes and which of them
+    are fsynced, so that it is never closed with a write not synced.
     """
 
-    def __init__(self, path: Path, *, create: bool) -> None:
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
-        try:
-            self._fd: int | None = os.open(path, flags, 0o644)
-        except OSError as exc:
-            raise write_error(exc, f"creating {path}") from exc
+    def __init__(self, path: Path, *, create: bool, files: OpenFiles | None = None) -> None:
         self.path = path
+        self._files = files
+        self._fd: int | None = None
         #: Released (see :meth:`release`), not closed: opened again on use.
         self._released = False
+        #: Writes (and cuts) so far, and how many of them an fsync covered.
+        self.writes = 0
+        self._synced = 0
+        #: A sync made to give the descriptor back that failed: raised by
+        #: the next :meth:`sync` or :meth:`dup` (its error is reported once).
+        self._failed: LogWriteError | None = None
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            self._fd = self._open(flags)
+        except OSError as exc:
+            raise write_error(exc, f"creating {path}") from exc
         if create:
             try:
                 fsync_dir(path.parent)
@@ -327,34 +339,96 @@ class TermFile:
                 remove_term(path)
                 raise write_error(exc, f"creating {path}") from exc
 
+    def _open(self, flags: int) -> int:
+        """Open the file, within the store's bound of open files (closing
+        others' to make room, and one more if the process has no descriptor
+        left)."""
+        files = self._files
+        if files is None:
+            return os.open(self.path, flags, 0o644)
+        files.make_room()
+        while True:
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and files.evict_one():
+                    continue
+                raise
+            files.opened(self)
+            return fd
+
     @property
     def fd(self) -> int:
-        if self._fd is None:
+        fd = self._fd
+        if fd is None:
             if not self._released:
                 raise ValueError(f"{self.path} is closed")
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                fd = self._fd = self._open(os.O_RDWR | os.O_CLOEXEC)
             except OSError as exc:
                 raise write_error(exc, f"opening {self.path} again") from exc
             self._released = False
-        return self._fd
+        elif self._files is not None:
+            self._files.used(self)
+        return fd
 
     @property
     def open(self) -> bool:
         """Whether it holds a descriptor now."""
         return self._fd is not None
 
+    @property
+    def clean(self) -> bool:
+        """Whether every write to it is fsynced."""
+        return self._synced == self.writes
+
+    def synced_to(self, writes: int) -> None:
+        """The first ``writes`` writes are fsynced (by a sync elsewhere)."""
+        if writes > self._synced:
+            self._synced = writes
+
     def release(self) -> None:
         """Close the descriptor until the next use (nothing must be unwritten)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             self._released = True
+            if self._files is not None:
+                self._files.closed(self)
             os.close(fd)
+
+    def evict(self) -> bool:
+        """Give the descriptor back to make room for another file's: fsynced
+        first if a write is not; kept (False) if that sync fails."""
+        if self._fd is None:
+            return False
+        if not self.clean:
+            try:
+                self.sync()
+            except LogWriteError as exc:
+                self._failed = exc
+                return False
+        self.release()
+        return True
+
+    def dup(self) -> int:
+        """A duplicate of the descriptor (to sync in another thread; raises
+        :class:`LogWriteError`)."""
+        self._raise_failed()
+        try:
+            return os.dup(self.fd)
+        except OSError as exc:  # no descriptor left: a failed sync, tried again
+            raise write_error(exc, f"syncing {self.path}") from exc
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
 
     def write_at(self, data: memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset``; on failure the file is cut
         back to ``offset`` (best effort) and a :class:`LogWriteError` raised."""
         fd = self.fd
+        self.writes += 1
         done = 0
         try:
             while done < len(data):
@@ -368,14 +442,21 @@ class TermFile:
             raise write_error(exc, f"writing {self.path}") from exc
 
     def sync(self) -> None:
-        """fdatasync the file; raises :class:`LogWriteError`."""
+        """fdatasync the file; raises :class:`LogWriteError`. A file whose
+        descriptor was given back is synced already: it is not opened for it."""
+        self._raise_failed()
+        if self._fd is None and self._released and self.clean:
+            return
+        writes = self.writes
         try:
             os.fdatasync(self.fd)
         except OSError as exc:
             raise write_error(exc, f"syncing {self.path}") from exc
+        self.synced_to(writes)
 
     def cut(self, size: int) -> None:
         """Cut the file back to ``size`` bytes (best effort: undoing a write)."""
+        self.writes += 1
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, size)
 

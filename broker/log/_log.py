@@ -32,6 +32,7 @@ from ._files import (
     write_index,
 )
 from ._format import check_size, encode_index
+from ._open_files import OpenFiles, TermMaps
 from ._recover import recover
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery, Run, Start
@@ -58,8 +59,16 @@ class TopicLog:
     delivers only up to :attr:`durable_offset`.
     """
 
-    def __init__(self, directory: Path, topic: str, config: LogConfig, now_ms: int | None) -> None:
-        """Open (or create) the log in ``directory``; prefer :meth:`open`."""
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        config: LogConfig,
+        now_ms: int | None,
+        files: OpenFiles | None = None,
+    ) -> None:
+        """Open (or create) the log in ``directory``; prefer :meth:`open`
+        (a :class:`LogStore` gives ``files``: the bound its files open within)."""
         create_topic_dir(directory, topic, now_ms)
         self.directory = directory
         self.topic = topic
@@ -69,7 +78,9 @@ class TopicLog:
         self.recovery: Recovery = recovery
         self._terms: list[Term] = terms
         self._active = terms[-1]
-        self._file = TermFile(term_path(directory, self._active.base), create=False)
+        #: The bound of open files its term files open within (the store's).
+        self._files = files
+        self._file = TermFile(term_path(directory, self._active.base), create=False, files=files)
         self._file.sync()
         self._written = self._active.used
         # The crc32 of the active term's bytes in its file (for its index).
@@ -79,6 +90,8 @@ class TopicLog:
         self._dirty_since: int | None = None
         self._write_error: LogWriteError | None = None
         self._mapped: OrderedDict[int, Term] = OrderedDict()
+        #: The mapped terms' places in the store's bound (a map holds a descriptor).
+        self._maps = TermMaps(files, self._unmap)
         self._readers: set[Reader] = set()
         self._always = config.flush == "always"
         self._closed = False
@@ -278,6 +291,9 @@ class TopicLog:
         self._dirty_since = None
         if self._durable_next >= self._written_next:
             return None
+        if self._file.clean:  # (synced as its descriptor was given back for another file)
+            self._synced(self._written_next)
+            return None
         return SyncJob(self, self._file, self._written_next)
 
     def _synced(self, durable_next: int) -> None:
@@ -305,7 +321,7 @@ class TopicLog:
         write_index(term_path(self.directory, sealed.base), index)
         base = sealed.next_offset
         capacity = self.config.term_bytes
-        new_file = TermFile(term_path(self.directory, base), create=True)
+        new_file = TermFile(term_path(self.directory, base), create=True, files=self._files)
         self._file.close()
         self._file = new_file
         self._active = Term(base, capacity, new_buffer(capacity))
@@ -361,6 +377,7 @@ class TopicLog:
     def _delete_oldest(self) -> None:
         term = self._terms.pop(0)
         self._mapped.pop(term.base, None)
+        self._maps.closed(term.base)
         term.unload()
         remove_term(term_path(self.directory, term.base))
         with contextlib.suppress(OSError):
@@ -433,9 +450,16 @@ class TopicLog:
             return
         self._mapped[term.base] = term
         self._mapped.move_to_end(term.base)
+        self._maps.used(term.base)
         while len(self._mapped) > self.config.mapped_terms:
-            _, old = self._mapped.popitem(last=False)
-            old.unload()
+            self._unmap(next(iter(self._mapped)))
+
+    def _unmap(self, base: int) -> None:
+        """Drop the map of term ``base`` (slices read from it keep it alive)."""
+        term = self._mapped.pop(base, None)
+        if term is not None:
+            term.unload()
+        self._maps.closed(base)
 
     def reader(self, start: Start | None = None, *, register: bool = True) -> Reader:
         """A reader from ``start`` (default: earliest). A registered reader's
@@ -477,7 +501,8 @@ class TopicLog:
             self._closed = True
             self._file.close()
             self._readers.clear()
-            self._mapped.clear()
+            for base in list(self._mapped):
+                self._unmap(base)
 
     def __enter__(self) -> TopicLog:
         return self
@@ -491,15 +516,14 @@ class SyncJob:
     (see :meth:`TopicLog.start_sync`). It syncs a duplicate of the file's
     descriptor, so the log may rotate or close meanwhile."""
 
-    __slots__ = ("_fd", "_log", "_target", "error")
+    __slots__ = ("_fd", "_file", "_log", "_target", "_writes", "error")
 
     def __init__(self, log: TopicLog, file: TermFile, target: int) -> None:
         self._log = log
         self._target = target
-        try:
-            self._fd = os.dup(file.fd)
-        except OSError as exc:  # no descriptor left: a failed sync, tried again
-            raise write_error(exc, f"syncing the log of {log.topic!r}") from exc
+        self._file = file
+        self._writes = file.writes
+        self._fd = file.dup()  # (LogWriteError: no descriptor left, tried again)
         #: What the fsync raised (:class:`LogWriteError`), once it ran.
         self.error: LogWriteError | None = None
 
@@ -516,6 +540,7 @@ class SyncJob:
         """On the log's thread: the records it covered are durable (unless it failed:
         they stay written, and the next sync tries again)."""
         if self.error is None:
+            self._file.synced_to(self._writes)
             self._log._synced(self._target)
         else:
             self._log._sync_failed()

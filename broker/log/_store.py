@@ -17,6 +17,7 @@ from ._files import (
 )
 from ._journal import StateJournal
 from ._log import TopicLog
+from ._open_files import OpenFiles, default_open_files
 from ._recover import expired_terms, survey
 from ._types import LogConfig
 
@@ -43,12 +44,24 @@ class LogStore:
     keeps its state journal there, and locks each topic's directory while
     that topic's log is open. The topic lock is the fence: two workers can
     never write one topic, whatever they believe they own.
+
+    The logs' term files stay open within :attr:`files`: at most
+    ``open_files`` at once (default: :func:`default_open_files`, a share of
+    the process's open-file limit), the least recently used closed first
+    (see :class:`OpenFiles`), so a store holds any number of logs open.
     """
 
     def __init__(
-        self, data_dir: Path | str, config: LogConfig | None = None, *, worker: str | None = None
+        self,
+        data_dir: Path | str,
+        config: LogConfig | None = None,
+        *,
+        worker: str | None = None,
+        open_files: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        #: The bound of the logs' open term files, and its counters.
+        self.files = OpenFiles(open_files or default_open_files())
         self.config = config or LogConfig()
         self.worker = worker
         #: Where this store's state journal is (the data directory, or the worker's own).
@@ -86,7 +99,7 @@ class LogStore:
             if self.worker is not None:
                 lock = DirLock(directory, f"the log of topic {name!r}")
             try:
-                log = TopicLog.open(directory, name, config or self.config, now_ms)
+                log = TopicLog(directory, name, config or self.config, now_ms, self.files)
             except BaseException:
                 if lock is not None:
                     lock.release()

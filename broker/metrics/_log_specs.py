@@ -80,6 +80,32 @@ LOG_METRICS: Final[tuple[MetricSpec, ...]] = (
         "Bytes cut from topic logs when they were opened (see broker_log_truncated_records_total).",
     ),
     MetricSpec(
+        "broker_log_open_files",
+        "gauge",
+        "Topic log files open now: the active term files of logs written lately and the "
+        "sealed terms mapped for reads, at most broker_log_open_files_limit (the least "
+        "recently used is closed first).",
+    ),
+    MetricSpec(
+        "broker_log_open_files_limit",
+        "gauge",
+        "Most topic log files held open at once (max_open_log_files, or its default: a "
+        "quarter of the open-file limit).",
+    ),
+    MetricSpec(
+        "broker_log_file_opens_total",
+        "counter",
+        "Topic log files opened: a log's first, a new term's, a file opened again after "
+        "it was closed (idle, or to stay within broker_log_open_files_limit), and "
+        "sealed terms mapped for reads.",
+    ),
+    MetricSpec(
+        "broker_log_file_evictions_total",
+        "counter",
+        "Topic log files closed to stay within broker_log_open_files_limit (least "
+        "recently used first, synced first if need be); each opens again at its next use.",
+    ),
+    MetricSpec(
         "broker_data_dir_free_bytes",
         "gauge",
         "Bytes free for the broker in the file system of its data directory (statvfs "

@@ -137,6 +137,11 @@ class LogFigures:
     fsync_buckets: list[tuple[str, float]] = field(default_factory=list)
     truncated_records: int = 0
     truncated_bytes: int = 0
+    #: Term files open now, their bound, files opened and closed for the bound.
+    open_files: int = 0
+    open_files_limit: int = 0
+    file_opens: int = 0
+    file_evictions: int = 0
     top: list[TopicLogFigures] = field(default_factory=list)
 
 
@@ -198,6 +203,9 @@ def log_walk(broker: LogsHost, top: int, chunk: int) -> Walk[LogFigures | None]:
     figures.appends = logs.appends
     figures.append_errors = logs.append_errors
     figures.fsyncs = logs.fsyncs
+    files = logs.store.files
+    figures.open_files, figures.open_files_limit = len(files), files.limit
+    figures.file_opens, figures.file_evictions = files.opens, files.evictions
     figures.fsync_buckets, figures.fsync_seconds = logs.fsync_times.snapshot()
     return figures
 
@@ -232,6 +240,10 @@ def add_log_families(families: Mapping[str, Family], figures: LogFigures | None)
     fsync.add_metric([], buckets=figures.fsync_buckets, sum_value=figures.fsync_seconds)
     add("broker_log_truncated_records_total", [], figures.truncated_records)
     add("broker_log_truncated_bytes_total", [], figures.truncated_bytes)
+    add("broker_log_open_files", [], figures.open_files)
+    add("broker_log_open_files_limit", [], figures.open_files_limit)
+    add("broker_log_file_opens_total", [], figures.file_opens)
+    add("broker_log_file_evictions_total", [], figures.file_evictions)
     if figures.free_bytes is not None and figures.size_bytes is not None:
         add("broker_data_dir_free_bytes", [], figures.free_bytes)
         add("broker_data_dir_size_bytes", [], figures.size_bytes)

@@ -22,7 +22,6 @@ from broker.auth import (
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
-from broker.log import LogStore
 from broker.protocol import Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
@@ -493,10 +492,9 @@ async def serve_broker(
         check_budget_shares(auth, config)
     log_dir = config.log_dir
     # Raises DataDirLocked (one line) if another broker has the directory.
-    store = None
-    if log_dir is not None:
-        store = LogStore(log_dir, worker=None if worker is None else worker.worker)
-    logs = TopicLogs(store, config) if store is not None else None
+    logs = TopicLogs.open_store(
+        log_dir, config, None if worker is None else worker.worker, config.max_open_log_files
+    )
     link_listeners: list[trio.SocketListener] = []
     try:
         host, port = config.listen_address

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import trio
@@ -134,6 +135,18 @@ class TopicLogs:
         #: The logs opened so far, by topic (their recovery logged, their
         #: cursors checked: each once).
         self._opened: dict[str, TopicLog] = {}
+
+    @classmethod
+    def open_store(
+        cls, log_dir: Path | None, settings: LogSettings, worker: str | None, open_files: int
+    ) -> TopicLogs | None:
+        """The logs of data directory ``log_dir`` (None: memory-only), their
+        term files open within ``open_files`` (0: the default share of the
+        open-file limit); raises :class:`DataDirLocked` (one line) if
+        another broker has the directory."""
+        if log_dir is None:
+            return None
+        return cls(LogStore(log_dir, worker=worker, open_files=open_files or None), settings)
 
     def open(self, name: str) -> TopicLog:
         """The log of topic ``name`` (recovered on first use); raises

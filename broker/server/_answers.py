@@ -25,17 +25,28 @@ __all__ = ["ControlCharges"]
 class ControlCharges:
     """The control frames of one connection whose answers are not written yet."""
 
-    __slots__ = ("_account", "waiting")
+    __slots__ = ("_account", "_frames", "_size", "waiting")
 
     def __init__(self, account: Account) -> None:
         self._account = account
-        #: One loan per turn whose output was left waiting, oldest first.
+        #: One loan per read whose output was left waiting, oldest first.
         self.waiting: list[LoanedItem[Any]] = []
+        #: The control frames (and their bytes) of the read's turns so far.
+        self._frames = self._size = 0
 
-    def charge(self, frames: int, size: int) -> None:
-        """``frames`` control frames, ``size`` bytes in all, were handled by a
-        turn whose output waits to be written: charge them until it is."""
-        if frames > 0:
+    def note(self, frames: int, size: int) -> None:
+        """A turn of the read handled ``frames`` control frames, ``size`` bytes."""
+        self._frames += frames
+        self._size += size
+
+    def settle(self, output_waits: bool) -> None:
+        """The read's last turn is done (its output written, if it could be):
+        if its answers wait to be written, charge its control frames until
+        they are. (Charged per read, not per turn: the turns before the last
+        hold their output back on purpose, for the last to write at once.)"""
+        frames, size = self._frames, self._size
+        self._frames = self._size = 0
+        if output_waits and frames > 0:
             # One loan charges its cost plus one event cost: as many loans would.
             cost = size + (frames - 1) * self._account.event_cost
             self.waiting.append(LoanedItem(self._account, cost, None))

@@ -513,11 +513,12 @@ class ServerConnection:
                 finally:
                     # Output waits for the read's last turn (or another task's).
                     outbox.close(flush=not protocol.frames_waiting)
-                if protocol.bytes_to_send or self._unsent:  # (answers wait to be written)
-                    self.control_charges.charge(
-                        protocol.frames_received - frames - dispatch.channel_frames,
-                        protocol.bytes_received - size - dispatch.channel_bytes,
-                    )
+                self.control_charges.note(
+                    protocol.frames_received - frames - dispatch.channel_frames,
+                    protocol.bytes_received - size - dispatch.channel_bytes,
+                )
+                if not protocol.frames_waiting:  # (the read's last turn)
+                    self.control_charges.settle(bool(protocol.bytes_to_send or self._unsent))
         finally:
             outbox.flush()  # (what turns of a read cut short left noted)
 
@@ -533,15 +534,18 @@ class ServerConnection:
             self._nursery.cancel_scope.cancel()
 
     async def _pause_if_needed(self) -> None:
-        if self.protocol.memory_to_send > self.broker.config.max_unsent:
-            # The client does not read: stop reading until the writer drains.
+        max_unsent = self.broker.config.max_unsent
+        if self.protocol.memory_to_send > max_unsent:
+            # Write what the read's turns held (perhaps all it takes), then wait.
             self.broker.outbox.flush()
-            self.counters.reader_pauses += 1
-            self._drained = trio.Event()
-            await self._suspended(self._drained.wait())
+            if self.protocol.memory_to_send > max_unsent:
+                self.counters.reader_pauses += 1
+                self._drained = trio.Event()
+                await self._suspended(self._drained.wait())
         deliveries = self.deliveries
         if not deliveries.refresh_stalled() and not self.account.is_clear():
             self.broker.outbox.flush()
+        if not deliveries.refresh_stalled() and not self.account.is_clear():
             self.counters.reader_pauses += 1
             with trio.CancelScope() as scope:
                 deliveries.funds_scope = scope

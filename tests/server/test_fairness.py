@@ -136,3 +136,60 @@ async def test_a_ping_flooder_that_does_not_read_is_stopped_by_its_account() -> 
             assert broker.internal_errors == 0
         finally:
             await client.aclose()
+
+
+async def test_a_reader_that_passes_max_unsent_on_output_it_held_goes_on() -> None:
+    """Review: output held for a read's last turn could pass ``max_unsent``
+    for a client that reads promptly; the pause wrote it all at once, which
+    set the writer's old event, and the reader then waited on a new one that
+    nothing set until a heartbeat (15 s for one 64 KiB read of Pings, where
+    the code before answered in 0.09 s). Now it writes, checks again, and
+    goes on: every Pong comes without any pause."""
+    async with running_broker(max_unsent=128 * KiB, heartbeat=3600.0, lease=7200.0) as broker:
+        client = await RawClient.connect(broker)
+        try:
+            await client.handshake("reader")
+            connection = connection_named(broker, "reader")
+            pings = b"".join(encode(Ping(n)) for n in range(10, 65_536 // len(PING) + 10))
+            last = 65_536 // len(PING) + 9
+            async with trio.open_nursery() as nursery:
+                client.start_reading(nursery)
+                with trio.fail_after(TIMEOUT):
+                    await client.stream.send_all(pings)
+                    await client.wait_for(lambda m: isinstance(m, Pong) and m.nonce == last)
+                nursery.cancel_scope.cancel()
+            assert connection.counters.reader_pauses == 0
+            assert broker.internal_errors == 0
+        finally:
+            await client.aclose()
+
+
+async def test_a_client_that_reads_is_not_charged_for_answers_the_broker_held() -> None:
+    """Review: the turns of a read before its last hold their output back
+    on purpose (the last writes it all at once), and each of them charged
+    its control frames as if the client did not read: a prompt reader's
+    8 KiB of Pings (about 1,170, 18 turns) ran its account to some 80 KB of
+    debt. Charged per read, and only if the answers still wait once the
+    last turn wrote them, a client that reads stays near 0."""
+    async with running_broker(heartbeat=3600.0, lease=7200.0) as broker:
+        client = await RawClient.connect(broker)
+        try:
+            await client.handshake("reader")
+            connection = connection_named(broker, "reader")
+            count = 8192 // len(PING)
+            async with trio.open_nursery() as nursery:
+                client.start_reading(nursery)
+                for round_ in range(5):
+                    first = 1000 + round_ * count
+                    pings = b"".join(encode(Ping(first + n)) for n in range(count))
+                    with trio.fail_after(TIMEOUT):
+                        await client.stream.send_all(pings)
+                        last = first + count - 1
+                        await client.wait_for(
+                            lambda m, n=last: isinstance(m, Pong) and m.nonce == n
+                        )
+                nursery.cancel_scope.cancel()
+            assert connection.account.statistics().peak_debt < 8192
+            assert connection.account.debt == 0
+        finally:
+            await client.aclose()

@@ -56,6 +56,7 @@ LOG_FIGURES = (
     "fsync_seconds",
     "truncated_records",
     "truncated_bytes",
+    "gap_records",
 )
 #: Top-level keys shown by their own sections (any other is shown generically).
 KNOWN = {

@@ -83,13 +83,6 @@ class TopicLog:
         self._readers: set[Reader] = set()
         self._always = config.flush == "always"
         self._closed = False
-        # Recovery may have sealed a term before a gap at the end of the log
-        # (records lost there): retention as if that term had been filled.
-        limit = config.retain_bytes
-        while limit is not None and len(terms) > 2:
-            if self.size_bytes - self._active.used + config.term_bytes <= limit:
-                break
-            self._delete_oldest()
 
     @classmethod
     def open(
@@ -121,6 +114,11 @@ class TopicLog:
     def durable_offset(self) -> int:
         """The last offset fsynced: survives the machine losing power."""
         return self._durable_next - 1
+
+    @property
+    def gap_records(self) -> int:
+        """Records missing inside the log (see :attr:`recovery`): readers get a gap."""
+        return sum(count for first, count in self.recovery.gaps if first >= self.first_offset)
 
     @property
     def size_bytes(self) -> int:

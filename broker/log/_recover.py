@@ -256,6 +256,12 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
             remove_term(term_path(directory, terms.pop().base))
         elif terms:
             _seal(directory, terms[-1])
+        # Retention as if the term sealed before the gap had been filled.
+        limit = config.retain_bytes
+        while limit is not None and len(terms) > 1:
+            if sum(term.used for term in terms) + config.term_bytes <= limit:
+                break
+            remove_term(term_path(directory, terms.pop(0).base))
         term_path(directory, resume).touch()
         fsync_dir(directory)
         terms.append(Term(resume, config.term_bytes, None))

@@ -92,7 +92,7 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
 
         {"data_dir", "free_bytes", "size_bytes", "topics_total", "bytes", "terms",
          "blocked_topics", "max_lag", "subscriptions", "appends", "append_errors",
-         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes",
+         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes", "gap_records",
          "topics": [{"name", "first_offset", "last_offset", "bytes", "terms",
                      "held", "blocked", "error", "lag", "subscriptions_total",
                      "subscriptions": [{"connection", "handle", "position", "acked",
@@ -148,6 +148,7 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
         "fsync_seconds": figures.fsync_seconds,
         "truncated_records": figures.truncated_records,
         "truncated_bytes": figures.truncated_bytes,
+        "gap_records": figures.gap_records,
         "topics": topics,
         **cursors,
     }

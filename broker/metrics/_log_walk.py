@@ -137,6 +137,7 @@ class LogFigures:
     fsync_buckets: list[tuple[str, float]] = field(default_factory=list)
     truncated_records: int = 0
     truncated_bytes: int = 0
+    gap_records: int = 0
     top: list[TopicLogFigures] = field(default_factory=list)
 
 
@@ -163,6 +164,7 @@ def log_walk(broker: LogsHost, top: int, chunk: int) -> Walk[LogFigures | None]:
         recovery = topic_log.recovery
         figures.truncated_records += recovery.cut_records
         figures.truncated_bytes += recovery.cut_bytes
+        figures.gap_records += topic_log.gap_records
         topic = topics.get(name)
         held = lag = readers = 0
         error = None
@@ -232,6 +234,7 @@ def add_log_families(families: Mapping[str, Family], figures: LogFigures | None)
     fsync.add_metric([], buckets=figures.fsync_buckets, sum_value=figures.fsync_seconds)
     add("broker_log_truncated_records_total", [], figures.truncated_records)
     add("broker_log_truncated_bytes_total", [], figures.truncated_bytes)
+    add("broker_log_gap_records", [], figures.gap_records)
     if figures.free_bytes is not None and figures.size_bytes is not None:
         add("broker_data_dir_free_bytes", [], figures.free_bytes)
         add("broker_data_dir_size_bytes", [], figures.size_bytes)

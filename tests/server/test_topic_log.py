@@ -341,7 +341,7 @@ async def test_a_cursor_past_a_log_cut_back_goes_on_from_its_new_end(
     # Offset 10 is cut and its checkpoint is behind (a power cut: both
     # were written, neither fsynced): the log ends at 9 as far as it knows.
     cut_last_record(tmp_path)
-    (checkpoint,) = tmp_path.glob("topics/*/checkpoint")
+    (checkpoint,) = tmp_path.glob("topics/*/checkpoint")  # noqa: ASYNC240
     checkpoint.unlink()
     caplog.set_level(logging.WARNING, logger="broker")
     async with running_broker(log_config(tmp_path)) as broker:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import shutil
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -114,9 +115,13 @@ def _aside(path: Path) -> Path:
 
 
 def _keep_aside(path: Path, aside: Path) -> None:
-    """A second name for the damaged file ``path`` (kept when ``path`` is replaced)."""
+    """A second name for the damaged file ``path`` (kept when ``path`` is
+    replaced), or a copy where the file system has no hard links."""
     if not aside.exists():
-        os.link(path, aside)
+        try:
+            os.link(path, aside)
+        except OSError:
+            shutil.copyfile(path, aside)
 
 
 def _write_term(path: Path, chunk: bytes) -> None:

@@ -104,7 +104,8 @@ class Run:
     ``tails[i]`` is the body of record ``first_offset + i``, a read-only
     slice of a term buffer (no copy; valid as long as it is held). ``gap``
     is how many records before ``first_offset`` the reader asked for but
-    were deleted by retention (0 normally).
+    were deleted by retention or lost to damage of the log's files (see
+    :class:`Recovery`; 0 normally).
     """
 
     first_offset: int

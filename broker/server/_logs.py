@@ -150,10 +150,11 @@ class TopicLogs:
         recovery = topic_log.recovery
         if not recovery.clean:
             log.warning(
-                "topic %r: %d records lost from its log (readers get a Gap for them), "
+                "topic %r: %d record%s lost from its log (readers get a Gap for them), "
                 "%d bytes cut or set aside: %s",
                 name[:64],
                 recovery.cut_records,
+                "" if recovery.cut_records == 1 else "s",
                 recovery.cut_bytes,
                 "; ".join(recovery.details)[:400],
             )

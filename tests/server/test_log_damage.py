@@ -127,7 +127,8 @@ async def test_damage_between_runs_loses_exactly_the_damaged_records(
         assert received == [(offset, payload(offset)) for offset in intact]
         assert gaps == ranges(lost)
         # Reported with the count: a log line, the metric, broker stat.
-        (line,) = [r.getMessage() for r in caplog.records if "lost from its log" in r.getMessage()]
+        lines = [r.getMessage() for r in caplog.records if "lost from its log" in r.getMessage()]
+        (line,) = lines
         assert f"{len(lost)} records lost" in line
         scrape = Scrape(broker)
         assert scrape("broker_log_truncated_records_total") == len(lost)

@@ -211,7 +211,8 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
         try:
             size = len(data)
             findings = _examine(path, data, base, min_time, rest[0] if rest else None)
-            if not findings.whole:
+            # (A sealed term file with no record is damage too: set aside.)
+            if not findings.whole or (rest and not findings.segments):
                 kept = sum(segment.scan.end for segment in findings.segments)
                 report.cut_bytes += size - kept
                 if not rest and findings.tail_only:

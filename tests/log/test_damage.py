@@ -160,3 +160,18 @@ def test_the_last_term_cut_to_nothing_is_reported_from_the_checkpoint(tmp_path: 
         assert "missing at the end of the log" in log.recovery.details[0]
         assert log.next_offset == COUNT + 1
     assert survey(tmp_path) == (1, COUNT + 1)
+
+
+def test_a_sealed_term_cut_to_nothing_is_reported_once(tmp_path: Path) -> None:
+    """(An empty first term file used to stay, and its offsets were
+    reported lost again at every opening.)"""
+    bases = _filled(tmp_path)
+    for number in (1, 0):
+        term = _terms(tmp_path)[number]
+        lost = set(range(bases[number], bases[number + 1]))
+        os.truncate(term, 0)
+        with open_log(tmp_path) as log:
+            assert log.recovery.cut_records == len(lost)
+            assert not term.exists()
+        with open_log(tmp_path) as log:
+            assert log.recovery.clean

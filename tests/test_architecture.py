@@ -19,7 +19,13 @@ PACKAGES = ("accounts", "actors", "broker")
 #: The size past which a module needs a stated reason (docs/architecture.md).
 MAX_LINES = 600
 #: Modules allowed past MAX_LINES, and why.
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "broker/log/_log.py": (
+        "TopicLog: one topic's log, one job (append, read with gaps, sync, "
+        "retention, its files' bound); split by line count it would scatter "
+        "that state over classes that share every field"
+    ),
+}
 
 #: Modules of broker/protocol may import only these (plus the standard
 #: library modules that do no I/O and read no clock, and each other).

@@ -310,9 +310,12 @@ async def test_records_cut_at_start_up_are_counted(tmp_path: Path) -> None:
         assert not recovery.clean
         scrape = Scrape(broker)
         assert scrape("broker_log_truncated_bytes_total") == recovery.cut_bytes > 0
-        assert scrape("broker_log_truncated_records_total") == recovery.cut_records
-        assert scrape("broker_topic_log_last_offset", topic="t") == 30  # 29 kept, and "next"
+        # The torn record is one record lost (it used to be counted 0).
+        assert scrape("broker_log_truncated_records_total") == recovery.cut_records == 1
+        # 29 kept, 30 lost (not used again), and "next" at 31.
+        assert scrape("broker_topic_log_last_offset", topic="t") == 31
         assert stat_document(broker)["logs"]["truncated_bytes"] == recovery.cut_bytes
+        assert stat_document(broker)["logs"]["truncated_records"] == 1
 
 
 def test_every_log_family_is_exported() -> None:

@@ -67,6 +67,7 @@ LOG_FIGURES = (
     "truncated_bytes",
     "open_files",
     "file_evictions",
+    "gap_records",
 )
 #: Top-level keys shown by their own sections (any other is shown generically).
 KNOWN = {

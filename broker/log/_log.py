@@ -32,6 +32,7 @@ from ._files import (
     write_index,
 )
 from ._format import check_size, encode_index
+from ._marks import write_checkpoint
 from ._open_files import OpenFiles, TermMaps
 from ._recover import recover
 from ._term import Term, new_buffer
@@ -126,6 +127,11 @@ class TopicLog:
     def durable_offset(self) -> int:
         """The last offset fsynced: survives the machine losing power."""
         return self._durable_next - 1
+
+    @property
+    def gap_records(self) -> int:
+        """Records missing inside the log (see :attr:`recovery`): readers get a gap."""
+        return sum(count for first, count in self.recovery.gaps if first >= self.first_offset)
 
     @property
     def size_bytes(self) -> int:
@@ -252,7 +258,7 @@ class TopicLog:
         self.write()
         if self._durable_next < self._written_next:
             self._file.sync()
-            self._durable_next = self._written_next
+            self._synced(self._written_next)
         self._dirty_since = None
 
     def flush_due(self, now_ms: int) -> bool:
@@ -299,6 +305,8 @@ class TopicLog:
     def _synced(self, durable_next: int) -> None:
         if durable_next > self._durable_next:
             self._durable_next = durable_next
+            # What recovery compares the log with, to tell what was lost.
+            write_checkpoint(self.directory, durable_next - 1)
 
     def _sync_failed(self) -> None:
         if self._dirty_since is None:
@@ -390,8 +398,10 @@ class TopicLog:
     ) -> Run:
         """The records from ``offset`` on, within one term: at most
         ``max_records`` and about ``max_bytes`` (at least one record if
-        any). Before the first retained record it starts there and reports
-        the ``gap``; at or past the end the run is empty."""
+        any). Before the first retained record, or in a range of offsets
+        missing inside the log (damage found by recovery), it starts at the
+        next record there is and reports the ``gap``; at or past the end the
+        run is empty."""
         if self._closed:
             raise LogClosed(f"the log of {self.topic!r} is closed")
         active = self._active
@@ -403,7 +413,16 @@ class TopicLog:
             gap = first - offset
             offset = first
         terms = self._terms
-        term = terms[bisect_right(terms, offset, key=_base) - 1]
+        index = bisect_right(terms, offset, key=_base) - 1
+        term = terms[index]
+        if offset >= term.next_offset:
+            # Offsets missing between two terms (damaged, or a term file
+            # gone: see ``recovery``): the run starts after them.
+            term = terms[index + 1]
+            gap += term.base - offset
+            offset = term.base
+            if term is active:
+                return Run(offset, active.bodies(offset, max_records, max_bytes), gap)
         if not term.loaded:
             term.load(map_file(term_path(self.directory, term.base)))
         self._keep_mapped(term)
@@ -425,6 +444,8 @@ class TopicLog:
         index = bisect_right(terms, offset, key=_base) - 1
         while len(times) < count:
             term = terms[index]
+            if offset + len(times) < term.base:
+                raise LogError(f"offset {offset + len(times)} of {self.topic!r} is in a gap")
             if not term.loaded:
                 term.load(map_file(term_path(self.directory, term.base)))
             self._keep_mapped(term)

@@ -104,7 +104,8 @@ class Run:
     ``tails[i]`` is the body of record ``first_offset + i``, a read-only
     slice of a term buffer (no copy; valid as long as it is held). ``gap``
     is how many records before ``first_offset`` the reader asked for but
-    were deleted by retention (0 normally).
+    were deleted by retention or lost to damage of the log's files (see
+    :class:`Recovery`; 0 normally).
     """
 
     first_offset: int
@@ -119,14 +120,25 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
-    """What opening a log cut: bytes of torn or corrupt data at the end of
-    a term, whole records that came after the cut (and so were dropped),
-    and term files removed. All zero after a clean close."""
+    """What opening a log found lost: ``cut_bytes`` of torn or corrupt data
+    (cut from the end of the last term, or set aside with a damaged term),
+    ``cut_records`` records lost that an earlier opening had not reported
+    (damaged, in a term file gone, or missing at the end of the log),
+    ``cut_terms`` term files set aside as damaged; ``details`` says which
+    offsets and why, one sentence each. ``gaps`` are the ranges
+    ``(first offset, count)`` missing inside the log (new or known): readers
+    get a gap for them. All zero (and no gaps) after a clean close."""
 
     cut_bytes: int = 0
     cut_records: int = 0
     cut_terms: int = 0
     details: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def gap_records(self) -> int:
+        """How many records are missing inside the log (readers get a gap)."""
+        return sum(count for _, count in self.gaps)
 
     @property
     def clean(self) -> bool:

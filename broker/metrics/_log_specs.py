@@ -71,13 +71,22 @@ LOG_METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         "broker_log_truncated_records_total",
         "counter",
-        "Records cut from topic logs when they were opened (a torn or corrupt tail after "
-        "a crash, and whole records after it), over the logs opened since the start.",
+        "Records found lost when topic logs were opened, over the logs opened since the "
+        "start: damaged (their term set aside as .damaged), in a term file gone, or "
+        "missing at the end of a log (torn, cut, or short of the last offset flushed). "
+        "Readers get a Gap for them.",
     ),
     MetricSpec(
         "broker_log_truncated_bytes_total",
         "counter",
-        "Bytes cut from topic logs when they were opened (see broker_log_truncated_records_total).",
+        "Bytes cut from the end of topic logs or set aside with damaged terms when they "
+        "were opened (see broker_log_truncated_records_total).",
+    ),
+    MetricSpec(
+        "broker_log_gap_records",
+        "gauge",
+        "Records missing inside the open topic logs (lost, now or at an earlier start, "
+        "and not yet deleted by retention): readers get a Gap for them.",
     ),
     MetricSpec(
         "broker_log_open_files",

@@ -92,7 +92,7 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
 
         {"data_dir", "free_bytes", "size_bytes", "topics_total", "bytes", "terms",
          "blocked_topics", "max_lag", "subscriptions", "appends", "append_errors",
-         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes",
+         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes", "gap_records",
          "open_files", "open_files_limit", "file_opens", "file_evictions",
          "topics": [{"name", "first_offset", "last_offset", "bytes", "terms",
                      "held", "blocked", "error", "lag", "subscriptions_total",
@@ -153,6 +153,7 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
         "open_files_limit": figures.open_files_limit,
         "file_opens": figures.file_opens,
         "file_evictions": figures.file_evictions,
+        "gap_records": figures.gap_records,
         "topics": topics,
         **cursors,
     }

@@ -142,6 +142,7 @@ class LogFigures:
     open_files_limit: int = 0
     file_opens: int = 0
     file_evictions: int = 0
+    gap_records: int = 0
     top: list[TopicLogFigures] = field(default_factory=list)
 
 
@@ -168,6 +169,7 @@ def log_walk(broker: LogsHost, top: int, chunk: int) -> Walk[LogFigures | None]:
         recovery = topic_log.recovery
         figures.truncated_records += recovery.cut_records
         figures.truncated_bytes += recovery.cut_bytes
+        figures.gap_records += topic_log.gap_records
         topic = topics.get(name)
         held = lag = readers = 0
         error = None
@@ -244,6 +246,7 @@ def add_log_families(families: Mapping[str, Family], figures: LogFigures | None)
     add("broker_log_open_files_limit", [], figures.open_files_limit)
     add("broker_log_file_opens_total", [], figures.file_opens)
     add("broker_log_file_evictions_total", [], figures.file_evictions)
+    add("broker_log_gap_records", [], figures.gap_records)
     if figures.free_bytes is not None and figures.size_bytes is not None:
         add("broker_data_dir_free_bytes", [], figures.free_bytes)
         add("broker_data_dir_size_bytes", [], figures.size_bytes)

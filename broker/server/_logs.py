@@ -164,11 +164,20 @@ class TopicLogs:
         recovery = topic_log.recovery
         if not recovery.clean:
             log.warning(
-                "topic %r: recovery cut %d records (%d bytes) from its log: %s",
+                "topic %r: %d record%s lost from its log (readers get a Gap for them), "
+                "%d bytes cut or set aside: %s",
                 name[:64],
                 recovery.cut_records,
+                "" if recovery.cut_records == 1 else "s",
                 recovery.cut_bytes,
-                "; ".join(recovery.details)[:300],
+                "; ".join(recovery.details)[:400],
+            )
+        elif recovery.gaps:
+            log.info(
+                "topic %r: %d records missing from its log, as found before: %s",
+                name[:64],
+                recovery.gap_records,
+                "; ".join(recovery.details)[:400],
             )
         return topic_log
 

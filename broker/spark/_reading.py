@@ -53,11 +53,12 @@ def topic_offsets(options: SourceOptions) -> dict[str, tuple[int, int]]:
 
 
 def lost(options: SourceOptions, topic: str, first: int, end: int) -> None:
-    """Records ``[first, end)`` of ``topic`` were deleted before being read:
-    raise (``failOnDataLoss``) or log a warning."""
+    """Records ``[first, end)`` of ``topic`` were deleted (or lost to
+    damage of the broker's log) before being read: raise
+    (``failOnDataLoss``) or log a warning."""
     what = (
         f"topic {topic!r}: records {first} to {end - 1} ({end - first}) were deleted by "
-        "retention before this query read them"
+        "retention (or lost to damage of the broker's log) before this query read them"
     )
     if options.fail_on_data_loss:
         raise SourceError(

@@ -411,7 +411,7 @@ def merge_stat_documents(
       ``topics_total`` (a topic in two workers counts twice);
     - ``logs``: the figures (``topics_total``, ``bytes``, ``terms``,
       ``blocked_topics``, ``subscriptions``, ``appends``, ``fsyncs``,
-      ``fsync_seconds``, ``truncated_*``, ``cursors_total``...), but
+      ``fsync_seconds``, ``truncated_*``, ``gap_records``, ``cursors_total``...), but
       ``max_lag`` is the largest, and ``free_bytes`` and ``size_bytes`` are
       those of the worker with the least free bytes (workers may share a
       disk). ``logs`` is ``null`` if no worker keeps logs.

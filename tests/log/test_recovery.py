@@ -63,7 +63,12 @@ def test_a_bigger_term_from_an_earlier_config_is_reopened_whole(tmp_path: Path) 
 
 @settings(max_examples=40)
 @given(st.data())
-def test_a_torn_last_term_is_cut_at_its_last_whole_record(data: st.DataObject) -> None:
+def test_a_torn_last_term_loses_only_what_was_cut_and_says_so(data: st.DataObject) -> None:
+    """The records cut from the end of the log used to go unreported (a
+    last term cut to 0 bytes: its records lost, "cut 0 records"), and their
+    offsets went to new records: every record lost is counted (the log knows
+    the last offset it flushed), readers get a gap for exactly those, and
+    the log goes on after them."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         with open_log(path) as log:
@@ -74,22 +79,31 @@ def test_a_torn_last_term_is_cut_at_its_last_whole_record(data: st.DataObject) -
         keep = data.draw(st.integers(0, size - 1))
         os.truncate(last, keep)
         with open_log(path) as log:
-            records = read_all(log.reader())
+            reader = log.reader()
+            records = read_all(reader)
             survivors = len(records)
             assert records == [(i, body(i)) for i in range(1, survivors + 1)]
-            assert survivors < 30
-            assert log.recovery.cut_bytes == keep - last.stat().st_size
-            assert log.recovery.cut_records == 0
-            # appends go on right after the last good record, and survive a reopen
-            assert log.append(b"after", T0 + 99) == survivors + 1
+            lost = 30 - survivors
+            assert lost > 0 and log.recovery.cut_records == lost
+            # (a last term cut to no record is removed: the log goes on in a new one)
+            assert log.recovery.cut_bytes == keep - (last.stat().st_size if last.exists() else 0)
+            assert log.recovery.gaps == [(survivors + 1, lost)]
+            assert f"{lost} record" in log.recovery.details[0]
+            run = log.read(survivors + 1)
+            assert (run.gap, run.first_offset, run.tails) == (lost, 31, [])
+            assert log.append(b"after", T0 + 99) == 31  # no offset is used twice
         with open_log(path) as log:
-            assert log.recovery.clean
-            assert read_all(log.reader())[-1] == (survivors + 1, b"after")
+            assert log.recovery.clean and log.recovery.gaps == [(survivors + 1, lost)]
+            assert read_all(log.reader())[-1] == (31, b"after")
 
 
 @settings(max_examples=40)
 @given(st.data())
-def test_a_corrupt_byte_cuts_the_log_there_and_reports_it(data: st.DataObject) -> None:
+def test_a_corrupt_byte_loses_exactly_its_record(data: st.DataObject) -> None:
+    """A flipped byte anywhere used to cut the log there and remove every
+    later term (76% of a log lost for one byte in its 4th term of 11): now
+    exactly the record holding it is lost, reported, and a gap for readers;
+    a sealed term holding it is kept aside as ``.damaged``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         with open_log(path) as log:
@@ -103,40 +117,35 @@ def test_a_corrupt_byte_cuts_the_log_there_and_reports_it(data: st.DataObject) -
         where = data.draw(st.integers(0, len(raw) - 1))
         raw[where] ^= data.draw(st.integers(1, 255))
         victim.write_bytes(raw)
+        damaged = bases[index] + where // (HEADER_SIZE + len(body(1)))
         with open_log(path) as log:
             recovery = log.recovery
-            records = read_all(log.reader())
-            survivors = len(records)
-            assert records == [(i, body(i)) for i in range(1, survivors + 1)]
-            assert bases[index] - 1 <= survivors < bases[index + 1] - 1
-            assert recovery.cut_terms == len(terms) - index - 1
-            # Every record lost is counted, the corrupt one and those after it
-            # in its term too (they used to be left out: "cut 0 records" for
-            # 330 lost), also when the flipped byte is in a size field (the
-            # record after it is found by its offset and checksum). Only the
-            # last record of its term with a damaged size field reads as a torn
-            # record, which is not counted.
-            lost = 40 - survivors
-            assert recovery.cut_records in (lost, lost - 1)
-            if recovery.cut_records < lost:
-                assert where % (HEADER_SIZE + len(body(1))) < HEADER_SIZE  # (in a header)
-            assert recovery.cut_bytes > 0 and recovery.details
-            assert _terms(path)[-1] == victim and victim.stat().st_size <= where
-            assert log.append(b"again", T0 + 100) == survivors + 1
+            assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 41) if i != damaged]
+            assert recovery.cut_records == 1 and recovery.details
+            assert f"lost at offset {damaged}:" in recovery.details[0]
+            run = log.read(damaged)
+            assert run.gap == 1 and run.first_offset == damaged + 1
+            if index < len(terms) - 1:
+                assert (path / f"{victim.name}.damaged").read_bytes() == raw
+                assert recovery.cut_terms == 1
+            assert log.append(b"again", T0 + 100) == 41
 
 
-def test_a_term_that_does_not_follow_is_removed(tmp_path: Path) -> None:
+def test_a_missing_term_is_a_gap_and_the_terms_after_it_stay(tmp_path: Path) -> None:
     with open_log(tmp_path) as log:
         for i in range(1, 41):
             log.append(body(i), T0 + i)
         bases = log.term_bases()
     _terms(tmp_path)[1].unlink()  # a hole in the middle
     with open_log(tmp_path) as log:
-        assert log.term_bases() == [bases[0]]
-        assert log.next_offset == bases[1]
-        assert log.recovery.cut_terms == len(bases) - 2
-        assert log.recovery.cut_records == 40 - bases[2] + 1
-        assert "does not follow" in log.recovery.details[0]
+        assert log.term_bases() == [bases[0], *bases[2:]]
+        assert log.next_offset == 41
+        missing = bases[2] - bases[1]
+        assert log.recovery.cut_records == missing and log.recovery.cut_terms == 0
+        assert log.recovery.gaps == [(bases[1], missing)]
+        assert "no term file holds them" in log.recovery.details[0]
+        kept = [(i, body(i)) for i in range(1, 41) if not bases[1] <= i < bases[2]]
+        assert read_all(log.reader()) == kept
 
 
 # ---------------------------------------------------------------- a full disk
@@ -353,7 +362,7 @@ def test_kill_9_keeps_every_written_record_once_in_order(tmp_path: Path, flush: 
 
 def _scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the base of every term that opening scans record by record."""
-    from broker.log import _recover
+    from broker.log import _damage
     from broker.log._format import Scan
     from broker.log._format import scan as real
 
@@ -363,7 +372,7 @@ def _scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         scanned.append(first_offset)
         return real(data, limit, first_offset, min_time)
 
-    monkeypatch.setattr(_recover, "scan", scan)
+    monkeypatch.setattr(_damage, "scan", scan)
     return scanned
 
 
@@ -399,7 +408,7 @@ def test_a_bad_index_means_a_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 101)]
 
 
-def test_a_truncated_sealed_term_is_cut_despite_its_index(tmp_path: Path) -> None:
+def test_a_truncated_sealed_term_loses_its_torn_record_only(tmp_path: Path) -> None:
     with open_log(tmp_path) as log:
         for i in range(1, 101):
             log.append(body(i), T0 + i)
@@ -407,9 +416,10 @@ def test_a_truncated_sealed_term_is_cut_despite_its_index(tmp_path: Path) -> Non
     middle = _terms(tmp_path)[1]
     os.truncate(middle, middle.stat().st_size - 3)
     with open_log(tmp_path) as log:
-        assert log.next_offset == bases[2] - 1  # its last record was torn
-        assert log.recovery.cut_terms == len(bases) - 2
-        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, bases[2] - 1)]
+        assert log.next_offset == 101 and log.term_bases() == bases
+        torn = bases[2] - 1  # its last record
+        assert log.recovery.gaps == [(torn, 1)] and log.recovery.cut_records == 1
+        assert read_all(log.reader()) == [(i, body(i)) for i in range(1, 101) if i != torn]
 
 
 def test_a_failed_fsync_undoes_the_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

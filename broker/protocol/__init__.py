@@ -71,6 +71,7 @@ from ._guarantees import (
     SentFrame,
 )
 from ._handles import Binding, HandleState, HandleTable
+from ._large import MIN_PART
 from ._liveness import Liveness
 from ._messages import (
     Abort,
@@ -89,6 +90,7 @@ from ._messages import (
     DeliverTimed,
     EncodedDeliveries,
     Entry,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -155,6 +157,7 @@ __all__ = [
     "MAX_HELLO_FRAME",
     "MAX_PUBLISH_MANY",
     "MAX_TOPIC_NAME",
+    "MIN_PART",
     "MIN_TOPIC_NAME",
     "OPTIMISM_FRAMES",
     "PIECE_OVERHEAD",
@@ -198,6 +201,7 @@ __all__ = [
     "Entry",
     "Event",
     "FrameDecoder",
+    "FramePart",
     "FramesAbandoned",
     "FreeHandle",
     "Gap",

@@ -24,6 +24,7 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -135,7 +136,11 @@ def _fields(message: Message) -> list[Any]:
             return [44, request, [[name, first, end] for name, first, end in topics], reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed, token, deliver_many, metadata, sends_many):
+        case FramePart(channel, flags, chunk):
+            return [37, _wire_channel(channel), flags, chunk]
+        case Hello(
+            version, client, session, processed, token, deliver_many, metadata, sends_many, large
+        ):
             fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
             if token is not None:
                 fields["token"] = token
@@ -145,6 +150,8 @@ def _fields(message: Message) -> list[Any]:
                 fields["metadata"] = True
             if sends_many:
                 fields["publish_many"] = True
+            if large:
+                fields["max_message"] = large
             return [0, version, fields]
         case Welcome():
             welcome: dict[str, Any] = {
@@ -166,6 +173,8 @@ def _fields(message: Message) -> list[Any]:
                 welcome["cluster"] = message.cluster.to_wire()
             if message.publish_many:
                 welcome["publish_many"] = True
+            if message.max_message:
+                welcome["max_message"] = message.max_message
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 

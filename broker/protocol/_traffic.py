@@ -85,7 +85,21 @@ def fitting_run(
 
 
 class Traffic(HandleBinding):
-    """Publish, Deliver, DeliverMany and their notices."""
+    """Publish, Deliver, DeliverMany and their notices (messages larger than a
+    frame are :mod:`._large`'s, through the two methods below)."""
+
+    def _publish_in_parts(
+        self,
+        state: TopicState,
+        sender: ChannelSender,
+        payload: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> int | None:
+        raise NotImplementedError  # (._large)
+
+    def _deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
+        raise NotImplementedError  # (._large)
 
     # ---------------------------------------------------------------- publish
 
@@ -111,6 +125,10 @@ class Traffic(HandleBinding):
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
+        if self._parts_out or (type(payload) is bytes and len(payload) > self._plain_payload):
+            size = self._publish_in_parts(state, sender, payload, key, headers)
+            if size is not None:
+                return size
         if (
             headers is None
             and type(payload) is bytes
@@ -311,7 +329,7 @@ class Traffic(HandleBinding):
             size = len(head) + len(tail)
             if size > room or size > limit:
                 if size > limit and seq == first_seq:
-                    raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                    return self._deliver_large(sender, seq, [head, tail])
                 break
             room -= size
             total += size
@@ -369,7 +387,7 @@ class Traffic(HandleBinding):
                 size = len(head) + len(tail)
                 if size > room or size > limit:
                     if size > limit and sent == 0:
-                        raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                        return self._deliver_large(sender, seq, [head, tail])
                     break
                 out.append(head)
                 out.append(tail)
@@ -425,7 +443,7 @@ class Traffic(HandleBinding):
             size = len(head) + body
             if size > room or size > limit:
                 if size > limit and sent == 0:
-                    raise LocalProtocolError(f"DeliverTimed of {size} bytes exceeds max_frame")
+                    return self._deliver_large(sender, seq, [head, *pieces])
                 break
             out.append(head)
             out += pieces

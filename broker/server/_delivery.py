@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from accounts import Account, LoanedItem
-from broker.protocol import Channel, ChannelKind, Connection, LocalProtocolError
+from broker.protocol import MIN_PART, Channel, ChannelKind, Connection, LocalProtocolError
 
 from ._topic import Subscription
 from ._wake import Wake
@@ -146,6 +146,8 @@ class Deliveries:
     def has_room(self, subscription: Subscription, size: int) -> bool:
         """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""
         room = self.room(subscription)
+        if size > self.protocol.peer_max_frame:
+            size = MIN_PART  # (it goes in parts, or as a Gap to a client that takes none)
         return room > 0 and room >= size
 
     def room(self, subscription: Subscription) -> int:

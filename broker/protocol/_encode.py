@@ -547,3 +547,25 @@ def encode_origins(runs: list[OriginRun]) -> bytes:
     """The CBOR of ``runs`` as the last element of a ``PublishMany`` (see
     :mod:`._origins`; the caller vouches for their types)."""
     return cbor2.dumps(runs)  # (a tuple is encoded as an array)
+
+
+def fitting_run(
+    tails: list[bytes], first: int, stop: int, capacity: int, *, whole: bool
+) -> tuple[int, int]:
+    """The end of the longest run ``tails[first:end]`` (``end <= stop``)
+    whose bytes add up to at most ``capacity``, and that sum. With
+    ``whole`` (the usual case: a batch's first frame) they are first summed
+    all in one go; otherwise, or if they do not all fit, measured one by one."""
+    if whole:
+        body = sum(map(len, tails[first:stop]))
+        if body <= capacity:
+            return stop, body
+    body = 0
+    end = first
+    while end < stop:
+        size = len(tails[end])
+        if body + size > capacity:
+            break
+        body += size
+        end += 1
+    return end, body

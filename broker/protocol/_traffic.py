@@ -24,6 +24,7 @@ from ._encode import (
     encode_deliver,
     encode_publish,
     encode_publish_tail,
+    fitting_run,
     publish_tail_frames,
     time_heads,
 )
@@ -62,31 +63,8 @@ from ._types import (
 )
 
 
-def fitting_run(
-    tails: list[bytes], first: int, stop: int, capacity: int, *, whole: bool
-) -> tuple[int, int]:
-    """The end of the longest run ``tails[first:end]`` (``end <= stop``)
-    whose bytes add up to at most ``capacity``, and that sum. With
-    ``whole`` (the usual case: a batch's first frame) they are first summed
-    all in one go; otherwise, or if they do not all fit, measured one by one."""
-    if whole:
-        body = sum(map(len, tails[first:stop]))
-        if body <= capacity:
-            return stop, body
-    body = 0
-    end = first
-    while end < stop:
-        size = len(tails[end])
-        if body + size > capacity:
-            break
-        body += size
-        end += 1
-    return end, body
-
-
 class Traffic(HandleBinding):
-    """Publish, Deliver, DeliverMany and their notices (messages larger than a
-    frame are :mod:`._large`'s, through the two methods below)."""
+    """Publish, Deliver, DeliverMany, their notices (larger ones: ``_large``)."""
 
     def _publish_in_parts(
         self,
@@ -329,7 +307,8 @@ class Traffic(HandleBinding):
             size = len(head) + len(tail)
             if size > room or size > limit:
                 if size > limit and seq == first_seq:
-                    return self._deliver_large(sender, seq, [head, tail])
+                    taken = self._deliver_large(sender, seq, [head, tail])
+                    return taken and 1 + self.deliver_encoded_many(subscription, seq + 1, tails[1:])
                 break
             room -= size
             total += size
@@ -387,7 +366,10 @@ class Traffic(HandleBinding):
                 size = len(head) + len(tail)
                 if size > room or size > limit:
                     if size > limit and sent == 0:
-                        return self._deliver_large(sender, seq, [head, tail])
+                        taken = self._deliver_large(sender, seq, [head, tail])
+                        return taken and 1 + self.deliver_encoded_many(
+                            subscription, seq + 1, tails[1:]
+                        )
                     break
                 out.append(head)
                 out.append(tail)
@@ -443,7 +425,10 @@ class Traffic(HandleBinding):
             size = len(head) + body
             if size > room or size > limit:
                 if size > limit and sent == 0:
-                    return self._deliver_large(sender, seq, [head, *pieces])
+                    taken = self._deliver_large(sender, seq, [head, *pieces])
+                    return taken and 1 + self.deliver_timed(
+                        subscription, seq + 1, tails[1:], times[1:]
+                    )
                 break
             out.append(head)
             out += pieces

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterable
 
 from broker.protocol import (
+    MAX_MESSAGE,
     SUBSCRIPTION_BINDS,
     Answer,
     Channel,
@@ -66,9 +67,6 @@ log = logging.getLogger("broker.client")
 
 #: How many of a peer's first bytes a client keeps, to say what answered its Hello.
 ANSWER_KEPT = 64
-#: The largest message the client takes in parts (its Hello's ``max_message``):
-#: what it publishes is bounded by the broker's own, in its Welcome.
-CLIENT_MAX_MESSAGE = 64 * 1024 * 1024
 
 
 class Ending(enum.Enum):
@@ -111,9 +109,7 @@ class ClientSession:
         self.fallback: str | None = None  #: see ``Client.reconnect_through``
         self.on_output: Callable[[], object] = lambda: None
         self.clock = clock
-        self.conn = Connection(
-            Role.CLIENT, policy=policy, max_message=CLIENT_MAX_MESSAGE, now=clock()
-        )
+        self.conn = Connection(Role.CLIENT, policy=policy, max_message=MAX_MESSAGE, now=clock())
         self.held = HeldAcks[SubscriptionState](self.conn.policy.ack_delay)
         self.published: dict[int, int] = {}
         self.confirmed: dict[int, int] = {}
@@ -171,7 +167,7 @@ class ClientSession:
     def start(self, now: float, resume: ClientSessionState | None = None) -> Connection:
         """A new connection (resuming ``resume``), its Hello queued."""
         conn = self.conn = Connection(
-            Role.CLIENT, policy=self.conn.policy, max_message=CLIENT_MAX_MESSAGE, now=now
+            Role.CLIENT, policy=self.conn.policy, max_message=MAX_MESSAGE, now=now
         )
         self.pong = 0  # Ping nonces start again
         self.outcomes.clear()  # and request numbers

@@ -71,7 +71,7 @@ from ._guarantees import (
     SentFrame,
 )
 from ._handles import Binding, HandleState, HandleTable
-from ._large import MIN_PART
+from ._large import MAX_MESSAGE, MIN_PART
 from ._liveness import Liveness
 from ._messages import (
     Abort,
@@ -155,6 +155,7 @@ __all__ = [
     "MAX_DELIVER_MANY",
     "MAX_DELIVER_TIMED",
     "MAX_HELLO_FRAME",
+    "MAX_MESSAGE",
     "MAX_PUBLISH_MANY",
     "MAX_TOPIC_NAME",
     "MIN_PART",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ._codec import PART_BEGIN, PART_END, decode_body
 from ._core import ConnectionState, NoGuarantees
-from ._encode import encode, encode_body
+from ._encode import encode, encode_body, encode_publish_tail
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelSender
@@ -30,6 +30,9 @@ from ._messages import Deliver, FramePart, Gap, Headers, Publish, check_publish_
 from ._traffic import Traffic
 from ._types import LENGTH_PREFIX, Channel, ChannelKind, GoodbyeCode, Role
 
+#: The largest message the reference client takes in parts (its Hello's
+#: ``max_message``); what it publishes is bounded by the broker's, in Welcome.
+MAX_MESSAGE = 64 * 1024 * 1024
 #: The most a FramePart's fields take besides its chunk.
 PART_HEAD = 25
 #: A part is not cut smaller than this (unless it is the last): less room
@@ -152,6 +155,29 @@ class LargeMessages(Traffic):
         if not self._finish_publish(state, sender, pending):
             raise NoGuarantees(f"{channel}: the rest of a message in parts waits for room")
         return sum(map(len, pending.frames))
+
+    def publish_tail_in_parts(self, topic: int, tail: bytes) -> bool:
+        """Client: the publish whose Deliver tail (:func:`encode_deliver_tail`)
+        is ``tail``, too large for one frame, in parts: True once its last
+        part is sent, False while it (or one begun before it on the handle)
+        waits for room; call again with the same ``tail`` object. (A worker's
+        link passes a publish on so, without its origin.)"""
+        state = self.topics.bindings.get(topic)
+        if state is None or state.sender is None:
+            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
+        sender = state.sender
+        pending = self._parts_out.get(sender.channel)
+        if pending is None or pending.key is not tail:
+            if pending is not None and not self._finish_publish(state, sender, pending):
+                return False
+            body = encode_publish_tail(topic, tail, max_frame=1 << 62)[LENGTH_PREFIX:]
+            if len(body) > self.peer_max_message:
+                raise LocalProtocolError(
+                    f"a message of {len(body)} bytes is larger than the peer's "
+                    f"max_message ({self.peer_max_message} bytes)"
+                )
+            pending = self._parts_out[sender.channel] = OutgoingMessage(tail, body)
+        return self._finish_publish(state, sender, pending)
 
     def _finish_publish(
         self, state: TopicState, sender: ChannelSender, pending: OutgoingMessage

@@ -94,20 +94,25 @@ class Deliveries:
         protocol = self.protocol
         if protocol.closed:
             return 0  # they wait in the subscription: for a resume, or to be repaid
+        queued = protocol.bytes_to_send
         try:
             count = protocol.deliver_encoded_many(subscription.handle, subscription.next_seq, tails)
         except LocalProtocolError:
             # The client is freeing the subscription (the event saying so may
             # still be on its way to us).
             return None
-        return self._sent(subscription, count)
+        return self._sent(subscription, count, queued)
 
-    def _sent(self, subscription: Subscription, count: int) -> int:
-        """``count`` deliveries of ``subscription`` were queued: count them."""
+    def _sent(self, subscription: Subscription, count: int, queued: int) -> int:
+        """``count`` deliveries of ``subscription`` were queued: count them
+        (with none, the parts of a large one may have been: ``queued`` was
+        the output before)."""
         if count:
             subscription.next_seq += count
             subscription.delivered += count
             self.counters.messages_out += count
+            self._wake.set()
+        elif self.protocol.bytes_to_send != queued:
             self._wake.set()
         return count
 
@@ -120,11 +125,12 @@ class Deliveries:
         protocol = self.protocol
         if protocol.closed:
             return 0
+        queued = protocol.bytes_to_send
         try:
             count = protocol.deliver_timed(subscription.handle, subscription.next_seq, tails, times)
         except LocalProtocolError:
             return None  # the client is freeing the subscription
-        return self._sent(subscription, count)
+        return self._sent(subscription, count, queued)
 
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         """:meth:`send_deliveries` for a subscription that keeps nothing once

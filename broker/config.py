@@ -61,6 +61,10 @@ __all__ = [
 if TYPE_CHECKING:
     from .log import LogConfig
 
+#: ``max_message`` by default; lowered to what the smallest topic log term
+#: holds (``term_bytes - 64``) when a ``[[topics]]`` table's is smaller.
+DEFAULT_MAX_MESSAGE = 8 * 1024 * 1024
+
 #: Most worker processes ``broker serve --workers`` runs.
 MAX_WORKERS = 256
 
@@ -88,8 +92,9 @@ class BrokerConfig:
     #: than ``max_frame`` is sent in parts of a frame each, on its topic's
     #: channel, and reassembled (see "Messages larger than a frame" in the
     #: protocol description); a connection holds at most this many bytes of
-    #: messages in parts. Topic logs' ``term_bytes`` must hold it.
-    max_message: int = 8 * MiB
+    #: messages in parts. Topic logs' ``term_bytes`` must hold it (the
+    #: default is lowered to what the smallest term holds).
+    max_message: int = DEFAULT_MAX_MESSAGE
     #: Heartbeat interval and lease announced to clients.
     heartbeat: float = 5.0
     lease: float = 15.0
@@ -212,7 +217,12 @@ class BrokerConfig:
                 raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
         if "\0" in self.data_dir:
             raise ConfigError("data_dir must not contain a NUL character")
-        for rule in () if self.memory_only else (*self.topics, DEFAULT_TOPIC_RULE):
+        rules = () if self.memory_only else (*self.topics, DEFAULT_TOPIC_RULE)
+        smallest = min((rule.term_bytes for rule in rules), default=0) - 64
+        if self.max_message == DEFAULT_MAX_MESSAGE and 0 < smallest < self.max_message:
+            # The default follows the smallest term (one set is checked below).
+            object.__setattr__(self, "max_message", max(smallest, self.max_frame))
+        for rule in rules:
             largest = max(self.max_frame, self.max_message)
             if rule.term_bytes < largest + 64:
                 least = (

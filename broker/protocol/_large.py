@@ -80,7 +80,7 @@ class LargeMessages(Traffic):
         while pending.offset < len(body):
             left = len(body) - pending.offset
             room = min(self._room(sender) - LENGTH_PREFIX - PART_HEAD, limit)
-            if room < min(MIN_PART, left):
+            if room < min(MIN_PART, left, limit):
                 return False
             start = pending.offset
             piece = body[start : start + room]

@@ -69,15 +69,15 @@ def test_it_stops_where_the_guarantees_end(base: int) -> None:
 @BASES
 def test_an_oversize_frame_is_a_gap_to_a_client_that_takes_no_parts(base: int) -> None:
     """A client whose Hello gave no max_message cannot take a message larger
-    than a frame: it is told of it by a Gap (alone, first of a batch), and
-    the batch ends before it otherwise."""
+    than a frame: it is told of it by a Gap (first of a batch, the rest goes
+    on after it), and the batch ends before it otherwise."""
     pair, sub = subscribed_pair(1_000_000)
     small = encode_deliver_tail(b"x", None, None)
     huge = encode_deliver_tail(b"x" * (pair.broker.peer_max_frame + 1), None, None)
     assert pair.broker.deliver_encoded_many(sub, base + 1, [small, huge, small]) == 1
-    assert pair.broker.deliver_encoded_many(sub, base + 2, [huge, small]) == 1
+    assert pair.broker.deliver_encoded_many(sub, base + 2, [huge, small]) == 2
     pair.run()
     pair.assert_no_errors()
     events = pair.client_events
-    assert [d.message.seq for d in of(DeliverReceived, events)] == [base + 1]
+    assert [d.message.seq for d in of(DeliverReceived, events)] == [base + 1, base + 3]
     assert [(g.first_seq, g.count) for g in of(Gap, events)] == [(base + 2, 1)]

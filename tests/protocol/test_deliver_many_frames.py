@@ -377,10 +377,13 @@ def test_max_frame_errors_are_as_for_deliver(base: int) -> None:
     assert decoded(split_frames(pair.broker.data_to_send())) == [
         DeliverMany(sub, base + 4, [(b"s", None, None)] * 2)
     ]
-    # First, to a client that takes no parts (no max_message): a Gap, alone.
-    assert pair.broker.deliver_encoded_many(sub, base + 6, [huge, small]) == 1
+    # First, to a client that takes no parts (no max_message): a Gap, then the rest.
+    assert pair.broker.deliver_encoded_many(sub, base + 6, [huge, small]) == 2
     gap = split_frames(pair.broker.data_to_send())
-    assert [decode_body(f[LENGTH_PREFIX:]) for f in gap] == [Gap(sub, base + 6, 1)]
+    assert [decode_body(f[LENGTH_PREFIX:]) for f in gap] == [
+        Gap(sub, base + 6, 1),
+        Deliver(sub, base + 7, b"s"),
+    ]
 
 
 def test_sequence_numbers_past_u64_max_are_refused() -> None:

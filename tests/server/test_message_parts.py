@@ -63,11 +63,11 @@ async def test_a_1_mib_message_goes_through_with_the_defaults(tmp_path: Path, lo
         subscriber.subscribe("big") as subscription,
         open_client(url(broker), name="pub") as publisher,
     ):
-        await publisher.publish("big", b"before")
-        await publisher.publish("big", ONE_MIB, key=b"k", headers=[("h", b"v")])
-        await publisher.publish("big", b"after")
-        await publisher.flush()
         with trio.fail_after(TIMEOUT):
+            await publisher.publish("big", b"before")
+            await publisher.publish("big", ONE_MIB, key=b"k", headers=[("h", b"v")])
+            await publisher.publish("big", b"after")
+            await publisher.flush()
             assert (await subscription.receive()).payload == b"before"
             message = await subscription.receive()
             assert message.payload == ONE_MIB
@@ -105,14 +105,14 @@ async def test_a_message_near_the_configured_limit_goes_and_one_over_it_is_refus
         subscriber.subscribe("big") as subscription,
         open_client(url(broker), name="pub") as publisher,
     ):
-        await publisher.publish("big", near)
-        with pytest.raises(LocalProtocolError) as refused:
-            await publisher.publish("big", payload(LIMIT))
-        assert "\n" not in str(refused.value)
-        assert f"max_message ({LIMIT} bytes)" in str(refused.value)
-        await publisher.publish("big", b"still here")
-        await publisher.flush()
         with trio.fail_after(TIMEOUT):
+            await publisher.publish("big", near)
+            with pytest.raises(LocalProtocolError) as refused:
+                await publisher.publish("big", payload(LIMIT))
+            assert "\n" not in str(refused.value)
+            assert f"max_message ({LIMIT} bytes)" in str(refused.value)
+            await publisher.publish("big", b"still here")
+            await publisher.flush()
             assert (await subscription.receive()).payload == near
             assert (await subscription.receive()).payload == b"still here"
 
@@ -124,10 +124,11 @@ async def test_a_large_record_is_replayed_from_the_log_after_a_restart(tmp_path:
         running_broker(config) as broker,
         open_client(url(broker), name="pub") as publisher,
     ):
-        await publisher.publish("logged", b"first")
-        await publisher.publish("logged", big)
-        await publisher.publish("logged", b"last")
-        await publisher.flush()
+        with trio.fail_after(TIMEOUT):
+            await publisher.publish("logged", b"first")
+            await publisher.publish("logged", big)
+            await publisher.publish("logged", b"last")
+            await publisher.flush()
     async with (
         running_broker(config) as broker,
         open_client(url(broker), name="reader") as reader,
@@ -155,10 +156,10 @@ async def test_lossy_and_latest_subscriptions_take_large_messages_within_their_b
         subscriber.subscribe("big", mode=mode, options=options) as subscription,
         open_client(url(broker), name="pub") as publisher,
     ):
-        await publisher.publish("big", ONE_MIB, key=b"k")
-        await publisher.publish("big", b"small", key=b"other")
-        await publisher.flush()
         with trio.fail_after(TIMEOUT):
+            await publisher.publish("big", ONE_MIB, key=b"k")
+            await publisher.publish("big", b"small", key=b"other")
+            await publisher.flush()
             got = [(await subscription.receive()).payload]
             if bound is not None:
                 got.append((await subscription.receive()).payload)

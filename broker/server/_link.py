@@ -305,7 +305,7 @@ class Link:
         if len(tails[0]) >= conn.peer_max_frame - 16 and conn.peer_max_message:
             # A message larger than a frame goes alone, in parts (its origin
             # is not said: a publish sent again after a forwarder's crash
-            # may be stored twice, as the docs say).
+            # may be stored twice: docs/broker.md says so).
             sent = left = int(conn.publish_tail_in_parts(handle, tails[0]))
             flush = flush and not sent  # (the rest goes on below, then flushed)
         else:

@@ -62,6 +62,10 @@ __all__ = [
 if TYPE_CHECKING:
     from .log import LogConfig
 
+#: ``max_message`` by default; lowered to what the smallest topic log term
+#: holds (``term_bytes - 64``) when a ``[[topics]]`` table's is smaller.
+DEFAULT_MAX_MESSAGE = 8 * 1024 * 1024
+
 #: Most worker processes ``broker serve --workers`` runs.
 MAX_WORKERS = 256
 
@@ -85,6 +89,13 @@ class BrokerConfig:
     metrics_top: int = 10
     #: Largest frame body a client may send (announced in Welcome).
     max_frame: int = 64 * KiB
+    #: Largest message (its Publish body) a client may publish: one larger
+    #: than ``max_frame`` is sent in parts of a frame each, on its topic's
+    #: channel, and reassembled (see "Messages larger than a frame" in the
+    #: protocol description); a connection holds at most this many bytes of
+    #: messages in parts. Topic logs' ``term_bytes`` must hold it (the
+    #: default is lowered to what the smallest term holds).
+    max_message: int = DEFAULT_MAX_MESSAGE
     #: Heartbeat interval and lease announced to clients.
     heartbeat: float = 5.0
     lease: float = 15.0
@@ -212,11 +223,18 @@ class BrokerConfig:
                 raise ConfigError(f"topics: expected TopicRule items, got {rule!r}")
         if "\0" in self.data_dir:
             raise ConfigError("data_dir must not contain a NUL character")
-        for rule in () if self.memory_only else (*self.topics, DEFAULT_TOPIC_RULE):
-            if rule.term_bytes < self.max_frame + 64:
+        rules = () if self.memory_only else (*self.topics, DEFAULT_TOPIC_RULE)
+        smallest = min((rule.term_bytes for rule in rules), default=0) - 64
+        if self.max_message == DEFAULT_MAX_MESSAGE and 0 < smallest < self.max_message:
+            # The default follows the smallest term (one set is checked below).
+            object.__setattr__(self, "max_message", max(smallest, self.max_frame))
+        for rule in rules:
+            largest = max(self.max_frame, self.max_message)
+            if rule.term_bytes < largest + 64:
                 least = (
-                    "must hold the largest message: "
-                    f"at least max_frame + 64 ({self.max_frame + 64})"
+                    "must hold the largest message: at least "
+                    f"{'max_message' if self.max_message > self.max_frame else 'max_frame'}"
+                    f" + 64 ({largest + 64})"
                 )
                 if rule is DEFAULT_TOPIC_RULE:
                     raise ConfigError(
@@ -238,6 +256,8 @@ class BrokerConfig:
             raise ConfigError("gc_threshold must be >= 0 (0 keeps Python's own)")
         if self.max_frame < 1024:
             raise ConfigError("max_frame must be at least 1024 bytes")
+        if self.max_message < 1024:
+            raise ConfigError("max_message must be at least 1024 bytes")
         if self.publish_capacity < self.min_publish_capacity:
             raise ConfigError(
                 f"publish_capacity ({self.publish_capacity}) must hold a whole frame: "

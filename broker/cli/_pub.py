@@ -44,7 +44,13 @@ published as it is read (Ctrl-C stops at once and says how many went). The
 newline is not part of the message, nor is one '\r' before it (CRLF files).
 An empty line is an empty message (so `broker sub t | broker pub u` copies
 every message of a single line); --skip-empty skips them, as mosquitto_pub -l
-does. Exit status: 0 when everything was published, 1 on an error (saying
+does.
+
+Size: a message may be as large as the broker's max_message (8 MiB by
+default; `broker serve --set max_message=...` raises it, up to what its topic
+logs' term_bytes hold). One larger than a frame (max_frame, 64 KiB by
+default) is sent in parts and arrives whole; one larger than max_message is
+refused before it is sent. Exit status: 0 when everything was published, 1 on an error (saying
 how many were published before it), 130 when interrupted.
 """
 
@@ -235,8 +241,8 @@ async def _pub(
             try:
                 await publish_all()
             except LocalProtocolError:
-                # A message refused before it was sent (too large for the
-                # broker's max_frame): the connection is fine, so what went
+                # A message refused before it was sent (larger than the
+                # broker's max_message): the connection is fine, so what went
                 # before is confirmed first, and the count said is true (a
                 # user told "confirmed 0" would send those again: twice).
                 await client.flush()

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterable
 
 from broker.protocol import (
+    MAX_MESSAGE,
     SUBSCRIPTION_BINDS,
     Answer,
     Channel,
@@ -108,7 +109,7 @@ class ClientSession:
         self.fallback: str | None = None  #: see ``Client.reconnect_through``
         self.on_output: Callable[[], object] = lambda: None
         self.clock = clock
-        self.conn = Connection(Role.CLIENT, policy=policy, now=clock())
+        self.conn = Connection(Role.CLIENT, policy=policy, max_message=MAX_MESSAGE, now=clock())
         self.held = HeldAcks[SubscriptionState](self.conn.policy.ack_delay)
         self.published: dict[int, int] = {}
         self.confirmed: dict[int, int] = {}
@@ -165,7 +166,9 @@ class ClientSession:
 
     def start(self, now: float, resume: ClientSessionState | None = None) -> Connection:
         """A new connection (resuming ``resume``), its Hello queued."""
-        conn = self.conn = Connection(Role.CLIENT, policy=self.conn.policy, now=now)
+        conn = self.conn = Connection(
+            Role.CLIENT, policy=self.conn.policy, max_message=MAX_MESSAGE, now=now
+        )
         self.pong = 0  # Ping nonces start again
         self.outcomes.clear()  # and request numbers
         self.answer = b""

@@ -71,6 +71,7 @@ from ._guarantees import (
     SentFrame,
 )
 from ._handles import Binding, HandleState, HandleTable
+from ._large import MAX_MESSAGE, MIN_PART
 from ._liveness import Liveness
 from ._messages import (
     Abort,
@@ -89,6 +90,7 @@ from ._messages import (
     DeliverTimed,
     EncodedDeliveries,
     Entry,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -153,8 +155,10 @@ __all__ = [
     "MAX_DELIVER_MANY",
     "MAX_DELIVER_TIMED",
     "MAX_HELLO_FRAME",
+    "MAX_MESSAGE",
     "MAX_PUBLISH_MANY",
     "MAX_TOPIC_NAME",
+    "MIN_PART",
     "MIN_TOPIC_NAME",
     "OPTIMISM_FRAMES",
     "PIECE_OVERHEAD",
@@ -198,6 +202,7 @@ __all__ = [
     "Entry",
     "Event",
     "FrameDecoder",
+    "FramePart",
     "FramesAbandoned",
     "FreeHandle",
     "Gap",

@@ -36,6 +36,7 @@ from ._messages import (
     DeliverMany,
     DeliverTimed,
     Entry,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -202,7 +203,9 @@ def _record(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
 _HELLO_KEYS = frozenset({"client", "session", "processed"})
 #: A Hello may also carry a credential (absent when the client has none) and
 #: say that the client reads DeliverMany frames.
-_HELLO_KEYS_OPTIONAL = frozenset({"token", "deliver_many", "metadata", "publish_many"})
+_HELLO_KEYS_OPTIONAL = frozenset(
+    {"token", "deliver_many", "metadata", "publish_many", "max_message"}
+)
 _WELCOME_KEYS = frozenset(
     {"session", "resumed", "epoch", "lease_ms", "heartbeat_ms", "max_frame", "received"}
 )
@@ -225,7 +228,18 @@ def _hello(f: list[Any]) -> Hello:
         _bool(rec["deliver_many"], "deliver_many") if "deliver_many" in rec else False,
         _bool(rec["metadata"], "metadata") if "metadata" in rec else False,
         _bool(rec["publish_many"], "publish_many") if "publish_many" in rec else False,
+        _max_message(rec),
     )
+
+
+def _max_message(rec: dict[str, Any]) -> int:
+    """A Hello's or Welcome's ``max_message``: absent is 0, present is at least 1."""
+    if "max_message" not in rec:
+        return 0
+    value = _u64(rec["max_message"], "max_message")
+    if value == 0:
+        raise _bad("max_message must be at least 1 (leave the key out instead)")
+    return value
 
 
 def _secret(value: Any, what: str) -> str:
@@ -244,7 +258,7 @@ def _welcome(f: list[Any]) -> Welcome:
     if resumed:
         keys = _WELCOME_KEYS_RESUMED | ({"subscriptions"} & fields.keys())
     if type(fields) is dict:
-        keys = keys | ({"offsets", "cluster", "publish_many"} & fields.keys())
+        keys = keys | ({"offsets", "cluster", "publish_many", "max_message"} & fields.keys())
     rec = _record(fields, keys, "Welcome fields")
     session = _blob(rec["session"], "session")
     if len(session) != 16:
@@ -275,6 +289,7 @@ def _welcome(f: list[Any]) -> Welcome:
         _bool(rec["offsets"], "offsets") if "offsets" in rec else False,
         _cluster(rec["cluster"]) if "cluster" in rec else None,
         _bool(rec["publish_many"], "publish_many") if "publish_many" in rec else False,
+        _max_message(rec),
     )
 
 
@@ -425,6 +440,18 @@ def _offsets(f: list[Any]) -> Offsets:
     return Offsets(_u64(f[1], "request"), topics, _text(f[3], "reason"))
 
 
+#: FramePart flags (Aeron's): the first part of a message, and its last.
+PART_BEGIN = 0x80
+PART_END = 0x40
+
+
+def _frame_part(f: list[Any]) -> FramePart:
+    flags = _u64(f[2], "flags")
+    if flags & ~(PART_BEGIN | PART_END):
+        raise _bad(f"FramePart flags {flags:#x}: only 0x80 (begin) and 0x40 (end) are defined")
+    return FramePart(_channel(f[1]), flags, _blob(f[3], "chunk"))
+
+
 def _subscribe(f: list[Any]) -> Subscribe:
     return Subscribe(_u64(f[1], "topic"), _text(f[2], "mode"), _options(f[3]))
 
@@ -468,6 +495,7 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
     MessageType.DELIVER_TIMED: (0, _deliver_timed),
     MessageType.PUBLISH_MANY: (0, _publish_many),
+    MessageType.FRAME_PART: (4, _frame_part),
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),
     MessageType.OUTCOME: (5, _outcome),

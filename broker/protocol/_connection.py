@@ -42,6 +42,7 @@ from ._core import (
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import ConnectionClosed, Event
 from ._handshake import Handshake
+from ._large import LargeMessages
 from ._messages import (
     Abort,
     Absolve,
@@ -55,6 +56,7 @@ from ._messages import (
     DeliverMany,
     DeliverTimed,
     EncodedDeliveries,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -90,7 +92,7 @@ __all__ = [
 ]
 
 
-class Connection(Handshake, ManyPublishing, ControlHandling):
+class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
     """The protocol state of one connection, for either role."""
 
     def receive_data(
@@ -161,6 +163,7 @@ _HANDLERS: dict[type, Callable[[Connection, Any, int, list[Event]], None]] = {
     DeliverMany: Connection._on_deliver_many,
     EncodedDeliveries: Connection._on_encoded_deliveries,
     DeliverTimed: Connection._on_deliver_timed,
+    FramePart: Connection._on_frame_part,
     IssueGuarantee: Connection._on_issue_guarantee,
     Ack: Connection._on_notice,
     Gap: Connection._on_notice,

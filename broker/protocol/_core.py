@@ -113,6 +113,7 @@ class ConnectionCore(FrameWriter):
         *,
         policy: Policy | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
+        max_message: int = 0,
         heartbeat: float = DEFAULT_HEARTBEAT,
         lease: float = DEFAULT_LEASE,
         now: float = 0.0,
@@ -122,6 +123,20 @@ class ConnectionCore(FrameWriter):
         self.policy = policy if policy is not None else Policy()
         #: Largest frame body this side accepts (announced in Welcome by a broker).
         self.max_frame = max_frame
+        #: Largest message body this side takes in FramePart frames (0: none;
+        #: a broker announces it in Welcome, a client in Hello).
+        self.max_message = max_message
+        #: The largest message body the peer takes in parts (0: it takes none).
+        self.peer_max_message = 0
+        #: Messages being sent in parts, per channel (``_large.OutgoingMessage``).
+        self._parts_out: dict[Channel, Any] = {}
+        #: Client: a publish in parts finished by another call (``_large``).
+        self._parts_done: dict[Channel, object] = {}
+        #: Messages being received in parts, per channel, and their bytes.
+        self._parts_in: dict[Channel, bytearray] = {}
+        self._parts_held = 0
+        #: Client: a publish of a larger payload may need parts (see ``_large``).
+        self._plain_payload = 1 << 64
         self.state = ConnectionState.IDLE if role is Role.CLIENT else ConnectionState.AWAIT_HELLO
         self.liveness = Liveness(heartbeat, lease, now, now)
         here = role is Role.CLIENT

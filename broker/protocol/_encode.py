@@ -24,6 +24,7 @@ from ._messages import (
     Deliver,
     DeliverMany,
     DeliverTimed,
+    FramePart,
     FreeHandle,
     Gap,
     Goodbye,
@@ -135,7 +136,11 @@ def _fields(message: Message) -> list[Any]:
             return [44, request, [[name, first, end] for name, first, end in topics], reason]
         case Subscribe(topic, mode, options):
             return [31, topic, mode, options]
-        case Hello(version, client, session, processed, token, deliver_many, metadata, sends_many):
+        case FramePart(channel, flags, chunk):
+            return [37, _wire_channel(channel), flags, chunk]
+        case Hello(
+            version, client, session, processed, token, deliver_many, metadata, sends_many, large
+        ):
             fields: dict[str, Any] = {"client": client, "session": session, "processed": processed}
             if token is not None:
                 fields["token"] = token
@@ -145,6 +150,8 @@ def _fields(message: Message) -> list[Any]:
                 fields["metadata"] = True
             if sends_many:
                 fields["publish_many"] = True
+            if large:
+                fields["max_message"] = large
             return [0, version, fields]
         case Welcome():
             welcome: dict[str, Any] = {
@@ -166,6 +173,8 @@ def _fields(message: Message) -> list[Any]:
                 welcome["cluster"] = message.cluster.to_wire()
             if message.publish_many:
                 welcome["publish_many"] = True
+            if message.max_message:
+                welcome["max_message"] = message.max_message
             return [1, message.version, welcome]
     raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
 
@@ -538,3 +547,25 @@ def encode_origins(runs: list[OriginRun]) -> bytes:
     """The CBOR of ``runs`` as the last element of a ``PublishMany`` (see
     :mod:`._origins`; the caller vouches for their types)."""
     return cbor2.dumps(runs)  # (a tuple is encoded as an array)
+
+
+def fitting_run(
+    tails: list[bytes], first: int, stop: int, capacity: int, *, whole: bool
+) -> tuple[int, int]:
+    """The end of the longest run ``tails[first:end]`` (``end <= stop``)
+    whose bytes add up to at most ``capacity``, and that sum. With
+    ``whole`` (the usual case: a batch's first frame) they are first summed
+    all in one go; otherwise, or if they do not all fit, measured one by one."""
+    if whole:
+        body = sum(map(len, tails[first:stop]))
+        if body <= capacity:
+            return stop, body
+    body = 0
+    end = first
+    while end < stop:
+        size = len(tails[end])
+        if body + size > capacity:
+            break
+        body += size
+        end += 1
+    return end, body

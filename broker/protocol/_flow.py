@@ -258,9 +258,16 @@ class FlowControl(ConnectionCore):
         report what its channel never sent, give its bind frame's space back
         on the bind channel."""
         sender = state.sender
+        channel = handle_channel(handle_type, handle)
         if sender is not None and (sender.unconfirmed or sender.retransmit):
             lost = len(sender.unconfirmed) + len(sender.retransmit)
-            events.append(FramesAbandoned(handle_channel(handle_type, handle), lost))
+            events.append(FramesAbandoned(channel, lost))
+        # A message in parts on its channel is over too (a handle reused must
+        # not go on with it).
+        self._parts_out.pop(channel, None)
+        partial = self._parts_in.pop(channel, None)
+        if partial is not None:
+            self._parts_held -= len(partial)
         size = state.bind_size
         if size is not None:
             receiver = self._bind_receivers[BIND_CHANNEL[handle_type]]

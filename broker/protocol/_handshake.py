@@ -85,6 +85,7 @@ class Handshake(SessionResume):
             deliver_many,
             metadata,
             publish_many,
+            self.max_message,
         )
         self._queue(message)
         self.hello_message = message
@@ -148,11 +149,15 @@ class Handshake(SessionResume):
             offsets,
             cluster if self.hello_message is not None and self.hello_message.metadata else None,
             self.hello_message is not None and self.hello_message.publish_many,
+            self.max_message if self.hello_message and self.hello_message.max_message else 0,
         )
         self._queue(message)
         self.welcome_message = message
         self._publish_many = message.publish_many
         self.peer_max_frame = self.max_frame + DELIVER_SLACK
+        if message.max_message:
+            assert self.hello_message is not None
+            self.peer_max_message = self.hello_message.max_message
         self.state = ConnectionState.OPEN
         if restore is not None:
             self._restore_broker(restore)
@@ -180,6 +185,9 @@ class Handshake(SessionResume):
         hello = self.hello_message
         self._publish_many = message.publish_many and hello is not None and hello.publish_many
         self.peer_max_frame = message.max_frame
+        self.peer_max_message = message.max_message if self.max_message else 0
+        if self.peer_max_message:
+            self._plain_payload = message.max_frame - 64
         self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
         self.liveness.lease = message.lease_ms / 1000
         self.liveness.heartbeat = message.heartbeat_ms / 1000

@@ -47,6 +47,9 @@ class Hello:
     metadata: bool = False
     #: The client would send ``PublishMany`` frames (if the Welcome allows).
     publish_many: bool = False
+    #: The client sends and reads messages larger than a frame, in
+    #: ``FramePart`` frames, up to this many bytes of body (0: it does not).
+    max_message: int = 0
 
 
 @dataclass(slots=True)
@@ -80,6 +83,9 @@ class Welcome:
     #: To a Hello that asked for ``publish_many``: the client may send
     #: ``PublishMany`` frames.
     publish_many: bool = False
+    #: To a Hello that gave a ``max_message``: the largest message body the
+    #: broker takes in ``FramePart`` frames (0: none).
+    max_message: int = 0
 
 
 @dataclass(slots=True)
@@ -298,6 +304,17 @@ class Subscribe:
 
 
 @dataclass(slots=True)
+class FramePart:
+    """One part of a channel message too large for one frame: the parts'
+    ``chunk`` bytes, in order, are the message's frame body."""
+
+    TYPE: ClassVar[MessageType] = MessageType.FRAME_PART
+    channel: Channel
+    flags: int
+    chunk: bytes
+
+
+@dataclass(slots=True)
 class Publish:
     """A message published to topic handle ``topic`` (channel ``[2,topic]``)."""
 
@@ -461,7 +478,7 @@ ControlMessage = (
     | Offsets
 )
 ChannelMessage = (
-    BindTopic | Subscribe | Publish | PublishMany | Deliver | DeliverMany | DeliverTimed
+    BindTopic | Subscribe | Publish | PublishMany | Deliver | DeliverMany | DeliverTimed | FramePart
 )
 Message = ControlMessage | ChannelMessage
 GuaranteeMessage = (

@@ -13,14 +13,20 @@ is plain Publish frames). PublishMany is never sent on a staged handle.
 from __future__ import annotations
 
 from ._core import ConnectionState, NoGuarantees
-from ._encode import MAX_PUBLISH_MANY, encode_origins, publish_many_head, publish_tail_frames
+from ._encode import (
+    MAX_PUBLISH_MANY,
+    encode_origins,
+    fitting_run,
+    publish_many_head,
+    publish_tail_frames,
+)
 from ._errors import RemoteProtocolError
 from ._events import Event, PublishManyReceived
 from ._handle_state import TopicState
 from ._handles import HandleState
 from ._messages import PublishMany
 from ._origins import OriginRun, origins_size_bound, slice_origins
-from ._traffic import Traffic, fitting_run
+from ._traffic import Traffic
 from ._types import LENGTH_PREFIX, TOPIC_BINDS, Role
 
 __all__ = ["ManyPublishing"]

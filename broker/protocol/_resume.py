@@ -16,7 +16,26 @@ from ._guarantees import ChannelSender, SentFrame
 from ._handles import HandleState
 from ._messages import BindTopic, Subscribe, Welcome
 from ._session import BrokerSessionState, ClientSessionState
-from ._types import SUBSCRIPTION_BINDS, TOPIC_BINDS, Channel, ChannelKind, HandleType, Role
+from ._types import (
+    LENGTH_PREFIX,
+    SUBSCRIPTION_BINDS,
+    TOPIC_BINDS,
+    Channel,
+    ChannelKind,
+    HandleType,
+    Role,
+)
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """The frames (length prefix and body) that ``data`` holds, in order."""
+    frames = []
+    start = 0
+    while start < len(data):
+        end = start + LENGTH_PREFIX + int.from_bytes(data[start : start + LENGTH_PREFIX], "big")
+        frames.append(data[start:end])
+        start = end
+    return frames
 
 
 class SessionResume(HandleBinding):
@@ -146,8 +165,10 @@ class SessionResume(HandleBinding):
             missing = frames[count - base :]
             topic.retained = deque(missing)
             topic.retained_base = count
-            for frame in missing:
-                sender.retransmit.append(SentFrame(len(frame), frame, None))
+            for kept in missing:
+                # (A message sent in parts is kept as its part frames, joined.)
+                for frame in split_frames(kept):
+                    sender.retransmit.append(SentFrame(len(frame), frame, None))
             resent += len(missing)
         subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
         for handle, info in sorted(subscriptions.items()):

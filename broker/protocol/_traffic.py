@@ -24,6 +24,7 @@ from ._encode import (
     encode_deliver,
     encode_publish,
     encode_publish_tail,
+    fitting_run,
     publish_tail_frames,
     time_heads,
 )
@@ -62,30 +63,21 @@ from ._types import (
 )
 
 
-def fitting_run(
-    tails: list[bytes], first: int, stop: int, capacity: int, *, whole: bool
-) -> tuple[int, int]:
-    """The end of the longest run ``tails[first:end]`` (``end <= stop``)
-    whose bytes add up to at most ``capacity``, and that sum. With
-    ``whole`` (the usual case: a batch's first frame) they are first summed
-    all in one go; otherwise, or if they do not all fit, measured one by one."""
-    if whole:
-        body = sum(map(len, tails[first:stop]))
-        if body <= capacity:
-            return stop, body
-    body = 0
-    end = first
-    while end < stop:
-        size = len(tails[end])
-        if body + size > capacity:
-            break
-        body += size
-        end += 1
-    return end, body
-
-
 class Traffic(HandleBinding):
-    """Publish, Deliver, DeliverMany and their notices."""
+    """Publish, Deliver, DeliverMany, their notices (larger ones: ``_large``)."""
+
+    def _publish_in_parts(
+        self,
+        state: TopicState,
+        sender: ChannelSender,
+        payload: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> int | None:
+        raise NotImplementedError  # (._large)
+
+    def _deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
+        raise NotImplementedError  # (._large)
 
     # ---------------------------------------------------------------- publish
 
@@ -111,6 +103,10 @@ class Traffic(HandleBinding):
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
+        if self._parts_out or (type(payload) is bytes and len(payload) > self._plain_payload):
+            size = self._publish_in_parts(state, sender, payload, key, headers)
+            if size is not None:
+                return size
         if (
             headers is None
             and type(payload) is bytes
@@ -311,7 +307,8 @@ class Traffic(HandleBinding):
             size = len(head) + len(tail)
             if size > room or size > limit:
                 if size > limit and seq == first_seq:
-                    raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                    taken = self._deliver_large(sender, seq, [head, tail])
+                    return taken and 1 + self.deliver_encoded_many(subscription, seq + 1, tails[1:])
                 break
             room -= size
             total += size
@@ -369,7 +366,10 @@ class Traffic(HandleBinding):
                 size = len(head) + len(tail)
                 if size > room or size > limit:
                     if size > limit and sent == 0:
-                        raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+                        taken = self._deliver_large(sender, seq, [head, tail])
+                        return taken and 1 + self.deliver_encoded_many(
+                            subscription, seq + 1, tails[1:]
+                        )
                     break
                 out.append(head)
                 out.append(tail)
@@ -425,7 +425,10 @@ class Traffic(HandleBinding):
             size = len(head) + body
             if size > room or size > limit:
                 if size > limit and sent == 0:
-                    raise LocalProtocolError(f"DeliverTimed of {size} bytes exceeds max_frame")
+                    taken = self._deliver_large(sender, seq, [head, *pieces])
+                    return taken and 1 + self.deliver_timed(
+                        subscription, seq + 1, tails[1:], times[1:]
+                    )
                 break
             out.append(head)
             out += pieces

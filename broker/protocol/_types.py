@@ -103,6 +103,7 @@ class MessageType(IntEnum):
     DELIVER_MANY = 34
     DELIVER_TIMED = 35
     PUBLISH_MANY = 36
+    FRAME_PART = 37
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42

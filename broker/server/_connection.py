@@ -177,6 +177,7 @@ class ServerConnection:
             # of its own, a few bytes longer at most: it may go as far over
             # max_frame as a Deliver may.
             max_frame=config.max_frame + (DELIVER_SLACK if trusted else 0),
+            max_message=config.max_message,
             heartbeat=config.heartbeat,
             lease=config.lease,
             now=trio.current_time(),

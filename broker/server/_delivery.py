@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from accounts import Account, LoanedItem
-from broker.protocol import Channel, ChannelKind, Connection, LocalProtocolError
+from broker.protocol import MIN_PART, Channel, ChannelKind, Connection, LocalProtocolError
 
 from ._topic import Subscription
 from ._wake import Wake
@@ -94,20 +94,25 @@ class Deliveries:
         protocol = self.protocol
         if protocol.closed:
             return 0  # they wait in the subscription: for a resume, or to be repaid
+        queued = protocol.bytes_to_send
         try:
             count = protocol.deliver_encoded_many(subscription.handle, subscription.next_seq, tails)
         except LocalProtocolError:
             # The client is freeing the subscription (the event saying so may
             # still be on its way to us).
             return None
-        return self._sent(subscription, count)
+        return self._sent(subscription, count, queued)
 
-    def _sent(self, subscription: Subscription, count: int) -> int:
-        """``count`` deliveries of ``subscription`` were queued: count them."""
+    def _sent(self, subscription: Subscription, count: int, queued: int) -> int:
+        """``count`` deliveries of ``subscription`` were queued: count them
+        (with none, the parts of a large one may have been: ``queued`` was
+        the output before)."""
         if count:
             subscription.next_seq += count
             subscription.delivered += count
             self.counters.messages_out += count
+            self._wake.set()
+        elif self.protocol.bytes_to_send != queued:
             self._wake.set()
         return count
 
@@ -120,11 +125,12 @@ class Deliveries:
         protocol = self.protocol
         if protocol.closed:
             return 0
+        queued = protocol.bytes_to_send
         try:
             count = protocol.deliver_timed(subscription.handle, subscription.next_seq, tails, times)
         except LocalProtocolError:
             return None  # the client is freeing the subscription
-        return self._sent(subscription, count)
+        return self._sent(subscription, count, queued)
 
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         """:meth:`send_deliveries` for a subscription that keeps nothing once
@@ -146,6 +152,8 @@ class Deliveries:
     def has_room(self, subscription: Subscription, size: int) -> bool:
         """Whether the subscriber's guarantees cover a frame of ``size`` bytes now."""
         room = self.room(subscription)
+        if size > self.protocol.peer_max_frame:
+            size = MIN_PART  # (it goes in parts, or as a Gap to a client that takes none)
         return room > 0 and room >= size
 
     def room(self, subscription: Subscription) -> int:

@@ -302,7 +302,14 @@ class Link:
         # (A Publish ends as a Deliver does: each tail is copied as is, in
         # as few PublishMany frames as the owner's guarantees allow, with
         # whose publishes they are: the owner stores none twice.)
-        sent = left = conn.publish_many_tails(handle, tails, origins=origins)
+        if len(tails[0]) >= conn.peer_max_frame - 16 and conn.peer_max_message:
+            # A message larger than a frame goes alone, in parts (its origin
+            # is not said: a publish sent again after a forwarder's crash
+            # may be stored twice: docs/broker.md says so).
+            sent = left = int(conn.publish_tail_in_parts(handle, tails[0]))
+            flush = flush and not sent  # (the rest goes on below, then flushed)
+        else:
+            sent = left = conn.publish_many_tails(handle, tails, origins=origins)
         while index < len(pending):
             batch = pending[index]
             take = min(left, len(batch.routed.tails) - batch.sent)
@@ -313,7 +320,9 @@ class Link:
             index += 1
         state.sending = index
         self.publishes_forwarded += sent
-        if flush:
+        if sent and len(tails[0]) >= conn.peer_max_frame - 16 and conn.peer_max_message:
+            self._send(state)  # those after it, as far as the guarantees go
+        elif flush:
             self._flush()
 
     def _confirmed(self, state: _LinkTopic, count: int) -> None:
@@ -457,6 +466,7 @@ class Link:
             Role.CLIENT,
             policy=_LinkPolicy(self),
             max_frame=config.max_frame,
+            max_message=config.max_message,
             heartbeat=config.heartbeat,
             lease=config.lease,
             now=trio.current_time(),

@@ -280,21 +280,22 @@ def test_after_a_refusal_it_says_what_the_broker_confirmed(tmp_path: Path) -> No
 def test_a_message_too_large_is_said_after_what_went_before_is_confirmed(
     served: Served,
 ) -> None:
-    """The messages before one too large for ``max_frame`` are delivered: it
-    used to say "confirmed 0 of the 2", so a user who sent them again got
-    each one twice."""
-    subscriber = Subscriber("big", "--count", "2", "--broker", served.address)
+    """The messages before one too large for ``max_message`` are delivered:
+    it used to say "confirmed 0 of the 2", so a user who sent them again got
+    each one twice. (A message larger than a frame, 70,000 bytes, goes.)"""
+    subscriber = Subscriber("big", "--count", "3", "--broker", served.address)
     try:
-        lines = b"a\nb\n" + b"x" * 70_000 + b"\nd\n"
+        lines = b"a\nb\n" + b"y" * 70_000 + b"\n" + b"x" * (9 << 20) + b"\nd\n"
         result = run("pub", "big", "--broker", served.address, stdin=lines)
         assert result.returncode == 1
         said = result.stderr.splitlines()
-        assert said[0].startswith("broker pub: a message of 70000 bytes is too large")
+        assert said[0].startswith("broker pub: a message of 943")
+        assert said[0].endswith("is larger than the broker's max_message (8388608 bytes)")
         assert said[-1] == (
-            "broker pub: (the broker confirmed 2 of the 2 message(s) given for 'big' before that)"
+            "broker pub: (the broker confirmed 3 of the 3 message(s) given for 'big' before that)"
         )
         status, out, _err = subscriber.finish()
-        assert (status, out) == (0, b"a\nb\n")
+        assert (status, out) == (0, b"a\nb\n" + b"y" * 70_000 + b"\n")
     finally:
         subscriber.kill()
 

@@ -9,7 +9,7 @@ from broker.protocol import (
     ChannelKind,
     Deliver,
     DeliverReceived,
-    LocalProtocolError,
+    Gap,
     Policy,
     encode,
     encode_deliver_tail,
@@ -67,13 +67,17 @@ def test_it_stops_where_the_guarantees_end(base: int) -> None:
 
 
 @BASES
-def test_an_oversize_frame_raises_first_and_ends_a_batch_later(base: int) -> None:
+def test_an_oversize_frame_is_a_gap_to_a_client_that_takes_no_parts(base: int) -> None:
+    """A client whose Hello gave no max_message cannot take a message larger
+    than a frame: it is told of it by a Gap (first of a batch, the rest goes
+    on after it), and the batch ends before it otherwise."""
     pair, sub = subscribed_pair(1_000_000)
     small = encode_deliver_tail(b"x", None, None)
     huge = encode_deliver_tail(b"x" * (pair.broker.peer_max_frame + 1), None, None)
-    with pytest.raises(LocalProtocolError):
-        pair.broker.deliver_encoded_many(sub, base + 1, [huge, small])
-    assert pair.broker.bytes_to_send == 0  # nothing half-done
     assert pair.broker.deliver_encoded_many(sub, base + 1, [small, huge, small]) == 1
-    with pytest.raises(LocalProtocolError):
-        pair.broker.deliver_encoded_many(sub, base + 2, [huge, small])
+    assert pair.broker.deliver_encoded_many(sub, base + 2, [huge, small]) == 2
+    pair.run()
+    pair.assert_no_errors()
+    events = pair.client_events
+    assert [d.message.seq for d in of(DeliverReceived, events)] == [base + 1, base + 3]
+    assert [(g.first_seq, g.count) for g in of(Gap, events)] == [(base + 2, 1)]

@@ -173,9 +173,8 @@ class ServerConnection:
         self.protocol = Connection(
             Role.BROKER,
             policy=BrokerPolicy(weakref.proxy(self.budget), publish_blocked),
-            # Another worker's link passes clients' publishes on under handles
-            # of its own, a few bytes longer at most: it may go as far over
-            # max_frame as a Deliver may.
+            # A worker's link passes clients' publishes on under handles of its
+            # own, a few bytes longer at most: as far over max_frame as a Deliver.
             max_frame=config.max_frame + (DELIVER_SLACK if trusted else 0),
             max_message=config.max_message,
             heartbeat=config.heartbeat,

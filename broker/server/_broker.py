@@ -41,6 +41,7 @@ from ._memory import MemoryReturn
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._placement import WorkerSetup
+from ._reassembly import ReassemblyRoom
 from ._restore import restore_sessions
 from ._seen import SeenOrigins
 from ._session import SessionTable
@@ -114,6 +115,8 @@ class Broker:
         #: A read's output, written by the task that handled it (see ``_wake``).
         self.outbox = Outbox()
         self.budget_pool = BudgetPool()  # (connections sharing global_budget)
+        #: Connections that may hold messages in parts at once (``_reassembly``).
+        self.reassembly = ReassemblyRoom(config.global_budget // config.max_message)
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).

@@ -37,6 +37,7 @@ from ._dispatch import Dispatch, DispatchHost
 from ._peerlog import ConnectionLog, PeerLog
 from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
+from ._reassembly import ReassemblyRoom
 from ._session import Session
 from ._session_records import SessionRecords
 from ._socket_io import socket_io
@@ -87,6 +88,9 @@ class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
 
     @property
     def security(self) -> SecurityCounters: ...
+
+    @property
+    def reassembly(self) -> ReassemblyRoom: ...
 
     @property
     def budget_pool(self) -> BudgetPool:
@@ -352,6 +356,7 @@ class ServerConnection:
             loan.repay()
         self._writing = []
         self.control_charges.repay()
+        self.broker.reassembly.release(self)
         self.account.close()
         self.ledger.reserve(-self.ledger.buffer_reserved)
         self.broker.budget_pool.remove(self.budget)
@@ -519,6 +524,8 @@ class ServerConnection:
                 )
                 if not protocol.frames_waiting:  # (the read's last turn)
                     self.control_charges.settle(bool(protocol.bytes_to_send or self._unsent))
+                if not self.broker.reassembly.update(self, protocol.reassembling):
+                    await self._suspended(self.broker.reassembly.wait_for_slot(self))
         finally:
             outbox.flush()  # (what turns of a read cut short left noted)
 

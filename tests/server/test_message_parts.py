@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from broker.client import BlockingClient, open_client
 from broker.config import KiB, MiB
@@ -26,6 +27,7 @@ from broker.protocol import (
     Hello,
     IssueGuarantee,
     LocalProtocolError,
+    Publish,
     Stage,
     Subscribe,
     Welcome,
@@ -40,6 +42,7 @@ from .helpers import (
     running_broker,
     url,
     wait_subscribed,
+    wait_until,
 )
 
 
@@ -276,6 +279,49 @@ async def test_parts_from_a_client_that_did_not_ask_are_refused() -> None:
         frames = await raw.read_until_eof()
         assert [m.code for m in frames if isinstance(m, Goodbye)] == [1]
         await raw.aclose()
+
+
+async def test_only_so_many_connections_hold_messages_in_parts_at_once() -> None:
+    """An incomplete message is not charged to its connection (charged, its
+    last part could never be read), so the broker bounds how many
+    connections hold one at once (``_reassembly``): with one slot, a second
+    client that starts a message in parts is not read on until the first
+    client's message is whole; then it goes on and both messages arrive.
+    (Before: every connection could hold ``max_message`` bytes at once.)"""
+    from broker.protocol import encode_body
+    from broker.server._reassembly import ReassemblyRoom
+
+    async with (
+        running_broker(make_config(memory_only=True)) as broker,
+        open_client(url(broker), name="sub") as subscriber,
+        subscriber.subscribe("t") as subscription,
+    ):
+        broker.reassembly = ReassemblyRoom(1)
+        first = await _large_client(broker)
+        (holder,) = [c for c in broker.connections.values() if c.client_name == "raw"]
+        second = await _large_client(broker)
+        (other,) = [
+            c for c in broker.connections.values() if c.client_name == "raw" and c is not holder
+        ]
+        one, two = (encode_body(Publish(0, payload(50_000, seed))) for seed in (1, 2))
+        await first.send(FramePart(PUBLISH_0, 0x80, one[:20_000]))
+        await wait_until(lambda: broker.reassembly.holders == {holder}, what="the first's slot")
+        await second.send(FramePart(PUBLISH_0, 0x80, two[:20_000]))
+        await wait_until(lambda: other.protocol.reassembling == 20_000, what="the second's part")
+        # The second waits for the slot: what it sends now is not read.
+        await second.send(FramePart(PUBLISH_0, 0, two[20_000:40_000]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert other.protocol.reassembling == 20_000
+        assert broker.reassembly.holders == {holder}
+        # The first's message ends: the slot goes to the second, which reads on.
+        await first.send(FramePart(PUBLISH_0, 0x40, one[20_000:]))
+        await second.send(FramePart(PUBLISH_0, 0x40, two[40_000:]))
+        with trio.fail_after(TIMEOUT):
+            got = sorted([(await subscription.receive()).payload for _ in range(2)])
+        assert got == sorted([payload(50_000, 1), payload(50_000, 2)])
+        assert broker.reassembly.holders == set()
+        await first.aclose()
+        await second.aclose()
 
 
 def test_a_connection_funds_as_many_topics_as_before() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from broker.log import LogConfig, Reader, TopicLog
@@ -32,3 +33,15 @@ def read_all(reader: Reader, max_records: int = 1000) -> list[tuple[int, bytes]]
             return out
         out.extend((run.first_offset + i, bytes(tail)) for i, tail in enumerate(run.tails))
         reader.advance_to(run.next_offset)
+
+
+def records_of(term: Path) -> list[tuple[int, int, int]]:
+    """(offset, start, end) of every record of an undamaged term file."""
+    raw = term.read_bytes()
+    found = []
+    pos = 0
+    while pos < len(raw):
+        size, offset = struct.unpack_from("<IQ", raw, pos + 4)
+        found.append((offset, pos, pos + 24 + size))
+        pos += 24 + size
+    return found

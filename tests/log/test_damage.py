@@ -5,30 +5,17 @@ stays readable, and readers get a gap for exactly the offsets lost."""
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 from broker.log import TopicLog
 from broker.log._recover import survey
-from tests.log.helpers import T0, body, open_log, read_all
+from tests.log.helpers import T0, body, open_log, read_all, records_of
 
 COUNT = 200
 
 
 def _terms(path: Path) -> list[Path]:
     return sorted(path.glob("*.term"))
-
-
-def _records(term: Path) -> list[tuple[int, int, int]]:
-    """(offset, start, end) of the records of an undamaged term file."""
-    raw = term.read_bytes()
-    found = []
-    pos = 0
-    while pos < len(raw):
-        size, offset = struct.unpack_from("<IQ", raw, pos + 4)
-        found.append((offset, pos, pos + 24 + size))
-        pos += 24 + size
-    return found
 
 
 def _filled(path: Path) -> list[int]:
@@ -40,7 +27,7 @@ def _filled(path: Path) -> list[int]:
 
 def _zero(term: Path, start: int, size: int) -> set[int]:
     """Zero ``size`` bytes of ``term`` from ``start``; the offsets it damaged."""
-    hit = {o for o, s, e in _records(term) if s < start + size and start < e}
+    hit = {o for o, s, e in records_of(term) if s < start + size and start < e}
     raw = bytearray(term.read_bytes())
     raw[start : start + size] = bytes(size)
     term.write_bytes(bytes(raw))
@@ -77,7 +64,7 @@ def test_damage_in_a_sealed_term_without_its_index_is_found_by_search(tmp_path: 
     _filled(tmp_path)
     term = _terms(tmp_path)[2]
     term.with_suffix(".index").unlink()
-    lost = _zero(term, _records(term)[3][1] + 2, 5)  # (its crc and size fields)
+    lost = _zero(term, records_of(term)[3][1] + 2, 5)  # (its crc and size fields)
     with open_log(tmp_path) as log:
         _check(log, lost)
         assert log.recovery.cut_records == len(lost) == 1
@@ -88,7 +75,7 @@ def test_damage_in_the_middle_of_the_last_term_keeps_the_records_after_it(
 ) -> None:
     _filled(tmp_path)
     term = _terms(tmp_path)[-1]
-    records = _records(term)
+    records = records_of(term)
     assert len(records) > 3
     lost = _zero(term, records[1][1] + 30, 4)
     with open_log(tmp_path) as log:
@@ -115,7 +102,7 @@ def test_losses_are_reported_once_and_their_gaps_stay(tmp_path: Path) -> None:
     bases = _filled(tmp_path)
     terms = _terms(tmp_path)
     lost = _zero(terms[1], 50, 1)
-    lost |= {o for o, _, _ in _records(terms[3])}
+    lost |= {o for o, _, _ in records_of(terms[3])}
     terms[3].unlink()
     with open_log(tmp_path) as log:
         assert log.recovery.cut_records == len(lost)

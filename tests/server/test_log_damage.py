@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from broker.client import open_client
 from broker.client._subscription import SubscriptionState
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
+from tests.log.helpers import records_of
 from tests.test_metrics_logs import Scrape
 
 from .helpers import TIMEOUT, make_config, running_broker, url, wait_until
@@ -34,18 +34,6 @@ def config(data_dir: Path) -> BrokerConfig:
 
 def payload(offset: int) -> bytes:
     return b"%06d:" % offset + b"x" * 1000
-
-
-def records_of(term: Path) -> list[tuple[int, int, int]]:
-    """(offset, start, end) of every record of an undamaged term file."""
-    raw = term.read_bytes()
-    found = []
-    pos = 0
-    while pos < len(raw):
-        size, offset = struct.unpack_from("<IQ", raw, pos + 4)
-        found.append((offset, pos, pos + 24 + size))
-        pos += 24 + size
-    return found
 
 
 def damage(data_dir: Path) -> set[int]:

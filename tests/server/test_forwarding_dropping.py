@@ -70,13 +70,17 @@ async def test_a_stalled_subscriber_holds_neither_the_link_nor_the_owner(
             await publisher.flush()
         # The owner sends everything on (the link never withholds guarantees
         # for it): it is this worker that drops.
+        # (What the owner sent may still be on its way over the link: wait
+        # for the link to have relayed all of it, not only for the owner.)
         await wait_until(
-            lambda: not there.queued and here.dropped_overflow > published // 2,
+            lambda: (
+                not there.queued
+                and w0.link_statistics()[0].deliveries_relayed == there.delivered
+                and here.dropped_overflow > published // 2
+            ),
             what="the owner's queue emptied into the subscriber's worker",
         )
         assert here.queued <= max_queued
-        (link,) = w0.link_statistics()
-        assert link.deliveries_relayed == there.delivered
         messages = await drain(sub, published)
         assert sub.missed == published - len(messages) > published // 2
         assert messages[-1].payload.startswith(b"%05d" % (published - 1))

@@ -302,11 +302,14 @@ class TopicLog:
             return None
         return SyncJob(self, self._file, self._written_next)
 
-    def _synced(self, durable_next: int) -> None:
+    def _synced(self, durable_next: int, *, noted: bool = False) -> None:
+        """Records before ``durable_next`` are durable; unless ``noted`` (by a
+        :class:`SyncJob`, in its thread), the checkpoint is written here."""
         if durable_next > self._durable_next:
             self._durable_next = durable_next
-            # What recovery compares the log with, to tell what was lost.
-            write_checkpoint(self.directory, durable_next - 1)
+            if not noted:
+                # What recovery compares the log with, to tell what was lost.
+                write_checkpoint(self.directory, durable_next - 1)
 
     def _sync_failed(self) -> None:
         if self._dirty_since is None:
@@ -554,6 +557,10 @@ class SyncJob:
             os.fdatasync(self._fd)
         except OSError as exc:
             self.error = write_error(exc, f"syncing the log of {self._log.topic!r}")
+        else:
+            # The checkpoint too, here rather than on the log's (event loop's)
+            # thread: syncs of a store run one at a time, so in order.
+            write_checkpoint(self._log.directory, self._target - 1)
         finally:
             os.close(self._fd)
 
@@ -562,7 +569,7 @@ class SyncJob:
         they stay written, and the next sync tries again)."""
         if self.error is None:
             self._file.synced_to(self._writes)
-            self._log._synced(self._target)
+            self._log._synced(self._target, noted=True)
         else:
             self._log._sync_failed()
 

@@ -162,3 +162,23 @@ def test_a_sealed_term_cut_to_nothing_is_reported_once(tmp_path: Path) -> None:
             assert not term.exists()
         with open_log(tmp_path) as log:
             assert log.recovery.clean
+
+
+def test_a_sync_off_the_loop_writes_the_checkpoint_in_its_thread(tmp_path: Path) -> None:
+    """The broker syncs logs with :class:`SyncJob` (its ``run`` in a worker
+    thread): the checkpoint that tells recovery what was flushed is written
+    there, after the fsync, and ``finish`` on the log's thread adds no I/O."""
+    from broker.log._marks import read_checkpoint
+
+    with open_log(tmp_path) as log:
+        for _ in range(5):
+            log.append(body(20), T0)
+        job = log.start_sync()
+        assert job is not None
+        assert read_checkpoint(tmp_path) == 0
+        job.run()
+        assert read_checkpoint(tmp_path) == 5
+        (tmp_path / "checkpoint").unlink()
+        job.finish()
+        assert not (tmp_path / "checkpoint").exists()
+        assert log.durable_offset == 5

@@ -230,11 +230,15 @@ async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
             if why is not None:
                 break
             try:
-                next_offset = logs.open(topic).next_offset
+                topic_log = logs.open(topic)
             except TopicUnavailable as error:
                 why = str(error)
                 break
-            routed_before[topic] = unfinished.routed_before(topic, next_offset)
+            # (A record torn by the kill is a gap, its offset not given again:
+            # the batch's publishes from there on are routed again.)
+            routed_before[topic] = unfinished.routed_before(
+                topic, topic_log.next_offset, topic_log.recovery.gaps
+            )
         name, whose = shown(batch[1]), "anonymous clients" if batch[0] is None else repr(batch[0])
         if why is not None:
             staging.block(

@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from accounts import Account, LoanedItem, unlimited
@@ -56,6 +56,7 @@ from ._staging_records import (
     SPACE_COMMITTING,
     SPACE_PROGRESS,
     SPACE_STAGED,
+    Gap,
     Members,
     Progress,
     batch_id,
@@ -125,22 +126,21 @@ class UnfinishedCommit:
     #: or abort of the batch is refused with this.
     blocked: str = ""
 
-    def routed_before(self, topic: str, next_offset: int) -> int:
-        """How many of the batch's publishes to ``topic`` are in its log,
-        whose next offset is ``next_offset``: those before the last run
-        put, and of that run what the log holds from its offset on (a run
-        is appended whole, contiguous: others' publishes wait behind it)."""
+    def routed_before(self, topic: str, next_offset: int, gaps: Iterable[Gap] = ()) -> int:
+        """Of the batch's publishes to ``topic``, how many its log holds: those
+        before the last run put, and of that run those from its offset up to a
+        gap or ``next_offset`` (a run goes in whole; ``gaps``: a torn tail's)."""
         place = self.progress.get(topic)
         if place is None:
             return 0
         index, offset, count = place
-        return index + min(max(next_offset - offset, 0), count)
+        end = min([next_offset, *(first for first, _ in gaps if first >= offset)])
+        return index + min(max(end - offset, 0), count)
 
 
 @dataclass(slots=True)
 class CommitDecision:
-    """What a Commit comes to: the Outcome to send, and the publishes to route
-    (in order: listed members in the order listed) when it is ``COMMITTED``."""
+    """A Commit's Outcome and, ``COMMITTED``, the publishes to route in order."""
 
     status: OutcomeStatus
     messages: int = 0

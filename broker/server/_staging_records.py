@@ -8,6 +8,8 @@ import json
 
 #: ``(principal, batch)``: batches of different principals never mix.
 BatchKey = tuple[str | None, str]
+#: ``(first offset, count)``: offsets a log's recovery found missing.
+Gap = tuple[int, int]
 
 #: Journal spaces. ``staged``: key a 20-digit serial (staging order), value
 #: ``[owner, batch, member, topic, key, tail, cost]``. ``committed``: key the

@@ -189,5 +189,9 @@ async def test_clients_never_raise_while_their_own_worker_is_killed(tmp_path: Pa
                 )
                 clients.check()
             clients.stop = True
+            # (The subscriber may wait for a message that never comes once the
+            # publishers stop: end the trio clients; the blocking publisher's
+            # thread ends at its next publish, which the nursery waits for.)
+            nursery.cancel_scope.cancel()
         clients.check()
     assert len(set(killed)) == KILLS  # a new process each time

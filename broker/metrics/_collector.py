@@ -338,6 +338,9 @@ class BrokerCollector:
             add("broker_forwarded_publishes_total", [link.owner], link.publishes_forwarded)
             add("broker_forwarded_deliveries_total", [link.owner], link.deliveries_relayed)
         add("broker_forwarded_duplicates_total", [], broker.seen.duplicates)
+        add("broker_forwarded_origins_unknown_total", [], broker.seen.unknown)
+        if broker.logs is not None:
+            add("broker_publish_marks", [], len(broker.logs.marks))
         if broker.loop is not None:
             add("broker_loop_task_steps_total", [], broker.loop.task_steps)
             add("broker_loop_io_waits_total", [], broker.loop.io_waits)
@@ -350,6 +353,7 @@ class BrokerCollector:
         add("broker_sessions", ["detached"], detached)
         add("broker_sessions_created_total", [], sessions.created_total)
         add("broker_sessions_resumed_total", [], sessions.resumed_total)
+        add("broker_sessions_unknown_total", [], sessions.unknown_total)
         add("broker_sessions_expired_total", [], sessions.expired_total)
         add("broker_session_redelivered_total", [], sessions.redelivered_total)
         add("broker_session_unacked_deliveries", [], sessions.unacked())

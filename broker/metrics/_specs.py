@@ -134,6 +134,19 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "confirmed, not stored twice.",
     ),
     MetricSpec(
+        "broker_forwarded_origins_unknown_total",
+        "counter",
+        "Forwarded publishes whose origin this owner no longer knew (forgotten past its "
+        "table's bound): had they been sent before, they were stored again.",
+    ),
+    MetricSpec(
+        "broker_publish_marks",
+        "gauge",
+        "Publish marks held in the state journal (one per session topic handle that "
+        "published to a topic log, and per forwarded origin): how a restart knows "
+        "what the logs hold, so no publish is stored twice.",
+    ),
+    MetricSpec(
         "broker_forwarded_deliveries_total",
         "counter",
         "Deliveries a worker relayed from the worker that owns their topic, per owner.",
@@ -164,6 +177,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     ),
     MetricSpec("broker_sessions_created_total", "counter", "Sessions created (Hello)."),
     MetricSpec("broker_sessions_resumed_total", "counter", "Sessions resumed on a new connection."),
+    MetricSpec(
+        "broker_sessions_unknown_total",
+        "counter",
+        "Resumes asked for a session the broker no longer has (its lease ran out): the "
+        "client got a new session, and what it publishes again, past deduplication, may "
+        "be stored twice.",
+    ),
     MetricSpec(
         "broker_sessions_expired_total",
         "counter",

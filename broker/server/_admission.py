@@ -64,6 +64,11 @@ class AdmissionHost(Protocol):
         """Count a refused client."""
         ...
 
+    def held_publishes(self, session: bytes, state: BrokerSessionState) -> None:
+        """Raise ``state``'s publish counts to what the topic logs held of
+        them at the start (a session restored after a crash)."""
+        ...
+
 
 class Admitted(SessionHolder, Protocol):
     """The connection being admitted, as admission acts on it."""
@@ -147,6 +152,7 @@ class Admission:
                 self.refuse(GoodbyeCode.REDIRECT, f"resume at {home}", connection)
                 return
             if session is None:
+                sessions.unknown_total += 1
                 self.log(logging.INFO, "%s asks for an unknown session", shown(self.client_name))
         if session is not None:
             self._resume(session, hello.processed, connection)
@@ -257,6 +263,7 @@ class Admission:
         if session.connection is not None:
             session.connection.hand_over()
         assert session.state is not None
+        self.host.held_publishes(session.id, session.state)
         restore, dropped = session.state.for_resume(processed)
         for handle in dropped:  # the client gave them up
             session.subscriptions.pop(handle).close()

@@ -22,7 +22,7 @@ from broker.auth import (
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
-from broker.protocol import Cluster, GoodbyeCode, encode
+from broker.protocol import BrokerSessionState, Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
 
@@ -42,7 +42,7 @@ from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._placement import WorkerSetup
 from ._reassembly import ReassemblyRoom
-from ._restore import restore_sessions
+from ._restore import held_publishes, restore_sessions
 from ._seen import SeenOrigins
 from ._session import SessionTable
 from ._session_records import SessionRecords
@@ -133,11 +133,12 @@ class Broker:
         #: Connections handed over to the worker holding their session.
         self.handed_over_total = 0
         #: Where sessions are recorded to survive a restart (None: memory-only).
-        self.session_records = SessionRecords(logs.journal) if logs is not None else None
+        self.session_records = SessionRecords(logs.journal, logs.marks) if logs else None
         self.sessions.records = self.session_records
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
-        self.seen = SeenOrigins()  # (what this worker took of forwarded publishes)
+        #: What this worker took of forwarded publishes.
+        self.seen = SeenOrigins.kept_in(logs.marks if logs else None)
         #: Staged publishes waiting for their batch's commit (exactly-once publishing).
         self.staging = StagingArea(
             self.account,
@@ -218,6 +219,10 @@ class Broker:
         the broker's own nursery (see ``_commit.start_commit``)."""
         assert self._nursery is not None
         start_commit(self, self._nursery, batch, account, publishes, done)
+
+    def held_publishes(self, session: bytes, state: BrokerSessionState) -> None:
+        if self.logs is not None:
+            held_publishes(self.logs.marks, session, state, self.logs.end_of)
 
     def persist_state(self) -> None:
         """Write the state journal's pending changes (staged publishes,
@@ -537,8 +542,8 @@ async def serve_broker(
                 if config.loop_counters:
                     broker.loop = LoopCounters()
                     trio.lowlevel.add_instrument(broker.loop)
-                if broker.session_records is not None:
-                    restore_sessions(broker, broker.session_records)
+                if logs is not None and broker.session_records is not None:
+                    restore_sessions(broker, broker.session_records, logs.marks)
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
                 nursery.start_soon(broker.budget_pool.run)

@@ -28,8 +28,10 @@ from broker.log import (
     TopicLog,
     unopened_due,
 )
+from broker.protocol import OriginRun
 
 from ._log_subscription import CURSORS, CursorBook
+from ._publish_marks import PublishMarks
 from ._rehome import rehome_state
 from ._session import Histogram
 from ._topic import Topic
@@ -119,6 +121,8 @@ class TopicLogs:
         if store.worker is None:  # (a supervisor moves them for its workers)
             rehome_state(store.data_dir, lambda _t: None, lambda _s: None, (None, self.journal))
         self.cursors: CursorBook = JournalCursors(self.journal)
+        #: Where each session's publishes went in the logs (no duplicate after a crash).
+        self.marks = PublishMarks(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
         #: appends that failed (full, or the disk).
         self.appends = 0
@@ -161,6 +165,7 @@ class TopicLogs:
         # every later caller (a ListOffsets, a subscription).
         self._opened[name] = topic_log
         self._cursors_within(name, topic_log.written_offset + 1)
+        self.marks.opened(name, topic_log.next_offset)
         recovery = topic_log.recovery
         if not recovery.clean:
             log.warning(
@@ -180,6 +185,16 @@ class TopicLogs:
                 "; ".join(recovery.details)[:400],
             )
         return topic_log
+
+    def end_of(self, name: str) -> int | None:
+        """The next offset of ``name``'s log, if this broker (worker) serves
+        it and it can be opened; else None."""
+        if not self.owns(name):
+            return None
+        try:
+            return self.open(name).next_offset
+        except TopicUnavailable:
+            return None
 
     def opened(self, name: str) -> TopicLog | None:
         """The log of ``name`` if it is open (None: not opened since the start)."""
@@ -254,6 +269,10 @@ class TopicLogs:
         self.appends += appended
         if topic_log.config.flush != "always":
             self._dirty.add(topic_log)
+
+    def mark(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        self.marks.note(topic, runs, offset)
+        self.journal.write()  # (raises LogError: the batch waits)
 
     def log_failed(self, topic: Topic, error: LogError) -> None:
         self.append_errors += 1

@@ -375,11 +375,10 @@ class Publishing:
             state.forwarded += count
             if not topic.forwarded:
                 # A worker's link forwards them to their owner: none is stored
-                # twice (and the runs, checked, are needed no more).
+                # twice (the runs left are marked in the log: ``_publish_marks``).
                 taken = self.host.seen.take(topic.topic_name, origins, tails, keys)
                 if taken is not None:
-                    tails, keys, skipped = taken
-                origins = None
+                    tails, keys, skipped, origins = taken
         topic.send_nowait(
             Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,
@@ -388,11 +387,13 @@ class Publishing:
 
     def _passed_on(self, state: PublishChannel, count: int) -> list[OriginRun] | None:
         """Count ``count`` more publishes of ``state`` passed on to its topic;
-        where the topic is another worker's, their origin run (its owner
-        learns whose they are: see ``_seen``)."""
+        their origin run where it is needed: the topic is another worker's
+        (its owner learns whose they are: see ``_seen``), or it has a log
+        (which marks where they go: see ``_publish_marks``)."""
         first = state.forwarded + 1
         state.forwarded += count
-        if not state.topic.forwarded:
+        topic = state.topic
+        if not self.session_id or (not topic.forwarded and topic.log is None):
             return None
         return [(self.session_id, state.channel.index, first, count)]
 
@@ -476,6 +477,7 @@ class Publishing:
             message.key,
             len(tail) + STAGED_PUBLISH_OVERHEAD,
             trio.current_time(),
+            (self.session_id, state.channel.index, state.routed + 1) if self.session_id else None,
         )
         if refusal is not None:
             return refusal

@@ -6,6 +6,7 @@ from after the last offset their client processed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
@@ -13,8 +14,11 @@ from broker.protocol import BrokerSessionState, DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
 from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
+from ._publish_marks import PublishMarks
+from ._seen import SeenOrigins
 from ._session import Session, SessionTable
 from ._session_records import SavedSession, SessionRecords, load_sessions
+from ._staging import StagingArea
 from ._topic import Subscription, Topic
 
 log = logging.getLogger("broker.server")
@@ -33,6 +37,12 @@ class RestoringHost(Protocol):
 
     @property
     def cursors(self) -> CursorBook | None: ...
+
+    @property
+    def staging(self) -> StagingArea: ...
+
+    @property
+    def seen(self) -> SeenOrigins: ...
 
     def topic(self, name: str) -> Topic: ...
 
@@ -78,11 +88,22 @@ class Unattached:
         loan.repay()
 
 
-def restore_sessions(host: RestoringHost, records: SessionRecords) -> int:
-    """Bring back every recorded session, detached; returns how many."""
+def restore_sessions(
+    host: RestoringHost, records: SessionRecords, marks: PublishMarks | None = None
+) -> set[bytes]:
+    """Bring back every recorded session, detached; returns their ids.
+
+    A session's publish counts (``received``) are raised to what the
+    staging area holds of its publishes (and, when it resumes, to what the
+    logs hold: :func:`held_publishes`): the client then sends again only
+    what the broker does not have, and nothing is stored twice. The publish
+    ``marks`` of sessions not restored here are other workers' clients'
+    (forwarded): the broker's ``seen`` table takes them."""
+    loaded = [] if marks is None else marks.load()
     table = host.sessions
     unattached = Unattached(host.account)
-    restored = 0
+    restored: set[bytes] = set()
+    staged = host.staging.held_origins()
     for saved in load_sessions(records):
         if saved.id in table.sessions:
             continue
@@ -92,21 +113,53 @@ def restore_sessions(host: RestoringHost, records: SessionRecords) -> int:
         session.subscriptions = subscriptions
         state = saved.state
         kept = {h: v for h, v in state.subscriptions.items() if h in subscriptions}
-        if len(kept) != len(state.subscriptions):
-            state = BrokerSessionState(
-                state.topics,
-                kept,
-                state.next_topic,
-                state.next_subscription,
-                state.received,
-                state.stages,
-            )
+        state = BrokerSessionState(
+            state.topics,
+            kept,
+            state.next_topic,
+            state.next_subscription,
+            _received(saved, staged),
+            state.stages,
+        )
         table.sessions[session.id] = session
         table.detach(session, state)
-        restored += 1
+        restored.add(session.id)
+    for topic, origin, handle in loaded:
+        if origin not in restored:
+            host.seen.restore(topic, origin, handle)
     if restored:
-        log.info("restored %d sessions: each waits %.0f s for its client", restored, table.linger)
+        log.info(
+            "restored %d sessions: each waits %.0f s for its client", len(restored), table.linger
+        )
     return restored
+
+
+def held_publishes(
+    marks: PublishMarks,
+    session: bytes,
+    state: BrokerSessionState,
+    log_end: Callable[[str], int | None],
+) -> None:
+    """A session restored after a stop resumes: raise its publish counts in
+    ``state`` to what the logs held of its publishes at the start (its
+    publish marks: a publish appended but not confirmed before a crash), so
+    its client sends again only what no log has. ``log_end`` opens a topic's
+    log (which resolves its marks)."""
+    for handle, (name, _) in state.topics.items():
+        if marks.pending(session, handle):
+            log_end(name)
+            held = marks.held(session, handle)
+            if held is not None and held.topic == name:
+                state.received[handle] = max(state.received.get(handle, 0), held.index)
+
+
+def _received(saved: SavedSession, staged: Mapping[tuple[bytes, int], int]) -> dict[int, int]:
+    """Per topic handle of ``saved``: how many of its publishes the broker
+    has (its record's count, or more: staged)."""
+    received = dict(saved.state.received)
+    for handle in saved.state.topics:
+        received[handle] = max(received.get(handle, 0), staged.get((saved.id, handle), 0))
+    return received
 
 
 def _subscriptions(

@@ -120,6 +120,10 @@ class SessionTable:
         self.links = 0
         self.created_total = 0
         self.resumed_total = 0
+        #: Hellos that asked to resume a session not here (expired, ended,
+        #: or another principal's): a new session each; what its client
+        #: publishes again is past deduplication (may be stored twice).
+        self.unknown_total = 0
         self.expired_total = 0
         #: Deliveries sent again on resumes (sent before, never acknowledged).
         self.redelivered_total = 0

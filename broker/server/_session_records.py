@@ -15,8 +15,10 @@ after a broken connection. Its reliable subscriptions continue from the
 topic log after their last acknowledged offset; lossy and latest ones (whose
 queues lived in memory) do not survive, and the resume's Welcome says so.
 After a restart a session's ``received`` counts are what reached the logs:
-the client publishes the rest again. A publish routed and not yet confirmed
-when the broker died may therefore be stored twice; a confirmed one never is.
+the counts written here, raised to what the publish marks say the logs hold
+(``_publish_marks``: a publish appended and not yet confirmed when the
+broker died) and what the staging area holds (``_staging``); the client
+publishes only the rest again, so none is stored twice.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any, Protocol
 
 from broker.log import StateJournal
 from broker.protocol import BrokerSessionState, DeliveryMode, Stage, SubscriptionInfo
+
+from ._publish_marks import PublishMarks
 
 SESSIONS = "sessions"
 COUNTS = "session.counts"
@@ -79,8 +83,10 @@ class SessionRecords:
     """Writes sessions' records into a :class:`~broker.log.StateJournal`
     (buffered there: ``Broker.persist_state`` writes them out)."""
 
-    def __init__(self, journal: StateJournal) -> None:
+    def __init__(self, journal: StateJournal, marks: PublishMarks | None = None) -> None:
         self.journal = journal
+        #: The marks of the sessions' publishes in the logs (deleted with them).
+        self.marks = marks
         #: Per session id: the count keys written (deleted with the session).
         self._keys: dict[bytes, set[str]] = {}
 
@@ -139,6 +145,8 @@ class SessionRecords:
     def forget(self, session: RecordedSession) -> None:
         """``session`` ended: delete its records."""
         self.journal.delete(SESSIONS, session.id.hex())
+        if self.marks is not None:
+            self.marks.forget(session.id)
         for key in self._keys.pop(session.id, ()):
             self.journal.delete(COUNTS, key)
 

@@ -58,8 +58,10 @@ from ._staging_records import (
     SPACE_STAGED,
     Gap,
     Members,
+    Origin,
     Progress,
     batch_id,
+    origin_of,
     parse_batch_id,
     parse_members,
     parse_progress,
@@ -202,8 +204,15 @@ class StagingArea:
         #: Per commit being routed, the topics it put progress for.
         self._progress_topics: dict[BatchKey, set[str]] = {}
         self._serial = 0
+        #: Per (session, handle): the highest index of its publishes restored.
+        self._held_origins: dict[tuple[bytes, int], int] = {}
         if journal is not None:
             self._restore(journal)
+
+    def held_origins(self) -> dict[tuple[bytes, int], int]:
+        """Per client (session, topic handle): the highest index of the
+        publishes of its the journal held staged when this area was made."""
+        return self._held_origins
 
     @property
     def messages(self) -> int:
@@ -219,9 +228,11 @@ class StagingArea:
         key: bytes | None,
         cost: int,
         now: float,
+        origin: Origin | None = None,
     ) -> str | None:
         """Stage one publish (``tail``: its encoded Deliver tail; ``cost``: the
-        bytes it holds). Returns why it cannot be staged, or None.
+        bytes it holds; ``origin``: its client session, handle and index,
+        journalled with it). Returns why it cannot be staged, or None.
 
         A publish into a batch already committed is accepted and dropped at
         once (a late attempt of a finished batch: its data must never become
@@ -247,7 +258,7 @@ class StagingArea:
         if self.journal is not None:
             self._serial += 1
             journal_key = f"{self._serial:020d}"
-            record = [owner, stage.batch, stage.member, topic, key, tail, cost]
+            record = [owner, stage.batch, stage.member, topic, key, tail, cost, *(origin or ())]
             self.journal.put(SPACE_STAGED, journal_key, record)
             batch.journal_keys.append(journal_key)
         return None
@@ -514,6 +525,9 @@ class StagingArea:
                 log.warning("state journal: dropped a malformed staged publish %s", journal_key)
                 journal.delete(SPACE_STAGED, journal_key)
                 continue
+            if (origin := origin_of(record)) is not None:
+                held = self._held_origins
+                held[origin[:2]] = max(held.get(origin[:2], 0), origin[2])
             owner, batch_name, member, topic, key, tail, cost = restored
             batch_key = (owner, batch_name)
             if batch_key in self.finished:  # left over from a commit (or late)

@@ -12,8 +12,10 @@ BatchKey = tuple[str | None, str]
 Gap = tuple[int, int]
 
 #: Journal spaces. ``staged``: key a 20-digit serial (staging order), value
-#: ``[owner, batch, member, topic, key, tail, cost]``. ``committed``: key the
-#: batch key as JSON, value a serial (commit order). ``committing``: the same
+#: ``[owner, batch, member, topic, key, tail, cost]``, then, for a publish of
+#: a client session, its origin: ``session, handle, index`` (its index on
+#: its topic handle, so that a restart knows it has it: :func:`origin_of`).
+#: ``committed``: key the batch key as JSON, value a serial (commit order). ``committing``: the same
 #: keys, value the members the commit lists (``[[member, count], ...]``),
 #: put before its publishes are routed (a commit under way, completed at
 #: start-up if a stop cut it off). ``progress``: key ``[owner, batch,
@@ -92,9 +94,9 @@ def parse_members(value: object) -> Members | None:
 
 def parse_staged(record: object) -> _Staged | None:
     """A staged publish's journal record, checked; None if malformed."""
-    if not isinstance(record, list) or len(record) != 7:
+    if not isinstance(record, list) or len(record) not in (7, 10):
         return None
-    owner, batch, member, topic, key, tail, cost = record
+    owner, batch, member, topic, key, tail, cost = record[:7]
     if (
         (owner is None or isinstance(owner, str))
         and isinstance(batch, str)
@@ -106,4 +108,17 @@ def parse_staged(record: object) -> _Staged | None:
         and cost >= 0
     ):
         return owner, batch, member, topic, key, tail, cost
+    return None
+
+
+#: A staged publish's origin: (session id, topic handle, index on the handle).
+Origin = tuple[bytes, int, int]
+
+
+def origin_of(record: object) -> Origin | None:
+    """The origin a (checked) staged publish record names, if any."""
+    if isinstance(record, list) and len(record) == 10:
+        session, handle, index = record[7:]
+        if isinstance(session, bytes) and type(handle) is int and type(index) is int:
+            return session, handle, index
     return None

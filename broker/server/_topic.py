@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
 from broker.log import LogError, LogFull, TopicLog
-from broker.protocol import OriginRun
+from broker.protocol import OriginRun, slice_origins
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
@@ -76,7 +76,9 @@ class Routed:
     fan_out: int
     #: The publishes' keys, in the same order (``latest`` subscriptions keep one per key).
     keys: list[bytes | None]
-    #: Whose publishes they are, where a worker forwards them (see ``_seen``).
+    #: Whose publishes they are (client session, topic handle, indices): what
+    #: a worker forwarding them tells their owner (see ``_seen``), and what a
+    #: topic with a log marks before appending them (see ``_publish_marks``).
     origins: list[OriginRun] | None = None
     #: Publishes of the batch left out as taken before (routed all the same).
     skipped: int = 0
@@ -278,6 +280,13 @@ class TopicLogHost(Protocol):
         file (not fsynced: the broker flushes it in time)."""
         ...
 
+    def mark(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        """Note where the publishes of ``runs`` go in ``topic``'s log (from
+        ``offset`` on) and write that down before the log is written (see
+        ``_publish_marks``); raises :class:`~broker.log.LogError` if it cannot
+        (the batch then waits, as for a log that cannot take it)."""
+        ...
+
     def log_failed(self, topic: Topic, error: LogError) -> None:
         """Appending to ``topic``'s log failed (full, or the disk): its
         publishes wait; the broker retries (:meth:`Topic.retry_held`)."""
@@ -415,6 +424,11 @@ class Topic(Actor):
             return True  # (all of them taken before: see ``_seen``)
         appended = 0
         try:
+            runs = held.routed.origins
+            if runs is not None:
+                if held.appended:
+                    runs = slice_origins(runs, held.appended, len(tails))
+                host.mark(self.topic_name, runs, log.next_offset)
             if not held.appended and held.routed.before_append is not None:
                 held.routed.before_append(log.next_offset)
             while held.appended < len(tails):

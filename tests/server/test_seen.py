@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.server._publish_marks import Held
 from broker.server._seen import SeenOrigins
 
 
@@ -17,10 +18,10 @@ def test_a_resend_passes_on_only_what_was_not_taken() -> None:
     seen = SeenOrigins()
     assert seen.take("t", [(b"s", 1, 1, 5)], tails(1, 5), [None] * 5) is None
     taken = seen.take("t", [(b"s", 1, 3, 6)], tails(3, 6), [b"k"] * 6)
-    assert taken == (tails(6, 3), [b"k"] * 3, 3)
+    assert taken == (tails(6, 3), [b"k"] * 3, 3, [(b"s", 1, 6, 3)])
     assert seen.duplicates == 3
     # Wholly taken before: nothing passed on, all of it skipped.
-    assert seen.take("t", [(b"s", 1, 1, 8)], tails(1, 8), [None] * 8) == ([], [], 8)
+    assert seen.take("t", [(b"s", 1, 1, 8)], tails(1, 8), [None] * 8) == ([], [], 8, [])
 
 
 def test_runs_of_several_origins_in_one_batch_are_each_checked() -> None:
@@ -29,7 +30,12 @@ def test_runs_of_several_origins_in_one_batch_are_each_checked() -> None:
     runs = [(b"a", 1, 2, 2), (b"", 0, 1, 2), (b"b", 1, 3, 1), (b"b", 2, 1, 1)]
     taken = seen.take("t", runs, [b"a2", b"a3", b"x", b"y", b"b3", b"c1"], [None] * 6)
     # a2 was taken; the runs without a session are never left out.
-    assert taken == ([b"a3", b"x", b"y", b"b3", b"c1"], [None] * 5, 1)
+    assert taken == (
+        [b"a3", b"x", b"y", b"b3", b"c1"],
+        [None] * 5,
+        1,
+        [(b"a", 1, 3, 1), (b"", 0, 1, 2), (b"b", 1, 3, 1), (b"b", 2, 1, 1)],
+    )
 
 
 def test_topics_and_handles_are_apart() -> None:
@@ -47,8 +53,36 @@ def test_it_forgets_the_least_recently_used_first() -> None:
     seen.take("t", [(b"a", 0, 2, 1)], [b"x"], [None])  # a used again: b is the oldest
     seen.take("t", [(b"c", 0, 1, 1)], [b"x"], [None])
     assert len(seen) == 2
-    assert seen.take("t", [(b"a", 0, 2, 1)], [b"x"], [None]) == ([], [], 1)
+    assert seen.take("t", [(b"a", 0, 2, 1)], [b"x"], [None]) == ([], [], 1, [])
     assert seen.take("t", [(b"b", 0, 1, 1)], [b"x"], [None]) is None  # forgotten
+
+
+def test_forgotten_origins_are_told_and_a_later_publish_of_one_is_counted() -> None:
+    forgotten: list[tuple[bytes, int]] = []
+    seen = SeenOrigins(limit=1, forgotten=lambda s, h: forgotten.append((s, h)))
+    seen.take("t", [(b"a", 1, 1, 2)], [b"x", b"y"], [None] * 2)
+    seen.take("t", [(b"b", 1, 1, 1)], [b"x"], [None])
+    assert forgotten == [(b"a", 1)]
+    assert seen.unknown == 0
+    # a's third publish: the owner no longer knows what a sent before.
+    assert seen.take("t", [(b"a", 1, 3, 2)], [b"x", b"y"], [None] * 2) is None
+    assert seen.unknown == 2
+
+
+def test_restored_origins_take_nothing_twice() -> None:
+    asked: list[tuple[bytes, int]] = []
+
+    def restored(session: bytes, handle: int) -> Held | None:
+        asked.append((session, handle))
+        return Held("t", 4)
+
+    seen = SeenOrigins(restored=restored)
+    seen.restore("t", b"s", 1)  # (a mark: what the log held is asked when used)
+    assert asked == []
+    taken = seen.take("t", [(b"s", 1, 3, 4)], tails(3, 4), [None] * 4)
+    assert taken == (tails(5, 2), [None] * 2, 2, [(b"s", 1, 5, 2)])
+    assert seen.unknown == 0
+    assert asked == [(b"s", 1)]
 
 
 @given(st.integers(1, 60), st.lists(st.tuples(st.integers(0, 30), st.integers(1, 20)), max_size=20))

@@ -222,6 +222,7 @@ def cursor_name(text: str) -> str:
 class _Tally:
     received: int = 0
     missed: int = 0
+    duplicates: int = 0
     timed_out: bool = False
     pipe_closed: bool = False
 
@@ -275,20 +276,22 @@ def run(args: argparse.Namespace) -> int:
         # (what is still buffered for stdout goes nowhere instead of failing).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    missed = f", {tally.missed} missed (dropped by the broker)" if tally.missed else ""
+    counts = f", {tally.missed} missed (dropped by the broker)" if tally.missed else ""
+    if tally.duplicates:  # (delivered again after a lost session: not printed twice)
+        counts += f", {tally.duplicates} delivered again (not printed twice)"
     if status is not None:
         return status
     if interrupt.interrupted:
-        print(f"broker sub: interrupted: {tally.received} message(s){missed}", file=sys.stderr)
+        print(f"broker sub: interrupted: {tally.received} message(s){counts}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if tally.timed_out:
         print(
             f"broker sub: nothing for {args.timeout:g} s: stopping after "
-            f"{tally.received} message(s){missed}",
+            f"{tally.received} message(s){counts}",
             file=sys.stderr,
         )
-    elif missed:
-        print(f"broker sub: {tally.received} message(s){missed}", file=sys.stderr)
+    elif counts:
+        print(f"broker sub: {tally.received} message(s){counts}", file=sys.stderr)
     return 0
 
 
@@ -356,3 +359,4 @@ async def _sub(
             tally.timed_out = silence.cancelled_caught
         finally:
             tally.missed = sum(subscription.missed for subscription in subscriptions)
+            tally.duplicates = sum(s.duplicates_dropped for s in subscriptions)

@@ -140,6 +140,10 @@ class ClientSession:
         self.frames_resent_on_resume = 0
         #: Times the broker no longer knew the session.
         self.sessions_lost = 0
+        #: Deliveries dropped as duplicates: numbered by offsets at or below
+        #: the last one a subscription handed out or queued (see
+        #: ``SubscriptionState._redelivered``).
+        self.duplicates_dropped = 0
         #: The first bytes the peer sent before its Welcome.
         self.answer = b""
         #: Why the client is over (None: it is not).
@@ -358,7 +362,11 @@ class ClientSession:
                     if not self.conn.closed:
                         self.conn.release(event)  # a subscription being freed
                 else:
-                    subscription.received += subscription._inbox.put(event)
+                    queued = subscription._inbox.put(event)
+                    if queued < 0:  # (REDELIVERED: handed out or queued already, in part)
+                        queued, duplicates = subscription._redelivered(event)
+                        self.duplicates_dropped += duplicates
+                    subscription.received += queued
             elif type(event) is Gap:
                 subscription = self.subscriptions.get(event.subscription)
                 if subscription is not None:
@@ -587,7 +595,8 @@ class ClientSession:
     # ---------------------------------------------------------------- statistics
 
     def statistics(self) -> dict[str, int]:
-        """Messages published/confirmed, subscriptions, bytes, resends, resumes."""
+        """Messages published/confirmed, subscriptions, bytes, resends,
+        resumes, deliveries dropped as duplicates."""
         return {
             **self.cache.statistics(),
             "subscriptions": len(self.subscriptions),
@@ -597,4 +606,5 @@ class ClientSession:
             "resumes": self.resumes,
             "frames_resent_on_resume": self.frames_resent_on_resume,
             "sessions_lost": self.sessions_lost,
+            "duplicates_dropped": self.duplicates_dropped,
         }

@@ -60,6 +60,12 @@ def messages_of(
     return messages
 
 
+#: What :meth:`Inbox.put` returns for a frame it did not queue: numbered at
+#: or below the inbox's ``bound``, handed to the application already (or
+#: queued for it), in part at least.
+REDELIVERED = -1
+
+
 class Inbox:
     """The messages of one subscription received and not yet taken, in
     order, and the buffer space their frames hold.
@@ -70,7 +76,16 @@ class Inbox:
     message).
     """
 
-    __slots__ = ("_ends", "detached", "done_count", "done_size", "messages", "offsets", "topic")
+    __slots__ = (
+        "_ends",
+        "bound",
+        "detached",
+        "done_count",
+        "done_size",
+        "messages",
+        "offsets",
+        "topic",
+    )
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -90,6 +105,12 @@ class Inbox:
         #: replaced, of a session the broker lost (:meth:`keep`): no frame
         #: of this connection holds them, nothing acknowledges them.
         self.detached = 0
+        #: With ``offsets``: the highest offset handed to the application or
+        #: queued for it (the last put; set again when the connection is
+        #: replaced, see ``SubscriptionState._reset``). A frame numbered at or
+        #: below it is not queued by :meth:`put` (see :meth:`put_above`).
+        #: Without ``offsets`` it means nothing.
+        self.bound = 0
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -98,19 +119,65 @@ class Inbox:
         return bool(self.messages)
 
     def put(self, event: DeliverReceived | DeliverManyReceived) -> int:
-        """Queue the messages of a received frame; returns how many."""
+        """Queue the messages of a received frame; returns how many, or
+        :data:`REDELIVERED` (nothing queued) if ``offsets`` and the frame
+        starts at or below :attr:`bound`: then :meth:`put_above` queues the
+        part above it."""
         if type(event) is DeliverReceived:
             deliver = event.message
+            seq = deliver.seq
+            if seq <= self.bound and self.offsets:
+                return REDELIVERED
+            self.bound = seq
             self.messages.append(message_of(self.topic, deliver, self.offsets))
-            self._ends.append((deliver.seq, event.size, 1))
+            self._ends.append((seq, event.size, 1))
             return 1
         assert type(event) is DeliverManyReceived
         many = event.message
+        if many.first_seq <= self.bound and self.offsets:
+            return REDELIVERED
         times = many.times if type(many) is DeliverTimed else None
         messages = messages_of(self.topic, many.first_seq, many.entries, self.offsets, times)
         self.messages.extend(messages)
-        self._ends.append((messages[-1].seq, event.size, len(messages)))
+        self.bound = last = messages[-1].seq
+        self._ends.append((last, event.size, len(messages)))
         return len(messages)
+
+    def put_above(self, event: DeliverReceived | DeliverManyReceived) -> tuple[int, int]:
+        """Queue the messages of a frame numbered above :attr:`bound`, drop
+        the others (already handed to the application or queued); returns
+        how many were dropped and the sequence number of the last dropped
+        (0 if none). A frame dropped whole counts at once as taken whole
+        (its room is collected by :meth:`collect`); one dropped in part
+        holds its room until its last message is taken."""
+        bound = self.bound
+        if type(event) is DeliverReceived:
+            if event.message.seq > bound:
+                self.put(event)
+                return 0, 0
+            self.done_size += event.size
+            self.done_count += 1
+            return 1, event.message.seq
+        assert type(event) is DeliverManyReceived
+        many = event.message
+        first, count = many.first_seq, len(many.entries)
+        dropped = max(0, min(count, bound - first + 1))
+        if dropped == count:
+            self.done_size += event.size
+            self.done_count += count
+            return dropped, first + count - 1
+        times = many.times if type(many) is DeliverTimed else None
+        messages = messages_of(
+            self.topic,
+            first + dropped,
+            many.entries[dropped:],
+            self.offsets,
+            None if times is None else times[dropped:],
+        )
+        self.messages.extend(messages)
+        self.bound = last = messages[-1].seq
+        self._ends.append((last, event.size, count))  # (its room: all of it, once taken)
+        return dropped, first + dropped - 1 if dropped else 0
 
     def keep(self, messages: list[Message]) -> None:
         """Queue ``messages`` (received through a connection since replaced,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from broker.protocol import Options
+from broker.protocol import DeliverManyReceived, DeliverReceived, Options
 
 from ._common import Message
 from ._inbox import Inbox
@@ -60,8 +60,14 @@ class SubscriptionState:
         self.topic = topic
         self._inbox = Inbox(topic)
         self._closed = False
-        #: Deliveries received from the broker so far (taken or not).
+        #: Deliveries received from the broker so far (taken or not), not
+        #: counting those dropped as duplicates.
         self.received = 0
+        #: Deliveries dropped because their offset was at or below the last
+        #: one handed to the application or queued for it (a durable cursor
+        #: subscribed again after a lost session delivers again what was
+        #: taken and not yet acknowledged): see :meth:`_redelivered`.
+        self.duplicates_dropped = 0
         #: Deliveries the broker dropped (lossy and latest modes), per its Gap notices.
         self.missed = 0
         #: One past the last sequence number (offset) a Gap covered (0: none):
@@ -82,6 +88,11 @@ class SubscriptionState:
         self._held: list[Message] = []
         self._held_framed: list[Message] = []
         self._held_to = 0
+        #: With offsets, once the connection was replaced until the session
+        #: is known lost: the last offset a resume says was processed. A
+        #: resumed broker sends what follows it: a delivery at or below it
+        #: is a record at an offset given again (see :meth:`_redelivered`).
+        self._told = 0
 
     def _gap(self, first_seq: int, count: int) -> None:
         """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
@@ -111,6 +122,50 @@ class SubscriptionState:
         self._unacked += len(messages)
         self._release_if_due()
         return messages
+
+    def _redelivered(self, event: DeliverReceived | DeliverManyReceived) -> tuple[int, int]:
+        """A frame numbered by offsets starts at or below the last offset
+        handed to the application or queued for it (``Inbox.bound``): queue
+        only what is above it. Returns how many messages were queued and how
+        many dropped.
+
+        What is dropped counts as taken: if nothing waits before it, the
+        subscription has processed it (its ``Ack`` and a resume's
+        ``processed`` cover it, so a durable cursor moves past it), and a
+        frame dropped whole has its room released at once (with its ``Ack``
+        held back as for a small batch taken).
+
+        The exception: a resumed broker sends what follows the offset the
+        client said it processed, so a record numbered at or below that
+        offset is not the same record but one at an offset given again (its
+        log was cut back by a crash of its machine, the unsynced tail lost):
+        it is queued, and said in a warning."""
+        inbox = self._inbox
+        if isinstance(event, DeliverReceived):
+            first, size = event.message.seq, 1
+        else:
+            first, size = event.message.first_seq, len(event.message.entries)
+        if first <= self._told:
+            self._told = 0
+            log.warning(
+                "the broker delivers offsets of %r from %d again (after %d): its log lost "
+                "records received before (a crash of its machine); taking them as new records",
+                self.topic,
+                first,
+                inbox.bound,
+            )
+            inbox.bound = first - 1
+            return inbox.put(event), 0
+        waiting = bool(inbox.messages)
+        dropped, last = inbox.put_above(event)
+        self.duplicates_dropped += dropped
+        if not waiting and last > self._consumed:
+            self._consumed = last
+            self._unacked += dropped
+        queued = size - dropped
+        if not queued:
+            self._releaser.release(self, hold=True)
+        return queued, dropped
 
     def _release_if_due(self) -> None:
         """Release what whole frames taken hold, once ``RELEASE_BATCH``
@@ -147,6 +202,12 @@ class SubscriptionState:
         Returns itself."""
         options = self.options or {}
         kept = self._held + self._held_framed
+        self._told = 0
+        inbox = self._inbox
+        if inbox.offsets and not (offsets and "cursor" in options):
+            inbox.bound = max(inbox.bound, self._held_to)  # (all of it stays queued)
+        elif not inbox.offsets:
+            inbox.bound = 0  # (what was received carried no offsets)
         if not offsets:
             if without_log_problem(options) is not None:
                 self.options = {k: v for k, v in options.items() if k not in LOG_KEYS}
@@ -178,6 +239,7 @@ class SubscriptionState:
     def _given_up(self) -> None:
         """Reconnecting ended for good: what was received and not consumed
         is still the application's to take (before the error)."""
+        self._told = 0
         self._inbox.keep(self._held + self._held_framed)
         self._held = self._held_framed = []
 
@@ -193,6 +255,15 @@ class SubscriptionState:
         # (offsets of the framed ones: a lost session's subscription made
         # again with topic logs starts after them, not after the consumed.)
         self._held_to = self._held_framed[-1].seq if inbox.offsets and self._held_framed else 0
+        # What was handed to the application or stays queued whatever comes
+        # next: everything before the first framed message not taken (the
+        # broker delivers that one again, unless the session is lost and it
+        # stays queued: see _resubscribing).
+        if not inbox.offsets:
+            inbox.bound = 0
+        elif self._held_framed:
+            inbox.bound = self._held_framed[0].seq - 1
+        self._told = self._consumed if inbox.offsets else 0
         inbox.clear()
         self._acked = self._consumed
         self._unacked = 0

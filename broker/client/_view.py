@@ -71,6 +71,14 @@ class SessionView:
         return self._session.sessions_lost
 
     @property
+    def duplicates_dropped(self) -> int:
+        """Deliveries not handed to the application because their offset
+        was at or below the last one it was handed (or that was queued for
+        it) on their subscription: records delivered again after a lost
+        session (a durable cursor's unacknowledged ones)."""
+        return self._session.duplicates_dropped
+
+    @property
     def _conn(self) -> Connection:
         """The current protocol connection (for tests and tools)."""
         return self._session.conn

@@ -91,10 +91,12 @@ def test_the_offset_placeholder_and_json_key() -> None:
 # ---------------------------------------------------------------- what goes on the wire
 
 
-async def sub_of(offsets: bool, *args: str) -> tuple[subprocess.CompletedProcess[bytes], Seen]:
+async def sub_of(
+    offsets: bool, *args: str, redeliver: tuple[int, ...] = ()
+) -> tuple[subprocess.CompletedProcess[bytes], Seen]:
     """``broker sub t ARGS`` run to its end against the fake broker."""
     with trio.fail_after(TIMEOUT):
-        async with fake_broker(offsets) as (address, seen):
+        async with fake_broker(offsets, redeliver) as (address, seen):
             command = [*broker_command("sub", "t", *args), "--broker", address]
             result = await trio.run_process(
                 command, capture_stdout=True, capture_stderr=True, check=False
@@ -111,6 +113,22 @@ async def test_sub_sends_where_to_start_and_prints_offsets() -> None:
     assert [line["offset"] for line in lines] == [FIRST, FIRST + 1]
     # What was printed is acknowledged (a cursor moves past it), and no more.
     assert max(ack.seq for ack in seen.acks) == FIRST + 1
+
+
+async def test_sub_prints_no_record_twice_after_a_lost_session() -> None:
+    """The connection breaks once the three printed are acknowledged; the
+    broker no longer knows the session, and its cursor delivers them again
+    with two more: those two are printed, and the count said on exit."""
+    args = ("--cursor", "c", "--json", "--count", "5")
+    result, seen = await sub_of(True, *args, redeliver=(5,))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [line["offset"] for line in lines] == list(range(FIRST, FIRST + 5))
+    assert seen.options == [{"cursor": "c"}, {"cursor": "c", "from": FIRST + 3}]
+    err = result.stderr.decode()
+    assert err.splitlines()[-1] == (
+        "broker sub: 5 message(s), 3 delivered again (not printed twice)"
+    ), err
 
 
 async def test_sub_of_a_broker_without_logs() -> None:

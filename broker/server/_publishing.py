@@ -395,6 +395,8 @@ class Publishing:
         topic = state.topic
         if not self.session_id or (not topic.forwarded and topic.log is None):
             return None
+        if self.protocol.accept_origins:
+            return None  # (a worker's link: its own session is nobody's origin)
         return [(self.session_id, state.channel.index, first, count)]
 
     def _forward_all(self, state: PublishChannel) -> None:

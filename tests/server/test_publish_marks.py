@@ -157,3 +157,18 @@ async def test_an_owner_restarted_knows_what_it_took_of_forwarded_publishes(
         assert taken is not None
         assert taken[0] == tails[6:]  # 45 to 50 were in the log: confirmed, not stored
         assert taken[2] == 6
+
+
+async def test_a_resume_of_a_session_the_broker_no_longer_has_is_counted(
+    tmp_path: Path,
+) -> None:
+    """Past the window of deduplication (the session is gone): the client
+    gets a new session, and the resume is counted (its client may publish
+    again what was never confirmed)."""
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        client = await RawClient.connect(broker)
+        await client.hello("pub", session=b"\x01" * 16)
+        welcome = await client.wait_for_message(Welcome)
+        await client.aclose()
+        assert not welcome.resumed
+        assert broker.sessions.unknown_total == 1

@@ -131,19 +131,14 @@ class ClientSession:
         self.throttled: set[Channel] = set()
         #: Announced drops of frames sent beyond the guarantees, and how many
         #: frames they made the client send again (optimistic mode).
-        self.drops_announced = 0
-        self.frames_resent = 0
+        self.drops_announced = self.frames_resent = 0
         #: Frames the last Welcome made the client send again (on a resume).
         self._resent_last = 0
         #: Sessions resumed on a new connection, and frames they sent again.
-        self.resumes = 0
-        self.frames_resent_on_resume = 0
-        #: Times the broker no longer knew the session.
-        self.sessions_lost = 0
-        #: Deliveries dropped as duplicates: numbered by offsets at or below
-        #: the last one a subscription handed out or queued (see
-        #: ``SubscriptionState._redelivered``).
-        self.duplicates_dropped = 0
+        self.resumes = self.frames_resent_on_resume = 0
+        #: Times the broker no longer knew the session; deliveries dropped as
+        #: duplicates (see ``SubscriptionState._put``).
+        self.sessions_lost = self.duplicates_dropped = 0
         #: The first bytes the peer sent before its Welcome.
         self.answer = b""
         #: Why the client is over (None: it is not).
@@ -362,11 +357,7 @@ class ClientSession:
                     if not self.conn.closed:
                         self.conn.release(event)  # a subscription being freed
                 else:
-                    queued = subscription._inbox.put(event)
-                    if queued < 0:  # (REDELIVERED: handed out or queued already, in part)
-                        queued, duplicates = subscription._redelivered(event)
-                        self.duplicates_dropped += duplicates
-                    subscription.received += queued
+                    self.duplicates_dropped += subscription._put(event)
             elif type(event) is Gap:
                 subscription = self.subscriptions.get(event.subscription)
                 if subscription is not None:
@@ -595,8 +586,7 @@ class ClientSession:
     # ---------------------------------------------------------------- statistics
 
     def statistics(self) -> dict[str, int]:
-        """Messages published/confirmed, subscriptions, bytes, resends,
-        resumes, deliveries dropped as duplicates."""
+        """Messages published/confirmed, subscriptions, bytes, resends, resumes, duplicates."""
         return {
             **self.cache.statistics(),
             "subscriptions": len(self.subscriptions),

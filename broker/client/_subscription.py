@@ -123,6 +123,17 @@ class SubscriptionState:
         self._release_if_due()
         return messages
 
+    def _put(self, event: DeliverReceived | DeliverManyReceived) -> int:
+        """Queue the messages of a received frame, but those numbered at or
+        below the last offset handed out or queued (see :meth:`_redelivered`);
+        returns how many were dropped as duplicates."""
+        queued = self._inbox.put(event)
+        duplicates = 0
+        if queued < 0:  # (REDELIVERED: handed out or queued already, in part)
+            queued, duplicates = self._redelivered(event)
+        self.received += queued
+        return duplicates
+
     def _redelivered(self, event: DeliverReceived | DeliverManyReceived) -> tuple[int, int]:
         """A frame numbered by offsets starts at or below the last offset
         handed to the application or queued for it (``Inbox.bound``): queue

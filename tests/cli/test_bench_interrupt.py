@@ -5,6 +5,7 @@ that it was shutting down)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,9 +54,15 @@ def test_ctrl_c_ends_the_bench_and_its_processes_without_a_traceback(when: str) 
         os.killpg(bench.pid, signal.SIGINT)
         _out, err = bench.communicate(timeout=TIMEOUT)
     finally:
-        if bench.poll() is None:
+        if bench.poll() is None:  # (failed before its Ctrl-C: end it all the same)
+            seen.update(_children(bench.pid))
             bench.kill()
-            bench.communicate()
+            # Its brokers run in sessions of their own and hold its output
+            # pipes: killed by PID, or reading its output would never end.
+            for pid in seen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            bench.communicate(timeout=TIMEOUT)
     assert bench.returncode == 130, err
     assert "Traceback" not in err
     assert err == ""

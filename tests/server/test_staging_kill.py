@@ -19,12 +19,8 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +30,8 @@ import trio
 from broker.client import Client, ClientError, open_client
 from broker.protocol import OutcomeStatus, Stage
 
-from ..measure._process import free_port, wait_listening
 from .helpers import TIMEOUT
+from .processes import BrokerProcess, running_broker
 
 pytestmark = pytest.mark.slow
 
@@ -56,44 +52,6 @@ class Figures:
     cut: int = 0  # commits whose Outcome the kill cut off
     partly_visible: list[str] = field(default_factory=list)  # after a restart, before the retry
     retried: Counter[str] = field(default_factory=Counter)  # outcomes of the retries
-
-
-class BrokerProcess:
-    """``broker serve`` on a data directory, killed and started again."""
-
-    def __init__(self, port: int, data_dir: Path, log: Path) -> None:
-        self.port = port
-        self.data_dir = data_dir
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
-        command += ["--listen", f"127.0.0.1:{self.port}", "--metrics-listen", ""]
-        command += ["--data-dir", str(self.data_dir)]
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log)
-        wait_listening(self.port)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(TIMEOUT)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(TIMEOUT)
-
-
-@contextmanager
-def running_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(free_port(), tmp_path / "data", tmp_path / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def topic_of(index: int) -> str:

@@ -36,15 +36,12 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack, ExitStack, contextmanager
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -55,8 +52,8 @@ import trio
 from broker.client import BlockingClient, Client, StagingRefused, open_client
 from broker.protocol import OutcomeStatus, Stage
 
-from ..measure._process import free_port, wait_listening
 from .helpers import TIMEOUT
+from .processes import BrokerProcess, running_broker
 
 pytestmark = pytest.mark.slow
 
@@ -100,50 +97,6 @@ class Figures:
             f"{dict(self.outcomes)}; refusals {self.refusals}; duplicated per round "
             f"{self.duplicated}; missing per round {self.missing}; clients {stats}"
         )
-
-
-class BrokerProcess:
-    """``broker serve`` on a data directory, killed and started again."""
-
-    def __init__(self, port: int, data_dir: Path, log: Path) -> None:
-        self.port = port
-        self.data_dir = data_dir
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
-        command += ["--listen", self.url, "--metrics-listen", ""]
-        command += ["--data-dir", str(self.data_dir), "--set", f"lease={LEASE:g}"]
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=log, stdin=subprocess.DEVNULL
-            )
-        wait_listening(self.port)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(TIMEOUT)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(TIMEOUT)
-
-
-@contextmanager
-def running_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(free_port(), tmp_path / "data", tmp_path / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 class Killer:
@@ -336,7 +289,7 @@ def blocking_round(url: str, batch: str, topic: str, killer: Killer, figures: Fi
 def test_kill_9_while_staging_stages_each_publish_once(client: str, tmp_path: Path) -> None:
     rng = random.Random(os.environ.get("STAGING_PUBLISH_KILL_SEED", f"46-{client}"))
     figures = Figures()
-    with running_broker(tmp_path) as broker:
+    with running_broker(tmp_path, f"lease={LEASE:g}") as broker:
         for round_ in range(ROUNDS):
             batch = f"job-{client}-{round_}"
             topic = f"staged-{client}-{round_}"

@@ -41,6 +41,9 @@ def test_ctrl_c_ends_the_bench_and_its_processes_without_a_traceback(when: str) 
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # (its own process group, as a terminal's job)
+        # A terminal's job takes Ctrl-C; a suite run as a background job of a
+        # script has SIGINT ignored, and the bench would inherit that.
+        preexec_fn=_default_sigint,
     )
     wanted = "broker.bench._worker" if when == "worker running" else " serve "
     seen: dict[int, str] = {}
@@ -69,6 +72,10 @@ def test_ctrl_c_ends_the_bench_and_its_processes_without_a_traceback(when: str) 
     # Nothing it started is left running.
     for pid in seen:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in _state(pid), seen[pid]
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _state(pid: int) -> str:

@@ -438,3 +438,17 @@ async def publish_until_throttled(
         await client.publish(topic, payload)
     assert waited.cancelled_caught, "a publish got through to a throttled channel"
     return sent + spare
+
+
+async def read_range(client: Client, topic: str, start: int, end: int) -> list[bytes]:
+    """The records of ``topic`` from offset ``start`` up to ``end``."""
+    got: list[bytes] = []
+    if end <= start:
+        return got
+    async with client.subscribe(topic, start=start) as subscription:
+        while True:
+            message = await subscription.receive()
+            got.append(message.payload)
+            assert message.offset is not None
+            if message.offset >= end - 1:
+                return got

@@ -30,7 +30,7 @@ import trio
 from broker.client import Client, ClientError, open_client
 from broker.protocol import OutcomeStatus, Stage
 
-from .helpers import TIMEOUT
+from .helpers import TIMEOUT, read_range
 from .processes import BrokerProcess, running_broker
 
 pytestmark = pytest.mark.slow
@@ -83,20 +83,6 @@ async def end_offsets(address: str) -> dict[str, int]:
     async with open_client(address, name="offsets") as client:
         found = await client.offsets(TOPICS)
     return {topic: found.get(topic, (0, 0))[1] for topic in TOPICS}
-
-
-async def read_range(client: Client, topic: str, start: int, end: int) -> list[bytes]:
-    """The records of ``topic`` from offset ``start`` up to ``end``."""
-    got: list[bytes] = []
-    if end <= start:
-        return got
-    async with client.subscribe(topic, start=start) as subscription:
-        while True:
-            message = await subscription.receive()
-            got.append(message.payload)
-            assert message.offset is not None
-            if message.offset >= end - 1:
-                return got
 
 
 async def read_since(address: str, starts: dict[str, int]) -> list[bytes]:

@@ -52,7 +52,7 @@ import trio
 from broker.client import BlockingClient, Client, StagingRefused, open_client
 from broker.protocol import OutcomeStatus, Stage
 
-from .helpers import TIMEOUT
+from .helpers import TIMEOUT, read_range
 from .processes import BrokerProcess, running_broker
 
 pytestmark = pytest.mark.slow
@@ -195,19 +195,10 @@ def expected(batch: str) -> list[bytes]:
 
 async def read_topic(url: str, topic: str) -> list[bytes]:
     """Every record of ``topic``, from its first offset to its end."""
-    got: list[bytes] = []
     async with open_client(url, name="reader") as client:
         with trio.fail_after(GUARD):
             first, end = (await client.offsets([topic])).get(topic, (0, 0))
-            if end <= first:
-                return got
-            async with client.subscribe(topic, start=first) as subscription:
-                while True:
-                    message = await subscription.receive()
-                    got.append(message.payload)
-                    assert message.offset is not None
-                    if message.offset >= end - 1:
-                        return got
+            return await read_range(client, topic, first, end)
 
 
 def check_round(url: str, batch: str, topic: str, figures: Figures) -> None:

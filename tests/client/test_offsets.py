@@ -189,6 +189,20 @@ def test_a_resume_is_processed_up_to_the_offset_consumed() -> None:
     assert session.resume.processed == {subscription.handle: 101}
 
 
+def lose_session(session: ClientSession, *, offsets: bool = True) -> FakeBroker:
+    """The connection breaks and the next broker (``offsets`` or not) no
+    longer knows the session: the client subscribes again."""
+    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
+    again = FakeBroker(offsets=offsets)
+    session.start(1.0, session.begin_attempt(1.0))
+    assert again.pump(session) is None
+    lost = session.attempt_welcomed()
+    assert lost is not None
+    run(restore(session, lost), again, session)
+    session.reconnected()
+    return again
+
+
 def lost_and_restored(
     offsets_after: bool,
 ) -> tuple[ClientSession, SubscriptionState, FakeBroker]:
@@ -202,15 +216,7 @@ def lost_and_restored(
         broker.conn.deliver(subscription.handle, seq, b"m")
     broker.pump(session)
     assert [subscription._take().offset for _ in range(2)] == [10, 11]
-    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
-    again = FakeBroker(offsets=offsets_after)
-    session.start(1.0, session.begin_attempt(1.0))
-    assert again.pump(session) is None
-    lost = session.attempt_welcomed()
-    assert lost is not None
-    run(restore(session, lost), again, session)
-    session.reconnected()
-    return session, subscription, again
+    return session, subscription, lose_session(session, offsets=offsets_after)
 
 
 def test_a_lost_session_subscribes_again_after_the_last_offset_consumed() -> None:

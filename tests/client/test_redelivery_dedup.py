@@ -22,7 +22,6 @@ from broker.client import (
     open_cluster_client,
 )
 from broker.client._core import ClientSession, Ending
-from broker.client._flows import restore
 from broker.client._subscription import SubscriptionState
 from broker.protocol import (
     Ack,
@@ -36,27 +35,13 @@ from broker.protocol import (
 from tests.server.helpers import TIMEOUT
 
 from .fake_log_broker import FIRST, fake_broker
-from .test_core import SESSION, FakeBroker, connected, run
-from .test_offsets import subscribe, subscribed_options
+from .test_core import SESSION, FakeBroker, connected
+from .test_offsets import lose_session, subscribe, subscribed_options
 
 
 def deliver_many(broker: FakeBroker, handle: int, first: int, count: int) -> None:
     tails = [encode_deliver_tail(b"again %d" % (first + i), None, None) for i in range(count)]
     assert broker.conn.deliver_encoded_many(handle, first, tails) == count
-
-
-def lose_session(session: ClientSession, *, offsets: bool = True) -> FakeBroker:
-    """The connection breaks and the next broker (``offsets`` or not) no
-    longer knows the session: the client subscribes again."""
-    assert session.fail(ConnectionLost("connection broken"), now=1.0) is Ending.RECONNECT
-    again = FakeBroker(offsets=offsets)
-    session.start(1.0, session.begin_attempt(1.0))
-    assert again.pump(session) is None
-    lost = session.attempt_welcomed()
-    assert lost is not None
-    run(restore(session, lost), again, session)
-    session.reconnected()
-    return again
 
 
 def taken(subscription: SubscriptionState) -> list[int | None]:

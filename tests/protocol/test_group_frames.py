@@ -30,6 +30,7 @@ from broker.protocol import (
     DeliverTimed,
     Entry,
     FrameDecoder,
+    FramePart,
     GoodbyeCode,
     LocalProtocolError,
     Message,
@@ -40,6 +41,7 @@ from broker.protocol import (
     decode_body,
     deliver_group_head,
     encode,
+    encode_body,
     encode_deliver_tail,
     max_settle_ranges,
     settle_ranges,
@@ -55,6 +57,7 @@ from .test_deliver_many_frames import (
     subscribed_pair,
     tails_of,
 )
+from .test_frame_parts import PAYLOAD, large_pair
 
 # ==================================================================== DeliverGroup: codec
 
@@ -566,3 +569,61 @@ def test_max_settle_ranges_fit_whatever_the_fields(max_frame: int) -> None:
 def test_max_settle_ranges_is_zero_for_a_tiny_frame() -> None:
     assert max_settle_ranges(64) == 0
     assert max_settle_ranges(0) == 0
+
+
+# ==================================================================== in parts
+
+
+@pytest.mark.parametrize("kind", ["group", "timed"])
+def test_a_record_larger_than_a_frame_reaches_the_client_in_parts(kind: str) -> None:
+    """A DeliverGroup (or DeliverTimed) of one record too large for a frame
+    goes as FrameParts and arrives as that one-entry message, accounted as
+    one delivery; the records after it follow as usual. (The client used to
+    refuse it: its parts made no Deliver.)"""
+    pair = large_pair()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    sub = pair.client.subscribe(topic, "reliable")
+    pair.run()
+    big: Entry = (PAYLOAD, b"k", [("h", b"v")])
+    tails = tails_of([big, (b"x", None, None)])
+    calls = 0
+    while not (
+        pair.broker.deliver_group(sub, 1, tails, [7, 8], [2, 0])
+        if kind == "group"
+        else pair.broker.deliver_timed(sub, 1, tails, [70, 80])
+    ):
+        calls += 1
+        pair.run()
+        assert calls < 1000
+    pair.run()
+    pair.assert_no_errors()
+    got = of(DeliverManyReceived, pair.client_events)
+    assert len(got) == 2
+    whole, small = got[0].message, got[1].message
+    assert whole.entries == [big] and small.entries == [(b"x", None, None)]
+    assert (whole.first_seq, small.first_seq) == (1, 2)
+    if kind == "group":
+        assert isinstance(whole, DeliverGroup) and isinstance(small, DeliverGroup)
+        assert (whole.offsets, whole.delivered) == ([7], [2])
+    else:
+        assert isinstance(whole, DeliverTimed) and whole.times == [70]
+    assert pair.client.subscriptions.references(sub) == 2
+    assert pair.client.reassembling == 0
+    for event in got:
+        assert pair.client.release(event) == []
+    assert pair.client.subscriptions.references(sub) == 0
+
+
+def test_parts_of_a_deliver_group_of_two_entries_close_the_client() -> None:
+    pair = large_pair()
+    topic = pair.client.bind_topic("t")
+    pair.run()
+    sub = pair.client.subscribe(topic, "reliable")
+    pair.run()
+    two = DeliverGroup(sub, 1, entries_of([b"a", b"b"]), [1, 2], [0, 0])
+    channel = deliver_channel(sub)
+    pair.wire_to_client.append(encode(FramePart(channel, 0xC0, encode_body(two))))
+    end = closed(pair.to_client())
+    assert end.code == GoodbyeCode.PROTOCOL_ERROR
+    assert "of one entry" in end.reason

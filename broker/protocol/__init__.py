@@ -30,9 +30,11 @@ from ._connection import (
     NoGuarantees,
 )
 from ._encode import (
+    MAX_DELIVER_GROUP,
     MAX_DELIVER_MANY,
     MAX_DELIVER_TIMED,
     MAX_PUBLISH_MANY,
+    deliver_group_head,
     deliver_many_head,
     deliver_many_head_size,
     deliver_timed_head,
@@ -86,6 +88,7 @@ from ._messages import (
     Confirm,
     ControlMessage,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     EncodedDeliveries,
@@ -109,6 +112,7 @@ from ._messages import (
     Pong,
     Publish,
     PublishMany,
+    Settle,
     Stage,
     Subscribe,
     Throttled,
@@ -129,6 +133,7 @@ from ._origins import OriginRun, add_runs, slice_origins
 from ._owners import Cluster, Member, owner_id
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
+from ._settle import MAX_SETTLE_REASON, max_settle_ranges, settle_ranges
 from ._types import (
     DEFAULT_MAX_FRAME,
     LENGTH_PREFIX,
@@ -145,6 +150,7 @@ from ._types import (
     MessageType,
     OutcomeStatus,
     Role,
+    SettleOutcome,
     channel_sender,
 )
 
@@ -152,11 +158,13 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "DELIVER_SLACK",
     "LENGTH_PREFIX",
+    "MAX_DELIVER_GROUP",
     "MAX_DELIVER_MANY",
     "MAX_DELIVER_TIMED",
     "MAX_HELLO_FRAME",
     "MAX_MESSAGE",
     "MAX_PUBLISH_MANY",
+    "MAX_SETTLE_REASON",
     "MAX_TOPIC_NAME",
     "MIN_PART",
     "MIN_TOPIC_NAME",
@@ -191,6 +199,7 @@ __all__ = [
     "ConnectionStatistics",
     "ControlMessage",
     "Deliver",
+    "DeliverGroup",
     "DeliverMany",
     "DeliverManyReceived",
     "DeliverReceived",
@@ -246,6 +255,8 @@ __all__ = [
     "Role",
     "SenderStatistics",
     "SentFrame",
+    "Settle",
+    "SettleOutcome",
     "Stage",
     "Subscribe",
     "Subscribed",
@@ -263,6 +274,7 @@ __all__ = [
     "check_topic_name",
     "decode_body",
     "decode_deliver_tail",
+    "deliver_group_head",
     "deliver_many_head",
     "deliver_many_head_size",
     "deliver_timed_head",
@@ -270,8 +282,10 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
+    "max_settle_ranges",
     "owner_id",
     "publish_many_head",
+    "settle_ranges",
     "slice_origins",
     "topic_name_problem",
     "topic_pattern_problem",

@@ -33,6 +33,7 @@ from ._messages import (
     Commit,
     Confirm,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     Entry,
@@ -55,6 +56,7 @@ from ._messages import (
     Pong,
     Publish,
     PublishMany,
+    Settle,
     Stage,
     Subscribe,
     Throttled,
@@ -63,12 +65,14 @@ from ._messages import (
 from ._names import topic_name_problem
 from ._origins import check_origins
 from ._owners import Cluster
+from ._settle import detail_problem, ranges_problem
 from ._types import (
     LENGTH_PREFIX,
     U64_MAX,
     Channel,
     ChannelKind,
     MessageType,
+    SettleOutcome,
 )
 
 _MAX_DEPTH = 6  # [type, {map: {k: v}}] is depth 3; options are flat
@@ -366,6 +370,42 @@ def _deliver_timed(f: list[Any]) -> DeliverTimed:
     return DeliverTimed(subscription, first_seq, entries, times)
 
 
+def _deliver_group(f: list[Any]) -> DeliverGroup:
+    count, extra = divmod(len(f) - 3, 5)
+    if count < 1 or extra:
+        raise _bad(
+            "a DeliverGroup carries whole [offset, delivered, payload, key, headers] entries, "
+            "one or more"
+        )
+    subscription = _u64(f[1], "subscription")
+    first_seq = _u64(f[2], "first_seq")
+    if first_seq + count - 1 > U64_MAX:
+        raise _bad("the sequence numbers of a DeliverGroup must be u64")
+    offsets = [_u64(f[i], "offset") for i in range(3, len(f), 5)]
+    delivered = [_u64(f[i], "delivered") for i in range(4, len(f), 5)]
+    entries = [
+        (_blob(f[i], "payload"), _opt_blob(f[i + 1], "key"), _headers(f[i + 2]))
+        for i in range(5, len(f), 5)
+    ]
+    return DeliverGroup(subscription, first_seq, entries, offsets, delivered)
+
+
+def _settle(f: list[Any]) -> Settle:
+    subscription = _u64(f[1], "subscription")
+    outcome = _u64(f[2], "outcome")
+    if outcome > SettleOutcome.IN_PROGRESS:
+        raise _bad(f"unknown Settle outcome {outcome}")
+    flat = f[3]
+    if type(flat) is not list or len(flat) < 2 or len(flat) % 2:
+        raise _bad("Settle ranges must be a flat array of [first, count] pairs, one or more")
+    ranges = list(zip(flat[0::2], flat[1::2], strict=True))
+    detail = f[4]
+    problem = ranges_problem(ranges) or detail_problem(outcome, detail)
+    if problem is not None:
+        raise _bad(problem)
+    return Settle(subscription, SettleOutcome(outcome), ranges, detail)
+
+
 def _goodbye(f: list[Any]) -> Goodbye:
     return Goodbye(_u64(f[1], "code"), _text(f[2], "reason"))
 
@@ -495,6 +535,8 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.DELIVER_MANY: (0, _deliver_many),  # (0: the parser checks the length)
     MessageType.DELIVER_TIMED: (0, _deliver_timed),
     MessageType.PUBLISH_MANY: (0, _publish_many),
+    MessageType.DELIVER_GROUP: (0, _deliver_group),
+    MessageType.SETTLE: (5, _settle),
     MessageType.FRAME_PART: (4, _frame_part),
     MessageType.COMMIT: (4, _commit),
     MessageType.ABORT: (3, lambda f: Abort(_u64(f[1], "request"), _stage_name(f[2], "batch"))),

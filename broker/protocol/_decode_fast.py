@@ -1,5 +1,5 @@
 """The fast way through the commonest frames: a Publish, Deliver,
-DeliverMany or DeliverTimed of the usual shape, and the Ack and
+DeliverMany, DeliverTimed or DeliverGroup of the usual shape, and the Ack and
 IssueGuarantee that answer them, are read here directly, without the
 general CBOR decoder of :mod:`._codec`; anything else, well formed or not,
 gives None and goes the general way."""
@@ -11,6 +11,7 @@ import struct
 from ._messages import (
     Ack,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     EncodedDeliveries,
@@ -143,7 +144,7 @@ def _many_head(data: bytes, start: int) -> tuple[int, int] | None:
 
 
 def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | PublishMany | None:
-    """The DeliverMany (or DeliverTimed, or PublishMany) without headers in
+    """The DeliverMany (or DeliverTimed, DeliverGroup, PublishMany) without headers in
     ``data[start:end]``, or None for any other frame (which the general
     decoder then reads)."""
     found = _many_head(data, start)
@@ -156,6 +157,8 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | PublishMany |
             return _fast_timed(data, pos + 2, items, end)
         if data[pos] == 0x18 and data[pos + 1] == 36:
             return _fast_publish_many(data, pos + 2, items, end)
+        if data[pos] == 0x18 and data[pos + 1] == 38:
+            return _fast_group(data, pos + 2, items, end)
         return None
     fields = _fast_run_fields(data, pos + 2, count, 3, end)
     if fields is None:
@@ -294,6 +297,7 @@ def _fast_origins(data: bytes, pos: int, end: int, count: int) -> list[OriginRun
 
 
 _U64_AT = struct.Struct(">Q")
+_U32_AT = struct.Struct(">I")
 
 
 def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | None:
@@ -336,6 +340,62 @@ def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | N
     return DeliverTimed(subscription, first_seq, entries, times)
 
 
+def _fast_group(data: bytes, pos: int, items: int, end: int) -> DeliverGroup | None:
+    """The DeliverGroup without headers whose fields start at ``pos`` after
+    its head of ``items`` elements, up to ``end``; None for anything else."""
+    count, extra = divmod(items - 3, 5)
+    if count < 1 or extra:
+        return None
+    fields = _fast_run_fields(data, pos, count, 5, end)
+    if fields is None:
+        return None
+    subscription, first_seq, pos = fields
+    offsets: list[int] = []
+    delivered: list[int] = []
+    entries: list[Entry] = []
+    add_offset = offsets.append
+    add_delivered = delivered.append
+    append = entries.append
+    read_u32 = _U32_AT.unpack_from
+    read_u64 = _U64_AT.unpack_from
+    for _ in range(count):
+        head = data[pos]
+        if head == 0x1A:  # the usual offset: a uint of 4 bytes (or 8)
+            add_offset(read_u32(data, pos + 1)[0])
+            pos += 5
+        elif head == 0x1B:
+            add_offset(read_u64(data, pos + 1)[0])
+            pos += 9
+        else:
+            offset, pos = _fast_uint(data, pos)
+            if offset < 0:
+                return None
+            add_offset(offset)
+        before = data[pos]
+        if before < 24:  # the usual count: a small uint, one byte
+            add_delivered(before)
+            pos += 1
+        else:
+            before, pos = _fast_uint(data, pos)
+            if before < 0:
+                return None
+            add_delivered(before)
+        if data[pos] == 0x58:  # the commonest entry: 24 to 255 bytes, no key, no headers
+            stop = pos + 2 + data[pos + 1]
+            if data[stop] == _NULL_BYTE and data[stop + 1] == _NULL_BYTE:
+                append((data[pos + 2 : stop], None, None))
+                pos = stop + 2
+                continue
+        entry = _fast_entry(data, pos)
+        if entry is None:
+            return None
+        payload, key, pos = entry
+        append((payload, key, None))
+    if pos != end:
+        return None
+    return DeliverGroup(subscription, first_seq, entries, offsets, delivered)
+
+
 #: Channel kinds by their number (a look-up, not an enum call, per frame).
 _KINDS = tuple(ChannelKind)
 _ACK_CODE = 21
@@ -371,9 +431,9 @@ def _fast_control(data: bytes, start: int, end: int) -> Ack | IssueGuarantee | N
 def _fast_message(
     data: bytes, start: int, end: int
 ) -> Publish | PublishMany | Deliver | DeliverMany | Ack | IssueGuarantee | None:
-    """The Publish, Deliver, DeliverMany or DeliverTimed without headers, or
-    the Ack or IssueGuarantee, in ``data[start:end]``, or None for any other
-    frame (which the general decoder then reads)."""
+    """The Publish, Deliver, DeliverMany, DeliverTimed or DeliverGroup
+    without headers, or the Ack or IssueGuarantee, in ``data[start:end]``,
+    or None for any other frame (which the general decoder then reads)."""
     size = end - start
     if size >= 4 and data[start] == 0x83:
         try:

@@ -1,6 +1,6 @@
 """Messages to frames: the general encoder (:func:`encode`) and the
 precomputed pieces of the frames that carry messages (Publish, Deliver,
-DeliverMany, DeliverTimed), so that a payload is encoded once however many
+DeliverMany, DeliverTimed, DeliverGroup), so that a payload is encoded once however many
 subscribers get it. Decoding is :mod:`._codec`'s job."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ._messages import (
     Commit,
     Confirm,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     FramePart,
@@ -42,6 +43,7 @@ from ._messages import (
     Pong,
     Publish,
     PublishMany,
+    Settle,
     Stage,
     Subscribe,
     Throttled,
@@ -87,6 +89,24 @@ def _fields(message: Message) -> list[Any]:
             for time_ms, (payload, key, headers) in zip(times, entries, strict=True):
                 timed += (time_ms, payload, key, _wire_headers(headers))
             return timed
+        case DeliverGroup(subscription, first_seq, entries, offsets, delivered):
+            count = len(entries)
+            if not entries or count > MAX_DELIVER_GROUP or len(offsets) != count:
+                raise LocalProtocolError(
+                    f"a DeliverGroup carries 1 to {MAX_DELIVER_GROUP} entries, each with an "
+                    f"offset, not {count} entries and {len(offsets)} offsets"
+                )
+            if len(delivered) != count:
+                raise LocalProtocolError(
+                    f"a DeliverGroup's {count} entries each have a delivered count, "
+                    f"not {len(delivered)}"
+                )
+            group: list[Any] = [38, subscription, first_seq]
+            for offset, before, (payload, key, headers) in zip(
+                offsets, delivered, entries, strict=True
+            ):
+                group += (offset, before, payload, key, _wire_headers(headers))
+            return group
         case DeliverMany(subscription, first_seq, entries):
             if not entries or len(entries) > MAX_DELIVER_MANY:
                 raise LocalProtocolError(
@@ -116,6 +136,11 @@ def _fields(message: Message) -> list[Any]:
             return [20, int(handle_type), handle, mine]
         case Ack(subscription, seq):
             return [21, subscription, seq]
+        case Settle(subscription, outcome, ranges, detail):
+            flat: list[int] = []
+            for first, count in ranges:
+                flat += (first, count)
+            return [39, subscription, int(outcome), flat, detail]
         case Gap(subscription, first_seq, count):
             return [22, subscription, first_seq, count]
         case Confirm(topic, count):
@@ -479,6 +504,38 @@ def deliver_timed_head(subscription: int, first_seq: int, count: int, entries_si
         )
     )
     return _LENGTH.pack(len(head) + entries_size) + head
+
+
+#: Most entries one DeliverGroup carries (its array head then takes at most 3 bytes).
+MAX_DELIVER_GROUP = (0xFFFF - 3) // 5
+_DELIVER_GROUP_TYPE = _cbor_head(0, 38)
+
+
+def deliver_group_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
+    """The length prefix and head of a DeliverGroup frame of ``count``
+    entries on ``subscription`` from ``first_seq``, whose entries (each
+    a :func:`group_heads` piece followed by a Deliver tail) take
+    ``entries_size`` bytes. The caller vouches for u64 values and ``1 <=
+    count <= MAX_DELIVER_GROUP``; the head is at most 27 bytes."""
+    head = b"".join(
+        (
+            _cbor_head(4, 3 + 5 * count),
+            _DELIVER_GROUP_TYPE,
+            _uint_head(subscription),
+            _uint_head(first_seq),
+        )
+    )
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
+def group_heads(offsets: list[int], delivered: list[int]) -> list[bytes]:
+    """The fields of each DeliverGroup entry before its Deliver tail: the
+    CBOR heads of its offset and its delivered count (uints; the caller
+    vouches for u64 values), 2 to 18 bytes each."""
+    return [
+        _uint_head(offset) + _uint_head(before)
+        for offset, before in zip(offsets, delivered, strict=True)
+    ]
 
 
 _TIME_HEAD = struct.Struct(">BQ").pack

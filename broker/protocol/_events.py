@@ -1,7 +1,7 @@
 """Events a :class:`~broker.protocol.Connection` reports to its application.
 
 Besides these classes, the messages :class:`~broker.protocol.Ack`,
-:class:`~broker.protocol.Gap`, :class:`~broker.protocol.Confirm`,
+:class:`~broker.protocol.Settle`, :class:`~broker.protocol.Gap`, :class:`~broker.protocol.Confirm`,
 :class:`~broker.protocol.Throttled`, :class:`~broker.protocol.Pong`,
 :class:`~broker.protocol.Commit`, :class:`~broker.protocol.Abort` and
 :class:`~broker.protocol.Outcome` are reported as they arrive.
@@ -29,6 +29,7 @@ from ._messages import (
     Pong,
     Publish,
     PublishMany,
+    Settle,
     Stage,
     Throttled,
     Welcome,
@@ -211,6 +212,7 @@ Event = (
     | SubscriptionDropped
     | ConnectionClosed
     | Ack
+    | Settle
     | Gap
     | Confirm
     | Throttled

@@ -1,8 +1,9 @@
 """Messages larger than a frame: sent as ``FramePart`` frames on their own
 channel and reassembled by the receiver (Aeron's fragments).
 
-A ``Publish`` (client) or ``Deliver`` (broker) whose frame body exceeds the
-peer's ``max_frame`` is cut into parts: each part is a channel frame of its
+A ``Publish`` (client) or ``Deliver`` (broker; or a ``DeliverTimed`` or
+``DeliverGroup`` of one entry) whose frame body exceeds the peer's
+``max_frame`` is cut into parts: each part is a channel frame of its
 own, within the channel's guarantees like any other, so a large message
 needs no more room on its channel than a small one. The receiver frees
 each part's guarantee bytes as soon as it has copied the chunk, and holds
@@ -23,10 +24,19 @@ from ._codec import PART_BEGIN, PART_END, decode_body
 from ._core import ConnectionState, NoGuarantees
 from ._encode import encode, encode_body, encode_publish_tail
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._events import DeliverReceived, Event, PublishReceived
+from ._events import DeliverManyReceived, DeliverReceived, Event, PublishReceived
 from ._guarantees import ChannelSender
 from ._handle_state import TopicState
-from ._messages import Deliver, FramePart, Gap, Headers, Publish, check_publish_fields
+from ._messages import (
+    Deliver,
+    DeliverGroup,
+    DeliverTimed,
+    FramePart,
+    Gap,
+    Headers,
+    Publish,
+    check_publish_fields,
+)
 from ._traffic import Traffic
 from ._types import LENGTH_PREFIX, Channel, ChannelKind, GoodbyeCode, Role
 
@@ -300,10 +310,21 @@ class LargeMessages(Traffic):
             if not self._receive_publishes(topic, 1, size):
                 return  # dropped: this part comes again
             events.append(PublishReceived(inner, topic.value, topic.receiver.channel, size))
-        else:
-            if type(inner) is not Deliver or inner.subscription != channel.index:
-                raise RemoteProtocolError(f"{channel}: its parts make no Deliver on it")
+        elif type(inner) is Deliver and inner.subscription == channel.index:
             self._accept_delivery("FramePart", channel.index, size, 1, events)
             events.append(DeliverReceived(inner, channel, size))
+        elif (
+            isinstance(inner, DeliverTimed | DeliverGroup)
+            and inner.subscription == channel.index
+            and len(inner.entries) == 1
+        ):
+            # (A record of a subscription that gets only these frames.)
+            self._accept_delivery("FramePart", channel.index, size, 1, events)
+            events.append(DeliverManyReceived(inner, channel, size))
+        else:
+            raise RemoteProtocolError(
+                f"{channel}: its parts make no Deliver (or DeliverTimed or DeliverGroup "
+                "of one entry) on it"
+            )
         self._parts_in.pop(channel, None)
         self._parts_held -= held

@@ -19,6 +19,7 @@ from ._types import (
     Channel,
     ChannelKind,
     MessageType,
+    SettleOutcome,
 )
 
 #: Headers of a Publish/Deliver: ordered (name, value) pairs; names may repeat
@@ -178,6 +179,23 @@ class Ack:
     TYPE: ClassVar[MessageType] = MessageType.ACK
     subscription: int
     seq: int
+
+
+@dataclass(slots=True)
+class Settle:
+    """A client's word on deliveries of a group subscription: ``ranges``
+    names them by their delivery numbers (the ``first_seq + i`` of a
+    :class:`DeliverGroup`, not offsets), as ascending, non-overlapping
+    ``(first, count)`` pairs; ``outcome`` says what became of them, and
+    ``detail`` is the retry's delay in ms (RETRY), the reason (REJECT, at
+    most 1024 bytes of UTF-8), or None (DONE, IN_PROGRESS). A control
+    message, like :class:`Ack`."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SETTLE
+    subscription: int
+    outcome: SettleOutcome
+    ranges: list[tuple[int, int]]
+    detail: int | str | None = None
 
 
 @dataclass(slots=True)
@@ -434,6 +452,21 @@ class DeliverTimed(DeliverMany):
 
 
 @dataclass(slots=True)
+class DeliverGroup(DeliverMany):
+    """A :class:`DeliverMany` of a group subscription (its Subscribe named
+    a ``"group"``): ``offsets[i]`` is the topic offset of the record that
+    ``entries[i]`` carries, and ``delivered[i]`` how many times that record
+    was delivered before (0 the first time); entry ``i`` is the delivery
+    numbered ``first_seq + i``, the number a :class:`Settle` names it by.
+    Sent for every delivery of such a subscription (one entry or many);
+    otherwise the same as a DeliverMany."""
+
+    TYPE: ClassVar[MessageType] = MessageType.DELIVER_GROUP
+    offsets: list[int] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class PublishMany:
     """Publishes to topic handle ``topic`` in one frame (channel
     ``[2, topic]``), from a client whose Welcome allowed it:
@@ -469,6 +502,7 @@ ControlMessage = (
     | Apologise
     | FreeHandle
     | Ack
+    | Settle
     | Gap
     | Confirm
     | Commit
@@ -478,7 +512,15 @@ ControlMessage = (
     | Offsets
 )
 ChannelMessage = (
-    BindTopic | Subscribe | Publish | PublishMany | Deliver | DeliverMany | DeliverTimed | FramePart
+    BindTopic
+    | Subscribe
+    | Publish
+    | PublishMany
+    | Deliver
+    | DeliverMany
+    | DeliverTimed
+    | DeliverGroup
+    | FramePart
 )
 Message = ControlMessage | ChannelMessage
 GuaranteeMessage = (

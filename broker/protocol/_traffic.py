@@ -1,6 +1,6 @@
 """Messages: publishing (client) and delivering (broker), each on its
 handle's channel within the guarantees, and the notices about them (Ack,
-Gap, Confirm).
+Settle, Gap, Confirm).
 
 The usual case of each is a short path: one look-up of the handle's state
 (:mod:`._handle_state`) gives the binding, the channel's guarantee state and
@@ -10,12 +10,16 @@ frame beyond the guarantees) takes the long path, which checks everything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ._binds import HandleBinding
 from ._codec import decode_body
 from ._core import ConnectionState, NoGuarantees
 from ._encode import (
+    MAX_DELIVER_GROUP,
     MAX_DELIVER_MANY,
     MAX_DELIVER_TIMED,
+    deliver_group_head,
     deliver_heads,
     deliver_many_head,
     deliver_many_head_size,
@@ -25,6 +29,7 @@ from ._encode import (
     encode_publish,
     encode_publish_tail,
     fitting_run,
+    group_heads,
     publish_tail_frames,
     time_heads,
 )
@@ -43,14 +48,17 @@ from ._messages import (
     Ack,
     Confirm,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     EncodedDeliveries,
     Gap,
     Headers,
     Publish,
+    Settle,
     check_publish_fields,
 )
+from ._settle import settle_problem
 from ._short_run import ShortRun
 from ._types import (
     LENGTH_PREFIX,
@@ -60,11 +68,19 @@ from ._types import (
     GoodbyeCode,
     HandleType,
     Role,
+    SettleOutcome,
 )
+
+#: A frame of entries with fields before their Deliver tails (DeliverTimed,
+#: DeliverGroup): the most entries one carries, and what makes its head.
+_PrefixedFrame = tuple[int, Callable[[int, int, int, int], bytes]]
+_TIMED: _PrefixedFrame = (MAX_DELIVER_TIMED, deliver_timed_head)
+_GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
 
 
 class Traffic(HandleBinding):
-    """Publish, Deliver, DeliverMany, their notices (larger ones: ``_large``)."""
+    """Publish, Deliver, DeliverMany (Timed, Group), their notices (larger
+    ones: ``_large``)."""
 
     def _publish_in_parts(
         self,
@@ -395,7 +411,58 @@ class Traffic(HandleBinding):
         count = len(tails)
         if first_seq < 0 or first_seq + count - 1 > U64_MAX or len(times) != count:
             raise LocalProtocolError("seq must be u64, with one time per delivery")
-        stamps = time_heads(times)
+        return self._deliver_prefixed(
+            sender, subscription, first_seq, tails, time_heads(times), _TIMED
+        )
+
+    def deliver_group(
+        self,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` for a group subscription,
+        each delivery with its record's topic offset (``offsets[i]`` for
+        ``tails[i]``) and how many times that record was delivered before
+        (``delivered[i]``, 0 the first time), as DeliverGroup frames (one
+        entry or many, whatever the client's Hello said); ``first_seq + i``
+        is the delivery number a Settle names ``tails[i]`` by. Returns how
+        many were queued (0 if none fits); raises
+        :class:`LocalProtocolError` if the first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if (
+            first_seq < 0
+            or first_seq + count - 1 > U64_MAX
+            or len(offsets) != count
+            or len(delivered) != count
+            or (count and (min(offsets) < 0 or max(offsets) > U64_MAX))
+            or (count and (min(delivered) < 0 or max(delivered) > U64_MAX))
+        ):
+            raise LocalProtocolError(
+                "seq must be u64, with one u64 offset and delivered count per delivery"
+            )
+        return self._deliver_prefixed(
+            sender, subscription, first_seq, tails, group_heads(offsets, delivered), _GROUP
+        )
+
+    def _deliver_prefixed(
+        self,
+        sender: ChannelSender,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        prefixes: list[bytes],
+        kind: _PrefixedFrame,
+    ) -> int:
+        """:meth:`deliver_timed` and :meth:`deliver_group`: ``tails``, each
+        after its ``prefixes[i]`` (its entry's fields before the Deliver
+        tail), in frames of ``kind`` (one entry or many) as far as the
+        guarantees go; how many were queued."""
+        count = len(tails)
+        most, make_head = kind
         room = self._room(sender)
         limit = self.peer_max_frame + LENGTH_PREFIX
         out = self._out
@@ -403,31 +470,31 @@ class Traffic(HandleBinding):
         while sent < count:
             capacity = min(room, limit)
             seq = first_seq + sent
-            stop = min(count, sent + MAX_DELIVER_TIMED)
+            stop = min(count, sent + most)
             # The head counted at its longest (27 bytes): a few bytes of room
             # may go unused. The usual case: all of them fit, summed in one go.
-            body = sum(map(len, tails[sent:stop])) + sum(map(len, stamps[sent:stop]))
+            body = sum(map(len, tails[sent:stop])) + sum(map(len, prefixes[sent:stop]))
             if 27 + body <= capacity:
                 end = stop
             else:
-                body = len(stamps[sent]) + len(tails[sent])  # (at least one, to try)
+                body = len(prefixes[sent]) + len(tails[sent])  # (at least one, to try)
                 end = sent + 1
                 while end < stop:
-                    size = len(stamps[end]) + len(tails[end])
+                    size = len(prefixes[end]) + len(tails[end])
                     if 27 + body + size > capacity:
                         break
                     body += size
                     end += 1
             pieces: list[bytes] = [b""] * (2 * (end - sent))
-            pieces[0::2] = stamps[sent:end]
+            pieces[0::2] = prefixes[sent:end]
             pieces[1::2] = tails[sent:end]
-            head = deliver_timed_head(subscription, seq, end - sent, body)
+            head = make_head(subscription, seq, end - sent, body)
             size = len(head) + body
             if size > room or size > limit:
                 if size > limit and sent == 0:
                     taken = self._deliver_large(sender, seq, [head, *pieces])
-                    return taken and 1 + self.deliver_timed(
-                        subscription, seq + 1, tails[1:], times[1:]
+                    return taken and 1 + self._deliver_prefixed(
+                        sender, subscription, seq + 1, tails[1:], prefixes[1:], kind
                     )
                 break
             out.append(head)
@@ -508,6 +575,16 @@ class Traffic(HandleBinding):
         )
         events.append(DeliverManyReceived(message, channel, size))
 
+    def _on_deliver_group(self, message: DeliverGroup, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("DeliverGroup is sent by the broker")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        channel = self._accept_delivery(
+            "DeliverGroup", message.subscription, size, len(message.entries), events
+        )
+        events.append(DeliverManyReceived(message, channel, size))
+
     def _accept_delivery(
         self, what: str, handle: int, size: int, entries: int, events: list[Event]
     ) -> Channel:
@@ -540,14 +617,41 @@ class Traffic(HandleBinding):
         state.processed = seq
         self._queue(Ack(subscription, seq))
 
-    def _on_notice(self, message: Ack | Gap | Confirm, size: int, events: list[Event]) -> None:
-        """Ack (client to broker), Gap and Confirm (broker to client): checked, passed on."""
+    def settle(
+        self,
+        subscription: int,
+        outcome: SettleOutcome,
+        ranges: list[tuple[int, int]],
+        detail: int | str | None = None,
+    ) -> None:
+        """Client: say what became of the deliveries ``ranges`` names on a
+        group subscription (ascending, non-overlapping ``(first, count)``
+        pairs of delivery numbers, see :func:`settle_ranges`): ``detail`` is
+        the delay in ms before a RETRY, the reason of a REJECT (at most 1024
+        bytes of UTF-8), else None. Queued at once, like :meth:`ack`.
+        Raises :class:`LocalProtocolError` (nothing sent) for anything the
+        broker would refuse, or a frame larger than the broker's
+        ``max_frame`` (see :func:`max_settle_ranges`)."""
+        self._require_role(Role.CLIENT, "settle")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        problem = settle_problem(outcome, ranges, detail)
+        if problem is not None:
+            raise LocalProtocolError(problem)
+        pairs = [(first, count) for first, count in ranges]
+        self._queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
+
+    def _on_notice(
+        self, message: Ack | Settle | Gap | Confirm, size: int, events: list[Event]
+    ) -> None:
+        """Ack and Settle (client to broker), Gap and Confirm (broker to
+        client): checked, passed on."""
         name = type(message).__name__
         if isinstance(message, Confirm):
             handle_type, handle = HandleType.TOPIC, message.topic
         else:
             handle_type, handle = HandleType.SUBSCRIPTION, message.subscription
-        sent_by = Role.CLIENT if isinstance(message, Ack) else Role.BROKER
+        sent_by = Role.CLIENT if isinstance(message, Ack | Settle) else Role.BROKER
         if self.role is sent_by:
             raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
         self._check_open(message)

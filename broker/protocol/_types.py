@@ -104,6 +104,8 @@ class MessageType(IntEnum):
     DELIVER_TIMED = 35
     PUBLISH_MANY = 36
     FRAME_PART = 37
+    DELIVER_GROUP = 38
+    SETTLE = 39
     COMMIT = 40
     ABORT = 41
     OUTCOME = 42
@@ -122,6 +124,20 @@ class OutcomeStatus(IntEnum):
     ABORTED = 2
     #: Nothing was done (``Outcome.reason`` says why, e.g. a count mismatch).
     REFUSED = 3
+
+
+class SettleOutcome(IntEnum):
+    """What a client's ``Settle`` says of the deliveries it names
+    (``Settle.outcome``)."""
+
+    #: Processed: the records are done for the group.
+    DONE = 0
+    #: Not processed: deliver the records again, after ``detail`` ms.
+    RETRY = 1
+    #: Never to be processed (``detail`` says why): not delivered again.
+    REJECT = 2
+    #: Still being processed: the client holds on to them (no redelivery yet).
+    IN_PROGRESS = 3
 
 
 class DeliveryMode:

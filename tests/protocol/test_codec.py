@@ -33,6 +33,7 @@ from broker.protocol import (
     Commit,
     Confirm,
     Deliver,
+    DeliverGroup,
     DeliverMany,
     DeliverTimed,
     FrameDecoder,
@@ -59,6 +60,8 @@ from broker.protocol import (
     Publish,
     PublishMany,
     RemoteProtocolError,
+    Settle,
+    SettleOutcome,
     Stage,
     Subscribe,
     Throttled,
@@ -177,6 +180,19 @@ MESSAGES: list[Message] = [
     DeliverTimed(U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])], [U64_MAX]),
     DeliverTimed(3, 2**32, [(b"p", None, None), (b"", b"", [])], [1_764_294_000_000, 23]),
     DeliverTimed(24, 7, [(bytes([i]) * i, None, None) for i in range(100)], list(range(100))),
+    DeliverGroup(0, 1, [(b"", None, None)], [0], [0]),
+    DeliverGroup(
+        U64_MAX, U64_MAX, [(b"x" * 70_000, b"k" * 30, [("a", b"")])], [U64_MAX], [U64_MAX]
+    ),
+    DeliverGroup(3, 2**32, [(b"p", None, None), (b"", b"", [])], [70_000, 70_001], [0, 24]),
+    DeliverGroup(
+        24, 7, [(bytes([i]) * i, None, None) for i in range(100)], list(range(100)), [1] * 100
+    ),
+    Settle(0, SettleOutcome.DONE, [(1, 1)], None),
+    Settle(U64_MAX, SettleOutcome.RETRY, [(1, 32), (40, 1), (U64_MAX, 1)], U64_MAX),
+    Settle(3, SettleOutcome.REJECT, [(2**32, 2**40)], "poison: " + "é" * 508),
+    Settle(24, SettleOutcome.IN_PROGRESS, [(i * 3 + 1, 2) for i in range(100)], None),
+    Settle(5, SettleOutcome.REJECT, [(7, 1)], ""),
 ]
 
 

@@ -46,6 +46,7 @@ EXAMPLES = r"""
   broker sub news --from 2026-11-25T10:00:00Z   # what arrived since then (give a timezone)
   broker sub news --from -10m                   # the last ten minutes (-30s, -2h, -1d, -1h30m)
   broker sub news --cursor billing              # go on where the cursor "billing" stopped
+  broker sub jobs --group workers               # share the messages with other members
 
 Where to start (--from, --cursor; reliable mode, on a broker with a data
 directory, which keeps each topic's log): by default with the next message
@@ -55,6 +56,12 @@ offset + 1 continues after it), --from TIME at the first record received at
 or after TIME. --cursor NAME is a durable cursor the broker keeps: the next
 `broker sub --cursor NAME` on the topic goes on after the last message this
 one took (--from applies only to a cursor's first use).
+
+Consumer groups (--group NAME): the members of a group, however many
+`broker sub --group NAME` run on the topic, share its messages: each goes to
+one member, which settles it (done) once printed. A member that stops gives
+back what it held and did not print; the group goes on where it stopped
+(--from applies only to a group's first use).
 
 Output: by default each payload as it is, then a newline (a payload that
 holds newlines spans lines). --format and --show-keys escape every field
@@ -149,6 +156,22 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="NAME",
         help="a durable cursor: go on after the last message it took, and keep its place",
     )
+    group = parser.add_argument_group(
+        "consumer groups (reliable mode, on a broker that keeps topic logs)"
+    )
+    group.add_argument(
+        "--group",
+        type=group_name,
+        metavar="NAME",
+        help="join the consumer group NAME: its members share the topic's messages; "
+        "each is settled (done) once printed",
+    )
+    group.add_argument(
+        "--max-outstanding",
+        type=positive_int,
+        metavar="N",
+        help="--group: messages this member may hold unsettled at once (default: 1000)",
+    )
     # "--from -10m" is a value, not an unknown flag: every argument that
     # starts like a negative number is a value (no flag of sub looks so).
     parser._negative_number_matcher = re.compile(r"^-\.?\d")
@@ -207,6 +230,16 @@ def start_value(text: str) -> Start:
     return value
 
 
+def group_name(text: str) -> str:
+    """An argparse type: a consumer group's name (the topic-name rule)."""
+    from ..protocol import topic_name_problem
+
+    problem = topic_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"a group name: {problem}")
+    return text
+
+
 def cursor_name(text: str) -> str:
     """An argparse type: a durable cursor's name (the topic-name rule)."""
     from ..client._start import subscribe_options
@@ -248,6 +281,10 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--max-queued and --max-queued-bytes need --mode lossy or latest")
     if (args.start is not None or args.cursor is not None) and args.mode != "reliable":
         parser.error("--from and --cursor need --mode reliable")
+    if args.group is not None and (args.mode != "reliable" or args.cursor is not None):
+        parser.error("--group needs --mode reliable, without --cursor (a group keeps its place)")
+    if args.max_outstanding is not None and args.group is None:
+        parser.error("--max-outstanding needs --group")
     try:
         printer = _printer(args)
     except FormatError as error:
@@ -317,7 +354,13 @@ async def _sub(
         subscriptions: list[Subscription] = []
         for topic in dict.fromkeys(args.topics):
             context = cluster.subscribe(
-                topic, mode=args.mode, options=options, start=args.start, cursor=args.cursor
+                topic,
+                mode=args.mode,
+                options=options,
+                start=args.start,
+                cursor=args.cursor,
+                group=args.group,
+                max_outstanding=args.max_outstanding,
             )
             subscriptions.append(await stack.enter_async_context(context))
         shown = ", ".join(repr(topic) for topic in dict.fromkeys(args.topics))
@@ -344,6 +387,9 @@ async def _sub(
                     tally.pipe_closed = True
                     done.cancel()
                     return
+                if args.group is not None:
+                    for message in batch:
+                        message.ack()  # (printed: done; one Settle per batch)
                 tally.received += len(batch)
                 heard()
                 if args.count is not None and tally.received >= args.count:

@@ -36,7 +36,8 @@ from ._common import (
     show_address,
     split_url,
 )
-from ._start import Start, subscribe_options
+from ._settles import settle
+from ._start import Start, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 from ._tls import failure_hint
 from ._topics import DEFAULT_MAX_TOPICS
@@ -63,6 +64,9 @@ class Subscription(SubscriptionState):
 
     def __aiter__(self) -> Subscription:
         return self
+
+    def _settle(self, seq: int, outcome: int, detail: int | str | None) -> None:
+        settle(self._client._session, self, seq, outcome, detail)
 
     async def __anext__(self) -> Message:
         try:
@@ -274,6 +278,8 @@ class Client(TrioDriver):
         start: Start | None = None,
         cursor: str | None = None,
         timestamps: bool = False,
+        group: str | None = None,
+        max_outstanding: int | None = None,
     ) -> AsyncIterator[Subscription]:
         """Subscribe to ``topic`` for the duration of the block.
 
@@ -304,6 +310,7 @@ class Client(TrioDriver):
         """
         check_topic_name(topic)
         options = subscribe_options(mode, options, start, cursor, timestamps)
+        options = group_options(options, mode, group, max_outstanding)
         await self._ready_for_the_application()
         subscription = Subscription(self, topic)
         subscription.mode = mode

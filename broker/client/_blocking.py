@@ -54,7 +54,8 @@ from broker.protocol import (
 from . import _flows as flows
 from ._blocking_driver import SEND_THRESHOLD, BlockingDriver, deadline_in, remaining
 from ._common import ClientError, ConnectionLost, Message, check_outcome, offsets_answer
-from ._start import Start, subscribe_options
+from ._settles import settle
+from ._start import Start, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
@@ -97,6 +98,12 @@ class BlockingSubscription(SubscriptionState):
 
     def __iter__(self) -> Iterator[Message]:
         return self
+
+    def _settle(self, seq: int, outcome: int, detail: int | str | None) -> None:
+        client = self._client
+        with client._lock:
+            settle(client._session, self, seq, outcome, detail)
+            client._after_operation(urgent=outcome != 0)
 
     def __next__(self) -> Message:
         try:
@@ -414,6 +421,8 @@ class BlockingClient(BlockingDriver):
         start: Start | None = None,
         cursor: str | None = None,
         timestamps: bool = False,
+        group: str | None = None,
+        max_outstanding: int | None = None,
     ) -> BlockingSubscription:
         """Subscribe to ``topic``; returns once the broker has processed the subscription.
 
@@ -448,6 +457,7 @@ class BlockingClient(BlockingDriver):
         """
         check_topic_name(topic)
         options = subscribe_options(mode, options, start, cursor, timestamps)
+        options = group_options(options, mode, group, max_outstanding)
         deadline = deadline_in(timeout)
         with self._locked(deadline):
             subscription = BlockingSubscription(self, topic)

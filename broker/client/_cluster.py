@@ -196,10 +196,20 @@ class ClusterClient(_Routing[Client]):
         start: Start | None = None,
         cursor: str | None = None,
         timestamps: bool = False,
+        group: str | None = None,
+        max_outstanding: int | None = None,
     ) -> AbstractAsyncContextManager[Subscription]:
-        """:meth:`Client.subscribe` on the owner of ``topic``."""
+        """:meth:`Client.subscribe` on the owner of ``topic`` (where its
+        consumer groups live)."""
         return self.client_for(topic).subscribe(
-            topic, mode=mode, options=options, start=start, cursor=cursor, timestamps=timestamps
+            topic,
+            mode=mode,
+            options=options,
+            start=start,
+            cursor=cursor,
+            timestamps=timestamps,
+            group=group,
+            max_outstanding=max_outstanding,
         )
 
     async def flush(self) -> None:
@@ -379,8 +389,11 @@ class BlockingClusterClient(_Routing[BlockingClient]):
         start: Start | None = None,
         cursor: str | None = None,
         timestamps: bool = False,
+        group: str | None = None,
+        max_outstanding: int | None = None,
     ) -> BlockingSubscription:
-        """:meth:`BlockingClient.subscribe` on the owner of ``topic``."""
+        """:meth:`BlockingClient.subscribe` on the owner of ``topic`` (where
+        its consumer groups live)."""
         return self.client_for(topic).subscribe(
             topic,
             mode=mode,
@@ -389,6 +402,8 @@ class BlockingClusterClient(_Routing[BlockingClient]):
             start=start,
             cursor=cursor,
             timestamps=timestamps,
+            group=group,
+            max_outstanding=max_outstanding,
         )
 
     def offsets(

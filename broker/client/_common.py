@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
@@ -107,6 +107,24 @@ def not_a_broker(
     return ConnectionLost(f"{address} did not answer as a broker ({what})")
 
 
+class GroupSettler(Protocol):
+    """Who settles a consumer group member's messages (its subscription)."""
+
+    def _settle(self, seq: int, outcome: int, detail: int | str | None) -> None: ...
+
+
+class GroupTicket:
+    """What a group member's messages settle through: their subscription,
+    while its session lasts (a session lost makes a new ticket; settling a
+    message of the old one does nothing: its record went back to the group)."""
+
+    __slots__ = ("settler", "valid")
+
+    def __init__(self, settler: GroupSettler) -> None:
+        self.settler = settler
+        self.valid = True
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One delivered message.
@@ -114,12 +132,18 @@ class Message:
     ``seq`` is its sequence number in the subscription (what an ``Ack``
     names). ``offset`` is its record's offset in the topic's log: set when
     the broker keeps topic logs (its Welcome said ``offsets``) and the
-    subscription is reliable (then it equals ``seq``), None otherwise.
-    A consumer that remembers it can continue after it on any later
-    connection: ``subscribe(topic, start=message.offset + 1)``.
+    subscription is reliable (then it equals ``seq``, but for a consumer
+    group's member, whose ``seq`` numbers its own deliveries), None
+    otherwise. A consumer that remembers it can continue after it on any
+    later connection: ``subscribe(topic, start=message.offset + 1)``.
     ``timestamp`` is the time the broker received its record (ms since the
     Unix epoch, as its topic log stored it): set when the subscription
-    asked for ``timestamps``, None otherwise.
+    asked for ``timestamps``, None otherwise. ``deliveries`` is, for a
+    consumer group's member, how many times the record was delivered
+    before (0 the first time), None otherwise.
+
+    A group member settles each message: :meth:`ack` (done),
+    :meth:`retry`, :meth:`reject`, or :meth:`in_progress` to keep it longer.
     """
 
     topic: str
@@ -129,16 +153,55 @@ class Message:
     seq: int
     offset: int | None = None
     timestamp: int | None = None
+    deliveries: int | None = None
+    _ticket: GroupTicket | None = dataclasses.field(default=None, repr=False, compare=False)
 
     if not TYPE_CHECKING:  # (so that mypy still refuses unknown attributes)
 
         def __getattr__(self, name: str) -> None:
-            """``timestamp`` is None where it was never set: the client
-            makes messages without it unless the subscription asked for
-            times, which saves every other message a slot write."""
-            if name == "timestamp":
+            """``timestamp``, ``deliveries`` and the group's ticket are None
+            where they were never set: the client makes messages without
+            them unless the subscription has them, which saves every other
+            message a slot write."""
+            if name in _UNSET:
                 return None
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _settle(self, outcome: int, detail: int | str | None = None) -> None:
+        ticket = self._ticket
+        if ticket is None:
+            raise ClientError(
+                "only a consumer group member's messages are settled: "
+                "subscribe with group=NAME (other messages are acknowledged as they are taken)"
+            )
+        if ticket.valid:
+            ticket.settler._settle(self.seq, outcome, detail)
+
+    def ack(self) -> None:
+        """Done with this record: the group never delivers it again (a
+        member's ``Settle``, sent in batches within the policy's ``ack_delay``)."""
+        self._settle(0)
+
+    def retry(self, delay: float = 0.0) -> None:
+        """Not done: deliver the record again (to any member) after ``delay``
+        seconds. After the group's ``max_deliveries`` it goes to the dead letters."""
+        if not delay >= 0:
+            raise ValueError("delay must be >= 0 seconds")
+        self._settle(1, round(delay * 1000))
+
+    def reject(self, reason: str = "") -> None:
+        """Never deliver the record again: it goes to the group's dead-letter
+        topic with ``reason`` in its headers."""
+        self._settle(2, reason.encode()[:1024].decode(errors="ignore"))
+
+    def in_progress(self) -> None:
+        """Still working on it: the group waits another ``ack_wait`` before
+        giving the record to another member."""
+        self._settle(3)
+
+
+#: Message fields a message may leave unset (read as None).
+_UNSET = frozenset({"timestamp", "deliveries", "_ticket"})
 
 
 def handshake_error(

@@ -59,6 +59,7 @@ from ._resume import (
     resume_state,
     without_subscription,
 )
+from ._settles import flush_settles
 from ._subscription import RELEASE_BATCH, SubscriptionState
 from ._topics import FlushTargets, TopicCache, covered
 
@@ -509,6 +510,8 @@ class ClientSession:
         subscription._consumed = subscription._acked = 0
         self.subscriptions[handle] = subscription
         subscription._numbered(self.offsets)
+        if subscription.group is not None and subscription._inbox.ticket is None:
+            subscription._join_group()
         return True
 
     @property
@@ -575,6 +578,8 @@ class ClientSession:
         if conn.closed or not self.ready:
             return
         for subscription in subscriptions:
+            if subscription._done:
+                flush_settles(self, subscription)
             consumed = subscription._consumed
             if consumed > subscription._acked:
                 with contextlib.suppress(LocalProtocolError):  # being freed

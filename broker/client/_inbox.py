@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from collections import deque
 
-from broker.protocol import Deliver, DeliverManyReceived, DeliverReceived, DeliverTimed, Entry
+from broker.protocol import (
+    Deliver,
+    DeliverGroup,
+    DeliverManyReceived,
+    DeliverReceived,
+    DeliverTimed,
+    Entry,
+)
 
-from ._common import Message
+from ._common import GroupTicket, Message
 
 _new_object = object.__new__
 _set_topic, _set_payload, _set_key, _set_headers, _set_seq, _set_offset, _set_timestamp = (
     Message.__dict__[name].__set__
     for name in ("topic", "payload", "key", "headers", "seq", "offset", "timestamp")
+)
+_set_deliveries, _set_ticket = (
+    Message.__dict__[name].__set__ for name in ("deliveries", "_ticket")
 )
 
 
@@ -60,6 +70,18 @@ def messages_of(
     return messages
 
 
+def group_messages_of(topic: str, many: DeliverGroup, ticket: GroupTicket | None) -> list[Message]:
+    """The :class:`Message` of each entry of a DeliverGroup on ``topic``:
+    numbered from its ``first_seq``, each with its record's offset, how
+    many times it was delivered before, and the ``ticket`` it settles by."""
+    messages = messages_of(topic, many.first_seq, many.entries)
+    for message, offset, delivered in zip(messages, many.offsets, many.delivered, strict=True):
+        _set_offset(message, offset)
+        _set_deliveries(message, delivered)
+        _set_ticket(message, ticket)
+    return messages
+
+
 #: What :meth:`Inbox.put` returns for a frame it did not queue: numbered at
 #: or below the inbox's ``bound``, handed to the application already (or
 #: queued for it), in part at least.
@@ -84,6 +106,7 @@ class Inbox:
         "done_size",
         "messages",
         "offsets",
+        "ticket",
         "topic",
     )
 
@@ -111,6 +134,8 @@ class Inbox:
         #: below it is not queued by :meth:`put` (see :meth:`put_above`).
         #: Without ``offsets`` it means nothing.
         self.bound = 0
+        #: A consumer group's member: what its messages settle through.
+        self.ticket: GroupTicket | None = None
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -136,8 +161,11 @@ class Inbox:
         many = event.message
         if many.first_seq <= self.bound and self.offsets:
             return REDELIVERED
-        times = many.times if type(many) is DeliverTimed else None
-        messages = messages_of(self.topic, many.first_seq, many.entries, self.offsets, times)
+        if type(many) is DeliverGroup:
+            messages = group_messages_of(self.topic, many, self.ticket)
+        else:
+            times = many.times if type(many) is DeliverTimed else None
+            messages = messages_of(self.topic, many.first_seq, many.entries, self.offsets, times)
         self.messages.extend(messages)
         self.bound = last = messages[-1].seq
         self._ends.append((last, event.size, len(messages)))

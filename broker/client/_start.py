@@ -16,7 +16,15 @@ from typing import Literal, TypeAlias
 
 from broker.protocol import Options, topic_name_problem
 
-__all__ = ["LOG_KEYS", "START_KEYS", "Start", "subscribe_options", "without_log_problem"]
+__all__ = [
+    "GROUP_KEY",
+    "LOG_KEYS",
+    "START_KEYS",
+    "Start",
+    "group_options",
+    "subscribe_options",
+    "without_log_problem",
+]
 
 #: What ``start=`` takes: the first record, the next one published, a record's
 #: offset, or the first record received at or after a (timezone-aware) time.
@@ -31,6 +39,35 @@ UNTIL_KEY = "until"
 TIMESTAMPS_KEY = "timestamps"
 #: The options only a broker that keeps topic logs takes.
 LOG_KEYS = (*START_KEYS, CURSOR_KEY, UNTIL_KEY, TIMESTAMPS_KEY)
+
+#: A consumer group's name (the member's Subscribe joins it).
+GROUP_KEY = "group"
+
+
+def group_options(
+    options: Options | None, mode: str, group: str | None, max_outstanding: int | None
+) -> Options | None:
+    """``options`` with what ``group=`` and ``max_outstanding=`` stand for
+    (raises :class:`ValueError` for another mode, a bad name, or an option
+    given both ways)."""
+    if group is None:
+        if max_outstanding is not None:
+            raise ValueError("max_outstanding= is for a consumer group's member: give group= too")
+        return options
+    if mode != "reliable":
+        raise ValueError(f"group= needs mode='reliable', not {mode!r}")
+    problem = topic_name_problem(group)
+    if problem is not None:
+        raise ValueError(f"group={group!r}: {problem}")
+    merged: Options = dict(options or {})
+    for key, value in ((GROUP_KEY, group), ("max_outstanding", max_outstanding)):
+        if value is None:
+            continue
+        if key in merged:
+            raise ValueError(f"{key}= and options[{key!r}] say the same thing: give one of them")
+        merged[key] = value
+    return merged
+
 
 #: The largest integer an option carries (options are signed 64-bit on the wire).
 _OPTION_MAX = 2**63 - 1
@@ -139,7 +176,14 @@ def without_log_problem(options: Options | None) -> str | None:
     if options.get(TIMESTAMPS_KEY) is False:
         asked.remove(TIMESTAMPS_KEY)  # (what every subscription gets anyway)
     if not asked or (asked == ["from"] and options["from"] == "latest"):
-        return None
+        return (
+            None
+            if GROUP_KEY not in options
+            else (
+                "the broker keeps no topic log (it runs without a data directory), so "
+                "it keeps no consumer groups: subscribe without group="
+            )
+        )
     if asked == [TIMESTAMPS_KEY]:
         return (
             "the broker keeps no topic log (it runs without a data directory), so "

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from broker.protocol import DeliverManyReceived, DeliverReceived, Options
 
-from ._common import Message
+from ._common import GroupTicket, Message
 from ._inbox import Inbox
 from ._start import LOG_KEYS, START_KEYS, without_log_problem
 
@@ -93,6 +93,24 @@ class SubscriptionState:
         #: resumed broker sends what follows it: a delivery at or below it
         #: is a record at an offset given again (see :meth:`_redelivered`).
         self._told = 0
+        #: Delivery numbers settled done and not sent yet (a group's member).
+        self._done: list[int] = []
+        #: Settles sent (a group's member), and those of a lost session's
+        #: messages, which did nothing (their records went back to the group).
+        self.settles_sent = 0
+        self.settles_dropped = 0
+
+    @property
+    def group(self) -> str | None:
+        """The consumer group this subscription is a member of (None: none)."""
+        group = (self.options or {}).get("group")
+        return group if isinstance(group, str) else None
+
+    def _join_group(self) -> None:
+        """It is a group's member: its messages settle through a new ticket."""
+        if self._inbox.ticket is not None:
+            self._inbox.ticket.valid = False
+        self._inbox.ticket = GroupTicket(self)  # type: ignore[arg-type]  # (drivers add _settle)
 
     def _gap(self, first_seq: int, count: int) -> None:
         """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""
@@ -196,7 +214,7 @@ class SubscriptionState:
     def _numbered(self, offsets: bool) -> None:
         """The connection's broker numbers reliable deliveries by offsets (or
         not): whether this subscription's messages carry an ``offset``."""
-        self._inbox.offsets = offsets and self.mode == "reliable"
+        self._inbox.offsets = offsets and self.mode == "reliable" and self.group is None
 
     def _resubscribing(self, offsets: bool) -> SubscriptionState:
         """The session was lost: make the options to subscribe again with, on
@@ -214,6 +232,15 @@ class SubscriptionState:
         options = self.options or {}
         kept = self._held + self._held_framed
         self._told = 0
+        if self.group is not None:
+            # Its records went back to the group when the session was lost:
+            # another member may have them now. Nothing of it is kept.
+            self.settles_dropped += len(self._done)
+            self._done = []
+            self._join_group()
+            self._inbox.keep([])
+            self._held = self._held_framed = []
+            return self
         inbox = self._inbox
         if inbox.offsets and not (offsets and "cursor" in options):
             inbox.bound = max(inbox.bound, self._held_to)  # (all of it stays queued)

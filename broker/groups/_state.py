@@ -221,12 +221,13 @@ class GroupState:
         return len(held)
 
     def order(self) -> list[Member]:
-        """The members, starting one further along at each call (round robin)."""
+        """The members, starting with the one after the last given records
+        (round robin)."""
         members = list(self.members.values())
         if not members:
             return members
-        self._turn = (self._turn + 1) % len(members)
-        return members[self._turn :] + members[: self._turn]
+        turn = self._turn % len(members)
+        return members[turn:] + members[:turn]
 
     # ---------------------------------------------------------------- records in
 
@@ -321,6 +322,7 @@ class GroupState:
             seq += 1
         member.next_seq = seq
         member.expiries.append((deadline, first_seq, seq - 1))
+        self._turn = list(self.members).index(member.id) + 1
         return Taken(first_seq, offsets, delivered)
 
     def untake(self, member: Member, taken: Taken, sent: int) -> None:
@@ -390,8 +392,9 @@ class GroupState:
         for first, count in spans:
             if count <= len(held):
                 seqs: Iterable[int] = range(first, first + count)
-            else:
+            else:  # (a wide range over few held: what it holds in it)
                 seqs = sorted(s for s in held if first <= s < first + count)
+                self.late_settles += count - len(seqs)
             for seq in seqs:
                 record = held.get(seq)
                 if record is None:

@@ -37,6 +37,7 @@ log = logging.getLogger("broker.metrics")
 
 if TYPE_CHECKING:
     from broker.server import Broker, ConnectionView, Topic
+    from broker.server._groups import Groups
 
 #: Connections (or topics) visited between two checkpoints of a walk.
 CHUNK: Final = 16
@@ -341,6 +342,13 @@ class BrokerCollector:
         add("broker_forwarded_origins_unknown_total", [], broker.seen.unknown)
         if broker.logs is not None:
             add("broker_publish_marks", [], len(broker.logs.marks))
+        if broker.groups is not None:
+            for group, shown in group_figures(broker.groups, GROUPS_SHOWN):
+                add("broker_group_lag_records", [group], shown["lag"])
+                add("broker_group_outstanding", [group], shown["outstanding"])
+                add("broker_group_members", [group], shown["members"])
+                add("broker_group_redelivered_total", [group], shown["redelivered"])
+                add("broker_group_dead_lettered_total", [group], shown["dead_lettered"])
         if broker.loop is not None:
             add("broker_loop_task_steps_total", [], broker.loop.task_steps)
             add("broker_loop_io_waits_total", [], broker.loop.io_waits)
@@ -391,6 +399,25 @@ class BrokerCollector:
             for (name, labels), value in figures.items():
                 add(name, [label, *labels], value)
         return list(families.values())
+
+
+#: Consumer groups shown by name in the metrics (the rest are summed as "other").
+GROUPS_SHOWN = 20
+
+
+def group_figures(groups: Groups, shown: int) -> list[tuple[str, dict[str, int]]]:
+    """Each consumer group's figures by label (``topic/name``): the ``shown``
+    with the largest lag, and the rest summed under ``"other"``."""
+    every = sorted(
+        ((f"{g.topic.topic_name}/{g.name}", g.statistics()) for g in groups.groups.values()),
+        key=lambda entry: -entry[1]["lag"],
+    )
+    chosen = [(sanitise_label(label), figures) for label, figures in every[:shown]]
+    rest = every[shown:]
+    if rest:
+        summed = {key: sum(figures[key] for _, figures in rest) for key in rest[0][1]}
+        chosen.append(("other", summed))
+    return chosen
 
 
 def metrics_registry(

@@ -140,6 +140,40 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "table's bound): had they been sent before, they were stored again.",
     ),
     MetricSpec(
+        "broker_group_lag_records",
+        "gauge",
+        "Records of a consumer group's topic not settled by the group yet, per "
+        "group (topic/name; the 20 groups with the largest lag, the rest summed "
+        'under group="other").',
+        ("group",),
+    ),
+    MetricSpec(
+        "broker_group_outstanding",
+        "gauge",
+        "Records out with a consumer group's members, unsettled, per group.",
+        ("group",),
+    ),
+    MetricSpec(
+        "broker_group_members",
+        "gauge",
+        "Members of a consumer group, per group.",
+        ("group",),
+    ),
+    MetricSpec(
+        "broker_group_redelivered_total",
+        "counter",
+        "Deliveries of a record a consumer group had delivered before (retry, "
+        "ack_wait, a member leaving), per group, since the group was loaded.",
+        ("group",),
+    ),
+    MetricSpec(
+        "broker_group_dead_lettered_total",
+        "counter",
+        "Records a consumer group put in its dead-letter topic (rejected, or "
+        "delivered max_deliveries times), per group, since the group was loaded.",
+        ("group",),
+    ),
+    MetricSpec(
         "broker_publish_marks",
         "gauge",
         "Publish marks held in the state journal (one per session topic handle that "

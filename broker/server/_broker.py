@@ -31,6 +31,7 @@ from ._budget_pool import BudgetPool
 from ._commit import CommitInFlight, complete_unfinished, start_commit
 from ._connection import ServerConnection
 from ._drain import drain, queued_deliveries
+from ._groups import Groups
 from ._handover import hand_over, home_address, receive_sockets, session_prefix
 from ._link import LinkStatistics
 from ._links import Links
@@ -135,6 +136,8 @@ class Broker:
         #: Where sessions are recorded to survive a restart (None: memory-only).
         self.session_records = SessionRecords(logs.journal, logs.marks) if logs else None
         self.sessions.records = self.session_records
+        #: Consumer groups (None: a memory-only broker keeps none).
+        self.groups = Groups(self, logs.journal) if logs else None
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
         #: What this worker took of forwarded publishes.
@@ -547,8 +550,9 @@ async def serve_broker(
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
                 nursery.start_soon(broker.budget_pool.run)
-                if logs is not None:
+                if logs is not None and broker.groups is not None:
                     nursery.start_soon(logs.run)
+                    nursery.start_soon(broker.groups.run)
                     log.info("topic logs in %s", log_dir)
                 await complete_unfinished(broker, nursery)  # (commits a stop cut off)
                 if worker is not None and worker.handover_socket is not None:
@@ -596,5 +600,7 @@ async def serve_broker(
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:
+                if broker.groups is not None:
+                    broker.groups.close()
                 logs.close()
             broker.account.close()

@@ -9,8 +9,10 @@ from typing import Any
 import trio
 
 from accounts import Account, LoanedItem
+from broker.groups import GroupError, Outcome
 from broker.protocol import MIN_PART, Channel, ChannelKind, Connection, LocalProtocolError
 
+from ._groups import GroupSubscription
 from ._topic import Subscription
 from ._wake import Wake
 
@@ -131,6 +133,51 @@ class Deliveries:
         except LocalProtocolError:
             return None  # the client is freeing the subscription
         return self._sent(subscription, count, queued)
+
+    def send_group(
+        self,
+        subscription: Subscription,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int | None:
+        """Queue DeliverGroup frames of a group member's deliveries numbered
+        from ``first_seq`` (each with its record's offset and how many times
+        it was delivered before), as far as the guarantees allow; returns
+        how many were taken, or None if the subscription is being freed."""
+        protocol = self.protocol
+        if protocol.closed:
+            return 0
+        queued = protocol.bytes_to_send
+        try:
+            count = protocol.deliver_group(
+                subscription.handle, first_seq, tails, offsets, delivered
+            )
+        except LocalProtocolError:
+            return None  # the client is freeing the subscription
+        if count:
+            self.counters.messages_out += count
+            self._wake.set()
+        elif protocol.bytes_to_send != queued:
+            self._wake.set()
+        return count
+
+    def settle(
+        self, handle: int, ranges: list[tuple[int, int]], outcome: int, detail: int | str | None
+    ) -> str | None:
+        """The client settles deliveries of subscription ``handle``; why that
+        is a protocol error (None: it is not)."""
+        subscription = self.subscriptions.get(handle)
+        if subscription is None:
+            return None  # (being freed: the Settle crossed the FreeHandle)
+        if not isinstance(subscription, GroupSubscription):
+            return f"Settle on subscription {handle}: it is not a consumer group's member"
+        try:
+            subscription.settle(ranges, Outcome(outcome), detail)
+        except GroupError as error:
+            return f"Settle on subscription {handle}: {error}"
+        return None
 
     def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
         """:meth:`send_deliveries` for a subscription that keeps nothing once

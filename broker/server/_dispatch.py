@@ -26,6 +26,7 @@ from broker.protocol import (
     ListOffsets,
     PublishManyReceived,
     PublishReceived,
+    Settle,
     Subscribed,
     TopicBound,
 )
@@ -33,6 +34,7 @@ from broker.protocol import (
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
+from ._groups import Groups
 from ._log_subscription import CursorBook
 from ._logs import TopicUnavailable
 from ._offsets import OffsetsHost, Survey, answer_list_offsets
@@ -48,6 +50,11 @@ class DispatchHost(PublishingHost, OffsetsHost, Protocol):
     @property
     def cursors(self) -> CursorBook | None:
         """Durable cursors' positions (None: a memory-only broker)."""
+        ...
+
+    @property
+    def groups(self) -> Groups | None:
+        """The consumer groups (None: a memory-only broker)."""
         ...
 
 
@@ -207,6 +214,7 @@ class Dispatch:
                 cursors=self.host.cursors,
                 principal=principal.principal.name if principal is not None else None,
                 trusted=self.admission.trusted,
+                groups=self.host.groups,
             )
         except OptionError as error:
             topic.release_if_unused()
@@ -247,6 +255,14 @@ class Dispatch:
     def ack(self, event: Ack, connection: Dispatched) -> None:
         self.deliveries.ack(event.subscription, event.seq)
 
+    def settle(self, event: Settle, connection: Dispatched) -> None:
+        refusal = self.deliveries.settle(
+            event.subscription, event.ranges, int(event.outcome), event.detail
+        )
+        if refusal is not None:
+            self.log(logging.WARNING, "%s", refusal)
+            connection.goodbye(GoodbyeCode.PROTOCOL_ERROR, refusal)
+
     def handle_gone(
         self, event: HandleFreeProposed | HandleDeleted, connection: Dispatched
     ) -> None:
@@ -280,6 +296,7 @@ CONTROL: Final[dict[type, Callable[[Dispatch, Any, Dispatched], None]]] = {
     Abort: Dispatch.abort,
     Subscribed: Dispatch.subscribed,
     Ack: Dispatch.ack,
+    Settle: Dispatch.settle,
     ListOffsets: Dispatch.list_offsets,
     HandleFreeProposed: Dispatch.handle_gone,
     HandleDeleted: Dispatch.handle_gone,

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from broker.groups import GroupOptionError, group_request
 from broker.protocol import DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
 from ._forward_dropping import forwarded_dropping_subscription
+from ._groups import GroupMemberConnection, Groups
 from ._log_subscription import (
     CURSOR_PRINCIPAL,
     CursorBook,
@@ -22,7 +24,7 @@ from ._topic import Subscription, Topic
 __all__ = ["OptionError", "SubscribingConnection", "make_subscription"]
 
 
-class SubscribingConnection(DroppingSubscriber, LogSubscriber, Protocol):
+class SubscribingConnection(DroppingSubscriber, LogSubscriber, GroupMemberConnection, Protocol):
     """What every kind of subscription needs of its subscriber's connection."""
 
 
@@ -36,6 +38,7 @@ def make_subscription(
     cursors: CursorBook | None = None,
     principal: str | None = None,
     trusted: bool = False,
+    groups: Groups | None = None,
 ) -> Subscription:
     """The subscription a Subscribe asks for (raises :class:`OptionError`,
     naming the option): ``lossy`` and ``latest`` keep their own bounded
@@ -48,13 +51,18 @@ def make_subscription(
     A ``trusted`` connection (another worker's link) may name the principal
     whose durable cursor it forwards (``CURSOR_PRINCIPAL``), so that a
     cursor is the same one whichever worker its client reached; from any
-    other connection that option is unknown, and refused as such."""
+    other connection that option is unknown, and refused as such.
+
+    A reliable Subscribe with ``"group"`` joins that consumer group
+    (``_groups``), on a broker with topic logs, at the topic's owner."""
     if trusted and CURSOR_PRINCIPAL in options:
         options = dict(options)
         named = options.pop(CURSOR_PRINCIPAL)
         if type(named) is not str:
             raise OptionError(f'"{CURSOR_PRINCIPAL}" must be text: a principal\'s name')
         principal = named
+    if "group" in options and mode == DeliveryMode.RELIABLE:
+        return _join_group(connection, handle, topic, options, groups, principal)
     if isinstance(topic, ForwardTopic):
         if mode != DeliveryMode.RELIABLE:
             return forwarded_dropping_subscription(connection, handle, topic, mode, options)
@@ -73,3 +81,30 @@ def make_subscription(
             connection, handle, topic, mode, request, log=log, cursors=cursors, principal=principal
         )
     return DroppingSubscription(connection, handle, topic, mode, QueueLimits.from_options(options))
+
+
+def _join_group(
+    connection: SubscribingConnection,
+    handle: int,
+    topic: Topic,
+    options: Mapping[str, object],
+    groups: Groups | None,
+    principal: str | None,
+) -> Subscription:
+    """The member a Subscribe with ``"group"`` makes (raises :class:`OptionError`)."""
+    try:
+        request, rest = group_request(options)
+    except GroupOptionError as error:
+        raise OptionError(str(error)) from None
+    if isinstance(topic, ForwardTopic):
+        raise OptionError(
+            f'"group": another worker owns {topic.topic_name!r}; a group member subscribes '
+            "at the topic's owner (a cluster client does)"
+        )
+    if groups is None or topic.log is None:
+        raise OptionError(
+            '"group" needs a broker with a data directory: this one is memory-only '
+            "and keeps no topic log"
+        )
+    start = start_request(rest).start
+    return groups.join(connection, handle, topic, request, start, principal)

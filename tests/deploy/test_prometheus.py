@@ -43,6 +43,9 @@ EXPECTED_ALERTS = {
     # the workers of `broker serve --workers N`
     "BrokerWorkerDown",
     "BrokerWorkerRestarting",
+    # consumer groups (issue 41)
+    "BrokerGroupLagging",
+    "BrokerGroupDeadLetters",
 }
 
 

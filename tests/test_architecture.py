@@ -45,6 +45,18 @@ LONG_MODULES: dict[str, str] = {
         "GroupState: one group's bookkeeping, one state machine (dispatch, "
         "settling, expiry, order per key, snapshot) over the same records"
     ),
+    "broker/protocol/_codec.py": (
+        "the decoder: one check per message type, the table that maps codes "
+        "to them; splitting it would scatter the wire format"
+    ),
+    "broker/protocol/_encode.py": (
+        "the encoder: one layout per message type and the shared-tail frame "
+        "heads; the counterpart of _codec, line for line"
+    ),
+    "broker/protocol/_traffic.py": (
+        "Traffic: a connection's channel traffic (publish, the four deliver "
+        "frames, acks, gaps, confirms, settles) over one guarantee state"
+    ),
     "broker/server/_staging.py": (
         "StagingArea: staged batches, their commits and how they survive a "
         "restart; one state machine whose journal restore must mirror staging "

@@ -77,6 +77,8 @@ KNOWN = {
     "principals",
     "topics",
     "connections",
+    "groups",
+    "groups_total",
     "connections_total",
     "topics_total",
     "logs",
@@ -346,6 +348,24 @@ def _connections(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: Columns of the consumer groups' table.
+GROUP_COLUMNS = ("members", "outstanding", "lag", "redelivered", "dead_lettered", "late_settles")
+
+
+def _groups(document: Mapping[str, Any]) -> list[str]:
+    """The consumer groups loaded (those with members, or settling)."""
+    groups = _list(document, "groups")
+    if "groups" not in document:
+        return []
+    total = document.get("groups_total", len(groups))
+    most = "" if total == len(groups) else f", the {len(groups)} with the most lag"
+    lines = ["", f"consumer groups ({total} with members{most})"]
+    if groups:
+        names = [f"{g.get('topic', '?')!r} {g.get('group', '?')!r}" + _worker(g) for g in groups]
+        lines += _table(groups, names, GROUP_COLUMNS, "  ", "topic group")
+    return lines
+
+
 def _others(document: Mapping[str, Any]) -> list[str]:
     """Sections this version does not know, as ``name=value`` pairs."""
     lines: list[str] = []
@@ -375,6 +395,7 @@ def render(document: Mapping[str, Any]) -> str:
         *_principals(document),
         *_topics(document),
         *_logs(document),
+        *_groups(document),
         *_connections(document),
         *_others(document),
     ]

@@ -58,6 +58,10 @@ def _account(account: Account) -> dict[str, Any]:
     return document
 
 
+#: Consumer groups listed (the most lag first).
+LIST_GROUPS = 50
+
+
 def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> dict[str, Any]:
     """The live broker as a JSON-ready ``dict`` (``json.dumps(..., allow_nan=False)``
     succeeds on it), built at once: what ``GET /stat.json`` returns and
@@ -85,7 +89,11 @@ def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> d
                           "channels": [{"kind", "channel", "direction", ...}],
                           "subscriptions": [{"handle", "topic", "mode", ...}]}],
          "topics": [{"name", "publishers", "subscriptions", "queued", "messages_in"}],
-         "logs": null, or the topic logs (see :func:`._log_stat.logs_document`)}
+         "logs": null, or the topic logs (see :func:`._log_stat.logs_document`),
+         "groups_total": N,
+         "groups": [{"topic", "group", "members", "outstanding", "lag", "floor",
+                     "settled", "redelivered", "dead_lettered", "expired",
+                     "late_settles"}]}
 
     ``connections`` lists the collector's detailed connections (the most debt
     first, then the longest backlog); ``topics`` its ``top`` topics, most
@@ -146,8 +154,15 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         buffer_budget_bytes=config.global_budget,
         debt=broker.account.debt,
     )
+    groups: list[dict[str, Any]] = [
+        {"topic": group.topic.topic_name, "group": group.name, **group.statistics()}
+        for group in (broker.groups.groups.values() if broker.groups is not None else ())
+    ]
+    groups.sort(key=lambda entry: -entry["lag"])
     return {
         "version": 2,
+        "groups": groups[:LIST_GROUPS],
+        "groups_total": len(groups),
         "broker": {
             "address": "{}:{}".format(*broker.address),
             "epoch": broker.epoch.hex(),

@@ -322,6 +322,7 @@ class ClientSession:
             self.resumes += 1
             for subscription in self.resuming.values():
                 subscription._resumed()
+                flush_settles(self, subscription)  # (a group member's, made meanwhile)
             self.frames_resent_on_resume += self._resent_last
             log.info("%s: session resumed; %d frames sent again", self.name, self._resent_last)
             return None

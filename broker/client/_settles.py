@@ -96,4 +96,5 @@ def flush_settles(session: SettlingSession, subscription: SubscriptionState) -> 
         for start in range(0, len(ranges), most):
             conn.settle(subscription.handle, SettleOutcome.DONE, ranges[start : start + most])
         subscription.settles_sent += len(seqs)
+        subscription._sent_done.extend(seqs)
     session.on_output()

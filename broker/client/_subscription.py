@@ -10,6 +10,7 @@ drivers' :class:`~broker.client.Subscription` and
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Protocol
 
 from broker.protocol import DeliverManyReceived, DeliverReceived, Options
@@ -27,6 +28,8 @@ RELEASE_BATCH = 32
 #: or not (a DeliverMany holds up to 1,024): how far a durable cursor or a
 #: session may lag what the application took when it is killed outright.
 ACK_EVERY = 256
+#: Done settles a group member keeps to send again after a resume.
+SETTLES_KEPT = 8192
 #: The most messages ``receive_batch()`` returns unless told otherwise.
 BATCH_MOST = 1024
 
@@ -95,6 +98,10 @@ class SubscriptionState:
         self._told = 0
         #: Delivery numbers settled done and not sent yet (a group's member).
         self._done: list[int] = []
+        #: The last done settles sent on this connection: sent again after a
+        #: resume (a Settle lost with a broken connection is not resent by
+        #: the protocol; the broker ignores one it had).
+        self._sent_done: deque[int] = deque(maxlen=SETTLES_KEPT)
         #: Settles sent (a group's member), and those of a lost session's
         #: messages, which did nothing (their records went back to the group).
         self.settles_sent = 0
@@ -270,7 +277,11 @@ class SubscriptionState:
     def _resumed(self) -> None:
         """The session was resumed: the broker delivers again what was
         received and not consumed; only what came in a session lost before
-        stays held."""
+        stays held. A group member's done settles of the broken connection
+        go again (see ``_sent_done``)."""
+        if self._sent_done:
+            self._done = [*self._sent_done, *self._done]
+            self._sent_done.clear()
         self._inbox.keep(self._held)
         self._held = self._held_framed = []
 

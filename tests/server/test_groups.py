@@ -303,3 +303,61 @@ async def test_four_members_take_each_record_exactly_once(tmp_path: Path) -> Non
                         nursery.start_soon(run, index, subscription)
         assert sorted(seen) == list(range(1, 4001))
         assert len(counts) == 4
+
+
+async def test_the_blocking_client_is_a_member_too(tmp_path: Path) -> None:
+    from broker.client import BlockingClient
+
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        await _publish(url(broker), "b", 30)
+
+        def consume() -> list[tuple[int, int]]:
+            seen: list[tuple[int, int]] = []
+            with BlockingClient(url(broker)) as client:
+                member = client.subscribe("b", group="g", start="earliest", timeout=TIMEOUT)
+                while len(seen) < 33:
+                    message = member.receive(timeout=TIMEOUT)
+                    seen.append((message.offset or 0, message.deliveries or 0))
+                    if message.offset in (5, 6, 7) and not message.deliveries:
+                        message.retry()
+                    else:
+                        message.ack()
+                client.flush(timeout=TIMEOUT)
+            return seen
+
+        seen = await trio.to_thread.run_sync(consume)
+        assert sorted(o for o, d in seen if d == 0) == list(range(1, 31))
+        assert sorted(o for o, d in seen if d == 1) == [5, 6, 7]
+        group = next(iter(broker.groups.groups.values()), None)  # type: ignore[union-attr]
+        # (the member left: the group's state is in the journal, all settled)
+        assert group is None or group.state.floor == 31
+
+
+async def test_a_member_whose_connection_breaks_keeps_what_it_held(tmp_path: Path) -> None:
+    """Cut under a member mid-stream, again and again: it resumes, is sent
+    again what it held and had not taken, and every record is settled once
+    by it (nothing goes to another member, nothing is lost)."""
+    from ..proxy import proxied
+
+    count = 600
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        await _publish(url(broker), "r", count)
+        async with proxied(broker.address) as proxy:
+            address = f"{proxy.address[0]}:{proxy.address[1]}"
+            async with (
+                open_client(address, reconnect=TIMEOUT) as client,
+                client.subscribe("r", group="g", start="earliest", max_outstanding=50) as member,
+            ):
+                offsets: list[int] = []
+                with trio.fail_after(TIMEOUT * 2):
+                    while len(set(offsets)) < count:
+                        message = await member.receive()
+                        offsets.append(message.offset or 0)
+                        message.ack()
+                        if len(offsets) % 100 == 0:
+                            proxy.cut()
+                assert sorted(set(offsets)) == list(range(1, count + 1))
+                assert proxy.cuts >= 5
+                group = next(iter(broker.groups.groups.values()))  # type: ignore[union-attr]
+                await wait_until(lambda: group.state.floor == count + 1, what="all settled")
+                assert client.statistics()["resumes"] >= 1

@@ -110,6 +110,9 @@ class GroupSubscription(Subscription):
 
     charges_publishers = False
     reads_log = True
+    #: Its session's record keeps it: after a restart it is back in its
+    #: group (holding nothing), numbering on after what its client processed.
+    restorable = True
 
     def __init__(
         self, connection: GroupMemberConnection, handle: int, group: Group, member: Member
@@ -148,10 +151,19 @@ class GroupSubscription(Subscription):
         """Settle deliveries (raises :class:`GroupError` for one never sent)."""
         self.group.settle(self, ranges, outcome, detail)
 
+    def restored(self, processed: int) -> None:
+        """Restored after a restart: its client processed deliveries up to
+        ``processed`` (the next are numbered after them)."""
+        self.member.next_seq = max(self.member.next_seq, processed + 1)
+        self.acked = processed
+
     def attach(self, connection: Subscriber, processed: int) -> int:
         """A resumed connection takes over: what the member holds above
-        ``processed`` is sent again (same numbers); returns how many."""
+        ``processed`` is sent again (same numbers); returns how many. (A
+        member restored after a restart numbers on after ``processed``.)"""
         self.connection = connection  # type: ignore[assignment]  # the same connection type
+        if processed >= self.member.next_seq:
+            self.member.next_seq = processed + 1
         self.ack(processed)
         self.resend = deque(
             seq for seq in range(self.acked + 1, self.member.next_seq) if seq in self.member.held

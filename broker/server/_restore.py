@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
+from broker.groups import GroupOptionError, group_request
 from broker.protocol import BrokerSessionState, DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
+from ._groups import Groups, GroupSubscription
 from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
+from ._lossy import OptionError
 from ._publish_marks import PublishMarks
 from ._seen import SeenOrigins
 from ._session import Session, SessionTable
@@ -45,6 +48,9 @@ class RestoringHost(Protocol):
     def seen(self) -> SeenOrigins: ...
 
     def topic(self, name: str) -> Topic: ...
+
+    @property
+    def groups(self) -> Groups | None: ...
 
 
 class Unattached:
@@ -86,6 +92,16 @@ class Unattached:
 
     def written_later(self, loan: LoanedItem[Any]) -> None:
         loan.repay()
+
+    def send_group(
+        self,
+        subscription: Subscription,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int | None:
+        return 0
 
 
 def restore_sessions(
@@ -173,6 +189,14 @@ def _subscriptions(
         if info.mode != DeliveryMode.RELIABLE:
             continue
         topic = host.topic(info.topic_name)
+        if "group" in info.options:
+            member = _member(host, unattached, handle, topic, info.options, saved)
+            if member is not None:
+                topic.subscribe(member)
+                subscriptions[handle] = member
+            else:
+                topic.release_if_unused()
+            continue
         if isinstance(topic, ForwardTopic):  # another worker's: made there on resume
             subscription: Subscription = forwarded_subscription(
                 unattached,
@@ -209,3 +233,28 @@ def _subscriptions(
         topic.subscribe(subscription)
         subscriptions[handle] = subscription
     return subscriptions
+
+
+def _member(
+    host: RestoringHost,
+    unattached: Unattached,
+    handle: int,
+    topic: Topic,
+    options: Mapping[str, object],
+    saved: SavedSession,
+) -> GroupSubscription | None:
+    """A consumer group's member, back in its group (holding nothing: what
+    it held went back to the group with the restart), numbering its
+    deliveries after the last its client processed."""
+    if host.groups is None or isinstance(topic, ForwardTopic):
+        return None
+    try:
+        request, rest = group_request(options)
+        member = host.groups.join(
+            unattached, handle, topic, request, start_request(rest).start, saved.principal
+        )
+    except (GroupOptionError, OptionError) as error:
+        log.warning("a restored session's group member is left out: %s", error)
+        return None
+    member.restored(saved.acked.get(handle, 0))
+    return member

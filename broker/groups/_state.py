@@ -279,6 +279,11 @@ class GroupState:
         if record is not None:
             self._take_back(record)
             self.lost += 1
+            if record.state == _READY and self.config.ordering_by_key:
+                queue = self._queues[record.key]
+                queue.remove(record)
+                if not queue:
+                    del self._queues[record.key]
             self._settled(record)
 
     # ---------------------------------------------------------------- records out
@@ -492,7 +497,8 @@ class GroupState:
         """What the state journal keeps: ``[floor, frontier, settled, deliveries]``
         with ``settled`` the offsets settled in between as ``first, count``
         pairs and ``deliveries`` the ``offset, count`` of records delivered
-        more than once (flat lists). Clears :attr:`dirty`."""
+        more than once, and of those a restore gave counts to that were not
+        admitted again yet (flat lists). Clears :attr:`dirty`."""
         self.dirty = False
         settled: list[int] = []
         records = self._records
@@ -512,6 +518,10 @@ class GroupState:
         for record in records.values():
             if record.deliveries > 1:
                 counts += (record.offset, record.deliveries)
+        # (Restored and not admitted again yet: their counts are kept as given.)
+        for offset, count in sorted(self._deliveries_ahead.items()):
+            if offset >= self.frontier:
+                counts += (offset, count)
         return [self.floor, self.frontier, settled, counts]
 
     @classmethod
@@ -540,7 +550,8 @@ class GroupState:
     def _settled(self, record: _Record) -> None:
         del self._records[record.offset]
         if self.config.ordering_by_key:
-            self._busy.discard(record.key)
+            if record.state != _READY:  # (a ready one (dropped) kept its key free)
+                self._busy.discard(record.key)
             self._eligible(record.key)
         if record.offset == self.floor:
             self._advance_floor()

@@ -36,7 +36,7 @@ from ._common import (
     show_address,
     split_url,
 )
-from ._settles import settle
+from ._settles import flush_settles, settle
 from ._start import Start, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 from ._tls import failure_hint
@@ -67,6 +67,19 @@ class Subscription(SubscriptionState):
 
     def _settle(self, seq: int, outcome: int, detail: int | str | None) -> None:
         settle(self._client._session, self, seq, outcome, detail)
+
+    async def settled(self) -> None:
+        """Wait until the broker has every settle of this group member's
+        messages made so far (JetStream's double ack): it has written them,
+        so none of those records settled *done* comes again, even after a
+        crash of the broker. Raises :class:`ConnectionLost` like ``flush``."""
+        client = self._client
+        session = client._session
+        client._check_open()
+        flush_settles(session, self)
+        nonce = session.ping()
+        client._wake_writer()
+        await client._wait_for(lambda: session.pong >= nonce)
 
     async def __anext__(self) -> Message:
         try:

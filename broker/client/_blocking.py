@@ -54,7 +54,7 @@ from broker.protocol import (
 from . import _flows as flows
 from ._blocking_driver import SEND_THRESHOLD, BlockingDriver, deadline_in, remaining
 from ._common import ClientError, ConnectionLost, Message, check_outcome, offsets_answer
-from ._settles import settle
+from ._settles import flush_settles, settle
 from ._start import Start, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 
@@ -104,6 +104,21 @@ class BlockingSubscription(SubscriptionState):
         with client._lock:
             settle(client._session, self, seq, outcome, detail)
             client._after_operation(urgent=outcome != 0)
+
+    def settled(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds until the broker has every settle of
+        this group member's messages made so far (see
+        ``Subscription.settled``); raises :class:`TimeoutError` or
+        :class:`ConnectionLost`."""
+        deadline = deadline_in(timeout)
+        client = self._client
+        with client._locked(deadline):
+            session = client._session
+            client._check_open()
+            flush_settles(session, self)
+            nonce = session.ping()
+            client._after_operation(urgent=True)
+            client._wait_until(lambda: session.pong >= nonce, deadline, "settled")
 
     def __next__(self) -> Message:
         try:

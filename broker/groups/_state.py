@@ -189,6 +189,8 @@ class GroupState:
         self._turn = 0
         #: Changed since :meth:`snapshot` last ran.
         self.dirty = False
+        #: Offsets settled since :meth:`take_settled` or :meth:`snapshot`.
+        self._settled_since: list[int] = []
         # Counters (monotonic).
         self.settled = 0
         self.redelivered = 0
@@ -500,6 +502,7 @@ class GroupState:
         more than once, and of those a restore gave counts to that were not
         admitted again yet (flat lists). Clears :attr:`dirty`."""
         self.dirty = False
+        self._settled_since = []
         settled: list[int] = []
         records = self._records
         run_start = 0
@@ -524,11 +527,21 @@ class GroupState:
                 counts += (offset, count)
         return [self.floor, self.frontier, settled, counts]
 
+    def take_settled(self) -> list[int]:
+        """The offsets settled (done, dead-lettered or dropped) since the
+        last call or :meth:`snapshot`: what the journal adds to the last
+        snapshot, so that a settle is kept at once."""
+        settled, self._settled_since = self._settled_since, []
+        return settled
+
     @classmethod
-    def restored(cls, config: GroupConfig, snapshot: object) -> GroupState:
-        """The state a :meth:`snapshot` kept. Records that were looked at
-        and not settled count one delivery at least (they may have been
-        out). Raises ValueError for a value that is not a snapshot."""
+    def restored(
+        cls, config: GroupConfig, snapshot: object, settled_since: Iterable[int] = ()
+    ) -> GroupState:
+        """The state a :meth:`snapshot` kept, with the offsets settled since
+        (:meth:`take_settled`). Records that were looked at and not settled
+        count one delivery at least (they may have been out). Raises
+        ValueError for a value that is not a snapshot."""
         if not (
             isinstance(snapshot, list)
             and len(snapshot) == 4
@@ -541,6 +554,7 @@ class GroupState:
             raise ValueError("not a consumer group's state")
         floor, frontier, settled, counts = snapshot
         settled_ahead = set(_expand(settled))
+        settled_ahead.update(o for o in settled_since if o >= floor)
         deliveries = {o: 1 for o in range(floor, frontier) if o not in settled_ahead}
         deliveries.update(zip(counts[::2], counts[1::2], strict=True))
         return cls(config, floor, settled_ahead=settled_ahead, deliveries_ahead=deliveries)
@@ -548,6 +562,7 @@ class GroupState:
     # ---------------------------------------------------------------- inside
 
     def _settled(self, record: _Record) -> None:
+        self._settled_since.append(record.offset)
         del self._records[record.offset]
         if self.config.ordering_by_key:
             if record.state != _READY:  # (a ready one (dropped) kept its key free)

@@ -11,10 +11,13 @@ holds retention at its floor while it has members. A member is a
 broker's groups and runs their clock (``ack_wait``, delayed retries, the
 journal writes).
 
-What survives a ``kill -9``: the state written at the last journal write,
-at most :data:`FLUSH_SECONDS` old. A record settled *done* after it is
-delivered again after a restart; nothing settled before it is; a record
-never settled is always delivered again.
+What survives a ``kill -9``: every settle applied. The offsets a Settle
+frame settles are written to the journal (space :data:`SETTLED`) before
+the connection reads its next frame, and the group's whole state every
+:data:`FLUSH_SECONDS` while it changes (the settled records since are then
+deleted). A record settled *done* is never delivered again after a
+restart (unless the journal could not be written: the disk full, logged);
+a record never settled is always delivered again.
 """
 
 from __future__ import annotations
@@ -49,8 +52,11 @@ __all__ = ["FLUSH_SECONDS", "GROUPS", "Group", "GroupSubscription", "Groups"]
 
 #: The state journal's space of consumer groups (keys as durable cursors').
 GROUPS = "groups"
-#: How often a group's changed state is written to the journal (and its
-#: clock looked at): the most settling a ``kill -9`` can undo.
+#: The state journal's space of what groups settled since their last state
+#: (keys: a group's key, NUL, a serial; values: ``first, count`` pairs).
+SETTLED = "groups.settled"
+#: How often a group's changed state is written to the journal whole (and
+#: its clock looked at); what it settles in between is written at once.
 FLUSH_SECONDS = 0.05
 #: Records a member is given at a time (round robin among those with room).
 TAKE_BATCH = 64
@@ -231,6 +237,8 @@ class Group:
         self.account: Account = unlimited(f"group/{name}", parent=groups.host.account, kind="log")
         #: Dead-letter batches routed but not yet in the log.
         self.dead_in_flight = 0
+        #: Keys of its settled records written since its last whole state.
+        self.settled_keys: list[str] = []
         self._pumping = False
         self._again = False
 
@@ -281,6 +289,7 @@ class Group:
         detail: int | str | None,
     ) -> None:
         self.state.settle(subscription.member, ranges, outcome, detail, _now_ms())
+        self.groups.write_settled(self)
         self._after_change()
         self.pump()
 
@@ -339,6 +348,7 @@ class Group:
         target.publishers -= 1
         for offset in batch.offsets:
             self.state.dead_lettered(offset)
+        self.groups.write_settled(self)
         self._after_change()
         self.pump()
         if not self.members:
@@ -533,6 +543,16 @@ class Groups:
         self.journal = journal
         self.groups: dict[str, Group] = {}
         self._members = 0
+        #: Numbers the journal keys of settled records (see :data:`SETTLED`).
+        self._serial = 0
+        #: What groups settled after their last whole state, per group key,
+        #: as the journal had it at the start (taken by the group's load).
+        self._settled_at_start: dict[str, list[str]] = {}
+        for key, _ in journal.items(SETTLED):
+            group, _, serial = key.rpartition("\x00")
+            self._settled_at_start.setdefault(group, []).append(key)
+            if serial.isdigit():
+                self._serial = max(self._serial, int(serial) + 1)
 
     def next_member_id(self) -> int:
         self._members += 1
@@ -594,12 +614,19 @@ class Groups:
     ) -> Group:
         """A group from its journal entry, or new at ``start``."""
         stored = self.journal.get(GROUPS, key)
+        settled_keys = self._settled_at_start.pop(key, [])
+        settled: list[int] = []
+        for settled_key in settled_keys:
+            pairs = self.journal.get(SETTLED, settled_key)
+            if isinstance(pairs, list) and all(type(v) is int for v in pairs):
+                for first, count in zip(pairs[::2], pairs[1::2], strict=False):
+                    settled.extend(range(first, first + count))
         if isinstance(stored, dict):
             previous = _config(stored.get("config"))
             if request.dead_letters is None and type(stored.get("dead_letters")) is str:
                 dead_letters = stored["dead_letters"]
             try:
-                state = GroupState.restored(request.config(previous), stored.get("state"))
+                state = GroupState.restored(request.config(previous), stored.get("state"), settled)
             except ValueError:
                 log.error(
                     "group %r of %r: its stored state is damaged; it starts again at %s",
@@ -608,13 +635,28 @@ class Groups:
                     start.kind,
                 )
             else:
-                return Group(self, key, request.name, topic, topic_log, state, dead_letters)
+                group = Group(self, key, request.name, topic, topic_log, state, dead_letters)
+                group.settled_keys = settled_keys
+                return group
         floor = topic_log.reader(start, register=False).position
         state = GroupState(request.config(), floor)
         return Group(self, key, request.name, topic, topic_log, state, dead_letters)
 
+    def write_settled(self, group: Group) -> None:
+        """Keep what ``group`` settled since its last write in the journal
+        now (a few pairs: cheaper than its whole state)."""
+        settled = group.state.take_settled()
+        if not settled:
+            return
+        key = f"{group.key}\x00{self._serial}"
+        self._serial += 1
+        self.journal.put(SETTLED, key, _ranges(sorted(settled)))
+        group.settled_keys.append(key)
+        self._write()
+
     def write(self, group: Group) -> None:
-        """Keep ``group``'s state in the journal now."""
+        """Keep ``group``'s whole state in the journal now (and forget what
+        it settled since the last: the state has it)."""
         config = group.config
         self.journal.put(
             GROUPS,
@@ -625,6 +667,12 @@ class Groups:
                 "dead_letters": group.dead_letters,
             },
         )
+        for key in group.settled_keys:
+            self.journal.delete(SETTLED, key)
+        group.settled_keys = []
+        self._write()
+
+    def _write(self) -> None:
         try:
             self.journal.write()
         except LogError as error:
@@ -656,6 +704,17 @@ class Groups:
         """Write every group's state (the broker is stopping)."""
         for group in list(self.groups.values()):
             self.write(group)
+
+
+def _ranges(offsets: list[int]) -> list[int]:
+    """Sorted ``offsets`` as flat ``first, count`` pairs."""
+    pairs: list[int] = []
+    for offset in offsets:
+        if pairs and pairs[-2] + pairs[-1] == offset:
+            pairs[-1] += 1
+        elif not pairs or pairs[-2] + pairs[-1] <= offset:
+            pairs += (offset, 1)
+    return pairs
 
 
 def _config(value: object) -> GroupConfig | None:

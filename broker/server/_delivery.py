@@ -12,6 +12,7 @@ from accounts import Account, LoanedItem
 from broker.groups import GroupError, Outcome
 from broker.protocol import MIN_PART, Channel, ChannelKind, Connection, LocalProtocolError
 
+from ._forward_group import ForwardedGroupMember
 from ._groups import GroupSubscription
 from ._topic import Subscription
 from ._wake import Wake
@@ -171,7 +172,7 @@ class Deliveries:
         subscription = self.subscriptions.get(handle)
         if subscription is None:
             return None  # (being freed: the Settle crossed the FreeHandle)
-        if not isinstance(subscription, GroupSubscription):
+        if not isinstance(subscription, GroupSubscription | ForwardedGroupMember):
             return f"Settle on subscription {handle}: it is not a consumer group's member"
         try:
             subscription.settle(ranges, Outcome(outcome), detail)

@@ -566,10 +566,13 @@ class Groups:
         request: GroupRequest,
         start: Start,
         principal: str | None,
+        *,
+        lenient: bool = False,
     ) -> GroupSubscription:
         """``connection``'s subscription ``handle`` joins the group
         ``request`` names (made, or read from the journal, on first use;
-        raises :class:`OptionError` for options the group does not have)."""
+        raises :class:`OptionError` for options the group does not have,
+        unless ``lenient``: then it joins with the group's)."""
         log = topic.log
         if log is None:
             raise OptionError('"group" needs a broker with a data directory (topic logs)')
@@ -580,8 +583,9 @@ class Groups:
             raise OptionError('"dead_letters" must name another topic than the group\'s own')
         if group is not None and group.members:
             config = request.config(group.config)
-            if config != group.config or (
-                request.dead_letters is not None and dead_letters != group.dead_letters
+            if not lenient and (
+                config != group.config
+                or (request.dead_letters is not None and dead_letters != group.dead_letters)
             ):
                 raise OptionError(
                     f"group {request.name!r} has members with other options "

@@ -22,6 +22,7 @@ What a broken link means:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
@@ -37,6 +38,7 @@ from broker.protocol import (
     Confirm,
     Connection,
     ConnectionClosed,
+    DeliverGroup,
     DeliverManyReceived,
     DeliverReceived,
     EncodedDeliveriesReceived,
@@ -49,6 +51,7 @@ from broker.protocol import (
     OriginRun,
     Policy,
     Role,
+    SettleOutcome,
     Throttled,
     WelcomeReceived,
     add_runs,
@@ -57,6 +60,7 @@ from broker.protocol import (
 )
 
 from ._forward import ForwardTopic, LinkedSubscription, PendingBatch
+from ._forward_group import ForwardedGroupMember
 from ._link_io import LinkRunner
 from ._wake import Outbox, Wake
 
@@ -491,6 +495,29 @@ class Link:
             self.deliveries_relayed += len(tails)
             subscription.relay(first_seq, tails)
 
+    def _relay_group(self, many: DeliverGroup) -> None:
+        """Relay a group member's deliveries (with their offsets and counts)."""
+        subscription = self.by_owner_handle.get(many.subscription)
+        if isinstance(subscription, ForwardedGroupMember):
+            self.deliveries_relayed += len(many.entries)
+            tails = [encode_deliver_tail(*entry) for entry in many.entries]
+            subscription.relay_group(many.first_seq, tails, many.offsets, many.delivered)
+
+    def settle(
+        self,
+        subscription: LinkedSubscription,
+        ranges: list[tuple[int, int]],
+        outcome: int,
+        detail: int | str | None,
+    ) -> None:
+        """Pass a member's Settle of the owner's deliveries on."""
+        conn = self.conn
+        handle = subscription.owner_handle
+        if conn is not None and not conn.closed and handle is not None:
+            with contextlib.suppress(LocalProtocolError):  # (being freed)
+                conn.settle(handle, SettleOutcome(outcome), ranges, detail)
+            self._flush()
+
     def handle(self, conn: Connection, events: Iterable[object]) -> str | None:
         """Apply a read's events; why the connection ended, if it did."""
         subscriptions = self.by_owner_handle
@@ -505,6 +532,9 @@ class Link:
                 assert isinstance(event, DeliverManyReceived)
                 many = event.message
                 conn.release(event)
+                if type(many) is DeliverGroup:
+                    self._relay_group(many)
+                    continue
                 self._relay(
                     many.subscription,
                     many.first_seq,

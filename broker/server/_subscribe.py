@@ -10,6 +10,7 @@ from broker.protocol import DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
 from ._forward_dropping import forwarded_dropping_subscription
+from ._forward_group import ForwardedGroupMember
 from ._groups import GroupMemberConnection, Groups
 from ._log_subscription import (
     CURSOR_PRINCIPAL,
@@ -62,7 +63,7 @@ def make_subscription(
             raise OptionError(f'"{CURSOR_PRINCIPAL}" must be text: a principal\'s name')
         principal = named
     if "group" in options and mode == DeliveryMode.RELIABLE:
-        return _join_group(connection, handle, topic, options, groups, principal)
+        return _join_group(connection, handle, topic, options, groups, principal, trusted)
     if isinstance(topic, ForwardTopic):
         if mode != DeliveryMode.RELIABLE:
             return forwarded_dropping_subscription(connection, handle, topic, mode, options)
@@ -90,21 +91,28 @@ def _join_group(
     options: Mapping[str, object],
     groups: Groups | None,
     principal: str | None,
+    trusted: bool,
 ) -> Subscription:
-    """The member a Subscribe with ``"group"`` makes (raises :class:`OptionError`)."""
+    """The member a Subscribe with ``"group"`` makes (raises :class:`OptionError`):
+    at the topic's owner, a member of its group; at another worker, a
+    member there over the link (``_forward_group``). From a link, options
+    other than the group's are not refused (that would end the link): the
+    member joins with the group's."""
     try:
         request, rest = group_request(options)
+        start = start_request(rest).start
     except GroupOptionError as error:
         raise OptionError(str(error)) from None
     if isinstance(topic, ForwardTopic):
-        raise OptionError(
-            f'"group": another worker owns {topic.topic_name!r}; a group member subscribes '
-            "at the topic's owner (a cluster client does)"
-        )
+        if not topic.link.offsets:
+            raise OptionError(
+                '"group" needs a broker with a data directory: this one is memory-only '
+                "and keeps no topic log"
+            )
+        return ForwardedGroupMember(connection, handle, topic, options, principal)
     if groups is None or topic.log is None:
         raise OptionError(
             '"group" needs a broker with a data directory: this one is memory-only '
             "and keeps no topic log"
         )
-    start = start_request(rest).start
-    return groups.join(connection, handle, topic, request, start, principal)
+    return groups.join(connection, handle, topic, request, start, principal, lenient=trusted)

@@ -1,6 +1,7 @@
 """A benchmark client process: ``python -m broker.bench._worker '<json spec>'``.
 
 Roles: ``logsub`` reads a broker's topic log (see ``_log_worker``);
+``member`` is a consumer group's member (see ``_group_worker``);
 ``pub`` publishes (flat out, or open-loop at a fixed rate with the
 *scheduled* send time in each payload, so latency has no coordinated
 omission); ``sub`` subscribes with one or more connections, prints
@@ -25,6 +26,7 @@ from broker.client import open_client
 from broker.config import BrokerConfig
 from broker.runtime import tune_gc
 
+from ._group_worker import member
 from ._log_worker import read_log
 from ._mqtt_worker import mqtt_publish, mqtt_subscribe
 from ._open_loop import STAMP, filler_for, schedule
@@ -213,6 +215,7 @@ def main() -> None:
         "pub": _publish,
         "sub": _subscribe,
         "logsub": read_log,
+        "member": member,
         "mqtt_pub": mqtt_publish,
         "mqtt_sub": mqtt_subscribe,
         "raw_pub": raw_publish,

@@ -3,7 +3,7 @@ ones batched.
 
 A member settles each message it took (``Message.ack()``, ``retry()``,
 ``reject()``, ``in_progress()``). *Done* settles are gathered and sent as
-ranges in one frame: once :func:`settle_batch` of them wait, else within
+ranges in one frame: once ``settle_batch`` of them wait (``_subscription``), else within
 the policy's ``ack_delay`` (the session's held-acknowledgement timer, 20
 ms by default): one frame per batch, not one per message. The others go at once. A settle
 made while the connection is being replaced waits for the resumed
@@ -26,14 +26,12 @@ from broker.protocol import (
 )
 
 from ._acks import HeldAcks
-from ._subscription import SubscriptionState
+from ._subscription import SETTLE_BATCH, SubscriptionState
 
 __all__ = ["SETTLE_BATCH", "flush_settles", "settle"]
 
-#: Done settles of one subscription sent together at the latest.
-SETTLE_BATCH = 64
-#: A member's ``max_outstanding`` when it names none (the broker's default).
-DEFAULT_MAX_OUTSTANDING = 1000
+#: (A Settle holds no bytes: it is held back by time only.)
+_BY_TIME_ONLY = 1 << 30
 
 
 class SettlingSession(Protocol):
@@ -64,11 +62,14 @@ def settle(
         subscription.settles_dropped += 1
         return
     if outcome == SettleOutcome.DONE:
-        subscription._done.append(seq)
-        if len(subscription._done) < settle_batch(subscription):
-            window = 1 << 30  # (held by time only: a Settle holds no bytes)
-            if session.held.hold(subscription, 1, session.clock(), window):
+        done = subscription._done
+        done.append(seq)
+        count = len(done)
+        if count == 1:  # (the first of a batch starts the ack_delay timer)
+            if session.held.hold(subscription, 1, session.clock(), _BY_TIME_ONLY):
                 return
+        elif count < subscription._settle_batch:
+            return
         flush_settles(session, subscription)
         return
     flush_settles(session, subscription)
@@ -80,18 +81,6 @@ def settle(
         conn.settle(subscription.handle, SettleOutcome(outcome), [(seq, 1)], detail)
         subscription.settles_sent += 1
     session.on_output()
-
-
-def settle_batch(subscription: SubscriptionState) -> int:
-    """How many done settles go in one frame at once: :data:`SETTLE_BATCH`,
-    or a quarter of the member's ``max_outstanding`` if less (the broker
-    sends a member nothing new while it holds that many, so a batch must
-    never wait for deliveries that cannot come)."""
-    options = subscription.options or {}
-    most = options.get("max_outstanding", DEFAULT_MAX_OUTSTANDING)
-    if type(most) is not int or most < 1:
-        return 1
-    return max(1, min(SETTLE_BATCH, most // 4))
 
 
 def flush_settles(session: SettlingSession, subscription: SubscriptionState) -> None:

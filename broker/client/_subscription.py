@@ -30,8 +30,23 @@ RELEASE_BATCH = 32
 ACK_EVERY = 256
 #: Done settles a group member keeps to send again after a resume.
 SETTLES_KEPT = 8192
+#: Done settles of a group member sent together at the latest.
+SETTLE_BATCH = 64
+#: A member's ``max_outstanding`` when it names none (the broker's default).
+DEFAULT_MAX_OUTSTANDING = 1000
 #: The most messages ``receive_batch()`` returns unless told otherwise.
 BATCH_MOST = 1024
+
+
+def settle_batch(options: Options | None) -> int:
+    """How many done settles go in one frame at once: :data:`SETTLE_BATCH`,
+    or a quarter of the member's ``max_outstanding`` if less (the broker
+    sends a member nothing new while it holds that many, so a batch must
+    never wait for deliveries that cannot come)."""
+    most = (options or {}).get("max_outstanding", DEFAULT_MAX_OUTSTANDING)
+    if type(most) is not int or most < 1:
+        return 1
+    return max(1, min(SETTLE_BATCH, most // 4))
 
 
 class Releaser(Protocol):
@@ -96,8 +111,10 @@ class SubscriptionState:
         #: resumed broker sends what follows it: a delivery at or below it
         #: is a record at an offset given again (see :meth:`_redelivered`).
         self._told = 0
-        #: Delivery numbers settled done and not sent yet (a group's member).
+        #: Delivery numbers settled done and not sent yet (a group's member),
+        #: and how many are sent together (see ``_settles.settle_batch``).
         self._done: list[int] = []
+        self._settle_batch = 1
         #: The last done settles sent on this connection: sent again after a
         #: resume (a Settle lost with a broken connection is not resent by
         #: the protocol; the broker ignores one it had).
@@ -118,6 +135,7 @@ class SubscriptionState:
         if self._inbox.ticket is not None:
             self._inbox.ticket.valid = False
         self._inbox.ticket = GroupTicket(self)  # type: ignore[arg-type]  # (drivers add _settle)
+        self._settle_batch = settle_batch(self.options)
 
     def _gap(self, first_seq: int, count: int) -> None:
         """The broker's Gap: ``count`` deliveries from ``first_seq`` will never come."""

@@ -175,8 +175,11 @@ class GroupState:
         self._deliveries_ahead = dict(deliveries_ahead or {})
         self.members: dict[int, Member] = {}
         self._records: dict[int, _Record] = {}
-        #: Plain ordering: offsets ready to go (a heap, oldest first).
+        #: Plain ordering: offsets given back and ready to go again (a heap,
+        #: oldest first), and records never given out, in offset order (all
+        #: younger than those given back).
         self._ready: list[int] = []
+        self._fresh: deque[_Record] = deque()
         #: ``(time, offset)`` of records retried with a delay (a heap).
         self._delayed: list[tuple[int, int]] = []
         #: Ordering by key: per key, its ready records in offset order; the
@@ -248,6 +251,7 @@ class GroupState:
         settled_ahead = self._settled_ahead
         ahead = self._deliveries_ahead
         records = self._records
+        fresh = self._fresh
         for index in range(count):
             offset = first + index
             if settled_ahead and offset in settled_ahead:
@@ -260,8 +264,8 @@ class GroupState:
                 records[offset] = record
                 self._enqueue_key(record, front=False)
             else:
-                records[offset] = _Record(offset, 0, deliveries)
-                heapq.heappush(self._ready, offset)
+                record = records[offset] = _Record(offset, 0, deliveries)
+                fresh.append(record)
         self.frontier = first + count
         self._advance_floor()
 
@@ -300,12 +304,18 @@ class GroupState:
         if self.config.ordering_by_key:
             chosen = self._take_by_key(member, most)
         else:
+            # (Records given back come first: they are older than any fresh one.)
             ready = self._ready
             records = self._records
             chosen = []
             while ready and len(chosen) < most:
                 record = records.get(heapq.heappop(ready))
                 if record is not None and record.state == _READY:
+                    chosen.append(record)
+            fresh = self._fresh
+            while fresh and len(chosen) < most:
+                record = fresh.popleft()
+                if record.state == _READY and records.get(record.offset) is record:
                     chosen.append(record)
         if not chosen:
             return None
@@ -394,8 +404,10 @@ class GroupState:
         if member.unresponsive:
             member.unresponsive = False
             self._membership_changed()
-        found = 0
         held = member.held
+        if outcome is Outcome.DONE and not self.config.ordering_by_key:
+            return self._done(held, spans)
+        found = 0
         for first, count in spans:
             if count <= len(held):
                 seqs: Iterable[int] = range(first, first + count)
@@ -428,6 +440,34 @@ class GroupState:
                     self._requeue(record)
         if found:
             self.dirty = True
+        return found
+
+    def _done(self, held: dict[int, _Record], spans: list[tuple[int, int]]) -> int:
+        """:meth:`settle` done, in plain order: the common case, in one pass."""
+        records = self._records
+        since = self._settled_since
+        found = 0
+        for first, count in spans:
+            if count <= len(held):
+                seqs: Iterable[int] = range(first, first + count)
+            else:  # (a wide range over few held: what it holds in it)
+                seqs = sorted(s for s in held if first <= s < first + count)
+                self.late_settles += count - len(seqs)
+            for seq in seqs:
+                record = held.pop(seq, None)
+                if record is None:
+                    self.late_settles += 1
+                    continue
+                found += 1
+                record.member = None
+                offset = record.offset
+                del records[offset]
+                since.append(offset)
+        if found:
+            self.settled += found
+            self.dirty = True
+            if self.floor not in records:
+                self._advance_floor()
         return found
 
     def tick(self, now: int) -> int:

@@ -241,6 +241,9 @@ class Group:
         self.settled_keys: list[str] = []
         self._pumping = False
         self._again = False
+        #: While the records just appended are given out: their first
+        #: offset and tails (see :meth:`take_live`).
+        self._live: tuple[int, list[bytes]] | None = None
 
     @property
     def config(self) -> GroupConfig:
@@ -358,8 +361,14 @@ class Group:
     # ---------------------------------------------------------------- sending
 
     def take_live(self, tails: list[bytes], first: int) -> None:
-        """Records were appended: give them out (read back from the log)."""
-        self.pump()
+        """Records were appended from offset ``first``, these ``tails``:
+        give them out (those given now are sent as they are, without
+        reading them back from the log)."""
+        self._live = (first, tails)
+        try:
+            self.pump()
+        finally:
+            self._live = None
 
     def pump(self) -> None:
         """Take in what the log has written (within the window) and give
@@ -438,6 +447,13 @@ class Group:
 
     def _read(self, offsets: list[int]) -> list[bytes] | None:
         """The tails of records ``offsets`` (None: one is gone, and dropped)."""
+        live = self._live
+        if live is not None:
+            first = offsets[0]
+            start = first - live[0]
+            consecutive = offsets[-1] - first == len(offsets) - 1
+            if consecutive and start >= 0 and start + len(offsets) <= len(live[1]):
+                return live[1][start : start + len(offsets)]
         tails: list[Any] = []  # (bytes, or views of the log's)
         index = 0
         log = self.log

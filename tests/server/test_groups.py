@@ -22,9 +22,11 @@ from .helpers import TIMEOUT, running_broker, url, wait_until
 
 
 async def _publish(broker_url: str, topic: str, count: int, *, keys: int = 0) -> None:
+    """``count`` records; with ``keys``, keyed in runs of three (records of
+    a key close together, where a member could take two at once)."""
     async with open_client(broker_url) as client:
         for index in range(count):
-            key = b"k%d" % (index % keys) if keys else None
+            key = b"k%d" % (index // 3 % keys) if keys else None
             await client.publish(topic, b"%d" % index, key=key)
         await client.flush()
 
@@ -184,44 +186,62 @@ async def test_in_progress_puts_off_ack_wait(tmp_path: Path) -> None:
 
 
 async def test_order_per_key_across_joins_and_leaves(tmp_path: Path) -> None:
-    count, keys = 2000, 50
+    """4 members at a time, 1,000 keys, two members leaving mid-stream
+    holding records and one joining: a key's record is never out while an
+    earlier one of that key is, and each key's records come in offset order."""
+    count, keys = 4000, 1000
     async with running_broker(data_dir=str(tmp_path)) as broker:
         await _publish(url(broker), "k", count, keys=keys)
         processed: dict[bytes, list[int]] = defaultdict(list)
+        out: dict[bytes, int] = {}  # key -> the offset out with a member now
         done: set[int] = set()
+        violations: list[str] = []
 
         async def member(stop_after: int | None) -> None:
-            async with (
-                open_client(url(broker)) as client,
-                client.subscribe(
-                    "k",
-                    group="g",
-                    start="earliest",
-                    max_outstanding=20,
-                    options={"ordering": "key"},
-                ) as subscription,
-            ):
-                taken = 0
-                while len(done) < count:
-                    with trio.move_on_after(0.5):
-                        message = await subscription.receive()
-                        assert message.key is not None and message.offset is not None
-                        processed[message.key].append(message.offset)
-                        done.add(message.offset)
-                        taken += 1
-                        if stop_after is not None and taken >= stop_after:
-                            return  # leaves holding what it took since (not settled)
-                        await trio.lowlevel.checkpoint()
-                        message.ack()
+            holding: set[bytes] = set()
+            try:
+                async with (
+                    open_client(url(broker)) as client,
+                    client.subscribe(
+                        "k",
+                        group="g",
+                        start="earliest",
+                        max_outstanding=20,
+                        options={"ordering": "key"},
+                    ) as subscription,
+                ):
+                    taken = 0
+                    while len(done) < count:
+                        with trio.move_on_after(0.5):
+                            message = await subscription.receive()
+                            key, offset = message.key, message.offset
+                            assert key is not None and offset is not None
+                            if out.get(key, offset) != offset:
+                                violations.append(f"{key!r}: {offset} while {out[key]} is out")
+                            out[key] = offset
+                            holding.add(key)
+                            processed[key].append(offset)
+                            taken += 1
+                            if stop_after is not None and taken >= stop_after:
+                                return  # leaves holding it (not settled)
+                            await trio.lowlevel.checkpoint()
+                            done.add(offset)
+                            del out[key]
+                            holding.discard(key)
+                            message.ack()
+            finally:
+                for key in holding:  # (given back to the group as it left)
+                    out.pop(key, None)
 
         with trio.fail_after(TIMEOUT * 4):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(member, None)
-                nursery.start_soon(member, 150)
-                nursery.start_soon(member, 400)
+                for stop_after in (None, None, 300, 900):
+                    nursery.start_soon(member, stop_after)
                 await trio.sleep(0.05)
                 nursery.start_soon(member, None)
+        assert not violations, violations[:5]
         assert done == set(range(1, count + 1))
+        assert len(processed) == keys
         for key, offsets in processed.items():
             # Redeliveries repeat an offset; a key never goes back in order.
             firsts = list(dict.fromkeys(offsets))
@@ -361,3 +381,27 @@ async def test_a_member_whose_connection_breaks_keeps_what_it_held(tmp_path: Pat
                 group = next(iter(broker.groups.groups.values()))  # type: ignore[union-attr]
                 await wait_until(lambda: group.state.floor == count + 1, what="all settled")
                 assert client.statistics()["resumes"] >= 1
+
+
+async def test_a_settle_of_a_delivery_never_sent_ends_the_connection(tmp_path: Path) -> None:
+    from broker.protocol import SettleOutcome
+
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        await _publish(url(broker), "t", 3)
+        for group, words in (
+            ("g", "Settle names deliveries 5 to 5: only 1 to 3 were sent"),
+            (None, "it is not a consumer group's member"),
+        ):
+            async with open_client(url(broker)) as client:
+                with pytest.raises(ConnectionLost, match=words):
+                    async with client.subscribe("t", group=group, start="earliest") as member:
+                        with trio.fail_after(TIMEOUT):
+                            for _ in range(3):
+                                await member.receive()
+                        # (what the clients never send: a number beyond those sent)
+                        client._session.conn.settle(member.handle, SettleOutcome.DONE, [(5, 1)])
+                        client._wake_writer()
+                        with trio.fail_after(TIMEOUT):
+                            await member.receive()
+        group_state = next(iter(broker.groups.groups.values()), None)  # type: ignore[union-attr]
+        assert group_state is None or group_state.state.settled == 0  # nothing half-applied

@@ -313,6 +313,15 @@ class Client(TrioDriver):
         the first time). Messages then carry their :attr:`Message.offset`.
         With ``timestamps=True`` they carry their :attr:`Message.timestamp`
         too: the time the broker received each record (ms since the epoch).
+        With ``group`` the subscription is a member of that consumer group
+        (per principal and topic): the group's members share the topic's
+        records, each settled with :meth:`Message.ack`, ``retry``,
+        ``reject`` or ``in_progress`` (see "Consumer groups" in
+        docs/broker.md); ``max_outstanding`` is how many unsettled records
+        it may hold (the broker's default: 1000), and ``options`` may carry
+        the group's ``ack_wait``, ``max_deliveries``, ``dead_letters`` and
+        ``ordering``. ``start`` then applies to a group seen for the first
+        time.
         On a broker without topic logs (its Welcome did not say
         ``offsets``) they raise :class:`ClientError` before anything is sent
         (the broker would end the connection).

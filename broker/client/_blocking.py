@@ -455,7 +455,9 @@ class BlockingClient(BlockingDriver):
         and messages carry their :attr:`~broker.client.Message.offset`
         (and with ``timestamps=True`` their
         :attr:`~broker.client.Message.timestamp`, the record's receive time);
-        see :meth:`broker.client.Client.subscribe`. A bad value, either with
+        see :meth:`broker.client.Client.subscribe`, which also says what
+        ``group`` (a consumer group's member, settling each message) and
+        ``max_outstanding`` are. A bad value, either with
         another ``mode`` or with the same option in ``options``, raises
         :class:`ValueError` before anything is sent, and so does
         :class:`ClientError` on a broker without topic logs.

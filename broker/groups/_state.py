@@ -161,17 +161,23 @@ class GroupState:
         config: GroupConfig,
         floor: int,
         *,
-        settled_ahead: Iterable[int] = (),
+        unsettled_ahead: Iterable[int] = (),
+        restore_end: int = 0,
         deliveries_ahead: Mapping[int, int] | None = None,
     ) -> None:
         self.config = config
         #: Every offset below it is settled.
         self.floor = floor
-        #: The next offset to look at (records below it are known here).
+        #: The next offset to look at (records below it are known here: the
+        #: unsettled ones in ``_records``, the others settled).
         self.frontier = floor
-        #: Restored: offsets at or above the frontier settled before a
-        #: restart, and deliveries of those that were not.
-        self._settled_ahead = set(settled_ahead)
+        #: Restored: below ``_restore_end`` only the offsets of
+        #: ``_unsettled_ahead`` (ascending; those from ``_ahead_at`` on are
+        #: not looked at again yet) are unsettled; and the deliveries of
+        #: records not looked at again yet.
+        self._restore_end = max(restore_end, floor)
+        self._unsettled_ahead = sorted(o for o in set(unsettled_ahead) if o >= floor)
+        self._ahead_at = 0
         self._deliveries_ahead = dict(deliveries_ahead or {})
         self.members: dict[int, Member] = {}
         self._records: dict[int, _Record] = {}
@@ -201,6 +207,8 @@ class GroupState:
         self.expired = 0
         self.late_settles = 0
         self.lost = 0
+        self._jump()
+        self._advance_floor()
 
     # ---------------------------------------------------------------- members
 
@@ -238,8 +246,10 @@ class GroupState:
 
     @property
     def room_ahead(self) -> int:
-        """How many more records the window takes in now."""
-        return self.config.window - (self.frontier - self.floor)
+        """How many more records the window takes in now: it bounds the
+        records looked at and not settled (not the span from the floor:
+        a member holding old records holds nothing else back)."""
+        return self.config.window - len(self._records)
 
     def admit(self, first: int, keys: Sequence[bytes | None] | int) -> None:
         """Records from offset ``first`` (== :attr:`frontier`) exist: their
@@ -248,15 +258,14 @@ class GroupState:
             raise ValueError(f"records admitted from {first}, not at the frontier {self.frontier}")
         count = keys if isinstance(keys, int) else len(keys)
         by_key = self.config.ordering_by_key
-        settled_ahead = self._settled_ahead
+        restore_end = self._restore_end
         ahead = self._deliveries_ahead
         records = self._records
         fresh = self._fresh
         for index in range(count):
             offset = first + index
-            if settled_ahead and offset in settled_ahead:
-                settled_ahead.discard(offset)
-                continue
+            if offset < restore_end and not self._unsettled_at(offset):
+                continue  # (settled before the restart)
             deliveries = ahead.pop(offset, 0) if ahead else 0
             if by_key:
                 assert not isinstance(keys, int)
@@ -267,7 +276,30 @@ class GroupState:
                 record = records[offset] = _Record(offset, 0, deliveries)
                 fresh.append(record)
         self.frontier = first + count
+        self._jump()
         self._advance_floor()
+
+    def _unsettled_at(self, offset: int) -> bool:
+        """Whether ``offset`` (below the restore's end, looked at in
+        ascending order) was unsettled at the restart."""
+        ahead = self._unsettled_ahead
+        at = self._ahead_at
+        while at < len(ahead) and ahead[at] < offset:
+            at += 1
+        found = at < len(ahead) and ahead[at] == offset
+        self._ahead_at = at + 1 if found else at
+        return found
+
+    def _jump(self) -> None:
+        """Restored: move the frontier over the offsets settled before the
+        restart (to the next one that was not, or the restore's end)."""
+        if self.frontier < self._restore_end:
+            ahead = self._unsettled_ahead
+            at = self._ahead_at
+            while at < len(ahead) and ahead[at] < self.frontier:
+                at += 1
+            self._ahead_at = at
+            self.frontier = ahead[at] if at < len(ahead) else self._restore_end
 
     def skip_to(self, offset: int) -> None:
         """Retention deleted every record before ``offset`` that was not
@@ -275,7 +307,10 @@ class GroupState:
         if offset > self.frontier:
             self.lost += offset - self.frontier
             self.frontier = offset
-            self._settled_ahead = {o for o in self._settled_ahead if o >= offset}
+            ahead = self._unsettled_ahead
+            while self._ahead_at < len(ahead) and ahead[self._ahead_at] < offset:
+                self._ahead_at += 1  # (restored ones it deleted too)
+            self._jump()
             self._advance_floor()
 
     def drop(self, offset: int) -> None:
@@ -409,12 +444,7 @@ class GroupState:
             return self._done(held, spans)
         found = 0
         for first, count in spans:
-            if count <= len(held):
-                seqs: Iterable[int] = range(first, first + count)
-            else:  # (a wide range over few held: what it holds in it)
-                seqs = sorted(s for s in held if first <= s < first + count)
-                self.late_settles += count - len(seqs)
-            for seq in seqs:
+            for seq in self._named(held, first, count):
                 record = held.get(seq)
                 if record is None:
                     self.late_settles += 1
@@ -442,18 +472,23 @@ class GroupState:
             self.dirty = True
         return found
 
+    def _named(self, held: dict[int, _Record], first: int, count: int) -> Iterable[int]:
+        """The delivery numbers a settle's range names, to look up in
+        ``held``: all of them, or (a wide range over few held) those held,
+        the others counted as late at once."""
+        if count <= len(held):
+            return range(first, first + count)
+        seqs = sorted(s for s in held if first <= s < first + count)
+        self.late_settles += count - len(seqs)
+        return seqs
+
     def _done(self, held: dict[int, _Record], spans: list[tuple[int, int]]) -> int:
         """:meth:`settle` done, in plain order: the common case, in one pass."""
         records = self._records
         since = self._settled_since
         found = 0
         for first, count in spans:
-            if count <= len(held):
-                seqs: Iterable[int] = range(first, first + count)
-            else:  # (a wide range over few held: what it holds in it)
-                seqs = sorted(s for s in held if first <= s < first + count)
-                self.late_settles += count - len(seqs)
-            for seq in seqs:
+            for seq in self._named(held, first, count):
                 record = held.pop(seq, None)
                 if record is None:
                     self.late_settles += 1
@@ -466,8 +501,7 @@ class GroupState:
         if found:
             self.settled += found
             self.dirty = True
-            if self.floor not in records:
-                self._advance_floor()
+            self._advance_floor()
         return found
 
     def tick(self, now: int) -> int:
@@ -533,39 +567,40 @@ class GroupState:
 
     def lag(self, end: int) -> int:
         """Records not settled, of a log whose next offset is ``end``."""
-        return max(0, end - self.frontier) + len(self._records) - len(self._settled_ahead)
+        not_again = len(self._unsettled_ahead) - self._ahead_at  # (restored, not looked at)
+        return max(0, end - max(self.frontier, self._restore_end)) + len(self._records) + not_again
+
+    #: The layout of :meth:`snapshot` (the first element).
+    SNAPSHOT_VERSION = 2
 
     def snapshot(self) -> list[object]:
-        """What the state journal keeps: ``[floor, frontier, settled, deliveries]``
-        with ``settled`` the offsets settled in between as ``first, count``
-        pairs and ``deliveries`` the ``offset, count`` of records delivered
-        more than once, and of those a restore gave counts to that were not
-        admitted again yet (flat lists). Clears :attr:`dirty`."""
+        """What the state journal keeps: ``[2, floor, end, unsettled,
+        deliveries]``: every offset from ``floor`` to ``end`` (excluded) is
+        settled but those of ``unsettled`` (``first, count`` pairs), and
+        ``deliveries`` (``offset, count`` pairs) are the counts of records
+        delivered more than once, and of those a restore gave counts to
+        that were not looked at again yet. Its size follows the records not
+        settled, not the span from the floor. Clears :attr:`dirty`."""
         self.dirty = False
         self._settled_since = []
-        settled: list[int] = []
+        unsettled: list[int] = []
         records = self._records
-        run_start = 0
-        for offset in range(self.floor, self.frontier):
-            if offset in records:
-                if run_start:
-                    settled += (run_start, offset - run_start)
-                    run_start = 0
-            elif not run_start:
-                run_start = offset
-        if run_start:
-            settled += (run_start, self.frontier - run_start)
-        for offset in sorted(self._settled_ahead):
-            settled += (offset, 1)
+        # (Records were added in offset order: the dict's order is the offsets'.)
+        for offset in (*records, *self._unsettled_ahead[self._ahead_at :]):
+            if unsettled and unsettled[-2] + unsettled[-1] == offset:
+                unsettled[-1] += 1
+            else:
+                unsettled += (offset, 1)
         counts: list[int] = []
         for record in records.values():
             if record.deliveries > 1:
                 counts += (record.offset, record.deliveries)
-        # (Restored and not admitted again yet: their counts are kept as given.)
+        # (Restored and not looked at again yet: their counts are kept as given.)
         for offset, count in sorted(self._deliveries_ahead.items()):
             if offset >= self.frontier:
                 counts += (offset, count)
-        return [self.floor, self.frontier, settled, counts]
+        end = max(self.frontier, self._restore_end)
+        return [self.SNAPSHOT_VERSION, self.floor, end, unsettled, counts]
 
     def take_settled(self) -> list[int]:
         """The offsets settled (done, dead-lettered or dropped) since the
@@ -584,20 +619,33 @@ class GroupState:
         ValueError for a value that is not a snapshot."""
         if not (
             isinstance(snapshot, list)
-            and len(snapshot) == 4
-            and all(type(v) is int and v >= 1 for v in snapshot[:2])
-            and snapshot[0] <= snapshot[1]
-            and all(isinstance(v, list) and all(type(x) is int for x in v) for v in snapshot[2:])
-            and len(snapshot[2]) % 2 == 0
+            and len(snapshot) == 5
+            and snapshot[0] == cls.SNAPSHOT_VERSION
+            and all(type(v) is int and v >= 1 for v in snapshot[1:3])
+            and snapshot[1] <= snapshot[2]
+            and all(isinstance(v, list) and all(type(x) is int for x in v) for v in snapshot[3:])
             and len(snapshot[3]) % 2 == 0
+            and len(snapshot[4]) % 2 == 0
         ):
             raise ValueError("not a consumer group's state")
-        floor, frontier, settled, counts = snapshot
-        settled_ahead = set(_expand(settled))
-        settled_ahead.update(o for o in settled_since if o >= floor)
-        deliveries = {o: 1 for o in range(floor, frontier) if o not in settled_ahead}
-        deliveries.update(zip(counts[::2], counts[1::2], strict=True))
-        return cls(config, floor, settled_ahead=settled_ahead, deliveries_ahead=deliveries)
+        _, floor, end, unsettled_pairs, counts = snapshot
+        unsettled = set(_expand(unsettled_pairs))
+        since = set(settled_since)
+        if since and max(since) >= end:
+            # Settled after the snapshot beyond its end: the records between
+            # were looked at since, and those not settled are not.
+            unsettled.update(range(end, max(since) + 1))
+            end = max(since) + 1
+        unsettled.difference_update(since)
+        deliveries = {o: 1 for o in unsettled}
+        deliveries.update(
+            (o, n)
+            for o, n in zip(counts[::2], counts[1::2], strict=True)
+            if o in unsettled or o >= end
+        )
+        return cls(
+            config, floor, unsettled_ahead=unsettled, restore_end=end, deliveries_ahead=deliveries
+        )
 
     # ---------------------------------------------------------------- inside
 
@@ -612,12 +660,13 @@ class GroupState:
             self._advance_floor()
 
     def _advance_floor(self) -> None:
+        """The floor is the oldest record not settled: the first of
+        ``_records`` (added in offset order), else the frontier (which a
+        restore moved to its next unsettled record)."""
         records = self._records
-        floor = self.floor
-        frontier = self.frontier
-        while floor < frontier and floor not in records:
-            floor += 1
-        self.floor = floor
+        floor = next(iter(records)) if records else self.frontier
+        if floor > self.floor:
+            self.floor = floor
 
     def _back(self, record: _Record) -> None:
         """A record out (or held by a member that left) comes back."""
@@ -697,7 +746,7 @@ class GroupState:
         for member in self.members.values():
             if len(member.held) > member.max_outstanding:
                 yield f"member {member.id} holds more than its max_outstanding"
-        if self.frontier - self.floor > self.config.window:
+        if len(self._records) > self.config.window:
             yield "the window is exceeded"
         if self._records and min(self._records) < self.floor:
             yield "a record below the floor is not settled"

@@ -133,6 +133,15 @@ class GroupSubscription(Subscription):
             f"{connection.name}/group/{handle}", parent=connection.root_account, kind="log"
         )
 
+    #: (What the log figures read of a subscription that reads the log.)
+    cursor_key: str | None = None
+    gaps_sent = 0
+
+    @property
+    def lag(self) -> int:
+        """Records of the topic its group has not settled."""
+        return self.group.state.lag(self.group.log.written_offset + 1)
+
     @property
     def queued(self) -> int:
         """Deliveries it could be sent now if it had guarantees (0 or more)."""

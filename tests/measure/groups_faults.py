@@ -303,8 +303,11 @@ def scenario_stop(
     left_over = group.finish()
     others = [group.journals[i] for i in (1, 2, 3)]
     before = sum(_rate(j, stop_at - 2_500_000_000, stop_at) for j in others)
-    during = sum(_rate(j, stop_at + int(ACK_WAIT_MS * 1e6), cont_at) for j in others)
-    during_all = sum(_rate(j, stop_at, cont_at) for j in others)
+    # (While there was work: the others may finish every record before the
+    # stopped member goes on; their rate is over the time they worked.)
+    worked_to = min(cont_at, max(j.batches[-1][0] for j in others if j.batches))
+    during = sum(_rate(j, stop_at + int(ACK_WAIT_MS * 1e6), worked_to) for j in others)
+    during_all = sum(_rate(j, stop_at, worked_to) for j in others)
     redelivered = sum(
         1 for j in others for t, _o, d in j.received if d > 0 and stop_at <= t <= cont_at
     )
@@ -318,6 +321,7 @@ def scenario_stop(
         "others_ratio": during / before if before else 0.0,
         "others_during_incl_ack_wait_msgs_per_s": during_all,
         "others_ratio_incl_ack_wait": during_all / before if before else 0.0,
+        "others_worked_s_of_the_stop": (worked_to - stop_at) / 1e9,
         "redelivered_during_stop": redelivered,
         "stopped_member_taken_after_cont": stopped_taken_after,
         "stopped_member_acked_total": len(group.journals[0].acked),

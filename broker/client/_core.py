@@ -579,7 +579,7 @@ class ClientSession:
         if conn.closed or not self.ready:
             return
         for subscription in subscriptions:
-            if subscription._done:
+            if subscription._done or subscription._other:
                 flush_settles(self, subscription)
             consumed = subscription._consumed
             if consumed > subscription._acked:

@@ -72,32 +72,33 @@ def settle(
             return
         flush_settles(session, subscription)
         return
+    subscription._other.append((seq, outcome, detail))
     flush_settles(session, subscription)
-    conn = session.conn
-    if conn.closed or not session.ready:
-        subscription.settles_dropped += 1  # (ack_wait gives it back all the same)
-        return
-    with contextlib.suppress(LocalProtocolError):  # (being freed)
-        conn.settle(subscription.handle, SettleOutcome(outcome), [(seq, 1)], detail)
-        subscription.settles_sent += 1
-    session.on_output()
 
 
 def flush_settles(session: SettlingSession, subscription: SubscriptionState) -> None:
-    """Send the done settles ``subscription`` gathered (kept while the
+    """Send the settles ``subscription`` gathered: its done ones as ranges
+    in as few frames as fit, the others one by one (all kept while the
     connection is being replaced)."""
-    if not subscription._done:
+    if not subscription._done and not subscription._other:
         return
     conn = session.conn
     if conn.closed or not session.ready:
         return
-    seqs = subscription._done
-    subscription._done = []
-    ranges = settle_ranges(seqs)
-    most = max(1, max_settle_ranges(conn.peer_max_frame))
     with contextlib.suppress(LocalProtocolError):  # (being freed)
-        for start in range(0, len(ranges), most):
-            conn.settle(subscription.handle, SettleOutcome.DONE, ranges[start : start + most])
-        subscription.settles_sent += len(seqs)
-        subscription._sent_done.extend(seqs)
+        if subscription._done:
+            seqs = subscription._done
+            subscription._done = []
+            ranges = settle_ranges(seqs)
+            most = max(1, max_settle_ranges(conn.peer_max_frame))
+            for start in range(0, len(ranges), most):
+                conn.settle(subscription.handle, SettleOutcome.DONE, ranges[start : start + most])
+            subscription.settles_sent += len(seqs)
+            subscription._sent_done.extend(seqs)
+        others = subscription._other
+        subscription._other = []
+        for seq, outcome, detail in others:
+            conn.settle(subscription.handle, SettleOutcome(outcome), [(seq, 1)], detail)
+            subscription.settles_sent += 1
+        subscription._sent_other.extend(others)
     session.on_output()

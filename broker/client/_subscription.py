@@ -119,6 +119,10 @@ class SubscriptionState:
         #: resume (a Settle lost with a broken connection is not resent by
         #: the protocol; the broker ignores one it had).
         self._sent_done: deque[int] = deque(maxlen=SETTLES_KEPT)
+        #: Settles other than done (retry, reject, in progress) not sent yet,
+        #: and the last sent on this connection (sent again after a resume).
+        self._other: list[tuple[int, int, int | str | None]] = []
+        self._sent_other: deque[tuple[int, int, int | str | None]] = deque(maxlen=1024)
         #: Settles sent (a group's member), and those of a lost session's
         #: messages, which did nothing (their records went back to the group).
         self.settles_sent = 0
@@ -260,8 +264,11 @@ class SubscriptionState:
         if self.group is not None:
             # Its records went back to the group when the session was lost:
             # another member may have them now. Nothing of it is kept.
-            self.settles_dropped += len(self._done)
+            self.settles_dropped += len(self._done) + len(self._other)
             self._done = []
+            self._other = []
+            self._sent_done.clear()
+            self._sent_other.clear()
             self._join_group()
             self._inbox.keep([])
             self._held = self._held_framed = []
@@ -295,11 +302,14 @@ class SubscriptionState:
     def _resumed(self) -> None:
         """The session was resumed: the broker delivers again what was
         received and not consumed; only what came in a session lost before
-        stays held. A group member's done settles of the broken connection
-        go again (see ``_sent_done``)."""
+        stays held. A group member's last settles of the broken connection
+        go again (see ``_sent_done``, ``_sent_other``)."""
         if self._sent_done:
             self._done = [*self._sent_done, *self._done]
             self._sent_done.clear()
+        if self._sent_other:
+            self._other = [*self._sent_other, *self._other]
+            self._sent_other.clear()
         self._inbox.keep(self._held)
         self._held = self._held_framed = []
 

@@ -73,12 +73,16 @@ class ForwardedGroupMember(Subscription):
         "owner_acked",
         "owner_handle",
         "paused",
+        "restored",
         "sent",
         "shift",
         "waiting",
     )
 
     charges_publishers = False
+    #: Its session's record keeps it: after a restart of this worker it is
+    #: made at the owner again once its client resumes (see :meth:`attach`).
+    restorable = True
 
     def __init__(
         self,
@@ -87,6 +91,8 @@ class ForwardedGroupMember(Subscription):
         topic: ForwardTopic,
         options: Mapping[str, object],
         principal: str | None,
+        *,
+        restored: int | None = None,
     ) -> None:
         super().__init__(connection, handle, topic, "reliable")
         link = topic.link
@@ -106,7 +112,12 @@ class ForwardedGroupMember(Subscription):
         self.waiting: deque[_Entry] = deque()
         self.sent: deque[_Entry] = deque()
         self.paused = False
-        link.subscribe(self)
+        #: Restored after a restart: the last delivery its client processed,
+        #: as its session's record has it; made at the owner only once the
+        #: client resumes (None: made at once).
+        self.restored = restored
+        if restored is None:
+            link.subscribe(self)
 
     @property
     def queued(self) -> int:
@@ -229,9 +240,24 @@ class ForwardedGroupMember(Subscription):
         if owner and self.owner_handle is not None:
             self.link.settle(self, owner, outcome, detail)
 
+    def recorded_options(self, given: Mapping[str, object]) -> Mapping[str, object]:
+        """Its Subscribe's options (the principal is the session's)."""
+        return given
+
     def attach(self, connection: Subscriber, processed: int) -> int:
-        """The client resumed: what was sent and not taken goes again first."""
+        """The client resumed: what was sent and not taken goes again first.
+        Restored after a restart, it is made at the owner now, numbering
+        on after what the client processed (what it held before went back
+        to the group with the old member)."""
         self.connection = connection
+        if self.restored is not None:
+            processed = max(processed, self.restored)
+            self.restored = None
+            self.acked = processed
+            self.next_seq = self.epoch_first = processed + 1
+            self.shift = processed
+            self.link.subscribe(self)
+            return 0
         self.ack(processed)
         again = len(self.sent)
         self.waiting.extendleft(reversed(self.sent))

@@ -14,6 +14,7 @@ from broker.groups import GroupOptionError, group_request
 from broker.protocol import BrokerSessionState, DeliveryMode
 
 from ._forward import ForwardTopic, forwarded_subscription
+from ._forward_group import ForwardedGroupMember
 from ._groups import Groups, GroupSubscription
 from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
 from ._lossy import OptionError
@@ -242,11 +243,20 @@ def _member(
     topic: Topic,
     options: Mapping[str, object],
     saved: SavedSession,
-) -> GroupSubscription | None:
+) -> GroupSubscription | ForwardedGroupMember | None:
     """A consumer group's member, back in its group (holding nothing: what
     it held went back to the group with the restart), numbering its
     deliveries after the last its client processed."""
-    if host.groups is None or isinstance(topic, ForwardTopic):
+    if isinstance(topic, ForwardTopic):  # (its group is another worker's)
+        return ForwardedGroupMember(
+            unattached,
+            handle,
+            topic,
+            options,
+            saved.principal,
+            restored=saved.acked.get(handle, 0),
+        )
+    if host.groups is None:
         return None
     try:
         request, rest = group_request(options)

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
+from accounts import Account
 from broker.client import Message, Subscription, open_client
+from broker.groups import GroupError, Outcome
+from broker.server._forward import ForwardTopic
+from broker.server._forward_group import ForwardedGroupMember
 
 from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url
@@ -84,3 +89,80 @@ async def test_a_broken_link_gives_the_forwarded_members_records_back(tmp_path: 
             assert w1.groups is not None
             (group,) = w1.groups.groups.values()
             await wait_until(lambda: group.state.floor == count + 1, what="all settled")
+
+
+class _FakeLink:
+    """A link that records what a forwarded member asks of it."""
+
+    offsets = True
+
+    def __init__(self) -> None:
+        self.made: list[object] = []
+        self.settles: list[tuple[list[tuple[int, int]], int]] = []
+
+    def subscribe(self, subscription: ForwardedGroupMember) -> None:
+        self.made.append(subscription)
+        subscription.owner_handle = len(self.made)  # (made at the owner)
+
+    def unsubscribe(self, subscription: object) -> None: ...
+
+    def ack(self, subscription: object, seq: int) -> None: ...
+
+    def resume_deliveries(self, subscription: object) -> None: ...
+
+    def settle(
+        self, subscription: object, ranges: list[tuple[int, int]], outcome: int, detail: object
+    ) -> None:
+        self.settles.append((ranges, outcome))
+
+    def subscription_account(self, name: str) -> Account:
+        return Account(name, high_watermark=1 << 20, low_watermark=1 << 19)
+
+    def topic_released(self, topic: object) -> None: ...
+
+
+class _FakeClient:
+    """A connection that takes every delivery."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, list[int]]] = []
+
+    def send_group(
+        self, sub: object, first: int, tails: list[bytes], offsets: list[int], _: list[int]
+    ) -> int:
+        self.sent.append((first, offsets))
+        return len(tails)
+
+    def subscription_stalled(self, subscription: object) -> None: ...
+
+    def gap(self, subscription: object, first: int, count: int) -> bool:
+        return True
+
+
+def test_a_restored_member_through_another_worker_is_made_again_when_its_client_resumes() -> None:
+    """After a restart of the worker its client is on, a member over the
+    link is made at the owner only once the client resumes, and numbers its
+    deliveries on after what the client processed; settles of numbers from
+    before the restart change nothing (their records went back)."""
+    link = _FakeLink()
+    topic = ForwardTopic("t", {}, link)  # type: ignore[arg-type]
+    member = ForwardedGroupMember(
+        None,  # type: ignore[arg-type]
+        3,
+        topic,
+        {"group": "g"},
+        "alice",
+        restored=5,
+    )
+    assert link.made == []  # (nothing held for a client that may not come back)
+    client = _FakeClient()
+    assert member.attach(client, 7) == 0  # type: ignore[arg-type]
+    assert link.made == [member]
+    assert member.resubscribe_options(offsets=True) == {"group": "g", "cursor_principal": "alice"}
+    member.relay_group(1, [b"a", b"b"], [40, 41], [0, 0])
+    assert client.sent == [(8, [40, 41])]
+    member.settle([(2, 1), (8, 2)], Outcome.DONE, None)
+    assert link.settles == [([(1, 2)], Outcome.DONE)]  # (2 was the old member's)
+    with pytest.raises(GroupError, match="only 1 to 9 were sent"):
+        member.settle([(10, 1)], Outcome.DONE, None)
+    member.close()  # (what it kept for the client is repaid)

@@ -57,6 +57,10 @@ LONG_MODULES: dict[str, str] = {
         "Traffic: a connection's channel traffic (publish, the four deliver "
         "frames, acks, gaps, confirms, settles) over one guarantee state"
     ),
+    "broker/server/_link.py": (
+        "Link: one worker's connection to a topic's owner, one job (its topics, "
+        "forwarded subscriptions and group members over one client connection)"
+    ),
     "broker/server/_staging.py": (
         "StagingArea: staged batches, their commits and how they survive a "
         "restart; one state machine whose journal restore must mirror staging "

@@ -150,7 +150,8 @@ def test_bench_without_a_suite_means_every_suite_and_refuses_an_unknown_one() ->
     result = run_broker("bench", "nope")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "broker bench: unknown suite 'nope' (choose from actors, protocol, broker, peers, workers)"
+        "broker bench: unknown suite 'nope' "
+        "(choose from actors, protocol, broker, peers, groups, workers)"
     )
 
 

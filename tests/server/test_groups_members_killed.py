@@ -169,16 +169,25 @@ async def test_killed_members_lose_nothing_and_only_what_they_held_comes_again(
 async def test_a_stopped_member_holds_nothing_back(tmp_path: Path) -> None:
     """One of three members SIGSTOPped: the others settle everything,
     including what it held (given back after ``ack_wait``)."""
-    with running_broker(tmp_path) as broker:
+    metrics = free_port()
+    with running_broker(tmp_path, f"metrics_listen=127.0.0.1:{metrics}") as broker:
         await _publish(broker.url)
         logs = [tmp_path / f"member-{n}.log" for n in range(3)]
         members = [_start(broker.url, logs[n], ack_wait=500) for n in range(3)]
+
+        def covered() -> set[int]:
+            """Settled for sure, or received by the stopped member (which
+            may have sent its settle as it stopped)."""
+            return _all_acked(logs) | {offset for offset, _ in _read(logs[0])[0]}
+
         try:
             with trio.fail_after(TIMEOUT * 4):
                 await _until(lambda: bool(_read(logs[0])[0]))
                 os.kill(members[0].pid, signal.SIGSTOP)
                 stopped_at = time.monotonic()
-                await _until(lambda: len(_all_acked(logs)) >= RECORDS)
+                await _until(lambda: len(covered()) >= RECORDS)
+                # The broker's word: every record settled.
+                await _until(lambda: _group_figures(metrics)["floor"] == RECORDS + 1)
                 elapsed = time.monotonic() - stopped_at
         finally:
             for process in members:
@@ -188,6 +197,8 @@ async def test_a_stopped_member_holds_nothing_back(tmp_path: Path) -> None:
     held = {offset for offset, _ in received} - acked
     assert held  # it stopped holding records
     again = {offset for path in logs[1:] for offset, before in _read(path)[0] if before > 0}
-    assert held <= again  # what it held went to the others
-    assert _all_acked(logs) == set(range(1, RECORDS + 1))
+    # What it held went to the others (but the one whose settle it may have
+    # sent as it stopped: it takes one record at a time).
+    assert len(held - again) <= 1
+    assert covered() == set(range(1, RECORDS + 1))
     print(f"stopped member held {len(held)}; all {RECORDS} settled {elapsed:.1f} s after the stop")

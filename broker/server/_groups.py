@@ -712,6 +712,7 @@ class Groups:
         (its state is in the journal)."""
         if not group.members and not group.dead_in_flight and self.groups.get(group.key) is group:
             del self.groups[group.key]
+            group.account.close()
 
     def tick(self) -> None:
         """Run every group's clock and write the changed ones."""

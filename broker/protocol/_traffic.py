@@ -565,23 +565,18 @@ class Traffic(HandleBinding):
                 return receiver.channel
         return self._accept_delivery("DeliverMany", handle, size, entries, events)
 
-    def _on_deliver_timed(self, message: DeliverTimed, size: int, events: list[Event]) -> None:
+    def _on_deliver_prefixed(
+        self, message: DeliverTimed | DeliverGroup, size: int, events: list[Event]
+    ) -> None:
+        """A DeliverTimed or DeliverGroup (a DeliverMany whose entries carry
+        more): checked and accounted as one."""
+        name = type(message).__name__
         if self.role is not Role.CLIENT:
-            raise RemoteProtocolError("DeliverTimed is sent by the broker")
+            raise RemoteProtocolError(f"{name} is sent by the broker")
         if self.state is not ConnectionState.OPEN:
             self._check_open(message)
         channel = self._accept_delivery(
-            "DeliverTimed", message.subscription, size, len(message.entries), events
-        )
-        events.append(DeliverManyReceived(message, channel, size))
-
-    def _on_deliver_group(self, message: DeliverGroup, size: int, events: list[Event]) -> None:
-        if self.role is not Role.CLIENT:
-            raise RemoteProtocolError("DeliverGroup is sent by the broker")
-        if self.state is not ConnectionState.OPEN:
-            self._check_open(message)
-        channel = self._accept_delivery(
-            "DeliverGroup", message.subscription, size, len(message.entries), events
+            name, message.subscription, size, len(message.entries), events
         )
         events.append(DeliverManyReceived(message, channel, size))
 

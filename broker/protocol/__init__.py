@@ -131,6 +131,14 @@ from ._names import (
 )
 from ._origins import OriginRun, add_runs, slice_origins
 from ._owners import Cluster, Member, owner_id
+from ._patterns import (
+    PATTERN_RULE,
+    TopicPattern,
+    TopicPatternError,
+    check_topic_pattern,
+    is_topic_pattern,
+    topic_pattern_error,
+)
 from ._policy import Policy
 from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
 from ._settle import MAX_SETTLE_REASON, max_settle_ranges, settle_ranges
@@ -169,6 +177,7 @@ __all__ = [
     "MIN_PART",
     "MIN_TOPIC_NAME",
     "OPTIMISM_FRAMES",
+    "PATTERN_RULE",
     "PIECE_OVERHEAD",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
@@ -266,12 +275,15 @@ __all__ = [
     "TopicBound",
     "TopicNameError",
     "TopicOffsets",
+    "TopicPattern",
+    "TopicPatternError",
     "Welcome",
     "WelcomeReceived",
     "add_runs",
     "channel_sender",
     "check_publish_fields",
     "check_topic_name",
+    "check_topic_pattern",
     "decode_body",
     "decode_deliver_tail",
     "deliver_group_head",
@@ -282,11 +294,13 @@ __all__ = [
     "encode_body",
     "encode_deliver",
     "encode_deliver_tail",
+    "is_topic_pattern",
     "max_settle_ranges",
     "owner_id",
     "publish_many_head",
     "settle_ranges",
     "slice_origins",
     "topic_name_problem",
+    "topic_pattern_error",
     "topic_pattern_problem",
 ]

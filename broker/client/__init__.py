@@ -36,6 +36,7 @@ from ._cluster import (
     route,
 )
 from ._common import (
+    AdminRefused,
     ClientError,
     ConnectionLost,
     LimitReached,
@@ -47,6 +48,7 @@ from ._common import (
 from ._start import Start
 
 __all__ = [
+    "AdminRefused",
     "BlockingClient",
     "BlockingClusterClient",
     "BlockingSubscription",

@@ -15,6 +15,7 @@ import trio
 
 from broker.errors import sole_exception
 from broker.protocol import (
+    AdminValue,
     GoodbyeCode,
     Headers,
     Options,
@@ -37,7 +38,7 @@ from ._common import (
     split_url,
 )
 from ._settles import flush_settles, settle
-from ._start import Start, group_options, subscribe_options
+from ._start import Start, check_subscription_target, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 from ._tls import failure_hint
 from ._topics import DEFAULT_MAX_TOPICS
@@ -279,6 +280,19 @@ class Client(TrioDriver):
         steps = flows.request(self._session, lambda conn: conn.list_offsets(names))
         return offsets_answer(await self._run_flow(steps))
 
+    async def admin(self, command: str, **arguments: AdminValue) -> list[dict[str, AdminValue]]:
+        """Topic administration (Kafka's admin client; see "Topic
+        administration" in docs/broker.md): ``command`` is ``"topics"``
+        (``pattern=``), ``"delete-topic"`` (``topic=``), ``"purge-topic"``
+        (``topic=``, ``before=``), ``"cursors"`` (``pattern=``) or
+        ``"delete-cursor"`` (``topic=``, ``cursor=``, ``principal=``);
+        returns the answer's rows, one map per topic or cursor (all pages).
+        Allowed to principals with the ``admin`` permission (everyone on a
+        broker without authentication); a refusal raises
+        :class:`~broker.client.AdminRefused` with the broker's one line."""
+        await self._ready_for_the_application()
+        return await self._run_flow(flows.admin(self._session, command, arguments))
+
     # ---------------------------------------------------------------- subscribing
 
     @asynccontextmanager
@@ -330,7 +344,7 @@ class Client(TrioDriver):
         a bad ``start`` or ``cursor``, either with another ``mode`` or with
         the same option in ``options``, raises :class:`ValueError`.
         """
-        check_topic_name(topic)
+        check_subscription_target(topic, group, timestamps, options)
         options = subscribe_options(mode, options, start, cursor, timestamps)
         options = group_options(options, mode, group, max_outstanding)
         await self._ready_for_the_application()

@@ -42,8 +42,9 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from broker.protocol import (
+    AdminValue,
+    Answer,
     Headers,
-    Offsets,
     Options,
     Outcome,
     Policy,
@@ -55,7 +56,7 @@ from . import _flows as flows
 from ._blocking_driver import SEND_THRESHOLD, BlockingDriver, deadline_in, remaining
 from ._common import ClientError, ConnectionLost, Message, check_outcome, offsets_answer
 from ._settles import flush_settles, settle
-from ._start import Start, group_options, subscribe_options
+from ._start import Start, check_subscription_target, group_options, subscribe_options
 from ._subscription import BATCH_MOST, SubscriptionState
 
 __all__ = ["SEND_THRESHOLD", "BlockingClient", "BlockingSubscription", "connect"]
@@ -417,9 +418,16 @@ class BlockingClient(BlockingDriver):
         steps = flows.request(self._session, lambda conn: conn.list_offsets(names))
         return offsets_answer(self._request(steps, timeout, "list offsets"))
 
-    def _request(
-        self, steps: flows.Steps[Outcome | Offsets], timeout: float | None, what: str
-    ) -> Outcome | Offsets:
+    def admin(
+        self, command: str, *, timeout: float | None = None, **arguments: AdminValue
+    ) -> list[dict[str, AdminValue]]:
+        """Topic administration: see :meth:`broker.client.Client.admin`."""
+        steps = flows.admin(self._session, command, arguments)
+        deadline = deadline_in(timeout)
+        with self._locked(deadline):
+            return self._run(steps, deadline, command)
+
+    def _request(self, steps: flows.Steps[Answer], timeout: float | None, what: str) -> Answer:
         deadline = deadline_in(timeout)
         with self._locked(deadline):
             return self._run(steps, deadline, what)
@@ -472,7 +480,7 @@ class BlockingClient(BlockingDriver):
         :class:`ConnectionLost`; either way the subscription is closed again.
         A bad ``topic`` name raises :class:`~broker.protocol.TopicNameError`.
         """
-        check_topic_name(topic)
+        check_subscription_target(topic, group, timestamps, options)
         options = subscribe_options(mode, options, start, cursor, timestamps)
         options = group_options(options, mode, group, max_outstanding)
         deadline = deadline_in(timeout)

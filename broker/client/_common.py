@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from broker.config import LOOPBACK, ConfigError, parse_address
 from broker.errors import BrokerError
-from broker.protocol import Headers, Offsets, Outcome, OutcomeStatus, Policy
+from broker.protocol import (
+    AdminAnswer,
+    AdminStatus,
+    AdminValue,
+    Answer,
+    Headers,
+    Offsets,
+    Outcome,
+    OutcomeStatus,
+    Policy,
+)
 from broker.tls import client_context
 
 log = logging.getLogger("broker.client")
@@ -46,7 +56,27 @@ class StagingRefused(ClientError):
         self.reason = reason
 
 
-def check_outcome(batch: str, outcome: Outcome | Offsets) -> Outcome:
+class AdminRefused(ClientError):
+    """The broker did not do an ``admin`` request: ``status`` (see
+    :class:`~broker.protocol.AdminStatus`) and the broker's one-line
+    ``reason`` (the message says what to change)."""
+
+    def __init__(self, command: str, status: int, reason: str) -> None:
+        super().__init__(f"{command}: {reason}")
+        self.command = command
+        self.status = status
+        self.reason = reason
+
+
+def admin_rows(command: str, answer: Answer) -> list[dict[str, AdminValue]]:
+    """The rows of an AdminAnswer; a refusal raises :class:`AdminRefused`."""
+    assert isinstance(answer, AdminAnswer)
+    if answer.status != AdminStatus.OK:
+        raise AdminRefused(command, answer.status, answer.reason)
+    return answer.rows
+
+
+def check_outcome(batch: str, outcome: Answer) -> Outcome:
     """``outcome``, unless it is a refusal (then :class:`StagingRefused`)."""
     assert isinstance(outcome, Outcome)
     if outcome.status == OutcomeStatus.REFUSED:
@@ -54,7 +84,7 @@ def check_outcome(batch: str, outcome: Outcome | Offsets) -> Outcome:
     return outcome
 
 
-def offsets_answer(answer: Outcome | Offsets) -> dict[str, tuple[int, int]]:
+def offsets_answer(answer: Answer) -> dict[str, tuple[int, int]]:
     """The ``{topic: (first, end)}`` of an Offsets answer (see
     :meth:`broker.client.Client.offsets`); its refusal raises :class:`ClientError`."""
     assert isinstance(answer, Offsets)

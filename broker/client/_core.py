@@ -39,6 +39,8 @@ from broker.protocol import (
     HandleType,
     Headers,
     LocalProtocolError,
+    Matched,
+    MatchedGap,
     NoGuarantees,
     Policy,
     Pong,
@@ -364,6 +366,10 @@ class ClientSession:
                 subscription = self.subscriptions.get(event.subscription)
                 if subscription is not None:
                     subscription._gap(event.first_seq, event.count)
+            elif isinstance(event, Matched | MatchedGap):
+                subscription = self.subscriptions.get(event.subscription)
+                if subscription is not None:
+                    subscription._matched(event)
             elif type(event) is Confirm:
                 self.confirmed[event.topic] = event.count
             elif type(event) is Pong:
@@ -497,14 +503,20 @@ class ClientSession:
 
     # ---------------------------------------------------------------- subscribing
 
-    def try_subscribe(self, subscription: SubscriptionState, topic_handle: int) -> bool:
-        """Send the Subscribe of ``subscription`` on bound ``topic_handle``;
-        False if there is no room for it now."""
+    def try_subscribe(self, subscription: SubscriptionState, topic_handle: int | None) -> bool:
+        """Send the Subscribe of ``subscription`` on bound ``topic_handle``
+        (None: it is a pattern subscription, which needs none); False if
+        there is no room for it now."""
         self.check_open()
         if not self.ready:
             return False
         try:
-            handle = self.conn.subscribe(topic_handle, subscription.mode, subscription.options)
+            if topic_handle is None:
+                handle = self.conn.subscribe_pattern(
+                    subscription.topic, subscription.mode, subscription.options
+                )
+            else:
+                handle = self.conn.subscribe(topic_handle, subscription.mode, subscription.options)
         except NoGuarantees:
             return False
         subscription.handle = handle

@@ -13,16 +13,17 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Generic, TypeVar, cast
 
 from broker.protocol import (
+    AdminAnswer,
+    AdminValue,
+    Answer,
     ClientSessionState,
     Connection,
     HandleType,
     Headers,
-    Offsets,
-    Outcome,
     Stage,
 )
 
-from ._common import ClientError
+from ._common import ClientError, admin_rows
 from ._core import ClientSession
 from ._resume import unconfirmed_publishes
 from ._start import without_log_problem
@@ -116,7 +117,7 @@ def open_subscription(session: ClientSession, subscription: SubscriptionState) -
     problem = None if session.offsets else without_log_problem(subscription.options)
     if problem is not None:
         raise ClientError(problem)
-    handle = yield from bound(session, subscription.topic)
+    handle = None if subscription.pattern else (yield from bound(session, subscription.topic))
     done: list[bool] = []
 
     def subscribe_now() -> bool:
@@ -136,12 +137,13 @@ def open_subscription(session: ClientSession, subscription: SubscriptionState) -
             yield from round_trip(session)
             checked = True
     finally:
-        session.cache.unpin(handle)
+        if handle is not None:
+            session.cache.unpin(handle)
     yield lambda: session.conn.confirmed(HandleType.SUBSCRIPTION, subscription.handle)
     yield from round_trip(session)
 
 
-def request(session: ClientSession, send: Callable[[Connection], int]) -> Steps[Outcome | Offsets]:
+def request(session: ClientSession, send: Callable[[Connection], int]) -> Steps[Answer]:
     """Send a Commit, Abort or ListOffsets (``send(conn)`` queues it and
     returns its number) and wait for its answer; sent again on a new
     connection if the connection is replaced first (all are idempotent)."""
@@ -152,6 +154,23 @@ def request(session: ClientSession, send: Callable[[Connection], int]) -> Steps[
         yield lambda: number in session.outcomes or session.generation != generation  # noqa: B023
         if session.generation == generation:
             return session.outcomes.pop(number)
+
+
+def admin(
+    session: ClientSession, command: str, arguments: dict[str, AdminValue]
+) -> Steps[list[dict[str, AdminValue]]]:
+    """Send Admin ``command`` and gather its answer's rows, page after page
+    (each page asked again from the last one's ``next``); a refusal raises
+    :class:`AdminRefused`."""
+    rows: list[dict[str, AdminValue]] = []
+    asked = dict(arguments)
+    while True:
+        answer = yield from request(session, lambda conn: conn.admin(command, asked))  # noqa: B023
+        rows += admin_rows(command, answer)
+        assert isinstance(answer, AdminAnswer)
+        if answer.next is None:
+            return rows
+        asked = {**arguments, "after": answer.next}
 
 
 def restore(session: ClientSession, state: ClientSessionState) -> Steps[None]:

@@ -8,6 +8,7 @@ from broker.protocol import (
     Deliver,
     DeliverGroup,
     DeliverManyReceived,
+    DeliverMatched,
     DeliverReceived,
     DeliverTimed,
     Entry,
@@ -101,9 +102,11 @@ class Inbox:
     __slots__ = (
         "_ends",
         "bound",
+        "bounds",
         "detached",
         "done_count",
         "done_size",
+        "matches",
         "messages",
         "offsets",
         "ticket",
@@ -136,6 +139,12 @@ class Inbox:
         self.bound = 0
         #: A consumer group's member: what its messages settle through.
         self.ticket: GroupTicket | None = None
+        #: A pattern subscription's: the topic of each match index bound (see
+        #: ``Matched``), and, per topic, the highest offset handed to the
+        #: application or queued for it (None: offsets are not the topics'
+        #: log offsets, nothing is dropped as a duplicate).
+        self.matches: dict[int, str] = {}
+        self.bounds: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -170,6 +179,51 @@ class Inbox:
         self.bound = last = messages[-1].seq
         self._ends.append((last, event.size, len(messages)))
         return len(messages)
+
+    def put_matched(self, event: DeliverManyReceived) -> tuple[int, int]:
+        """Queue the messages of a DeliverMatched (each naming its topic and
+        its offset there), but those at or below their topic's bound in
+        :attr:`bounds` (handed out or queued already: a record delivered
+        again after a broker restart); returns how many were dropped and
+        the delivery number of the last dropped (0 if none). A frame
+        dropped whole counts at once as taken whole."""
+        many = event.message
+        assert type(many) is DeliverMatched
+        matches = self.matches
+        bounds = self.bounds
+        messages: list[Message] = []
+        append = messages.append
+        seq = many.first_seq
+        dropped = last_dropped = 0
+        for (payload, key, headers), match, offset in zip(
+            many.entries, many.matches, many.offsets, strict=True
+        ):
+            topic = matches[match]
+            if bounds is not None:
+                if offset <= bounds.get(topic, 0):
+                    dropped += 1
+                    last_dropped = seq
+                    seq += 1
+                    continue
+                bounds[topic] = offset
+            message: Message = _new_object(Message)
+            _set_topic(message, topic)
+            _set_payload(message, payload)
+            _set_key(message, key)
+            _set_headers(message, headers)
+            _set_seq(message, seq)
+            _set_offset(message, offset)
+            append(message)
+            seq += 1
+        count = len(many.entries)
+        if messages:
+            self.messages.extend(messages)
+            self.bound = messages[-1].seq
+            self._ends.append((self.bound, event.size, count))
+        else:
+            self.done_size += event.size
+            self.done_count += count
+        return dropped, last_dropped
 
     def put_above(self, event: DeliverReceived | DeliverManyReceived) -> tuple[int, int]:
         """Queue the messages of a frame numbered above :attr:`bound`, drop

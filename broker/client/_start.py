@@ -14,13 +14,20 @@ from __future__ import annotations
 import datetime
 from typing import Literal, TypeAlias
 
-from broker.protocol import Options, topic_name_problem
+from broker.protocol import (
+    Options,
+    check_topic_name,
+    check_topic_pattern,
+    is_topic_pattern,
+    topic_name_problem,
+)
 
 __all__ = [
     "GROUP_KEY",
     "LOG_KEYS",
     "START_KEYS",
     "Start",
+    "check_subscription_target",
     "group_options",
     "subscribe_options",
     "without_log_problem",
@@ -145,8 +152,9 @@ def start_option(start: Start) -> Options:
     if isinstance(start, bool):  # (an int to Python, not an offset to anyone)
         raise TypeError("start must be 'earliest', 'latest', an offset or a datetime, not a bool")
     if isinstance(start, int):
-        if start < 0:
-            raise ValueError(f"an offset is 0 or more (0 and 1 mean the first record), got {start}")
+        # (-N: the last N records of the topic, or of each topic a pattern matches)
+        if start < -_OPTION_MAX:
+            raise ValueError(f"the last N records: N is at most 2**63 - 1, got {-start}")
         if start > _OPTION_MAX:
             raise ValueError(f"an offset is at most 2**63 - 1, got {start}")
         return {"from": start}
@@ -164,6 +172,27 @@ def start_option(start: Start) -> Options:
     raise TypeError(
         f"start must be 'earliest', 'latest', an offset or a datetime, not {type(start).__name__}"
     )
+
+
+def check_subscription_target(
+    topic: str, group: str | None, timestamps: bool, options: Options | None
+) -> None:
+    """Check what a subscribe names: a topic name, or a topic pattern
+    (``orders.*``, ``orders.>``), which takes no ``group`` or
+    ``timestamps``. Raises :class:`~broker.protocol.TopicNameError` (a
+    :class:`~broker.protocol.TopicPatternError` for a pattern) or
+    :class:`ValueError`, in one line."""
+    if not is_topic_pattern(topic):
+        check_topic_name(topic)
+        return
+    check_topic_pattern(topic)
+    opts = options or {}
+    if group is not None or GROUP_KEY in opts:
+        raise ValueError(
+            f"{topic!r} is a pattern: a consumer group shares one topic, subscribe to a name"
+        )
+    if timestamps or opts.get(TIMESTAMPS_KEY):
+        raise ValueError(f"{topic!r} is a pattern: its deliveries carry no timestamps")
 
 
 def without_log_problem(options: Options | None) -> str | None:

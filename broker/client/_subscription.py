@@ -13,7 +13,15 @@ import logging
 from collections import deque
 from typing import Protocol
 
-from broker.protocol import DeliverManyReceived, DeliverReceived, Options
+from broker.protocol import (
+    DeliverManyReceived,
+    DeliverMatched,
+    DeliverReceived,
+    Matched,
+    MatchedGap,
+    Options,
+    is_topic_pattern,
+)
 
 from ._common import GroupTicket, Message
 from ._inbox import Inbox
@@ -74,8 +82,11 @@ class SubscriptionState:
         self._releaser = releaser
         #: The subscription handle (on the wire; a new one if the session is made again).
         self.handle = handle
-        #: The topic subscribed to.
+        #: The topic subscribed to (or the topic pattern: see :attr:`pattern`).
         self.topic = topic
+        #: Whether :attr:`topic` is a pattern: the subscription gets the
+        #: records of every topic it matches, each message naming its topic.
+        self.pattern = is_topic_pattern(topic)
         self._inbox = Inbox(topic)
         self._closed = False
         #: Deliveries received from the broker so far (taken or not), not
@@ -146,6 +157,19 @@ class SubscriptionState:
         self.missed += count
         self.skipped_to = max(self.skipped_to, first_seq + count)
 
+    def _matched(self, event: Matched | MatchedGap) -> None:
+        """A pattern subscription's Matched (a topic bound to a match index,
+        or unbound: deleted) or MatchedGap (records of it dropped)."""
+        inbox = self._inbox
+        if isinstance(event, MatchedGap):
+            self.missed += event.count
+        elif event.topic is None:
+            topic = inbox.matches.pop(event.match, None)
+            if topic is not None and inbox.bounds is not None:
+                inbox.bounds.pop(topic, None)  # (made again, it starts at 1)
+        else:
+            inbox.matches[event.match] = event.topic
+
     def _take(self) -> Message:
         """The next queued message (there is one)."""
         inbox = self._inbox
@@ -174,12 +198,31 @@ class SubscriptionState:
         """Queue the messages of a received frame, but those numbered at or
         below the last offset handed out or queued (see :meth:`_redelivered`);
         returns how many were dropped as duplicates."""
+        if type(event.message) is DeliverMatched:
+            return self._put_matched(event)
         queued = self._inbox.put(event)
         duplicates = 0
         if queued < 0:  # (REDELIVERED: handed out or queued already, in part)
             queued, duplicates = self._redelivered(event)
         self.received += queued
         return duplicates
+
+    def _put_matched(self, event: DeliverManyReceived) -> int:
+        """:meth:`_put` of a pattern subscription's DeliverMatched: what is
+        at or below its topic's last offset handed out or queued is dropped
+        (counted as taken, as in :meth:`_redelivered`)."""
+        inbox = self._inbox
+        waiting = bool(inbox.messages)
+        dropped, last = inbox.put_matched(event)
+        self.received += len(event.message.entries) - dropped
+        if dropped:
+            self.duplicates_dropped += dropped
+            if not waiting and last > self._consumed:
+                self._consumed = last
+                self._unacked += dropped
+            if dropped == len(event.message.entries):
+                self._releaser.release(self, hold=True)
+        return dropped
 
     def _redelivered(self, event: DeliverReceived | DeliverManyReceived) -> tuple[int, int]:
         """A frame numbered by offsets starts at or below the last offset
@@ -243,6 +286,16 @@ class SubscriptionState:
     def _numbered(self, offsets: bool) -> None:
         """The connection's broker numbers reliable deliveries by offsets (or
         not): whether this subscription's messages carry an ``offset``."""
+        if self.pattern:
+            # Numbered by delivery; each message's offset is its topic's,
+            # a log offset (to drop duplicates by) on a broker with logs.
+            self._inbox.offsets = False
+            reliable = offsets and self.mode == "reliable"
+            if reliable and self._inbox.bounds is None:
+                self._inbox.bounds = {}
+            elif not reliable:
+                self._inbox.bounds = None
+            return
         self._inbox.offsets = offsets and self.mode == "reliable" and self.group is None
 
     def _resubscribing(self, offsets: bool) -> SubscriptionState:
@@ -274,6 +327,20 @@ class SubscriptionState:
             self._held = self._held_framed = []
             return self
         inbox = self._inbox
+        if self.pattern:
+            # Subscribed again with its options: a durable cursor's broker
+            # goes on after its last acknowledged record of each topic, and
+            # what it delivers again is dropped by each topic's bound.
+            if inbox.bounds is not None:
+                for message in self._held_framed:
+                    if message.offset is not None:
+                        inbox.bounds[message.topic] = max(
+                            inbox.bounds.get(message.topic, 0), message.offset
+                        )
+            inbox.matches = {}
+            self._inbox.keep(kept)
+            self._held = self._held_framed = []
+            return self
         if inbox.offsets and not (offsets and "cursor" in options):
             inbox.bound = max(inbox.bound, self._held_to)  # (all of it stays queued)
         elif not inbox.offsets:
@@ -340,6 +407,14 @@ class SubscriptionState:
             inbox.bound = 0
         elif self._held_framed:
             inbox.bound = self._held_framed[0].seq - 1
+        if inbox.bounds is not None:
+            # A pattern's: each topic's framed messages not taken come again.
+            firsts: dict[str, int] = {}
+            for message in reversed(self._held_framed):
+                if message.offset is not None:
+                    firsts[message.topic] = message.offset
+            for topic, first in firsts.items():
+                inbox.bounds[topic] = first - 1
         self._told = self._consumed if inbox.offsets else 0
         inbox.clear()
         self._acked = self._consumed

@@ -12,6 +12,7 @@ from ._guarantees import ChannelSender
 from ._handle_state import SubscriptionState, TopicState
 from ._messages import BindTopic, FreeHandle, Options, Stage, Subscribe
 from ._names import check_topic_name, topic_name_problem
+from ._patterns import check_topic_pattern
 from ._session import SubscriptionInfo
 from ._types import (
     SUBSCRIPTION_BINDS,
@@ -162,6 +163,27 @@ class HandleBinding(FlowControl):
         )
         return handle
 
+    def subscribe_pattern(
+        self, pattern: str, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to every topic ``pattern`` matches (see
+        :class:`TopicPattern`), existing or created later; returns the
+        subscription handle. Its deliveries come as DeliverMatched frames,
+        each naming its topic through a Matched. A pattern that breaks the
+        rule raises :class:`TopicPatternError` and sends nothing."""
+        self._require_role(Role.CLIENT, "subscribe")
+        self._require_open()
+        if mode not in DeliveryMode.ALL:
+            raise LocalProtocolError(f"unknown delivery mode {mode!r}")
+        check_topic_pattern(pattern)
+        opts = dict(options or {})
+        self._send_frame(self._bind_senders[SUBSCRIPTION_BINDS], Subscribe(pattern, mode, opts))
+        handle = self.subscriptions.bind(SubscriptionInfo(None, pattern, mode, opts))
+        state = self.subscriptions.bindings[handle]
+        state.receiver = self._new_receiver(Channel(ChannelKind.DELIVER, handle))
+        state.matches = {}
+        return handle
+
     # ---------------------------------------------------------------- binds (broker side)
 
     def _on_bind_frame(
@@ -173,9 +195,10 @@ class HandleBinding(FlowControl):
         if isinstance(message, Subscribe):
             if message.mode not in DeliveryMode.ALL:
                 raise RemoteProtocolError(f"unknown delivery mode {message.mode[:24]!r}")
-            self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
-            if self.stage_of(message.topic) is not None:
-                raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
+            if type(message.topic) is int:  # (text: a pattern, checked by the decoder)
+                self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
+                if self.stage_of(message.topic) is not None:
+                    raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
         elif (problem := topic_name_problem(message.name)) is not None:
             raise RemoteProtocolError(f"BindTopic: {problem}")
         receiver = self._bind_receivers[message.channel]
@@ -186,7 +209,8 @@ class HandleBinding(FlowControl):
         if receiver.sender_balance < 0:
             self._issue(receiver)  # confirm the optimistic frame without delay
         if isinstance(message, Subscribe):
-            self.topics.acquire(message.topic)
+            if type(message.topic) is int:
+                self.topics.acquire(message.topic)
             handle_type = HandleType.SUBSCRIPTION
         else:
             handle_type = HandleType.TOPIC
@@ -215,15 +239,21 @@ class HandleBinding(FlowControl):
                 events.append(TopicBound(handle, message.name, message.stage))
                 topic.receiver = self._new_receiver(Channel(ChannelKind.PUBLISH, handle))
             else:
-                topic_binding = self.topics.get(message.topic)
-                assert topic_binding is not None  # referenced, so not deleted
-                topic_name = topic_binding.value
-                info = SubscriptionInfo(message.topic, topic_name, message.mode, message.options)
+                topic_handle: int | None = None
+                if isinstance(message.topic, str):
+                    topic_name = message.topic
+                else:
+                    topic_handle = message.topic
+                    topic_binding = self.topics.get(message.topic)
+                    assert topic_binding is not None  # referenced, so not deleted
+                    topic_name = topic_binding.value
+                info = SubscriptionInfo(topic_handle, topic_name, message.mode, message.options)
                 handle = self.subscriptions.bind(info)
                 subscription = self.subscriptions.bindings[handle]
                 subscription.bind_size = size
                 subscription.sender = ChannelSender(Channel(ChannelKind.DELIVER, handle))
                 events.append(
-                    Subscribed(handle, message.topic, topic_name, message.mode, message.options)
+                    Subscribed(handle, topic_handle, topic_name, message.mode, message.options)
                 )
-                self._release_reference(HandleType.TOPIC, message.topic, events)
+                if topic_handle is not None:
+                    self._release_reference(HandleType.TOPIC, topic_handle, events)

@@ -27,6 +27,9 @@ from ._messages import (
     Abort,
     Absolve,
     Ack,
+    Admin,
+    AdminAnswer,
+    AdminValue,
     AnnounceDropping,
     Apologise,
     BindTopic,
@@ -35,6 +38,7 @@ from ._messages import (
     Deliver,
     DeliverGroup,
     DeliverMany,
+    DeliverMatched,
     DeliverTimed,
     Entry,
     FramePart,
@@ -47,6 +51,8 @@ from ._messages import (
     LimitReceiving,
     LimitSending,
     ListOffsets,
+    Matched,
+    MatchedGap,
     Message,
     Offsets,
     Options,
@@ -65,6 +71,7 @@ from ._messages import (
 from ._names import topic_name_problem
 from ._origins import check_origins
 from ._owners import Cluster
+from ._patterns import topic_pattern_error
 from ._settle import detail_problem, ranges_problem
 from ._types import (
     LENGTH_PREFIX,
@@ -180,12 +187,15 @@ def _u64_map(value: Any, what: str) -> dict[int, int]:
     return {_u64(k, f"{what} key"): _u64(v, f"{what} value") for k, v in value.items()}
 
 
-def _options(value: Any) -> Options:
+def _options(value: Any, what: str = "subscribe options") -> Options:
+    """A flat map of text to scalars (Subscribe options, Admin arguments and
+    answer rows): ints in the signed 64-bit range, text, bools, finite
+    floats, null."""
     if type(value) is not dict:
-        raise _bad("subscribe options must be a map")
+        raise _bad(f"{what} must be a map")
     options: Options = {}
     for key, item in value.items():
-        _text(key, "option name")
+        _text(key, f"a key of {what}")
         if (
             item is None
             or type(item) in (str, bool)
@@ -194,7 +204,7 @@ def _options(value: Any) -> Options:
         ):
             options[key] = item
         else:
-            raise _bad(f"option {_show(key)} must be a scalar, got {_show(item)}")
+            raise _bad(f"{what}: {_show(key)} must be a scalar, got {_show(item)}")
     return options
 
 
@@ -370,24 +380,69 @@ def _deliver_timed(f: list[Any]) -> DeliverTimed:
     return DeliverTimed(subscription, first_seq, entries, times)
 
 
-def _deliver_group(f: list[Any]) -> DeliverGroup:
+def _deliver_two(f: list[Any], name: str, first: str, second: str) -> tuple[Any, ...]:
+    """The fields of a DeliverMany whose entries each begin with two uints
+    (DeliverGroup, DeliverMatched): subscription, first_seq, entries and
+    the two uints' lists."""
     count, extra = divmod(len(f) - 3, 5)
     if count < 1 or extra:
         raise _bad(
-            "a DeliverGroup carries whole [offset, delivered, payload, key, headers] entries, "
+            f"a {name} carries whole [{first}, {second}, payload, key, headers] entries, "
             "one or more"
         )
     subscription = _u64(f[1], "subscription")
     first_seq = _u64(f[2], "first_seq")
     if first_seq + count - 1 > U64_MAX:
-        raise _bad("the sequence numbers of a DeliverGroup must be u64")
-    offsets = [_u64(f[i], "offset") for i in range(3, len(f), 5)]
-    delivered = [_u64(f[i], "delivered") for i in range(4, len(f), 5)]
+        raise _bad(f"the sequence numbers of a {name} must be u64")
+    firsts = [_u64(f[i], first) for i in range(3, len(f), 5)]
+    seconds = [_u64(f[i], second) for i in range(4, len(f), 5)]
     entries = [
         (_blob(f[i], "payload"), _opt_blob(f[i + 1], "key"), _headers(f[i + 2]))
         for i in range(5, len(f), 5)
     ]
-    return DeliverGroup(subscription, first_seq, entries, offsets, delivered)
+    return subscription, first_seq, entries, firsts, seconds
+
+
+def _deliver_group(f: list[Any]) -> DeliverGroup:
+    return DeliverGroup(*_deliver_two(f, "DeliverGroup", "offset", "delivered"))
+
+
+def _deliver_matched(f: list[Any]) -> DeliverMatched:
+    return DeliverMatched(*_deliver_two(f, "DeliverMatched", "match", "offset"))
+
+
+def _matched(f: list[Any]) -> Matched:
+    topic = f[3]
+    if topic is not None and (problem := topic_name_problem(topic)) is not None:
+        raise _bad(f"Matched: {problem}")
+    return Matched(_u64(f[1], "subscription"), _u64(f[2], "match"), topic)
+
+
+def _matched_gap(f: list[Any]) -> MatchedGap:
+    return MatchedGap(
+        _u64(f[1], "subscription"), _u64(f[2], "match"), _u64(f[3], "first"), _u64(f[4], "count")
+    )
+
+
+def _admin(f: list[Any]) -> Admin:
+    command = _text(f[2], "Admin command")
+    if not 1 <= len(command) <= 64:
+        raise _bad("an Admin command is 1 to 64 characters")
+    arguments: dict[str, AdminValue] = _options(f[3], "Admin arguments")
+    return Admin(_u64(f[1], "request"), command, arguments)
+
+
+def _admin_answer(f: list[Any]) -> AdminAnswer:
+    rows = f[3]
+    if type(rows) is not list:
+        raise _bad("AdminAnswer rows must be an array of maps")
+    decoded: list[dict[str, AdminValue]] = [_options(row, "an AdminAnswer row") for row in rows]
+    after = f[4]
+    if after is not None:
+        _text(after, "AdminAnswer next")
+    return AdminAnswer(
+        _u64(f[1], "request"), _u64(f[2], "status"), decoded, after, _text(f[5], "reason")
+    )
 
 
 def _settle(f: list[Any]) -> Settle:
@@ -493,7 +548,13 @@ def _frame_part(f: list[Any]) -> FramePart:
 
 
 def _subscribe(f: list[Any]) -> Subscribe:
-    return Subscribe(_u64(f[1], "topic"), _text(f[2], "mode"), _options(f[3]))
+    topic = f[1]
+    if type(topic) is str:
+        if (problem := topic_pattern_error(topic)) is not None:
+            raise _bad(f"Subscribe: {problem}")
+    else:
+        _u64(topic, "topic")
+    return Subscribe(topic, _text(f[2], "mode"), _options(f[3]))
 
 
 def _free(f: list[Any]) -> FreeHandle:
@@ -543,6 +604,11 @@ _PARSERS: dict[int, tuple[int | tuple[int, ...], Callable[[list[Any]], Message]]
     MessageType.OUTCOME: (5, _outcome),
     MessageType.LIST_OFFSETS: (3, _list_offsets),
     MessageType.OFFSETS: (4, _offsets),
+    MessageType.MATCHED: (4, _matched),
+    MessageType.DELIVER_MATCHED: (0, _deliver_matched),
+    MessageType.MATCHED_GAP: (5, _matched_gap),
+    MessageType.ADMIN: (4, _admin),
+    MessageType.ADMIN_ANSWER: (6, _admin_answer),
 }
 
 

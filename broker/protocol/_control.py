@@ -15,6 +15,9 @@ from ._guarantees import ChannelReceiver, ChannelSender
 from ._messages import (
     Abort,
     Absolve,
+    Admin,
+    AdminAnswer,
+    AdminValue,
     AnnounceDropping,
     Apologise,
     Commit,
@@ -204,15 +207,42 @@ class ControlHandling(HandleBinding):
         self._require_open()
         self._queue(Offsets(request, topics, reason))
 
+    # ---------------------------------------------------------------- administration
+
+    def admin(self, command: str, arguments: dict[str, AdminValue] | None = None) -> int:
+        """Client: ask for topic administration ``command`` (see the protocol
+        document); returns the request number its :class:`AdminAnswer` will
+        carry."""
+        self._require_role(Role.CLIENT, "administer")
+        self._require_open()
+        self._last_request += 1
+        self._queue(Admin(self._last_request, command, dict(arguments or {})))
+        return self._last_request
+
+    def admin_answer(
+        self,
+        request: int,
+        status: int,
+        rows: list[dict[str, AdminValue]],
+        after: str | None = None,
+        reason: str = "",
+    ) -> None:
+        """Broker: answer Admin number ``request``."""
+        self._require_role(Role.BROKER, "answer admin requests")
+        self._require_open()
+        self._queue(AdminAnswer(request, int(status), rows, after, reason))
+
     def _on_staging_notice(
         self,
-        message: Commit | Abort | Outcome | ListOffsets | Offsets,
+        message: Commit | Abort | Outcome | ListOffsets | Offsets | Admin | AdminAnswer,
         size: int,
         events: list[Event],
     ) -> None:
-        """Commit, Abort and ListOffsets (client to broker), Outcome and
-        Offsets (broker to client): checked, passed on."""
-        sent_by = Role.BROKER if isinstance(message, Outcome | Offsets) else Role.CLIENT
+        """Commit, Abort, ListOffsets and Admin (client to broker), Outcome,
+        Offsets and AdminAnswer (broker to client): checked, passed on."""
+        sent_by = (
+            Role.BROKER if isinstance(message, Outcome | Offsets | AdminAnswer) else Role.CLIENT
+        )
         if self.role is sent_by:
             raise RemoteProtocolError(
                 f"{type(message).__name__} is sent by the {sent_by.name.lower()}"

@@ -13,6 +13,7 @@ from ._messages import (
     Deliver,
     DeliverGroup,
     DeliverMany,
+    DeliverMatched,
     DeliverTimed,
     EncodedDeliveries,
     Entry,
@@ -158,7 +159,9 @@ def _fast_many(data: bytes, start: int, end: int) -> DeliverMany | PublishMany |
         if data[pos] == 0x18 and data[pos + 1] == 36:
             return _fast_publish_many(data, pos + 2, items, end)
         if data[pos] == 0x18 and data[pos + 1] == 38:
-            return _fast_group(data, pos + 2, items, end)
+            return _fast_group(data, pos + 2, items, end, DeliverGroup)
+        if data[pos] == 0x18 and data[pos + 1] == 46:
+            return _fast_group(data, pos + 2, items, end, DeliverMatched)
         return None
     fields = _fast_run_fields(data, pos + 2, count, 3, end)
     if fields is None:
@@ -340,9 +343,17 @@ def _fast_timed(data: bytes, pos: int, items: int, end: int) -> DeliverTimed | N
     return DeliverTimed(subscription, first_seq, entries, times)
 
 
-def _fast_group(data: bytes, pos: int, items: int, end: int) -> DeliverGroup | None:
-    """The DeliverGroup without headers whose fields start at ``pos`` after
-    its head of ``items`` elements, up to ``end``; None for anything else."""
+def _fast_group(
+    data: bytes,
+    pos: int,
+    items: int,
+    end: int,
+    make: type[DeliverGroup] | type[DeliverMatched],
+) -> DeliverGroup | DeliverMatched | None:
+    """The DeliverGroup (or DeliverMatched: ``make``) without headers whose
+    fields start at ``pos`` after its head of ``items`` elements, up to
+    ``end``; None for anything else. (Each entry's two uints are read into
+    ``offsets`` and ``delivered`` here, whatever they mean.)"""
     count, extra = divmod(items - 3, 5)
     if count < 1 or extra:
         return None
@@ -393,7 +404,7 @@ def _fast_group(data: bytes, pos: int, items: int, end: int) -> DeliverGroup | N
         append((payload, key, None))
     if pos != end:
         return None
-    return DeliverGroup(subscription, first_seq, entries, offsets, delivered)
+    return make(subscription, first_seq, entries, offsets, delivered)
 
 
 #: Channel kinds by their number (a look-up, not an enum call, per frame).

@@ -16,6 +16,8 @@ from ._messages import (
     Abort,
     Absolve,
     Ack,
+    Admin,
+    AdminAnswer,
     AnnounceDropping,
     Apologise,
     BindTopic,
@@ -24,6 +26,7 @@ from ._messages import (
     Deliver,
     DeliverGroup,
     DeliverMany,
+    DeliverMatched,
     DeliverTimed,
     FramePart,
     FreeHandle,
@@ -35,6 +38,8 @@ from ._messages import (
     LimitReceiving,
     LimitSending,
     ListOffsets,
+    Matched,
+    MatchedGap,
     Message,
     Offsets,
     Outcome,
@@ -89,6 +94,20 @@ def _fields(message: Message) -> list[Any]:
             for time_ms, (payload, key, headers) in zip(times, entries, strict=True):
                 timed += (time_ms, payload, key, _wire_headers(headers))
             return timed
+        case DeliverMatched(subscription, first_seq, entries, matches, offsets):
+            count = len(entries)
+            if not entries or count > MAX_DELIVER_GROUP or {len(matches), len(offsets)} != {count}:
+                raise LocalProtocolError(
+                    f"a DeliverMatched carries 1 to {MAX_DELIVER_GROUP} entries, each with a "
+                    f"match and an offset, not {count} entries, {len(matches)} matches "
+                    f"and {len(offsets)} offsets"
+                )
+            matched: list[Any] = [46, subscription, first_seq]
+            for match, offset, (payload, key, headers) in zip(
+                matches, offsets, entries, strict=True
+            ):
+                matched += (match, offset, payload, key, _wire_headers(headers))
+            return matched
         case DeliverGroup(subscription, first_seq, entries, offsets, delivered):
             count = len(entries)
             if not entries or count > MAX_DELIVER_GROUP or len(offsets) != count:
@@ -143,6 +162,14 @@ def _fields(message: Message) -> list[Any]:
             return [39, subscription, int(outcome), flat, detail]
         case Gap(subscription, first_seq, count):
             return [22, subscription, first_seq, count]
+        case Matched(subscription, match, topic):
+            return [45, subscription, match, topic]
+        case MatchedGap(subscription, match, first, count):
+            return [47, subscription, match, first, count]
+        case Admin(request, command, arguments):
+            return [48, request, command, arguments]
+        case AdminAnswer(request, status, rows, after, reason):
+            return [49, request, status, rows, after, reason]
         case Confirm(topic, count):
             return [23, topic, count]
         case BindTopic(name, None):
@@ -521,6 +548,24 @@ def deliver_group_head(subscription: int, first_seq: int, count: int, entries_si
         (
             _cbor_head(4, 3 + 5 * count),
             _DELIVER_GROUP_TYPE,
+            _uint_head(subscription),
+            _uint_head(first_seq),
+        )
+    )
+    return _LENGTH.pack(len(head) + entries_size) + head
+
+
+_DELIVER_MATCHED_TYPE = _cbor_head(0, 46)
+
+
+def deliver_matched_head(subscription: int, first_seq: int, count: int, entries_size: int) -> bytes:
+    """:func:`deliver_group_head` of a DeliverMatched (the same layout:
+    entries of two uints then a Deliver tail, made by :func:`group_heads`
+    of their matches and offsets)."""
+    head = b"".join(
+        (
+            _cbor_head(4, 3 + 5 * count),
+            _DELIVER_MATCHED_TYPE,
             _uint_head(subscription),
             _uint_head(first_seq),
         )

@@ -15,6 +15,8 @@ from ._errors import RemoteProtocolError
 from ._messages import (
     Abort,
     Ack,
+    Admin,
+    AdminAnswer,
     Commit,
     Confirm,
     Deliver,
@@ -23,6 +25,8 @@ from ._messages import (
     Gap,
     Hello,
     ListOffsets,
+    Matched,
+    MatchedGap,
     Offsets,
     Options,
     Outcome,
@@ -68,10 +72,12 @@ class TopicBound:
 
 @dataclass(slots=True)
 class Subscribed:
-    """The broker processed a Subscribe: ``handle`` is a subscription to ``topic_name``."""
+    """The broker processed a Subscribe: ``handle`` is a subscription to
+    ``topic_name`` (``topic`` None: to the topics pattern ``topic_name``
+    matches)."""
 
     handle: int
-    topic: int
+    topic: int | None
     topic_name: str
     mode: str
     options: Options
@@ -222,4 +228,8 @@ Event = (
     | Outcome
     | ListOffsets
     | Offsets
+    | Matched
+    | MatchedGap
+    | Admin
+    | AdminAnswer
 )

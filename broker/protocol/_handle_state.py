@@ -100,6 +100,8 @@ class SubscriptionState(Binding[SubscriptionInfo]):
     sender: ChannelSender | None = None
     #: Client: the last sequence number acknowledged (0: none).
     processed: int = 0
+    #: Client, of a pattern subscription: its bound match indices' topics.
+    matches: dict[int, str] | None = None
     #: Broker: bytes the handle's Subscribe holds on the bind channel.
     bind_size: int | None = None
     #: Broker: restored from a session (see :attr:`TopicState.restored`).

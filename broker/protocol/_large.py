@@ -30,6 +30,7 @@ from ._handle_state import TopicState
 from ._messages import (
     Deliver,
     DeliverGroup,
+    DeliverMatched,
     DeliverTimed,
     FramePart,
     Gap,
@@ -314,7 +315,7 @@ class LargeMessages(Traffic):
             self._accept_delivery("FramePart", channel.index, size, 1, events)
             events.append(DeliverReceived(inner, channel, size))
         elif (
-            isinstance(inner, DeliverTimed | DeliverGroup)
+            isinstance(inner, DeliverTimed | DeliverGroup | DeliverMatched)
             and inner.subscription == channel.index
             and len(inner.entries) == 1
         ):
@@ -323,8 +324,8 @@ class LargeMessages(Traffic):
             events.append(DeliverManyReceived(inner, channel, size))
         else:
             raise RemoteProtocolError(
-                f"{channel}: its parts make no Deliver (or DeliverTimed or DeliverGroup "
-                "of one entry) on it"
+                f"{channel}: its parts make no Deliver (or DeliverTimed, DeliverGroup "
+                "or DeliverMatched of one entry) on it"
             )
         self._parts_in.pop(channel, None)
         self._parts_held -= held

@@ -207,6 +207,34 @@ class Gap:
 
 
 @dataclass(slots=True)
+class Matched:
+    """Broker: on pattern subscription ``subscription``, deliveries whose
+    match index is ``match`` are records of topic ``topic`` from now on;
+    ``topic`` None says that topic was deleted (its deliveries are over,
+    and the index is never used again). Sent before the first delivery
+    naming ``match``; a control message."""
+
+    TYPE: ClassVar[MessageType] = MessageType.MATCHED
+    subscription: int
+    match: int
+    topic: str | None
+
+
+@dataclass(slots=True)
+class MatchedGap:
+    """Broker: on pattern subscription ``subscription``, ``count`` records
+    of the topic matched as ``match``, from offset ``first``, were dropped
+    or deleted before they were delivered (a pattern subscription's
+    :class:`Gap`, numbered by the topic's offsets)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.MATCHED_GAP
+    subscription: int
+    match: int
+    first: int
+    count: int
+
+
+@dataclass(slots=True)
 class Confirm:
     TYPE: ClassVar[MessageType] = MessageType.CONFIRM
     topic: int
@@ -286,8 +314,40 @@ class Offsets:
     reason: str = ""
 
 
-#: The broker's answer to a numbered request of the client (Commit, Abort, ListOffsets).
-Answer = Outcome | Offsets
+#: A value in an Admin request's arguments or an answer's rows.
+AdminValue = int | str | bool | float | None
+
+
+@dataclass(slots=True)
+class Admin:
+    """Client: topic administration request ``command`` with ``arguments``
+    (see the protocol document for the commands). Answered by an
+    :class:`AdminAnswer` with the same ``request``."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ADMIN
+    request: int
+    command: str
+    arguments: dict[str, AdminValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class AdminAnswer:
+    """Broker: the answer to ``Admin`` number ``request``: ``status`` (see
+    :class:`AdminStatus`), ``rows`` (one map per item listed or changed),
+    ``next`` (more rows follow: ask again with ``"after": next``; None:
+    that is all) and ``reason`` (why nothing was done; empty when done)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ADMIN_ANSWER
+    request: int
+    status: int
+    rows: list[dict[str, AdminValue]]
+    next: str | None = None
+    reason: str = ""
+
+
+#: The broker's answer to a numbered request of the client (Commit, Abort,
+#: ListOffsets, Admin).
+Answer = Outcome | Offsets | AdminAnswer
 
 
 @dataclass(slots=True)
@@ -309,10 +369,13 @@ class BindTopic:
 
 @dataclass(slots=True)
 class Subscribe:
-    """Binds the next subscription handle to a topic handle (channel ``[1,0]``)."""
+    """Binds the next subscription handle to a topic handle (channel
+    ``[1,0]``), or, when ``topic`` is text, to a topic pattern: a pattern
+    subscription, whose deliveries come as :class:`DeliverMatched` frames
+    naming their topics (see :class:`Matched`)."""
 
     TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE
-    topic: int
+    topic: int | str
     mode: str = "reliable"
     options: Options = field(default_factory=dict)
 
@@ -467,6 +530,20 @@ class DeliverGroup(DeliverMany):
 
 
 @dataclass(slots=True)
+class DeliverMatched(DeliverMany):
+    """A :class:`DeliverMany` of a pattern subscription: ``matches[i]`` is
+    the match index (see :class:`Matched`) of the topic whose record
+    ``entries[i]`` carries, and ``offsets[i]`` that record's number in its
+    topic (its log offset on a broker with topic logs); entry ``i`` is the
+    delivery numbered ``first_seq + i``, the number an :class:`Ack` names.
+    Sent for every delivery of such a subscription (one entry or many)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.DELIVER_MATCHED
+    matches: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class PublishMany:
     """Publishes to topic handle ``topic`` in one frame (channel
     ``[2, topic]``), from a client whose Welcome allowed it:
@@ -510,6 +587,10 @@ ControlMessage = (
     | Outcome
     | ListOffsets
     | Offsets
+    | Matched
+    | MatchedGap
+    | Admin
+    | AdminAnswer
 )
 ChannelMessage = (
     BindTopic
@@ -520,6 +601,7 @@ ChannelMessage = (
     | DeliverMany
     | DeliverTimed
     | DeliverGroup
+    | DeliverMatched
     | FramePart
 )
 Message = ControlMessage | ChannelMessage

@@ -173,7 +173,8 @@ class SessionResume(HandleBinding):
         subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
         for handle, info in sorted(subscriptions.items()):
             if handle >= bound_subscriptions:
-                message = Subscribe(info.topic, info.mode, dict(info.options))
+                target = info.topic_name if info.topic is None else info.topic
+                message = Subscribe(target, info.mode, dict(info.options))
                 resent += self._queue_resend(subscribes, message)
             self.subscriptions.bindings[handle].receiver = self._new_receiver(
                 Channel(ChannelKind.DELIVER, handle)

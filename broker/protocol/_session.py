@@ -20,9 +20,10 @@ from ._types import PROTOCOL_VERSION
 
 @dataclass(slots=True, frozen=True)
 class SubscriptionInfo:
-    """What a subscription handle is bound to."""
+    """What a subscription handle is bound to: a topic handle and its name,
+    or (``topic`` None) a topic pattern, in ``topic_name``."""
 
-    topic: int
+    topic: int | None
     topic_name: str
     mode: str
     options: Options

@@ -23,6 +23,7 @@ from ._encode import (
     deliver_heads,
     deliver_many_head,
     deliver_many_head_size,
+    deliver_matched_head,
     deliver_timed_head,
     encode,
     encode_deliver,
@@ -50,10 +51,13 @@ from ._messages import (
     Deliver,
     DeliverGroup,
     DeliverMany,
+    DeliverMatched,
     DeliverTimed,
     EncodedDeliveries,
     Gap,
     Headers,
+    Matched,
+    MatchedGap,
     Publish,
     Settle,
     check_publish_fields,
@@ -76,6 +80,7 @@ from ._types import (
 _PrefixedFrame = tuple[int, Callable[[int, int, int, int], bytes]]
 _TIMED: _PrefixedFrame = (MAX_DELIVER_TIMED, deliver_timed_head)
 _GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
+_MATCHED: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_matched_head)
 
 
 class Traffic(HandleBinding):
@@ -448,6 +453,50 @@ class Traffic(HandleBinding):
             sender, subscription, first_seq, tails, group_heads(offsets, delivered), _GROUP
         )
 
+    def deliver_matched(
+        self,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        match: int,
+        first_offset: int,
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` for a pattern subscription:
+        records of the topic matched as ``match`` (see :meth:`matched`),
+        numbered ``first_offset`` on in that topic, as DeliverMatched frames
+        numbered ``first_seq`` on (what an Ack names). Returns how many were
+        queued (0 if none fits); raises :class:`LocalProtocolError` if the
+        first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if (
+            first_seq < 0
+            or first_seq + count - 1 > U64_MAX
+            or first_offset < 0
+            or first_offset + count - 1 > U64_MAX
+            or not 0 <= match <= U64_MAX
+        ):
+            raise LocalProtocolError("seq, match and offsets must be u64")
+        offsets = list(range(first_offset, first_offset + count))
+        heads = group_heads([match] * count, offsets)
+        return self._deliver_prefixed(sender, subscription, first_seq, tails, heads, _MATCHED)
+
+    def matched(self, subscription: int, match: int, topic: str | None) -> None:
+        """Broker: on pattern subscription ``subscription``, match index
+        ``match`` is topic ``topic`` (None: that topic was deleted)."""
+        self._require_role(Role.BROKER, "match topics")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(Matched(subscription, match, topic))
+
+    def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
+        """Broker: on pattern subscription ``subscription``, ``count``
+        records of match ``match`` from offset ``first`` were dropped."""
+        self._require_role(Role.BROKER, "report gaps")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(MatchedGap(subscription, match, first, count))
+
     def _deliver_prefixed(
         self,
         sender: ChannelSender,
@@ -566,19 +615,64 @@ class Traffic(HandleBinding):
         return self._accept_delivery("DeliverMany", handle, size, entries, events)
 
     def _on_deliver_prefixed(
-        self, message: DeliverTimed | DeliverGroup, size: int, events: list[Event]
+        self,
+        message: DeliverTimed | DeliverGroup | DeliverMatched,
+        size: int,
+        events: list[Event],
     ) -> None:
-        """A DeliverTimed or DeliverGroup (a DeliverMany whose entries carry
-        more): checked and accounted as one."""
+        """A DeliverTimed, DeliverGroup or DeliverMatched (a DeliverMany
+        whose entries carry more): checked and accounted as one."""
         name = type(message).__name__
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError(f"{name} is sent by the broker")
         if self.state is not ConnectionState.OPEN:
             self._check_open(message)
+        if type(message) is DeliverMatched:
+            self._check_matches(message.subscription, message.matches, events)
         channel = self._accept_delivery(
             name, message.subscription, size, len(message.entries), events
         )
         events.append(DeliverManyReceived(message, channel, size))
+
+    def _pattern_state(self, what: str, handle: int, events: list[Event]) -> dict[int, str]:
+        """The bound matches of pattern subscription ``handle`` (raises if it
+        is not bound, or not a pattern subscription)."""
+        subscription = self._resolve_subscription(handle, events)
+        if subscription is None:
+            raise RemoteProtocolError(f"{what} references unbound subscription handle {handle}")
+        if subscription.value.topic is not None:
+            raise RemoteProtocolError(f"{what} on subscription {handle}, which is not by pattern")
+        if subscription.matches is None:
+            subscription.matches = {}
+        return subscription.matches
+
+    def _check_matches(self, handle: int, matches: list[int], events: list[Event]) -> None:
+        bound = self._pattern_state("DeliverMatched", handle, events)
+        for match in set(matches):
+            if match not in bound:
+                raise RemoteProtocolError(
+                    f"DeliverMatched on subscription {handle} names match {match}, "
+                    "which no Matched bound"
+                )
+
+    def _on_matched(self, message: Matched | MatchedGap, size: int, events: list[Event]) -> None:
+        """Matched and MatchedGap (broker to client): checked, passed on."""
+        name = type(message).__name__
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError(f"{name} is sent by the broker")
+        self._check_open(message)
+        bound = self._pattern_state(name, message.subscription, events)
+        if isinstance(message, Matched):
+            if message.topic is None:
+                if bound.pop(message.match, None) is None:
+                    raise RemoteProtocolError(
+                        f"Matched ends match {message.match}, which is not bound"
+                    )
+            else:
+                bound[message.match] = message.topic
+        elif message.match not in bound:
+            raise RemoteProtocolError(f"MatchedGap names match {message.match}, which is not bound")
+        events.append(message)
 
     def _accept_delivery(
         self, what: str, handle: int, size: int, entries: int, events: list[Event]

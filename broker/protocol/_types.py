@@ -111,6 +111,24 @@ class MessageType(IntEnum):
     OUTCOME = 42
     LIST_OFFSETS = 43
     OFFSETS = 44
+    MATCHED = 45
+    DELIVER_MATCHED = 46
+    MATCHED_GAP = 47
+    ADMIN = 48
+    ADMIN_ANSWER = 49
+
+
+class AdminStatus(IntEnum):
+    """How the broker answered an ``Admin`` request (``AdminAnswer.status``)."""
+
+    #: Done; the rows are the answer (``next`` says whether more follow).
+    OK = 0
+    #: Nothing was done: the request is wrong (``reason`` says what to change).
+    REFUSED = 1
+    #: Nothing was done: the client's principal lacks the ``admin`` permission.
+    NOT_PERMITTED = 2
+    #: Nothing was done: the topic is served by another worker (``reason`` names it).
+    ELSEWHERE = 3
 
 
 class OutcomeStatus(IntEnum):

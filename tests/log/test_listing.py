@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import trio
 
 from broker.log import LogConfig, LogStore, StoredTopic, list_stored_topics
 from broker.log import _listing as listing
@@ -190,3 +191,14 @@ def test_two_thousand_topics_are_listed_right(tmp_path: Path) -> None:
         for topic in listed[::400]:
             assert _expected(store, topic.name) == topic
     assert len(list_stored_topics(tmp_path, lambda name: name.endswith("7"))) == 200
+
+
+async def test_a_listing_runs_in_a_worker_thread(tmp_path: Path) -> None:
+    with LogStore(tmp_path, CONFIG) as store:
+        store.topic("a").append(b"x", T0)
+        store.topic("b").flush()
+        listed = await trio.to_thread.run_sync(store.list_topics)
+        assert [(t.name, t.first, t.end) for t in listed] == [("a", 1, 1), ("b", 1, 1)]
+        store.topic("a").flush()
+        listed = await trio.to_thread.run_sync(store.list_topics, lambda name: name == "a")
+        assert [(t.name, t.first, t.end) for t in listed] == [("a", 1, 2)]

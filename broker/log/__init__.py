@@ -9,6 +9,8 @@ subscriber needs no copy and no re-encoding. See ``docs/topic-log.md``.
 - :class:`LogStore`: a data directory (locked) holding the topics' logs.
 - :class:`TopicLog`: one topic: append, read, flush, retention.
 - :class:`Reader`: a position in a log; :class:`Run`: what a read returns.
+- :class:`StoredTopic`, :func:`list_stored_topics`: the stored topics, read
+  cheaply without opening their logs (``store.list_topics()``).
 - :class:`StateJournal`: the broker's own state (cursors, sessions, staged
   batches), crash-safe, in ``<data_dir>/state.journal`` (``store.journal``).
 
@@ -42,6 +44,7 @@ from ._errors import (
 from ._files import DirLock, unopened_due
 from ._format import HEADER_SIZE
 from ._journal import JournalFormatError, StateJournal
+from ._listing import StoredTopic, list_stored_topics
 from ._log import Reader, TopicLog
 from ._store import JOURNAL_NAME, WORKERS, LogStore
 from ._types import FlushPolicy, LogConfig, Recovery, Run, Start, WhenFull
@@ -67,8 +70,10 @@ __all__ = [
     "Run",
     "Start",
     "StateJournal",
+    "StoredTopic",
     "TopicDirMismatch",
     "TopicLog",
     "WhenFull",
+    "list_stored_topics",
     "unopened_due",
 ]

@@ -58,7 +58,8 @@ TOPICS = "topics"
 LOCK = ".lock"
 TERM_SUFFIX = ".term"
 INDEX_SUFFIX = ".index"
-_TERM_NAME = re.compile(r"^(\d{20})\.term$")
+#: The name of a term file (its base offset in the group).
+TERM_NAME = _TERM_NAME = re.compile(r"^(\d{20})\.term$")
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 #: Longest encoded name kept whole; longer ones are cut and given a hash.
 _MAX_PLAIN = 200

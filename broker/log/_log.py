@@ -32,7 +32,7 @@ from ._files import (
     write_index,
 )
 from ._format import check_size, encode_index
-from ._marks import write_checkpoint
+from ._marks import read_start, write_checkpoint, write_start
 from ._open_files import OpenFiles, TermMaps
 from ._recover import recover
 from ._term import Term, new_buffer
@@ -50,7 +50,8 @@ class TopicLog:
 
     Promises: offsets are consecutive from 1 and never reused; a record's
     bytes and receive time never change; a record that was appended is
-    readable until retention deletes its whole term; after a crash and
+    readable until retention deletes its whole term or
+    :meth:`purge_before` deletes it; after a crash and
     :meth:`open`, every record up to :attr:`durable_offset` (and, after a
     process crash, up to :attr:`written_offset`) is there, in order, once,
     and nothing torn is ever served.
@@ -75,6 +76,8 @@ class TopicLog:
         self.topic = topic
         self.config = config
         terms, recovery = recover(directory, config)
+        #: The start mark: records below it were purged (0: none).
+        self._start = read_start(directory)
         #: What opening cut (for a metric); clean after a clean close.
         self.recovery: Recovery = recovery
         self._terms: list[Term] = terms
@@ -111,7 +114,8 @@ class TopicLog:
     @property
     def first_offset(self) -> int:
         """The offset of the first retained record (:attr:`next_offset` if none)."""
-        return self._terms[0].base
+        base = self._terms[0].base
+        return base if base >= self._start else self._start
 
     @property
     def next_offset(self) -> int:
@@ -385,14 +389,50 @@ class TopicLog:
         needed = self.min_reader_position()
         return needed is not None and needed < term.next_offset
 
-    def _delete_oldest(self) -> None:
+    def _delete_oldest(self, *, sync: bool = True) -> None:
         term = self._terms.pop(0)
         self._mapped.pop(term.base, None)
         self._maps.closed(term.base)
         term.unload()
         remove_term(term_path(self.directory, term.base))
-        with contextlib.suppress(OSError):
-            fsync_dir(self.directory)
+        if sync:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.directory)
+
+    def purge_before(self, offset: int) -> int:
+        """Delete every record below ``offset`` (clamped to
+        :attr:`first_offset` .. :attr:`written_offset` + 1), whatever readers
+        hold (``when_full="block"`` too): they get a gap for them, as for
+        retention. Term files wholly below go at once; in the term that
+        holds ``offset`` the records below become unreadable, by a start mark
+        made durable before any file is removed, so the purge holds after a
+        crash or restart. Returns how many records it deleted (0 at or
+        below :attr:`first_offset`). Raises :class:`LogWriteError` if the
+        mark cannot be written (nothing deleted then)."""
+        if self._closed:
+            raise LogClosed(f"the log of {self.topic!r} is closed")
+        first = self.first_offset
+        target = min(offset, self.written_offset + 1)
+        if target <= first:
+            return 0
+        deleted = 0
+        for term in self._terms:
+            if term.base >= target:
+                break
+            deleted += max(0, min(term.next_offset, target) - max(term.base, first))
+        try:
+            write_start(self.directory, target)
+        except OSError as exc:
+            raise write_error(exc, f"marking the start of the log of {self.topic!r}") from exc
+        self._start = target
+        removed = False
+        while len(self._terms) > 1 and self._terms[0].next_offset <= target:
+            self._delete_oldest(sync=False)
+            removed = True
+        if removed:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.directory)
+        return deleted
 
     # ------------------------------------------------------------------ reading
 
@@ -408,13 +448,15 @@ class TopicLog:
         if self._closed:
             raise LogClosed(f"the log of {self.topic!r} is closed")
         active = self._active
-        if offset >= active.base:
+        if offset >= active.base and offset >= self._start:
             return Run(offset, active.bodies(offset, max_records, max_bytes))
         gap = 0
-        first = self._terms[0].base
+        first = self.first_offset
         if offset < first:
             gap = first - offset
             offset = first
+            if offset >= active.base:
+                return Run(offset, active.bodies(offset, max_records, max_bytes), gap)
         terms = self._terms
         index = bisect_right(terms, offset, key=_base) - 1
         term = terms[index]
@@ -464,7 +506,7 @@ class TopicLog:
                 if term is not self._active and not term.loaded:
                     term.load(map_file(term_path(self.directory, term.base)))
                     self._keep_mapped(term)
-                return term.offset_at_time(time_ms)
+                return max(term.offset_at_time(time_ms), self.first_offset)
         return self.next_offset
 
     def _keep_mapped(self, term: Term) -> None:
@@ -496,6 +538,8 @@ class TopicLog:
             position = self.next_offset
         elif start.kind == "offset":
             position = start.value
+        elif start.kind == "last":
+            position = max(self.first_offset, self.next_offset - start.value)
         else:
             position = self.offset_at_time(start.value)
         reader = Reader(self, position)
@@ -512,15 +556,18 @@ class TopicLog:
 
     # ------------------------------------------------------------------ closing
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
         """Flush (write and fsync) and close the file; idempotent. Slices
         already read stay valid. If the flush fails (the disk is still full)
         the log is closed all the same, the error raised, and the records
-        not yet written are lost (those up to :attr:`written_offset` are not)."""
+        not yet written are lost (those up to :attr:`written_offset` are not).
+        ``flush=False`` closes without writing anything (a log about to be
+        deleted)."""
         if self._closed:
             return
         try:
-            self.flush()
+            if flush:
+                self.flush()
         finally:
             self._closed = True
             self._file.close()

@@ -26,7 +26,7 @@ from ._files import (
     write_index,
 )
 from ._format import decode_index, encode_index
-from ._marks import read_checkpoint, read_gaps, write_gaps
+from ._marks import read_checkpoint, read_gaps, read_start, write_gaps
 from ._term import Term, new_buffer
 from ._types import LogConfig, Recovery
 
@@ -78,8 +78,13 @@ class _Report:
     cut_bytes: int = 0
     cut_terms: int = 0
     details: list[str] = field(default_factory=list)
+    #: The start mark: offsets below it were deleted on purpose, never lost.
+    floor: int = 0
 
     def hole(self, first: int, count: int, why: str) -> None:
+        if first < self.floor:
+            count -= self.floor - first
+            first = self.floor
         if count > 0:
             self.holes.append((first, count, why))
 
@@ -179,11 +184,16 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
     torn tail of the last term is cut. If the log ends before the last
     offset its checkpoint says was flushed, or before the offsets of a torn
     tail, the log goes on after them (offsets are never used twice).
+
+    A start mark (records deleted by :meth:`TopicLog.purge_before`) is
+    honoured: term files wholly below it are removed (a purge cut off by a
+    crash is finished), and offsets below it are never reported lost.
     """
     checkpoint = read_checkpoint(directory)
     known = read_gaps(directory)
-    files = list_terms(directory)
-    report = _Report()
+    start = read_start(directory)
+    files = _after_start(list_terms(directory), start, directory)
+    report = _Report(floor=start)
     terms: list[Term] = []
     written: set[Path] = set()
     cursor: int | None = None  # the next offset wanted
@@ -250,7 +260,7 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
     if empty_last is not None:
         # The last term file holds no record (empty, or cut to nothing).
         terms.append(Term(empty_last, config.term_bytes, None))
-    resume = max(found_next, checkpoint + 1, found_next + tail_seen)
+    resume = max(found_next, checkpoint + 1, found_next + tail_seen, start)
     if resume > found_next:
         report.hole(
             found_next,
@@ -282,7 +292,9 @@ def recover(directory: Path, config: LogConfig) -> tuple[list[Term], Recovery]:
         with open(term_path(directory, active.base), "rb") as file:
             file.readinto(memoryview(buffer)[: active.used])
     active.load(buffer)
-    recovery = report.recovery(known, terms[0].base)
+    while len(terms) > 1 and terms[0].next_offset <= start:
+        remove_term(term_path(directory, terms.pop(0).base))  # (wholly purged)
+    recovery = report.recovery(known, max(terms[0].base, start))
     if recovery.gaps != known:
         write_gaps(directory, recovery.gaps)
     return terms, recovery
@@ -306,7 +318,8 @@ def survey(directory: Path) -> tuple[int, int]:
     or loaded, and no lock is needed (a log being appended to meanwhile
     reads as of some moment during the call: a record half written is not
     counted). Raises :class:`OSError` if a term cannot be read."""
-    files = list_terms(directory)
+    start = read_start(directory)
+    files = _after_start(list_terms(directory), start)
     checkpoint = read_checkpoint(directory)
     first: int | None = None
     cursor: int | None = None
@@ -329,10 +342,26 @@ def survey(directory: Path) -> tuple[int, int]:
             min_time = segment.scan.last_time
         tail_seen = findings.tail_seen if later is None else 0
     found_next = 1 if cursor is None else cursor
-    resume = max(found_next, checkpoint + 1, found_next + tail_seen)
+    resume = max(found_next, checkpoint + 1, found_next + tail_seen, start)
     if first is None:
         first = resume
-    return first, resume
+    return max(first, start), resume
+
+
+def _after_start(
+    files: list[tuple[int, Path]], start: int, directory: Path | None = None
+) -> list[tuple[int, Path]]:
+    """The term files ``files`` less those wholly below the start mark
+    ``start`` (the next file begins at or below it); removed from
+    ``directory`` if given (a purge cut off by a crash, finished)."""
+    kept = 0
+    while kept + 1 < len(files) and files[kept + 1][0] <= start:
+        kept += 1
+    if kept and directory is not None:
+        for _, path in files[:kept]:
+            remove_term(path)
+        fsync_dir(directory)
+    return files[kept:]
 
 
 def expired_terms(directory: Path, cutoff_ms: int) -> list[Path]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..protocol import check_topic_name
@@ -16,18 +20,22 @@ from ._files import (
     topics_dir,
 )
 from ._journal import StateJournal
+from ._listing import StoredTopic, list_stored_topics
 from ._log import TopicLog
 from ._open_files import OpenFiles, default_open_files
 from ._recover import expired_terms, survey
 from ._types import LogConfig
 
-__all__ = ["JOURNAL_NAME", "WORKERS", "LogStore"]
+__all__ = ["DELETED", "JOURNAL_NAME", "WORKERS", "LogStore"]
 
 #: The state journal's file in the data directory (beside ``topics/``, which
 #: holds every topic directory, so no topic name can collide with it).
 JOURNAL_NAME = "state.journal"
 #: The directory of the workers' own directories (state journals), beside ``topics/``.
 WORKERS = "workers"
+#: Where deleted topics' directories go (renamed) before they are removed,
+#: beside ``topics/``; anything left there (a crash) is removed at the next open.
+DELETED = "deleted"
 
 
 class LogStore:
@@ -71,6 +79,7 @@ class LogStore:
         self._logs: dict[str, TopicLog] = {}
         self._topic_locks: dict[str, DirLock] = {}
         self._journal: StateJournal | None = None
+        _remove_tombstones(self.data_dir / DELETED)
 
     @property
     def journal(self) -> StateJournal:
@@ -162,22 +171,48 @@ class LogStore:
         """The topics that have a log in the data directory (opened or not)."""
         return stored_topics(self.data_dir)
 
+    def list_topics(self, match: Callable[[str], bool] | None = None) -> list[StoredTopic]:
+        """The stored topics (opened or not) with their offsets and sizes
+        as their files say, without opening any log: see
+        :func:`list_stored_topics` (read only: safe in a worker thread)."""
+        return list_stored_topics(self.data_dir, match)
+
     def delete_topic(self, name: str) -> bool:
-        """Close the log of ``name`` (if open) and delete its directory;
-        returns whether there was one. Slices already read stay valid."""
+        """Delete the log of ``name``; returns whether there was one.
+
+        Its log, if open, is closed without flushing (that object and its
+        readers raise :class:`LogClosed` from then on; slices already read
+        stay valid). Its directory is renamed into ``<data_dir>/deleted/``
+        (the rename made durable before anything is removed: after a crash
+        the topic is either whole or gone, and a leftover is removed at the
+        next open), then removed. A later :meth:`topic` of ``name`` creates
+        a new, empty log (offsets from 1 again). A worker deletes a log
+        another worker holds open only once that one lets it go
+        (:class:`DataDirLocked`)."""
         if self._lock is None:
             raise LogClosed(f"the log store of {self.data_dir} is closed")
         log = self._logs.pop(name, None)
         if log is not None:
-            log.close()
-        lock = self._topic_locks.pop(name, None)
-        if lock is not None:
-            lock.release()
+            log.close(flush=False)
         directory = topics_dir(self.data_dir) / topic_dir_name(name)
-        if not directory.exists():
-            return False
-        shutil.rmtree(directory)
-        fsync_dir(directory.parent)
+        lock = self._topic_locks.pop(name, None)
+        try:
+            if not directory.is_dir():
+                return False
+            if lock is None and self.worker is not None:
+                lock = DirLock(directory, f"the log of topic {name!r}")
+            trash = self.data_dir / DELETED
+            if not trash.is_dir():
+                trash.mkdir(exist_ok=True)
+                fsync_dir(self.data_dir)
+            tombstone = trash / secrets.token_hex(8)
+            os.rename(directory, tombstone)
+            fsync_dir(directory.parent)
+            fsync_dir(trash)
+        finally:
+            if lock is not None:
+                lock.release()
+        shutil.rmtree(tombstone, ignore_errors=True)
         return True
 
     def close(self) -> None:
@@ -212,3 +247,15 @@ class LogStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _remove_tombstones(trash: Path) -> None:
+    """Remove what deleted topics left in ``trash`` (a crash between the
+    rename and the removal); best effort (another worker may be at it too)."""
+    with contextlib.suppress(OSError), os.scandir(trash) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)

@@ -67,9 +67,9 @@ class LogConfig:
 @dataclass(frozen=True, slots=True)
 class Start:
     """Where a reader starts. Build with :meth:`earliest`, :meth:`latest`,
-    :meth:`at` or :meth:`from_time`."""
+    :meth:`at`, :meth:`from_time` or :meth:`last`."""
 
-    kind: Literal["earliest", "latest", "offset", "time"]
+    kind: Literal["earliest", "latest", "offset", "time", "last"]
     value: int = 0
 
     @classmethod
@@ -95,6 +95,14 @@ class Start:
         """The first record received at or after ``time_ms`` (ms since the
         epoch); the next one appended if there is none yet."""
         return cls("time", time_ms)
+
+    @classmethod
+    def last(cls, n: int) -> Start:
+        """The last ``n`` records (``n >= 1``): offset ``next_offset - n``, or
+        the first retained record if the log holds fewer."""
+        if n < 1:
+            raise ValueError("last(n) needs n >= 1")
+        return cls("last", n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import itertools
 import logging
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,6 +39,7 @@ from ._log_subscription import CursorBook
 from ._logs import TopicLogs, TopicUnavailable
 from ._loop import LoopCounters
 from ._memory import MemoryReturn
+from ._patterns import PatternRegistry
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._placement import WorkerSetup
@@ -127,6 +128,8 @@ class Broker:
         #: The root account: all connections' debt rolls up here (never blocks).
         self.account: Account = unlimited("broker", kind="broker")
         self.topics: dict[str, Topic] = {}
+        #: Live pattern subscriptions: told of each topic made and deleted.
+        self.patterns = PatternRegistry()
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
         self.sessions = SessionTable(
             config.lease, b"" if worker is None else session_prefix(worker.cluster)
@@ -193,7 +196,37 @@ class Broker:
                 topic = Topic(name, self.topics, logs.open(name), logs)
             self.topics[name] = topic
             self.system.spawn(topic, name=f"topic:{name[:64]}")
+            if self.patterns:
+                self.patterns.topic_made(name)
         return topic
+
+    # ---------------------------------------------------------------- pattern subscriptions
+
+    def open_topics(self) -> list[str]:
+        """The topics that have an actor now."""
+        return list(self.topics)
+
+    def is_open(self, name: str) -> bool:
+        return name in self.topics
+
+    async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
+        """The topics on disk whose names ``match``, listed in a thread
+        (none on a memory-only broker; on a worker, those it owns)."""
+        logs = self.logs
+        if logs is None:
+            return []
+        stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
+        return [topic.name for topic in stored if self.not_owned(topic.name) is None]
+
+    def store_cursors(self) -> None:
+        """Write the durable cursors' positions put since the last write."""
+        if self.logs is not None:
+            self.logs.cursors.write()
+
+    def start_soon(self, job: Callable[[], Awaitable[object]]) -> None:
+        """Run ``job`` in the broker's nursery (not at all once it stops)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(job)
 
     def not_owned(self, topic: str) -> str | None:
         """Why ``topic`` is not served here without forwarding (None: it is)."""

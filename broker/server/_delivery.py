@@ -164,6 +164,49 @@ class Deliveries:
             self._wake.set()
         return count
 
+    def send_matched(
+        self, subscription: Subscription, tails: list[bytes], match: int, first: int
+    ) -> int | None:
+        """Queue DeliverMatched frames of a pattern subscription: records
+        ``first`` on of the topic matched as ``match``, numbered from the
+        subscription's ``next_seq``, as far as the guarantees allow; how
+        many were taken, or None if the subscription is being freed."""
+        protocol = self.protocol
+        if protocol.closed:
+            return 0
+        queued = protocol.bytes_to_send
+        try:
+            count = protocol.deliver_matched(
+                subscription.handle, subscription.next_seq, tails, match, first
+            )
+        except LocalProtocolError:
+            return None  # the client is freeing the subscription
+        return self._sent(subscription, count, queued)
+
+    def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
+        """Say which topic a pattern subscription's match index is (None:
+        that topic was deleted); False if nothing more can be said on it."""
+        if self.protocol.closed:
+            return False
+        try:
+            self.protocol.matched(subscription.handle, match, topic)
+        except LocalProtocolError:
+            return False  # the client is freeing the subscription
+        self._wake.set()
+        return True
+
+    def matched_gap(self, subscription: Subscription, match: int, first: int, count: int) -> bool:
+        """A pattern subscription's Gap: ``count`` records of match ``match``
+        from ``first`` were dropped; False if nothing more can be said."""
+        if self.protocol.closed:
+            return False
+        try:
+            self.protocol.matched_gap(subscription.handle, match, first, count)
+        except LocalProtocolError:
+            return False
+        self._wake.set()
+        return True
+
     def settle(
         self, handle: int, ranges: list[tuple[int, int]], outcome: int, detail: int | str | None
     ) -> str | None:

@@ -29,6 +29,7 @@ from broker.protocol import (
     Settle,
     Subscribed,
     TopicBound,
+    TopicPattern,
 )
 
 from ._admission import Admission, Admitted
@@ -38,14 +39,15 @@ from ._groups import Groups
 from ._log_subscription import CursorBook
 from ._logs import TopicUnavailable
 from ._offsets import OffsetsHost, Survey, answer_list_offsets
+from ._patterns import PatternHost
 from ._peerlog import LINE_CHARS, ConnectionLog, shown
 from ._publishing import PublishChannel, Publishing, PublishingHost
-from ._subscribe import OptionError, make_subscription
+from ._subscribe import OptionError, make_pattern_subscription, make_subscription
 
 
-class DispatchHost(PublishingHost, OffsetsHost, Protocol):
-    """What applying events needs of the broker: publishing's needs, and
-    where durable cursors are kept."""
+class DispatchHost(PublishingHost, OffsetsHost, PatternHost, Protocol):
+    """What applying events needs of the broker: publishing's needs, where
+    durable cursors are kept, and the pattern subscriptions."""
 
     @property
     def cursors(self) -> CursorBook | None:
@@ -199,6 +201,9 @@ class Dispatch:
         self.publishing.abort(event.request, event.batch)
 
     def subscribed(self, event: Subscribed, connection: Dispatched) -> None:
+        if event.topic is None:
+            self.subscribed_pattern(event, connection)
+            return
         if not self.admission.may_subscribe(event.topic_name):
             self.deny(f"may not subscribe to {shown(event.topic_name)}", connection)
             return
@@ -223,6 +228,30 @@ class Dispatch:
         self.deliveries.subscriptions[event.handle] = subscription
         self.admission.session_dirty = True
         topic.subscribe(subscription)
+        self.budget.subscriptions_changed()
+
+    def subscribed_pattern(self, event: Subscribed, connection: Dispatched) -> None:
+        """A Subscribe of a pattern: the topics it matches that the principal
+        may read, now and later (see ``_patterns``)."""
+        principal = self.admission.principal
+        try:
+            subscription = make_pattern_subscription(
+                self.deliveries,
+                event.handle,
+                TopicPattern(event.topic_name),
+                event.mode,
+                event.options,
+                host=self.host,
+                cursors=self.host.cursors,
+                principal=principal.principal.name if principal is not None else None,
+                may_read=self.admission.may_subscribe,
+            )
+        except OptionError as error:
+            connection.goodbye(GoodbyeCode.PROTOCOL_ERROR, f"Subscribe: {error}")
+            return
+        self.deliveries.subscriptions[event.handle] = subscription
+        self.admission.session_dirty = True
+        subscription.start()
         self.budget.subscriptions_changed()
 
     def list_offsets(self, event: ListOffsets, connection: Dispatched) -> None:

@@ -65,6 +65,19 @@ class CursorBook(Protocol):
         """Every stored cursor, as ``(key, position)``, sorted by key."""
         ...
 
+    def put(self, key: str, position: int) -> None:
+        """:meth:`store` without writing: written by the next :meth:`write`
+        (or :meth:`store`), for many cursors stored at once."""
+        ...
+
+    def write(self) -> None:
+        """Write what :meth:`put` stored."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Forget cursor ``key`` (written at once); whether there was one."""
+        ...
+
 
 class LogSubscriber(Subscriber, Protocol):
     """A :class:`Subscriber` that also repays read loans once written."""
@@ -138,8 +151,13 @@ def start_request(options: Mapping[str, object]) -> StartRequest:
             start = Start.latest()
         elif type(value) is int and value >= 0:
             start = Start.at(max(value, 1))
+        elif type(value) is int:
+            start = Start.last(-value)  # (-N: the last N records)
         else:
-            raise OptionError('"from" must be "earliest", "latest" or an offset (an integer >= 0)')
+            raise OptionError(
+                '"from" must be "earliest", "latest", an offset (an integer >= 0) '
+                "or -N (the last N records)"
+            )
     if "from_time" in options:
         value = options["from_time"]
         if type(value) is not int or value < 0:

@@ -88,6 +88,19 @@ class JournalCursors:
         self._journal.put(self.SPACE, key, position)
         write_journal(self._journal)
 
+    def put(self, key: str, position: int) -> None:
+        self._journal.put(self.SPACE, key, position)
+
+    def write(self) -> None:
+        write_journal(self._journal)
+
+    def delete(self, key: str) -> bool:
+        if self._journal.get(self.SPACE, key) is None:
+            return False
+        self._journal.delete(self.SPACE, key)
+        write_journal(self._journal)
+        return True
+
 
 def write_journal(journal: StateJournal) -> None:
     """Write ``journal``'s pending changes; a failure is logged and the

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast
 
 from broker.groups import GroupOptionError, group_request
-from broker.protocol import DeliveryMode
+from broker.protocol import DeliveryMode, TopicPattern
 
 from ._forward import ForwardTopic, forwarded_subscription
 from ._forward_dropping import forwarded_dropping_subscription
@@ -20,9 +20,21 @@ from ._log_subscription import (
     start_request,
 )
 from ._lossy import DroppingSubscriber, DroppingSubscription, OptionError, QueueLimits
+from ._patterns import (
+    Outlet,
+    PatternConnection,
+    PatternHost,
+    PatternSubscription,
+    pattern_options,
+)
 from ._topic import Subscription, Topic
 
-__all__ = ["OptionError", "SubscribingConnection", "make_subscription"]
+__all__ = [
+    "OptionError",
+    "SubscribingConnection",
+    "make_pattern_subscription",
+    "make_subscription",
+]
 
 
 class SubscribingConnection(DroppingSubscriber, LogSubscriber, GroupMemberConnection, Protocol):
@@ -116,3 +128,88 @@ def _join_group(
             "and keeps no topic log"
         )
     return groups.join(connection, handle, topic, request, start, principal, lenient=trusted)
+
+
+class _DeferredCursors:
+    """A pattern's members' cursor book: positions stored at an Ack are put,
+    and written together once the pattern's Ack is applied (one journal
+    write per Ack, not one per topic)."""
+
+    __slots__ = ("_book",)
+
+    def __init__(self, book: CursorBook) -> None:
+        self._book = book
+
+    def position(self, key: str) -> int | None:
+        return self._book.position(key)
+
+    def store(self, key: str, position: int) -> None:
+        self._book.put(key, position)
+
+    def items(self) -> list[tuple[str, int]]:
+        return self._book.items()
+
+    def put(self, key: str, position: int) -> None:
+        self._book.put(key, position)
+
+    def write(self) -> None:
+        self._book.write()
+
+    def delete(self, key: str) -> bool:
+        return self._book.delete(key)
+
+
+def make_pattern_subscription(
+    connection: PatternConnection,
+    handle: int,
+    pattern: TopicPattern,
+    mode: str,
+    options: Mapping[str, object],
+    *,
+    host: PatternHost,
+    cursors: CursorBook | None,
+    principal: str | None,
+    may_read: Callable[[str], bool],
+) -> PatternSubscription:
+    """The subscription a Subscribe of a pattern asks for (raises
+    :class:`OptionError`, naming the option): its members are what
+    :func:`make_subscription` makes for each matched topic, with the same
+    mode and options (checked once here, on no topic, so that a bad one is
+    refused at once and not per topic)."""
+    given = pattern_options(options)
+    if mode == DeliveryMode.RELIABLE:
+        request = start_request(given)
+        if cursors is None and not request.plain:
+            raise OptionError(
+                f"{sorted(given)[:3]} need a broker with a data directory: "
+                "this one is memory-only and keeps no topic log"
+            )
+    else:
+        QueueLimits.from_options(given)
+    members = None if cursors is None else _DeferredCursors(cursors)
+
+    def member(
+        outlet: Outlet, match: int, topic: Topic, mode: str, options: Mapping[str, object]
+    ) -> Subscription:
+        return make_subscription(
+            cast(SubscribingConnection, outlet),
+            match,
+            topic,
+            mode,
+            options,
+            cursors=members,
+            principal=principal,
+        )
+
+    durable = mode == DeliveryMode.RELIABLE and cursors is not None and "cursor" in given
+    return PatternSubscription(
+        connection,
+        handle,
+        pattern,
+        mode,
+        given,
+        host=host,
+        factory=member,
+        may_read=may_read,
+        durable=durable,
+    )

@@ -45,6 +45,10 @@ LONG_MODULES: dict[str, str] = {
         "GroupState: one group's bookkeeping, one state machine (dispatch, "
         "settling, expiry, order per key, snapshot) over the same records"
     ),
+    "broker/protocol/_messages.py": (
+        "the wire messages: one dataclass per frame type, the list that is "
+        "the protocol's vocabulary; split by size it would scatter it"
+    ),
     "broker/protocol/_codec.py": (
         "the decoder: one check per message type, the table that maps codes "
         "to them; splitting it would scatter the wire format"

@@ -211,12 +211,20 @@ class Broker:
 
     async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
         """The topics on disk whose names ``match``, listed in a thread
-        (none on a memory-only broker; on a worker, those it owns)."""
+        (none on a memory-only broker; on a worker, every worker's)."""
         logs = self.logs
         if logs is None:
             return []
         stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
-        return [topic.name for topic in stored if self.not_owned(topic.name) is None]
+        return [topic.name for topic in stored]
+
+    def reader_of(self, principal: str | None) -> Callable[[str], bool]:
+        """Whether ``principal`` may subscribe to a topic (anybody may on a
+        broker without authentication)."""
+        found = (
+            None if self.auth is None or principal is None else self.auth.principals.get(principal)
+        )
+        return (lambda _topic: True) if found is None else found.may_subscribe
 
     def store_cursors(self) -> None:
         """Write the durable cursors' positions put since the last write."""

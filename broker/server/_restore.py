@@ -11,24 +11,26 @@ from typing import Any, Protocol
 
 from accounts import Account, LoanedItem
 from broker.groups import GroupOptionError, group_request
-from broker.protocol import BrokerSessionState, DeliveryMode
+from broker.protocol import BrokerSessionState, DeliveryMode, TopicNameError, TopicPattern
 
 from ._forward import ForwardTopic, forwarded_subscription
 from ._forward_group import ForwardedGroupMember
 from ._groups import Groups, GroupSubscription
 from ._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
-from ._lossy import OptionError
+from ._lossy import DropCounts, OptionError
+from ._patterns import PatternHost, PatternSubscription
 from ._publish_marks import PublishMarks
 from ._seen import SeenOrigins
 from ._session import Session, SessionTable
 from ._session_records import SavedSession, SessionRecords, load_sessions
 from ._staging import StagingArea
+from ._subscribe import make_pattern_subscription
 from ._topic import Subscription, Topic
 
 log = logging.getLogger("broker.server")
 
 
-class RestoringHost(Protocol):
+class RestoringHost(PatternHost, Protocol):
     """What restoring sessions needs of the broker."""
 
     @property
@@ -52,6 +54,20 @@ class RestoringHost(Protocol):
 
     @property
     def groups(self) -> Groups | None: ...
+
+    def reader_of(self, principal: str | None) -> Callable[[str], bool]:
+        """Whether ``principal`` may subscribe to a topic (auth's rule)."""
+        ...
+
+
+class _NoDrops:
+    """The drop counters of a subscriber that keeps no dropping queue."""
+
+    deliveries_overflowed = 0
+    deliveries_replaced = 0
+
+
+_NO_DROPS = _NoDrops()
 
 
 class Unattached:
@@ -103,6 +119,25 @@ class Unattached:
         delivered: list[int],
     ) -> int | None:
         return 0
+
+    def send_matched(
+        self, subscription: Subscription, tails: list[bytes], match: int, first: int
+    ) -> int | None:
+        return 0
+
+    def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
+        return False
+
+    def matched_gap(self, subscription: Subscription, match: int, first: int, count: int) -> bool:
+        return False
+
+    #: (A restored subscription is reliable: it keeps no dropping queue.)
+    dropping_bytes = 0
+    lossy_budget = 0
+
+    @property
+    def counters(self) -> DropCounts:
+        return _NO_DROPS
 
 
 def restore_sessions(
@@ -189,6 +224,11 @@ def _subscriptions(
     for handle, (info, _) in saved.state.subscriptions.items():
         if info.mode != DeliveryMode.RELIABLE:
             continue
+        if info.topic is None:  # a pattern's (with a durable cursor: its positions)
+            pattern = _pattern(host, unattached, handle, info.topic_name, info.options, saved)
+            if pattern is not None:
+                subscriptions[handle] = pattern
+            continue
         topic = host.topic(info.topic_name)
         if "group" in info.options:
             member = _member(host, unattached, handle, topic, info.options, saved)
@@ -234,6 +274,37 @@ def _subscriptions(
         topic.subscribe(subscription)
         subscriptions[handle] = subscription
     return subscriptions
+
+
+def _pattern(
+    host: RestoringHost,
+    unattached: Unattached,
+    handle: int,
+    pattern: str,
+    options: Mapping[str, object],
+    saved: SavedSession,
+) -> PatternSubscription | None:
+    """A pattern subscription, back over the topics it matches, each member
+    after its durable cursor's position."""
+    try:
+        subscription = make_pattern_subscription(
+            unattached,
+            handle,
+            TopicPattern(pattern),
+            DeliveryMode.RELIABLE,
+            options,
+            host=host,
+            cursors=host.cursors,
+            principal=saved.principal,
+            may_read=host.reader_of(saved.principal),
+        )
+    except (OptionError, TopicNameError) as error:
+        log.warning("a restored session's pattern subscription is left out: %s", error)
+        return None
+    subscription.next_seq = saved.acked.get(handle, 0) + 1
+    subscription.acked = subscription.next_seq - 1
+    subscription.start()
+    return subscription
 
 
 def _member(

@@ -181,7 +181,12 @@ def load_sessions(records: SessionRecords) -> list[SavedSession]:
 def _decode(sid: str, record: Any, counts: dict[str, int]) -> SavedSession:
     topics = {int(h): (str(name), int(size)) for h, name, size in record["topics"]}
     subscriptions = {
-        int(h): (SubscriptionInfo(int(topic), str(name), str(mode), dict(options)), int(size))
+        int(h): (
+            SubscriptionInfo(
+                None if topic is None else int(topic), str(name), str(mode), dict(options)
+            ),
+            int(size),
+        )
         for h, topic, name, mode, options, size in record["subscriptions"]
     }
     received = {h: counts.get(f"p/{h}", 0) for h in topics}

@@ -137,7 +137,7 @@ _KAFKA_ONLY = frozenset({"assign", "topic", "includeheaders"})
 #: Characters that mean something in a regular expression and nothing in a
 #: topic pattern. Names may hold them, but in this option they almost always
 #: are a Kafka regex, which read as a pattern would silently match nothing.
-_REGEX_CHARACTERS = frozenset("\\()[]^$|+?")
+_REGEX_CHARACTERS = frozenset("\\()[]^$|")
 #: How to write the usual Kafka regexes as patterns (a hint, not a converter).
 _REGEX_HINT = (
     "it looks like a regular expression (what Kafka takes), which this option is not: "
@@ -153,7 +153,7 @@ def _pattern_problem(pattern: str) -> str | None:
     if problem is None and not looks_regex:
         return None
     if problem is None:
-        problem = f"regex characters (\\()[]^$|+?) are not wildcards; {PATTERN_RULE}"
+        problem = f"regex characters (\\()[]^$|) are not wildcards; {PATTERN_RULE}"
     if looks_regex or ".*" in pattern:
         problem = f"{problem}; {_REGEX_HINT}"
         if "|" in pattern:

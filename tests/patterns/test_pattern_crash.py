@@ -51,5 +51,6 @@ async def test_a_pattern_with_a_cursor_loses_and_repeats_nothing(tmp_path: Path)
             assert values == list(range(PER_TOPIC)), topic  # none lost, none twice, in order
         assert stats["resumes"] + stats["sessions_lost"] >= len(KILLS_AT)
         print(
-            f"resumes {stats['resumes']}, sessions lost {stats['sessions_lost']}, dropped as delivered again: {stats['duplicates_dropped']}"
+            f"resumes {stats['resumes']}, sessions lost {stats['sessions_lost']}, "
+            f"dropped as delivered again: {stats['duplicates_dropped']}"
         )

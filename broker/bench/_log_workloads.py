@@ -46,12 +46,13 @@ PAYLOAD = 100
 
 
 @contextmanager
-def log_broker() -> Iterator[tuple[str, subprocess.Popen[str], str]]:
+def log_broker(extra: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen[str], str]]:
     """A broker process keeping topic logs in a fresh temporary directory
-    (removed afterwards): ``(url, process, data_dir)``."""
+    (removed afterwards), started with ``extra`` arguments: ``(url,
+    process, data_dir)``."""
     with (
         tempfile.TemporaryDirectory(prefix="broker-bench-log-") as data_dir,
-        broker_process(data_dir=data_dir) as (url, process),
+        broker_process(extra, data_dir=data_dir) as (url, process),
     ):
         yield url, process, data_dir
 

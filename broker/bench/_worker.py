@@ -71,7 +71,21 @@ async def _publish(spec: dict[str, Any]) -> dict[str, Any]:
                 await client.publish(topic, stamp(scheduled, n) + filler)
             sent[topic] = total
 
+        async def round_robin(names: list[str]) -> None:
+            # One task, each message to the next topic in turn (``count`` in all).
+            timelines[names[0]] = [(start, 0)]
+            for n in range(count):
+                await client.publish(
+                    names[n % len(names)], stamp(time.perf_counter_ns(), n) + filler
+                )
+            for index, name in enumerate(names):
+                sent[name] = len(range(index, count, len(names)))
+            timelines[names[0]].append((time.perf_counter_ns(), count))
+
         async with trio.open_nursery() as nursery:
+            if spec.get("round_robin"):
+                nursery.start_soon(round_robin, [topic["name"] for topic in topics])
+                topics = []
             for topic in topics:
                 if topic.get("rate"):
                     nursery.start_soon(at_rate, topic["name"], topic["rate"])

@@ -40,7 +40,9 @@ SIZES = (1, 2, 4)
 MAX_OUTSTANDING = 1000
 
 
-def _plain(url: str, topic: str, count: int) -> dict[str, Any]:
+def plain_run(url: str, topic: str, count: int) -> dict[str, Any]:
+    """1 publisher -> 1 plain reliable subscriber from ``"earliest"`` on
+    ``topic``, ``count`` records published while it reads."""
     reader = worker(
         {
             "role": "logsub",
@@ -137,7 +139,7 @@ def run(
         pid = process.pid
         progress(f"plain reliable 1->1 on a log topic, {count:,} records")
         before = cpu_seconds(pid)
-        plain = _plain(url, "plain", count)
+        plain = plain_run(url, "plain", count)
         results["plain_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
         results.update({f"plain_{k}": v for k, v in plain.items()})
         for members in SIZES:

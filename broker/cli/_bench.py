@@ -32,6 +32,11 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
         "consumer groups on a log broker: plain 1->1 beside groups of 1, 2 and 4 members "
         "(rate, split, exactly-once check, broker CPU per message)",
     ),
+    "patterns": (
+        "broker.bench.patterns",
+        "a pattern subscriber over 100 topics (one publisher round-robin) beside plain "
+        "1->1 on a log broker (rate, loss check, broker CPU per message)",
+    ),
     "workers": (
         "broker.bench.workers",
         "--workers 2 beside one process: messages per worker CPU-second with clients "
@@ -52,6 +57,7 @@ EXAMPLES = """
   broker bench peers                            # beside Mosquitto at 100, 1k, 10k msg/s
   broker bench workers                          # --workers 2 (direct, forwarded) beside one process
   broker bench groups --quick                   # consumer groups of 1, 2, 4 beside plain 1->1
+  broker bench patterns                         # 'pat.*' over 100 topics beside plain 1->1
 """
 
 
@@ -118,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
         extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
-        if suite in ("broker", "peers", "workers", "groups") and on_terminal:
+        if suite in ("broker", "peers", "workers", "groups", "patterns") and on_terminal:
             extra["progress"] = progress
         results[suite] = bench(quick=args.quick, **extra)
     if not results:

@@ -1,0 +1,161 @@
+"""``broker bench patterns``: one pattern subscriber over many topics beside
+a plain subscriber of one topic.
+
+One broker process with topic logs in a fresh data directory; one
+publisher process and one subscriber process per workload, each in its
+own process (the machine's cores shared as they would be). The reader
+subscribes first; then the publisher publishes ``count`` records of 100
+bytes flat out, concurrently with the reading. A rate is ``count`` over
+the time from the publisher's start to the reader's last message.
+
+- ``plain``: 1 publisher -> 1 reliable subscriber of one topic;
+- ``pattern``: 1 publisher round-robin over ``TOPICS`` topics
+  (``pat.0`` ... ``pat.99``) -> one reliable subscriber of ``pat.*``;
+  its deliveries are numbered by the pattern, so the reader checks them
+  as consecutive (no gap, no duplicate) as the plain one checks offsets;
+- ``publish_only``: the same round-robin publisher with no subscriber:
+  what publishing to 100 topics from one connection costs by itself;
+- ``pattern_ratio``: pattern / plain (the issue's target: >= 0.7), and
+  ``pattern_of_publish_only``: pattern / publish_only (what reading them
+  all through one pattern subscription leaves of the publisher's rate);
+- the broker's CPU seconds per message of each (``/proc/PID/stat``),
+  beside ``python_loop_10m_s``.
+
+The broker runs with a ``connection_budget`` that funds the publisher's
+100 topics at once (``TOPICS x (max_frame + 64)`` plus the bind channels,
+as docs/operations.md advises for a client that writes to many topics): at
+the default (63 topics at once) a round robin over 100 rebinds a topic on
+every publish and runs at under a thousand messages a second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._log_workloads import log_broker
+from ._procs import cpu_seconds, proc_status, wait_ready, worker, worker_result
+from ._yardstick import python_loop_10m_s
+from .groups import plain_run
+
+#: Topics the pattern subscriber reads.
+TOPICS = 100
+#: The broker's connection_budget: the publisher's TOPICS channels funded at once.
+CONNECTION_BUDGET = 8 * 1024 * 1024
+
+
+def publish_only_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """``count`` records published round-robin over ``topics`` topics, read by nobody."""
+    names = [{"name": f"{prefix}.{index}"} for index in range(topics)]
+    pub = worker({"role": "pub", "url": url, "topics": names, "count": count, "round_robin": True})
+    published = worker_result(pub, 900)
+    seconds = max((published["end"] - published["start"]) / 1e9, 1e-9)
+    return {"msgs_per_s": count / seconds, "seconds": seconds}
+
+
+def pattern_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """``count`` records published round-robin over ``topics`` topics while
+    one subscriber of ``<prefix>.*`` reads them (see the module)."""
+    reader = worker(
+        {
+            "role": "logsub",
+            "url": url,
+            "topic": f"{prefix}.*",
+            "options": {"from": "earliest"},
+            "count": count,
+            "idle": 60.0,
+        }
+    )
+    wait_ready(reader)
+    names = [{"name": f"{prefix}.{index}"} for index in range(topics)]
+    pub = worker({"role": "pub", "url": url, "topics": names, "count": count, "round_robin": True})
+    published = worker_result(pub, 900)
+    got = worker_result(reader, 900)
+    seconds = max((got["last"] - published["start"]) / 1e9, 1e-9)
+    return {
+        "msgs_per_s": got["received"] / seconds,
+        "seconds": seconds,
+        "received": got["received"],
+        "lost": count - got["received"] + got["gaps"],
+        "duplicates": got["duplicates"],
+        "publisher_msgs_per_s": count / max((published["end"] - published["start"]) / 1e9, 1e-9),
+        "subscriber_cpu_s": got["cpu_s"],
+    }
+
+
+def run(
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _step: None,
+    *,
+    count: int | None = None,
+    **_options: Any,
+) -> dict[str, Any]:
+    """Both workloads against one fresh log broker; returns the figures
+    (flat, as the other suites'). ``count``: records per workload
+    (default 200,000; ``quick``, 20,000)."""
+    started = time.perf_counter()
+    count = count or (20_000 if quick else 200_000)
+    results: dict[str, Any] = {
+        "python_loop_10m_s": python_loop_10m_s(),
+        "records": count,
+        "payload_bytes": 100,
+        "topics": TOPICS,
+        "published": "concurrently with the reading",
+        "connection_budget": CONNECTION_BUDGET,
+    }
+    with log_broker(["--set", f"connection_budget={CONNECTION_BUDGET}"]) as (
+        url,
+        process,
+        _data_dir,
+    ):
+        pid = process.pid
+        progress(f"plain reliable 1->1 on one log topic, {count:,} records")
+        before = cpu_seconds(pid)
+        plain = plain_run(url, "plain", count)
+        results["plain_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
+        results.update({f"plain_{k}": v for k, v in plain.items()})
+        progress(f"1 publisher round-robin over {TOPICS} topics -> 'pat.*', {count:,} records")
+        before = cpu_seconds(pid)
+        pattern = pattern_run(url, "pat", count)
+        results["pattern_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
+        results.update({f"pattern_{k}": v for k, v in pattern.items()})
+        progress(f"the same publisher, {TOPICS} topics, nobody reading, {count:,} records")
+        before = cpu_seconds(pid)
+        alone = publish_only_run(url, "alone", count)
+        results["publish_only_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
+        results.update({f"publish_only_{k}": v for k, v in alone.items()})
+        results["pattern_ratio"] = results["pattern_msgs_per_s"] / results["plain_msgs_per_s"]
+        results["pattern_of_publish_only"] = (
+            results["pattern_msgs_per_s"] / results["publish_only_msgs_per_s"]
+        )
+        results["broker_rss_anon_mib"] = proc_status(pid, "RssAnon") / 2**20
+    results["bench_seconds"] = time.perf_counter() - started
+    return results
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The figures as lines of a table."""
+    lines = [
+        f"python_loop_10m_s {result['python_loop_10m_s']:.2f}; {result['records']:,} records "
+        f"of {result['payload_bytes']} B per workload, published concurrently",
+        f"{'workload':<26} {'msg/s':>10} {'broker us/msg':>14} {'received':>9} "
+        f"{'lost':>5} {'dups':>5}",
+    ]
+    for key, name in (("plain", "plain 1->1"), ("pattern", f"pattern over {result['topics']}")):
+        lines.append(
+            f"{name:<26} {result[key + '_msgs_per_s']:>10,.0f} "
+            f"{result[key + '_broker_cpu_s_per_msg'] * 1e6:>14.2f} "
+            f"{result[key + '_received']:>9,} {result[key + '_lost']:>5} "
+            f"{result[key + '_duplicates']:>5}"
+        )
+    lines.append(
+        f"{'publish only, ' + str(result['topics']) + ' topics':<26} "
+        f"{result['publish_only_msgs_per_s']:>10,.0f} "
+        f"{result['publish_only_broker_cpu_s_per_msg'] * 1e6:>14.2f}"
+    )
+    lines.append(
+        f"pattern / plain: {result['pattern_ratio']:.2f} (goal >= 0.7); "
+        f"pattern / publish only: {result['pattern_of_publish_only']:.2f}"
+    )
+    return lines

@@ -9,6 +9,7 @@ The file is TOML; each ``[principals.NAME]`` table is one principal::
     budget_share = 0.25         # its connections reserve at most this share of global_budget
     publish = ["events.*"]      # topic patterns it may publish to (default: all)
     subscribe = []              # ... and subscribe to (default: all)
+    admin = false               # may list, delete and purge topics and cursors (default: false)
 
     [principals.dashboard]
     identities = ["dashboard"]  # client-certificate common names (mutual TLS)
@@ -87,6 +88,7 @@ _KEYS: Final = frozenset(
         "budget_share",
         "publish",
         "subscribe",
+        "admin",
     }
 )
 
@@ -108,6 +110,8 @@ class Principal:
     #: Topic patterns it may publish to and subscribe to.
     publish: tuple[str, ...] = ("*",)
     subscribe: tuple[str, ...] = ("*",)
+    #: May administer topics and cursors (list, delete, purge): ``admin = true``.
+    admin: bool = False
 
     def may_publish(self, topic: str) -> bool:
         """Whether this principal may publish to ``topic``."""
@@ -206,12 +210,16 @@ def _principal(source: str, name: str, entry: Any) -> tuple[Principal, list[str]
     share = entry.get("budget_share", 1.0)
     if type(share) not in (int, float) or not 0 < share <= 1:
         raise AuthError(f"{where}: budget_share must be a number in (0, 1]")
+    admin = entry.get("admin", False)
+    if type(admin) is not bool:
+        raise AuthError(f"{where}: admin must be true or false")
     principal = Principal(
         name,
         max_connections=max_connections,
         budget_share=float(share),
         publish=_patterns(entry, "publish", where),
         subscribe=_patterns(entry, "subscribe", where),
+        admin=admin,
     )
     return principal, digests, identities
 

@@ -89,13 +89,17 @@ class Subscription(SubscriptionState):
             if error.code == GoodbyeCode.NORMAL or self._closed:
                 raise StopAsyncIteration from None
             raise
+        except ClientError:
+            if self.ended is not None:
+                raise StopAsyncIteration from None  # (the broker ended it: a clean end)
+            raise
 
     def receive_nowait(self) -> Message:
         """The next message, or :class:`trio.WouldBlock` if none is here yet."""
         if not self._inbox:
             self._client._check_open()
             if self._closed:
-                raise ClientError("the subscription is closed")
+                raise ClientError(self.ended or "the subscription is closed")
             raise trio.WouldBlock
         return self._take()
 

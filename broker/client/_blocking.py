@@ -195,7 +195,7 @@ class BlockingSubscription(SubscriptionState):
         """Pop up to ``limit`` queued messages, releasing the room of the
         frames they complete as due (lock held)."""
         if not self._inbox:
-            raise ClientError("the subscription is closed")
+            raise ClientError(self.ended or "the subscription is closed")
         messages = self._take_many(limit) if limit > 1 else [self._take()]
         self._client._after_operation(urgent=True)
         return messages

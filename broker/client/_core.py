@@ -389,6 +389,16 @@ class ClientSession:
                 self.throttled.discard(Channel(ChannelKind.PUBLISH, event.handle))
             elif type(event) is HandleFreeProposed and event.handle_type == HandleType.TOPIC:
                 self.cache.on_free_proposed(event.handle)
+            elif type(event) is HandleFreeProposed:
+                # The broker ends a subscription: its topic was deleted. What
+                # its inbox holds is still the application's to take.
+                subscription = self.subscriptions.get(event.handle)
+                if subscription is not None and not subscription._closed:
+                    subscription._closed = True
+                    subscription.ended = (
+                        f"the broker ended the subscription to {subscription.topic!r}: "
+                        "its topic was deleted"
+                    )
             elif isinstance(event, ConnectionClosed):
                 self.goodbye_code = event.code
                 self.goodbye_by_peer = event.by_peer

@@ -89,6 +89,9 @@ class SubscriptionState:
         self.pattern = is_topic_pattern(topic)
         self._inbox = Inbox(topic)
         self._closed = False
+        #: Why the broker ended the subscription (None: it did not), e.g.
+        #: its topic was deleted: iteration stops once the inbox is empty.
+        self.ended: str | None = None
         #: Deliveries received from the broker so far (taken or not), not
         #: counting those dropped as duplicates.
         self.received = 0

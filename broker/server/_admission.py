@@ -251,6 +251,17 @@ class Admission:
                 return None
         return self.publishing.open(handle, name, stage, may_publish=may_publish)
 
+    def may_administer(self) -> str | None:
+        """Why the client's principal may not administer topics (None: it
+        may: ``admin = true``, or a broker without authentication)."""
+        usage = self.principal
+        if usage is None or usage.principal.admin:
+            return None
+        name = usage.principal.name
+        return (
+            f"principal {name!r} may not administer topics: give it admin = true in the auth file"
+        )
+
     def may_subscribe(self, topic_name: str) -> bool:
         """Whether the client's principal may subscribe to ``topic_name``."""
         return self.principal is None or self.principal.principal.may_subscribe(topic_name)

@@ -3,6 +3,7 @@ queues its Delivers and Gaps through (a :class:`~._topic.Subscriber`)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,14 @@ import trio
 
 from accounts import Account, LoanedItem
 from broker.groups import GroupError, Outcome
-from broker.protocol import MIN_PART, Channel, ChannelKind, Connection, LocalProtocolError
+from broker.protocol import (
+    MIN_PART,
+    Channel,
+    ChannelKind,
+    Connection,
+    HandleType,
+    LocalProtocolError,
+)
 
 from ._forward_group import ForwardedGroupMember
 from ._groups import GroupSubscription
@@ -302,6 +310,16 @@ class Deliveries:
             acked.ack(seq)
             if acked.restorable:  # (only an offset is worth recording)
                 self.acked_dirty.add(handle)
+
+    def end(self, handle: int) -> None:
+        """The broker ends subscription ``handle`` (its topic was deleted): a
+        FreeHandle tells a connected client (its iteration ends once it has
+        taken what it received), and the subscription is closed now."""
+        if not self.protocol.closed:
+            with contextlib.suppress(LocalProtocolError):  # (the client frees it already)
+                self.protocol.free_handle(HandleType.SUBSCRIPTION, handle)
+            self._wake.set()
+        self.drop(handle)
 
     def drop(self, handle: int) -> None:
         """Subscription ``handle`` is gone: it leaves its topic, repaid."""

@@ -4,7 +4,7 @@ control events through :data:`CONTROL`, each to the part whose job it is."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 import trio
@@ -12,6 +12,8 @@ import trio
 from broker.protocol import (
     Abort,
     Ack,
+    Admin,
+    AdminStatus,
     ChannelKind,
     Commit,
     ConnectionClosed,
@@ -32,6 +34,7 @@ from broker.protocol import (
     TopicPattern,
 )
 
+from ._admin import AdminHost, administer, refuse
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
@@ -45,7 +48,7 @@ from ._publishing import PublishChannel, Publishing, PublishingHost
 from ._subscribe import OptionError, make_pattern_subscription, make_subscription
 
 
-class DispatchHost(PublishingHost, OffsetsHost, PatternHost, Protocol):
+class DispatchHost(PublishingHost, OffsetsHost, PatternHost, AdminHost, Protocol):
     """What applying events needs of the broker: publishing's needs, where
     durable cursors are kept, and the pattern subscriptions."""
 
@@ -281,6 +284,39 @@ class Dispatch:
             self.surveys -= 1
             self.publishing.wake.set()
 
+    def admin(self, event: Admin, connection: Dispatched) -> None:
+        refusal = self.admission.may_administer()
+        if refusal is not None:
+            refuse(self.protocol, event, AdminStatus.NOT_PERMITTED, refusal)
+        else:
+            principal = self.admission.principal
+            job = administer(
+                self.host,
+                self.protocol,
+                event,
+                principal.principal.name if principal is not None else None,
+            )
+            if job is not None:
+                nursery = self.publishing.nursery
+                if self.surveys >= MAX_SURVEYS or nursery is None:
+                    connection.goodbye(
+                        GoodbyeCode.LIMIT_EXCEEDED,
+                        f"more than {MAX_SURVEYS} requests wait for the disk: "
+                        "wait for their answers before asking again",
+                    )
+                    return
+                self.surveys += 1
+                nursery.start_soon(self._listing, job)
+        self.publishing.wake.set()
+
+    async def _listing(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Answer an Admin request that waits for the disk to be listed."""
+        try:
+            await job()
+        finally:
+            self.surveys -= 1
+            self.publishing.wake.set()
+
     def ack(self, event: Ack, connection: Dispatched) -> None:
         self.deliveries.ack(event.subscription, event.seq)
 
@@ -327,6 +363,7 @@ CONTROL: Final[dict[type, Callable[[Dispatch, Any, Dispatched], None]]] = {
     Ack: Dispatch.ack,
     Settle: Dispatch.settle,
     ListOffsets: Dispatch.list_offsets,
+    Admin: Dispatch.admin,
     HandleFreeProposed: Dispatch.handle_gone,
     HandleDeleted: Dispatch.handle_gone,
     ConnectionClosed: Dispatch.closed,

@@ -707,6 +707,36 @@ class Groups:
         except LogError as error:
             log.error("writing the state journal failed: %s", error)
 
+    def forget_topic(self, topic: str) -> int:
+        """Forget every group of ``topic`` (it was deleted; its members are
+        gone): their state in the journal too. Returns how many there were."""
+        forgotten = 0
+        for key, _ in list(self.journal.items(GROUPS)):
+            parts = key.split("\x00")
+            if len(parts) != 3 or parts[1] != topic:
+                continue
+            group = self.groups.pop(key, None)
+            if group is not None:
+                group.account.close()
+            self.journal.delete(GROUPS, key)
+            self._settled_at_start.pop(key, None)
+            for settled, _ in list(self.journal.items(SETTLED)):
+                if settled.startswith(key + "\x00"):
+                    self.journal.delete(SETTLED, settled)
+            forgotten += 1
+        if forgotten:
+            self._write()
+        return forgotten
+
+    def count_by_topic(self) -> dict[str, int]:
+        """How many groups each topic has (kept in the journal)."""
+        counts: dict[str, int] = {}
+        for key, _ in self.journal.items(GROUPS):
+            parts = key.split("\x00")
+            if len(parts) == 3:
+                counts[parts[1]] = counts.get(parts[1], 0) + 1
+        return counts
+
     def idle(self, group: Group) -> None:
         """Forget a group without members once nothing of it is under way
         (its state is in the journal)."""

@@ -199,6 +199,23 @@ class TopicLogs:
             )
         return topic_log
 
+    def config_of(self, name: str) -> LogConfig:
+        """The log settings of topic ``name`` (retention, flushing)."""
+        return self._settings.log_config(name)
+
+    def delete(self, name: str) -> bool:
+        """Delete the log of topic ``name`` (closed first if open: its
+        readers must be gone); whether there was one. Raises
+        :class:`TopicUnavailable` if its directory cannot be removed."""
+        opened = self._opened.pop(name, None)
+        if opened is not None:
+            self._dirty.discard(opened)
+            self._sync_failing.pop(opened, None)
+        try:
+            return self.store.delete_topic(name)
+        except (LogError, OSError) as error:
+            raise self._unavailable(name, "delete", "deleted", error) from None
+
     def end_of(self, name: str) -> int | None:
         """The next offset of ``name``'s log, if this broker (worker) serves
         it and it can be opened; else None."""

@@ -1,17 +1,21 @@
 """The source's options (those of Spark's Kafka source), checked on the
 driver before any task runs, and its offsets: Kafka's JSON shape
 ``{"topic": {"0": 42}}``, where the number is the *next* offset to read
-(a topic has one partition, ``0``)."""
+(a topic has one partition, ``0``).
+
+``subscribePattern`` is a topic pattern with the broker's rules (see
+:mod:`broker.protocol._patterns`: ``orders.*`` one token, ``orders.>`` one or
+more), not Kafka's Java regular expression; a value that looks like one is
+refused with a hint."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.protocol import topic_name_problem
+from broker.protocol import PATTERN_RULE, TopicPattern, topic_name_problem, topic_pattern_error
 
 from ._options import CONNECTION_OPTIONS, SinkError, SinkOptions
 
@@ -53,8 +57,8 @@ class SourceOptions:
     connection: SinkOptions
     #: The topics of ``subscribe`` (None: ``subscribePattern``).
     topics: tuple[str, ...] | None
-    #: The regular expression of ``subscribePattern`` (matched whole, as Kafka does).
-    pattern: str | None
+    #: The topic pattern of ``subscribePattern`` (None: ``subscribe``).
+    pattern: TopicPattern | None
     starting: Bound
     ending: Bound
     max_per_trigger: int | None
@@ -90,13 +94,11 @@ class SourceOptions:
             for topic in topics:
                 if (problem := topic_name_problem(topic)) is not None:
                     raise SourceError(f'option "subscribe": {problem}')
+        matcher = None
         if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise SourceError(
-                    f'option "subscribePattern": not a regular expression: {error}'
-                ) from None
+            if (problem := _pattern_problem(pattern)) is not None:
+                raise SourceError(f'option "subscribePattern": {problem}')
+            matcher = TopicPattern(pattern)
         starting = _bound(options.get("startingoffsets"), "startingOffsets", "earliest", topics)
         if streaming and "endingoffsets" in options:
             raise SourceError('"endingOffsets" is for batch queries; a stream has no end')
@@ -111,7 +113,7 @@ class SourceOptions:
         return cls(
             connection=connection,
             topics=topics,
-            pattern=pattern,
+            pattern=matcher,
             starting=starting,
             ending=ending,
             max_per_trigger=_positive(options.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger"),
@@ -125,12 +127,38 @@ class SourceOptions:
         if self.topics is not None:
             return sorted(t for t in self.topics if t in available)
         assert self.pattern is not None
-        matcher = re.compile(self.pattern)
-        return sorted(t for t in available if matcher.fullmatch(t))
+        return sorted(t for t in available if self.pattern.matches(t))
 
 
 #: Kafka source options this source does not take: said, not silently ignored.
 _KAFKA_ONLY = frozenset({"assign", "topic", "includeheaders"})
+
+
+#: Characters that mean something in a regular expression and nothing in a
+#: topic pattern. Names may hold them, but in this option they almost always
+#: are a Kafka regex, which read as a pattern would silently match nothing.
+_REGEX_CHARACTERS = frozenset("\\()[]^$|+?")
+#: How to write the usual Kafka regexes as patterns (a hint, not a converter).
+_REGEX_HINT = (
+    "it looks like a regular expression (what Kafka takes), which this option is not: "
+    r"write orders\..* as orders.> and orders\.[^.]+ as orders.*"
+)
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """``None`` if ``subscribePattern`` may take ``pattern``, else one line:
+    the pattern rule it breaks, and a hint if it looks like a regex."""
+    looks_regex = not _REGEX_CHARACTERS.isdisjoint(pattern)
+    problem = topic_pattern_error(pattern)
+    if problem is None and not looks_regex:
+        return None
+    if problem is None:
+        problem = f"regex characters (\\()[]^$|+?) are not wildcards; {PATTERN_RULE}"
+    if looks_regex or ".*" in pattern:
+        problem = f"{problem}; {_REGEX_HINT}"
+        if "|" in pattern:
+            problem += ', and name alternatives (a|b) in option "subscribe" (a,b)'
+    return problem
 
 
 def _has(bound: Bound, special: int) -> bool:

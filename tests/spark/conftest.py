@@ -19,10 +19,14 @@ TIMEOUT = 60
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every Spark test is slow (a JVM, a local Spark session): ``-m "not slow"``
     skips them. Without Java they skip, saying so (under CI, where
-    ``$BROKER_REQUIRE_TOOLS`` is 1 and Java is installed, they would fail)."""
+    ``$BROKER_REQUIRE_TOOLS`` is 1 and Java is installed, they would fail).
+    A module that sets ``NEEDS_JVM = False`` (unit tests of option parsing)
+    is neither."""
     no_java = shutil.which("java") is None and os.environ.get("BROKER_REQUIRE_TOOLS") != "1"
     for item in items:
-        if "tests/spark/" in item.nodeid:
+        if "tests/spark/" in item.nodeid and getattr(
+            getattr(item, "module", None), "NEEDS_JVM", True
+        ):
             item.add_marker(pytest.mark.slow)
             if no_java:
                 item.add_marker(

@@ -120,8 +120,9 @@ def test_a_pattern_reads_every_matching_topic(spark: Any, log_broker: str) -> No
     since = datetime.datetime.now(datetime.UTC)
     publish(log_broker, f"{prefix}.a", 5)
     publish(log_broker, f"{prefix}.b", 7)
-    publish(log_broker, f"{prefix}x.c", 3)  # not matched
-    rows = read(spark, log_broker, subscribePattern=rf"{prefix}\..*").collect()
+    publish(log_broker, f"{prefix}x.c", 3)  # not matched: another first token
+    publish(log_broker, f"{prefix}.a.deep", 2)  # not matched: '*' is exactly one token
+    rows = read(spark, log_broker, subscribePattern=f"{prefix}.*").collect()
     assert sorted({(r.topic, len([x for x in rows if x.topic == r.topic])) for r in rows}) == [
         (f"{prefix}.a", 5),
         (f"{prefix}.b", 7),

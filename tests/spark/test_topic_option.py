@@ -9,6 +9,9 @@ import pytest
 
 from broker.spark._options import SinkError, SinkOptions
 
+#: Option parsing only: no Spark session, not slow (see conftest).
+NEEDS_JVM = False
+
 
 @pytest.mark.parametrize(
     ("topic", "says"), [("a\nb", "U+000A"), ("x" * 256, "too long"), ("a b", "U+0020")]

@@ -1,0 +1,444 @@
+"""Topic administration: the ``Admin`` requests (Kafka's admin client).
+
+``topics`` lists every topic the broker keeps, opened or only on disk (the
+data directory is listed in a thread, reading each topic's directory and
+marks, never opening a log: see ``broker.log.list_stored_topics``), with
+the exact figures of the logs open here. ``delete-topic`` ends every
+subscription of the topic (a connected client gets a ``FreeHandle``; a
+pattern subscription a ``Matched`` that unbinds the topic), forgets its
+durable cursors and consumer groups and removes its log; a topic with
+publishers bound goes on with a new, empty log (offsets from 1), which
+patterns then match again. ``purge-topic`` deletes the records before an
+offset (Kafka's delete-records): readers behind it get a ``Gap`` (a
+``MatchedGap``) as they read on. ``cursors`` and ``delete-cursor`` list
+and forget durable cursors.
+
+Allowed to principals with ``admin = true`` in the auth file, and to
+everyone on a broker without authentication. A request that names a
+topic another worker serves is answered ``ELSEWHERE`` with that worker.
+Answers longer than a frame come in pages (``next``: ask again with
+``"after"``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import cbor2
+import trio
+
+from broker.log import LogConfig, LogError, StoredTopic
+from broker.protocol import (
+    Admin,
+    AdminStatus,
+    AdminValue,
+    Connection,
+    TopicPattern,
+    topic_name_problem,
+    topic_pattern_error,
+)
+
+from ._delivery import Deliveries
+from ._groups import Groups
+from ._log_subscription import CursorBook, cursor_key
+from ._logs import TopicLogs
+from ._patterns import PatternRegistry
+from ._session import SessionTable
+from ._topic import Subscription, Topic
+
+log = logging.getLogger("broker.server")
+
+#: Bytes of a frame an answer's head and ``next`` may take (the rest: rows).
+ANSWER_SLACK = 512
+#: What each command takes (its arguments, besides ``after`` for lists).
+COMMANDS: Mapping[str, frozenset[str]] = {
+    "topics": frozenset({"pattern", "after"}),
+    "delete-topic": frozenset({"topic"}),
+    "purge-topic": frozenset({"topic", "before"}),
+    "cursors": frozenset({"pattern", "after"}),
+    "delete-cursor": frozenset({"topic", "cursor", "principal"}),
+}
+
+Row = dict[str, AdminValue]
+
+
+class AdminError(Exception):
+    """The request is answered with ``status`` and this one line, nothing done."""
+
+    def __init__(self, status: AdminStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class AdminHost(Protocol):
+    """What administration needs of the broker."""
+
+    @property
+    def logs(self) -> TopicLogs | None: ...
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+    @property
+    def cursors(self) -> CursorBook | None: ...
+
+    @property
+    def groups(self) -> Groups | None: ...
+
+    @property
+    def patterns(self) -> PatternRegistry: ...
+
+    @property
+    def sessions(self) -> SessionTable: ...
+
+    def topic(self, name: str) -> Topic: ...
+
+    def not_owned(self, topic: str) -> str | None: ...
+
+
+def administer(
+    host: AdminHost, protocol: Connection, request: Admin, principal: str | None
+) -> Callable[[], Awaitable[None]] | None:
+    """Answer ``request`` now, or return the job that answers it once the
+    disk is listed (run it in a task: it answers nothing if the connection
+    closed meanwhile)."""
+    try:
+        arguments = _arguments(request)
+        command = request.command
+        if command == "topics":
+            pattern = _pattern(arguments)
+            return lambda: _list_topics(host, protocol, request.request, pattern, arguments)
+        if command == "cursors":
+            _answer_rows(
+                protocol, request.request, _cursor_rows(host, _pattern(arguments)), arguments
+            )
+        elif command == "delete-topic":
+            _answer(protocol, request.request, [_delete_topic(host, _topic(arguments))])
+        elif command == "purge-topic":
+            before = arguments.get("before")
+            if type(before) is not int or before < 1:
+                raise AdminError(AdminStatus.REFUSED, '"before" must be an offset (>= 1)')
+            _answer(protocol, request.request, [_purge_topic(host, _topic(arguments), before)])
+        else:  # delete-cursor
+            _answer(protocol, request.request, [_delete_cursor(host, arguments, principal)])
+    except AdminError as error:
+        protocol.admin_answer(request.request, error.status, [], None, error.reason)
+    return None
+
+
+def refuse(protocol: Connection, request: Admin, status: AdminStatus, reason: str) -> None:
+    """Answer ``request`` with ``status`` and ``reason``: nothing done."""
+    protocol.admin_answer(request.request, status, [], None, reason)
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def _arguments(request: Admin) -> dict[str, AdminValue]:
+    known = COMMANDS.get(request.command)
+    if known is None:
+        raise AdminError(
+            AdminStatus.REFUSED,
+            f"unknown admin command {request.command[:40]!r} (known: {', '.join(COMMANDS)})",
+        )
+    unknown = sorted(set(request.arguments) - known)
+    if unknown:
+        raise AdminError(
+            AdminStatus.REFUSED,
+            f"{request.command} takes {sorted(known)}, not {[u[:40] for u in unknown[:3]]}",
+        )
+    return request.arguments
+
+
+def _pattern(arguments: Mapping[str, AdminValue]) -> TopicPattern | None:
+    pattern = arguments.get("pattern")
+    if pattern is None:
+        return None
+    problem = topic_pattern_error(pattern)
+    if problem is not None:
+        raise AdminError(AdminStatus.REFUSED, f'"pattern": {problem}')
+    assert isinstance(pattern, str)
+    return TopicPattern(pattern)
+
+
+def _topic(arguments: Mapping[str, AdminValue]) -> str:
+    topic = arguments.get("topic")
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise AdminError(AdminStatus.REFUSED, f'"topic": {problem}')
+    assert isinstance(topic, str)
+    return topic
+
+
+def _owned(host: AdminHost, topic: str) -> None:
+    elsewhere = host.not_owned(topic)
+    if elsewhere is not None:
+        raise AdminError(AdminStatus.ELSEWHERE, elsewhere)
+
+
+# ---------------------------------------------------------------- answers
+
+
+def _answer(protocol: Connection, request: int, rows: list[Row]) -> None:
+    protocol.admin_answer(request, AdminStatus.OK, rows)
+
+
+def _answer_rows(
+    protocol: Connection, request: int, rows: list[tuple[str, Row]], arguments: Mapping[str, object]
+) -> None:
+    """Send ``rows`` (sorted by their keys) after ``arguments["after"]``, as
+    many as one frame holds; ``next`` names the last sent if more follow."""
+    after = arguments.get("after")
+    if isinstance(after, str):
+        rows = [(key, row) for key, row in rows if key > after]
+    budget = protocol.peer_max_frame - ANSWER_SLACK
+    page: list[Row] = []
+    size = 0
+    for index, (_key, row) in enumerate(rows):
+        cost = len(cbor2.dumps(row))
+        if page and size + cost > budget:
+            protocol.admin_answer(request, AdminStatus.OK, page, rows[index - 1][0])
+            return
+        page.append(row)
+        size += cost
+    protocol.admin_answer(request, AdminStatus.OK, page)
+
+
+# ---------------------------------------------------------------- listing
+
+
+async def _list_topics(
+    host: AdminHost,
+    protocol: Connection,
+    request: int,
+    pattern: TopicPattern | None,
+    arguments: Mapping[str, object],
+) -> None:
+    """Answer ``topics``: the data directory listed in a thread, overlaid
+    with what the broker has open."""
+    match = pattern.matches if pattern is not None else None
+    logs = host.logs
+    stored: list[StoredTopic] = []
+    if logs is not None:
+        try:
+            stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
+        except OSError as error:
+            if not protocol.closed:
+                refuse_line = f"the data directory cannot be listed now: {error.strerror}"
+                protocol.admin_answer(request, AdminStatus.REFUSED, [], None, refuse_line)
+            return
+    if protocol.closed:
+        return
+    on_disk = {topic.name: topic for topic in stored}
+    names = set(on_disk)
+    names.update(name for name in host.topics if match is None or match(name))
+    cursors = _count_cursors(host.cursors)
+    groups = host.groups.count_by_topic() if host.groups is not None else {}
+    rows: list[tuple[str, Row]] = []
+    for name in sorted(names):
+        row = _topic_row(name, on_disk.get(name), host.topics.get(name), logs)
+        row["cursors"] = cursors.get(name, 0)
+        row["groups"] = groups.get(name, 0)
+        rows.append((name, row))
+    _answer_rows(protocol, request, rows, arguments)
+
+
+def _topic_row(
+    name: str, stored: StoredTopic | None, topic: Topic | None, logs: TopicLogs | None
+) -> Row:
+    """One ``topics`` row: exact from an open log, else as the files say."""
+    first = end = size = terms = appended = None
+    is_open = False
+    topic_log = topic.log if topic is not None and not topic.forwarded else None
+    if topic_log is not None and not topic_log.closed:
+        is_open = True
+        end = topic_log.written_offset + 1
+        first = min(topic_log.first_offset, end)
+    elif stored is not None:
+        first, end = stored.first, stored.end
+    if stored is not None:
+        size, terms, appended = stored.bytes, stored.terms, stored.last_append_ms
+    config: LogConfig | None = logs.config_of(name) if logs is not None else None
+    return {
+        "topic": name,
+        "first": first,
+        "end": end,
+        "records": None if first is None or end is None else end - first,
+        "bytes": size,
+        "terms": terms,
+        "last_append_ms": appended,
+        "open": is_open,
+        "subscribers": 0 if topic is None else len(topic.subscriptions),
+        "retention_bytes": None if config is None else config.retain_bytes,
+        "retention_ms": (
+            None
+            if config is None or config.retain_seconds is None
+            else int(config.retain_seconds * 1000)
+        ),
+        "when_full": None if config is None else config.when_full,
+        "flush": None if config is None else config.flush,
+    }
+
+
+def _cursor_parts(key: str) -> tuple[str, str, str] | None:
+    parts = key.split("\x00")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def _count_cursors(cursors: CursorBook | None) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key, _ in cursors.items() if cursors is not None else ():
+        parts = _cursor_parts(key)
+        if parts is not None:
+            counts[parts[1]] = counts.get(parts[1], 0) + 1
+    return counts
+
+
+def _cursor_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
+    """The durable cursors (of topics ``pattern`` matches), sorted by topic,
+    cursor and principal."""
+    rows: list[tuple[str, Row]] = []
+    for key, position in host.cursors.items() if host.cursors is not None else ():
+        parts = _cursor_parts(key)
+        if parts is None:
+            continue
+        principal, topic, cursor = parts
+        if pattern is not None and not pattern.matches(topic):
+            continue
+        lag: int | None = None
+        open_topic = host.topics.get(topic)
+        if open_topic is not None and open_topic.log is not None and not open_topic.log.closed:
+            lag = max(0, open_topic.log.written_offset + 1 - position)
+        row: Row = {
+            "topic": topic,
+            "cursor": cursor,
+            "principal": principal or None,
+            "position": position,
+            "lag": lag,
+        }
+        rows.append(("\x00".join((topic, cursor, principal)), row))
+    rows.sort(key=lambda item: item[0])
+    return rows
+
+
+# ---------------------------------------------------------------- changing
+
+
+def _delete_topic(host: AdminHost, name: str) -> Row:
+    """Delete topic ``name``: its subscriptions end, its cursors and groups
+    are forgotten, its log removed (see the module)."""
+    _owned(host, name)
+    logs = host.logs
+    topic = host.topics.get(name)
+    stored = logs.store.list_topics(lambda n: n == name) if logs is not None else []
+    if topic is None and not stored:
+        raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
+    records = size = 0
+    if stored:
+        records, size = stored[0].end - stored[0].first, stored[0].bytes
+    if topic is not None and topic.log is not None and not topic.log.closed:
+        records = topic.log.next_offset - topic.log.first_offset
+    host.patterns.topic_deleted(name)  # (pattern members: a Matched that unbinds it)
+    ended = 0
+    if topic is not None:
+        for subscription in list(topic.subscriptions):
+            _end(host, subscription)
+            ended += 1
+    groups = host.groups.forget_topic(name) if host.groups is not None else 0
+    cursors = 0
+    book = host.cursors
+    if book is not None:
+        for key, _ in book.items():
+            parts = _cursor_parts(key)
+            if parts is not None and parts[1] == name:
+                book.delete(key)
+                cursors += 1
+    if logs is not None:
+        logs.delete(name)
+        if topic is not None and (topic.publishers or topic.held):
+            # Its publishers go on, into a new log; patterns match it again.
+            topic.log = logs.open(name)
+            topic.log_error = None
+            host.patterns.topic_made(name)
+    if topic is not None:
+        topic.release_if_unused()
+    log.info("topic %r deleted: %d records, %d subscriptions ended", name[:64], records, ended)
+    return {
+        "topic": name,
+        "deleted": True,
+        "records": records,
+        "bytes": size,
+        "cursors": cursors,
+        "groups": groups,
+        "subscribers": ended,
+    }
+
+
+def _end(host: AdminHost, subscription: Subscription) -> None:
+    """End ``subscription`` of a deleted topic: its client is told (a
+    FreeHandle now, or, for a session whose connection is down, the
+    subscription missing from the ``Welcome`` of its resume)."""
+    for session in host.sessions.sessions.values():
+        if session.subscriptions.get(subscription.handle) is subscription:
+            if session.connection is None and session.state is not None:
+                session.state.subscriptions.pop(subscription.handle, None)
+            break
+    connection = subscription.connection
+    if isinstance(connection, Deliveries) and (
+        connection.subscriptions.get(subscription.handle) is subscription
+    ):
+        connection.end(subscription.handle)
+    else:
+        subscription.close()
+
+
+def _purge_topic(host: AdminHost, name: str, before: int) -> Row:
+    """Delete the records of ``name`` before offset ``before``; readers
+    behind it are told with a Gap as they read on."""
+    _owned(host, name)
+    if host.logs is None:
+        raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: nothing to purge")
+    known = name in host.topics or host.logs.store.list_topics(lambda n: n == name)
+    if not known:
+        raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
+    topic = host.topic(name)
+    topic_log = topic.log
+    try:
+        if topic_log is None:  # pragma: no cover - a broker with logs gives every topic one
+            raise AdminError(AdminStatus.REFUSED, f"topic {name[:64]!r} has no log")
+        topic_log.write()  # (so that what is appended may be purged too)
+        deleted = topic_log.purge_before(before)
+    except LogError as error:
+        raise AdminError(AdminStatus.REFUSED, f"purging {name[:64]!r} failed: {error}") from None
+    finally:
+        for subscription in list(topic.subscriptions):
+            if subscription.reads_log:
+                subscription.pump()
+        topic.reader_moved()
+        topic.release_if_unused()
+    log.info("topic %r purged before offset %d: %d records deleted", name[:64], before, deleted)
+    return {"topic": name, "first": topic_log.first_offset, "records": deleted}
+
+
+def _delete_cursor(
+    host: AdminHost, arguments: Mapping[str, AdminValue], principal: str | None
+) -> Row:
+    """Forget a durable cursor (its subscription, if one is live, stores
+    it again at its next Ack)."""
+    topic = _topic(arguments)
+    cursor = arguments.get("cursor")
+    if not isinstance(cursor, str) or topic_name_problem(cursor) is not None:
+        raise AdminError(AdminStatus.REFUSED, '"cursor" must be a cursor\'s name')
+    owner = arguments.get("principal", principal)
+    if owner is not None and not isinstance(owner, str):
+        raise AdminError(AdminStatus.REFUSED, '"principal" must be text')
+    book = host.cursors
+    if book is None or not book.delete(cursor_key(owner, topic, cursor)):
+        whose = f" of principal {owner!r}" if owner else ""
+        raise AdminError(
+            AdminStatus.REFUSED, f"no cursor {cursor[:64]!r} of topic {topic[:64]!r}{whose}"
+        )
+    return {"topic": topic, "cursor": cursor, "deleted": True}

@@ -511,10 +511,14 @@ async def _ends(
                     for t, span in spans.items()
                     if matcher.matches(t)
                 ]
+            # (A log not open is listed as of its last flush: its offsets
+            # are asked again, which reads them exactly.)
+            matched = [t for row in rows if isinstance(t := row.get("topic"), str)]
+            exact = await client.offsets(matched) if matched else {}
             for row in rows:
-                topic, low, high = row.get("topic"), row.get("first"), row.get("end")
-                if isinstance(topic, str) and isinstance(low, int) and isinstance(high, int):
-                    ms = row.get("last_append_ms")
+                topic, ms = row.get("topic"), row.get("last_append_ms")
+                if isinstance(topic, str) and topic in exact:
+                    low, high = exact[topic]
                     found[topic] = (low, high, ms if isinstance(ms, int) else None)
     if isinstance(start, datetime.datetime) and names:
         # (When each named topic was last appended to, where the broker says.)

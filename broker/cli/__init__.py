@@ -1,7 +1,8 @@
 """The ``broker`` command line.
 
 ``broker serve`` runs the broker; ``broker pub`` / ``broker sub`` publish and
-print messages; ``broker stat`` shows a running broker's budgets, topics,
+print messages; ``broker topics`` / ``broker cursors`` list and manage the
+topics and durable cursors it keeps; ``broker stat`` shows a running broker's budgets, topics,
 connections, accounts and channels; ``broker health`` answers container
 health checks; ``broker token`` makes client credentials; ``broker bench``
 runs the project's own benchmarks. One module per command; :func:`main` is
@@ -26,6 +27,7 @@ EXAMPLES = """
   broker serve                                  # a broker on 127.0.0.1:7400
   broker sub news                               # print the messages of 'news'
   broker pub news hello                         # publish one
+  broker topics ls                              # the topics it keeps
   broker stat --watch                           # watch it work
   broker COMMAND --help                         # each command's options and examples
 """
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The commands (and trio, cbor2, ... with them) are imported here, not
     # when the module is: a Ctrl-C while they load (a second or so on a busy
     # machine) is then main's to answer, in one line, not a traceback.
-    from . import _bench, _health, _pub, _serve, _stat, _sub, _token
+    from . import _bench, _cursors, _health, _pub, _serve, _stat, _sub, _token, _topics
 
     parser = argparse.ArgumentParser(
         prog="broker",
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, help="(broker COMMAND --help for more)"
     )
-    for command in (_serve, _pub, _sub, _stat, _health, _token, _bench):
+    for command in (_serve, _pub, _sub, _topics, _cursors, _stat, _health, _token, _bench):
         command.add_parser(subparsers)
     return parser
 

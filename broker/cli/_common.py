@@ -22,6 +22,8 @@ from ._codes import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from ._codes import LOG_LEVELS
 
 DEFAULT_BROKER = "127.0.0.1:7400"
+#: The environment variable that gives ``--broker`` its default (as ``NATS_URL``).
+BROKER_URL = "BROKER_URL"
 DEFAULT_METRICS = "127.0.0.1:9400"
 
 #: How long ``pub`` and ``sub`` try to connect again to a broker that went
@@ -142,16 +144,20 @@ def unescape(text: str) -> str:
 # ---------------------------------------------------------------- client flags
 
 
-def add_client_flags(parser: argparse.ArgumentParser) -> None:
-    """``--broker``, ``--token`` and the TLS flags of ``pub`` and ``sub``."""
+def add_client_flags(parser: argparse.ArgumentParser, *, reconnect: bool = True) -> None:
+    """``--broker``, ``--token`` and the TLS flags of the commands that
+    connect to the broker's protocol port (``pub``, ``sub``, ``topics``,
+    ``cursors``); ``--broker`` is resolved by :func:`refuse_brokers`.
+    Without ``reconnect`` there is no ``--reconnect`` (``args.reconnect`` is 0:
+    a command that asks once does not wait for a broker to come back)."""
     group = parser.add_argument_group("connection")
     group.add_argument(
         "--broker",
-        default=DEFAULT_BROKER,
+        default=None,
         metavar="ADDRESS",
         help="broker address: HOST:PORT, or tls://HOST:PORT for TLS; several, comma-separated, "
         "for brokers that share the topics (each topic goes to its owner) "
-        "(default: %(default)s)",
+        f"(default: ${BROKER_URL}, or {DEFAULT_BROKER}; --broker wins over ${BROKER_URL})",
     )
     group.add_argument(
         "--token", help="credential for a broker that authenticates (default: $BROKER_TOKEN)"
@@ -169,6 +175,9 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
         help="private key of --cert, if not in the same file (mosquitto's --key; "
         "here --key is the message key)",
     )
+    if not reconnect:
+        parser.set_defaults(reconnect=0.0)
+        return
     group.add_argument(
         "--reconnect",
         type=non_negative_float,
@@ -181,15 +190,22 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse_brokers(command: str, args: argparse.Namespace) -> int | None:
-    """A ``--broker`` that names no broker (``host:abc``, ``http://...``,
-    empty) is a usage error: 2 after saying so in one line, before anything
-    is read or connected; None to go on."""
+    """Settle ``args.broker``: ``--broker``, else ``$BROKER_URL`` (if set
+    and not empty), else :data:`DEFAULT_BROKER`. One that names no broker
+    (``host:abc``, ``http://...``, empty) is a usage error: 2 after saying
+    so in one line (and where it came from), before anything is read or
+    connected; None to go on."""
     from ..client import ClientError, parse_servers
 
+    source = ""
+    if args.broker is None:
+        args.broker = os.environ.get(BROKER_URL) or DEFAULT_BROKER
+        if os.environ.get(BROKER_URL):
+            source = f" (from ${BROKER_URL}; --broker overrides it)"
     try:
         parse_servers(args.broker)
     except ClientError as error:
-        print(f"broker {command}: {error}", file=sys.stderr)
+        print(f"broker {command}: {error}{source}", file=sys.stderr)
         return 2
     return None
 

@@ -53,7 +53,6 @@ LOG_COLUMNS = ("first_offset", "last_offset", "bytes", "terms", "held", "lag")
 CURSOR_COLUMNS = ("position", "lag", "subscribed")
 #: Figures of the ``logs`` section shown on its head lines, in this order.
 LOG_FIGURES = (
-    "topics_total",
     "bytes",
     "terms",
     "blocked_topics",
@@ -213,7 +212,13 @@ def _topics(document: Mapping[str, Any]) -> list[str]:
     if "topics" not in document:
         return []
     topics = _list(document, "topics")
-    lines = ["", f"topics ({len(topics)})"]
+    total = document.get("topics_total")
+    shown = f"{len(topics)}"
+    if isinstance(total, int) and total != len(topics):
+        shown = f"{total} opened since start, {len(topics)} in detail"
+    elif isinstance(total, int):
+        shown = f"{total} opened since start"
+    lines = ["", f"topics ({shown}; all of them: broker topics ls)"]
     if not topics:
         return lines
     names = [repr(topic.get("name", "?")) + _worker(topic) for topic in topics]
@@ -274,7 +279,9 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
     shown = f"{total}" if total == len(topics) else f"{total}, {len(topics)} in detail"
     # Only the logs opened since the start are known here: a topic nobody
     # has used since stays on disk, uncounted (say so, not "all topics").
-    lines.append(f"  topics opened since the broker started ({shown})")
+    lines.append(
+        f"  topics opened since the broker started ({shown}; every topic on disk: broker topics ls)"
+    )
     if topics:
         names = [repr(topic.get("name", "?")) + _worker(topic) for topic in topics]
         table = _table(topics, names, LOG_COLUMNS, "    ")

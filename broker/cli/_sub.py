@@ -32,7 +32,7 @@ from ._common import (
 from ._output import PLACEHOLDERS, FormatError, json_line, raw, template_printer
 
 if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
-    from ..client import Start
+    from ..client import ClusterClient, Start
 
 EXAMPLES = r"""
   broker sub news                               # each payload on a line, as it is
@@ -78,8 +78,40 @@ silence, 1 on an error, 130 on Ctrl-C.
 """
 
 
-#: What other brokers' subscriptions take as wildcards (MQTT, NATS, globs).
-WILDCARDS = ("#", "+", "*", ">")
+def mqtt_hint(topic: str) -> str | None:
+    """One line saying the NATS-style pattern of an MQTT wildcard topic
+    (``#``, or a ``+`` token between ``/`` or ``.``), or None if it is none."""
+    tokens = re.split(r"[/.]", topic)
+    if "#" not in topic and "+" not in tokens:
+        return None
+    nats = ".".join("*" if token == "+" else ">" if token == "#" else token for token in tokens)
+    return (
+        f"{topic!r} is an MQTT wildcard: patterns here are NATS-style, over '.'-separated "
+        f"tokens ('*' one token, a last '>' one or more): write {nats!r}"
+    )
+
+
+def refuse_wildcards(topics: list[str]) -> int | None:
+    """2 after one line on the first TOPIC that is an MQTT wildcard or a
+    broken pattern (a ``*``, or a ``>`` token, that breaks the pattern
+    rule); None to go on."""
+    from ..protocol import topic_pattern_error
+
+    for topic in topics:
+        problem = mqtt_hint(topic)
+        if problem is None and ("*" in topic or ">" in topic.split(".")):
+            problem = topic_pattern_error(topic)
+        if problem is not None:
+            print(f"broker sub: {problem}", file=sys.stderr)
+            return 2
+    return None
+
+
+def is_topic_pattern(topic: str) -> bool:
+    """Whether TOPIC is a pattern (see :func:`broker.protocol.is_topic_pattern`)."""
+    from ..protocol import is_topic_pattern as is_pattern
+
+    return is_pattern(topic)
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -91,10 +123,23 @@ def add_parser(subparsers: Subparsers) -> None:
         "(on stdout; what it does on stderr).",
         examples=EXAMPLES,
     )
-    parser.add_argument("topics", nargs="+", metavar="TOPIC", help="a topic to subscribe to")
+    parser.add_argument(
+        "topics",
+        nargs="+",
+        metavar="TOPIC",
+        help="a topic to subscribe to, or a pattern: orders.* (one token), orders.> (one or more)",
+    )
     stop = parser.add_argument_group("when to stop (default: never)")
     stop.add_argument(
         "-c", "--count", type=positive_int, metavar="N", help="stop after N messages in all"
+    )
+    stop.add_argument(
+        "-e",
+        "--until-end",
+        action="store_true",
+        help="stop, status 0, once what each topic held when it started is printed "
+        "(kcat -e; topics made later are left out; with --from latest, the default, "
+        "that is nothing: give --from)",
     )
     stop.add_argument(
         "--timeout",
@@ -147,8 +192,9 @@ def add_parser(subparsers: Subparsers) -> None:
         dest="start",
         type=start_value,
         metavar="WHERE",
-        help="earliest, latest (the default), an OFFSET, a TIME with a timezone "
-        "(2026-11-25T10:00:00Z) or a duration back (-10m, -2h, -30s)",
+        help="earliest, latest (the default), an OFFSET, -N (the last N records of each "
+        "topic), a TIME with a timezone (2026-11-25T10:00:00Z) or a duration back "
+        "(-10m, -2h, -30s)",
     )
     start.add_argument(
         "--cursor",
@@ -187,8 +233,8 @@ _DURATION = re.compile(r"-(?:[0-9]+(?:\.[0-9]+)?[smhd])+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WHERE = (
-    "expected earliest, latest, an offset, a time with a timezone "
-    "(2026-11-25T10:00:00Z) or a duration back (-10m)"
+    "expected earliest, latest, an offset, -N (the last N records), a time with a "
+    "timezone (2026-11-25T10:00:00Z) or a duration back (-10m)"
 )
 
 
@@ -207,9 +253,11 @@ def start_value(text: str) -> Start:
         except OverflowError:
             raise argparse.ArgumentTypeError(f"{text}: too far back") from None
     elif re.fullmatch("-[0-9]+", text):
-        raise argparse.ArgumentTypeError(
-            f"an offset is 0 or more, got {text}; a duration back has a unit: {text}m, {text}s"
-        )
+        value = int(text)  # the last N records (of each topic)
+        if value == 0:
+            raise argparse.ArgumentTypeError(
+                "-N is the last N records, N at least 1 (latest: none of them)"
+            )
     elif _DURATION.fullmatch("-" + text):
         raise argparse.ArgumentTypeError(f"a duration back is negative: -{text}, not {text}")
     else:
@@ -292,16 +340,13 @@ def run(args: argparse.Namespace) -> int:
     refused = refuse_brokers("sub", args)
     if refused is not None:
         return refused
-    refused = refuse_topics("sub", args.topics)
-    for topic in args.topics:
-        if any(sign in topic for sign in WILDCARDS):
-            print(
-                f"broker sub: {topic!r} is one topic of that name: there are no wildcard "
-                "subscriptions (name each topic)",
-                file=sys.stderr,
-            )
+    refused = refuse_topics("sub", args.topics) or refuse_wildcards(args.topics)
     if refused is not None:
         return refused
+    if args.group is not None and any(is_topic_pattern(topic) for topic in args.topics):
+        parser.error("--group shares one topic's messages: name a topic, not a pattern")
+    if args.until_end and (args.group is not None or args.cursor is not None):
+        parser.error("--until-end reads from --from: not with --group or --cursor")
     tally = _Tally()
 
     async def body(interrupt: Interrupt) -> None:
@@ -342,8 +387,12 @@ async def _sub(
     from ..client import Subscription, open_cluster_client, parse_servers, route
     from ..client._subscription import BATCH_MOST
 
+    topics = list(dict.fromkeys(args.topics))
+    names = [topic for topic in topics if not is_topic_pattern(topic)]
+    patterns = [topic for topic in topics if is_topic_pattern(topic)]
     servers = parse_servers(args.broker)
-    owners = sorted({route(topic, servers) for topic in args.topics})
+    # A pattern's topics may be on every broker: it is subscribed on each.
+    owners = servers if patterns else sorted({route(topic, servers) for topic in names})
     out = sys.stdout.buffer
     async with (
         open_cluster_client(owners, name="broker-sub", **client_options(args)) as cluster,
@@ -351,19 +400,24 @@ async def _sub(
     ):
         clients = list(cluster.clients.values())
         interrupt.reconnecting = lambda: any(client.reconnecting for client in clients)
+        # --until-end: per topic, the offset of the last record to print
+        # (what each held when it started; read before subscribing).
+        pending = await _ends(cluster, names, patterns, args.start) if args.until_end else {}
         subscriptions: list[Subscription] = []
-        for topic in dict.fromkeys(args.topics):
-            context = cluster.subscribe(
-                topic,
-                mode=args.mode,
-                options=options,
-                start=args.start,
-                cursor=args.cursor,
-                group=args.group,
-                max_outstanding=args.max_outstanding,
-            )
-            subscriptions.append(await stack.enter_async_context(context))
-        shown = ", ".join(repr(topic) for topic in dict.fromkeys(args.topics))
+        for topic in topics:
+            chosen = [cluster.client_for(topic)] if topic in names else clients
+            for client in chosen:
+                context = client.subscribe(
+                    topic,
+                    mode=args.mode,
+                    options=options,
+                    start=args.start,
+                    cursor=args.cursor,
+                    group=args.group,
+                    max_outstanding=args.max_outstanding,
+                )
+                subscriptions.append(await stack.enter_async_context(context))
+        shown = ", ".join(repr(topic) for topic in topics)
         print(f"subscribed to {shown}", file=sys.stderr, flush=True)
         # Cancelled when nothing arrived for --timeout seconds (each batch moves it on).
         silence = trio.CancelScope()
@@ -371,6 +425,17 @@ async def _sub(
         def heard() -> None:
             if args.timeout is not None:
                 silence.deadline = trio.current_time() + args.timeout
+
+        def reached(subscription: Subscription, batch: list[Any]) -> bool:
+            """Whether --until-end has all it waits for (after ``batch``)."""
+            for message in batch:
+                last = pending.get(message.topic)
+                if last is not None and message.offset is not None and message.offset >= last:
+                    del pending[message.topic]
+            last = pending.get(subscription.topic)
+            if last is not None and not subscription.pattern and subscription.skipped_to > last:
+                del pending[subscription.topic]  # (deleted before it was sent: a Gap)
+            return not pending
 
         async def pump(subscription: Subscription, done: trio.CancelScope) -> None:
             while True:
@@ -395,10 +460,15 @@ async def _sub(
                 if args.count is not None and tally.received >= args.count:
                     done.cancel()
                     return
+                if args.until_end and reached(subscription, batch):
+                    done.cancel()
+                    return
 
         heard()
         try:
             with interrupt.working(), silence:
+                if args.until_end and not pending:
+                    return  # (nothing there to read from --from on)
                 async with trio.open_nursery() as nursery:
                     for subscription in subscriptions:
                         nursery.start_soon(pump, subscription, nursery.cancel_scope)
@@ -406,3 +476,70 @@ async def _sub(
         finally:
             tally.missed = sum(subscription.missed for subscription in subscriptions)
             tally.duplicates = sum(s.duplicates_dropped for s in subscriptions)
+
+
+async def _ends(
+    cluster: ClusterClient, names: list[str], patterns: list[str], start: Start | None
+) -> dict[str, int]:
+    """For ``--until-end``: per topic that holds records from ``start`` on
+    (now), the offset of its last record; the topics of ``names`` and those
+    ``patterns`` match now. A pattern's topics come from the topic
+    administration (``admin("topics")``), or, for a principal without the
+    ``admin`` permission, from the offsets of every topic it may read."""
+    from ..client import AdminRefused
+    from ..protocol import AdminStatus, TopicPattern
+
+    if start is None or start == "latest":
+        return {}
+    # topic -> (first, end, last append ms or None)
+    found: dict[str, tuple[int, int, int | None]] = {}
+    for client in cluster.clients.values():
+        mine = [name for name in names if cluster.client_for(name) is client]
+        if mine:
+            for name, (first, end) in (await client.offsets(mine)).items():
+                found[name] = (first, end, None)
+        for pattern in patterns:
+            try:
+                rows = await client.admin("topics", pattern=pattern)
+            except AdminRefused as refusal:
+                if refusal.status != AdminStatus.NOT_PERMITTED:
+                    raise
+                matcher = TopicPattern(pattern)
+                spans = await client.offsets()
+                rows = [
+                    {"topic": t, "first": span[0], "end": span[1]}
+                    for t, span in spans.items()
+                    if matcher.matches(t)
+                ]
+            # (A log not open is listed as of its last flush: its offsets
+            # are asked again, which reads them exactly.)
+            matched = [t for row in rows if isinstance(t := row.get("topic"), str)]
+            exact = await client.offsets(matched) if matched else {}
+            for row in rows:
+                topic, ms = row.get("topic"), row.get("last_append_ms")
+                if isinstance(topic, str) and topic in exact:
+                    low, high = exact[topic]
+                    found[topic] = (low, high, ms if isinstance(ms, int) else None)
+    if isinstance(start, datetime.datetime) and names:
+        # (When each named topic was last appended to, where the broker says.)
+        for name in names:
+            try:
+                rows = await cluster.client_for(name).admin("topics", pattern=name)
+            except (AdminRefused, ValueError):
+                continue
+            for row in rows:
+                ms = row.get("last_append_ms")
+                if row.get("topic") == name and name in found and isinstance(ms, int):
+                    first, end, _ = found[name]
+                    found[name] = (first, end, ms)
+    ends: dict[str, int] = {}
+    for topic, (first, end, last_ms) in found.items():
+        if end <= first:
+            continue  # (it holds nothing)
+        if isinstance(start, int) and end <= start:
+            continue  # (its records are all before --from)
+        since = start.timestamp() * 1000 if isinstance(start, datetime.datetime) else None
+        if since is not None and last_ms is not None and last_ms < since:
+            continue  # (nothing arrived since --from)
+        ends[topic] = end - 1
+    return ends

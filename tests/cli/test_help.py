@@ -14,7 +14,7 @@ from broker.cli import build_parser
 
 from .helpers import run
 
-COMMANDS = ["serve", "pub", "sub", "stat", "health", "token", "bench"]
+COMMANDS = ["serve", "pub", "sub", "topics", "cursors", "stat", "health", "token", "bench"]
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

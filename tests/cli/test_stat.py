@@ -36,7 +36,7 @@ def test_the_text_shows_budgets_topics_and_subscriptions(served: Served) -> None
     assert lines[budgets + 1].startswith("  buffer_reserved=")
     assert "of global_budget=268435456 (" in lines[budgets + 1]
     assert "connection_high_watermark=" in result.stdout
-    topics = lines.index("topics (1)")
+    topics = lines.index("topics (1 opened since start; all of them: broker topics ls)")
     assert lines[topics + 1].split() == [
         "name",
         "publishers",

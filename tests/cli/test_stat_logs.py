@@ -89,7 +89,10 @@ def test_the_text_shows_the_topic_logs() -> None:
     text = "\n".join(lines)
     assert "blocked_topics=1 max_lag=40" in text
     assert "append_errors=2" in text
-    topics = lines.index("  topics opened since the broker started (3, 2 in detail)")
+    topics = lines.index(
+        "  topics opened since the broker started "
+        "(3, 2 in detail; every topic on disk: broker topics ls)"
+    )
     assert lines[topics + 1].split() == [
         "name",
         "first_offset",
@@ -149,7 +152,9 @@ async def test_a_live_brokers_logs_render(tmp_path: Path) -> None:
     lines = text.splitlines()
     assert f"topic logs   data_dir={tmp_path}" in text
     assert "appends=5" in text
-    topics = lines.index("  topics opened since the broker started (1)")
+    topics = lines.index(
+        "  topics opened since the broker started (1; every topic on disk: broker topics ls)"
+    )
     assert lines[topics + 2].split() == [
         "'news'",
         "1",

@@ -275,11 +275,13 @@ def test_an_option_the_broker_refuses_is_one_line(served: Served) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_a_wildcard_of_other_brokers_is_said_to_be_a_topic_name() -> None:
-    """``broker sub 'sensors/#'`` subscribed to a topic of that very name and
-    said nothing: a Mosquitto user waited for sensors/x in vain."""
+def test_an_mqtt_wildcard_is_refused_with_the_pattern_to_write() -> None:
+    """``broker sub 'sensors/#'`` once subscribed to a topic of that very
+    name and said nothing: a Mosquitto user waited for sensors/x in vain.
+    Now patterns exist, an MQTT wildcard is refused with its NATS-style form."""
     result = run("sub", "sensors/#", "--broker", "127.0.0.1:1")
-    assert result.stderr.splitlines()[0] == (
-        "broker sub: 'sensors/#' is one topic of that name: there are no wildcard"
-        " subscriptions (name each topic)"
-    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "broker sub: 'sensors/#' is an MQTT wildcard: patterns here are NATS-style, over "
+        "'.'-separated tokens ('*' one token, a last '>' one or more): write 'sensors.>'"
+    ]

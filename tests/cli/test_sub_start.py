@@ -56,10 +56,10 @@ def test_a_negative_duration_is_a_value_not_a_flag() -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--from", "first"], "argument --from: expected earliest, latest, an offset"),
+        (["--from", "first"], "argument --from: expected earliest, latest, an offset, -N"),
         (["--from", "2026-11-25T10:00:00"], "has no timezone: add one, e.g. 2026-11-25T10:00:00Z"),
         (["--from", "10m"], "a duration back is negative: -10m"),
-        (["--from", "-5"], "an offset is 0 or more"),
+        (["--from", "-0"], "-N is the last N records, N at least 1"),
         (["--from", "1969-07-20T20:17:00Z"], "before 1970"),
         (["--cursor", "two words"], "argument --cursor: cursor names follow the topic-name rule"),
         (["--from", "earliest", "--mode", "lossy"], "--from and --cursor need --mode reliable"),

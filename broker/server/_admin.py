@@ -253,6 +253,8 @@ def _topic_row(
     first = end = size = terms = appended = None
     is_open = False
     topic_log = topic.log if topic is not None and not topic.forwarded else None
+    if topic_log is None and logs is not None:
+        topic_log = logs.opened(name)  # (open with no actor: its checkpoint may lag)
     if topic_log is not None and not topic_log.closed:
         is_open = True
         end = topic_log.written_offset + 1

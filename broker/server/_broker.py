@@ -594,6 +594,8 @@ async def serve_broker(
                 if logs is not None and broker.groups is not None:
                     nursery.start_soon(logs.run)
                     nursery.start_soon(broker.groups.run)
+                    if worker is not None:  # (the others' new topics: for patterns)
+                        nursery.start_soon(broker.patterns.watch, broker.stored_topics)
                     log.info("topic logs in %s", log_dir)
                 await complete_unfinished(broker, nursery)  # (commits a stop cut off)
                 if worker is not None and worker.handover_socket is not None:

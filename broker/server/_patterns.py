@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast
 
 import trio
@@ -51,6 +51,8 @@ log = logging.getLogger("broker.server")
 #: Members opened per pass of the background opener (a log each), before it
 #: lets the other tasks run.
 OPEN_BATCH = 8
+#: How often a worker of several looks for topics the others made (seconds).
+RESCAN_INTERVAL = 1.0
 #: Options a pattern subscription does not take (they name one topic).
 REFUSED_OPTIONS = {
     "group": "a consumer group shares one topic: subscribe to a topic name",
@@ -247,6 +249,7 @@ class PatternSubscription(Subscription):
         "_stalled",
         "_waiting",
         "cursor",
+        "existing",
         "matched_topics",
         "members",
         "options",
@@ -297,6 +300,9 @@ class PatternSubscription(Subscription):
         #: background, a few at a time: each is a log to recover).
         self._pending: deque[str] = deque()
         self._adding: set[str] = set()
+        #: The matching topics on disk when it subscribed that it did not
+        #: take (None until they are listed): not new to it.
+        self.existing: set[str] | None = None
         self._closed = False
         #: Whether its session's record keeps it across a broker restart
         #: (with a durable cursor: each topic's position is the cursor's).
@@ -310,13 +316,14 @@ class PatternSubscription(Subscription):
         on disk (listed in a thread) in the background, :data:`OPEN_BATCH`
         at a time, unless nothing is to be read from them now (a live
         subscription from the end, without a cursor or a time): those are
-        matched when something opens them."""
+        matched when something opens them (on a worker of several, they
+        are noted, so that the topics the other workers make later are
+        told from them: see :meth:`PatternRegistry.watch`)."""
         self._host.patterns.add(self)
         for name in self._host.open_topics():
             if self.matches(name):
                 self.add(name)
-        if not self._starts_at_end():
-            self._host.start_soon(self._open_stored)
+        self._host.start_soon(self._open_stored)
 
     def _starts_at_end(self) -> bool:
         """Whether a topic not open has nothing for it (a start at the end,
@@ -325,8 +332,13 @@ class PatternSubscription(Subscription):
         return self.cursor is None and "from_time" not in self.options and start == "latest"
 
     async def _open_stored(self) -> None:
-        """Match the topics on disk, a few per turn of the event loop."""
+        """Match the topics on disk, a few per turn of the event loop (or,
+        from the end, note them: see :meth:`start`)."""
         names = await self._host.stored_topics(self.matches)
+        if self._starts_at_end():
+            self.existing = set(names)
+            return
+        self.existing = set()
         self._pending.extend(name for name in names if name not in self.matched_topics)
         while self._pending and not self._closed:
             for _ in range(min(OPEN_BATCH, len(self._pending))):
@@ -339,17 +351,31 @@ class PatternSubscription(Subscription):
                     )
             await trio.lowlevel.checkpoint()
 
-    def add(self, name: str) -> None:
+    def add(self, name: str, *, from_start: bool = False) -> None:
         """Match topic ``name`` (it matches the pattern and the principal
-        may read it): make its member, and send what it has."""
+        may read it): make its member, and send what it has. ``from_start``:
+        the topic was made after the subscription, somewhere this broker
+        learns of late (another worker): a member that would start at the
+        end starts at its first record instead."""
         if self._closed or name in self.matched_topics or name in self._adding:
             return
         self._adding.add(name)
         try:
             topic = self._host.topic(name)
             match = self._next_match
+            options = self.options
+            if (
+                from_start
+                and "from_time" not in options
+                and options.get("from")
+                in (
+                    None,
+                    "latest",
+                )
+            ):
+                options = {**options, "from": "earliest"}
             try:
-                member = self._factory(self.outlet, match, topic, self.mode, self.options)
+                member = self._factory(self.outlet, match, topic, self.mode, options)
             except OptionError:
                 topic.release_if_unused()
                 raise
@@ -547,6 +573,45 @@ class PatternRegistry:
                         name[:64],
                         error,
                     )
+
+    async def watch(
+        self,
+        stored: Callable[[Callable[[str], bool]], Awaitable[list[str]]],
+        *,
+        interval: float = RESCAN_INTERVAL,
+    ) -> None:
+        """Look, every ``interval`` seconds while there are pattern
+        subscriptions, for matching topics on disk that a pattern has not
+        taken and did not find there when it subscribed: another worker of
+        the same data directory made them since (and tells this one
+        nothing). The pattern takes each from its first record."""
+        while True:
+            await trio.sleep(interval)
+            patterns = [s for s in self._subscriptions if s.existing is not None]
+            if not patterns:
+                continue
+
+            def wanted(name: str, patterns: list[PatternSubscription] = patterns) -> bool:
+                return any(pattern.matches(name) for pattern in patterns)
+
+            names = await stored(wanted)
+            for subscription in patterns:
+                existing = subscription.existing or set()
+                for name in names:
+                    if (
+                        name not in subscription.matched_topics
+                        and name not in existing
+                        and subscription.matches(name)
+                    ):
+                        try:
+                            subscription.add(name, from_start=True)
+                        except BrokerError as error:
+                            log.warning(
+                                "pattern %r: topic %r left out: %s",
+                                subscription.pattern.text,
+                                name[:64],
+                                error,
+                            )
 
     def topic_deleted(self, name: str) -> None:
         """Topic ``name`` was deleted: every pattern that had it lets it go."""

@@ -22,8 +22,9 @@ Answers longer than a frame come in pages (``next``: ask again with
 
 from __future__ import annotations
 
+import bisect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import cbor2
@@ -52,6 +53,8 @@ log = logging.getLogger("broker.server")
 
 #: Bytes of a frame an answer's head and ``next`` may take (the rest: rows).
 ANSWER_SLACK = 512
+#: How long (seconds) a connection's topic listing serves the pages after it.
+LISTING_KEPT = 10.0
 #: What each command takes (its arguments, besides ``after`` for lists).
 COMMANDS: Mapping[str, frozenset[str]] = {
     "topics": frozenset({"pattern", "after"}),
@@ -100,21 +103,26 @@ class AdminHost(Protocol):
 
 
 def administer(
-    host: AdminHost, protocol: Connection, request: Admin, principal: str | None
+    host: AdminHost,
+    protocol: Connection,
+    request: Admin,
+    principal: str | None,
+    kept: dict[str, Listing],
 ) -> Callable[[], Awaitable[None]] | None:
     """Answer ``request`` now, or return the job that answers it once the
     disk is listed (run it in a task: it answers nothing if the connection
-    closed meanwhile)."""
+    closed meanwhile). ``kept``: the connection's last topic listing (see
+    :class:`Listing`)."""
     try:
         arguments = _arguments(request)
         command = request.command
         if command == "topics":
             pattern = _pattern(arguments)
-            return lambda: _list_topics(host, protocol, request.request, pattern, arguments)
+            return lambda: _list_topics(host, protocol, request.request, pattern, arguments, kept)
         if command == "cursors":
-            _answer_rows(
-                protocol, request.request, _cursor_rows(host, _pattern(arguments)), arguments
-            )
+            rows = _cursor_rows(host, _pattern(arguments))
+            keys = [key for key, _ in rows]
+            _answer_rows(protocol, request.request, keys, lambda i: rows[i][1], arguments)
         elif command == "delete-topic":
             _answer(protocol, request.request, [_delete_topic(host, _topic(arguments))])
         elif command == "purge-topic":
@@ -187,27 +195,57 @@ def _answer(protocol: Connection, request: int, rows: list[Row]) -> None:
 
 
 def _answer_rows(
-    protocol: Connection, request: int, rows: list[tuple[str, Row]], arguments: Mapping[str, object]
+    protocol: Connection,
+    request: int,
+    keys: Sequence[str],
+    row_of: Callable[[int], Row],
+    arguments: Mapping[str, object],
 ) -> None:
-    """Send ``rows`` (sorted by their keys) after ``arguments["after"]``, as
-    many as one frame holds; ``next`` names the last sent if more follow."""
+    """Send the rows after ``arguments["after"]`` (``keys`` sorted; row
+    ``i`` made by ``row_of(i)`` only when it is sent), as many as one frame
+    holds; ``next`` names the last sent if more follow."""
     after = arguments.get("after")
-    if isinstance(after, str):
-        rows = [(key, row) for key, row in rows if key > after]
+    index = bisect.bisect_right(keys, after) if isinstance(after, str) else 0
     budget = protocol.peer_max_frame - ANSWER_SLACK
     page: list[Row] = []
     size = 0
-    for index, (_key, row) in enumerate(rows):
+    while index < len(keys):
+        row = row_of(index)
         cost = len(cbor2.dumps(row))
         if page and size + cost > budget:
-            protocol.admin_answer(request, AdminStatus.OK, page, rows[index - 1][0])
+            protocol.admin_answer(request, AdminStatus.OK, page, keys[index - 1])
             return
         page.append(row)
         size += cost
+        index += 1
     protocol.admin_answer(request, AdminStatus.OK, page)
 
 
 # ---------------------------------------------------------------- listing
+
+
+class Listing:
+    """What one ``topics`` request read of the disk, kept for the pages
+    that follow it (asked with ``"after"``) for :data:`LISTING_KEPT`
+    seconds: the data directory is read once per listing, not per page."""
+
+    __slots__ = ("at", "cursors", "groups", "names", "pattern", "stored")
+
+    def __init__(
+        self,
+        pattern: str | None,
+        stored: list[StoredTopic],
+        names: list[str],
+        cursors: dict[str, int],
+        groups: dict[str, int],
+        at: float,
+    ) -> None:
+        self.pattern = pattern
+        self.stored = {topic.name: topic for topic in stored}
+        self.names = names
+        self.cursors = cursors
+        self.groups = groups
+        self.at = at
 
 
 async def _list_topics(
@@ -216,34 +254,50 @@ async def _list_topics(
     request: int,
     pattern: TopicPattern | None,
     arguments: Mapping[str, object],
+    kept: dict[str, Listing],
 ) -> None:
-    """Answer ``topics``: the data directory listed in a thread, overlaid
-    with what the broker has open."""
-    match = pattern.matches if pattern is not None else None
-    logs = host.logs
-    stored: list[StoredTopic] = []
-    if logs is not None:
-        try:
-            stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
-        except OSError as error:
-            if not protocol.closed:
-                refuse_line = f"the data directory cannot be listed now: {error.strerror}"
-                protocol.admin_answer(request, AdminStatus.REFUSED, [], None, refuse_line)
-            return
+    """Answer ``topics``: the data directory listed in a thread (or the
+    listing a first page read, for the pages after it), overlaid with
+    what the broker has open; rows are made only for the page sent."""
+    text = pattern.text if pattern is not None else ""
+    now = trio.current_time()
+    listing = kept.get(text)
+    if listing is None or "after" not in arguments or now - listing.at > LISTING_KEPT:
+        match = pattern.matches if pattern is not None else None
+        logs = host.logs
+        stored: list[StoredTopic] = []
+        if logs is not None:
+            try:
+                stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
+            except OSError as error:
+                if not protocol.closed:
+                    line = f"the data directory cannot be listed now: {error.strerror}"
+                    protocol.admin_answer(request, AdminStatus.REFUSED, [], None, line)
+                return
+        names = {topic.name for topic in stored}
+        names.update(name for name in host.topics if match is None or match(name))
+        listing = Listing(
+            text or None,
+            stored,
+            sorted(names),
+            _count_cursors(host.cursors),
+            host.groups.count_by_topic() if host.groups is not None else {},
+            now,
+        )
+        kept.clear()  # (one listing kept per connection: the latest)
+        kept[text] = listing
     if protocol.closed:
         return
-    on_disk = {topic.name: topic for topic in stored}
-    names = set(on_disk)
-    names.update(name for name in host.topics if match is None or match(name))
-    cursors = _count_cursors(host.cursors)
-    groups = host.groups.count_by_topic() if host.groups is not None else {}
-    rows: list[tuple[str, Row]] = []
-    for name in sorted(names):
-        row = _topic_row(name, on_disk.get(name), host.topics.get(name), logs)
-        row["cursors"] = cursors.get(name, 0)
-        row["groups"] = groups.get(name, 0)
-        rows.append((name, row))
-    _answer_rows(protocol, request, rows, arguments)
+    done = listing
+
+    def row_of(index: int) -> Row:
+        name = done.names[index]
+        row = _topic_row(name, done.stored.get(name), host.topics.get(name), host.logs)
+        row["cursors"] = done.cursors.get(name, 0)
+        row["groups"] = done.groups.get(name, 0)
+        return row
+
+    _answer_rows(protocol, request, listing.names, row_of, arguments)
 
 
 def _topic_row(

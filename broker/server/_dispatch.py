@@ -34,7 +34,7 @@ from broker.protocol import (
     TopicPattern,
 )
 
-from ._admin import AdminHost, administer, refuse
+from ._admin import AdminHost, Listing, administer, refuse
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
@@ -103,6 +103,8 @@ class Dispatch:
         self.protocol = publishing.protocol
         #: ListOffsets answers waiting for logs to be read (at most MAX_SURVEYS).
         self.surveys = 0
+        #: The last topic listing of an Admin request, for its next pages.
+        self.listings: dict[str, Listing] = {}
         #: The Publish and PublishMany frames of the last :meth:`handle`, and
         #: their bytes: charged to their channels (the rest are control frames).
         self.channel_frames = self.channel_bytes = 0
@@ -295,6 +297,7 @@ class Dispatch:
                 self.protocol,
                 event,
                 principal.principal.name if principal is not None else None,
+                self.listings,
             )
             if job is not None:
                 nursery = self.publishing.nursery

@@ -1,0 +1,99 @@
+"""Delete and purge a topic under a live publisher and subscribers, on real
+TCP: nothing crashes or hangs, the subscribers are told (a plain one's
+iteration ends; a pattern's goes on with the topic made again, from offset
+1; a reader behind a purge gets a Gap), the publisher goes on, and the
+disk space comes back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.lowlevel
+
+from broker._topic_rules import TopicRule
+from broker.client import Message, open_client
+
+from ..server.helpers import TIMEOUT, running_broker, url, wait_until
+
+#: Small terms: a purge then deletes whole files.
+TERM = 256 * 1024
+
+
+def _disk(path: Path) -> int:
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
+
+
+async def test_delete_and_purge_under_a_live_publisher(tmp_path: Path) -> None:
+    rules = (TopicRule(pattern="live*", term_bytes=TERM, retain_bytes=0, retain_seconds=0),)
+    payload = b"x" * 1000
+    async with (
+        running_broker(data_dir=str(tmp_path), topics=rules) as broker,
+        open_client(url(broker)) as client,
+        open_client(url(broker), name="publisher") as publisher,
+    ):
+        published = 0
+        stop = trio.Event()
+
+        async def publish() -> None:
+            nonlocal published
+            while not stop.is_set():
+                for _ in range(50):
+                    await publisher.publish("live", payload)
+                    published += 1
+                await publisher.flush()
+                await trio.lowlevel.checkpoint()
+
+        pattern: list[Message] = []
+        plain: list[Message] = []
+        async with (
+            client.subscribe("live", start="earliest") as plain_sub,
+            client.subscribe("live.>", start="earliest") as unrelated,
+            client.subscribe(">", start="earliest") as everything,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(publish)
+
+            async def read_pattern() -> None:
+                async for message in everything:
+                    pattern.append(message)
+
+            nursery.start_soon(read_pattern)
+            with trio.fail_after(TIMEOUT):
+                while len(plain) < 2000:
+                    plain.append(await plain_sub.receive())
+            topic_dir = next((tmp_path / "topics").iterdir())
+            before = _disk(tmp_path / "topics")
+            row = (await client.admin("delete-topic", topic="live"))[0]
+            assert row["deleted"] is True and row["records"] >= 2000
+            with trio.fail_after(TIMEOUT):
+                async for message in plain_sub:  # what it had received, then the end
+                    plain.append(message)
+            assert plain_sub.ended is not None
+            # The pattern goes on: the topic made again by the publisher, from 1.
+            await wait_until(
+                lambda: any(m.offset == 1 for m in pattern[1:]), what="the topic made again"
+            )
+            restarted = [i for i, m in enumerate(pattern) if m.offset == 1]
+            assert len(restarted) == 2  # the first record, then the first of the new log
+            old, new = pattern[: restarted[1]], pattern[restarted[1] :]
+            assert [m.offset for m in old] == list(range(1, len(old) + 1))
+            assert [m.offset for m in new] == list(range(1, len(new) + 1))
+            assert not topic_dir.exists() or _disk(tmp_path / "topics") < before
+            # Purge the new log while the pattern reads on; its bytes go.
+            with trio.fail_after(TIMEOUT):
+                while True:
+                    end = (await client.admin("topics", pattern="live"))[0]["end"]
+                    if isinstance(end, int) and end >= 3000:
+                        break
+                    await trio.sleep(0.05)
+            before = _disk(tmp_path / "topics")
+            row = (await client.admin("purge-topic", topic="live", before=2500))[0]
+            assert row["first"] == 2500 and row["records"] >= 2499
+            assert _disk(tmp_path / "topics") < before
+            rows = await client.admin("topics", pattern="live")
+            assert rows[0]["first"] == 2500
+            stop.set()
+            nursery.cancel_scope.cancel()
+        del unrelated
+        assert published > 3000

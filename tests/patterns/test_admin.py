@@ -115,3 +115,41 @@ async def test_cursors_listed_and_deleted(tmp_path: Path) -> None:
         assert await client.admin("cursors") == []
         with pytest.raises(AdminRefused, match="no cursor"):
             await client.admin("delete-cursor", topic="c.1", cursor="reader")
+
+
+AUTH = """
+[principals.admin]
+token = "admin-token"
+admin = true
+
+[principals.reader]
+token = "reader-token"
+subscribe = ["open.*"]
+publish = ["open.*", "secret.*"]
+"""
+
+
+async def test_patterns_and_admin_follow_the_principal(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.toml"
+    auth.write_text(AUTH)
+    async with running_broker(data_dir=str(tmp_path / "data"), auth_file=str(auth)) as broker:
+        address = url(broker)
+        async with open_client(address, token="reader-token") as client:
+            for topic in ("open.a", "secret.b", "open.c"):
+                await client.publish(topic, b"before")
+            await client.flush()
+            async with client.subscribe(">", start="earliest") as everything:
+                await client.publish("secret.later", b"never shown")
+                await client.publish("open.later", b"shown")
+                await client.flush()
+                got = await _take(everything, 3)
+                assert sorted(m.topic for m in got) == ["open.a", "open.c", "open.later"]
+                with trio.move_on_after(0.3):
+                    message = await everything.receive()
+                    pytest.fail(f"a topic it may not read was revealed: {message.topic}")
+            with pytest.raises(AdminRefused, match="admin = true") as refused:
+                await client.admin("topics")
+            assert refused.value.status == 2
+        async with open_client(address, token="admin-token") as admin:
+            rows = await admin.admin("topics")
+            assert "secret.b" in [r["topic"] for r in rows]

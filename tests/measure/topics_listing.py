@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from broker.client import open_client
 from broker.log import LogConfig, LogStore
+from broker.protocol import encode_deliver_tail
 from tests.measure._process import free_port, wait_listening
 
 
@@ -45,7 +46,8 @@ def make_topics(data_dir: Path, topics: int, records: int) -> float:
     now = int(time.time() * 1000)
     for index in range(topics):
         log = store.topic(f"ls.{index}", LogConfig(term_bytes=1 << 20), now)
-        log.append_many([b"r%d" % n for n in range(records)], now)
+        # (A record is what a Publish carries: see encode_deliver_tail.)
+        log.append_many([encode_deliver_tail(b"r%d" % n, None, None) for n in range(records)], now)
         log.flush()
         log.close()
     store.close()

@@ -65,7 +65,7 @@ def test_options_given_are_kept_and_not_changed() -> None:
 @pytest.mark.parametrize(
     ("start", "cursor", "error", "said"),
     [
-        (-1, None, ValueError, "0 or more"),
+        (-(2**63), None, ValueError, "N is at most 2..63 - 1"),
         (2**63, None, ValueError, "at most 2..63 - 1"),
         ("first", None, ValueError, "'earliest', 'latest'"),
         (True, None, TypeError, "not a bool"),

@@ -262,29 +262,10 @@ class Dispatch:
     def list_offsets(self, event: ListOffsets, connection: Dispatched) -> None:
         answer = answer_list_offsets(self.host, self.protocol, self.admission.may_subscribe, event)
         if isinstance(answer, Survey):
-            nursery = self.publishing.nursery
-            if self.surveys >= MAX_SURVEYS or nursery is None:
-                connection.goodbye(
-                    GoodbyeCode.LIMIT_EXCEEDED,
-                    f"more than {MAX_SURVEYS} ListOffsets wait for the disk: "
-                    "wait for their answers before asking again",
-                )
-                return
-            self.surveys += 1
-            nursery.start_soon(self._survey, answer, connection)
+            self._wait_for_disk(answer.answer, connection)
         elif answer is not None:
             self.deny(answer, connection)
         self.publishing.wake.set()
-
-    async def _survey(self, survey: Survey, connection: Dispatched) -> None:
-        """Answer a ListOffsets that waits for logs to be read (see :class:`Survey`)."""
-        try:
-            await survey.answer()
-        except TopicUnavailable as error:  # (the broker's disk, not the client)
-            connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, str(error))
-        finally:
-            self.surveys -= 1
-            self.publishing.wake.set()
 
     def admin(self, event: Admin, connection: Dispatched) -> None:
         refusal = self.admission.may_administer()
@@ -300,22 +281,33 @@ class Dispatch:
                 self.listings,
             )
             if job is not None:
-                nursery = self.publishing.nursery
-                if self.surveys >= MAX_SURVEYS or nursery is None:
-                    connection.goodbye(
-                        GoodbyeCode.LIMIT_EXCEEDED,
-                        f"more than {MAX_SURVEYS} requests wait for the disk: "
-                        "wait for their answers before asking again",
-                    )
-                    return
-                self.surveys += 1
-                nursery.start_soon(self._listing, job)
+                self._wait_for_disk(job, connection)
         self.publishing.wake.set()
 
-    async def _listing(self, job: Callable[[], Awaitable[None]]) -> None:
-        """Answer an Admin request that waits for the disk to be listed."""
+    def _wait_for_disk(self, answer: Callable[[], Awaitable[None]], connection: Dispatched) -> None:
+        """Run ``answer`` (a ListOffsets or Admin answer that reads the disk
+        first) in a task: at most :data:`MAX_SURVEYS` at once per
+        connection; one more ends it (Goodbye 3: a client waits for its
+        answers)."""
+        nursery = self.publishing.nursery
+        if self.surveys >= MAX_SURVEYS or nursery is None:
+            connection.goodbye(
+                GoodbyeCode.LIMIT_EXCEEDED,
+                f"more than {MAX_SURVEYS} requests wait for the disk: "
+                "wait for their answers before asking again",
+            )
+            return
+        self.surveys += 1
+        nursery.start_soon(self._answer_later, answer, connection)
+
+    async def _answer_later(
+        self, answer: Callable[[], Awaitable[None]], connection: Dispatched
+    ) -> None:
+        """Send an answer that waits for the disk (see :meth:`_wait_for_disk`)."""
         try:
-            await job()
+            await answer()
+        except TopicUnavailable as error:  # (the broker's disk, not the client)
+            connection.goodbye(GoodbyeCode.LIMIT_EXCEEDED, str(error))
         finally:
             self.surveys -= 1
             self.publishing.wake.set()

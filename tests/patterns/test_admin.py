@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.client import AdminRefused, Message, Subscription, open_client
+from broker.client import AdminRefused, open_client
 
 from ..server.helpers import TIMEOUT, running_broker, url
+from .helpers import take
 
 
 async def _publish(broker_url: str, topic: str, count: int) -> None:
@@ -19,14 +20,6 @@ async def _publish(broker_url: str, topic: str, count: int) -> None:
         for index in range(count):
             await client.publish(topic, b"%d" % index)
         await client.flush()
-
-
-async def _take(subscription: Subscription, count: int) -> list[Message]:
-    got: list[Message] = []
-    with trio.fail_after(TIMEOUT):
-        while len(got) < count:
-            got.append(await subscription.receive())
-    return got
 
 
 async def test_topics_lists_what_is_on_disk_after_a_restart(tmp_path: Path) -> None:
@@ -56,8 +49,8 @@ async def test_delete_ends_subscribers_and_publishers_go_on(tmp_path: Path) -> N
         client.subscribe(">", start="earliest") as everything,
     ):
         await _publish(url(broker), "t", 10)
-        await _take(plain, 10)
-        assert len(await _take(everything, 10)) == 10
+        await take(plain, 10)
+        assert len(await take(everything, 10)) == 10
         row = (await client.admin("delete-topic", topic="t"))[0]
         assert row["deleted"] is True and row["records"] == 10
         with trio.fail_after(TIMEOUT):
@@ -69,7 +62,7 @@ async def test_delete_ends_subscribers_and_publishers_go_on(tmp_path: Path) -> N
         assert [(r["topic"], r["first"], r["end"]) for r in rows] == [("t", 1, 1)]
         # Made again: offsets from 1, and the pattern matches it again.
         await _publish(url(broker), "t", 2)
-        again = await _take(everything, 2)
+        again = await take(everything, 2)
         assert [(m.topic, m.offset) for m in again] == [("t", 1), ("t", 2)]
         with pytest.raises(AdminRefused, match="no topic"):
             await client.admin("delete-topic", topic="missing")
@@ -108,7 +101,7 @@ async def test_cursors_listed_and_deleted(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path)) as broker, open_client(url(broker)) as client:
         await _publish(url(broker), "c.1", 5)
         async with client.subscribe("c.*", start="earliest", cursor="reader") as sub:
-            await _take(sub, 5)
+            await take(sub, 5)
         rows = await client.admin("cursors")
         assert [(r["topic"], r["cursor"], r["position"]) for r in rows] == [("c.1", "reader", 6)]
         assert (await client.admin("delete-cursor", topic="c.1", cursor="reader"))[0]["deleted"]
@@ -142,7 +135,7 @@ async def test_patterns_and_admin_follow_the_principal(tmp_path: Path) -> None:
                 await client.publish("secret.later", b"never shown")
                 await client.publish("open.later", b"shown")
                 await client.flush()
-                got = await _take(everything, 3)
+                got = await take(everything, 3)
                 assert sorted(m.topic for m in got) == ["open.a", "open.c", "open.later"]
                 with trio.move_on_after(0.3):
                     message = await everything.receive()

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.client import Message, Subscription, open_client
+from broker.client import Message, open_client
 
-from ..server.helpers import TIMEOUT, running_broker, url
+from ..server.helpers import running_broker, url
+from .helpers import take
 
 
 async def _publish(broker_url: str, plan: list[tuple[str, int]]) -> None:
@@ -21,14 +22,6 @@ async def _publish(broker_url: str, plan: list[tuple[str, int]]) -> None:
             for index in range(count):
                 await client.publish(topic, b"%s/%d" % (topic.encode(), index))
         await client.flush()
-
-
-async def _take(subscription: Subscription, count: int) -> list[Message]:
-    got: list[Message] = []
-    with trio.fail_after(TIMEOUT):
-        while len(got) < count:
-            got.append(await subscription.receive())
-    return got
 
 
 def _by_topic(messages: list[Message]) -> dict[str, list[bytes]]:
@@ -49,7 +42,7 @@ async def test_existing_and_later_topics_in_order_and_nothing_else(
             plan = [("orders.eu", 30), ("orders.us", 20), ("orders.eu.x", 5), ("other", 5)]
             plan += [("orders.asia", 25)]  # made after the subscription
             await _publish(url(broker), plan)
-            got = await _take(sub, 75)
+            got = await take(sub, 75)
             topics = _by_topic(got)
             assert sorted(topics) == ["orders.asia", "orders.eu", "orders.us"]
             for topic, count in (("orders.eu", 30), ("orders.us", 20), ("orders.asia", 25)):
@@ -72,10 +65,10 @@ async def test_from_earliest_reads_each_topic_on_disk(tmp_path: Path) -> None:
         client.subscribe("a.>", start="earliest") as sub,
         client.subscribe("*.1", start=-2) as last,
     ):
-        got = await _take(sub, 20)
+        got = await take(sub, 20)
         topics = _by_topic(got)
         assert {t: len(v) for t, v in topics.items()} == {"a.1": 10, "a.2": 10}
-        got = await _take(last, 4)
+        got = await take(last, 4)
         expected = [("a.1", 9), ("a.1", 10), ("b.1", 2), ("b.1", 3)]
         assert sorted((m.topic, m.offset) for m in got) == expected
 
@@ -88,5 +81,5 @@ async def test_dropping_modes(tmp_path: Path, mode: str) -> None:
         client.subscribe("m.*", mode=mode) as sub,
     ):
         await _publish(url(broker), [("m.a", 3), ("m.b", 3)])
-        got = await _take(sub, 6 if mode == "lossy" else 2)
+        got = await take(sub, 6 if mode == "lossy" else 2)
         assert {m.topic for m in got} == {"m.a", "m.b"}

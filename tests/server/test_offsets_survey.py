@@ -113,7 +113,7 @@ async def test_too_many_offsets_waiting_for_the_disk_end_the_connection(
             release.set()
         (goodbye,) = raw.goodbyes()
         assert goodbye.code == GoodbyeCode.LIMIT_EXCEEDED
-        assert f"more than {MAX_SURVEYS} ListOffsets wait for the disk" in goodbye.reason
+        assert f"more than {MAX_SURVEYS} requests wait for the disk" in goodbye.reason
         assert not any(isinstance(frame, Offsets) for frame in frames)
         await raw.aclose()
         async with open_client(url(broker)) as client:  # the broker goes on

@@ -1,9 +1,10 @@
 """The ``broker`` command line.
 
 ``broker serve`` runs the broker; ``broker pub`` / ``broker sub`` publish and
-print messages; ``broker topics`` / ``broker cursors`` list and manage the
-topics and durable cursors it keeps; ``broker stat`` shows a running broker's budgets, topics,
-connections, accounts and channels; ``broker health`` answers container
+print messages; ``broker topics`` / ``broker cursors`` / ``broker groups``
+list and manage the topics, durable cursors and consumer groups it keeps;
+``broker stat`` shows a running broker's budgets, topics, connections,
+accounts and channels; ``broker health`` answers container
 health checks; ``broker token`` makes client credentials; ``broker bench``
 runs the project's own benchmarks. One module per command; :func:`main` is
 the console script, :func:`build_parser` its argument parser.
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The commands (and trio, cbor2, ... with them) are imported here, not
     # when the module is: a Ctrl-C while they load (a second or so on a busy
     # machine) is then main's to answer, in one line, not a traceback.
-    from . import _bench, _cursors, _health, _pub, _serve, _stat, _sub, _token, _topics
+    from . import _bench, _cursors, _groups, _health, _pub, _serve, _stat, _sub, _token, _topics
 
     parser = argparse.ArgumentParser(
         prog="broker",
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, help="(broker COMMAND --help for more)"
     )
-    for command in (_serve, _pub, _sub, _topics, _cursors, _stat, _health, _token, _bench):
+    for command in (_serve, _pub, _sub, _topics, _cursors, _groups, _stat, _health, _token, _bench):
         command.add_parser(subparsers)
     return parser
 

@@ -288,9 +288,12 @@ class Client(TrioDriver):
         """Topic administration (Kafka's admin client; see "Topic
         administration" in docs/broker.md): ``command`` is ``"topics"``
         (``pattern=``), ``"delete-topic"`` (``topic=``), ``"purge-topic"``
-        (``topic=``, ``before=``), ``"cursors"`` (``pattern=``) or
-        ``"delete-cursor"`` (``topic=``, ``cursor=``, ``principal=``);
-        returns the answer's rows, one map per topic or cursor (all pages).
+        (``topic=``, ``before=``), ``"cursors"`` (``pattern=``),
+        ``"delete-cursor"`` (``topic=``, ``cursor=``, ``principal=``),
+        ``"groups"`` (``pattern=``) or ``"delete-group"`` (``topic=``,
+        ``group=``, ``principal=``);
+        returns the answer's rows, one map per topic, cursor or group (all
+        pages).
         Allowed to principals with the ``admin`` permission (everyone on a
         broker without authentication); a refusal raises
         :class:`~broker.client.AdminRefused` with the broker's one line."""

@@ -11,7 +11,8 @@ publishers bound goes on with a new, empty log (offsets from 1), which
 patterns then match again. ``purge-topic`` deletes the records before an
 offset (Kafka's delete-records): readers behind it get a ``Gap`` (a
 ``MatchedGap``) as they read on. ``cursors`` and ``delete-cursor`` list
-and forget durable cursors.
+and forget durable cursors; ``groups`` and ``delete-group`` consumer
+groups (one with members is not deleted: Kafka's rule).
 
 Allowed to principals with ``admin = true`` in the auth file, and to
 everyone on a broker without authentication. A request that names a
@@ -62,6 +63,8 @@ COMMANDS: Mapping[str, frozenset[str]] = {
     "purge-topic": frozenset({"topic", "before"}),
     "cursors": frozenset({"pattern", "after"}),
     "delete-cursor": frozenset({"topic", "cursor", "principal"}),
+    "groups": frozenset({"pattern", "after"}),
+    "delete-group": frozenset({"topic", "group", "principal"}),
 }
 
 Row = dict[str, AdminValue]
@@ -123,6 +126,12 @@ def administer(
             rows = _cursor_rows(host, _pattern(arguments))
             keys = [key for key, _ in rows]
             _answer_rows(protocol, request.request, keys, lambda i: rows[i][1], arguments)
+        elif command == "groups":
+            rows = _group_rows(host, _pattern(arguments))
+            keys = [key for key, _ in rows]
+            _answer_rows(protocol, request.request, keys, lambda i: rows[i][1], arguments)
+        elif command == "delete-group":
+            _answer(protocol, request.request, [_delete_group(host, arguments, principal)])
         elif command == "delete-topic":
             _answer(protocol, request.request, [_delete_topic(host, _topic(arguments))])
         elif command == "purge-topic":
@@ -378,6 +387,69 @@ def _cursor_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[st
         rows.append(("\x00".join((topic, cursor, principal)), row))
     rows.sort(key=lambda item: item[0])
     return rows
+
+
+def _group_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
+    """The consumer groups (of topics ``pattern`` matches), sorted by topic,
+    group and principal: kept in the journal, with a live group's figures."""
+    groups = host.groups
+    rows: list[tuple[str, Row]] = []
+    for principal, topic, name, floor in groups.stored() if groups is not None else ():
+        if pattern is not None and not pattern.matches(topic):
+            continue
+        row: Row = {
+            "topic": topic,
+            "group": name,
+            "principal": principal or None,
+            "members": 0,
+            "floor": floor,
+            "lag": None,
+            "outstanding": None,
+        }
+        assert groups is not None
+        live = groups.groups.get("\x00".join((principal, topic, name)))
+        if live is not None:
+            figures = live.statistics()
+            row.update(
+                members=figures["members"],
+                floor=figures["floor"],
+                lag=figures["lag"],
+                outstanding=figures["outstanding"],
+            )
+        rows.append(("\x00".join((topic, name, principal)), row))
+    rows.sort(key=lambda item: item[0])
+    return rows
+
+
+def _delete_group(
+    host: AdminHost, arguments: Mapping[str, AdminValue], principal: str | None
+) -> Row:
+    """Forget a consumer group without members (Kafka's delete-groups: a
+    group with members is refused)."""
+    topic = _topic(arguments)
+    _owned(host, topic)
+    name = arguments.get("group")
+    if not isinstance(name, str) or topic_name_problem(name) is not None:
+        raise AdminError(AdminStatus.REFUSED, '"group" must be a group\'s name')
+    owner = arguments.get("principal", principal)
+    if owner is not None and not isinstance(owner, str):
+        raise AdminError(AdminStatus.REFUSED, '"principal" must be text')
+    if host.groups is None:
+        raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: it has no groups")
+    try:
+        members = host.groups.forget(owner or "", topic, name)
+    except KeyError:
+        whose = f" of principal {owner!r}" if owner else ""
+        raise AdminError(
+            AdminStatus.REFUSED, f"no group {name[:64]!r} on topic {topic[:64]!r}{whose}"
+        ) from None
+    if members is not None:
+        raise AdminError(
+            AdminStatus.REFUSED,
+            f"group {name[:64]!r} of {topic[:64]!r} has {members} member(s): "
+            "stop them first (a group is deleted without members)",
+        )
+    return {"topic": topic, "group": name, "deleted": True}
 
 
 # ---------------------------------------------------------------- changing

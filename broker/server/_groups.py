@@ -728,6 +728,41 @@ class Groups:
             self._write()
         return forgotten
 
+    def stored(self) -> list[tuple[str, str, str, int | None]]:
+        """Every group the journal keeps, as ``(principal, topic, name,
+        floor)`` (floor: the first offset not settled; None if unreadable)."""
+        found: list[tuple[str, str, str, int | None]] = []
+        for key, value in self.journal.items(GROUPS):
+            parts = key.split("\x00")
+            if len(parts) != 3:
+                continue
+            state = value.get("state") if isinstance(value, dict) else None
+            floor = state[1] if isinstance(state, list) and len(state) > 1 else None
+            found.append((parts[0], parts[1], parts[2], floor if type(floor) is int else None))
+        return found
+
+    def forget(self, principal: str, topic: str, name: str) -> int | None:
+        """Forget group ``name`` of ``principal`` on ``topic`` (its state in
+        the journal too); returns how many members it has if it has any
+        (then nothing is forgotten), else None. Raises :class:`KeyError`
+        if there is no such group."""
+        key = "\x00".join((principal, topic, name))
+        group = self.groups.get(key)
+        if group is not None and group.members:
+            return len(group.members)
+        if group is None and self.journal.get(GROUPS, key) is None:
+            raise KeyError(key)
+        if group is not None:
+            del self.groups[key]
+            group.account.close()
+        self.journal.delete(GROUPS, key)
+        self._settled_at_start.pop(key, None)
+        for settled, _ in list(self.journal.items(SETTLED)):
+            if settled.startswith(key + "\x00"):
+                self.journal.delete(SETTLED, settled)
+        self._write()
+        return None
+
     def count_by_topic(self) -> dict[str, int]:
         """How many groups each topic has (kept in the journal)."""
         counts: dict[str, int] = {}

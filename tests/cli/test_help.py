@@ -14,7 +14,18 @@ from broker.cli import build_parser
 
 from .helpers import run
 
-COMMANDS = ["serve", "pub", "sub", "topics", "cursors", "stat", "health", "token", "bench"]
+COMMANDS = [
+    "serve",
+    "pub",
+    "sub",
+    "topics",
+    "cursors",
+    "groups",
+    "stat",
+    "health",
+    "token",
+    "bench",
+]
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

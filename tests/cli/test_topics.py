@@ -194,3 +194,24 @@ def test_a_bad_pattern_is_one_line(args: list[str]) -> None:
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert "'.'-separated tokens where '*' is exactly one token" in line
+
+
+def test_groups_ls_and_delete(logged: Served) -> None:
+    env = env_for(logged)
+    result = run("sub", "a.x", "--group", "workers", "--from", "earliest", "-c", "3", env=env)
+    assert (result.returncode, result.stdout) == (0, "x1\nx2\nx3\n"), result.stderr
+    result = run("groups", "ls", env=env)
+    assert result.returncode == 0, result.stderr
+    head, *rows = result.stdout.splitlines()
+    assert head.split() == ["TOPIC", "GROUP", "PRINCIPAL", "MEMBERS", "FLOOR", "LAG", "OUTSTANDING"]
+    assert [row.split()[:2] for row in rows] == [["a.x", "workers"]]
+    (row,) = [
+        json.loads(line) for line in run("groups", "ls", "--json", env=env).stdout.splitlines()
+    ]
+    assert (row["topic"], row["group"], row["members"]) == ("a.x", "workers", 0)
+    result = run("groups", "delete", "a.x", "workers", env=env)
+    assert (result.returncode, result.stdout) == (0, "deleted group 'workers' of 'a.x'\n")
+    assert run("groups", "ls", "--json", env=env).stdout == ""
+    result = run("groups", "delete", "a.x", "workers", env=env)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1 and "no group" in result.stderr

@@ -146,3 +146,21 @@ async def test_patterns_and_admin_follow_the_principal(tmp_path: Path) -> None:
         async with open_client(address, token="admin-token") as admin:
             rows = await admin.admin("topics")
             assert "secret.b" in [r["topic"] for r in rows]
+
+
+async def test_groups_listed_and_deleted_only_without_members(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as broker, open_client(url(broker)) as client:
+        await _publish(url(broker), "jobs", 4)
+        async with client.subscribe("jobs", group="w", start="earliest") as member:
+            for message in await take(member, 2):
+                message.ack()
+            await member.settled()
+            (row,) = await client.admin("groups")
+            assert (row["topic"], row["group"], row["members"]) == ("jobs", "w", 1)
+            assert row["floor"] == 3 and row["outstanding"] == 2
+            with pytest.raises(AdminRefused, match="1 member"):
+                await client.admin("delete-group", topic="jobs", group="w")
+        assert (await client.admin("delete-group", topic="jobs", group="w"))[0]["deleted"]
+        assert await client.admin("groups") == []
+        with pytest.raises(AdminRefused, match="no group"):
+            await client.admin("delete-group", topic="jobs", group="w")

@@ -4,6 +4,7 @@ another topic; in every mode; per-topic starts and durable cursors."""
 
 from __future__ import annotations
 
+import datetime
 from collections import defaultdict
 from pathlib import Path
 
@@ -83,3 +84,20 @@ async def test_dropping_modes(tmp_path: Path, mode: str) -> None:
         await _publish(url(broker), [("m.a", 3), ("m.b", 3)])
         got = await take(sub, 6 if mode == "lossy" else 2)
         assert {m.topic for m in got} == {"m.a", "m.b"}
+
+
+async def test_from_time_applies_to_each_topic(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        await _publish(url(broker), [("t.a", 3), ("t.b", 3)])
+        await trio.sleep(0.05)  # (record times are in ms: the next ones are later)
+        since = datetime.datetime.now(datetime.UTC)
+        await trio.sleep(0.05)
+        await _publish(url(broker), [("t.a", 2), ("t.b", 1), ("t.c", 1)])
+        async with open_client(url(broker)) as client, client.subscribe("t.*", start=since) as sub:
+            got = await take(sub, 4)
+            assert sorted((m.topic, m.offset) for m in got) == [
+                ("t.a", 4),
+                ("t.a", 5),
+                ("t.b", 4),
+                ("t.c", 1),
+            ]

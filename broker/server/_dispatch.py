@@ -178,9 +178,18 @@ class Dispatch:
         if touched:
             now = trio.current_time()
             budget = self.budget
-            for state in touched:
-                budget.note_busy(state.channel, now)
-                publishing.drain(state)
+            # The batches of the read go into the topics' logs together: one
+            # journal write covers their publish marks (``TopicLogs.gather``).
+            logs = self.host.logs
+            if logs is not None:
+                logs.gather()
+            try:
+                for state in touched:
+                    budget.note_busy(state.channel, now)
+                    publishing.drain(state)
+            finally:
+                if logs is not None:
+                    logs.release()
 
     def deny(self, reason: str, connection: Dispatched) -> None:
         """Goodbye 6: the client's principal may not do that."""

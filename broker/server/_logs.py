@@ -152,6 +152,10 @@ class TopicLogs:
         #: The logs opened so far, by topic (their recovery logged, their
         #: cursors checked: each once).
         self._opened: dict[str, TopicLog] = {}
+        #: :meth:`gather` calls not yet released.
+        self._gathering = 0
+        #: Topics holding gathered batches, in the order they got their first.
+        self._gathered: list[Topic] = []
 
     @classmethod
     def open_store(
@@ -303,6 +307,53 @@ class TopicLogs:
     def mark(self, topic: str, runs: list[OriginRun], offset: int) -> None:
         self.marks.note(topic, runs, offset)
         self.journal.write()  # (raises LogError: the batch waits)
+
+    def note(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        self.marks.note(topic, runs, offset)
+
+    @property
+    def gathering(self) -> bool:
+        return self._gathering > 0
+
+    def gathered(self, topic: Topic) -> None:
+        self._gathered.append(topic)
+
+    def gather(self) -> None:
+        """Until the matching :meth:`release`, topics gather the batches
+        sent to them instead of appending each at once: a connection's
+        read of publishes to many topics (a batch each, often of one
+        publish) then costs one journal write for all their marks, not one
+        per batch. Calls nest; nothing may wait (await) in between."""
+        self._gathering += 1
+
+    def release(self) -> None:
+        """End a :meth:`gather`; the outermost appends what was gathered:
+        per round, the marks of the first gathered batch of every topic are
+        put and the journal written once, then each of those batches is
+        appended, written, read by the readers waiting at the log's end
+        and routed (confirmed), in that order as one batch alone would be.
+        What routing sends on meanwhile is gathered for the next round."""
+        if self._gathering > 1:
+            self._gathering -= 1
+            return
+        try:
+            while self._gathered:
+                topics = self._gathered
+                self._gathered = []
+                for topic in topics:
+                    topic.mark_gathered()
+                try:
+                    self.journal.write()
+                except LogError as error:
+                    # Nothing of theirs was appended: they wait, and are
+                    # marked again when retried.
+                    for topic in topics:
+                        topic.gathered_failed(error)
+                    continue
+                for topic in topics:
+                    topic.append_gathered()
+        finally:
+            self._gathering = 0
 
     def log_failed(self, topic: Topic, error: LogError) -> None:
         self.append_errors += 1

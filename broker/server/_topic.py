@@ -292,6 +292,23 @@ class TopicLogHost(Protocol):
         publishes wait; the broker retries (:meth:`Topic.retry_held`)."""
         ...
 
+    @property
+    def gathering(self) -> bool:
+        """Batches are gathered now (a connection's read is being applied):
+        a topic hands its batch over (:meth:`gathered`) rather than append it."""
+        ...
+
+    def gathered(self, topic: Topic) -> None:
+        """``topic`` holds gathered batches: the host marks the first of each
+        such topic's, writes the journal once for all of them, then has each
+        topic append it (:meth:`Topic.mark_gathered`, :meth:`Topic.append_gathered`)."""
+        ...
+
+    def note(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        """:meth:`mark` without writing the journal (the caller writes it,
+        before the log)."""
+        ...
+
 
 class TailReader(Protocol):
     """A subscription that reads the topic's log, waiting at its end."""
@@ -373,15 +390,33 @@ class Topic(Actor):
         self.held: deque[_Held] = deque()
         #: The last error appending met (None once a retry got through).
         self.log_error: LogError | None = None
+        #: Batches handed to the host while it gathers (see
+        #: :meth:`TopicLogHost.gathered`), oldest first, with the account of
+        #: their turn (a batch that has to wait is charged to it then, as a
+        #: held one; until then it is on its way within one read).
+        self._gathered: deque[tuple[_Held, Account]] = deque()
+        #: It is in the host's list of topics with gathered batches.
+        self._listed = False
 
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
         account = turn.account
         if self.log is not None:
             held = _Held(routed)
-            if not self.held and self._append(held):
-                self._routed(routed, account)
-                return
+            if not self.held:
+                host = self._host
+                assert host is not None
+                if self._gathered or host.gathering:
+                    # Appended once the host has written the marks of every
+                    # batch gathered with it (one journal write for them all).
+                    self._gathered.append((held, account))
+                    if not self._listed:
+                        self._listed = True
+                        host.gathered(self)
+                    return
+                if self._append(held):
+                    self._routed(routed, account)
+                    return
             # It waits for room, still charged to its publisher.
             held.loan = LoanedItem(account, _charge(account, routed.tails), None)
             self.held.append(held)
@@ -414,8 +449,53 @@ class Topic(Actor):
             first.loan.repay()
         self.release_if_unused()
 
-    def _append(self, held: _Held) -> bool:
-        """Append what is left of ``held`` and write it to the file; whether all of it is."""
+    def mark_gathered(self) -> None:
+        """Note the marks of the first gathered batch where it will go (the
+        host writes the journal next, then calls :meth:`append_gathered`)."""
+        held = self._gathered[0][0]
+        runs = held.routed.origins
+        if runs is not None and held.routed.tails:
+            assert self.log is not None and self._host is not None
+            self._host.note(self.topic_name, runs, self.log.next_offset)
+
+    def append_gathered(self) -> None:
+        """The marks of the first gathered batch are written: append it and
+        route it; a batch the log cannot take waits, and every gathered
+        batch behind it, as held ones (:meth:`retry_held`). More gathered
+        batches: handed to the host again (each is marked before it goes in)."""
+        self._listed = False
+        held, account = self._gathered.popleft()
+        if not self._append(held, marked=True):
+            self._gathered.appendleft((held, account))
+            self._hold_gathered()
+            return
+        self._routed(held.routed, account)
+        if self._gathered and not self._listed:
+            assert self._host is not None
+            self._listed = True
+            self._host.gathered(self)
+
+    def gathered_failed(self, error: LogError) -> None:
+        """The journal could not be written: every gathered batch waits, as
+        held ones, and is marked again when retried."""
+        self._listed = False
+        self._hold_gathered()
+        if self.log_error is None:
+            assert self._host is not None
+            self._host.log_failed(self, error)
+        self.log_error = error
+
+    def _hold_gathered(self) -> None:
+        """The gathered batches wait for room, in order, each charged to its
+        publisher until it is routed."""
+        for held, account in self._gathered:
+            held.loan = LoanedItem(account, _charge(account, held.routed.tails), None)
+            self.held.append(held)
+        self._gathered.clear()
+
+    def _append(self, held: _Held, *, marked: bool = False) -> bool:
+        """Append what is left of ``held`` and write it to the file; whether
+        all of it is. (``marked``: its marks are written already.)"""
         log = self.log
         host = self._host
         assert log is not None and host is not None
@@ -425,7 +505,7 @@ class Topic(Actor):
         appended = 0
         try:
             runs = held.routed.origins
-            if runs is not None:
+            if runs is not None and not marked:
                 if held.appended:
                     runs = slice_origins(runs, held.appended, len(tails))
                 host.mark(self.topic_name, runs, log.next_offset)
@@ -495,7 +575,7 @@ class Topic(Actor):
     def release_if_unused(self) -> None:
         """Stop and forget the topic once nobody publishes to or subscribes to it
         (and no batch waits for room in its log)."""
-        if not self.publishers and not self.subscriptions and not self.held:
+        if not self.publishers and not self.subscriptions and not self.held and not self._gathered:
             if self._registry.get(self.topic_name) is self:
                 del self._registry[self.topic_name]
             self.stop()

@@ -88,7 +88,7 @@ async def test_the_blocking_client_sends_and_takes_a_1_mib_message() -> None:
                 subscription = client.subscribe("big")
                 client.publish("big", ONE_MIB)
                 client.publish("big", b"small")
-                client.flush()
+                client.flush(timeout=TIMEOUT)  # (a hang would be a failure, not a stall)
                 return [subscription.receive(timeout=TIMEOUT).payload for _ in range(2)]
 
         assert await trio.to_thread.run_sync(round_trip) == [ONE_MIB, b"small"]

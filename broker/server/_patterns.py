@@ -241,6 +241,7 @@ class PatternSubscription(Subscription):
         "_announced",
         "_closed",
         "_factory",
+        "_gone",
         "_host",
         "_may_read",
         "_next_match",
@@ -300,6 +301,10 @@ class PatternSubscription(Subscription):
         #: background, a few at a time: each is a log to recover).
         self._pending: deque[str] = deque()
         self._adding: set[str] = set()
+        #: Matched topics deleted whose end the client may not have had:
+        #: ``[match, topic, number]``, the number being the next delivery
+        #: number when it was said (0: not said on this connection).
+        self._gone: list[list[Any]] = []
         #: The matching topics on disk when it subscribed that it did not
         #: take (None until they are listed): not new to it.
         self.existing: set[str] | None = None
@@ -400,9 +405,28 @@ class PatternSubscription(Subscription):
         member = self.members.pop(match)
         self._waiting.discard(match)
         member.close()
-        if match in self._announced:
-            self._announced.discard(match)
-            self.connection.matched(self, match, None)
+        self._announced.discard(match)
+        self._gone.append([match, name, 0])
+        self._say_gone()
+
+    def _say_gone(self) -> None:
+        """Tell the client of every matched topic deleted that it has not
+        been told of for sure: a ``Matched`` that binds the index (again:
+        the client may not have it on this connection) and one that ends
+        it, so that it forgets the topic's offsets (made again, the topic
+        starts at 1). Said again on every resume until the client has
+        acknowledged a delivery sent after it (frames are handled in
+        order: it had them then)."""
+        for gone in self._gone:
+            match, name, said = gone
+            if said:
+                continue
+            connection = self.connection
+            if not (
+                connection.matched(self, match, name) and connection.matched(self, match, None)
+            ):
+                return
+            gone[2] = self.next_seq  # (told for sure once this number is acknowledged)
 
     # ---------------------------------------------------------------- sending
 
@@ -493,6 +517,8 @@ class PatternSubscription(Subscription):
                 run[0], run[2], run[3] = first_seq + done, first + done, count - done
                 break
             runs.popleft()
+        if self._gone:
+            self._gone = [gone for gone in self._gone if not 0 < gone[2] <= acked]
         members = self.members
         for match, last in upto.items():
             member = members.get(match)
@@ -515,6 +541,9 @@ class PatternSubscription(Subscription):
         self._stalled.clear()
         self._waiting.clear()
         self.next_seq = self.acked + 1
+        for gone in self._gone:
+            gone[2] = 0  # (said on the old connection, maybe lost with it)
+        self._say_gone()
         for member in list(self.members.values()):
             member.attach(self.outlet, member.acked)
         return resend

@@ -14,7 +14,9 @@ import trio.lowlevel
 from broker._topic_rules import TopicRule
 from broker.client import Message, open_client
 
+from ..proxy import proxied
 from ..server.helpers import TIMEOUT, running_broker, url, wait_until
+from .helpers import take
 
 #: Small terms: a purge then deletes whole files.
 TERM = 256 * 1024
@@ -97,3 +99,34 @@ async def test_delete_and_purge_under_a_live_publisher(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
         del unrelated
         assert published > 3000
+
+
+async def test_a_resumed_pattern_hears_of_a_topic_deleted_while_away(tmp_path: Path) -> None:
+    """The pattern's client keeps each topic's last offset (to drop what a
+    restart delivers again). A topic deleted while the client was away,
+    or before anything of it came on the current connection, is still
+    said to be over: made again from offset 1, none of it is dropped."""
+    async with (
+        running_broker(data_dir=str(tmp_path), lease=30.0) as broker,
+        proxied(broker.address) as proxy,
+        open_client(proxy.url, reconnect=TIMEOUT) as client,
+        client.subscribe("d.*", start="earliest") as sub,
+        open_client(url(broker), name="admin") as admin,
+    ):
+        async with open_client(url(broker), name="publisher") as publisher:
+            for index in range(20):
+                await publisher.publish("d.x", b"%d" % index)
+            await publisher.flush()
+        assert [m.offset for m in await take(sub, 20)] == list(range(1, 21))
+        await client.flush()  # (its Ack is out: nothing to send again)
+        proxy.cut()
+        await admin.admin("delete-topic", topic="d.x")
+        async with open_client(url(broker), name="publisher") as publisher:
+            for index in range(5):
+                await publisher.publish("d.x", b"again %d" % index)
+            await publisher.flush()
+        again = await take(sub, 5)
+        assert [(m.topic, m.offset, m.payload) for m in again] == [
+            ("d.x", n + 1, b"again %d" % n) for n in range(5)
+        ]
+        assert client.statistics()["resumes"] >= 1

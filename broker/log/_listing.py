@@ -83,6 +83,17 @@ def list_stored_topics(
     return found
 
 
+def read_stored_topic(data_dir: Path, name: str) -> StoredTopic | None:
+    """What :func:`list_stored_topics` says of topic ``name`` alone, reading
+    only its own directory (None: it has no log there)."""
+    path = topics_dir(data_dir) / topic_dir_name(name)
+    try:
+        stored = _read_topic(str(path), name, lambda found: found == name)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return stored if stored is not None and stored.name == name else None
+
+
 def _name(topic: StoredTopic) -> str:
     return topic.name
 

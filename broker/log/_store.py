@@ -20,7 +20,7 @@ from ._files import (
     topics_dir,
 )
 from ._journal import StateJournal
-from ._listing import StoredTopic, list_stored_topics
+from ._listing import StoredTopic, list_stored_topics, read_stored_topic
 from ._log import TopicLog
 from ._open_files import OpenFiles, default_open_files
 from ._recover import expired_terms, survey
@@ -176,6 +176,11 @@ class LogStore:
         as their files say, without opening any log: see
         :func:`list_stored_topics` (read only: safe in a worker thread)."""
         return list_stored_topics(self.data_dir, match)
+
+    def stored_topic(self, name: str) -> StoredTopic | None:
+        """:meth:`list_topics` of topic ``name`` alone: its own directory read
+        (None: it has no log)."""
+        return read_stored_topic(self.data_dir, name)
 
     def delete_topic(self, name: str) -> bool:
         """Delete the log of ``name``; returns whether there was one.

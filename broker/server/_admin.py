@@ -24,6 +24,7 @@ Answers longer than a frame come in pages (``next``: ask again with
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
@@ -45,9 +46,10 @@ from broker.protocol import (
 from ._delivery import Deliveries
 from ._groups import Groups
 from ._log_subscription import CursorBook, cursor_key
-from ._logs import TopicLogs
+from ._logs import TopicLogs, TopicUnavailable
 from ._patterns import PatternRegistry
 from ._session import SessionTable
+from ._session_records import SessionRecords
 from ._topic import Subscription, Topic
 
 log = logging.getLogger("broker.server")
@@ -99,6 +101,9 @@ class AdminHost(Protocol):
 
     @property
     def sessions(self) -> SessionTable: ...
+
+    @property
+    def session_records(self) -> SessionRecords | None: ...
 
     def topic(self, name: str) -> Topic: ...
 
@@ -461,12 +466,12 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
     _owned(host, name)
     logs = host.logs
     topic = host.topics.get(name)
-    stored = logs.store.list_topics(lambda n: n == name) if logs is not None else []
-    if topic is None and not stored:
+    stored = _stored(logs, name)
+    if topic is None and stored is None:
         raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
     records = size = 0
-    if stored:
-        records, size = stored[0].end - stored[0].first, stored[0].bytes
+    if stored is not None:
+        records, size = stored.end - stored.first, stored.bytes
     if topic is not None and topic.log is not None and not topic.log.closed:
         records = topic.log.next_offset - topic.log.first_offset
     host.patterns.topic_deleted(name)  # (pattern members: a Matched that unbinds it)
@@ -485,7 +490,14 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
                 book.delete(key)
                 cursors += 1
     if logs is not None:
-        logs.delete(name)
+        try:
+            logs.delete(name)
+        except TopicUnavailable as error:
+            if topic is not None:  # (its log was closed first: open it again)
+                with contextlib.suppress(TopicUnavailable):
+                    topic.log = logs.open(name)
+                topic.release_if_unused()
+            raise AdminError(AdminStatus.REFUSED, str(error)) from None
         if topic is not None and (topic.publishers or topic.held):
             # Its publishers go on, into a new log; patterns match it again.
             topic.log = logs.open(name)
@@ -505,14 +517,31 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
     }
 
 
+def _stored(logs: TopicLogs | None, name: str) -> StoredTopic | None:
+    """What the disk holds of topic ``name`` (its own directory read)."""
+    if logs is None:
+        return None
+    try:
+        return logs.store.stored_topic(name)
+    except OSError as error:
+        raise AdminError(
+            AdminStatus.REFUSED, f"topic {name[:64]!r} cannot be read now: {error.strerror}"
+        ) from None
+
+
 def _end(host: AdminHost, subscription: Subscription) -> None:
     """End ``subscription`` of a deleted topic: its client is told (a
     FreeHandle now, or, for a session whose connection is down, the
-    subscription missing from the ``Welcome`` of its resume)."""
+    subscription missing from the ``Welcome`` of its resume), and its
+    session forgets it (its record too: a restart does not bring it back)."""
     for session in host.sessions.sessions.values():
         if session.subscriptions.get(subscription.handle) is subscription:
-            if session.connection is None and session.state is not None:
-                session.state.subscriptions.pop(subscription.handle, None)
+            if session.connection is None:
+                session.subscriptions.pop(subscription.handle, None)
+                if session.state is not None:
+                    session.state.subscriptions.pop(subscription.handle, None)
+                    if host.session_records is not None:
+                        host.session_records.save(session, session.state, session.subscriptions)
             break
     connection = subscription.connection
     if isinstance(connection, Deliveries) and (
@@ -529,7 +558,7 @@ def _purge_topic(host: AdminHost, name: str, before: int) -> Row:
     _owned(host, name)
     if host.logs is None:
         raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: nothing to purge")
-    known = name in host.topics or host.logs.store.list_topics(lambda n: n == name)
+    known = name in host.topics or _stored(host.logs, name) is not None
     if not known:
         raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
     topic = host.topic(name)

@@ -141,9 +141,32 @@ class LinkedSubscription(Protocol):
         """The link's connection broke: the owner's subscription is gone."""
         ...
 
+    def owner_ended(self) -> None:
+        """The owner ended it (its topic was deleted there): end it here."""
+        ...
+
     def may_receive(self) -> bool:
         """Whether the link may issue guarantees to the owner for it now."""
         ...
+
+
+class Ending(Protocol):
+    """A subscriber that can end one of its subscriptions (its topic was deleted)."""
+
+    def end(self, handle: int) -> None: ...
+
+
+def end_here(subscription: Subscription) -> None:
+    """End ``subscription`` at its subscriber as the owner ended it (a
+    client is told with a FreeHandle, a pattern that the topic is over); a
+    subscriber that cannot be told closes it."""
+    connection: Any = subscription.connection
+    if callable(getattr(connection, "end", None)):
+        ending: Ending = connection
+        if connection.subscriptions.get(subscription.handle) is subscription:
+            ending.end(subscription.handle)
+            return
+    subscription.close()
 
 
 class SubscriptionLink(Protocol):
@@ -358,6 +381,10 @@ class ForwardedSubscription(Subscription):
                 self.options["from"] = processed + 1
         self.link.subscribe(self)
         return 0
+
+    def owner_ended(self) -> None:
+        """The owner ended it: its topic was deleted there."""
+        end_here(self)
 
     def link_broken(self, *, offsets: bool) -> None:
         """The link's connection broke: the owner's handle is gone. On a broker

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from broker.protocol import DeliveryMode, Options, ProtocolError, decode_deliver_tail
 
-from ._forward import ForwardTopic, SubscriptionLink
+from ._forward import ForwardTopic, SubscriptionLink, end_here
 from ._lossy import DroppingSubscriber, DroppingSubscription, QueueLimits
 
 __all__ = ["ForwardedDroppingSubscription", "forwarded_dropping_subscription"]
@@ -100,6 +100,10 @@ class ForwardedDroppingSubscription(DroppingSubscription):
         if count > 0 and end > self._assigned:
             self._assigned = end
             self.pump()
+
+    def owner_ended(self) -> None:
+        """The owner ended it: its topic was deleted there."""
+        end_here(self)
 
     def link_broken(self, *, offsets: bool) -> None:
         """The link's connection broke: the owner's subscription is gone, and

@@ -26,7 +26,7 @@ from accounts import Account, LoanedItem
 from broker.groups import GroupError, Outcome
 from broker.protocol import Options
 
-from ._forward import ForwardTopic, SubscriptionLink
+from ._forward import ForwardTopic, SubscriptionLink, end_here
 from ._log_subscription import CURSOR_PRINCIPAL
 from ._topic import DELIVER_HEAD_ESTIMATE, Subscriber, Subscription
 
@@ -150,6 +150,10 @@ class ForwardedGroupMember(Subscription):
     def relay_gap(self, first_seq: int, count: int) -> None:
         """The owner's member no longer holds these: the client is told."""
         self.connection.gap(self, first_seq + self.shift, count)
+
+    def owner_ended(self) -> None:
+        """The owner ended it: its topic was deleted there."""
+        end_here(self)
 
     def link_broken(self, *, offsets: bool) -> None:
         """The owner's member is gone, and what it held went back to the

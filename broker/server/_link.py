@@ -45,6 +45,7 @@ from broker.protocol import (
     Gap,
     GoodbyeCode,
     GuaranteesReceived,
+    HandleFreeProposed,
     HandleType,
     LocalProtocolError,
     NoGuarantees,
@@ -398,6 +399,17 @@ class Link:
             self._to_unsubscribe.append(handle)
             self._free_subscriptions()
 
+    def _owner_ended(self, handle: int) -> None:
+        """The owner ended its subscription ``handle`` (its topic was
+        deleted): the one it fed here ends as it did."""
+        subscription = self.by_owner_handle.pop(handle, None)
+        if subscription is None:
+            return
+        self.subscriptions.pop(subscription, None)
+        self._to_subscribe.pop(subscription, None)
+        subscription.owner_handle = None
+        subscription.owner_ended()
+
     def _free_subscriptions(self) -> None:
         """Free at the owner the subscriptions ended here (one whose Subscribe
         the owner has not confirmed yet is freed once it has: until then,
@@ -573,6 +585,10 @@ class Link:
                 subscription = subscriptions.get(event.subscription)
                 if subscription is not None:
                     subscription.relay_gap(event.first_seq, event.count)
+            elif kind is HandleFreeProposed:
+                assert isinstance(event, HandleFreeProposed)
+                if event.handle_type == HandleType.SUBSCRIPTION:
+                    self._owner_ended(event.handle)
             elif kind is WelcomeReceived:
                 self._welcomed()
             elif kind is ConnectionClosed:

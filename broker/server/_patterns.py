@@ -41,6 +41,7 @@ import trio.lowlevel
 
 from accounts import Account, LoanedItem
 from broker.errors import BrokerError
+from broker.log import LogError
 from broker.protocol import TopicPattern
 
 from ._lossy import DropCounts, OptionError
@@ -53,6 +54,8 @@ log = logging.getLogger("broker.server")
 OPEN_BATCH = 8
 #: How often a worker of several looks for topics the others made (seconds).
 RESCAN_INTERVAL = 1.0
+#: Deleted topics a pattern keeps saying the end of until its client has it.
+MAX_GONE = 1024
 #: Options a pattern subscription does not take (they name one topic).
 REFUSED_OPTIONS = {
     "group": "a consumer group shares one topic: subscribe to a topic name",
@@ -88,6 +91,10 @@ class PatternHost(Protocol):
 
     def is_open(self, name: str) -> bool:
         """Whether topic ``name`` has an actor now (its log open, if any)."""
+        ...
+
+    def not_owned(self, topic: str) -> str | None:
+        """Why another worker serves ``topic`` (None: this one does)."""
         ...
 
     async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
@@ -232,6 +239,12 @@ class Outlet:
     def subscription_stalled(self, subscription: Subscription) -> None:
         self.pattern.stalled(subscription)
 
+    def end(self, handle: int) -> None:
+        """A member's topic was deleted (at its owner): the pattern lets it go."""
+        member = self.pattern.members.get(handle)
+        if member is not None:
+            self.pattern.remove(member.topic.topic_name)
+
 
 class PatternSubscription(Subscription):
     """One subscription to every topic ``pattern`` matches (see the module)."""
@@ -338,19 +351,37 @@ class PatternSubscription(Subscription):
 
     async def _open_stored(self) -> None:
         """Match the topics on disk, a few per turn of the event loop (or,
-        from the end, note them: see :meth:`start`)."""
-        names = await self._host.stored_topics(self.matches)
+        from the end, note them: see :meth:`start`; but take at once those
+        another worker serves, whose publishes never open them here)."""
+        host = self._host
+        while True:
+            try:
+                names = await host.stored_topics(self.matches)
+                break
+            except (OSError, LogError) as error:  # (no descriptor left, the disk)
+                log.warning(
+                    "pattern %r: the data directory cannot be listed now (%s); "
+                    "trying again in %.0f s",
+                    self.pattern.text,
+                    error,
+                    RESCAN_INTERVAL,
+                )
+                await trio.sleep(RESCAN_INTERVAL)
+                if self._closed:
+                    return
         if self._starts_at_end():
-            self.existing = set(names)
-            return
-        self.existing = set()
-        self._pending.extend(name for name in names if name not in self.matched_topics)
+            elsewhere = [name for name in names if host.not_owned(name) is not None]
+            self.existing = set(names).difference(elsewhere)
+            self._pending.extend(elsewhere)
+        else:
+            self.existing = set()
+            self._pending.extend(name for name in names if name not in self.matched_topics)
         while self._pending and not self._closed:
             for _ in range(min(OPEN_BATCH, len(self._pending))):
                 name = self._pending.popleft()
                 try:
                     self.add(name)
-                except BrokerError as error:  # (its log cannot be opened now)
+                except (BrokerError, ValueError) as error:  # (its log cannot be opened now)
                     log.warning(
                         "pattern %r: topic %r left out: %s", self.pattern.text, name[:64], error
                     )
@@ -407,6 +438,7 @@ class PatternSubscription(Subscription):
         member.close()
         self._announced.discard(match)
         self._gone.append([match, name, 0])
+        del self._gone[:-MAX_GONE]  # (the oldest first)
         self._say_gone()
 
     def _say_gone(self) -> None:
@@ -595,7 +627,7 @@ class PatternRegistry:
             if subscription.matches(name):
                 try:
                     subscription.add(name)
-                except BrokerError as error:  # (its options were accepted once)
+                except (BrokerError, ValueError) as error:  # (options accepted once)
                     log.warning(
                         "pattern %r: topic %r left out: %s",
                         subscription.pattern.text,
@@ -623,7 +655,11 @@ class PatternRegistry:
             def wanted(name: str, patterns: list[PatternSubscription] = patterns) -> bool:
                 return any(pattern.matches(name) for pattern in patterns)
 
-            names = await stored(wanted)
+            try:
+                names = await stored(wanted)
+            except (OSError, LogError) as error:  # (tried again at the next look)
+                log.warning("the data directory cannot be listed now: %s", error)
+                continue
             for subscription in patterns:
                 existing = subscription.existing or set()
                 for name in names:
@@ -634,7 +670,7 @@ class PatternRegistry:
                     ):
                         try:
                             subscription.add(name, from_start=True)
-                        except BrokerError as error:
+                        except (BrokerError, ValueError) as error:
                             log.warning(
                                 "pattern %r: topic %r left out: %s",
                                 subscription.pattern.text,

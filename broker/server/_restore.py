@@ -107,6 +107,10 @@ class Unattached:
     def subscription_stalled(self, subscription: Subscription) -> None:
         pass
 
+    def end(self, handle: int) -> None:
+        """(A restored subscription's topic deleted before its client came
+        back: see ``_admin._end``, which forgets it in its session.)"""
+
     def written_later(self, loan: LoanedItem[Any]) -> None:
         loan.repay()
 

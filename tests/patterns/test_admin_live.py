@@ -6,13 +6,15 @@ disk space comes back."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
+import pytest
 import trio
 import trio.lowlevel
 
 from broker._topic_rules import TopicRule
-from broker.client import Message, open_client
+from broker.client import AdminRefused, Message, open_client
 
 from ..proxy import proxied
 from ..server.helpers import TIMEOUT, running_broker, url, wait_until
@@ -130,3 +132,63 @@ async def test_a_resumed_pattern_hears_of_a_topic_deleted_while_away(tmp_path: P
             ("d.x", n + 1, b"again %d" % n) for n in range(5)
         ]
         assert client.statistics()["resumes"] >= 1
+
+
+async def test_a_deleted_cursor_does_not_come_back_with_a_resume(tmp_path: Path) -> None:
+    """A subscriber whose connection is down when its topic is deleted: its
+    session forgets the subscription, so the resume does not store the
+    deleted durable cursor again (which would skip the new log's records)."""
+    async with running_broker(data_dir=str(tmp_path), lease=30.0) as broker:
+        async with (
+            proxied(broker.address) as proxy,
+            open_client(proxy.url, reconnect=TIMEOUT) as client,
+            open_client(url(broker), name="admin") as admin,
+            client.subscribe("t", start="earliest", cursor="c") as sub,
+        ):
+            async with open_client(url(broker), name="publisher") as publisher:
+                for index in range(3):
+                    await publisher.publish("t", b"%d" % index)
+                await publisher.flush()
+            await wait_until(lambda: sub.received == 3, what="all three received")
+            proxy.freeze()  # (the Ack of what is taken now is lost)
+            await take(sub, 3)
+            proxy.cut()
+            await wait_until(lambda: broker.sessions.detached >= 1, what="detached")
+            assert (await admin.admin("delete-topic", topic="t"))[0]["cursors"] == 1
+            proxy.thaw()
+            await wait_until(
+                lambda: client.statistics()["resumes"] >= 1 or sub.ended is not None,
+                what="the resume",
+            )
+            assert await admin.admin("cursors") == []
+        async with open_client(url(broker), name="publisher") as publisher:
+            for index in range(5):
+                await publisher.publish("t", b"new %d" % index)
+            await publisher.flush()
+        async with (
+            open_client(url(broker), name="again") as again,
+            again.subscribe("t", start="earliest", cursor="c") as fresh,
+        ):
+            assert [m.offset for m in await take(fresh, 5)] == [1, 2, 3, 4, 5]
+
+
+async def test_a_data_directory_that_cannot_be_listed_does_not_stop_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as broker:
+        assert broker.logs is not None
+
+        def cannot(match: object = None) -> list[object]:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(broker.logs.store, "list_topics", cannot)
+        async with (
+            open_client(url(broker)) as client,
+            client.subscribe("a.*", start="earliest") as sub,
+            open_client(url(broker), name="publisher") as publisher,
+        ):
+            await publisher.publish("a.c", b"made after it")
+            await publisher.flush()
+            assert [m.payload for m in await take(sub, 1)] == [b"made after it"]
+            with pytest.raises(AdminRefused, match="cannot be listed"):
+                await client.admin("topics")

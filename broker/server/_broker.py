@@ -39,7 +39,7 @@ from ._log_subscription import CursorBook
 from ._logs import TopicLogs, TopicUnavailable
 from ._loop import LoopCounters
 from ._memory import MemoryReturn
-from ._patterns import PatternRegistry
+from ._pattern_registry import PatternRegistry
 from ._peerlog import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._placement import WorkerSetup

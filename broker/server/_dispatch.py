@@ -34,7 +34,8 @@ from broker.protocol import (
     TopicPattern,
 )
 
-from ._admin import AdminHost, Listing, administer, refuse
+from ._admin import administer, refuse
+from ._admin_lists import AdminHost, Listing
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries

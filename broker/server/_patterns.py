@@ -4,7 +4,7 @@ A ``Subscribe`` whose topic is a pattern (``orders.*``, ``orders.>``; see
 :class:`~broker.protocol.TopicPattern`) makes a :class:`PatternSubscription`:
 one subscription handle, one delivery channel and one guarantee window for
 all the topics it matches, those that exist when it subscribes (open or
-only on disk) and those made later (:class:`PatternRegistry` tells it).
+only on disk) and those made later (``_pattern_registry`` tells it).
 
 Each matched topic gets a *member*: an ordinary subscription of the mode
 asked for (a log reader, a reliable queue, a lossy or latest queue, or a
@@ -33,18 +33,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 import trio
 import trio.lowlevel
 
-from accounts import Account, LoanedItem
+from accounts import Account
 from broker.errors import BrokerError
 from broker.log import LogError
 from broker.protocol import TopicPattern
 
-from ._lossy import DropCounts, OptionError
+from ._lossy import OptionError
+from ._pattern_outlet import Outlet, PatternConnection
 from ._topic import Subscriber, Subscription, Topic
 
 log = logging.getLogger("broker.server")
@@ -73,11 +74,27 @@ class MemberFactory(Protocol):
     ) -> Subscription: ...
 
 
+class PatternBook(Protocol):
+    """The broker's live pattern subscriptions (``_pattern_registry``)."""
+
+    def add(self, subscription: PatternSubscription) -> None: ...
+
+    def discard(self, subscription: PatternSubscription) -> None: ...
+
+    def topic_made(self, name: str) -> None:
+        """Topic ``name`` has an actor now: every pattern that matches it takes it."""
+        ...
+
+    def topic_deleted(self, name: str) -> None:
+        """Topic ``name`` was deleted: every pattern that had it lets it go."""
+        ...
+
+
 class PatternHost(Protocol):
     """What a pattern subscription needs of the broker."""
 
     @property
-    def patterns(self) -> PatternRegistry:
+    def patterns(self) -> PatternBook:
         """The live pattern subscriptions (told of topics made and deleted)."""
         ...
 
@@ -111,46 +128,6 @@ class PatternHost(Protocol):
         ...
 
 
-class PatternConnection(Subscriber, Protocol):
-    """What a pattern subscription needs of its subscriber's connection (the
-    broker's ``Deliveries``)."""
-
-    dropping_bytes: int
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def root_account(self) -> Account: ...
-
-    @property
-    def counters(self) -> DropCounts: ...
-
-    @property
-    def lossy_budget(self) -> int: ...
-
-    def written_later(self, loan: LoanedItem[Any]) -> None: ...
-
-    def room(self, subscription: Subscription) -> int: ...
-
-    def send_matched(
-        self, subscription: Subscription, tails: list[bytes], match: int, first: int
-    ) -> int | None:
-        """Queue DeliverMatched frames of ``tails`` (records ``first`` on of
-        the topic matched as ``match``), numbered from the pattern's
-        ``next_seq``, as far as the guarantees allow; how many were taken,
-        or None if the subscription is being freed."""
-        ...
-
-    def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
-        """Send a Matched; False if nothing more can be said on the subscription."""
-        ...
-
-    def matched_gap(self, subscription: Subscription, match: int, first: int, count: int) -> bool:
-        """Send a MatchedGap; False if nothing more can be said on it."""
-        ...
-
-
 class PatternName:
     """What a pattern subscription has for a topic: the pattern's text (for
     statistics and logs)."""
@@ -162,88 +139,6 @@ class PatternName:
 
     def unsubscribe(self, subscription: Subscription) -> None:
         """(A pattern is no topic: nothing to leave.)"""
-
-
-class Outlet:
-    """The connection a pattern's members send through (a ``Subscriber``,
-    ``LogSubscriber`` and ``DroppingSubscriber``): the pattern's own
-    connection, with each member's deliveries made the pattern's."""
-
-    __slots__ = ("pattern",)
-
-    def __init__(self, pattern: PatternSubscription) -> None:
-        self.pattern = pattern
-
-    @property
-    def open(self) -> bool:
-        return self.pattern.connection.open
-
-    @property
-    def subscriptions(self) -> Mapping[int, Subscription]:
-        return self.pattern.members
-
-    @property
-    def name(self) -> str:
-        return self.pattern.connection.name
-
-    @property
-    def root_account(self) -> Account:
-        return self.pattern.connection.root_account
-
-    @property
-    def counters(self) -> DropCounts:
-        return self.pattern.connection.counters
-
-    @property
-    def lossy_budget(self) -> int:
-        return self.pattern.connection.lossy_budget
-
-    @property
-    def dropping_bytes(self) -> int:
-        return self.pattern.connection.dropping_bytes
-
-    @dropping_bytes.setter
-    def dropping_bytes(self, value: int) -> None:
-        self.pattern.connection.dropping_bytes = value
-
-    def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
-        return self.pattern.send(subscription, tails)
-
-    def send_timed(
-        self, subscription: Subscription, tails: list[bytes], times: list[int]
-    ) -> int | None:
-        return self.pattern.send(subscription, tails)  # (refused: see REFUSED_OPTIONS)
-
-    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
-        count = self.pattern.send(subscription, [loan.item for loan in loans])
-        if count is None:
-            for loan in loans:
-                loan.repay()
-            return len(loans)
-        for loan in loans[:count]:
-            self.pattern.connection.written_later(loan)
-        return count
-
-    def written_later(self, loan: LoanedItem[Any]) -> None:
-        self.pattern.connection.written_later(loan)
-
-    def room(self, subscription: Subscription) -> int:
-        return self.pattern.connection.room(self.pattern)
-
-    def has_room(self, subscription: Subscription, size: int) -> bool:
-        return self.pattern.connection.has_room(self.pattern, size)
-
-    def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
-        return self.pattern.gap(subscription, first_seq, count)
-
-    def subscription_stalled(self, subscription: Subscription) -> None:
-        self.pattern.stalled(subscription)
-
-    def end(self, handle: int) -> None:
-        """A member's topic was deleted (at its owner): the pattern lets it go."""
-        member = self.pattern.members.get(handle)
-        if member is not None:
-            self.pattern.remove(member.topic.topic_name)
 
 
 class PatternSubscription(Subscription):
@@ -336,7 +231,7 @@ class PatternSubscription(Subscription):
         subscription from the end, without a cursor or a time): those are
         matched when something opens them (on a worker of several, they
         are noted, so that the topics the other workers make later are
-        told from them: see :meth:`PatternRegistry.watch`)."""
+        told from them: see ``PatternRegistry.watch``)."""
         self._host.patterns.add(self)
         for name in self._host.open_topics():
             if self.matches(name):
@@ -603,82 +498,3 @@ def pattern_options(options: Mapping[str, object]) -> dict[str, object]:
         if name in options and not (name == "timestamps" and options[name] is False):
             raise OptionError(f'"{name}": {why}')
     return dict(options)
-
-
-class PatternRegistry:
-    """The broker's live pattern subscriptions: told of every topic made
-    (to match it) and deleted (to let it go)."""
-
-    def __init__(self) -> None:
-        self._subscriptions: set[PatternSubscription] = set()
-
-    def __len__(self) -> int:
-        return len(self._subscriptions)
-
-    def add(self, subscription: PatternSubscription) -> None:
-        self._subscriptions.add(subscription)
-
-    def discard(self, subscription: PatternSubscription) -> None:
-        self._subscriptions.discard(subscription)
-
-    def topic_made(self, name: str) -> None:
-        """Topic ``name`` has an actor now: every pattern that matches it takes it."""
-        for subscription in list(self._subscriptions):
-            if subscription.matches(name):
-                try:
-                    subscription.add(name)
-                except (BrokerError, ValueError) as error:  # (options accepted once)
-                    log.warning(
-                        "pattern %r: topic %r left out: %s",
-                        subscription.pattern.text,
-                        name[:64],
-                        error,
-                    )
-
-    async def watch(
-        self,
-        stored: Callable[[Callable[[str], bool]], Awaitable[list[str]]],
-        *,
-        interval: float = RESCAN_INTERVAL,
-    ) -> None:
-        """Look, every ``interval`` seconds while there are pattern
-        subscriptions, for matching topics on disk that a pattern has not
-        taken and did not find there when it subscribed: another worker of
-        the same data directory made them since (and tells this one
-        nothing). The pattern takes each from its first record."""
-        while True:
-            await trio.sleep(interval)
-            patterns = [s for s in self._subscriptions if s.existing is not None]
-            if not patterns:
-                continue
-
-            def wanted(name: str, patterns: list[PatternSubscription] = patterns) -> bool:
-                return any(pattern.matches(name) for pattern in patterns)
-
-            try:
-                names = await stored(wanted)
-            except (OSError, LogError) as error:  # (tried again at the next look)
-                log.warning("the data directory cannot be listed now: %s", error)
-                continue
-            for subscription in patterns:
-                existing = subscription.existing or set()
-                for name in names:
-                    if (
-                        name not in subscription.matched_topics
-                        and name not in existing
-                        and subscription.matches(name)
-                    ):
-                        try:
-                            subscription.add(name, from_start=True)
-                        except (BrokerError, ValueError) as error:
-                            log.warning(
-                                "pattern %r: topic %r left out: %s",
-                                subscription.pattern.text,
-                                name[:64],
-                                error,
-                            )
-
-    def topic_deleted(self, name: str) -> None:
-        """Topic ``name`` was deleted: every pattern that had it lets it go."""
-        for subscription in list(self._subscriptions):
-            subscription.remove(name)

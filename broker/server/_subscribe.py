@@ -20,13 +20,8 @@ from ._log_subscription import (
     start_request,
 )
 from ._lossy import DroppingSubscriber, DroppingSubscription, OptionError, QueueLimits
-from ._patterns import (
-    Outlet,
-    PatternConnection,
-    PatternHost,
-    PatternSubscription,
-    pattern_options,
-)
+from ._pattern_outlet import Outlet, PatternConnection
+from ._patterns import PatternHost, PatternSubscription, pattern_options
 from ._topic import Subscription, Topic
 
 __all__ = [

@@ -642,7 +642,7 @@ def test_token_digest_matches_hashlib(token: str) -> None:
 
 def test_a_principal_holds_no_secret() -> None:
     names = {field.name for field in dataclasses.fields(Principal)}
-    assert names == {"name", "max_connections", "budget_share", "publish", "subscribe"}
+    assert names == {"name", "max_connections", "budget_share", "publish", "subscribe", "admin"}
 
 
 def test_no_token_or_digest_appears_in_a_repr(table: AuthTable) -> None:

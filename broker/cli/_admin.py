@@ -1,4 +1,4 @@
-"""What ``broker topics`` and ``broker cursors`` share: asking the broker's
+"""What ``broker topics``, ``broker cursors`` and ``broker groups`` share: asking the broker's
 topic administration (``Client.admin``) over the protocol port, merging the
 answers of several brokers (or workers), and showing rows as a table, one
 field a line, or JSON lines."""

@@ -151,6 +151,22 @@ def _topic(arguments: Mapping[str, AdminValue]) -> str:
     return topic
 
 
+def _named(
+    arguments: Mapping[str, AdminValue], what: str, principal: str | None
+) -> tuple[str, str, str | None]:
+    """The topic, the name of a ``what`` (a cursor's or a group's: the
+    topic-name rule) and whose it is (``"principal"``, default: the
+    client's own) that ``arguments`` name."""
+    topic = _topic(arguments)
+    name = arguments.get(what)
+    if not isinstance(name, str) or topic_name_problem(name) is not None:
+        raise AdminError(AdminStatus.REFUSED, f'"{what}" must be a {what}\'s name')
+    owner = arguments.get("principal", principal)
+    if owner is not None and not isinstance(owner, str):
+        raise AdminError(AdminStatus.REFUSED, '"principal" must be text')
+    return topic, name, owner
+
+
 def _owned(host: AdminHost, topic: str) -> None:
     elsewhere = host.not_owned(topic)
     if elsewhere is not None:
@@ -169,14 +185,8 @@ def _delete_group(
 ) -> Row:
     """Forget a consumer group without members (Kafka's delete-groups: a
     group with members is refused)."""
-    topic = _topic(arguments)
+    topic, name, owner = _named(arguments, "group", principal)
     _owned(host, topic)
-    name = arguments.get("group")
-    if not isinstance(name, str) or topic_name_problem(name) is not None:
-        raise AdminError(AdminStatus.REFUSED, '"group" must be a group\'s name')
-    owner = arguments.get("principal", principal)
-    if owner is not None and not isinstance(owner, str):
-        raise AdminError(AdminStatus.REFUSED, '"principal" must be text')
     if host.groups is None:
         raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: it has no groups")
     try:
@@ -323,13 +333,7 @@ def _delete_cursor(
 ) -> Row:
     """Forget a durable cursor (its subscription, if one is live, stores
     it again at its next Ack)."""
-    topic = _topic(arguments)
-    cursor = arguments.get("cursor")
-    if not isinstance(cursor, str) or topic_name_problem(cursor) is not None:
-        raise AdminError(AdminStatus.REFUSED, '"cursor" must be a cursor\'s name')
-    owner = arguments.get("principal", principal)
-    if owner is not None and not isinstance(owner, str):
-        raise AdminError(AdminStatus.REFUSED, '"principal" must be text')
+    topic, cursor, owner = _named(arguments, "cursor", principal)
     book = host.cursors
     if book is None or not book.delete(cursor_key(owner, topic, cursor)):
         whose = f" of principal {owner!r}" if owner else ""

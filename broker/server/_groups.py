@@ -715,14 +715,7 @@ class Groups:
             parts = key.split("\x00")
             if len(parts) != 3 or parts[1] != topic:
                 continue
-            group = self.groups.pop(key, None)
-            if group is not None:
-                group.account.close()
-            self.journal.delete(GROUPS, key)
-            self._settled_at_start.pop(key, None)
-            for settled, _ in list(self.journal.items(SETTLED)):
-                if settled.startswith(key + "\x00"):
-                    self.journal.delete(SETTLED, settled)
+            self._drop(key)
             forgotten += 1
         if forgotten:
             self._write()
@@ -752,16 +745,20 @@ class Groups:
             return len(group.members)
         if group is None and self.journal.get(GROUPS, key) is None:
             raise KeyError(key)
+        self._drop(key)
+        self._write()
+        return None
+
+    def _drop(self, key: str) -> None:
+        """Forget group ``key`` here and in the journal (written with the next write)."""
+        group = self.groups.pop(key, None)
         if group is not None:
-            del self.groups[key]
             group.account.close()
         self.journal.delete(GROUPS, key)
         self._settled_at_start.pop(key, None)
         for settled, _ in list(self.journal.items(SETTLED)):
             if settled.startswith(key + "\x00"):
                 self.journal.delete(SETTLED, settled)
-        self._write()
-        return None
 
     def count_by_topic(self) -> dict[str, int]:
         """How many groups each topic has (kept in the journal)."""

@@ -124,3 +124,47 @@ async def read_log(spec: dict[str, Any]) -> dict[str, Any]:
         "rated_received": rated,
         "rated_last": rated_last,
     }
+
+
+async def read_many(spec: dict[str, Any]) -> dict[str, Any]:
+    """Role ``logsubs``: one client subscribed reliably to each of
+    ``spec["topics"]`` (with ``options``), flat out, until ``count``
+    messages came over all of them; each subscription's offsets checked
+    as :func:`read_log` checks one. Prints ``ready`` once subscribed."""
+    count: int = spec["count"]
+    checks = [OffsetCheck() for _ in spec["topics"]]
+    first = last = 0
+    received = 0
+    done = trio.Event()
+    async with open_client(spec["url"], name=spec.get("name", "bench-logsubs")) as client:
+
+        async def read(topic: str, check: OffsetCheck, ready: trio.Event) -> None:
+            nonlocal first, last, received
+            async with client.subscribe(topic, options=spec.get("options") or None) as sub:
+                ready.set()
+                while not done.is_set():
+                    batch = await sub.receive_batch()
+                    last = time.perf_counter_ns()
+                    first = first or last
+                    for message in batch:
+                        check.see(message.seq)
+                    received += len(batch)
+                    if received >= count:
+                        done.set()
+
+        async with trio.open_nursery() as nursery:
+            for topic, check in zip(spec["topics"], checks, strict=True):
+                ready = trio.Event()
+                nursery.start_soon(read, topic, check, ready)
+                await ready.wait()
+            print("ready", flush=True)
+            await done.wait()
+            nursery.cancel_scope.cancel()
+    figures = [check.figures() for check in checks]
+    return {
+        "received": sum(f["received"] for f in figures),
+        "gaps": sum(f["gaps"] for f in figures),
+        "duplicates": sum(f["duplicates"] for f in figures),
+        "first": first,
+        "last": last,
+    }

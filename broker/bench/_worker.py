@@ -27,7 +27,7 @@ from broker.config import BrokerConfig
 from broker.runtime import tune_gc
 
 from ._group_worker import member
-from ._log_worker import read_log
+from ._log_worker import read_log, read_many
 from ._mqtt_worker import mqtt_publish, mqtt_subscribe
 from ._open_loop import STAMP, filler_for, schedule
 from ._raw_worker import raw_publish, raw_subscribe
@@ -229,6 +229,7 @@ def main() -> None:
         "pub": _publish,
         "sub": _subscribe,
         "logsub": read_log,
+        "logsubs": read_many,
         "member": member,
         "mqtt_pub": mqtt_publish,
         "mqtt_sub": mqtt_subscribe,

@@ -13,11 +13,14 @@ the time from the publisher's start to the reader's last message.
   (``pat.0`` ... ``pat.99``) -> one reliable subscriber of ``pat.*``;
   its deliveries are numbered by the pattern, so the reader checks them
   as consecutive (no gap, no duplicate) as the plain one checks offsets;
+- ``many``: the same, read by one client with a plain reliable
+  subscription per topic (what a pattern replaces);
 - ``publish_only``: the same round-robin publisher with no subscriber:
   what publishing to 100 topics from one connection costs by itself;
 - ``pattern_ratio``: pattern / plain (the issue's target: >= 0.7), and
   ``pattern_of_publish_only``: pattern / publish_only (what reading them
-  all through one pattern subscription leaves of the publisher's rate);
+  all through one pattern subscription leaves of the publisher's rate),
+  ``pattern_of_many``: pattern / many;
 - the broker's CPU seconds per message of each (``/proc/PID/stat``),
   beside ``python_loop_10m_s``.
 
@@ -43,6 +46,40 @@ from .groups import plain_run
 TOPICS = 100
 #: The broker's connection_budget: the publisher's TOPICS channels funded at once.
 CONNECTION_BUDGET = 8 * 1024 * 1024
+
+
+def many_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """The same as :func:`pattern_run`, read by one client with a plain
+    reliable subscription per topic (what a pattern replaces)."""
+    names = [f"{prefix}.{index}" for index in range(topics)]
+    reader = worker(
+        {
+            "role": "logsubs",
+            "url": url,
+            "topics": names,
+            "options": {"from": "earliest"},
+            "count": count,
+        }
+    )
+    wait_ready(reader)
+    pub = worker(
+        {
+            "role": "pub",
+            "url": url,
+            "topics": [{"name": name} for name in names],
+            "count": count,
+            "round_robin": True,
+        }
+    )
+    published = worker_result(pub, 900)
+    got = worker_result(reader, 900)
+    seconds = max((got["last"] - published["start"]) / 1e9, 1e-9)
+    return {
+        "msgs_per_s": got["received"] / seconds,
+        "received": got["received"],
+        "lost": count - got["received"] + got["gaps"],
+        "duplicates": got["duplicates"],
+    }
 
 
 def publish_only_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
@@ -120,6 +157,11 @@ def run(
         pattern = pattern_run(url, "pat", count)
         results["pattern_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
         results.update({f"pattern_{k}": v for k, v in pattern.items()})
+        progress(f"the same, read by {TOPICS} plain subscriptions of one client, {count:,} records")
+        before = cpu_seconds(pid)
+        many = many_run(url, "many", count)
+        results["many_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
+        results.update({f"many_{k}": v for k, v in many.items()})
         progress(f"the same publisher, {TOPICS} topics, nobody reading, {count:,} records")
         before = cpu_seconds(pid)
         alone = publish_only_run(url, "alone", count)
@@ -129,6 +171,7 @@ def run(
         results["pattern_of_publish_only"] = (
             results["pattern_msgs_per_s"] / results["publish_only_msgs_per_s"]
         )
+        results["pattern_of_many"] = results["pattern_msgs_per_s"] / results["many_msgs_per_s"]
         results["broker_rss_anon_mib"] = proc_status(pid, "RssAnon") / 2**20
     results["bench_seconds"] = time.perf_counter() - started
     return results
@@ -150,12 +193,19 @@ def table(result: dict[str, Any]) -> list[str]:
             f"{result[key + '_duplicates']:>5}"
         )
     lines.append(
+        f"{str(result['topics']) + ' plain subscriptions':<26} "
+        f"{result['many_msgs_per_s']:>10,.0f} "
+        f"{result['many_broker_cpu_s_per_msg'] * 1e6:>14.2f} "
+        f"{result['many_received']:>9,} {result['many_lost']:>5} {result['many_duplicates']:>5}"
+    )
+    lines.append(
         f"{'publish only, ' + str(result['topics']) + ' topics':<26} "
         f"{result['publish_only_msgs_per_s']:>10,.0f} "
         f"{result['publish_only_broker_cpu_s_per_msg'] * 1e6:>14.2f}"
     )
     lines.append(
         f"pattern / plain: {result['pattern_ratio']:.2f} (goal >= 0.7); "
-        f"pattern / publish only: {result['pattern_of_publish_only']:.2f}"
+        f"pattern / publish only: {result['pattern_of_publish_only']:.2f}; "
+        f"pattern / {result['topics']} subscriptions: {result['pattern_of_many']:.2f}"
     )
     return lines

@@ -48,67 +48,23 @@ TOPICS = 100
 CONNECTION_BUDGET = 8 * 1024 * 1024
 
 
-def many_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
-    """The same as :func:`pattern_run`, read by one client with a plain
-    reliable subscription per topic (what a pattern replaces)."""
-    names = [f"{prefix}.{index}" for index in range(topics)]
-    reader = worker(
-        {
-            "role": "logsubs",
-            "url": url,
-            "topics": names,
-            "options": {"from": "earliest"},
-            "count": count,
-        }
-    )
-    wait_ready(reader)
-    pub = worker(
-        {
-            "role": "pub",
-            "url": url,
-            "topics": [{"name": name} for name in names],
-            "count": count,
-            "round_robin": True,
-        }
-    )
-    published = worker_result(pub, 900)
-    got = worker_result(reader, 900)
-    seconds = max((got["last"] - published["start"]) / 1e9, 1e-9)
-    return {
-        "msgs_per_s": got["received"] / seconds,
-        "received": got["received"],
-        "lost": count - got["received"] + got["gaps"],
-        "duplicates": got["duplicates"],
-    }
-
-
-def publish_only_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
-    """``count`` records published round-robin over ``topics`` topics, read by nobody."""
+def _round_robin(
+    url: str, prefix: str, count: int, topics: int, reader: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``count`` records published round-robin over ``topics`` topics
+    (``<prefix>.0`` ...) by one publisher process, while a ``reader``
+    worker (its spec; None: nobody) reads them; the figures."""
+    reading = None
+    if reader is not None:
+        reading = worker({**reader, "url": url, "options": {"from": "earliest"}, "count": count})
+        wait_ready(reading)
     names = [{"name": f"{prefix}.{index}"} for index in range(topics)]
     pub = worker({"role": "pub", "url": url, "topics": names, "count": count, "round_robin": True})
     published = worker_result(pub, 900)
-    seconds = max((published["end"] - published["start"]) / 1e9, 1e-9)
-    return {"msgs_per_s": count / seconds, "seconds": seconds}
-
-
-def pattern_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
-    """``count`` records published round-robin over ``topics`` topics while
-    one subscriber of ``<prefix>.*`` reads them (see the module)."""
-    reader = worker(
-        {
-            "role": "logsub",
-            "url": url,
-            "topic": f"{prefix}.*",
-            "options": {"from": "earliest"},
-            "count": count,
-            "idle": 60.0,
-        }
-    )
-    wait_ready(reader)
-    names = [{"name": f"{prefix}.{index}"} for index in range(topics)]
-    pub = worker({"role": "pub", "url": url, "topics": names, "count": count, "round_robin": True})
-    published = worker_result(pub, 900)
-    got = worker_result(reader, 900)
+    publisher_seconds = max((published["end"] - published["start"]) / 1e9, 1e-9)
+    if reading is None:
+        return {"msgs_per_s": count / publisher_seconds, "seconds": publisher_seconds}
+    got = worker_result(reading, 900)
     seconds = max((got["last"] - published["start"]) / 1e9, 1e-9)
     return {
         "msgs_per_s": got["received"] / seconds,
@@ -116,9 +72,28 @@ def pattern_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict
         "received": got["received"],
         "lost": count - got["received"] + got["gaps"],
         "duplicates": got["duplicates"],
-        "publisher_msgs_per_s": count / max((published["end"] - published["start"]) / 1e9, 1e-9),
+        "publisher_msgs_per_s": count / publisher_seconds,
         "subscriber_cpu_s": got["cpu_s"],
     }
+
+
+def pattern_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """``count`` records published round-robin over ``topics`` topics while
+    one subscriber of ``<prefix>.*`` reads them (see the module)."""
+    reader = {"role": "logsub", "topic": f"{prefix}.*", "idle": 60.0}
+    return _round_robin(url, prefix, count, topics, reader)
+
+
+def many_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """The same, read by one client with a plain reliable subscription per
+    topic (what a pattern replaces)."""
+    names = [f"{prefix}.{index}" for index in range(topics)]
+    return _round_robin(url, prefix, count, topics, {"role": "logsubs", "topics": names})
+
+
+def publish_only_run(url: str, prefix: str, count: int, topics: int = TOPICS) -> dict[str, Any]:
+    """The same publisher, read by nobody."""
+    return _round_robin(url, prefix, count, topics, None)
 
 
 def run(

@@ -42,7 +42,7 @@ import trio.lowlevel
 from accounts import Account
 from broker.errors import BrokerError
 from broker.log import LogError
-from broker.protocol import TopicPattern
+from broker.protocol import DeliveryMode, TopicPattern
 
 from ._lossy import OptionError
 from ._pattern_outlet import Outlet, PatternConnection
@@ -295,16 +295,9 @@ class PatternSubscription(Subscription):
             topic = self._host.topic(name)
             match = self._next_match
             options = self.options
-            if (
-                from_start
-                and "from_time" not in options
-                and options.get("from")
-                in (
-                    None,
-                    "latest",
-                )
-            ):
-                options = {**options, "from": "earliest"}
+            from_end = "from_time" not in options and options.get("from", "latest") == "latest"
+            if from_start and self.mode == DeliveryMode.RELIABLE and from_end:
+                options = {**options, "from": "earliest"}  # (a lossy one reads live only)
             try:
                 member = self._factory(self.outlet, match, topic, self.mode, options)
             except OptionError:

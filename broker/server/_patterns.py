@@ -154,6 +154,7 @@ class PatternSubscription(Subscription):
         "_may_read",
         "_next_match",
         "_pending",
+        "_processed",
         "_runs",
         "_stalled",
         "_waiting",
@@ -202,6 +203,9 @@ class PatternSubscription(Subscription):
         #: Sent deliveries not acknowledged yet, oldest first: runs of
         #: ``[first number, match, first record, count]``.
         self._runs: deque[list[int]] = deque()
+        #: Per member: the last of its records the client processed (what
+        #: a lossy member, which keeps no acknowledgements, resumes after).
+        self._processed: dict[int, int] = {}
         #: Members waiting for guarantees, in turn (and as a set).
         self._stalled: deque[int] = deque()
         self._waiting: set[int] = set()
@@ -322,6 +326,7 @@ class PatternSubscription(Subscription):
         if match is None:
             return
         member = self.members.pop(match)
+        self._processed.pop(match, None)
         self._waiting.discard(match)
         member.close()
         self._announced.discard(match)
@@ -440,10 +445,12 @@ class PatternSubscription(Subscription):
         if self._gone:
             self._gone = [gone for gone in self._gone if not 0 < gone[2] <= acked]
         members = self.members
+        processed = self._processed
         for match, last in upto.items():
             member = members.get(match)
             if member is not None:
                 member.ack(last)
+                processed[match] = last
         if self.cursor is not None and upto:
             self._host.store_cursors()
 
@@ -464,8 +471,8 @@ class PatternSubscription(Subscription):
         for gone in self._gone:
             gone[2] = 0  # (said on the old connection, maybe lost with it)
         self._say_gone()
-        for member in list(self.members.values()):
-            member.attach(self.outlet, member.acked)
+        for match, member in list(self.members.items()):
+            member.attach(self.outlet, self._processed.get(match, member.acked))
         return resend
 
     def close(self) -> None:

@@ -122,26 +122,34 @@ def run(
         _data_dir,
     ):
         pid = process.pid
-        progress(f"plain reliable 1->1 on one log topic, {count:,} records")
-        before = cpu_seconds(pid)
-        plain = plain_run(url, "plain", count)
-        results["plain_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
-        results.update({f"plain_{k}": v for k, v in plain.items()})
-        progress(f"1 publisher round-robin over {TOPICS} topics -> 'pat.*', {count:,} records")
-        before = cpu_seconds(pid)
-        pattern = pattern_run(url, "pat", count)
-        results["pattern_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
-        results.update({f"pattern_{k}": v for k, v in pattern.items()})
-        progress(f"the same, read by {TOPICS} plain subscriptions of one client, {count:,} records")
-        before = cpu_seconds(pid)
-        many = many_run(url, "many", count)
-        results["many_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
-        results.update({f"many_{k}": v for k, v in many.items()})
-        progress(f"the same publisher, {TOPICS} topics, nobody reading, {count:,} records")
-        before = cpu_seconds(pid)
-        alone = publish_only_run(url, "alone", count)
-        results["publish_only_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
-        results.update({f"publish_only_{k}": v for k, v in alone.items()})
+        #: (figures' key, topics' prefix, what it is, how it runs)
+        workloads: list[tuple[str, str, str, Callable[[str, str, int], dict[str, Any]]]] = [
+            ("plain", "plain", "plain reliable 1->1 on one log topic", plain_run),
+            (
+                "pattern",
+                "pat",
+                f"1 publisher round-robin over {TOPICS} topics -> 'pat.*'",
+                pattern_run,
+            ),
+            (
+                "many",
+                "many",
+                f"the same, read by {TOPICS} plain subscriptions of one client",
+                many_run,
+            ),
+            (
+                "publish_only",
+                "alone",
+                f"the same publisher, {TOPICS} topics, nobody reading",
+                publish_only_run,
+            ),
+        ]
+        for key, prefix, what, workload in workloads:
+            progress(f"{what}, {count:,} records")
+            before = cpu_seconds(pid)
+            figures = workload(url, prefix, count)
+            results[f"{key}_broker_cpu_s_per_msg"] = (cpu_seconds(pid) - before) / count
+            results.update({f"{key}_{k}": v for k, v in figures.items()})
         results["pattern_ratio"] = results["pattern_msgs_per_s"] / results["plain_msgs_per_s"]
         results["pattern_of_publish_only"] = (
             results["pattern_msgs_per_s"] / results["publish_only_msgs_per_s"]
@@ -160,19 +168,18 @@ def table(result: dict[str, Any]) -> list[str]:
         f"{'workload':<26} {'msg/s':>10} {'broker us/msg':>14} {'received':>9} "
         f"{'lost':>5} {'dups':>5}",
     ]
-    for key, name in (("plain", "plain 1->1"), ("pattern", f"pattern over {result['topics']}")):
+    topics = result["topics"]
+    for key, name in (
+        ("plain", "plain 1->1"),
+        ("pattern", f"pattern over {topics}"),
+        ("many", f"{topics} plain subscriptions"),
+    ):
         lines.append(
             f"{name:<26} {result[key + '_msgs_per_s']:>10,.0f} "
             f"{result[key + '_broker_cpu_s_per_msg'] * 1e6:>14.2f} "
             f"{result[key + '_received']:>9,} {result[key + '_lost']:>5} "
             f"{result[key + '_duplicates']:>5}"
         )
-    lines.append(
-        f"{str(result['topics']) + ' plain subscriptions':<26} "
-        f"{result['many_msgs_per_s']:>10,.0f} "
-        f"{result['many_broker_cpu_s_per_msg'] * 1e6:>14.2f} "
-        f"{result['many_received']:>9,} {result['many_lost']:>5} {result['many_duplicates']:>5}"
-    )
     lines.append(
         f"{'publish only, ' + str(result['topics']) + ' topics':<26} "
         f"{result['publish_only_msgs_per_s']:>10,.0f} "

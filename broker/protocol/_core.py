@@ -195,6 +195,8 @@ class ConnectionCore(FrameWriter):
 
         Passing ``now`` records the moment for heartbeat bookkeeping.
         """
+        if self._runs:
+            self._close_runs()
         if not self._out:
             return b""
         data = self._take_output()
@@ -206,6 +208,8 @@ class ConnectionCore(FrameWriter):
         """:meth:`data_to_send` as buffers to write in order, without copying
         large message tails into one buffer (see ``SHARED_PIECE``): what a
         writer to a peer that may not read should use. Empty if nothing."""
+        if self._runs:
+            self._close_runs()
         if not self._out:
             return []
         pieces = self._take_pieces()

@@ -77,7 +77,7 @@ class ManyPublishing(Traffic):
         sender = state.sender
         room = sender.room()
         limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._out
+        out = self._run_of(topic)
         count = len(tails)
         sent = frames = total = 0
         while start + sent < count:

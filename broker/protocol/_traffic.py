@@ -31,6 +31,7 @@ from ._encode import (
     encode_publish_tail,
     fitting_run,
     group_heads,
+    matched_heads,
     publish_tail_frames,
     time_heads,
 )
@@ -140,8 +141,12 @@ class Traffic(HandleBinding):
             frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
         size = len(frame)
         if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
-            # The usual case, in short: within the guarantees.
-            self._out.append(frame)
+            # The usual case, in short: within the guarantees, in the topic's run.
+            run = self._runs.get(topic)
+            if run is None:
+                self._runs[topic] = [frame]
+            else:
+                run.append(frame)
             self.frames_sent += 1
             self.bytes_sent += size
             self._out_size += size
@@ -177,7 +182,7 @@ class Traffic(HandleBinding):
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
         max_frame = self.peer_max_frame
-        out = self._out
+        out = self._run_of(topic)
         retain = state.retain
         sent = 0
         if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
@@ -221,6 +226,7 @@ class Traffic(HandleBinding):
                     self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:
                     break
+                out = self._run_of(topic)  # (the frame closed the runs: a new one)
             if self._keep_unconfirmed:
                 retain(frame)  # to be sent again on a resume, until confirmed
             else:
@@ -477,8 +483,7 @@ class Traffic(HandleBinding):
             or not 0 <= match <= U64_MAX
         ):
             raise LocalProtocolError("seq, match and offsets must be u64")
-        offsets = list(range(first_offset, first_offset + count))
-        heads = group_heads([match] * count, offsets)
+        heads = matched_heads(match, first_offset, count)
         return self._deliver_prefixed(sender, subscription, first_seq, tails, heads, _MATCHED)
 
     def matched(self, subscription: int, match: int, topic: str | None) -> None:

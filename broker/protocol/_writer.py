@@ -4,6 +4,14 @@ Frames are queued whole (a delivery as a per-subscriber head and a shared
 tail, two pieces of one frame) and taken out all at once by the connection's
 ``data_to_send``. The queue counts what it holds, in bytes and in memory
 (:data:`PIECE_OVERHEAD`), so a driver can bound a peer that does not read.
+
+A client's Publish frames are queued by topic handle (``_runs``) and go out
+grouped, each topic's in the order published, before any frame queued after
+them (every other frame closes the runs first): a client publishing
+round-robin over many topics sends the broker a run per topic, not one frame
+of each in turn, and the broker pays its per-topic work (a log write, a
+guarantee, a budget look) once per run instead of once per message. Order
+is only ever promised per topic; nothing waits for a run to grow.
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ SHARED_PIECE = 16 * 1024
 class FrameWriter:
     """The output side of a connection: frames queued for the peer.
 
-    The hot paths of the connection append to ``_out`` and count directly
-    (``frames_sent``, ``bytes_sent``, ``_out_size``); everything else goes
-    through :meth:`_queue` or :meth:`_put`, which keep the counts.
+    The hot paths of the connection append directly and count directly
+    (``frames_sent``, ``bytes_sent``, ``_out_size``): a client's publishes
+    to their topic's run (:meth:`_run_of`), a broker's deliveries to
+    ``_out`` (a broker never has runs); everything else goes through
+    :meth:`_queue` or :meth:`_put`, which keep the counts and close the runs.
     """
 
     def __init__(self) -> None:
@@ -43,6 +53,9 @@ class FrameWriter:
         #: Queued pieces (whole frames, or a frame's head and tail) and their bytes.
         self._out: list[bytes] = []
         self._out_size = 0
+        #: Client: Publish frames (pieces) queued since the last other frame,
+        #: by topic handle; they go out after ``_out`` (see the module).
+        self._runs: dict[int, list[bytes]] = {}
 
     @property
     def bytes_to_send(self) -> int:
@@ -55,10 +68,31 @@ class FrameWriter:
         plus :data:`PIECE_OVERHEAD` per queued piece. Bound this, not
         :attr:`bytes_to_send`, for a peer that does not read: many tiny
         frames (a Pong per Ping) cost several times their bytes."""
-        return self._out_size + PIECE_OVERHEAD * len(self._out)
+        pieces = len(self._out)
+        for run in self._runs.values():
+            pieces += len(run)
+        return self._out_size + PIECE_OVERHEAD * pieces
+
+    def _run_of(self, topic: int) -> list[bytes]:
+        """The queue of Publish frames (pieces) of topic handle ``topic``
+        (see the module); counted by the caller, as ``_out`` is."""
+        run = self._runs.get(topic)
+        if run is None:
+            run = self._runs[topic] = []
+        return run
+
+    def _close_runs(self) -> None:
+        """Move the queued Publish runs into ``_out``, a topic at a time:
+        what a frame queued after them must follow."""
+        out = self._out
+        for run in self._runs.values():
+            out += run
+        self._runs.clear()
 
     def _take_output(self) -> bytes:
         """Everything queued, as one buffer; the queue is empty afterwards."""
+        if self._runs:
+            self._close_runs()
         data = b"".join(self._out)
         self._out.clear()
         self._out_size = 0
@@ -68,6 +102,8 @@ class FrameWriter:
         """Everything queued, as buffers to write in order: runs of small
         pieces joined, pieces of :data:`SHARED_PIECE` bytes or more as they
         are (not copied); the queue is empty afterwards."""
+        if self._runs:
+            self._close_runs()
         out = self._out
         if self._out_size < SHARED_PIECE or max(map(len, out)) < SHARED_PIECE:
             return [self._take_output()] if out else []
@@ -96,7 +132,10 @@ class FrameWriter:
             self._queue(message)
 
     def _put(self, frame: bytes, tail: bytes = b"") -> None:
-        """Queue one frame (optionally as a head and a shared ``tail``)."""
+        """Queue one frame (optionally as a head and a shared ``tail``), after
+        every Publish run queued before it."""
+        if self._runs:
+            self._close_runs()
         self._out.append(frame)
         if tail:
             self._out.append(tail)

@@ -116,6 +116,11 @@ class ConnectionBudget:
         #: When each publish channel last received a publish.
         self._active: dict[int, float] = {}
         self._next_growth: dict[int, float] = {}
+        #: A busy channel's last look found no room to grow into: until then
+        #: (``GROW_EVERY`` later, or a handle freed) no busy channel looks,
+        #: so that many channels short of room cost one survey a period, not
+        #: one each.
+        self._no_room_until = 0.0
         #: The subscription bind channel needs sizing (subscriptions changed).
         self._binds_dirty = False
         #: The client was told that the subscription limit holds back [1, 0].
@@ -262,7 +267,7 @@ class ConnectionBudget:
         due = self._next_growth.get(index)
         if due is None:  # (a channel is busy if still so a while later)
             self._next_growth[index] = now + GROW_EVERY
-        if due is None or now < due or self.starved:
+        if due is None or now < due or self.starved or now < self._no_room_until:
             return
         want = self.config.publish_capacity
         try:
@@ -282,7 +287,9 @@ class ConnectionBudget:
             # (The broker's budget is short: quiet channels elsewhere give back.)
             pool.reclaim_for(self, missing - max(available, 0))
         grant = min(missing, available)
-        if grant > 0 and self._may_advise(channel):
+        if grant <= 0:
+            self._no_room_until = now + GROW_EVERY
+        elif self._may_advise(channel):
             self.ledger.reserve(grant)
             self._in_use += grant
             self.protocol.grow(channel, grant)
@@ -290,6 +297,7 @@ class ConnectionBudget:
     def forget(self, channel: Channel) -> None:
         """``channel``'s handle is gone."""
         self._stale = True  # its capacity went with it
+        self._no_room_until = 0.0
         self._short.pop(channel, None)
         self.starved.pop(channel, None)
         self._advised.discard(channel)

@@ -341,6 +341,8 @@ def _cbor_head(major: int, value: int) -> bytes:
 
 #: CBOR heads of unsigned integers below 24, and of byte strings shorter than 256.
 _SMALL_UINT = [bytes((value,)) for value in range(24)]
+#: CBOR heads of unsigned integers below 256 (handles, match indexes).
+_UINT_HEADS = _SMALL_UINT + [bytes((0x18, value)) for value in range(24, 256)]
 _SHORT_BLOB = [bytes((0x40 | n,)) if n < 24 else bytes((0x58, n)) for n in range(256)]
 
 
@@ -354,7 +356,7 @@ def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: 
     ``payload`` and ``key`` are bytes."""
     size = len(payload)
     blob = _SHORT_BLOB[size] if size < 256 else _cbor_head(2, size)
-    handle = _SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic)
+    handle = _UINT_HEADS[topic] if topic < 256 else _cbor_head(0, topic)
     parts: tuple[bytes, ...]
     if key is None:
         body = len(_PUBLISH_HEAD) + len(handle) + len(blob) + size + 2
@@ -373,7 +375,7 @@ def encode_publish_tail(topic: int, tail: bytes, *, max_frame: int) -> bytes:
     headers are ``tail``, a Deliver tail (:func:`encode_deliver_tail`): the
     two frames end alike, so a broker passing a delivery on as a publish
     copies it without decoding it."""
-    handle = _SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic)
+    handle = _UINT_HEADS[topic] if topic < 256 else _cbor_head(0, topic)
     body = len(_PUBLISH_HEAD) + len(handle) + len(tail)
     if body > max_frame:
         raise LocalProtocolError(f"Publish frame of {body} bytes exceeds max_frame {max_frame}")
@@ -386,7 +388,7 @@ def publish_tail_frames(topic: int, tails: list[bytes], start: int, room: int) -
     in all, in order: one head per topic handle, not one per tail. The
     caller vouches that ``topic`` is a u64 and checks each frame against
     the peer's ``max_frame``."""
-    head = _PUBLISH_HEAD + (_SMALL_UINT[topic] if topic < 24 else _cbor_head(0, topic))
+    head = _PUBLISH_HEAD + (_UINT_HEADS[topic] if topic < 256 else _cbor_head(0, topic))
     fixed = len(head)
     pack = _publish_frame_struct(fixed).pack
     frames: list[bytes] = []
@@ -446,7 +448,7 @@ def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | No
 
 
 def _uint_head(value: int) -> bytes:
-    return _SMALL_UINT[value] if value < 24 else _cbor_head(0, value)
+    return _UINT_HEADS[value] if value < 256 else _cbor_head(0, value)
 
 
 def deliver_heads(subscription: int, first_seq: int, tails: list[bytes]) -> Iterator[bytes]:
@@ -581,6 +583,37 @@ def group_heads(offsets: list[int], delivered: list[int]) -> list[bytes]:
         _uint_head(offset) + _uint_head(before)
         for offset, before in zip(offsets, delivered, strict=True)
     ]
+
+
+def matched_heads(match: int, first_offset: int, count: int) -> list[bytes]:
+    """The fields of each DeliverMatched entry before its Deliver tail, for
+    ``count`` records of match index ``match`` from offset ``first_offset``
+    on: :func:`group_heads` of ``[match] * count`` and the offsets, with the
+    match's head made once and each offset below 2**32 packed beside it in
+    one struct call. The caller vouches for u64 values."""
+    head = _uint_head(match)
+    heads: list[bytes] = []
+    offset, end = first_offset, first_offset + count
+    while offset < end:
+        for below, kind, code in _OFFSET_WIDTHS:
+            if offset < below:
+                stop = min(end, below)
+                if kind:
+                    pack = struct.Struct(f">{len(head)}sB{kind}").pack
+                    heads += [pack(head, code, value) for value in range(offset, stop)]
+                else:
+                    heads += [head + _SMALL_UINT[value] for value in range(offset, stop)]
+                break
+        else:
+            stop = end
+            heads += [head + _cbor_head(0, value) for value in range(offset, stop)]
+        offset = stop
+    return heads
+
+
+#: The CBOR heads of uints by width: (below this value, struct code of the
+#: argument, initial byte); a value under 24 is its own head.
+_OFFSET_WIDTHS = ((24, "", 0), (0x100, "B", 0x18), (0x10000, "H", 0x19), (1 << 32, "I", 0x1A))
 
 
 _TIME_HEAD = struct.Struct(">BQ").pack

@@ -29,7 +29,7 @@ needs (no module imports one that imports it):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ._control import ControlHandling
 from ._core import (
@@ -39,6 +39,7 @@ from ._core import (
     ConnectionStatistics,
     NoGuarantees,
 )
+from ._encode import publish_prefix
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import ConnectionClosed, Event
 from ._handshake import Handshake
@@ -114,7 +115,10 @@ class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
         With ``max_frames``, at most that many frames are handled; the rest
         stay buffered (:attr:`frames_waiting`) for the next call, which may
         pass no new bytes: so that a caller can bound the work of one turn
-        whatever a read brought (a read of tiny frames holds thousands).
+        whatever a read brought (a read of tiny frames holds thousands). A
+        run of Publish frames on one handle that began within the limit is
+        finished past it, up to ``max_frames`` frames of its own (at most
+        ``2 * max_frames - 1`` in all): so the broker appends it as one batch.
 
         A protocol violation ends the list with :class:`ConnectionClosed`
         (with ``error`` set) after queueing a ``Goodbye``; frames before the
@@ -132,8 +136,9 @@ class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
         closed = ConnectionState.CLOSED
         frames = received = 0
         run: ShortRun | None = None
+        decoder = self._decoder
         try:
-            for message, size in self._decoder.messages(max_frames):
+            for message, size in decoder.messages(max_frames):
                 frames += 1
                 received += size
                 kind = type(message)
@@ -141,7 +146,16 @@ class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
                     continue
                 self._run = None
                 handlers[kind](self, message, size, events)
-                run = self._run
+                run = cast("ShortRun | None", self._run)  # (the handler may set it)
+                if max_frames is not None:
+                    # A run of publishes begun within the limit may go past
+                    # it, up to ``max_frames`` of its own: one batch for the
+                    # broker, not two (a cut run costs a second batch).
+                    decoder.extend = (
+                        None
+                        if run is None or run.topic is None or frames > max_frames
+                        else (publish_prefix(run.handle), frames - 1 + max_frames)
+                    )
                 if self.state is closed:
                     break
         except RemoteProtocolError as error:
@@ -149,6 +163,7 @@ class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
             self.state = ConnectionState.CLOSED
             events.append(ConnectionClosed(int(error.code), reason, False, error))
         finally:
+            decoder.extend = None
             self.frames_received += frames
             self.bytes_received += received
         return events

@@ -370,6 +370,12 @@ def encode_publish(topic: int, payload: bytes, key: bytes | None, *, max_frame: 
     return b"".join(parts)
 
 
+def publish_prefix(topic: int) -> bytes:
+    """The first bytes of the body of every Publish frame on topic handle
+    ``topic`` (its array head, type and handle)."""
+    return _PUBLISH_HEAD + _uint_head(topic)
+
+
 def encode_publish_tail(topic: int, tail: bytes, *, max_frame: int) -> bytes:
     """The whole frame of a Publish on ``topic`` whose payload, key and
     headers are ``tail``, a Deliver tail (:func:`encode_deliver_tail`): the

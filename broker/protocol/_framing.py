@@ -38,7 +38,15 @@ class FrameDecoder:
     (:attr:`copied` counts them).
     """
 
-    __slots__ = ("_buffer", "_copy", "_copy_pos", "copied", "encoded_deliveries", "max_frame")
+    __slots__ = (
+        "_buffer",
+        "_copy",
+        "_copy_pos",
+        "copied",
+        "encoded_deliveries",
+        "extend",
+        "max_frame",
+    )
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
@@ -51,6 +59,12 @@ class FrameDecoder:
         self._copy_pos = 0
         #: Bytes copied out of the buffer for decoding, in all.
         self.copied = 0
+        #: Past its ``limit``, :meth:`messages` goes on while the next frame's
+        #: body starts with ``extend[0]`` and fewer than ``extend[1]`` frames
+        #: were taken (None: it stops at the limit). The caller sets it
+        #: between frames: a run of one handle's frames is finished rather
+        #: than cut at the limit (see ``Connection.receive_data``).
+        self.extend: tuple[bytes, int] | None = None
 
     @property
     def buffered(self) -> int:
@@ -75,7 +89,7 @@ class FrameDecoder:
         self, limit: int | None = None
     ) -> Iterator[tuple[Message | EncodedDeliveries, int]]:
         """Yield ``(message, frame_size)`` for every whole frame buffered, or
-        for the first ``limit`` of them.
+        for the first ``limit`` of them (and those :attr:`extend` allows).
 
         A frame counts as consumed once it is yielded (or found malformed);
         stopping early (or at ``limit``) leaves the frames after it buffered.
@@ -100,9 +114,15 @@ class FrameDecoder:
             decoder: Any = None
             try:
                 while available - pos >= LENGTH_PREFIX:
-                    if taken == limit:
-                        self._copy, self._copy_pos = data, pos  # (the rest, next time)
-                        return
+                    if limit is not None and taken >= limit:
+                        extend = self.extend
+                        if (
+                            extend is None
+                            or taken >= extend[1]
+                            or not data.startswith(extend[0], pos + LENGTH_PREFIX)
+                        ):
+                            self._copy, self._copy_pos = data, pos  # (the rest, next time)
+                            return
                     (length,) = _LENGTH.unpack_from(data, pos)
                     if length == 0:
                         raise RemoteProtocolError("malformed frame: empty frame")

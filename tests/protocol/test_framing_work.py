@@ -138,3 +138,37 @@ def of_pongs(data: bytes) -> list[Pong]:
     decoder = FrameDecoder()
     decoder.feed(data)
     return [message for message, _ in decoder.messages() if isinstance(message, Pong)]
+
+
+def _publishes_per_call(handles: list[int], limit: int) -> list[list[int]]:
+    """Each receive_data call's publishes (as topic handles), given the
+    stream of publishes on ``handles`` in one read and ``max_frames``."""
+    pair = ConnectionPair()
+    topics = {handle: pair.client.bind_topic(f"t.{handle}") for handle in sorted(set(handles))}
+    pair.run()
+    stream = b"".join(encode(Publish(topics[handle], b"x")) for handle in handles)
+    broker = pair.broker
+    calls = [broker.receive_data(stream, 1.0, max_frames=limit)]
+    while broker.frames_waiting:
+        calls.append(broker.receive_data(b"", 1.0, max_frames=limit))
+    pair.assert_no_errors()
+    by_handle = {value: key for key, value in topics.items()}
+    return [
+        [by_handle[event.message.topic] for event in events if isinstance(event, PublishReceived)]
+        for events in calls
+    ]
+
+
+def test_a_run_of_publishes_begun_within_the_limit_is_finished_past_it() -> None:
+    """max_frames 4: the run on 2 that began at the third frame goes on to
+    four frames of its own (six in the call); the rest wait for the next."""
+    assert _publishes_per_call([1, 1, 2, 2, 2, 2, 2, 1], 4) == [[1, 1, 2, 2, 2, 2], [2, 1]]
+
+
+def test_a_run_is_finished_only_up_to_the_limit_of_its_own() -> None:
+    """A run from the first frame is cut at the limit, as before; a run
+    that begins past the limit is not begun."""
+    assert _publishes_per_call([3] * 10, 4) == [[3] * 4, [3] * 4, [3] * 2]
+    assert _publishes_per_call([1, 2, 3, 4, 4, 4], 3) == [[1, 2, 3], [4, 4, 4]]
+    # A run begun at the limit's last frame takes max_frames - 1 more.
+    assert _publishes_per_call([1, 1, 1, 2, 2, 2, 2, 2], 4) == [[1, 1, 1, 2, 2, 2, 2], [2]]

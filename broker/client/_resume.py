@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
+from broker.backoff import Backoff
 from broker.protocol import (
     ClientSessionState,
     Connection,
@@ -39,11 +40,6 @@ def redirect_target(error: ConnectionLost) -> str | None:
     if error.code != GoodbyeCode.REDIRECT or not error.reason.startswith(REDIRECT_PREFIX):
         return None
     return error.reason[len(REDIRECT_PREFIX) :].strip() or None
-
-
-#: First and longest pause between reconnection attempts (doubling in between).
-BACKOFF_FIRST = 0.05
-BACKOFF_MOST = 2.0
 
 
 class Consumer(Protocol):
@@ -128,12 +124,19 @@ def may_retry(error: ConnectionLost) -> bool:
 
 class ReconnectPlan:
     """When to try connecting again after a connection broke at ``now``:
-    at once, then with exponential backoff (``BACKOFF_FIRST`` doubling to
-    ``BACKOFF_MOST``), for up to ``reconnect`` seconds in all; where: the
-    client's address, or where a Goodbye 8 sent it, or, once the client's
-    address cannot be reached, ``fallback`` if given."""
+    at once, then after the waits of ``backoff`` (exponential, full jitter:
+    :class:`broker.backoff.Backoff`), for up to ``reconnect`` seconds in
+    all; where: the client's address, or where a Goodbye 8 sent it, or,
+    once the client's address cannot be reached, ``fallback`` if given."""
 
-    def __init__(self, now: float, reconnect: float, fallback: str | None = None) -> None:
+    def __init__(
+        self,
+        now: float,
+        reconnect: float,
+        fallback: str | None = None,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
         self.reconnect = reconnect
         #: ``HOST:PORT`` to go on through once the client's own address cannot
         #: be reached (see ``ClientSession.fallback``).
@@ -142,7 +145,7 @@ class ReconnectPlan:
         self.deadline = now + reconnect
         #: When the next attempt is due.
         self.next_attempt = now
-        self._backoff = BACKOFF_FIRST
+        self._backoff = backoff if backoff is not None else Backoff()
         #: ``HOST:PORT`` a broker of several workers sent the resume to (its
         #: Goodbye 8: the worker that holds the session), for the next attempts.
         self.redirect: str | None = None
@@ -165,10 +168,10 @@ class ReconnectPlan:
             self.redirect = self.fallback
             self.next_attempt = now  # at once, through the broker's public address
             return None
-        if refused or now + self._backoff >= self.deadline:
+        wait = self._backoff.next()
+        if refused or now + wait >= self.deadline:
             return ConnectionLost(
                 f"could not reconnect within {self.reconnect} s: {error}", error.code
             )
-        self.next_attempt = now + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MOST)
+        self.next_attempt = now + wait
         return None

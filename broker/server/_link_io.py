@@ -21,19 +21,17 @@ from typing import Protocol
 
 import trio
 
+from broker.backoff import Backoff
 from broker.protocol import Connection, ConnectionClosed
 
 from ._socket_io import SocketIO, socket_io
 from ._wake import Outbox, Wake
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "LinkRunner", "LinkSide"]
+__all__ = ["LinkRunner", "LinkSide"]
 
 log = logging.getLogger("broker.server")
 
 RECEIVE_SIZE = 65536
-#: The first wait before connecting again, doubled up to :data:`BACKOFF_MAX`.
-BACKOFF_MIN = 0.05
-BACKOFF_MAX = 2.0
 
 
 class LinkSide(Protocol):
@@ -107,10 +105,10 @@ class LinkRunner:
         return True
 
     async def run(self) -> None:
-        """Keep the link connected until cancelled (reconnecting with backoff:
-        from :data:`BACKOFF_MIN` after a connection that was welcomed,
-        doubling up to :data:`BACKOFF_MAX` while none is)."""
-        backoff = BACKOFF_MIN
+        """Keep the link connected until cancelled (reconnecting after the
+        waits of a :class:`~broker.backoff.Backoff`, short again after a
+        connection that was welcomed)."""
+        backoff = Backoff()
         while True:
             try:
                 stream = await trio.open_unix_socket(self.path)
@@ -126,11 +124,10 @@ class LinkRunner:
                     )
                     reason = ""
                 if self.side.connects > connects:
-                    backoff = BACKOFF_MIN
+                    backoff.reset()
                     if reason:
                         log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            await trio.sleep(backoff.next())
 
     async def _serve(self, stream: trio.SocketStream) -> str:
         """Serve one connection of the link until it breaks; why it did."""

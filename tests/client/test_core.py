@@ -10,11 +10,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+from broker.backoff import BACKOFF_MOST, Backoff
 from broker.client import ConnectionLost, LimitReached, StagingRefused
 from broker.client._common import check_outcome
 from broker.client._core import ClientSession, Ending
 from broker.client._flows import Flow, Steps, open_subscription, request, restore, round_trip
-from broker.client._resume import BACKOFF_MOST, ReconnectPlan, unconfirmed_publishes
+from broker.client._resume import ReconnectPlan, unconfirmed_publishes
 from broker.client._subscription import RELEASE_BATCH, SubscriptionState
 from broker.protocol import (
     Abort,
@@ -346,7 +347,8 @@ def test_a_refusal_is_not_retried() -> None:
 
 
 def test_reconnect_plan_backs_off_and_gives_up() -> None:
-    plan = ReconnectPlan(now=10.0, reconnect=5.0)
+    # (Each wait at its ceiling: the jitter is tested in tests/test_backoff.py.)
+    plan = ReconnectPlan(now=10.0, reconnect=5.0, backoff=Backoff(uniform=lambda: 1.0))
     assert plan.next_attempt == 10.0
     assert plan.attempt_deadline(10.0, connect_timeout=1.0) == 11.0
     assert plan.attempt_deadline(14.5, connect_timeout=1.0) == 15.0

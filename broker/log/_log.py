@@ -98,6 +98,11 @@ class TopicLog:
         self._maps = TermMaps(files, self._unmap)
         self._readers: set[Reader] = set()
         self._always = config.flush == "always"
+        #: With ``flush="always"``: the caller fsyncs (:meth:`start_sync`, off
+        #: its thread) instead of each append, and confirms a record only
+        #: once it is durable; :attr:`written_offset` is then the last durable
+        #: offset, so that nothing is delivered before it is durable either.
+        self.sync_later = False
         self._closed = False
 
     @classmethod
@@ -124,7 +129,11 @@ class TopicLog:
 
     @property
     def written_offset(self) -> int:
-        """The last offset handed to the OS: survives the process being killed."""
+        """The last offset handed to the OS: survives the process being
+        killed (with ``flush="always"`` and :attr:`sync_later`, the last
+        offset fsynced: readers see no further)."""
+        if self.sync_later and self._always:
+            return self._durable_next - 1
         return self._written_next - 1
 
     @property
@@ -165,7 +174,9 @@ class TopicLog:
         (:class:`LogWriteError`) or :class:`RecordTooLarge`, and then
         nothing was appended.
         """
-        if not (self._always or self._write_error is not None or self._closed):
+        if not (
+            (self._always and not self.sync_later) or self._write_error is not None or self._closed
+        ):
             last = self._last_time
             time_ms = now_ms if now_ms > last else last
             offset = self._active.append(tail, time_ms)
@@ -214,7 +225,7 @@ class TopicLog:
             if not done:
                 raise
         self._last_time = time_ms
-        if self._always:
+        if self._always and not self.sync_later:
             written, written_next, term_crc = self._written, self._written_next, self._term_crc
             try:
                 self.flush()

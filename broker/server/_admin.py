@@ -237,6 +237,8 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
             if parts is not None and parts[1] == name:
                 book.delete(key)
                 cursors += 1
+    if topic is not None:
+        topic.route_unsynced()  # (flush="always" batches: deleted with the rest)
     if logs is not None:
         try:
             logs.delete(name)

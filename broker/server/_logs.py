@@ -156,6 +156,12 @@ class TopicLogs:
         self._gathering = 0
         #: Topics holding gathered batches, in the order they got their first.
         self._gathered: list[Topic] = []
+        #: ``flush="always"`` topics whose written records wait for an fsync
+        #: (in the order asked), and the wake-up of the task that does them.
+        self._to_sync: dict[Topic, None] = {}
+        self._sync_asked = trio.Event()
+        #: Those whose fsync failed, and when (trio time) to ask again.
+        self._sync_retry: dict[Topic, float] = {}
 
     @classmethod
     def open_store(
@@ -181,6 +187,9 @@ class TopicLogs:
         # Once per opening of the log: the store hands out the same log to
         # every later caller (a ListOffsets, a subscription).
         self._opened[name] = topic_log
+        # flush="always": fsynced by _serve_syncs, off the event loop, and
+        # confirmed once durable (not one fsync per append on the loop).
+        topic_log.sync_later = topic_log.config.flush == "always"
         self._cursors_within(name, topic_log.written_offset + 1)
         self.marks.opened(name, topic_log.next_offset)
         recovery = topic_log.recovery
@@ -310,6 +319,53 @@ class TopicLogs:
 
     def note(self, topic: str, runs: list[OriginRun], offset: int) -> None:
         self.marks.note(topic, runs, offset)
+
+    def sync_soon(self, topic: Topic) -> None:
+        self._to_sync[topic] = None
+        self._sync_asked.set()
+
+    async def _serve_syncs(self) -> None:
+        """Fsync the ``flush="always"`` logs that asked (:meth:`sync_soon`),
+        one at a time in a worker thread, each covering every record written
+        before it started (what was appended meanwhile asks again); then the
+        topic routes and confirms what is durable. A failed fsync is logged
+        and tried again a second later: nothing is confirmed until it works."""
+        while True:
+            await self._sync_asked.wait()
+            self._sync_asked = trio.Event()
+            topics, self._to_sync = list(self._to_sync), {}
+            for topic in topics:
+                topic_log = topic.log
+                if topic_log is None or topic_log.closed:
+                    continue
+                now_ms = wall_ms()
+                try:
+                    job = topic_log.start_sync()
+                except LogError as error:
+                    self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
+                    self._retry_sync_later(topic)
+                    continue
+                if job is not None:
+                    started = time.perf_counter()
+                    await trio.to_thread.run_sync(job.run)
+                    job.finish()
+                    if job.error is not None:
+                        self._sync_failed(topic_log, now_ms, f"fsync failed: {job.error}")
+                        self._retry_sync_later(topic)
+                        continue
+                    took = time.perf_counter() - started
+                    self.fsyncs += 1
+                    self.fsync_seconds += took
+                    self.fsync_times.observe(took)
+                self._synced(topic_log)
+                topic.synced()
+
+    def _retry_sync_later(self, topic: Topic) -> None:
+        """Ask for ``topic``'s fsync again in ``SYNC_RETRY_MS`` (:meth:`run`
+        does); meanwhile :meth:`tend` leaves its log alone."""
+        if topic.log is not None:
+            self._dirty.discard(topic.log)
+        self._sync_retry[topic] = trio.current_time() + SYNC_RETRY_MS / 1000
 
     @property
     def gathering(self) -> bool:
@@ -477,12 +533,22 @@ class TopicLogs:
                 log.info("topic %r: retention deleted %d terms", name[:64], deleted)
 
     async def run(self) -> None:
-        """Tend the logs until cancelled."""
+        """Tend the logs until cancelled (and fsync the ``flush="always"``
+        ones as they ask: :meth:`_serve_syncs`)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve_syncs)
+            await self._tend_forever()
+
+    async def _tend_forever(self) -> None:
         next_expire = trio.current_time() + EXPIRE_INTERVAL
         next_retry = trio.current_time() + RETRY_INTERVAL
         while True:
             await trio.sleep(TEND_INTERVAL)
             now = trio.current_time()
+            for topic, at in list(self._sync_retry.items()):
+                if now >= at:
+                    del self._sync_retry[topic]
+                    self.sync_soon(topic)
             await self.tend(wall_ms())
             if self._failing and now >= next_retry:
                 next_retry = now + RETRY_INTERVAL

@@ -309,6 +309,12 @@ class TopicLogHost(Protocol):
         before the log)."""
         ...
 
+    def sync_soon(self, topic: Topic) -> None:
+        """``topic``'s log (``flush="always"``) holds written records that
+        wait for an fsync: the host syncs it off the event loop, then calls
+        :meth:`Topic.synced`."""
+        ...
+
 
 class TailReader(Protocol):
     """A subscription that reads the topic's log, waiting at its end."""
@@ -397,6 +403,10 @@ class Topic(Actor):
         self._gathered: deque[tuple[_Held, Account]] = deque()
         #: It is in the host's list of topics with gathered batches.
         self._listed = False
+        #: With ``flush="always"``: batches appended and written, each with
+        #: the log's next offset after it, waiting for the fsync that covers
+        #: them before they are routed (charged to their publishers until then).
+        self._unsynced: deque[tuple[int, _Held]] = deque()
 
     def handle(self, turn: Turn, message: Any) -> None:
         routed: Routed = message
@@ -415,13 +425,57 @@ class Topic(Actor):
                         host.gathered(self)
                     return
                 if self._append(held):
-                    self._routed(routed, account)
+                    self._appended(held, account)
                     return
             # It waits for room, still charged to its publisher.
             held.loan = LoanedItem(account, _charge(account, routed.tails), None)
             self.held.append(held)
             return
         self._routed(routed, account)
+
+    def _appended(self, held: _Held, account: Account) -> None:
+        """``held`` is in the log and written: route it now, or, with
+        ``flush="always"``, once the fsync that covers it is done (still
+        charged to its publisher meanwhile: see :meth:`synced`)."""
+        log = self.log
+        if log is not None and log.sync_later:
+            if held.loan is None:
+                held.loan = LoanedItem(account, _charge(account, held.routed.tails), None)
+            self._unsynced.append((log.next_offset, held))
+            assert self._host is not None
+            self._host.sync_soon(self)
+            return
+        self._routed(held.routed, account)
+        if held.loan is not None:
+            held.loan.repay()
+
+    def synced(self) -> None:
+        """The host fsynced the log: route the batches now durable, in
+        order, and wake the readers waiting at its end."""
+        log = self.log
+        if log is None:
+            return
+        durable = log.durable_offset + 1
+        unsynced = self._unsynced
+        while unsynced and unsynced[0][0] <= durable:
+            _, held = unsynced.popleft()
+            assert held.loan is not None
+            self._routed(held.routed, held.loan.account)
+            held.loan.repay()
+        self._wake_at_tail(None, 0)
+        if unsynced and self._host is not None:
+            self._host.sync_soon(self)  # (appended while the fsync ran)
+        self.release_if_unused()
+
+    def route_unsynced(self) -> None:
+        """The log goes away (the topic is deleted): the batches waiting for
+        its fsync are routed now, as if it had come just before."""
+        unsynced = self._unsynced
+        while unsynced:
+            _, held = unsynced.popleft()
+            assert held.loan is not None
+            self._routed(held.routed, held.loan.account)
+            held.loan.repay()
 
     def _routed(self, routed: Routed, account: Account) -> None:
         """A batch is routed (with a log: it is in the log): offer it to the
@@ -445,8 +499,7 @@ class Topic(Actor):
                 return
             held.popleft()
             assert first.loan is not None
-            self._routed(first.routed, first.loan.account)
-            first.loan.repay()
+            self._appended(first, first.loan.account)
         self.release_if_unused()
 
     def mark_gathered(self) -> None:
@@ -469,7 +522,7 @@ class Topic(Actor):
             self._gathered.appendleft((held, account))
             self._hold_gathered()
             return
-        self._routed(held.routed, account)
+        self._appended(held, account)
         if self._gathered and not self._listed:
             assert self._host is not None
             self._listed = True
@@ -534,7 +587,9 @@ class Topic(Actor):
             return False
         host.log_written(log, appended)
         self.log_error = None
-        self._wake_at_tail(tails if appended == len(tails) else None, log.next_offset - appended)
+        if not log.sync_later:  # (else its readers see it once it is durable)
+            first = log.next_offset - appended
+            self._wake_at_tail(tails if appended == len(tails) else None, first)
         return True
 
     def _wake_at_tail(self, tails: list[bytes] | None, first: int) -> None:
@@ -575,7 +630,13 @@ class Topic(Actor):
     def release_if_unused(self) -> None:
         """Stop and forget the topic once nobody publishes to or subscribes to it
         (and no batch waits for room in its log)."""
-        if not self.publishers and not self.subscriptions and not self.held and not self._gathered:
+        if (
+            not self.publishers
+            and not self.subscriptions
+            and not self.held
+            and not self._gathered
+            and not self._unsynced
+        ):
             if self._registry.get(self.topic_name) is self:
                 del self._registry[self.topic_name]
             self.stop()

@@ -13,7 +13,14 @@ to compare: before, every fsync ran on the event loop inside the topic's
 turn; now they run in a worker thread and a publish is confirmed once
 its record is durable.
 
+This machine's disk acknowledges an fsync in about 0.06 ms (a virtual
+disk with a write-back cache); ``--fsync-ms N`` runs the broker with every
+``fdatasync`` taking N ms more (a sleep before it, in whatever thread calls
+it), as a disk that really writes (an SSD: 0.5-2 ms; a network volume or a
+spinning disk: more).
+
     python tests/measure/flush_always_stall.py --seconds 10
+    python tests/measure/flush_always_stall.py --seconds 10 --fsync-ms 2
 """
 
 from __future__ import annotations
@@ -34,6 +41,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from broker.client import open_client
 from tests.measure._process import free_port, wait_listening
+
+#: ``python -c`` of a broker whose every fdatasync first sleeps FSYNC_MS.
+SLOW_FSYNC = """\
+import os, runpy, sys, time
+delay = float(sys.argv.pop(1)) / 1000
+real = os.fdatasync
+def slow(fd):
+    time.sleep(delay)
+    real(fd)
+os.fdatasync = slow
+sys.argv[0] = "broker"
+runpy.run_module("broker", run_name="__main__")
+"""
 
 CONFIG = """\
 [[topics]]
@@ -92,18 +112,23 @@ async def measure(url: str, seconds: float) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--fsync-ms", type=float, default=0.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flush-always-", dir=Path.home()))
     (work / "broker.toml").write_text(CONFIG)
     port = free_port()
-    command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
+    command = [sys.executable, "-m", "broker"]
+    if args.fsync_ms:
+        command = [sys.executable, "-c", SLOW_FSYNC, str(args.fsync_ms)]
+    command += ["--log-level", "WARNING", "serve"]
     command += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
     command += ["--config", str(work / "broker.toml"), "--data-dir", str(work / "data")]
     broker = subprocess.Popen(command)
     try:
         wait_listening(port)
-        results = trio.run(measure, f"127.0.0.1:{port}", args.seconds)
+        results = {"fsync_ms_added": args.fsync_ms}
+        results.update(trio.run(measure, f"127.0.0.1:{port}", args.seconds))
     finally:
         broker.kill()
         broker.wait()

@@ -598,7 +598,7 @@ class SyncJob:
     (see :meth:`TopicLog.start_sync`). It syncs a duplicate of the file's
     descriptor, so the log may rotate or close meanwhile."""
 
-    __slots__ = ("_fd", "_file", "_log", "_target", "_writes", "error")
+    __slots__ = ("_dir_fd", "_fd", "_file", "_log", "_target", "_writes", "error")
 
     def __init__(self, log: TopicLog, file: TermFile, target: int) -> None:
         self._log = log
@@ -606,6 +606,16 @@ class SyncJob:
         self._file = file
         self._writes = file.writes
         self._fd = file.dup()  # (LogWriteError: no descriptor left, tried again)
+        # The log's directory as it is now: the checkpoint goes there, not
+        # into a directory of the same name made after a delete meanwhile
+        # (the new log's, which it would claim had lost records). Best
+        # effort, as the checkpoint is: none without a descriptor.
+        try:
+            self._dir_fd: int | None = os.open(
+                log.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+        except OSError:
+            self._dir_fd = None
         #: What the fsync raised (:class:`LogWriteError`), once it ran.
         self.error: LogWriteError | None = None
 
@@ -618,9 +628,12 @@ class SyncJob:
         else:
             # The checkpoint too, here rather than on the log's (event loop's)
             # thread: syncs of a store run one at a time, so in order.
-            write_checkpoint(self._log.directory, self._target - 1)
+            if self._dir_fd is not None:
+                write_checkpoint(self._log.directory, self._target - 1, dir_fd=self._dir_fd)
         finally:
             os.close(self._fd)
+            if self._dir_fd is not None:
+                os.close(self._dir_fd)
 
     def finish(self) -> None:
         """On the log's thread: the records it covered are durable (unless it failed:

@@ -105,13 +105,20 @@ def write_start(directory: Path, offset: int) -> None:
         os.close(fd)
 
 
-def write_checkpoint(directory: Path, offset: int) -> None:
+def write_checkpoint(directory: Path, offset: int, *, dir_fd: int | None = None) -> None:
     """Note that every offset up to ``offset`` is flushed: one small write
-    in place, best effort, no fsync (the terms were fsynced before)."""
+    in place, best effort, no fsync (the terms were fsynced before). With
+    ``dir_fd`` (a descriptor of ``directory`` opened earlier), in that
+    directory even if the path now names another one (the topic deleted
+    and made again meanwhile: the write then fails, as it should)."""
     head = struct.pack("<4sQ", _MAGIC, offset)
     raw = head + struct.pack("<I", crc32(head))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
     with contextlib.suppress(OSError):
-        fd = os.open(directory / CHECKPOINT, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if dir_fd is None:
+            fd = os.open(directory / CHECKPOINT, flags, 0o644)
+        else:
+            fd = os.open(CHECKPOINT, flags, 0o644, dir_fd=dir_fd)
         try:
             os.pwrite(fd, raw, 0)
         finally:

@@ -94,12 +94,14 @@ async def drain(
 
 async def route_forwarded(topics: Iterable[Topic]) -> None:
     """Return once ``topics`` have routed every publish forwarded to them
-    (none is forwarded once the shutdown began). A stand-in's batches sent
-    on to another worker are not waited for here: their owner's Goodbye
-    says it confirmed what it will (see :func:`drain`)."""
+    (none is forwarded once the shutdown began), also those appended to a
+    ``flush="always"`` log that wait for their fsync (under way: the logs'
+    task goes on until the end). A stand-in's batches sent on to another
+    worker are not waited for here: their owner's Goodbye says it
+    confirmed what it will (see :func:`drain`)."""
     waiting = list(topics)
     while waiting:
-        waiting = [t for t in waiting if t.statistics().mailbox]
+        waiting = [t for t in waiting if t.statistics().mailbox or t.unsynced]
         if waiting:
             await trio.sleep(SHUTDOWN_POLL)
 

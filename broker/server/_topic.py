@@ -467,6 +467,11 @@ class Topic(Actor):
             self._host.sync_soon(self)  # (appended while the fsync ran)
         self.release_if_unused()
 
+    @property
+    def unsynced(self) -> int:
+        """Batches appended with ``flush="always"`` that wait for their fsync."""
+        return len(self._unsynced)
+
     def route_unsynced(self) -> None:
         """The log goes away (the topic is deleted): the batches waiting for
         its fsync are routed now, as if it had come just before."""

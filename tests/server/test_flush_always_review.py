@@ -44,6 +44,26 @@ def _config(tmp_path: Path, **overrides: object) -> BrokerConfig:
     )
 
 
+async def test_a_graceful_shutdown_confirms_what_waits_for_its_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish appended before the shutdown began is confirmed by it (as
+    when the fsync ran inline): the drain waits for the fsync under way
+    before the Goodbye, as it waits for the topics to route the rest."""
+    gate = _Gate(monkeypatch)
+    gate.open.clear()
+    async with running_broker(_config(tmp_path, shutdown_deadline=4.0)) as broker:
+        async with open_client(url(broker), name="pub", reconnect=0) as publisher:
+            await publisher.publish("sync.t", b"one")
+            await wait_until(lambda: gate.waiting >= 1, what="the fsync to start")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(broker.shutdown)
+                await wait_until(lambda: broker.closing, what="the shutdown")
+                await trio.sleep(0.2)  # (a 200 ms fsync: slow, not unheard of)
+                gate.open.set()
+            assert publisher.statistics()["confirmed"] == 1
+
+
 async def test_deleting_a_topic_during_its_fsync_leaves_the_new_log_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

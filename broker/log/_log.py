@@ -327,8 +327,20 @@ class TopicLog:
                 write_checkpoint(self.directory, durable_next - 1)
 
     def _sync_failed(self) -> None:
+        """An fsync failed: what it was to cover is written again before the
+        next one (after a failed fsync the kernel may have dropped the dirty
+        pages or marked them clean: a later fsync that succeeds proves
+        nothing about them), from the first record not known durable in the
+        active term; and the next sync is due at once."""
         if self._dirty_since is None:
             self._dirty_since = 0  # due at once: the next flush_due tries again
+        active = self._active
+        durable = self._durable_next
+        if durable >= active.base and durable < self._written_next:
+            position = active.positions[durable - active.base]
+            self._written = position
+            self._written_next = durable
+            self._term_crc = crc32(active.view[:position])
 
     @property
     def next_flush_at(self) -> int | None:

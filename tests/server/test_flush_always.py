@@ -23,31 +23,39 @@ from broker.log._marks import read_checkpoint
 from .helpers import TIMEOUT, assert_round_trip, make_config, running_broker, url, wait_until
 
 
-class _Gate:
-    """Holds every fsync of the log layer's worker threads until opened."""
+class Gate:
+    """Holds the fsyncs of the log layer's worker threads while ``open`` is
+    not set (from the start, unless ``closed`` is False); ``waiting``
+    counts those it held."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, closed: bool = True) -> None:
         self.open = threading.Event()
+        if not closed:
+            self.open.set()
         self.waiting = 0
         run = log_module.SyncJob.run
 
         def gated(job: log_module.SyncJob) -> None:
-            self.waiting += 1
+            if not self.open.is_set():
+                self.waiting += 1
             self.open.wait(TIMEOUT)
             run(job)
 
         monkeypatch.setattr(log_module.SyncJob, "run", gated)
 
 
-def _config(tmp_path: Path) -> BrokerConfig:
-    return make_config(data_dir=str(tmp_path), topics=(TopicRule("sync.*", flush="always"),))
+def always_config(tmp_path: Path, **overrides: object) -> BrokerConfig:
+    """A broker on ``tmp_path`` whose topics ``sync.*`` fsync every append."""
+    return make_config(
+        data_dir=str(tmp_path), topics=(TopicRule("sync.*", flush="always"),), **overrides
+    )
 
 
 async def test_the_loop_goes_on_while_an_fsync_waits_and_the_confirm_follows_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = _Gate(monkeypatch)
-    async with running_broker(_config(tmp_path)) as broker:
+    gate = Gate(monkeypatch)
+    async with running_broker(always_config(tmp_path)) as broker:
         logs = broker.logs
         assert logs is not None
         async with (
@@ -90,8 +98,8 @@ async def test_the_loop_goes_on_while_an_fsync_waits_and_the_confirm_follows_it(
 async def test_one_fsync_covers_what_was_appended_while_the_last_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = _Gate(monkeypatch)
-    async with running_broker(_config(tmp_path)) as broker:
+    gate = Gate(monkeypatch)
+    async with running_broker(always_config(tmp_path)) as broker:
         logs = broker.logs
         assert logs is not None
         async with open_client(url(broker), name="pub") as publisher:
@@ -114,9 +122,9 @@ async def test_a_batch_topic_beside_it_is_confirmed_without_waiting(
 ) -> None:
     """Only "always" topics wait for their fsync: a "batch" topic of the
     same broker is confirmed once written, while an "always" fsync waits."""
-    gate = _Gate(monkeypatch)
+    gate = Gate(monkeypatch)
     async with (
-        running_broker(_config(tmp_path)) as broker,
+        running_broker(always_config(tmp_path)) as broker,
         open_client(url(broker), name="pub") as publisher,
     ):
         await publisher.publish("sync.t", b"held")

@@ -338,27 +338,10 @@ class TopicLogs:
                 topic_log = topic.log
                 if topic_log is None or topic_log.closed:
                     continue
-                now_ms = wall_ms()
-                try:
-                    job = topic_log.start_sync()
-                except LogError as error:
-                    self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
+                if await self._sync(topic_log, wall_ms()):
+                    topic.synced()
+                else:
                     self._retry_sync_later(topic)
-                    continue
-                if job is not None:
-                    started = time.perf_counter()
-                    await trio.to_thread.run_sync(job.run)
-                    job.finish()
-                    if job.error is not None:
-                        self._sync_failed(topic_log, now_ms, f"fsync failed: {job.error}")
-                        self._retry_sync_later(topic)
-                        continue
-                    took = time.perf_counter() - started
-                    self.fsyncs += 1
-                    self.fsync_seconds += took
-                    self.fsync_times.observe(took)
-                self._synced(topic_log)
-                topic.synced()
 
     def _retry_sync_later(self, topic: Topic) -> None:
         """Ask for ``topic``'s fsync again in ``SYNC_RETRY_MS`` (:meth:`run`
@@ -449,25 +432,30 @@ class TopicLogs:
             if topic_log.closed:
                 failing.pop(topic_log, None)
                 continue
-            started = time.perf_counter()
-            try:
-                job = topic_log.start_sync()
-            except LogError as error:
-                self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
-                continue
-            if job is None:
-                self._synced(topic_log)
-                continue
+            await self._sync(topic_log, now_ms)
+
+    async def _sync(self, topic_log: TopicLog, now_ms: int) -> bool:
+        """Write ``topic_log`` and fsync it in a worker thread (the loop goes
+        on meanwhile), timed for the metrics; whether it worked (a failure
+        is logged once, and the log marked to be tried again)."""
+        started = time.perf_counter()
+        try:
+            job = topic_log.start_sync()
+        except LogError as error:
+            self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
+            return False
+        if job is not None:
             await trio.to_thread.run_sync(job.run)
             job.finish()
             if job.error is not None:
                 self._sync_failed(topic_log, now_ms, f"fsync failed: {job.error}")
-                continue
-            self._synced(topic_log)
+                return False
             took = time.perf_counter() - started
             self.fsyncs += 1
             self.fsync_seconds += took
             self.fsync_times.observe(took)
+        self._synced(topic_log)
+        return True
 
     def _sync_failed(self, topic_log: TopicLog, now_ms: int, what: str) -> None:
         """Writing or syncing ``topic_log`` failed: logged once until it

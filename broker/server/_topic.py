@@ -455,15 +455,9 @@ class Topic(Actor):
         log = self.log
         if log is None:
             return
-        durable = log.durable_offset + 1
-        unsynced = self._unsynced
-        while unsynced and unsynced[0][0] <= durable:
-            _, held = unsynced.popleft()
-            assert held.loan is not None
-            self._routed(held.routed, held.loan.account)
-            held.loan.repay()
+        self._route_unsynced(log.durable_offset + 1)
         self._wake_at_tail(None, 0)
-        if unsynced and self._host is not None:
+        if self._unsynced and self._host is not None:
             self._host.sync_soon(self)  # (appended while the fsync ran)
         self.release_if_unused()
 
@@ -475,8 +469,13 @@ class Topic(Actor):
     def route_unsynced(self) -> None:
         """The log goes away (the topic is deleted): the batches waiting for
         its fsync are routed now, as if it had come just before."""
+        self._route_unsynced(None)
+
+    def _route_unsynced(self, durable_next: int | None) -> None:
+        """Route, in order, the waiting batches whose records all lie before
+        ``durable_next`` (None: all of them), each loan repaid."""
         unsynced = self._unsynced
-        while unsynced:
+        while unsynced and (durable_next is None or unsynced[0][0] <= durable_next):
             _, held = unsynced.popleft()
             assert held.loan is not None
             self._routed(held.routed, held.loan.account)

@@ -65,6 +65,11 @@ LONG_MODULES: dict[str, str] = {
         "Link: one worker's connection to a topic's owner, one job (its topics, "
         "forwarded subscriptions and group members over one client connection)"
     ),
+    "broker/server/_topic.py": (
+        "Topic: one topic actor and the queues it routes into; a batch's way "
+        "from a publish to its log and subscriptions (appended, held for "
+        "room, gathered for the journal, waiting for its fsync) shares its state"
+    ),
     "broker/server/_staging.py": (
         "StagingArea: staged batches, their commits and how they survive a "
         "restart; one state machine whose journal restore must mirror staging "

@@ -107,7 +107,10 @@ class Killer:
     more (so each kill lands while the broker stages, not while it is down
     and the clients wait). The tasks note their progress (``published``,
     ``confirmed``, ``reconnected``: one entry per task, each written by its
-    task every ``NOTE_EVERY`` publishes)."""
+    task every ``NOTE_EVERY`` publishes). From a kill until every task has
+    reconnected the tasks pause (``go``): the clients come back after random
+    waits (full jitter), and one could otherwise finish its stage before
+    another is back, leaving no publishes for the next kill to land in."""
 
     def __init__(self, broker: BrokerProcess, first: int, gaps: list[int]) -> None:
         self.broker = broker
@@ -119,6 +122,9 @@ class Killer:
         #: Per kill: (published, confirmed) of the tasks in all when it was sent.
         self.at: list[tuple[int, int]] = []
         self.error: BaseException | None = None
+        #: Set while the tasks may publish (cleared from a kill until all resumed).
+        self.go = threading.Event()
+        self.go.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="killer", daemon=True)
 
@@ -148,15 +154,20 @@ class Killer:
                 if kill:
                     if not self._wait(partial(self._reconnected_all, kill)):
                         return
+                    self.go.set()
                     target = sum(self.published) + self.gaps[kill - 1]
                 if not self._wait(partial(self._published_all, target)):
                     return
+                self.go.clear()
                 self.at.append((sum(self.published), sum(self.confirmed)))
                 self.broker.kill()
                 time.sleep(RESTART_DELAY)
                 self.broker.start()
+            self._wait(partial(self._reconnected_all, KILLS))
         except BaseException as error:  # (reported by join)
             self.error = error
+        finally:
+            self.go.set()
 
     def start(self) -> None:
         self._thread.start()
@@ -170,7 +181,21 @@ class Killer:
 
     def abandon(self) -> None:
         self._stop.set()
+        self.go.set()
         self._thread.join(GUARD)
+
+    async def pause(self, task: int, published: int, client: Client) -> None:
+        """A trio task's pause while :attr:`go` is clear, noting its client's
+        reconnections meanwhile (what ends the pause). The killer thread
+        sets ``go``: polled, as a trio.Event cannot be set from there."""
+        while not self.go.is_set():
+            self.note(task, published, client.statistics())
+            await trio.sleep(0.005)
+
+    def wait(self, task: int, published: int, client: BlockingClient) -> None:
+        """:meth:`pause` for a blocking client's thread."""
+        while not self.go.wait(0.005):
+            self.note(task, published, client.statistics())
 
 
 def new_killer(broker: BrokerProcess, rng: random.Random) -> Killer:
@@ -224,6 +249,7 @@ async def async_round(url: str, batch: str, topic: str, killer: Killer, figures:
             await client.publish(topic, payload(batch, index, n), stage=stage)
             if n % NOTE_EVERY == 0:
                 killer.note(index, n + 1, client.statistics())
+                await killer.pause(index, n + 1, client)
         killer.note(index, PER_TASK, client.statistics())
         members[index] = (stage.member, await client.finish_stage(stage))
 
@@ -256,6 +282,7 @@ def blocking_round(url: str, batch: str, topic: str, killer: Killer, figures: Fi
             client.publish(topic, payload(batch, index, n), stage=stage, timeout=GUARD)
             if n % NOTE_EVERY == 0:
                 killer.note(index, n + 1, client.statistics())
+                killer.wait(index, n + 1, client)
         killer.note(index, PER_TASK, client.statistics())
         return stage.member, client.finish_stage(stage, timeout=GUARD)
 

@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except AuthError as error:
         print(error, file=sys.stderr)
         return 2
-    token = secrets.token_urlsafe(32)
+    # Never one starting with "-": `--token -x...` would read as an option.
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
     print(f"token: {token}", file=sys.stderr)
     print(
         "# Give the client the token printed on stderr "

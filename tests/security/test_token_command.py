@@ -41,3 +41,16 @@ def test_a_name_that_cannot_name_a_principal_is_refused(
 ) -> None:
     assert cli.main(["token", "not a name"]) == 2
     assert "names are 1-64" in capsys.readouterr().err
+
+
+def test_a_token_never_starts_with_a_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token starting with "-" (1 in 64 from the URL-safe alphabet) made
+    `broker sub --token <it>` a usage error: one is drawn again instead."""
+    import secrets
+
+    drawn = iter(["-starts-with-a-dash", "fine-token"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda _n: next(drawn))
+    assert cli.main(["token", "svc"]) == 0
+    assert capsys.readouterr().err.strip() == "token: fine-token"

@@ -8,15 +8,15 @@ Debt rolls up to parent accounts. A reader calls
 work is still outstanding downstream stops being read, and TCP throttles it.
 """
 
-from ._account import (
+from accounts._account import (
     DEFAULT_EVENT_COST,
     Account,
     AccountStatistics,
     live_accounts,
     unlimited,
 )
-from ._errors import AccountsError, LoanLeakWarning
-from ._loan import (
+from accounts._errors import AccountsError, LoanLeakWarning
+from accounts._loan import (
     LoanedItem,
     leak_detection_enabled,
     leaked_loans,

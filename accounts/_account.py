@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ._errors import AccountsError
+from accounts._errors import AccountsError
 
 #: The default per-event constant: what one loaned event costs on top of its
 #: bytes (the loan object, its slot in a mailbox). Close to what CPython spends

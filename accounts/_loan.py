@@ -8,8 +8,8 @@ import warnings
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from ._account import Account
-from ._errors import AccountsError, LoanLeakWarning
+from accounts._account import Account
+from accounts._errors import AccountsError, LoanLeakWarning
 
 T = TypeVar("T")
 U = TypeVar("U")

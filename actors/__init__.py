@@ -10,10 +10,10 @@ producer. Mailboxes never drop and are not bounded by a count: the accounts
 bound memory.
 """
 
-from ._actor import TURNS_PER_YIELD, Actor, ActorState, ActorStatistics, Turn
-from ._errors import ActorFailed, ActorsError, NotInTurnError, NotSpawnedError
-from ._system import ActorSystem, SystemStatistics, open_system
-from ._timers import Timer, TimerStatistics
+from actors._actor import TURNS_PER_YIELD, Actor, ActorState, ActorStatistics, Turn
+from actors._errors import ActorFailed, ActorsError, NotInTurnError, NotSpawnedError
+from actors._system import ActorSystem, SystemStatistics, open_system
+from actors._timers import Timer, TimerStatistics
 
 __all__ = [
     "TURNS_PER_YIELD",

@@ -12,9 +12,8 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from accounts import Account, LoanedItem
-
-from ._errors import ActorFailed, NotInTurnError, NotSpawnedError
-from ._timers import Timer
+from actors._errors import ActorFailed, NotInTurnError, NotSpawnedError
+from actors._timers import Timer
 
 log = logging.getLogger("actors")
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import trio
 
 from accounts import Account, unlimited
-
-from ._actor import Actor, ActorState, ActorT
-from ._errors import ActorFailed, NotSpawnedError
+from actors._actor import Actor, ActorState, ActorT
+from actors._errors import ActorFailed, NotSpawnedError
 
 
 @dataclass(frozen=True, slots=True)

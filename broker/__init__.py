@@ -9,7 +9,7 @@ Subpackages:
 
 from __future__ import annotations
 
-from .errors import BrokerError
+from broker.errors import BrokerError
 
 
 def __getattr__(name: str) -> str:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, cast
 
-from .errors import BrokerError
+from broker.errors import BrokerError
 
 if TYPE_CHECKING:
-    from .log import LogConfig
+    from broker.log import LogConfig
 
 __all__ = [
     "DEFAULT_TOPIC_RULE",
@@ -96,7 +96,7 @@ class TopicRule:
             raise ConfigError(
                 '[[topics]]: pattern must be a non-empty glob over topic names, e.g. "metrics.*"'
             )
-        from .protocol import topic_pattern_problem  # (here: the config loads without it)
+        from broker.protocol import topic_pattern_problem  # (here: the config loads without it)
 
         problem = topic_pattern_problem(self.pattern)
         if problem is not None:  # (a rule that could never apply: a typo, surely)
@@ -137,7 +137,7 @@ class TopicRule:
 
     def log_config(self) -> LogConfig:
         """The :class:`broker.log.LogConfig` of this rule's topics."""
-        from .log import LogConfig
+        from broker.log import LogConfig
 
         return LogConfig(
             term_bytes=self.term_bytes,

@@ -41,9 +41,9 @@ from enum import Enum
 from fnmatch import fnmatchcase
 from typing import Any, Final
 
-from .config import read_toml
-from .errors import BrokerError
-from .protocol import topic_pattern_problem
+from broker.config import read_toml
+from broker.errors import BrokerError
+from broker.protocol import topic_pattern_problem
 
 __all__ = [
     "AUTH_FAILURE_REASONS",

@@ -23,8 +23,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._env_names import ENV_PREFIX, mistaken_names, settings_in
-from ._topic_rules import (
+from broker._env_names import ENV_PREFIX, mistaken_names, settings_in
+from broker._topic_rules import (
     DEFAULT_TOPIC_RULE,
     FLUSH,
     TOPIC_KEYS,
@@ -37,7 +37,7 @@ from ._topic_rules import (
     parse_address,
     parse_topic_rules,
 )
-from .errors import BrokerError
+from broker.errors import BrokerError
 
 __all__ = [
     "DEFAULT_TOPIC_RULE",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .log import LogConfig
+    from broker.log import LogConfig
 
 #: ``max_message`` by default; lowered to what the smallest topic log term
 #: holds (``term_bytes - 64``) when a ``[[topics]]`` table's is smaller.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from .errors import BrokerError
+from broker.errors import BrokerError
 
 __all__ = ["TLSConfigError", "certificate_identity", "client_context", "server_context"]
 

@@ -17,8 +17,7 @@ import pytest
 import trio
 
 from broker.protocol import TOPIC_NAME_RULE
-
-from .server.helpers import running_broker, url
+from tests.server.helpers import running_broker, url
 
 #: A hang guard only: the commands answer at once.
 HANG_GUARD = 60

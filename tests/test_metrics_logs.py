@@ -22,7 +22,7 @@ from broker.config import BrokerConfig
 from broker.log import LogConfig
 from broker.log import _files as log_files
 from broker.metrics import METRICS, BrokerCollector, metrics_registry, stat_document
-from broker.metrics._log_specs import LOG_METRICS
+from broker.metrics._log_families import LOG_METRICS
 from broker.metrics._log_walk import log_walk
 from broker.protocol import BindTopic, Goodbye, Subscribe
 from broker.server import Broker

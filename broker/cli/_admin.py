@@ -22,7 +22,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
-    from ..client import ClusterClient
+    from broker.client import ClusterClient
 
 #: A row of an admin answer.
 Row = dict[str, Any]
@@ -55,7 +55,7 @@ def add_action(actions: Any, examples: str, name: str, help: str) -> argparse.Ar
 def refuse_pattern(command: str, pattern: str | None) -> int | None:
     """2 after saying in one line which rule ``pattern`` breaks (nothing is
     sent), or None to go on (None: no pattern)."""
-    from ..protocol import topic_pattern_error
+    from broker.protocol import topic_pattern_error
 
     if pattern is None:
         return None
@@ -68,7 +68,7 @@ def refuse_pattern(command: str, pattern: str | None) -> int | None:
 
 def refuse_topic(command: str, topic: str) -> int | None:
     """2 after saying in one line which rule ``topic`` (a name) breaks, or None."""
-    from ..protocol import topic_name_problem
+    from broker.protocol import topic_name_problem
 
     problem = topic_name_problem(topic)
     if problem is None:
@@ -86,7 +86,7 @@ def ask(
     ``(await work(cluster), None)``; or ``(None, status)`` once a failure
     was said in one line: 1 for a refusal (the broker's reason) or a broker
     or OS error, 130 for Ctrl-C."""
-    from ..client import AdminRefused, open_cluster_client, parse_servers
+    from broker.client import AdminRefused, open_cluster_client, parse_servers
 
     refused = refuse_brokers(command, args)
     if refused is not None:

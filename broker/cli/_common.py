@@ -16,8 +16,9 @@ from typing import Any
 
 import trio
 
-from ..errors import BrokerError, sole_exception
-from ..protocol import topic_name_problem
+from broker.errors import BrokerError, sole_exception
+from broker.protocol import topic_name_problem
+
 from ._codes import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from ._codes import LOG_LEVELS
 
@@ -195,7 +196,7 @@ def refuse_brokers(command: str, args: argparse.Namespace) -> int | None:
     (``host:abc``, ``http://...``, empty) is a usage error: 2 after saying
     so in one line (and where it came from), before anything is read or
     connected; None to go on."""
-    from ..client import ClientError, parse_servers
+    from broker.client import ClientError, parse_servers
 
     source = ""
     if args.broker is None:
@@ -212,7 +213,7 @@ def refuse_brokers(command: str, args: argparse.Namespace) -> int | None:
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
     """``open_client`` keyword arguments from the client flags (token, TLS files)."""
-    from ..tls import client_context
+    from broker.tls import client_context
 
     token = args.token if args.token is not None else os.environ.get("BROKER_TOKEN")
     options: dict[str, Any] = {"token": token or None, "reconnect": args.reconnect}

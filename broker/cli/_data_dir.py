@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import BrokerConfig, ConfigError
+from broker.config import BrokerConfig, ConfigError
 
 __all__ = ["default_data_dir", "prepare_data_dir", "with_data_dir"]
 

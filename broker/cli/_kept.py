@@ -25,7 +25,7 @@ from ._admin import (
 from ._common import Subparsers, add_command
 
 if TYPE_CHECKING:
-    from ..client import ClusterClient
+    from broker.client import ClusterClient
 
 
 @dataclass(frozen=True)

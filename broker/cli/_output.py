@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
-    from ..client import Message
+    from broker.client import Message
 
 #: Placeholders of ``--format`` and what they stand for.
 PLACEHOLDERS = {

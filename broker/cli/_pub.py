@@ -199,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
 async def _pub(
     args: argparse.Namespace, payload: bytes | None, tally: _Tally, interrupt: Interrupt
 ) -> None:
-    from ..client import open_client, parse_servers, route
-    from ..protocol import LocalProtocolError
+    from broker.client import open_client, parse_servers, route
+    from broker.protocol import LocalProtocolError
 
     key = args.key.encode() if args.key is not None else None
     if payload is None and args.stdin_whole:

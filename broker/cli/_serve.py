@@ -10,8 +10,9 @@ from typing import Any
 
 import trio
 
-from ..config import FIELDS, BrokerConfig, ConfigError, load_config
-from ..runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrapped, tune_gc
+from broker.config import FIELDS, BrokerConfig, ConfigError, load_config
+from broker.runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrapped, tune_gc
+
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
@@ -106,10 +107,10 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..auth import AuthError
-    from ..log import LogError
-    from ..tls import TLSConfigError
-    from ..workers import WorkerFailed
+    from broker.auth import AuthError
+    from broker.log import LogError
+    from broker.tls import TLSConfigError
+    from broker.workers import WorkerFailed
 
     try:
         config = with_data_dir(_config_from(args))
@@ -143,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: BrokerConfig) -> None:
-    from ..log import LogError
-    from ..server import serve_broker
+    from broker.log import LogError
+    from broker.server import serve_broker
 
     tune_gc(config.gc_threshold)
     raise_open_file_limit()
@@ -170,7 +171,7 @@ async def _serve(config: BrokerConfig) -> None:
                 raise CannotListen("clients", config.listen_address, "--listen", error) from None
             lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
             if metrics is not None:
-                from ..metrics import serve_metrics
+                from broker.metrics import serve_metrics
 
                 try:
                     host, port = await nursery.start(serve_metrics, broker, *metrics)

@@ -32,7 +32,7 @@ from ._common import (
 from ._output import PLACEHOLDERS, FormatError, json_line, raw, template_printer
 
 if TYPE_CHECKING:  # (only for its type: ``broker --help`` need not import the client)
-    from ..client import ClusterClient, Start
+    from broker.client import ClusterClient, Start
 
 EXAMPLES = r"""
   broker sub news                               # each payload on a line, as it is
@@ -95,7 +95,7 @@ def refuse_wildcards(topics: list[str]) -> int | None:
     """2 after one line on the first TOPIC that is an MQTT wildcard or a
     broken pattern (a ``*``, or a ``>`` token, that breaks the pattern
     rule); None to go on."""
-    from ..protocol import topic_pattern_error
+    from broker.protocol import topic_pattern_error
 
     for topic in topics:
         problem = mqtt_hint(topic)
@@ -109,7 +109,7 @@ def refuse_wildcards(topics: list[str]) -> int | None:
 
 def is_topic_pattern(topic: str) -> bool:
     """Whether TOPIC is a pattern (see :func:`broker.protocol.is_topic_pattern`)."""
-    from ..protocol import is_topic_pattern as is_pattern
+    from broker.protocol import is_topic_pattern as is_pattern
 
     return is_pattern(topic)
 
@@ -269,7 +269,7 @@ def start_value(text: str) -> Start:
             raise argparse.ArgumentTypeError(
                 f"{text!r} has no timezone: add one, e.g. {text}Z (UTC) or {text}+01:00"
             )
-    from ..client._start import subscribe_options
+    from broker.client._start import subscribe_options
 
     try:
         subscribe_options("reliable", None, value)
@@ -280,7 +280,7 @@ def start_value(text: str) -> Start:
 
 def group_name(text: str) -> str:
     """An argparse type: a consumer group's name (the topic-name rule)."""
-    from ..protocol import topic_name_problem
+    from broker.protocol import topic_name_problem
 
     problem = topic_name_problem(text)
     if problem is not None:
@@ -290,7 +290,7 @@ def group_name(text: str) -> str:
 
 def cursor_name(text: str) -> str:
     """An argparse type: a durable cursor's name (the topic-name rule)."""
-    from ..client._start import subscribe_options
+    from broker.client._start import subscribe_options
 
     try:
         subscribe_options("reliable", None, cursor=text)
@@ -384,8 +384,8 @@ async def _sub(
     tally: _Tally,
     interrupt: Interrupt,
 ) -> None:
-    from ..client import Subscription, open_cluster_client, parse_servers, route
-    from ..client._subscription import BATCH_MOST
+    from broker.client import Subscription, open_cluster_client, parse_servers, route
+    from broker.client._subscription import BATCH_MOST
 
     topics = list(dict.fromkeys(args.topics))
     names = [topic for topic in topics if not is_topic_pattern(topic)]
@@ -486,8 +486,8 @@ async def _ends(
     ``patterns`` match now. A pattern's topics come from the topic
     administration (``admin("topics")``), or, for a principal without the
     ``admin`` permission, from the offsets of every topic it may read."""
-    from ..client import AdminRefused
-    from ..protocol import AdminStatus, TopicPattern
+    from broker.client import AdminRefused
+    from broker.protocol import AdminStatus, TopicPattern
 
     if start is None or start == "latest":
         return {}

@@ -7,9 +7,10 @@ from functools import partial
 
 import trio
 
-from ..config import BrokerConfig
-from ..runtime import SHUTDOWN_SIGNALS
-from ..workers import Supervisor, serve_merged_metrics, serve_workers
+from broker.config import BrokerConfig
+from broker.runtime import SHUTDOWN_SIGNALS
+from broker.workers import Supervisor, serve_merged_metrics, serve_workers
+
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 from ._stopping import stop_on_signals
 
@@ -19,8 +20,8 @@ log = logging.getLogger("broker")
 def _check_files(config: BrokerConfig) -> None:
     """Load the TLS and auth files once here, so that a bad one stops the
     broker with its one line before any worker starts."""
-    from ..auth import load_auth_file
-    from ..tls import server_context
+    from broker.auth import load_auth_file
+    from broker.tls import server_context
 
     if config.tls:
         server_context(config.tls_cert, config.tls_key, config.tls_client_ca)

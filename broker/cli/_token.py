@@ -29,7 +29,7 @@ def add_parser(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import secrets
 
-    from ..auth import AuthError, check_principal_name, token_digest
+    from broker.auth import AuthError, check_principal_name, token_digest
 
     try:
         check_principal_name(args.principal, f"broker token: {args.principal!r}")

@@ -25,7 +25,7 @@ from ._admin import (
 from ._common import Subparsers, add_command
 
 if TYPE_CHECKING:
-    from ..client import ClusterClient
+    from broker.client import ClusterClient
 
 EXAMPLES = r"""
   broker topics ls                              # every topic the broker keeps
@@ -154,7 +154,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..protocol import topic_pattern_error
+    from broker.protocol import topic_pattern_error
 
     topic = args.topic
 

@@ -4,7 +4,7 @@ settled one by one, redelivered, dead-lettered, in order per key if asked.
 This package is the sans-IO part (no I/O, no clock: times are passed in):
 :class:`GroupState` is one group's bookkeeping, :func:`group_request` reads
 a member's ``Subscribe`` options. The broker's side (reading the log,
-sending, the state journal) is ``broker.server._groups``.
+sending, the state journal) is ``broker.server.topics._groups``.
 """
 
 from ._options import (

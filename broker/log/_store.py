@@ -9,7 +9,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ..protocol import check_topic_name
+from broker.protocol import check_topic_name
+
 from ._errors import DataDirLocked, LogClosed
 from ._files import (
     DirLock,

@@ -23,9 +23,7 @@ another thread.
 """
 
 from ._collector import BrokerCollector, Snapshot, metrics_registry
-from ._http import serve_metrics
-from ._spec import MetricSpec
-from ._specs import (
+from ._families import (
     CHANNEL_KINDS,
     CLIENT_NAME_LIMIT,
     DELIVERY_DROP_REASONS,
@@ -33,6 +31,8 @@ from ._specs import (
     METRICS,
     sanitise_label,
 )
+from ._family import MetricSpec
+from ._http import serve_metrics
 from ._stat import build_stat_document, stat_document
 
 __all__ = [

@@ -28,16 +28,16 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 
 from broker import __version__
 
-from ._figures import Figures, Totals, connection_figures
+from ._connection_figures import Figures, Totals, connection_figures
+from ._families import METRICS, sanitise_label
 from ._log_walk import LogFigures, add_log_families, log_walk
-from ._specs import METRICS, sanitise_label
-from ._walking import Best, Walk, run_in_pieces, run_now
+from ._walk_steps import Best, Walk, run_in_pieces, run_now
 
 log = logging.getLogger("broker.metrics")
 
 if TYPE_CHECKING:
     from broker.server import Broker, ConnectionView, Topic
-    from broker.server._groups import Groups
+    from broker.server.topics._groups import Groups
 
 #: Connections (or topics) visited between two checkpoints of a walk.
 CHUNK: Final = 16

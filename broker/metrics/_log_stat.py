@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from ._log_walk import LogFigures, LogReading, LogsHost, log_readers
-from ._walking import Best, Walk
+from ._walk_steps import Best, Walk
 
 if TYPE_CHECKING:
     from broker.log import TopicLog

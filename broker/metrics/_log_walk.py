@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from ._walking import Best, Walk
+from ._walk_steps import Best, Walk
 
 if TYPE_CHECKING:
     from broker.server import Topic
-    from broker.server._log_subscription import CursorBook
-    from broker.server._logs import TopicLogs
+    from broker.server.storage._topic_logs import TopicLogs
+    from broker.server.topics._log_subscription import CursorBook
 
 #: Longest topic name exported as a label value (a valid name never is longer).
 TOPIC_LABEL_LIMIT = 256

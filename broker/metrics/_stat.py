@@ -20,10 +20,10 @@ from broker.protocol import Channel, ChannelKind
 from broker.server import BrokerStatistics, DroppingSubscription
 
 from ._collector import BrokerCollector, Snapshot
+from ._families import kind_name, sanitise_label
 from ._log_stat import logs_document, reader_document
 from ._log_walk import LogReading
-from ._specs import kind_name, sanitise_label
-from ._walking import Walk, run_in_pieces, run_now
+from ._walk_steps import Walk, run_in_pieces, run_now
 
 if TYPE_CHECKING:
     from accounts import Account

@@ -19,31 +19,6 @@ parameter. :class:`Connection` is one end of a connection in either role
 ``docs/protocol.md`` is the normative description of the wire format.
 """
 
-from ._codec import decode_body, decode_deliver_tail
-from ._connection import (
-    DELIVER_SLACK,
-    MAX_HELLO_FRAME,
-    PIECE_OVERHEAD,
-    Connection,
-    ConnectionState,
-    ConnectionStatistics,
-    NoGuarantees,
-)
-from ._encode import (
-    MAX_DELIVER_GROUP,
-    MAX_DELIVER_MANY,
-    MAX_DELIVER_TIMED,
-    MAX_PUBLISH_MANY,
-    deliver_group_head,
-    deliver_many_head,
-    deliver_many_head_size,
-    deliver_timed_head,
-    encode,
-    encode_body,
-    encode_deliver,
-    encode_deliver_tail,
-    publish_many_head,
-)
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
     ConnectionClosed,
@@ -64,18 +39,77 @@ from ._events import (
     TopicBound,
     WelcomeReceived,
 )
-from ._framing import FrameDecoder
-from ._guarantees import (
-    ChannelReceiver,
-    ChannelSender,
-    ReceiverStatistics,
-    SenderStatistics,
-    SentFrame,
+from ._names import (
+    MAX_TOPIC_NAME,
+    MIN_TOPIC_NAME,
+    TOPIC_NAME_RULE,
+    TopicNameError,
+    check_topic_name,
+    topic_name_problem,
+    topic_pattern_problem,
 )
-from ._handles import Binding, HandleState, HandleTable
-from ._large import MAX_MESSAGE, MIN_PART
-from ._liveness import Liveness
-from ._messages import (
+from ._origins import OriginRun, add_runs, slice_origins
+from ._owners import Cluster, Member, owner_id
+from ._patterns import (
+    PATTERN_RULE,
+    TopicPattern,
+    TopicPatternError,
+    check_topic_pattern,
+    is_topic_pattern,
+    topic_pattern_error,
+)
+from ._policy import Policy
+from ._types import (
+    DEFAULT_MAX_FRAME,
+    LENGTH_PREFIX,
+    OPTIMISM_FRAMES,
+    PROTOCOL_VERSION,
+    SUBSCRIPTION_BINDS,
+    TOPIC_BINDS,
+    U64_MAX,
+    AdminStatus,
+    Channel,
+    ChannelKind,
+    DeliveryMode,
+    GoodbyeCode,
+    HandleType,
+    MessageType,
+    OutcomeStatus,
+    Role,
+    SettleOutcome,
+    channel_sender,
+)
+from .connection._connection import (
+    DELIVER_SLACK,
+    MAX_HELLO_FRAME,
+    PIECE_OVERHEAD,
+    Connection,
+    ConnectionState,
+    ConnectionStatistics,
+    NoGuarantees,
+)
+from .connection._handles import Binding, HandleState, HandleTable
+from .connection._large import MAX_MESSAGE, MIN_PART
+from .connection._liveness import Liveness
+from .connection._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
+from .frames._decode import decode_body, decode_deliver_tail
+from .frames._encode import (
+    MAX_DELIVER_GROUP,
+    MAX_DELIVER_MANY,
+    MAX_DELIVER_TIMED,
+    MAX_PUBLISH_MANY,
+    deliver_group_head,
+    deliver_many_head,
+    deliver_many_head_size,
+    deliver_timed_head,
+    encode,
+    encode_body,
+    encode_deliver,
+    encode_deliver_tail,
+    publish_many_head,
+)
+from .frames._framing import FrameDecoder
+from .frames._messages import (
     Abort,
     Absolve,
     Ack,
@@ -126,47 +160,13 @@ from ._messages import (
     Welcome,
     check_publish_fields,
 )
-from ._names import (
-    MAX_TOPIC_NAME,
-    MIN_TOPIC_NAME,
-    TOPIC_NAME_RULE,
-    TopicNameError,
-    check_topic_name,
-    topic_name_problem,
-    topic_pattern_problem,
-)
-from ._origins import OriginRun, add_runs, slice_origins
-from ._owners import Cluster, Member, owner_id
-from ._patterns import (
-    PATTERN_RULE,
-    TopicPattern,
-    TopicPatternError,
-    check_topic_pattern,
-    is_topic_pattern,
-    topic_pattern_error,
-)
-from ._policy import Policy
-from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
-from ._settle import MAX_SETTLE_REASON, max_settle_ranges, settle_ranges
-from ._types import (
-    DEFAULT_MAX_FRAME,
-    LENGTH_PREFIX,
-    OPTIMISM_FRAMES,
-    PROTOCOL_VERSION,
-    SUBSCRIPTION_BINDS,
-    TOPIC_BINDS,
-    U64_MAX,
-    AdminStatus,
-    Channel,
-    ChannelKind,
-    DeliveryMode,
-    GoodbyeCode,
-    HandleType,
-    MessageType,
-    OutcomeStatus,
-    Role,
-    SettleOutcome,
-    channel_sender,
+from .frames._settle import MAX_SETTLE_REASON, max_settle_ranges, settle_ranges
+from .guarantees._receiver import (
+    ChannelReceiver,
+    ChannelSender,
+    ReceiverStatistics,
+    SenderStatistics,
+    SentFrame,
 )
 
 __all__ = [

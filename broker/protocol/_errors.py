@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import BrokerError
+from broker.errors import BrokerError
+
 from ._types import GoodbyeCode
 
 

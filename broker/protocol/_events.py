@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import RemoteProtocolError
-from ._messages import (
+from ._types import Channel
+from .frames._messages import (
     Abort,
     Ack,
     Admin,
@@ -38,7 +39,6 @@ from ._messages import (
     Throttled,
     Welcome,
 )
-from ._types import Channel
 
 
 @dataclass(slots=True)

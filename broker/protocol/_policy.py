@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._guarantees import ChannelReceiver
 from ._types import Channel, ChannelKind
+from .guarantees._receiver import ChannelReceiver
 
 #: A subscription's delivery window unless the policy or the broker's
 #: ``max_frame`` says otherwise (see :attr:`Policy.deliver_capacity`).

@@ -7,14 +7,14 @@ connections, and :meth:`Broker.shutdown`). Parsing bytes is
 """
 
 from ._broker import Broker, BrokerStatistics, serve_broker
-from ._connection import ConnectionCounters, PublishChannel, ServerConnection
-from ._lossy import DroppingSubscription, OptionError, QueueLimits
-from ._placement import WorkerSetup
-from ._policy import BrokerPolicy
-from ._rehome import rehome_state
-from ._shared_counts import clear_row, create_counts
-from ._topic import Subscription, Topic
 from ._view import ConnectionView
+from .cluster._connection_counts import clear_row, create_counts
+from .cluster._placement import WorkerSetup
+from .cluster._rehome import rehome_state
+from .connection._connection import ConnectionCounters, PublishChannel, ServerConnection
+from .connection._policy import BrokerPolicy
+from .topics._lossy import DroppingSubscription, OptionError, QueueLimits
+from .topics._topic import Subscription, Topic
 
 __all__ = [
     "Broker",

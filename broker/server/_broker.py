@@ -26,34 +26,34 @@ from broker.protocol import BrokerSessionState, Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
 
-from ._accept_log import quiet_accept_errors
-from ._budget_pool import BudgetPool
-from ._commit import CommitInFlight, complete_unfinished, start_commit
-from ._connection import ServerConnection
-from ._drain import drain, queued_deliveries
-from ._groups import Groups
-from ._handover import hand_over, home_address, receive_sockets, session_prefix
-from ._link import LinkStatistics
-from ._links import Links
-from ._log_subscription import CursorBook
-from ._logs import TopicLogs, TopicUnavailable
-from ._loop import LoopCounters
+from ._accept_logging import quiet_accept_errors
+from ._loop_counters import LoopCounters
 from ._memory import MemoryReturn
-from ._pattern_registry import PatternRegistry
-from ._peerlog import LINE_CHARS, PeerLog, shown
+from ._peer_logging import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
-from ._placement import WorkerSetup
-from ._reassembly import ReassemblyRoom
-from ._restore import held_publishes, restore_sessions
-from ._seen import SeenOrigins
-from ._session import SessionTable
-from ._session_records import SessionRecords
-from ._shared_counts import SharedCounts
-from ._staging import BatchKey, StagedPublish, StagingArea
-from ._topic import Topic
-from ._usage import PrincipalUsage, SecurityCounters, check_budget_shares
+from ._principal_usage import PrincipalUsage, SecurityCounters, check_budget_shares
+from ._shutdown import drain, queued_deliveries
 from ._view import ConnectionView
-from ._wake import Outbox
+from .cluster._connection_counts import SharedCounts
+from .cluster._handover import hand_over, home_address, receive_sockets, session_prefix
+from .cluster._link import LinkStatistics
+from .cluster._link_table import Links
+from .cluster._origin_dedup import SeenOrigins
+from .cluster._placement import WorkerSetup
+from .connection._budget_pool import BudgetPool
+from .connection._connection import ServerConnection
+from .connection._reassembly import ReassemblyRoom
+from .patterns._registry import PatternRegistry
+from .sessions._records import SessionRecords
+from .sessions._restore import held_publishes, restore_sessions
+from .sessions._session import SessionTable
+from .staging._area import BatchKey, StagedPublish, StagingArea
+from .staging._commit import CommitInFlight, complete_unfinished, start_commit
+from .storage._topic_logs import TopicLogs, TopicUnavailable
+from .topics._groups import Groups
+from .topics._log_subscription import CursorBook
+from .topics._topic import Topic
+from .transport._wake import Outbox
 
 log = logging.getLogger("broker.server")
 

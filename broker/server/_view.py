@@ -11,10 +11,10 @@ import trio
 from accounts import Account
 from broker.protocol import Connection
 
-from ._delivery import ConnectionCounters
-from ._publishing import PublishChannel
-from ._topic import Subscription
-from ._usage import PrincipalUsage
+from ._principal_usage import PrincipalUsage
+from .connection._delivery import ConnectionCounters
+from .connection._publishing import PublishChannel
+from .topics._topic import Subscription
 
 
 class ConnectionView(Protocol):

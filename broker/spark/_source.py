@@ -20,8 +20,8 @@ from pyspark.sql.datasource import (
 from broker.protocol import OutcomeStatus
 
 from ._options import EXACTLY_ONCE, RowLayout, SinkError, SinkOptions, check_schema
-from ._reader import SCHEMA, BrokerReader, BrokerStreamReader
 from ._source_options import SourceOptions
+from ._source_reader import SCHEMA, BrokerReader, BrokerStreamReader
 from ._writer import TaskReport, cached_client, publish_rows, streaming_batch, task_stage
 
 log = logging.getLogger("broker.spark")

@@ -11,9 +11,8 @@ import pytest
 import trio
 
 from broker.client import Client, ClientError, open_client
-
-from ..proxy import proxied
-from ..server.helpers import TIMEOUT, running_broker, url, wait_until
+from tests.proxy import proxied
+from tests.server.helpers import TIMEOUT, running_broker, url, wait_until
 
 COUNT = 200
 

@@ -12,8 +12,7 @@ import trio
 
 from broker.client import ClientError, StagingRefused, open_client, open_cluster_client, route
 from broker.protocol import OutcomeStatus, Stage
-
-from ..server.helpers import TIMEOUT, running_broker, url, wait_idle
+from tests.server.helpers import TIMEOUT, running_broker, url, wait_idle
 
 
 async def test_staged_messages_appear_only_once_committed() -> None:

@@ -16,9 +16,8 @@ import pytest
 import trio
 
 from broker.client import BlockingClient, ConnectionLost
-
-from ..proxy import cut_on_progress, proxied
-from ..server.helpers import TIMEOUT, running_broker, wait_idle, wait_until
+from tests.proxy import cut_on_progress, proxied
+from tests.server.helpers import TIMEOUT, running_broker, wait_idle, wait_until
 
 #: The publisher publishes in this many phases, each after a cut of its own.
 PHASES = 4

@@ -12,9 +12,8 @@ import pytest
 import trio
 
 from broker.client import BlockingClient, ConnectionLost, open_client
-
-from ..proxy import proxied
-from ..server.helpers import running_broker, url, wait_subscribed
+from tests.proxy import proxied
+from tests.server.helpers import running_broker, url, wait_subscribed
 
 #: Well under the 15 s lease, whose expiry would also end a wait.
 PROMPTLY = 10.0

@@ -12,8 +12,8 @@ import trio
 
 from broker.client import ClientError, open_client
 from broker.protocol import Policy
+from tests.server.helpers import wait_until
 
-from ..server.helpers import wait_until
 from .test_blocking import SAFETY, blocking_client, bound_after_round_trip, running_broker
 
 COUNT = 3000

@@ -9,8 +9,7 @@ import trio
 
 from broker.client import BlockingClient, ConnectionLost, open_client
 from broker.protocol import GoodbyeCode
-
-from ..server.helpers import TIMEOUT, running_broker, url, wait_subscribed
+from tests.server.helpers import TIMEOUT, running_broker, url, wait_subscribed
 
 SAFETY = 10.0
 

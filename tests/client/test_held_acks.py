@@ -14,8 +14,8 @@ from broker.client import connect, open_client
 from broker.client._acks import HOLD_BYTES, HeldAcks
 from broker.client._core import ClientSession
 from broker.protocol import Ack, Policy
+from tests.server.helpers import running_broker, url, wait_until
 
-from ..server.helpers import running_broker, url, wait_until
 from .test_blocking import blocking_client
 from .test_core import FakeBroker, subscribed
 

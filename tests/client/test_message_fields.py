@@ -12,8 +12,7 @@ import trio
 
 from broker.client import BlockingClient, open_client
 from broker.protocol import check_publish_fields
-
-from ..server.helpers import TIMEOUT, running_broker, url, wait_subscribed
+from tests.server.helpers import TIMEOUT, running_broker, url, wait_subscribed
 
 SAFETY = 10.0
 

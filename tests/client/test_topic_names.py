@@ -18,8 +18,7 @@ from broker.client import (
     open_cluster_client,
 )
 from broker.server import Broker
-
-from ..server.helpers import TIMEOUT, connection_named, running_broker, url, wait_subscribed
+from tests.server.helpers import TIMEOUT, connection_named, running_broker, url, wait_subscribed
 
 #: Generous: only reached when something hangs.
 SAFETY = 10.0

@@ -5,8 +5,7 @@ from __future__ import annotations
 import trio
 
 from broker.client import Message, Subscription
-
-from ..server.helpers import TIMEOUT
+from tests.server.helpers import TIMEOUT
 
 
 async def take(subscription: Subscription, count: int) -> list[Message]:

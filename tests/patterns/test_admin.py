@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from broker.client import AdminRefused, open_client
+from tests.server.helpers import TIMEOUT, running_broker, url
 
-from ..server.helpers import TIMEOUT, running_broker, url
 from .helpers import take
 
 

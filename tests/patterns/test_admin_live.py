@@ -15,9 +15,9 @@ import trio.lowlevel
 
 from broker._topic_rules import TopicRule
 from broker.client import AdminRefused, Message, open_client
+from tests.proxy import proxied
+from tests.server.helpers import TIMEOUT, running_broker, url, wait_until
 
-from ..proxy import proxied
-from ..server.helpers import TIMEOUT, running_broker, url, wait_until
 from .helpers import take
 
 #: Small terms: a purge then deletes whole files.

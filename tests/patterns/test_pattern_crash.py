@@ -12,9 +12,8 @@ import pytest
 import trio
 
 from broker.client import open_client
-
-from ..server.helpers import TIMEOUT
-from ..server.processes import running_broker
+from tests.server.helpers import TIMEOUT
+from tests.server.processes import running_broker
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from broker.client import Message, open_client
+from tests.server.helpers import running_broker, url
 
-from ..server.helpers import running_broker, url
 from .helpers import take
 
 

@@ -11,8 +11,8 @@ import trio
 
 from broker.client import open_client
 from broker.protocol import owner_id
+from tests.workers.test_supervisor import DEADLINE, running_workers, worker_config
 
-from ..workers.test_supervisor import DEADLINE, running_workers, worker_config
 from .helpers import take
 
 

@@ -891,7 +891,7 @@ def test_a_message_too_large_says_how_large_a_payload_fits(headers: Any) -> None
     """It said "Publish frame of 65547 bytes exceeds max_frame 65536" of a
     65,536-byte message: frame bytes, not the message, and no remedy."""
     from broker.protocol import LocalProtocolError
-    from broker.protocol._encode import encode_publish
+    from broker.protocol.frames._encode import encode_publish
 
     limit = 1024
     too_big = Publish(1, b"m" * 2000, b"key", headers)

@@ -36,8 +36,8 @@ from broker.protocol import (
     encode_deliver,
     encode_deliver_tail,
 )
-from broker.protocol._decode_fast import _fast_message
-from broker.protocol._encode import (
+from broker.protocol.frames._decode_fast import _fast_message
+from broker.protocol.frames._encode import (
     MAX_DELIVER_MANY,
     _fields,
     deliver_heads,

@@ -33,8 +33,8 @@ from broker.protocol import (
     encode,
     encode_deliver_tail,
 )
-from broker.protocol._encode import deliver_many_head_size
 from broker.protocol._types import LENGTH_PREFIX
+from broker.protocol.frames._encode import deliver_many_head_size
 
 from .pair import ConnectionPair, of, split_frames
 

@@ -46,7 +46,7 @@ from broker.protocol import (
     max_settle_ranges,
     settle_ranges,
 )
-from broker.protocol._decode_fast import _fast_message
+from broker.protocol.frames._decode_fast import _fast_message
 
 from .pair import of, split_frames
 from .test_deliver_many_frames import (

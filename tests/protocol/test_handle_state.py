@@ -12,8 +12,8 @@ from broker.protocol import (
     PublishReceived,
     Role,
 )
-from broker.protocol._handle_state import SubscriptionState, TopicState
-from broker.protocol._session import SubscriptionInfo
+from broker.protocol.connection._handle_state import SubscriptionState, TopicState
+from broker.protocol.connection._session import SubscriptionInfo
 
 from .pair import ConnectionPair, of
 

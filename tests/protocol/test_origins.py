@@ -24,8 +24,8 @@ from broker.protocol import (
     publish_many_head,
     slice_origins,
 )
-from broker.protocol._decode_fast import _fast_message
-from broker.protocol._encode import encode_origins
+from broker.protocol.frames._decode_fast import _fast_message
+from broker.protocol.frames._encode import encode_origins
 
 from .pair import ConnectionPair, of, split_frames
 

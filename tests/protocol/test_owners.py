@@ -16,9 +16,9 @@ from broker.protocol import (
     WelcomeReceived,
     owner_id,
 )
-from broker.protocol._codec import decode_body
-from broker.protocol._encode import encode_body
-from broker.protocol._messages import Welcome
+from broker.protocol.frames._decode import decode_body
+from broker.protocol.frames._encode import encode_body
+from broker.protocol.frames._messages import Welcome
 
 CLUSTER = Cluster(7, "w1", (Member("w0", "127.0.0.1", 7401), Member("w1", "127.0.0.1", 7402)))
 

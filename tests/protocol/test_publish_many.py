@@ -26,7 +26,7 @@ from broker.protocol import (
     encode_deliver_tail,
     publish_many_head,
 )
-from broker.protocol._decode_fast import _fast_message
+from broker.protocol.frames._decode_fast import _fast_message
 
 from .pair import ConnectionPair, of, split_frames
 

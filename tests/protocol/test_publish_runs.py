@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.protocol import PublishReceived
-from broker.protocol._codec import decode_body
+from broker.protocol.frames._decode import decode_body
 
 from .pair import ConnectionPair, of, split_frames
 

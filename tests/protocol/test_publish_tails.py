@@ -11,10 +11,10 @@ from broker.protocol import (
     LocalProtocolError,
     NoGuarantees,
     PublishReceived,
-    _traffic,
     encode_deliver_tail,
 )
-from broker.protocol._encode import encode_publish_tail, publish_tail_frames
+from broker.protocol.connection import _traffic
+from broker.protocol.frames._encode import encode_publish_tail, publish_tail_frames
 
 from .pair import ConnectionPair, of, split_frames
 

@@ -25,7 +25,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_package_has_modules_to_check() -> None:
     names = {path.name for path in MODULES}
-    assert {"__init__.py", "_codec.py", "_connection.py"} <= names
+    assert {"__init__.py", "_decode.py", "_connection.py"} <= names
 
 
 def test_importing_broker_protocol_does_not_import_trio() -> None:

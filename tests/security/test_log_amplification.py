@@ -13,7 +13,7 @@ import trio
 from broker.client import ConnectionLost, open_client
 from broker.config import BrokerConfig
 from broker.protocol import GoodbyeCode
-from broker.server._peerlog import LINE_CHARS, LOG_BURST, LOG_RATE, SHOWN_CHARS, PeerLog, shown
+from broker.server._peer_logging import LINE_CHARS, LOG_BURST, LOG_RATE, SHOWN_CHARS, PeerLog, shown
 from tests.server.helpers import TIMEOUT, make_config, running_broker, url, wait_until
 
 AUTH_FILE = """

@@ -9,15 +9,15 @@ from pathlib import Path
 import trio
 
 from broker.client import BlockingClient, open_client
-
-from ..proxy import proxied
-from ..workers.test_supervisor import (
+from tests.proxy import proxied
+from tests.workers.test_supervisor import (
     DEADLINE,
     across_a_break,
     running_workers,
     topics_of,
     worker_config,
 )
+
 from .conftest import Pki
 
 

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..measure._process import free_port, wait_listening
+from tests.measure._process import free_port, wait_listening
+
 from .helpers import TIMEOUT
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.server._accept_log import EVERY, AcceptErrorFilter, quiet_accept_errors
+from broker.server._accept_logging import EVERY, AcceptErrorFilter, quiet_accept_errors
 
 
 class NoFds(trio.abc.Listener[trio.SocketStream]):
@@ -58,7 +58,7 @@ async def test_failed_accepts_are_one_line_without_a_traceback(
 
 def test_the_next_line_counts_what_was_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr("broker.server._accept_log.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("broker.server._accept_logging.time.monotonic", lambda: now[0])
     flt = AcceptErrorFilter()
 
     def record() -> logging.LogRecord:

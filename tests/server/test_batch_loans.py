@@ -16,7 +16,7 @@ from broker.protocol import (
     encode,
     encode_deliver_tail,
 )
-from broker.server._topic import DELIVER_HEAD_ESTIMATE
+from broker.server.topics._topic import DELIVER_HEAD_ESTIMATE
 
 from .helpers import connection_named, raw_client, running_broker, url, wait_until
 

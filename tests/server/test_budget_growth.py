@@ -15,11 +15,10 @@ from trio.testing import MockClock
 
 from broker.config import BrokerConfig, KiB
 from broker.protocol import Channel, ChannelKind, HandleType
-from broker.server import _budget as budget_module
-from broker.server._budget import GROW_EVERY, ConnectionBudget
-from broker.server._policy import BrokerPolicy
-
-from ..protocol.pair import ConnectionPair
+from broker.server.connection import _budget as budget_module
+from broker.server.connection._budget import GROW_EVERY, ConnectionBudget
+from broker.server.connection._policy import BrokerPolicy
+from tests.protocol.pair import ConnectionPair
 
 FRAME = 1024
 FULL = 8 * KiB

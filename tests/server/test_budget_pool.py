@@ -15,7 +15,7 @@ import trio.testing
 from broker.client import Client, open_client
 from broker.protocol import Channel, ChannelKind
 from broker.server import Broker
-from broker.server._budget_pool import SCAN, BudgetPool
+from broker.server.connection._budget_pool import SCAN, BudgetPool
 
 from .helpers import TIMEOUT, connection_named, running_broker, url, wait_until
 

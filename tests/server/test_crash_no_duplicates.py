@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ..measure.crash_duplicates import Result, Settings, measure, summary
+from tests.measure.crash_duplicates import Result, Settings, measure, summary
 
 pytestmark = pytest.mark.slow
 

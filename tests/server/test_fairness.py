@@ -20,7 +20,7 @@ import trio
 
 from broker.config import KiB, MiB
 from broker.protocol import FrameDecoder, Ping, Pong, encode
-from broker.server._connection import FRAMES_PER_TURN
+from broker.server.connection._connection import FRAMES_PER_TURN
 
 from .helpers import TIMEOUT, RawClient, connection_named, raw_client, running_broker, wait_until
 

@@ -12,7 +12,7 @@ import trio
 from broker.client import Client, ConnectionLost, Message, Subscription, open_client
 from broker.config import KiB
 from broker.protocol import Channel, ChannelKind, GoodbyeCode, Headers, Policy
-from broker.server._admission import Admission
+from broker.server.connection._admission import Admission
 
 from .helpers import (
     DEAF_CONFIG,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from accounts import Account
-from broker.server._forward import ForwardedSubscription
-from broker.server._topic import Topic
+from broker.server.cluster._forward import ForwardedSubscription
+from broker.server.topics._topic import Topic
 
 
 class FakeLink:

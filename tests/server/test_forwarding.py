@@ -13,7 +13,7 @@ from broker.client import ConnectionLost, open_client
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from broker.protocol import BindTopic, GoodbyeCode, Subscribe
-from broker.protocol._encode import encode_publish
+from broker.protocol.frames._encode import encode_publish
 from broker.server import Broker
 
 from .helpers import TIMEOUT, RawClient, wait_until

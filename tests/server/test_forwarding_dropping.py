@@ -15,8 +15,8 @@ import trio
 from broker.client import Message, Subscription, open_client
 from broker.protocol import Policy
 from broker.server import Broker, DroppingSubscription
-from broker.server import _link as link_module
-from broker.server._link import Link, _LinkPolicy
+from broker.server.cluster import _link as link_module
+from broker.server.cluster._link import Link, _LinkPolicy
 
 from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url

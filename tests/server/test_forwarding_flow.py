@@ -13,8 +13,8 @@ import trio
 
 from broker.client import open_client
 from broker.server import Broker
+from tests.proxy import cut_on_progress, proxied
 
-from ..proxy import cut_on_progress, proxied
 from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url
 

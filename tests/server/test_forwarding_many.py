@@ -13,7 +13,7 @@ import trio
 
 from broker.client import open_client
 from broker.protocol import LocalProtocolError
-from broker.server._publishing import PublishChannel
+from broker.server.connection._publishing import PublishChannel
 
 from .helpers import TIMEOUT, wait_until
 from .workers import owned_by, running_workers, url

@@ -15,9 +15,9 @@ import pytest
 
 from accounts import Account
 from broker.log import DiskFull, LogConfig, LogStore, StateJournal, TopicLog
-from broker.server._logs import TopicLogs
-from broker.server._publish_marks import MARKS
-from broker.server._topic import Routed, Topic
+from broker.server.storage._publish_marks import MARKS
+from broker.server.storage._topic_logs import TopicLogs
+from broker.server.topics._topic import Routed, Topic
 
 SESSION = b"\x01" * 16
 

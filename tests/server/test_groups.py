@@ -357,7 +357,7 @@ async def test_a_member_whose_connection_breaks_keeps_what_it_held(tmp_path: Pat
     """Cut under a member mid-stream, again and again: it resumes, is sent
     again what it held and had not taken, and every record is settled once
     by it (nothing goes to another member, nothing is lost)."""
-    from ..proxy import proxied
+    from tests.proxy import proxied
 
     count = 600
     async with running_broker(data_dir=str(tmp_path)) as broker:

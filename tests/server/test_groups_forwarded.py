@@ -13,8 +13,8 @@ import trio
 from accounts import Account
 from broker.client import Message, Subscription, open_client
 from broker.groups import GroupError, Outcome
-from broker.server._forward import ForwardTopic
-from broker.server._forward_group import ForwardedGroupMember
+from broker.server.cluster._forward import ForwardTopic
+from broker.server.cluster._forward_group import ForwardedGroupMember
 
 from .helpers import TIMEOUT, cut_links, wait_until
 from .workers import owned_by, running_workers, url

@@ -28,8 +28,8 @@ import pytest
 import trio
 
 from broker.client import open_client
+from tests.measure._process import free_port
 
-from ..measure._process import free_port
 from .helpers import TIMEOUT
 from .processes import running_broker
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from accounts import Account, LoanedItem
 from broker.config import BrokerConfig
 from broker.protocol import Connection, GoodbyeCode, HelloReceived, Role, encode_deliver_tail
-from broker.server._forward import ForwardTopic, PendingBatch
-from broker.server._link import Link
-from broker.server._topic import Routed
-from broker.server._wake import Outbox
+from broker.server.cluster._forward import ForwardTopic, PendingBatch
+from broker.server.cluster._link import Link
+from broker.server.topics._topic import Routed
+from broker.server.transport._wake import Outbox
 
 
 @dataclass

@@ -16,8 +16,8 @@ from pathlib import Path
 import trio
 
 from broker.client import open_client
+from tests.measure._process import free_port, wait_listening
 
-from ..measure._process import free_port, wait_listening
 from .helpers import TIMEOUT
 
 COUNT = 300

@@ -22,7 +22,7 @@ from broker.protocol import (
     Message,
     Subscribe,
 )
-from broker.server._logs import wall_ms
+from broker.server.storage._topic_logs import wall_ms
 
 from .helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
 

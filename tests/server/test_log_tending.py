@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from broker.log import LogConfig, LogError, LogStore
-from broker.server._logs import IDLE_FILE_MS, SYNC_RETRY_MS, TopicLogs, wall_ms
+from broker.server.storage._topic_logs import IDLE_FILE_MS, SYNC_RETRY_MS, TopicLogs, wall_ms
 from tests.log.test_idle_files import term_fds
 
 

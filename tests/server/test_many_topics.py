@@ -32,7 +32,7 @@ from broker.protocol import (
     Pong,
     Throttled,
 )
-from broker.server import _budget as budget_module
+from broker.server.connection import _budget as budget_module
 
 from .helpers import (
     TIMEOUT,

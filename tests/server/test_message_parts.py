@@ -294,7 +294,7 @@ async def test_only_so_many_connections_hold_messages_in_parts_at_once() -> None
     client's message is whole; then it goes on and both messages arrive.
     (Before: every connection could hold ``max_message`` bytes at once.)"""
     from broker.protocol import encode_body
-    from broker.server._reassembly import ReassemblyRoom
+    from broker.server.connection._reassembly import ReassemblyRoom
 
     async with (
         running_broker(make_config(memory_only=True)) as broker,

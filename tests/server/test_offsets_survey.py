@@ -18,7 +18,7 @@ from broker.client import ConnectionLost, open_client
 from broker.log import LogStore
 from broker.protocol import GoodbyeCode, ListOffsets, Offsets
 from broker.server import Broker
-from broker.server._dispatch import MAX_SURVEYS
+from broker.server.connection._dispatch import MAX_SURVEYS
 
 from .helpers import TIMEOUT, RawClient, running_broker, url, wait_until
 from .test_topic_log import log_config, publish

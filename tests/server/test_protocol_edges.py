@@ -35,8 +35,8 @@ from broker.protocol import (
     encode,
 )
 from broker.server import Broker
+from tests.proxy import proxied
 
-from ..proxy import proxied
 from .helpers import (
     DEAF_CONFIG,
     TIMEOUT,

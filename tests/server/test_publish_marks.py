@@ -26,8 +26,8 @@ from broker.protocol import (
     Welcome,
     encode,
 )
-from broker.server._publish_marks import MARKS, Held, PublishMarks
-from broker.server._session_records import COUNTS
+from broker.server.sessions._records import COUNTS
+from broker.server.storage._publish_marks import MARKS, Held, PublishMarks
 
 from .helpers import TIMEOUT, RawClient, running_broker
 

@@ -1,5 +1,5 @@
 """``rehome_state``: durable cursors move to the journal of their topic's
-owner when the number of workers changes (see ``broker/server/_rehome.py``)."""
+owner when the number of workers changes (see ``broker/server/cluster/_rehome.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from broker.log import DataDirLocked, DirLock, StateJournal
 from broker.protocol import owner_id
 from broker.server import rehome_state
-from broker.server._log_subscription import cursor_key
+from broker.server.topics._log_subscription import cursor_key
 
 IDS = ["w0", "w1"]
 

@@ -19,8 +19,8 @@ import trio
 from broker.client import open_client
 from broker.config import BrokerConfig
 from broker.server import Broker
+from tests.proxy import cut_on_progress, proxied
 
-from ..proxy import cut_on_progress, proxied
 from .helpers import TIMEOUT, make_config, running_broker, wait_idle, wait_until
 
 TOPICS = ("alpha", "beta")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.server._publish_marks import Held
-from broker.server._seen import SeenOrigins
+from broker.server.cluster._origin_dedup import SeenOrigins
+from broker.server.storage._publish_marks import Held
 
 
 def tails(first: int, count: int) -> list[bytes]:

@@ -28,8 +28,8 @@ from broker.client import (
     StagingRefused,
 )
 from broker.protocol import GoodbyeCode, OutcomeStatus, Stage
+from tests.proxy import cut_on_progress, proxied
 
-from ..proxy import cut_on_progress, proxied
 from .helpers import TIMEOUT, running_broker, url, wait_idle, wait_until
 
 
@@ -399,7 +399,7 @@ async def test_a_commit_to_a_topic_whose_log_cannot_be_opened_is_refused(
     cannot be opened (no file descriptor left, an unreadable directory):
     the TopicUnavailable raised while routing ended the whole broker. The
     commit is now refused before anything changes, and succeeds later."""
-    from broker.server._logs import TopicLogs, TopicUnavailable
+    from broker.server.storage._topic_logs import TopicLogs, TopicUnavailable
 
     data_dir = str(tmp_path)
 
@@ -445,8 +445,8 @@ async def test_the_committing_mark_is_written_before_routing_starts(
     the journal's buffer until routing ended: a kill meanwhile left no trace
     (a 200,000-row commit killed half a second in was stored twice without
     a word)."""
-    import broker.server._commit as commit_module
-    from broker.server._staging import SPACE_COMMITTING
+    import broker.server.staging._commit as commit_module
+    from broker.server.staging._area import SPACE_COMMITTING
 
     seen: list[tuple[bool, int]] = []
     real_route = commit_module.route_commit

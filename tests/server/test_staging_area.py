@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from accounts import unlimited
 from broker.protocol import OutcomeStatus, Stage
-from broker.server._staging import StagingArea
+from broker.server.staging._area import StagingArea
 
 
 def area(**overrides: float) -> StagingArea:

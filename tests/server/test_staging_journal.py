@@ -13,7 +13,7 @@ import pytest
 from accounts import Account, unlimited
 from broker.log import StateJournal
 from broker.protocol import OutcomeStatus, Stage
-from broker.server._staging import (
+from broker.server.staging._area import (
     INTERRUPTED,
     SPACE_COMMITTED,
     SPACE_COMMITTING,

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from accounts import unlimited
 from broker.log import StateJournal
 from broker.protocol import Stage
-from broker.server._staging import CommitDecision, StagingArea
+from broker.server.staging._area import CommitDecision, StagingArea
 
 OWNERS = st.sampled_from([None, "alice", "bob"])
 BATCHES = st.sampled_from(["b1", "b2", "b3", "b4"])

@@ -30,8 +30,8 @@ from broker.protocol import (
     Subscribe,
 )
 from broker.server import Broker
+from tests.measure._process import free_port
 
-from ..measure._process import free_port
 from .helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
 from .test_log_crash_sessions import broker_process
 from .test_log_crash_sessions import publish as publish_t

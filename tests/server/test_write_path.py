@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 from broker.bench._rates import rates_table
-from broker.server._socket_io import SocketIO, socket_io
-from broker.server._wake import Outbox, Wake
+from broker.server.transport._socket_io import SocketIO, socket_io
+from broker.server.transport._wake import Outbox, Wake
 
 
 class Writes:

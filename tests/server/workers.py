@@ -14,7 +14,7 @@ import trio
 
 from broker.protocol import Cluster, Member, owner_id
 from broker.server import Broker, serve_broker
-from broker.server._placement import WorkerSetup
+from broker.server.cluster._placement import WorkerSetup
 
 from .helpers import TIMEOUT, make_config, url
 

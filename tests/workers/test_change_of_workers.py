@@ -12,8 +12,8 @@ from typing import Any
 import trio
 
 from broker.client import open_client
+from tests.server.helpers import running_broker, url
 
-from ..server.helpers import running_broker, url
 from .test_supervisor import DEADLINE, running_workers, topics_of, worker_config
 
 

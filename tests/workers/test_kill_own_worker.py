@@ -28,9 +28,9 @@ import trio
 
 from broker.bench._procs import free_port
 from broker.client import BlockingClient, open_client, open_cluster_client
+from tests.cli.helpers import broker_command
+from tests.server.helpers import wait_until
 
-from ..cli.helpers import broker_command
-from ..server.helpers import wait_until
 from .test_served_workers import POLL, accepts, workers_of
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 publishing flat out: the owner's log holds every publish exactly once, in
 each publisher's order. Those in flight at the kill (stored by the owner,
 not yet confirmed to their clients) come again after the clients resume,
-and the owner knows them by their origin (``broker.server._seen``).
+and the owner knows them by their origin (``broker.server.cluster._origin_dedup``).
 
 Each test makes that window certain: the owner (w1) is stopped while a
 burst goes through the forwarder (w0); then the forwarder is stopped, the
@@ -23,8 +23,8 @@ import trio
 from broker.client import open_client
 from broker.workers._client import http_get
 from broker.workers._supervisor import WorkerProcess
+from tests.server.helpers import wait_until
 
-from ..server.helpers import wait_until
 from .test_supervisor import DEADLINE, running_workers, topics_of, worker_config
 
 #: Publishes a burst carries through the forwarder while the owner is stopped.

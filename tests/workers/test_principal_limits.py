@@ -14,7 +14,7 @@ import trio
 
 from broker.client import ConnectionLost, open_client
 from broker.protocol import GoodbyeCode
-from broker.server._shared_counts import SharedCounts, clear_row, create_counts
+from broker.server.cluster._connection_counts import SharedCounts, clear_row, create_counts
 
 from .test_supervisor import DEADLINE, running_workers, worker_config
 

@@ -19,8 +19,8 @@ import trio
 
 from broker.bench._procs import free_port
 from broker.client import BlockingClient, open_client
+from tests.cli.helpers import TIMEOUT, Served, broker_command, run, serving
 
-from ..cli.helpers import TIMEOUT, Served, broker_command, run, serving
 from .test_supervisor import topics_of
 
 #: Seconds between two connection attempts while waiting for a port.

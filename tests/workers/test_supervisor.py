@@ -19,9 +19,8 @@ from broker.client import open_client, open_cluster_client
 from broker.config import BrokerConfig
 from broker.protocol import owner_id
 from broker.workers import Supervisor, serve_workers
-
-from ..proxy import proxied
-from ..server.helpers import wait_until
+from tests.proxy import proxied
+from tests.server.helpers import wait_until
 
 #: Generous: worker processes start in about a second, slower under load.
 DEADLINE = 60.0

@@ -1,0 +1,259 @@
+"""Handles: binding them (the client sends BindTopic and Subscribe, the
+broker processes them), resolving the handles a received message references,
+and freeing them (``FreeHandle`` both ways)."""
+
+from __future__ import annotations
+
+from .._errors import LocalProtocolError, RemoteProtocolError
+from .._events import Event, HandleFreeProposed, Subscribed, TopicBound
+from .._names import check_topic_name, topic_name_problem
+from .._patterns import check_topic_pattern
+from .._types import (
+    SUBSCRIPTION_BINDS,
+    TOPIC_BINDS,
+    Channel,
+    ChannelKind,
+    DeliveryMode,
+    HandleType,
+    Role,
+)
+from ..frames._messages import BindTopic, FreeHandle, Options, Stage, Subscribe
+from ..guarantees._receiver import ChannelSender
+from ._core import HANDLE_TYPE_OF_KIND
+from ._flow import FlowControl
+from ._handle_state import SubscriptionState, TopicState
+from ._session import SubscriptionInfo
+
+
+class HandleBinding(FlowControl):
+    """Binding, resolving and freeing handles."""
+
+    # ---------------------------------------------------------------- references from the peer
+
+    def _resolve_peer_reference(
+        self, handle_type: HandleType, handle: int, events: list[Event]
+    ) -> TopicState | SubscriptionState | None:
+        """The state of the handle a received message references, processing
+        pending binds first.
+
+        None means the handle is still unbound: its bind was dropped.
+        """
+        if handle_type == HandleType.TOPIC:
+            return self._resolve_topic(handle, events)
+        return self._resolve_subscription(handle, events)
+
+    def _resolve_topic(self, handle: int, events: list[Event]) -> TopicState | None:
+        """:meth:`_resolve_peer_reference` of a topic handle."""
+        topic = self.topics.resolve_remote(handle)
+        if topic is None and self._pending_binds[HandleType.TOPIC]:
+            self._process_pending(HandleType.TOPIC, events)
+            topic = self.topics.resolve_remote(handle)
+        return topic
+
+    def _resolve_subscription(self, handle: int, events: list[Event]) -> SubscriptionState | None:
+        """:meth:`_resolve_peer_reference` of a subscription handle."""
+        subscription = self.subscriptions.resolve_remote(handle)
+        if subscription is None and self._pending_binds[HandleType.SUBSCRIPTION]:
+            self._process_pending(HandleType.SUBSCRIPTION, events)
+            subscription = self.subscriptions.resolve_remote(handle)
+        return subscription
+
+    def _resolve_required(
+        self, handle_type: HandleType, handle: int, events: list[Event], what: str
+    ) -> TopicState | SubscriptionState:
+        binding = self._resolve_peer_reference(handle_type, handle, events)
+        if binding is None:
+            raise RemoteProtocolError(
+                f"{what} references unbound {handle_type.name.lower()} handle {handle}"
+            )
+        return binding
+
+    def _check_channel_handle(self, channel: Channel, events: list[Event]) -> None:
+        handle_type = HANDLE_TYPE_OF_KIND.get(channel.kind)
+        if handle_type is not None:
+            self._resolve_required(handle_type, channel.index, events, "control message")
+
+    # ---------------------------------------------------------------- freeing
+
+    def free_handle(self, handle_type: HandleType, handle: int) -> None:
+        """Propose freeing a handle; this side stops using it at once.
+
+        A client may free only confirmed handles, and a topic handle only
+        once every Publish sent on it is confirmed.
+        """
+        self._require_open()
+        table = self._table(handle_type)
+        table.resolve_local(handle)
+        if self.role is Role.CLIENT:
+            if not self.confirmed(handle_type, handle):
+                raise LocalProtocolError(f"handle {handle} is not confirmed yet")
+            if handle_type == HandleType.TOPIC:
+                sender = self._sender(Channel(ChannelKind.PUBLISH, handle))
+                if sender.unconfirmed or sender.retransmit:
+                    raise LocalProtocolError(
+                        f"topic handle {handle} still has unconfirmed publishes"
+                    )
+                subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
+                for entry in (*subscribes.unconfirmed, *subscribes.retransmit):
+                    if entry.message.topic == handle:
+                        raise LocalProtocolError(
+                            f"topic handle {handle} has an unconfirmed Subscribe"
+                        )
+        self._queue(table.propose_free(handle))
+
+    def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
+        self._check_open(message)
+        handle_type = HandleType(message.handle_type)
+        if self._pending_binds[handle_type]:
+            self._resolve_peer_reference(handle_type, message.handle, events)
+        table = self._table(handle_type)
+        state = table.bindings.get(message.handle)
+        reply, deleted = table.on_free(message.handle, message.mine)
+        if reply is not None:
+            self._queue(reply)
+            events.append(HandleFreeProposed(int(handle_type), message.handle))
+        if deleted:
+            assert state is not None  # on_free refuses an unbound handle
+            self._on_deleted(handle_type, message.handle, state, events)
+
+    # ---------------------------------------------------------------- binds (client side)
+
+    def bind_topic(self, name: str, stage: Stage | None = None) -> int:
+        """Client: bind the next topic handle to ``name``; returns the handle.
+
+        Publishing on it may start at once (optimistically, if the policy
+        allows); the broker issues the topic's guarantees once it has
+        processed the bind. With a ``stage``, the broker stages what is
+        published on the handle until a :meth:`commit` of the stage's batch.
+        A name that breaks the topic-name rule raises :class:`TopicNameError`
+        and sends nothing.
+        """
+        self._require_role(Role.CLIENT, "bind topics")
+        self._require_open()
+        check_topic_name(name)
+        self._send_frame(self._bind_senders[TOPIC_BINDS], BindTopic(name, stage))
+        handle = self.topics.bind(name)
+        state = self.topics.bindings[handle]
+        state.stage = stage
+        state.sender = ChannelSender(Channel(ChannelKind.PUBLISH, handle))
+        return handle
+
+    def subscribe(
+        self, topic: int, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to a confirmed topic handle; returns the subscription handle.
+
+        The delivery channel's guarantees are issued as soon as the Subscribe
+        is confirmed.
+        """
+        self._require_role(Role.CLIENT, "subscribe")
+        self._require_open()
+        if mode not in DeliveryMode.ALL:
+            raise LocalProtocolError(f"unknown delivery mode {mode!r}")
+        topic_state = self.topics.resolve_local(topic)
+        if topic_state.stage is not None:
+            raise LocalProtocolError(f"topic handle {topic} is staged: it cannot be subscribed to")
+        if not self.confirmed(HandleType.TOPIC, topic):
+            raise LocalProtocolError(f"topic handle {topic} is not confirmed yet")
+        opts = dict(options or {})
+        self._send_frame(self._bind_senders[SUBSCRIPTION_BINDS], Subscribe(topic, mode, opts))
+        handle = self.subscriptions.bind(SubscriptionInfo(topic, topic_state.value, mode, opts))
+        self.subscriptions.bindings[handle].receiver = self._new_receiver(
+            Channel(ChannelKind.DELIVER, handle)
+        )
+        return handle
+
+    def subscribe_pattern(
+        self, pattern: str, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to every topic ``pattern`` matches (see
+        :class:`TopicPattern`), existing or created later; returns the
+        subscription handle. Its deliveries come as DeliverMatched frames,
+        each naming its topic through a Matched. A pattern that breaks the
+        rule raises :class:`TopicPatternError` and sends nothing."""
+        self._require_role(Role.CLIENT, "subscribe")
+        self._require_open()
+        if mode not in DeliveryMode.ALL:
+            raise LocalProtocolError(f"unknown delivery mode {mode!r}")
+        check_topic_pattern(pattern)
+        opts = dict(options or {})
+        self._send_frame(self._bind_senders[SUBSCRIPTION_BINDS], Subscribe(pattern, mode, opts))
+        handle = self.subscriptions.bind(SubscriptionInfo(None, pattern, mode, opts))
+        state = self.subscriptions.bindings[handle]
+        state.receiver = self._new_receiver(Channel(ChannelKind.DELIVER, handle))
+        state.matches = {}
+        return handle
+
+    # ---------------------------------------------------------------- binds (broker side)
+
+    def _on_bind_frame(
+        self, message: BindTopic | Subscribe, size: int, events: list[Event]
+    ) -> None:
+        self._check_open(message)
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError(f"{type(message).__name__} is sent by clients")
+        if isinstance(message, Subscribe):
+            if message.mode not in DeliveryMode.ALL:
+                raise RemoteProtocolError(f"unknown delivery mode {message.mode[:24]!r}")
+            if type(message.topic) is int:  # (text: a pattern, checked by the decoder)
+                self._resolve_required(HandleType.TOPIC, message.topic, events, "Subscribe")
+                if self.stage_of(message.topic) is not None:
+                    raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
+        elif (problem := topic_name_problem(message.name)) is not None:
+            raise RemoteProtocolError(f"BindTopic: {problem}")
+        receiver = self._bind_receivers[message.channel]
+        accepted, out = receiver.on_frame(size)
+        self._queue_all(out)
+        if not accepted:
+            return
+        if receiver.sender_balance < 0:
+            self._issue(receiver)  # confirm the optimistic frame without delay
+        if isinstance(message, Subscribe):
+            if type(message.topic) is int:
+                self.topics.acquire(message.topic)
+            handle_type = HandleType.SUBSCRIPTION
+        else:
+            handle_type = HandleType.TOPIC
+        self._pending_binds[handle_type].append((message, size))
+        if self.policy.process_binds_on_arrival:
+            self._process_pending(handle_type, events)
+
+    def process_binds(self) -> list[Event]:
+        """Broker: process every buffered bind now (with deferred bind processing)."""
+        events: list[Event] = []
+        for handle_type in (HandleType.TOPIC, HandleType.SUBSCRIPTION):
+            self._process_pending(handle_type, events)
+        return events
+
+    def _process_pending(self, handle_type: HandleType, events: list[Event]) -> None:
+        pending = self._pending_binds[handle_type]
+        if handle_type == HandleType.SUBSCRIPTION and self._pending_binds[HandleType.TOPIC]:
+            self._process_pending(HandleType.TOPIC, events)
+        while pending:
+            message, size = pending.popleft()
+            if isinstance(message, BindTopic):
+                handle = self.topics.bind(message.name)
+                topic = self.topics.bindings[handle]
+                topic.bind_size = size
+                topic.stage = message.stage
+                events.append(TopicBound(handle, message.name, message.stage))
+                topic.receiver = self._new_receiver(Channel(ChannelKind.PUBLISH, handle))
+            else:
+                topic_handle: int | None = None
+                if isinstance(message.topic, str):
+                    topic_name = message.topic
+                else:
+                    topic_handle = message.topic
+                    topic_binding = self.topics.get(message.topic)
+                    assert topic_binding is not None  # referenced, so not deleted
+                    topic_name = topic_binding.value
+                info = SubscriptionInfo(topic_handle, topic_name, message.mode, message.options)
+                handle = self.subscriptions.bind(info)
+                subscription = self.subscriptions.bindings[handle]
+                subscription.bind_size = size
+                subscription.sender = ChannelSender(Channel(ChannelKind.DELIVER, handle))
+                events.append(
+                    Subscribed(handle, topic_handle, topic_name, message.mode, message.options)
+                )
+                if topic_handle is not None:
+                    self._release_reference(HandleType.TOPIC, topic_handle, events)

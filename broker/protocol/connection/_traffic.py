@@ -1,0 +1,782 @@
+"""Messages: publishing (client) and delivering (broker), each on its
+handle's channel within the guarantees, and the notices about them (Ack,
+Settle, Gap, Confirm).
+
+The usual case of each is a short path: one look-up of the handle's state
+(:mod:`._handle_state`) gives the binding, the channel's guarantee state and
+the session counts. Anything unusual (an unbound or optimistic handle, a
+frame beyond the guarantees) takes the long path, which checks everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._errors import LocalProtocolError, RemoteProtocolError
+from .._events import (
+    DeliverManyReceived,
+    DeliverReceived,
+    EncodedDeliveriesReceived,
+    Event,
+    PublishReceived,
+)
+from .._types import (
+    LENGTH_PREFIX,
+    TOPIC_BINDS,
+    U64_MAX,
+    Channel,
+    GoodbyeCode,
+    HandleType,
+    Role,
+    SettleOutcome,
+)
+from ..frames._decode import decode_body
+from ..frames._encode import (
+    MAX_DELIVER_GROUP,
+    MAX_DELIVER_MANY,
+    MAX_DELIVER_TIMED,
+    deliver_group_head,
+    deliver_heads,
+    deliver_many_head,
+    deliver_many_head_size,
+    deliver_matched_head,
+    deliver_timed_head,
+    encode,
+    encode_deliver,
+    encode_publish,
+    encode_publish_tail,
+    fitting_run,
+    group_heads,
+    matched_heads,
+    publish_tail_frames,
+    time_heads,
+)
+from ..frames._messages import (
+    Ack,
+    Confirm,
+    Deliver,
+    DeliverGroup,
+    DeliverMany,
+    DeliverMatched,
+    DeliverTimed,
+    EncodedDeliveries,
+    Gap,
+    Headers,
+    Matched,
+    MatchedGap,
+    Publish,
+    Settle,
+    check_publish_fields,
+)
+from ..frames._settle import settle_problem
+from ..guarantees._receiver import ChannelSender
+from ._binds import HandleBinding
+from ._core import ConnectionState, NoGuarantees
+from ._handle_state import TopicState
+from ._handles import HandleState
+from ._short_run import ShortRun
+
+#: A frame of entries with fields before their Deliver tails (DeliverTimed,
+#: DeliverGroup): the most entries one carries, and what makes its head.
+_PrefixedFrame = tuple[int, Callable[[int, int, int, int], bytes]]
+_TIMED: _PrefixedFrame = (MAX_DELIVER_TIMED, deliver_timed_head)
+_GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
+_MATCHED: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_matched_head)
+
+
+class Traffic(HandleBinding):
+    """Publish, Deliver, DeliverMany (Timed, Group), their notices (larger
+    ones: ``_large``)."""
+
+    def _publish_in_parts(
+        self,
+        state: TopicState,
+        sender: ChannelSender,
+        payload: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> int | None:
+        raise NotImplementedError  # (._large)
+
+    def _deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
+        raise NotImplementedError  # (._large)
+
+    # ---------------------------------------------------------------- publish
+
+    def publish(
+        self,
+        topic: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Client: publish on a topic handle; returns the frame size.
+
+        Raises :class:`NoGuarantees` (nothing sent) if the channel has no
+        room; within guarantees the frame is certain to be buffered.
+        """
+        if self.role is not Role.CLIENT:
+            self._require_role(Role.CLIENT, "publish")
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        state = self.topics.bindings.get(topic)
+        if state is None or state.state is not HandleState.BOUND or state.sender is None:
+            self.topics.resolve_local(topic)  # says what is wrong
+            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
+        sender = state.sender
+        if self._parts_out or (type(payload) is bytes and len(payload) > self._plain_payload):
+            size = self._publish_in_parts(state, sender, payload, key, headers)
+            if size is not None:
+                return size
+        if (
+            headers is None
+            and type(payload) is bytes
+            and (key is None or type(key) is bytes)
+            and type(topic) is int
+        ):
+            frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
+        else:
+            check_publish_fields(payload, key, headers)
+            frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
+        size = len(frame)
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            # The usual case, in short: within the guarantees, in the topic's run.
+            run = self._runs.get(topic)
+            if run is None:
+                self._runs[topic] = [frame]
+            else:
+                run.append(frame)
+            self.frames_sent += 1
+            self.bytes_sent += size
+            self._out_size += size
+        else:
+            self._send_frame(sender, Publish(topic, payload, key, headers), frame)
+        if self._keep_unconfirmed:
+            state.retain(frame)  # to be sent again on a resume, until confirmed
+        else:
+            state.unkept += 1
+        return size
+
+    def publish_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
+        """Client: :meth:`publish` of the messages whose payload, key and
+        headers are ``tails[start:]``, Deliver tails
+        (:func:`encode_deliver_tail`), without decoding them, in order and
+        as far as the guarantees go; returns how many were sent (fewer than
+        asked when the channel ran out of room: the rest were not sent).
+        Raises as :meth:`publish`, except that running out of room ends the
+        run instead of raising :class:`NoGuarantees`; a tail too large for
+        the peer's ``max_frame`` ends the run before it, and raises
+        :class:`LocalProtocolError` when it comes first.
+
+        (The checks and fast path are :meth:`publish`'s, repeated rather than
+        shared: ``publish`` is the clients' hottest call, kept free of an
+        extra call per message; here they are paid once per run.)"""
+        if self.role is not Role.CLIENT:
+            self._require_role(Role.CLIENT, "publish")
+        if self.state is not ConnectionState.OPEN:
+            self._require_open()
+        state = self.topics.bindings.get(topic)
+        if state is None or state.state is not HandleState.BOUND or state.sender is None:
+            self.topics.resolve_local(topic)  # says what is wrong
+            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
+        sender = state.sender
+        max_frame = self.peer_max_frame
+        out = self._run_of(topic)
+        retain = state.retain
+        sent = 0
+        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
+            # The usual case: the frames plainly within the guarantees (and
+            # max_frame), encoded and accounted for in one go.
+            frames = publish_tail_frames(topic, tails, start, sender.room())
+            for count, frame in enumerate(frames):
+                if len(frame) - LENGTH_PREFIX > max_frame:
+                    del frames[count:]
+                    break
+            if frames:
+                size = sum(map(len, frames))
+                sender.record_within_guarantees(len(frames), size)
+                out += frames
+                self.frames_sent += len(frames)
+                self.bytes_sent += size
+                self._out_size += size
+                sent = len(frames)
+                if self._keep_unconfirmed:
+                    state.retain_all(frames)
+                else:
+                    state.unkept += sent
+                start += sent
+        for index in range(start, len(tails)):
+            try:
+                frame = encode_publish_tail(topic, tails[index], max_frame=max_frame)
+            except LocalProtocolError:
+                if sent:
+                    break  # (it raises on the next call, as the first)
+                raise
+            size = len(frame)
+            if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+                out.append(frame)
+                self.frames_sent += 1
+                self.bytes_sent += size
+                self._out_size += size
+            else:
+                if size > self._room(sender):
+                    break  # (what _send_frame would refuse: no decoding for nothing)
+                try:
+                    self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
+                except NoGuarantees:
+                    break
+                out = self._run_of(topic)  # (the frame closed the runs: a new one)
+            if self._keep_unconfirmed:
+                retain(frame)  # to be sent again on a resume, until confirmed
+            else:
+                state.unkept += 1
+            sent += 1
+        return sent
+
+    def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER:
+            raise RemoteProtocolError("Publish is sent by clients")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.topic
+        topic = self.topics.bindings.get(handle)
+        if topic is not None and topic.state is HandleState.BOUND and not topic.peer_done:
+            # The usual case, in short: a bound topic, within the guarantees.
+            receiver = topic.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                topic.references += 1
+                topic.received += 1
+                events.append(PublishReceived(message, topic.value, receiver.channel, size))
+                self._run = ShortRun(Publish, handle, topic, receiver, topic)
+                return
+        topic = self._resolve_topic(handle, events)
+        if topic is None:
+            # An optimistic reference whose bind was dropped (and announced).
+            self.discarded_frames += 1
+            return
+        if self._receive_publishes(topic, 1, size):
+            receiver = topic.receiver
+            assert receiver is not None  # (checked by _receive_publishes)
+            events.append(PublishReceived(message, topic.value, receiver.channel, size))
+
+    def _receive_publishes(self, topic: TopicState, count: int, size: int) -> bool:
+        """Broker: account one channel message of ``size`` bytes carrying
+        ``count`` publishes on ``topic`` against its guarantees (queueing
+        what that sends); True if it was accepted, its publishes then
+        counted in the handle's references and received."""
+        receiver = topic.receiver
+        assert receiver is not None  # a broker receives on every bound topic
+        accepted, out = receiver.on_frame(size)
+        if topic.state is HandleState.BOUND:
+            self._queue_all(out)
+        if accepted:
+            if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
+                self._issue(receiver)  # confirm the optimistic frame without delay
+            topic.references += count
+            topic.received += count
+        return accepted
+
+    # ---------------------------------------------------------------- deliver
+
+    def deliver(
+        self,
+        subscription: int,
+        seq: int,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> int:
+        """Broker: send a delivery within the subscriber's guarantees; returns its size."""
+        sender = self._delivery_sender(subscription)
+        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+
+    def _delivery_sender(self, subscription: int) -> ChannelSender:
+        self._require_role(Role.BROKER, "deliver")
+        self._require_open()
+        sender = self.subscriptions.resolve_local(subscription).sender
+        assert sender is not None  # a broker sends on every bound subscription
+        return sender
+
+    def deliver_encoded(self, subscription: int, seq: int, tail: bytes) -> int:
+        """Broker: :meth:`deliver` with the shared part pre-encoded once per publish.
+
+        ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
+        encoded per subscriber.
+        """
+        sender = self._delivery_sender(subscription)
+        head, tail = encode_deliver(subscription, seq, tail)
+        size = len(head) + len(tail)
+        if size - LENGTH_PREFIX > self.peer_max_frame:
+            raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
+        return self._send_frame(sender, None, head, tail)
+
+    def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
+        """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
+        sequence numbers from ``first_seq``, as many as the subscriber's
+        guarantees allow, in order; returns how many were queued (0 if none
+        fits). Raises :class:`LocalProtocolError` if the first frame could
+        never be sent (larger than the peer's ``max_frame``); a later one
+        ends the batch before it, and raises on the next call.
+        """
+        sender = self._delivery_sender(subscription)
+        if first_seq < 0 or first_seq + len(tails) - 1 > U64_MAX:
+            raise LocalProtocolError("seq must be u64")
+        if self._many and len(tails) > 1:
+            return self._deliver_in_many(sender, subscription, first_seq, tails)
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        seq = first_seq
+        total = 0
+        put = self._out.append
+        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
+            size = len(head) + len(tail)
+            if size > room or size > limit:
+                if size > limit and seq == first_seq:
+                    taken = self._deliver_large(sender, seq, [head, tail])
+                    return taken and 1 + self.deliver_encoded_many(subscription, seq + 1, tails[1:])
+                break
+            room -= size
+            total += size
+            put(head)
+            put(tail)
+            seq += 1
+        count = seq - first_seq
+        if count:
+            # Deliveries never go beyond the guarantees (no optimism on
+            # [3, s]), so none is kept for retransmission.
+            sender.record_within_guarantees(count, total)
+            self.frames_sent += count
+            self.bytes_sent += total
+            self._out_size += total
+        return count
+
+    def _deliver_in_many(
+        self, sender: ChannelSender, subscription: int, first_seq: int, tails: list[bytes]
+    ) -> int:
+        """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
+        as few frames as the guarantees and ``max_frame`` allow (a frame of
+        one entry goes as a plain Deliver)."""
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        count = len(tails)
+        sent = frames = total = 0
+        while sent < count:
+            capacity = min(room, limit)
+            seq = first_seq + sent
+            stop = min(count, sent + MAX_DELIVER_MANY)
+            # What fits in one frame, its head counted at the longest it can be...
+            cap = capacity - deliver_many_head_size(subscription, seq, MAX_DELIVER_MANY)
+            # The usual case: all of them fit the first frame (summed in one
+            # go; once a batch needs several frames, they are measured one by one).
+            end, body = fitting_run(tails, sent, stop, cap, whole=not frames)
+            # ...then at its real size, a byte or two shorter for fewer entries.
+            while (
+                end < stop
+                and deliver_many_head_size(subscription, seq, end + 1 - sent)
+                + body
+                + len(tails[end])
+                <= capacity
+            ):
+                body += len(tails[end])
+                end += 1
+            if end - sent >= 2:
+                head = deliver_many_head(subscription, seq, end - sent, body)
+                size = len(head) + body
+                out.append(head)
+                out += tails[sent:end]
+            else:
+                tail = tails[sent]
+                head = next(deliver_heads(subscription, seq, [tail]))
+                size = len(head) + len(tail)
+                if size > room or size > limit:
+                    if size > limit and sent == 0:
+                        taken = self._deliver_large(sender, seq, [head, tail])
+                        return taken and 1 + self.deliver_encoded_many(
+                            subscription, seq + 1, tails[1:]
+                        )
+                    break
+                out.append(head)
+                out.append(tail)
+                end = sent + 1
+            room -= size
+            total += size
+            frames += 1
+            sent = end
+        if sent:
+            self._record_deliveries(sender, frames, total)
+        return sent
+
+    def deliver_timed(
+        self, subscription: int, first_seq: int, tails: list[bytes], times: list[int]
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` with each record's receive
+        time (``times[i]``, ms since the epoch, for ``tails[i]``), as
+        DeliverTimed frames (one entry or many, whatever the client's Hello
+        said): for a subscription whose Subscribe asked for ``"timestamps"``.
+        Returns how many were queued (0 if none fits); raises
+        :class:`LocalProtocolError` if the first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if first_seq < 0 or first_seq + count - 1 > U64_MAX or len(times) != count:
+            raise LocalProtocolError("seq must be u64, with one time per delivery")
+        return self._deliver_prefixed(
+            sender, subscription, first_seq, tails, time_heads(times), _TIMED
+        )
+
+    def deliver_group(
+        self,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` for a group subscription,
+        each delivery with its record's topic offset (``offsets[i]`` for
+        ``tails[i]``) and how many times that record was delivered before
+        (``delivered[i]``, 0 the first time), as DeliverGroup frames (one
+        entry or many, whatever the client's Hello said); ``first_seq + i``
+        is the delivery number a Settle names ``tails[i]`` by. Returns how
+        many were queued (0 if none fits); raises
+        :class:`LocalProtocolError` if the first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if (
+            first_seq < 0
+            or first_seq + count - 1 > U64_MAX
+            or len(offsets) != count
+            or len(delivered) != count
+            or (count and (min(offsets) < 0 or max(offsets) > U64_MAX))
+            or (count and (min(delivered) < 0 or max(delivered) > U64_MAX))
+        ):
+            raise LocalProtocolError(
+                "seq must be u64, with one u64 offset and delivered count per delivery"
+            )
+        return self._deliver_prefixed(
+            sender, subscription, first_seq, tails, group_heads(offsets, delivered), _GROUP
+        )
+
+    def deliver_matched(
+        self,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        match: int,
+        first_offset: int,
+    ) -> int:
+        """Broker: :meth:`deliver_encoded_many` for a pattern subscription:
+        records of the topic matched as ``match`` (see :meth:`matched`),
+        numbered ``first_offset`` on in that topic, as DeliverMatched frames
+        numbered ``first_seq`` on (what an Ack names). Returns how many were
+        queued (0 if none fits); raises :class:`LocalProtocolError` if the
+        first could never be sent."""
+        sender = self._delivery_sender(subscription)
+        count = len(tails)
+        if (
+            first_seq < 0
+            or first_seq + count - 1 > U64_MAX
+            or first_offset < 0
+            or first_offset + count - 1 > U64_MAX
+            or not 0 <= match <= U64_MAX
+        ):
+            raise LocalProtocolError("seq, match and offsets must be u64")
+        heads = matched_heads(match, first_offset, count)
+        return self._deliver_prefixed(sender, subscription, first_seq, tails, heads, _MATCHED)
+
+    def matched(self, subscription: int, match: int, topic: str | None) -> None:
+        """Broker: on pattern subscription ``subscription``, match index
+        ``match`` is topic ``topic`` (None: that topic was deleted)."""
+        self._require_role(Role.BROKER, "match topics")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(Matched(subscription, match, topic))
+
+    def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
+        """Broker: on pattern subscription ``subscription``, ``count``
+        records of match ``match`` from offset ``first`` were dropped."""
+        self._require_role(Role.BROKER, "report gaps")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(MatchedGap(subscription, match, first, count))
+
+    def _deliver_prefixed(
+        self,
+        sender: ChannelSender,
+        subscription: int,
+        first_seq: int,
+        tails: list[bytes],
+        prefixes: list[bytes],
+        kind: _PrefixedFrame,
+    ) -> int:
+        """:meth:`deliver_timed` and :meth:`deliver_group`: ``tails``, each
+        after its ``prefixes[i]`` (its entry's fields before the Deliver
+        tail), in frames of ``kind`` (one entry or many) as far as the
+        guarantees go; how many were queued."""
+        count = len(tails)
+        most, make_head = kind
+        room = self._room(sender)
+        limit = self.peer_max_frame + LENGTH_PREFIX
+        out = self._out
+        sent = frames = total = 0
+        while sent < count:
+            capacity = min(room, limit)
+            seq = first_seq + sent
+            stop = min(count, sent + most)
+            # The head counted at its longest (27 bytes): a few bytes of room
+            # may go unused. The usual case: all of them fit, summed in one go.
+            body = sum(map(len, tails[sent:stop])) + sum(map(len, prefixes[sent:stop]))
+            if 27 + body <= capacity:
+                end = stop
+            else:
+                body = len(prefixes[sent]) + len(tails[sent])  # (at least one, to try)
+                end = sent + 1
+                while end < stop:
+                    size = len(prefixes[end]) + len(tails[end])
+                    if 27 + body + size > capacity:
+                        break
+                    body += size
+                    end += 1
+            pieces: list[bytes] = [b""] * (2 * (end - sent))
+            pieces[0::2] = prefixes[sent:end]
+            pieces[1::2] = tails[sent:end]
+            head = make_head(subscription, seq, end - sent, body)
+            size = len(head) + body
+            if size > room or size > limit:
+                if size > limit and sent == 0:
+                    taken = self._deliver_large(sender, seq, [head, *pieces])
+                    return taken and 1 + self._deliver_prefixed(
+                        sender, subscription, seq + 1, tails[1:], prefixes[1:], kind
+                    )
+                break
+            out.append(head)
+            out += pieces
+            room -= size
+            total += size
+            frames += 1
+            sent = end
+        if sent:
+            self._record_deliveries(sender, frames, total)
+        return sent
+
+    def _record_deliveries(self, sender: ChannelSender, frames: int, size: int) -> None:
+        """``frames`` delivery frames of ``size`` bytes in all were queued
+        within the guarantees (no optimism on ``[3, s]``: none is kept for
+        retransmission)."""
+        sender.record_within_guarantees(frames, size)
+        self.frames_sent += frames
+        self.bytes_sent += size
+        self._out_size += size
+
+    def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError("Deliver is sent by the broker")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        handle = message.subscription
+        subscription = self.subscriptions.bindings.get(handle)
+        if subscription is not None and not subscription.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            receiver = subscription.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                subscription.references += 1
+                events.append(DeliverReceived(message, receiver.channel, size))
+                self._run = ShortRun(Deliver, handle, subscription, receiver, None)
+                return
+        channel = self._accept_delivery("Deliver", handle, size, 1, events)
+        events.append(DeliverReceived(message, channel, size))
+
+    def _on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
+        channel = self._accept_many(message, size, events)
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _on_encoded_deliveries(
+        self, message: EncodedDeliveries, size: int, events: list[Event]
+    ) -> None:
+        channel = self._accept_many(message, size, events)
+        events.append(EncodedDeliveriesReceived(message, channel, size))
+
+    def _accept_many(
+        self, message: DeliverMany | EncodedDeliveries, size: int, events: list[Event]
+    ) -> Channel:
+        """Buffer a DeliverMany (however its entries are read); its channel."""
+        if self.role is not Role.CLIENT or not self._many:
+            raise RemoteProtocolError(
+                "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
+            )
+        if self.state is not ConnectionState.OPEN:
+            raise RemoteProtocolError("DeliverMany before the handshake completed")
+        handle = message.subscription
+        entries = len(message.entries)
+        subscription = self.subscriptions.bindings.get(handle)
+        if subscription is not None and not subscription.peer_done:
+            # The usual case, in short: a bound subscription, within the guarantees.
+            receiver = subscription.receiver
+            if receiver is not None and receiver.accept_guaranteed(size):
+                subscription.references += entries
+                return receiver.channel
+        return self._accept_delivery("DeliverMany", handle, size, entries, events)
+
+    def _on_deliver_prefixed(
+        self,
+        message: DeliverTimed | DeliverGroup | DeliverMatched,
+        size: int,
+        events: list[Event],
+    ) -> None:
+        """A DeliverTimed, DeliverGroup or DeliverMatched (a DeliverMany
+        whose entries carry more): checked and accounted as one."""
+        name = type(message).__name__
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError(f"{name} is sent by the broker")
+        if self.state is not ConnectionState.OPEN:
+            self._check_open(message)
+        if type(message) is DeliverMatched:
+            self._check_matches(message.subscription, message.matches, events)
+        channel = self._accept_delivery(
+            name, message.subscription, size, len(message.entries), events
+        )
+        events.append(DeliverManyReceived(message, channel, size))
+
+    def _pattern_state(self, what: str, handle: int, events: list[Event]) -> dict[int, str]:
+        """The bound matches of pattern subscription ``handle`` (raises if it
+        is not bound, or not a pattern subscription)."""
+        subscription = self._resolve_subscription(handle, events)
+        if subscription is None:
+            raise RemoteProtocolError(f"{what} references unbound subscription handle {handle}")
+        if subscription.value.topic is not None:
+            raise RemoteProtocolError(f"{what} on subscription {handle}, which is not by pattern")
+        if subscription.matches is None:
+            subscription.matches = {}
+        return subscription.matches
+
+    def _check_matches(self, handle: int, matches: list[int], events: list[Event]) -> None:
+        bound = self._pattern_state("DeliverMatched", handle, events)
+        for match in set(matches):
+            if match not in bound:
+                raise RemoteProtocolError(
+                    f"DeliverMatched on subscription {handle} names match {match}, "
+                    "which no Matched bound"
+                )
+
+    def _on_matched(self, message: Matched | MatchedGap, size: int, events: list[Event]) -> None:
+        """Matched and MatchedGap (broker to client): checked, passed on."""
+        name = type(message).__name__
+        if self.role is not Role.CLIENT:
+            raise RemoteProtocolError(f"{name} is sent by the broker")
+        self._check_open(message)
+        bound = self._pattern_state(name, message.subscription, events)
+        if isinstance(message, Matched):
+            if message.topic is None:
+                if bound.pop(message.match, None) is None:
+                    raise RemoteProtocolError(
+                        f"Matched ends match {message.match}, which is not bound"
+                    )
+            else:
+                bound[message.match] = message.topic
+        elif message.match not in bound:
+            raise RemoteProtocolError(f"MatchedGap names match {message.match}, which is not bound")
+        events.append(message)
+
+    def _accept_delivery(
+        self, what: str, handle: int, size: int, entries: int, events: list[Event]
+    ) -> Channel:
+        """Buffer a delivery frame of ``entries`` messages on subscription
+        ``handle`` (the long way); its channel. Raises if the handle is not
+        bound or the frame is beyond the guarantees."""
+        subscription = self._resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
+        receiver = subscription.receiver
+        assert receiver is not None  # a client receives on every bound subscription
+        channel = receiver.channel
+        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
+            raise RemoteProtocolError(
+                f"{channel}: {what} of {size} bytes beyond the guarantees "
+                f"({receiver.sender_balance} left)",
+                GoodbyeCode.LIMIT_EXCEEDED,
+            )
+        receiver.on_frame(size)
+        subscription.references += entries
+        return channel
+
+    # ---------------------------------------------------------------- acks, gaps, confirms
+
+    def ack(self, subscription: int, seq: int) -> None:
+        """Client: everything up to ``seq`` on ``subscription`` is processed."""
+        self._require_role(Role.CLIENT, "acknowledge")
+        self._require_open()
+        state = self.subscriptions.resolve_local(subscription)
+        if seq < state.processed:
+            raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
+        state.processed = seq
+        self._queue(Ack(subscription, seq))
+
+    def settle(
+        self,
+        subscription: int,
+        outcome: SettleOutcome,
+        ranges: list[tuple[int, int]],
+        detail: int | str | None = None,
+    ) -> None:
+        """Client: say what became of the deliveries ``ranges`` names on a
+        group subscription (ascending, non-overlapping ``(first, count)``
+        pairs of delivery numbers, see :func:`settle_ranges`): ``detail`` is
+        the delay in ms before a RETRY, the reason of a REJECT (at most 1024
+        bytes of UTF-8), else None. Queued at once, like :meth:`ack`.
+        Raises :class:`LocalProtocolError` (nothing sent) for anything the
+        broker would refuse, or a frame larger than the broker's
+        ``max_frame`` (see :func:`max_settle_ranges`)."""
+        self._require_role(Role.CLIENT, "settle")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        problem = settle_problem(outcome, ranges, detail)
+        if problem is not None:
+            raise LocalProtocolError(problem)
+        pairs = [(first, count) for first, count in ranges]
+        self._queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
+
+    def _on_notice(
+        self, message: Ack | Settle | Gap | Confirm, size: int, events: list[Event]
+    ) -> None:
+        """Ack and Settle (client to broker), Gap and Confirm (broker to
+        client): checked, passed on."""
+        name = type(message).__name__
+        if isinstance(message, Confirm):
+            handle_type, handle = HandleType.TOPIC, message.topic
+        else:
+            handle_type, handle = HandleType.SUBSCRIPTION, message.subscription
+        sent_by = Role.CLIENT if isinstance(message, Ack | Settle) else Role.BROKER
+        if self.role is sent_by:
+            raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
+        self._check_open(message)
+        self._resolve_required(handle_type, handle, events, name)
+        if isinstance(message, Confirm):
+            self._on_confirm(message)
+        events.append(message)
+
+    def _on_confirm(self, message: Confirm) -> None:
+        """Confirmed publishes need not be kept for a resume any more.
+
+        The count is cumulative over the session: it never goes back, and
+        never exceeds the Publish frames sent on the handle (a repeat of the
+        last count changes nothing)."""
+        topic = self.topics.bindings[message.topic]
+        if not topic.confirm(message.count):
+            raise RemoteProtocolError(
+                f"Confirm of {message.count} publishes on topic handle {message.topic}: "
+                f"{topic.retained_base} confirmed before, {topic.published} sent"
+            )
+
+    def gap(self, subscription: int, first_seq: int, count: int) -> None:
+        """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
+        self._require_role(Role.BROKER, "report gaps")
+        self._require_open()
+        self.subscriptions.resolve_local(subscription)
+        self._queue(Gap(subscription, first_seq, count))
+
+    def confirm(self, topic: int, count: int) -> None:
+        """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
+        self._require_role(Role.BROKER, "confirm")
+        self._require_open()
+        self.topics.resolve_local(topic)
+        self._queue(Confirm(topic, count))

@@ -1,0 +1,607 @@
+"""One client connection: the I/O driver around a sans-IO Connection.
+
+:class:`ServerConnection` runs a reader, a writer and a keepalive task; a
+read's events go to :class:`~._dispatch.Dispatch` (publishes and guarantees
+in line, control events to the part whose job they are:
+:class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
+:class:`~._delivery.Deliveries`, :class:`~._budget.ConnectionBudget`). The
+protocol is never called while it handles a read: the policy only computes
+(see ``_budget``), and the budget settles after ``receive_data`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+import trio
+
+from accounts import Account, LoanedItem
+from broker.protocol import (
+    DELIVER_SLACK,
+    Connection,
+    ConnectionClosed,
+    Event,
+    GoodbyeCode,
+    Role,
+)
+
+from .._peer_logging import ConnectionLog, PeerLog
+from .._principal_usage import ConnectionLedger, PrincipalUsage, SecurityCounters
+from ..sessions._records import SessionRecords
+from ..sessions._session import Session
+from ..topics._topic import Subscription
+from ..transport._socket_io import socket_io
+from ..transport._wake import Outbox, Wake
+from ._admission import Admission, AdmissionHost
+from ._answers import ControlCharges
+from ._budget import ConnectionBudget
+from ._budget_pool import BudgetPool
+from ._delivery import ConnectionCounters, Deliveries
+from ._dispatch import Dispatch, DispatchHost
+from ._policy import BrokerPolicy
+from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
+from ._reassembly import ReassemblyRoom
+
+__all__ = [
+    "FORWARD_BATCH",
+    "FORWARD_SLICE",
+    "FRAMES_PER_TURN",
+    "LINGER_SECONDS",
+    "RECEIVE_SIZE",
+    "ConnectionCounters",
+    "ConnectionHost",
+    "PublishChannel",
+    "ServerConnection",
+]
+
+#: Bytes asked of the socket per read. The connection account is checked
+#: between turns; channel frames are bounded by guarantees regardless.
+RECEIVE_SIZE = 64 * 1024
+#: Frames one turn of the reader handles at most before the other tasks go
+#: (a read of tiny frames holds thousands): the rest wait in the protocol.
+FRAMES_PER_TURN = 64
+#: How long a closing connection waits for the client to see its Goodbye.
+LINGER_SECONDS = 1.0
+
+
+class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
+    """What a connection needs of its broker (the :class:`~._broker.Broker`)."""
+
+    #: Receive-buffer capacity reserved by all connections (see ``reserve``).
+    buffer_reserved: int
+
+    @property
+    def account(self) -> Account:
+        """The root account connections' accounts roll up to."""
+        ...
+
+    @property
+    def peer_log(self) -> PeerLog: ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """Where a read's output is noted, to be written when it is handled."""
+        ...
+
+    @property
+    def security(self) -> SecurityCounters: ...
+
+    @property
+    def reassembly(self) -> ReassemblyRoom: ...
+
+    @property
+    def budget_pool(self) -> BudgetPool:
+        """The connections sharing the broker's budget (see ``_budget_pool``)."""
+        ...
+
+    @property
+    def session_records(self) -> SessionRecords | None:
+        """Where sessions are recorded to survive a restart (None: memory-only)."""
+        ...
+
+    def persist_state(self) -> None:
+        """Write the broker's state journal, if it has changes, before a client
+        is told anything that relies on them (no-op for a memory-only broker)."""
+        ...
+
+    def forget(self, connection: ServerConnection) -> None:
+        """``connection`` closed and is cleaned up."""
+        ...
+
+
+class ServerConnection:
+    """The broker's end of one TCP connection (see the module).
+
+    Its parts: :attr:`admission` (Hello, credentials, session),
+    :attr:`publishing` (publish channels, forwarding, Confirms, commits),
+    :attr:`deliveries` (subscriptions and what they send) and :attr:`budget`
+    (receive buffers). The reader stops reading while the connection's
+    account is blocked (the backstop) or while too much output waits for a
+    client that does not read. Nothing holds the connection but its tasks,
+    the broker and its session, so a closed one is freed by reference counting.
+    """
+
+    def __init__(
+        self,
+        broker: ConnectionHost,
+        stream: trio.abc.Stream,
+        serial: int,
+        peer: str,
+        identity: str | None = None,
+        *,
+        trusted: bool = False,
+    ) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.serial = serial
+        #: Another worker's link (trusted), not a client: left out of client metrics.
+        self.link = trusted
+        config = broker.config
+        self.peer = peer
+        self.name = f"conn-{serial}"
+        self.account = Account(
+            self.name,
+            high_watermark=config.connection_high_watermark,
+            low_watermark=config.connection_low_watermark,
+            parent=broker.account,
+            kind="connection",
+        )
+        self.counters = ConnectionCounters()
+        #: What this connection reserved of the buffer budgets.
+        self.ledger = ConnectionLedger(broker)
+        self._wake = Wake(broker.outbox)
+        self._wake.write_now = self._write_now
+        #: The plain socket's fast path (None: TLS, or another kind of stream).
+        self._io = socket_io(stream)
+        #: The writer is sending (a write from another task would interleave).
+        self._sending = False
+        #: Buffers a write from another task could not finish: the writer sends them first.
+        self._unsent: list[bytes] = []
+        self._log = ConnectionLog(broker.peer_log, self.name, peer)
+        # No reference cycles through the connection (its parts never hold
+        # it; the policy sees the budget through a proxy and the channels
+        # through their dict), so a closed connection is freed by reference
+        # counting (see test_churn).
+        #: Who gets the connection's receive-buffer budget, and when.
+        self.budget = ConnectionBudget(config, self.ledger)
+        channels: dict[int, PublishChannel] = {}
+
+        def publish_blocked(index: int) -> bool:
+            """Publish channel ``index``'s account withholds its guarantees."""
+            state = channels.get(index)
+            return state is not None and state.account.blocked
+
+        self.protocol = Connection(
+            Role.BROKER,
+            policy=BrokerPolicy(weakref.proxy(self.budget), publish_blocked),
+            # A worker's link passes clients' publishes on under handles of its
+            # own, a few bytes longer at most: as far over max_frame as a Deliver.
+            max_frame=config.max_frame + (DELIVER_SLACK if trusted else 0),
+            max_message=config.max_message,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+            now=trio.current_time(),
+        )
+        self.protocol.accept_origins = trusted
+        self.budget.protocol = self.protocol
+        self.budget.pool = broker.budget_pool
+        self.budget.wake = self._wake
+        broker.budget_pool.add(self.budget)
+        self.ledger.buffer_reserved = self.budget.capacity_in_use()  # (none before the Hello)
+        self.deliveries = Deliveries(
+            self.name,
+            self.protocol,
+            self.counters,
+            self._wake,
+            lossy_budget=config.lossy_budget,
+            root_account=broker.account,
+        )
+        self.publishing = Publishing(
+            broker,
+            self.name,
+            self.account,
+            self.protocol,
+            self.budget,
+            self.counters,
+            self._wake,
+            self._log,
+        )
+        self.publishing.channels = channels
+        self.admission = Admission(
+            broker,
+            self.protocol,
+            self.publishing,
+            self.deliveries,
+            self.ledger,
+            self._log,
+            peer=peer,
+            identity=identity,
+            trusted=trusted,
+        )
+        self.dispatch = Dispatch(
+            broker,
+            self.admission,
+            self.publishing,
+            self.deliveries,
+            self.budget,
+            self.counters,
+            self._log,
+        )
+        #: The Hello must have arrived by then, whatever else the peer sends.
+        self._hello_deadline = trio.current_time() + config.hello_timeout
+        self._writing: list[LoanedItem[Any]] = []
+        #: Control frames whose answers wait to be written (see ``_answers``).
+        self.control_charges = ControlCharges(self.account)
+        self._drained = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.closed = trio.Event()
+        self.close_reason = ""
+        #: The connection was cut without waiting for the client to read.
+        self._aborted = False
+
+    # ================================================================ views
+
+    @property
+    def channels(self) -> dict[int, PublishChannel]:
+        """The publish channels, by topic handle."""
+        return self.publishing.channels
+
+    @property
+    def subscriptions(self) -> dict[int, Subscription]:
+        """The session's subscriptions, by handle."""
+        return self.deliveries.subscriptions
+
+    @property
+    def buffer_reserved(self) -> int:
+        """Receive-buffer capacity this connection reserved of the budgets."""
+        return self.ledger.buffer_reserved
+
+    @property
+    def dropping_bytes(self) -> int:
+        """What this connection's lossy and latest queues hold."""
+        return self.deliveries.dropping_bytes
+
+    @property
+    def identity(self) -> str | None:
+        """The verified client certificate's common name (mutual TLS), if any."""
+        return self.admission.identity
+
+    @property
+    def principal(self) -> PrincipalUsage | None:
+        """The authenticated principal's usage (None while unauthenticated or without auth)."""
+        return self.admission.principal
+
+    @property
+    def client_name(self) -> str:
+        """The name the client gave in its Hello (at most 64 characters)."""
+        return self.admission.client_name
+
+    @property
+    def session(self) -> Session | None:
+        """The session this connection serves (None before the Welcome)."""
+        return self.admission.session
+
+    @property
+    def ends_session(self) -> bool:
+        """The session ends with this connection (else it waits for a resume)."""
+        return self.admission.ends_session
+
+    # ================================================================ lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until either side closes it."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = self.publishing.nursery = nursery
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._keepalive)
+                await self._writer()
+                nursery.cancel_scope.cancel()
+            if not self._aborted:
+                await self._linger()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.close_reason = self.close_reason or f"socket error: {error}"
+        finally:
+            self._cleanup()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self.stream.aclose()
+            self.closed.set()
+
+    async def _linger(self) -> None:
+        """After our Goodbye: half-close, and discard what the client still
+        sends for a moment, so that closing does not reset the connection
+        before the client has read the Goodbye."""
+        with trio.move_on_after(LINGER_SECONDS):
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                await self.stream.send_eof()
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+
+    def goodbye(self, code: GoodbyeCode, reason: str) -> None:
+        """Say Goodbye; the writer sends it and closes the connection."""
+        if not self.protocol.closed:
+            self.protocol.goodbye(code, reason)
+            self.close_reason = self.close_reason or f"goodbye {int(code)}: {reason}"
+        self.wake_writer()
+
+    def shutting_down(self) -> None:
+        """The broker shuts down: send the last Confirms (of what was routed),
+        then Goodbye 5 (or a refusal held back, now)."""
+        if self.admission.held is not None:
+            self.admission.held.cancel()
+        if self.publishing.confirm_dirty and not self.protocol.closed:
+            self._persist()
+            self.publishing.send_confirms()
+        self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
+
+    def _persist(self) -> None:
+        """Write the session's record and the broker's state journal (a broker
+        with a data directory) before anything relying on them is sent."""
+        records = self.broker.session_records
+        if records is not None:
+            self.admission.record(records)
+            self.broker.persist_state()
+
+    def _cleanup(self) -> None:
+        self._io = None  # (its descriptor is closed next, and may be reused)
+        self._wake.write_now = None  # (the one reference cycle: freed by refcount after)
+        self._persist()
+        self.admission.leave(end=self.broker.closing)
+        self.publishing.close_all()
+        self.deliveries.close_all()
+        for loan in self._writing:
+            loan.repay()
+        self._writing = []
+        self.control_charges.repay()
+        self.broker.reassembly.release(self)
+        self.account.close()
+        self.ledger.reserve(-self.ledger.buffer_reserved)
+        self.broker.budget_pool.remove(self.budget)
+        self.broker.budget_pool.freed()
+        self.broker.forget(self)
+        self._log(logging.INFO, "closed: %s", self.close_reason or "done")
+
+    def hand_over(self) -> None:
+        """The session resumes on another connection while this one still
+        looks alive: let go of it now, forward what was received, and close."""
+        if self.admission.session is None:
+            return
+        self.admission.detach()
+        self.publishing.close_all()
+        self.goodbye(GoodbyeCode.NORMAL, "session resumed on another connection")
+
+    # ================================================================ writer
+
+    def wake_writer(self) -> None:
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        protocol = self.protocol
+        stream = self.stream
+        counters = self.counters
+        admission = self.admission
+        while True:
+            await self._wake.wait()
+            if admission.held is not None:
+                with admission.held:
+                    await trio.sleep_forever()
+                admission.held = None
+            pieces = self._take_output()
+            if self._unsent:
+                pieces = self._unsent + pieces
+                self._unsent = []
+            if pieces:
+                self._sending = True
+                try:
+                    for data in pieces:
+                        await stream.send_all(data)
+                        counters.bytes_out += len(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    self.close_reason = self.close_reason or f"socket error: {error}"
+                    self._nursery_cancel()
+                    return
+                finally:
+                    self._sending = False
+            self._written()
+            if protocol.closed and not protocol.bytes_to_send:
+                return
+
+    def _take_output(self) -> list[bytes]:
+        """What is queued to send, made ready (buffers to write in order,
+        large message tails not copied: see ``pieces_to_send``): what the Confirms and
+        Outcomes about to go out rely on (staged publishes, commits, the
+        session's record) is written first, the Confirms are queued, and the
+        loans of the deliveries being sent move to ``_writing`` (where
+        clean-up finds them if the write never completes: a reset, a
+        shutdown) until :meth:`_written`."""
+        protocol = self.protocol
+        publishing = self.publishing
+        self._persist()
+        if publishing.confirm_dirty and not protocol.closed:
+            # (A Goodbye read since the routing was noted closes the protocol:
+            # nothing more may be said then.)
+            publishing.send_confirms()
+        deliveries = self.deliveries
+        if deliveries.inflight:
+            if self._writing:
+                self._writing += deliveries.inflight
+            else:
+                self._writing = deliveries.inflight
+            deliveries.inflight = []
+        if self.control_charges.waiting:
+            self._writing += self.control_charges.take()
+        return protocol.pieces_to_send(trio.current_time())
+
+    def _written(self) -> None:
+        """Everything taken for sending is with the kernel: its loans are repaid."""
+        loans = self._writing
+        if loans:
+            self._writing = []
+            for loan in loans:
+                loan.repay()
+        self._drained.set()
+
+    def _write_now(self) -> bool:
+        """Write what is queued from the calling task, when the writer is
+        idle and the stream is a plain socket (see ``_wake``); False if the
+        writer must do it (it is woken then): it is sending, a write is
+        unfinished, a refusal is held back, or the connection is closing."""
+        io = self._io
+        if (
+            io is None
+            or self._sending
+            or self._unsent
+            or self.protocol.closed
+            or self.admission.held is not None
+        ):
+            return False
+        pieces = self._take_output()
+        for index, data in enumerate(pieces):
+            try:
+                sent = io.send_nowait(data)
+            except OSError:
+                sent = 0  # the writer meets the error and ends the connection
+                self._unsent = pieces[index:]
+                return False
+            self.counters.bytes_out += sent
+            if sent < len(data):
+                self._unsent = [data[sent:], *pieces[index + 1 :]]
+                return False
+        self._written()
+        return True
+
+    # ================================================================ reader
+
+    async def _reader(self) -> None:
+        protocol = self.protocol
+        receive = self._io.receive_some if self._io is not None else self._receive_some
+        counters = self.counters
+        budget = self.budget
+        outbox = self.broker.outbox
+        dispatch = self.dispatch
+        data: bytes | bytearray
+        try:
+            while not protocol.closed:
+                await self._pause_if_needed()
+                if protocol.frames_waiting:  # (the rest of a read: others go first)
+                    await trio.lowlevel.checkpoint()
+                    data = b""
+                else:
+                    data = await receive(RECEIVE_SIZE)
+                    if not data:
+                        self.close_reason = self.close_reason or "peer closed the connection"
+                        if not protocol.closed:
+                            protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
+                        # Nothing more can reach a peer that closed: the writer stops.
+                        self._nursery_cancel()
+                        return
+                    counters.bytes_in += len(data)
+                frames, size = protocol.frames_received, protocol.bytes_received
+                events = protocol.receive_data(
+                    data, trio.current_time(), max_frames=FRAMES_PER_TURN
+                )
+                # The protocol is done with the turn: only now is it acted on. What
+                # it causes to be sent, on any connection, is written after (``_wake``).
+                outbox.open()
+                try:
+                    dispatch.channel_frames = dispatch.channel_bytes = 0
+                    if events:
+                        self._handle_events(events)
+                    # (An Absolve may have completed a shrink; handles may have gone;
+                    # channels opened short get their shrinks and top-ups.)
+                    budget.settle()
+                    if protocol.bytes_to_send or protocol.closed:
+                        self._wake.set()
+                finally:
+                    # Output waits for the read's last turn (or another task's).
+                    outbox.close(flush=not protocol.frames_waiting)
+                self.control_charges.note(
+                    protocol.frames_received - frames - dispatch.channel_frames,
+                    protocol.bytes_received - size - dispatch.channel_bytes,
+                )
+                if not protocol.frames_waiting:  # (the read's last turn)
+                    self.control_charges.settle(bool(protocol.bytes_to_send or self._unsent))
+                if not self.broker.reassembly.update(self, protocol.reassembling):
+                    await self._suspended(self.broker.reassembly.wait_for_slot(self))
+        finally:
+            outbox.flush()  # (what turns of a read cut short left noted)
+
+    async def _receive_some(self, max_bytes: int) -> bytes | bytearray:
+        """The stream's next bytes; ``b""`` once it ended or broke."""
+        try:
+            return await self.stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    def _nursery_cancel(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _pause_if_needed(self) -> None:
+        max_unsent = self.broker.config.max_unsent
+        if self.protocol.memory_to_send > max_unsent:
+            # Write what the read's turns held (perhaps all it takes), then wait.
+            self.broker.outbox.flush()
+            if self.protocol.memory_to_send > max_unsent:
+                self.counters.reader_pauses += 1
+                self._drained = trio.Event()
+                await self._suspended(self._drained.wait())
+        deliveries = self.deliveries
+        if not deliveries.refresh_stalled() and not self.account.is_clear():
+            self.broker.outbox.flush()
+        if not deliveries.refresh_stalled() and not self.account.is_clear():
+            self.counters.reader_pauses += 1
+            with trio.CancelScope() as scope:
+                deliveries.funds_scope = scope
+                try:
+                    await self._suspended(self.account.ensure_clear_funds())
+                finally:
+                    deliveries.funds_scope = None
+
+    async def _suspended(self, wait: Awaitable[None]) -> None:
+        """Await ``wait`` with the client's lease not running (we are not reading)."""
+        protocol = self.protocol
+        protocol.suspend_reading(trio.current_time())
+        try:
+            await wait
+        finally:
+            protocol.resume_reading(trio.current_time())
+
+    # ================================================================ keepalive
+
+    async def _keepalive(self) -> None:
+        protocol = self.protocol
+        while not protocol.closed:
+            deadline = protocol.next_deadline()
+            if protocol.welcome_message is None:
+                deadline = min(deadline, self._hello_deadline)
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            if protocol.welcome_message is None and now >= self._hello_deadline:
+                self.goodbye(GoodbyeCode.LEASE_EXPIRED, "no Hello in time")
+                return
+            handshake = protocol.welcome_message is None
+            events = protocol.handle_timer(now)
+            self.wake_writer()  # a Ping, or a Goodbye, may be queued
+            expired = [e for e in events if isinstance(e, ConnectionClosed)]
+            if expired:
+                if not handshake:
+                    self.broker.security.lease_expirations += 1
+                reason = expired[0].reason
+                self.close_reason = self.close_reason or f"goodbye {int(expired[0].code)}: {reason}"
+                # A client that reads nothing would keep the writer (and the
+                # connection) forever: the Goodbye gets a moment, not more.
+                await trio.sleep(LINGER_SECONDS)
+                self.close_reason = self.close_reason or "lease expired"
+                self._aborted = True  # no more lingering for it either
+                self._nursery_cancel()
+                return
+
+    # ================================================================ events
+
+    def _handle_events(self, events: list[Event]) -> None:
+        """Apply a read's events (see :class:`~._dispatch.Dispatch`)."""
+        self.dispatch.handle(events, self)

@@ -1,0 +1,345 @@
+"""Restoring the sessions a broker recorded before it stopped (see
+``_session_records``): each comes back detached, waiting for its client for
+``lease`` seconds, its reliable subscriptions reading their topics' logs
+from after the last offset their client processed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from accounts import Account, LoanedItem
+from broker.groups import GroupOptionError, group_request
+from broker.protocol import BrokerSessionState, DeliveryMode, TopicNameError, TopicPattern
+
+from ..cluster._forward import ForwardTopic, forwarded_subscription
+from ..cluster._forward_group import ForwardedGroupMember
+from ..cluster._origin_dedup import SeenOrigins
+from ..patterns._subscription import PatternHost, PatternSubscription
+from ..staging._area import StagingArea
+from ..storage._publish_marks import PublishMarks
+from ..topics._groups import Groups, GroupSubscription
+from ..topics._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
+from ..topics._lossy import DropCounts, OptionError
+from ..topics._subscribe import make_pattern_subscription
+from ..topics._topic import Subscription, Topic
+from ._records import SavedSession, SessionRecords, load_sessions
+from ._session import Session, SessionTable
+
+log = logging.getLogger("broker.server")
+
+
+class RestoringHost(PatternHost, Protocol):
+    """What restoring sessions needs of the broker."""
+
+    @property
+    def sessions(self) -> SessionTable: ...
+
+    @property
+    def account(self) -> Account:
+        """The root account (restored subscriptions' accounts roll up to it)."""
+        ...
+
+    @property
+    def cursors(self) -> CursorBook | None: ...
+
+    @property
+    def staging(self) -> StagingArea: ...
+
+    @property
+    def seen(self) -> SeenOrigins: ...
+
+    def topic(self, name: str) -> Topic: ...
+
+    @property
+    def groups(self) -> Groups | None: ...
+
+    def reader_of(self, principal: str | None) -> Callable[[str], bool]:
+        """Whether ``principal`` may subscribe to a topic (auth's rule)."""
+        ...
+
+
+class _NoDrops:
+    """The drop counters of a subscriber that keeps no dropping queue."""
+
+    deliveries_overflowed = 0
+    deliveries_replaced = 0
+
+
+_NO_DROPS = _NoDrops()
+
+
+class Unattached:
+    """The subscriber of a restored subscription until its client resumes:
+    it can send nothing (``open`` is False); what it would send waits in the log."""
+
+    name = "restored"
+
+    def __init__(self, root_account: Account) -> None:
+        self.root_account = root_account
+        self.subscriptions: dict[int, Subscription] = {}
+
+    @property
+    def open(self) -> bool:
+        return False
+
+    def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
+        return 0
+
+    def send_timed(
+        self, subscription: Subscription, tails: list[bytes], times: list[int]
+    ) -> int | None:
+        return 0
+
+    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
+        return 0
+
+    def has_room(self, subscription: Subscription, size: int) -> bool:
+        return False
+
+    def room(self, subscription: Subscription) -> int:
+        return 0
+
+    def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
+        return False
+
+    def subscription_stalled(self, subscription: Subscription) -> None:
+        pass
+
+    def end(self, handle: int) -> None:
+        """(A restored subscription's topic deleted before its client came
+        back: see ``_admin._end``, which forgets it in its session.)"""
+
+    def written_later(self, loan: LoanedItem[Any]) -> None:
+        loan.repay()
+
+    def send_group(
+        self,
+        subscription: Subscription,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int | None:
+        return 0
+
+    def send_matched(
+        self, subscription: Subscription, tails: list[bytes], match: int, first: int
+    ) -> int | None:
+        return 0
+
+    def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
+        return False
+
+    def matched_gap(self, subscription: Subscription, match: int, first: int, count: int) -> bool:
+        return False
+
+    #: (A restored subscription is reliable: it keeps no dropping queue.)
+    dropping_bytes = 0
+    lossy_budget = 0
+
+    @property
+    def counters(self) -> DropCounts:
+        return _NO_DROPS
+
+
+def restore_sessions(
+    host: RestoringHost, records: SessionRecords, marks: PublishMarks | None = None
+) -> set[bytes]:
+    """Bring back every recorded session, detached; returns their ids.
+
+    A session's publish counts (``received``) are raised to what the
+    staging area holds of its publishes (and, when it resumes, to what the
+    logs hold: :func:`held_publishes`): the client then sends again only
+    what the broker does not have, and nothing is stored twice. The publish
+    ``marks`` of sessions not restored here are other workers' clients'
+    (forwarded): the broker's ``seen`` table takes them."""
+    loaded = [] if marks is None else marks.load()
+    table = host.sessions
+    unattached = Unattached(host.account)
+    restored: set[bytes] = set()
+    staged = host.staging.held_origins()
+    for saved in load_sessions(records):
+        if saved.id in table.sessions:
+            continue
+        session = Session(saved.client_name, saved.principal)
+        session.id = saved.id
+        subscriptions = _subscriptions(host, saved, unattached)
+        session.subscriptions = subscriptions
+        state = saved.state
+        kept = {h: v for h, v in state.subscriptions.items() if h in subscriptions}
+        state = BrokerSessionState(
+            state.topics,
+            kept,
+            state.next_topic,
+            state.next_subscription,
+            _received(saved, staged),
+            state.stages,
+        )
+        table.sessions[session.id] = session
+        table.detach(session, state)
+        restored.add(session.id)
+    for topic, origin, handle in loaded:
+        if origin not in restored:
+            host.seen.restore(topic, origin, handle)
+    if restored:
+        log.info(
+            "restored %d sessions: each waits %.0f s for its client", len(restored), table.linger
+        )
+    return restored
+
+
+def held_publishes(
+    marks: PublishMarks,
+    session: bytes,
+    state: BrokerSessionState,
+    log_end: Callable[[str], int | None],
+) -> None:
+    """A session restored after a stop resumes: raise its publish counts in
+    ``state`` to what the logs held of its publishes at the start (its
+    publish marks: a publish appended but not confirmed before a crash), so
+    its client sends again only what no log has. ``log_end`` opens a topic's
+    log (which resolves its marks)."""
+    for handle, (name, _) in state.topics.items():
+        if marks.pending(session, handle):
+            log_end(name)
+            held = marks.held(session, handle)
+            if held is not None and held.topic == name:
+                state.received[handle] = max(state.received.get(handle, 0), held.index)
+
+
+def _received(saved: SavedSession, staged: Mapping[tuple[bytes, int], int]) -> dict[int, int]:
+    """Per topic handle of ``saved``: how many of its publishes the broker
+    has (its record's count, or more: staged)."""
+    received = dict(saved.state.received)
+    for handle in saved.state.topics:
+        received[handle] = max(received.get(handle, 0), staged.get((saved.id, handle), 0))
+    return received
+
+
+def _subscriptions(
+    host: RestoringHost, saved: SavedSession, unattached: Unattached
+) -> dict[int, Subscription]:
+    """The saved session's reliable subscriptions, reading from their logs
+    after the last offset processed (forwarded ones: see
+    ``ForwardedSubscription.attach``)."""
+    subscriptions: dict[int, Subscription] = {}
+    for handle, (info, _) in saved.state.subscriptions.items():
+        if info.mode != DeliveryMode.RELIABLE:
+            continue
+        if info.topic is None:  # a pattern's (with a durable cursor: its positions)
+            pattern = _pattern(host, unattached, handle, info.topic_name, info.options, saved)
+            if pattern is not None:
+                subscriptions[handle] = pattern
+            continue
+        topic = host.topic(info.topic_name)
+        if "group" in info.options:
+            member = _member(host, unattached, handle, topic, info.options, saved)
+            if member is not None:
+                topic.subscribe(member)
+                subscriptions[handle] = member
+            else:
+                topic.release_if_unused()
+            continue
+        if isinstance(topic, ForwardTopic):  # another worker's: made there on resume
+            subscription: Subscription = forwarded_subscription(
+                unattached,
+                handle,
+                topic,
+                info.mode,
+                info.options,
+                saved.principal,
+                restored=saved.acked.get(handle, 0),
+            )
+            topic.subscribe(subscription)
+            subscriptions[handle] = subscription
+            continue
+        topic_log = topic.log
+        if topic_log is None:  # (cannot be: sessions are recorded only with logs)
+            topic.release_if_unused()
+            continue
+        position = saved.acked.get(handle, topic_log.next_offset - 1) + 1
+        request = start_request(info.options)  # (its options were accepted once)
+        name = request.cursor
+        key = cursor_key(saved.principal, info.topic_name, name) if name is not None else None
+        subscription = LogSubscription(
+            unattached,
+            handle,
+            topic,
+            info.mode,
+            topic_log,
+            position,
+            cursors=host.cursors,
+            cursor_key=key,
+            until=request.until,
+            timestamps=request.timestamps,
+        )
+        topic.subscribe(subscription)
+        subscriptions[handle] = subscription
+    return subscriptions
+
+
+def _pattern(
+    host: RestoringHost,
+    unattached: Unattached,
+    handle: int,
+    pattern: str,
+    options: Mapping[str, object],
+    saved: SavedSession,
+) -> PatternSubscription | None:
+    """A pattern subscription, back over the topics it matches, each member
+    after its durable cursor's position."""
+    try:
+        subscription = make_pattern_subscription(
+            unattached,
+            handle,
+            TopicPattern(pattern),
+            DeliveryMode.RELIABLE,
+            options,
+            host=host,
+            cursors=host.cursors,
+            principal=saved.principal,
+            may_read=host.reader_of(saved.principal),
+        )
+    except (OptionError, TopicNameError) as error:
+        log.warning("a restored session's pattern subscription is left out: %s", error)
+        return None
+    subscription.next_seq = saved.acked.get(handle, 0) + 1
+    subscription.acked = subscription.next_seq - 1
+    subscription.start()
+    return subscription
+
+
+def _member(
+    host: RestoringHost,
+    unattached: Unattached,
+    handle: int,
+    topic: Topic,
+    options: Mapping[str, object],
+    saved: SavedSession,
+) -> GroupSubscription | ForwardedGroupMember | None:
+    """A consumer group's member, back in its group (holding nothing: what
+    it held went back to the group with the restart), numbering its
+    deliveries after the last its client processed."""
+    if isinstance(topic, ForwardTopic):  # (its group is another worker's)
+        return ForwardedGroupMember(
+            unattached,
+            handle,
+            topic,
+            options,
+            saved.principal,
+            restored=saved.acked.get(handle, 0),
+        )
+    if host.groups is None:
+        return None
+    try:
+        request, rest = group_request(options)
+        member = host.groups.join(
+            unattached, handle, topic, request, start_request(rest).start, saved.principal
+        )
+    except (GroupOptionError, OptionError) as error:
+        log.warning("a restored session's group member is left out: %s", error)
+        return None
+    member.restored(saved.acked.get(handle, 0))
+    return member

@@ -1,0 +1,284 @@
+"""Routing a committed batch: its staged publishes go to their topics, in order,
+charged to the committing connection (the fan-out rule) and paced by that
+charge, like any publisher's; and completing at start-up the commits a stop
+cut off (see ``_staging``)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from accounts import Account
+from broker.config import BrokerConfig
+
+from .._peer_logging import shown
+from ..storage._topic_logs import TopicLogs, TopicUnavailable
+from ..topics._topic import FORWARD_BATCH, Routed, Topic
+from ._area import StagedPublish, StagingArea
+from ._records import BatchKey
+
+log = logging.getLogger("broker.server")
+
+#: How long a start waits for the commits it completes before accepting clients.
+COMPLETE_BEFORE_ACCEPTING = 10
+
+#: What a commit calls before a run of its publishes to a topic is appended
+#: to the topic's log: ``(topic, index, count)`` -> the topic's hook.
+Progress = Callable[[str, int, int], Callable[[int], None] | None]
+
+
+class Topics(Protocol):
+    """Where topics are found by name (the broker)."""
+
+    def topic(self, name: str) -> Topic:
+        """The topic actor for ``name``, spawned on first use."""
+        ...
+
+
+class CommitHost(Topics, Protocol):
+    """What routing commits needs of the broker."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def account(self) -> Account: ...
+
+    @property
+    def logs(self) -> TopicLogs | None: ...
+
+    @property
+    def staging(self) -> StagingArea: ...
+
+    @property
+    def commits_in_flight(self) -> dict[BatchKey, CommitInFlight]: ...
+
+    def persist_state(self) -> None:
+        """Write the state journal's pending changes."""
+        ...
+
+    def not_owned(self, topic: str) -> str | None:
+        """Why ``topic`` is not served here without forwarding (None: it is)."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class CommitInFlight:
+    """A commit being routed: ``waiters`` are called once it is all routed
+    (its own answer, and those of the same commit sent again meanwhile),
+    then ``routed`` is set (also if it was cut off)."""
+
+    routed: trio.Event = field(default_factory=trio.Event)
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+
+class CommitRun:
+    """Counts the routed publishes of one commit; :attr:`done` is set once
+    every topic has routed all of them to its subscriptions."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self.done = trio.Event()
+        if total == 0:
+            self.done.set()
+
+    def routed(self, routed: Routed) -> None:
+        """A topic routed a batch of this commit's publishes."""
+        self.left -= len(routed.tails)
+        if self.left <= 0:
+            self.done.set()
+
+
+async def route_commit(
+    broker: Topics,
+    account: Account,
+    publishes: list[StagedPublish],
+    *,
+    routed_before: Mapping[str, int] | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """Route ``publishes`` (runs per topic in the order given), each batch a
+    loan on ``account``; waits while ``account`` is over its watermark (slow
+    subscribers slow the commit, not the broker's memory) and returns once
+    everything is routed. Staged loans are repaid as their batch is handed on,
+    and all of them, routed or not, if this is cancelled.
+
+    The first ``routed_before[topic]`` publishes to a topic are left out
+    (in its log already: a commit completed at start-up); ``progress`` is
+    asked for each batch's hook (``Routed.before_append``)."""
+    skip = routed_before or {}
+    # Runs per topic, each with the index (among the batch's publishes to
+    # its topic) of its first publish, less those in the log already.
+    runs: list[tuple[str, int, list[StagedPublish]]] = []
+    index: dict[str, int] = {}
+    for topic_name, group in itertools.groupby(publishes, key=lambda p: p.topic):
+        run_of_topic = list(group)
+        first = index.get(topic_name, 0)
+        index[topic_name] = first + len(run_of_topic)
+        left_out = min(max(skip.get(topic_name, 0) - first, 0), len(run_of_topic))
+        if left_out:
+            for publish in run_of_topic[:left_out]:
+                publish.loan.repay()
+            run_of_topic = run_of_topic[left_out:]
+        if run_of_topic:
+            runs.append((topic_name, first + left_out, run_of_topic))
+    run = CommitRun(sum(len(run_of_topic) for _, _, run_of_topic in runs))
+    held: dict[str, Topic] = {}
+    try:
+        for topic_name, first, run_of_topic in runs:
+            topic = held.get(topic_name)
+            if topic is None:
+                topic = held[topic_name] = broker.topic(topic_name)
+                topic.publishers += 1  # kept alive until everything is routed
+            for start in range(0, len(run_of_topic), FORWARD_BATCH):
+                chunk = run_of_topic[start : start + FORWARD_BATCH]
+                await account.ensure_clear_funds()
+                tails = [p.loan.item for p in chunk]
+                size = sum(len(tail) for tail in tails)
+                keys = [p.key for p in chunk]
+                # (No fan-out estimate: the account's own debt paces a commit.)
+                routed = Routed(tails, run, 0, 0, keys)
+                if progress is not None:
+                    routed.before_append = progress(topic_name, first + start, len(chunk))
+                topic.send_nowait(routed, account=account, cost=size)
+                for publish in chunk:
+                    publish.loan.repay()
+        await run.done.wait()
+    finally:
+        for publish in publishes:
+            publish.loan.repay()  # (once only: those handed on already were)
+        for topic in held.values():
+            topic.publishers -= 1
+            topic.release_if_unused()
+
+
+def start_commit(
+    host: CommitHost,
+    nursery: trio.Nursery,
+    batch: BatchKey,
+    account: Account,
+    publishes: list[StagedPublish],
+    done: Callable[[], None],
+    routed_before: Mapping[str, int] | None = None,
+) -> None:
+    """Route a committed batch's ``publishes`` (charged to ``account``) in
+    ``nursery`` (the broker's own, so that a commit under way completes even
+    if the committing connection closes); ``done()`` once all are routed.
+    Meanwhile the batch is in ``host.commits_in_flight``."""
+    host.persist_state()  # its "committing" record, before anything is routed
+    running = host.commits_in_flight[batch] = CommitInFlight()
+    running.waiters.append(done)
+    staging = host.staging
+
+    def progress(topic: str, index: int, count: int) -> Callable[[int], None] | None:
+        return staging.progress(batch, topic, index, count)
+
+    async def run() -> None:
+        try:
+            try:
+                await route_commit(
+                    host, account, publishes, routed_before=routed_before, progress=progress
+                )
+            except TopicUnavailable as error:
+                # Its logs opened when it was decided: one failing since is a
+                # disk fault. It stays in the journal as being committed (the
+                # next start completes it), and the broker goes on.
+                log.error(
+                    "staged batch %s: its commit is cut off (the next start completes it): %s",
+                    shown(batch[1]),
+                    error,
+                )
+                return
+            # Remembered as committed (written, before anybody hears of
+            # it): a rerun after a restart is answered "duplicate".
+            staging.routed(batch)
+            host.persist_state()
+            for waiter in running.waiters:  # before anybody else hears of it
+                waiter()
+            staging.forget_routed(batch)  # (written with the next state)
+        finally:
+            del host.commits_in_flight[batch]
+            running.routed.set()
+
+    nursery.start_soon(run)
+
+
+async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
+    """Complete the commits a stop cut off while they routed: each topic's
+    log is asked how much of the batch's share it holds, and the rest is
+    routed. One whose topic is not served here (the workers changed) or
+    whose log cannot be opened is kept (a commit of it is refused, saying
+    why) for a start that can.
+
+    Returns once they are routed (the broker then accepts clients), or
+    after :data:`COMPLETE_BEFORE_ACCEPTING` seconds (a log full with
+    ``when_full="block"`` waits for its readers, who need clients; a
+    retried commit waits for its batch anyway)."""
+    staging = host.staging
+    logs = host.logs
+    for batch, unfinished in list(staging.unfinished.items()):
+        assert logs is not None  # (only a journal has unfinished commits)
+        routed_before: dict[str, int] = {}
+        why = None
+        for topic in sorted({publish.topic for publish in unfinished.publishes}):
+            why = host.not_owned(topic)
+            if why is not None:
+                break
+            try:
+                topic_log = logs.open(topic)
+            except TopicUnavailable as error:
+                why = str(error)
+                break
+            # (A record torn by the kill is a gap, its offset not given again:
+            # the batch's publishes from there on are routed again.)
+            routed_before[topic] = unfinished.routed_before(
+                topic, topic_log.next_offset, topic_log.recovery.gaps
+            )
+        name, whose = shown(batch[1]), "anonymous clients" if batch[0] is None else repr(batch[0])
+        if why is not None:
+            staging.block(
+                batch,
+                f"the broker stopped while it committed this batch and "
+                f"cannot complete it here: {why}",
+            )
+            log.error(
+                "staged batch %s of %s: its commit, cut off by a stop, cannot be "
+                "completed here: %s",
+                name,
+                whose,
+                why,
+            )
+            continue
+        publishes = staging.resume(batch)
+        before = sum(routed_before.values())
+        log.warning(
+            "staged batch %s of %s was being committed when the broker stopped: %d of its "
+            "%d messages were in the topic logs, the other %d are routed now",
+            name,
+            whose,
+            before,
+            len(publishes),
+            len(publishes) - before,
+        )
+        account = Account(
+            f"commit/{batch[1][:64]}",
+            high_watermark=host.config.channel_high_watermark,
+            low_watermark=host.config.channel_low_watermark,
+            parent=host.account,
+            kind="commit",
+        )
+        start_commit(host, nursery, batch, account, publishes, account.close, routed_before)
+    with trio.move_on_after(COMPLETE_BEFORE_ACCEPTING) as waited:
+        for running in list(host.commits_in_flight.values()):
+            await running.routed.wait()
+    if waited.cancelled_caught:
+        log.warning(
+            "commits cut off by the stop are still being completed after %d s (a topic's "
+            "log full?): clients are accepted meanwhile",
+            COMPLETE_BEFORE_ACCEPTING,
+        )

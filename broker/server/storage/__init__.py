@@ -1,0 +1,8 @@
+"""What the broker keeps on disk for its topics: the topic logs in use.
+
+``_store`` (``TopicStore``: what a topic and its readers use of a topic's
+storage, the seam a second storage engine plugs into), ``_topic_logs``
+(``TopicLogs``: opening, flushing, expiring the logs; the host of every
+topic's log), ``_publish_marks`` (where each publisher's publishes went),
+``_offsets`` (answering ``ListOffsets``).
+"""

@@ -1,0 +1,575 @@
+"""The broker's topic logs: opening them, flushing and expiring them in time,
+retrying appends that failed, and where durable cursors are kept.
+
+A broker with a data directory has one :class:`TopicLogs`; a memory-only
+broker has none. It is the :class:`~._topic.TopicLogHost` of every topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from broker.errors import BrokerError
+from broker.log import (
+    DiskFull,
+    LogConfig,
+    LogError,
+    LogFull,
+    LogStore,
+    LogWriteError,
+    StateJournal,
+    TopicLog,
+    unopened_due,
+)
+from broker.protocol import OriginRun
+
+from ..cluster._rehome import rehome_state
+from ..sessions._session import Histogram
+from ..topics._log_subscription import CURSORS, CursorBook
+from ..topics._topic import Topic
+from ._publish_marks import PublishMarks
+
+log = logging.getLogger("broker.server")
+
+#: How often the logs are looked at: fsyncs due, batches waiting for room.
+TEND_INTERVAL = 0.1
+#: How often retention by age runs.
+EXPIRE_INTERVAL = 10.0
+#: How long (ms) a log's active term file stays open with nothing appended:
+#: then its descriptor is given back (opened again by the next write), so a
+#: broker holds a descriptor per topic written lately, not per topic ever.
+IDLE_FILE_MS = 30_000
+#: How often a batch waiting for the disk is retried.
+RETRY_INTERVAL = 1.0
+#: How long after a failed write or fsync of a log it is tried again (ms).
+SYNC_RETRY_MS = 1000
+#: Upper bounds (seconds) of the fsync time histogram: an SSD syncs in about
+#: a millisecond, a busy disk or network volume in tens to hundreds.
+FSYNC_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class TopicUnavailable(BrokerError):
+    """A topic's log cannot be opened (the disk, a corrupt directory, no file
+    descriptors left): the client that asked for the topic gets a Goodbye
+    with this one line, the broker goes on."""
+
+
+class LogSettings(Protocol):
+    """The configuration the logs follow."""
+
+    def log_config(self, topic: str) -> LogConfig:
+        """The log settings of ``topic`` (retention, flushing, term size)."""
+        ...
+
+
+class JournalCursors:
+    """A :class:`~._log_subscription.CursorBook` in the data directory's state journal."""
+
+    SPACE = CURSORS
+
+    def __init__(self, journal: StateJournal) -> None:
+        self._journal = journal
+
+    def position(self, key: str) -> int | None:
+        value = self._journal.get(self.SPACE, key)
+        return value if type(value) is int else None
+
+    def items(self) -> list[tuple[str, int]]:
+        return [(k, v) for k, v in self._journal.items(self.SPACE) if type(v) is int]
+
+    def store(self, key: str, position: int) -> None:
+        self._journal.put(self.SPACE, key, position)
+        write_journal(self._journal)
+
+    def put(self, key: str, position: int) -> None:
+        self._journal.put(self.SPACE, key, position)
+
+    def write(self) -> None:
+        write_journal(self._journal)
+
+    def delete(self, key: str) -> bool:
+        if self._journal.get(self.SPACE, key) is None:
+            return False
+        self._journal.delete(self.SPACE, key)
+        write_journal(self._journal)
+        return True
+
+
+def write_journal(journal: StateJournal) -> None:
+    """Write ``journal``'s pending changes; a failure is logged and the
+    changes stay pending (the next write tries again)."""
+    if journal.pending:
+        try:
+            journal.write()
+        except LogError as error:
+            log.error("writing the state journal failed: %s", error)
+
+
+def wall_ms() -> int:
+    """Now, in ms since the Unix epoch (records' receive time)."""
+    return time.time_ns() // 1_000_000
+
+
+class TopicLogs:
+    """The topic logs of one data directory (see the module)."""
+
+    def __init__(self, store: LogStore, settings: LogSettings) -> None:
+        self.store = store
+        self._settings = settings
+        #: Logs with records written and not fsynced.
+        self._dirty: set[TopicLog] = set()
+        #: Topics with batches waiting for room or for the disk.
+        self._failing: set[Topic] = set()
+        #: Broker state that survives a restart: cursors, staged batches, commits.
+        self.journal = store.journal
+        if self.journal.recovered_cut_bytes:
+            log.warning("state journal: %s", self.journal.recovery_detail)
+        if store.worker is None:  # (a supervisor moves them for its workers)
+            rehome_state(store.data_dir, lambda _t: None, lambda _s: None, (None, self.journal))
+        self.cursors: CursorBook = JournalCursors(self.journal)
+        #: Where each session's publishes went in the logs (no duplicate after a crash).
+        self.marks = PublishMarks(self.journal)
+        #: Counters for metrics: records appended, fsyncs (and their time),
+        #: appends that failed (full, or the disk).
+        self.appends = 0
+        self.fsyncs = 0
+        self.fsync_seconds = 0.0
+        #: The time of each timed fsync (the batch flushes :meth:`tend` does).
+        self.fsync_times = Histogram(FSYNC_BOUNDS)
+        self.append_errors = 0
+        #: Whether this broker (worker) serves a topic's log: the only ones
+        #: retention by age opens for itself.
+        self.owns: Callable[[str], bool] = lambda _topic: True
+        #: Logs whose last write or fsync failed: when to try again (wall ms).
+        self._sync_failing: dict[TopicLog, int] = {}
+        #: The logs opened so far, by topic (their recovery logged, their
+        #: cursors checked: each once).
+        self._opened: dict[str, TopicLog] = {}
+        #: :meth:`gather` calls not yet released.
+        self._gathering = 0
+        #: Topics holding gathered batches, in the order they got their first.
+        self._gathered: list[Topic] = []
+        #: ``flush="always"`` topics whose written records wait for an fsync
+        #: (in the order asked), and the wake-up of the task that does them.
+        self._to_sync: dict[Topic, None] = {}
+        self._sync_asked = trio.Event()
+        #: Those whose fsync failed, and when (trio time) to ask again.
+        self._sync_retry: dict[Topic, float] = {}
+
+    @classmethod
+    def open_store(
+        cls, log_dir: Path | None, settings: LogSettings, worker: str | None, open_files: int
+    ) -> TopicLogs | None:
+        """The logs of data directory ``log_dir`` (None: memory-only), their
+        term files open within ``open_files`` (0: the default share of the
+        open-file limit); raises :class:`DataDirLocked` (one line) if
+        another broker has the directory."""
+        if log_dir is None:
+            return None
+        return cls(LogStore(log_dir, worker=worker, open_files=open_files or None), settings)
+
+    def open(self, name: str) -> TopicLog:
+        """The log of topic ``name`` (recovered on first use); raises
+        :class:`TopicUnavailable` if it cannot be opened."""
+        try:
+            topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
+        except (LogError, OSError) as error:
+            raise self._unavailable(name, "open", "opened", error) from None
+        if self._opened.get(name) is topic_log:
+            return topic_log
+        # Once per opening of the log: the store hands out the same log to
+        # every later caller (a ListOffsets, a subscription).
+        self._opened[name] = topic_log
+        # flush="always": fsynced by _serve_syncs, off the event loop, and
+        # confirmed once durable (not one fsync per append on the loop).
+        topic_log.sync_later = topic_log.config.flush == "always"
+        self._cursors_within(name, topic_log.written_offset + 1)
+        self.marks.opened(name, topic_log.next_offset)
+        recovery = topic_log.recovery
+        if not recovery.clean:
+            log.warning(
+                "topic %r: %d record%s lost from its log (readers get a Gap for them), "
+                "%d bytes cut or set aside: %s",
+                name[:64],
+                recovery.cut_records,
+                "" if recovery.cut_records == 1 else "s",
+                recovery.cut_bytes,
+                "; ".join(recovery.details)[:400],
+            )
+        elif recovery.gaps:
+            log.info(
+                "topic %r: %d records missing from its log, as found before: %s",
+                name[:64],
+                recovery.gap_records,
+                "; ".join(recovery.details)[:400],
+            )
+        return topic_log
+
+    def config_of(self, name: str) -> LogConfig:
+        """The log settings of topic ``name`` (retention, flushing)."""
+        return self._settings.log_config(name)
+
+    def delete(self, name: str) -> bool:
+        """Delete the log of topic ``name`` (closed first if open: its
+        readers must be gone); whether there was one. Raises
+        :class:`TopicUnavailable` if its directory cannot be removed."""
+        opened = self._opened.pop(name, None)
+        if opened is not None:
+            self._dirty.discard(opened)
+            self._sync_failing.pop(opened, None)
+        try:
+            return self.store.delete_topic(name)
+        except (LogError, OSError) as error:
+            raise self._unavailable(name, "delete", "deleted", error) from None
+
+    def end_of(self, name: str) -> int | None:
+        """The next offset of ``name``'s log, if this broker (worker) serves
+        it and it can be opened; else None."""
+        if not self.owns(name):
+            return None
+        try:
+            return self.open(name).next_offset
+        except TopicUnavailable:
+            return None
+
+    def opened(self, name: str) -> TopicLog | None:
+        """The log of ``name`` if it is open (None: not opened since the start)."""
+        topic_log = self.store.opened(name)
+        return None if topic_log is None or topic_log.closed else topic_log
+
+    async def survey(self, name: str) -> tuple[int, int]:
+        """The first offset kept and the next offset of ``name``'s log without
+        opening it, its files read in a thread (a log of large terms takes
+        a fraction of a second to scan, and the event loop goes on); raises
+        :class:`TopicUnavailable` if they cannot be read. Cancelled, it
+        returns at once: the thread, which only reads, is left to finish."""
+        try:
+            return await trio.to_thread.run_sync(self.store.survey, name, abandon_on_cancel=True)
+        except (LogError, OSError) as error:
+            raise self._unavailable(name, "read", "read", error) from None
+
+    def _unavailable(
+        self, name: str, verb: str, participle: str, error: Exception
+    ) -> TopicUnavailable:
+        """Log that ``name``'s log cannot be ``participle`` (opened, read);
+        the error to raise for its client."""
+        log.error("topic %r: its log cannot be %s: %s", name[:64], participle, error)
+        return TopicUnavailable(
+            f"the broker cannot {verb} the log of topic {name[:64]!r} now: "
+            f"{self._for_clients(error)}"
+        )
+
+    def stored_topics(self) -> list[str]:
+        """The topics with a log in the data directory; raises
+        :class:`TopicUnavailable` if it cannot be listed now."""
+        try:
+            return self.store.stored_topics()
+        except OSError as error:  # (no file descriptor left, the disk)
+            log.error("the topic logs cannot be listed: %s", error)
+            raise TopicUnavailable(
+                f"the broker cannot list its topics now: {self._for_clients(error)}"
+            ) from None
+
+    def _for_clients(self, error: Exception) -> str:
+        """``error`` as a client is told it: paths relative to the data
+        directory (where the broker keeps its files is not theirs to know)."""
+        return str(error).replace(f"{self.store.data_dir}{os.sep}", "")
+
+    def _cursors_within(self, topic: str, end: int) -> None:
+        """Bring back to ``end`` the durable cursors of ``topic`` that stand
+        past it: the log was cut back (recovery after a crash or damage;
+        unsynced records lost with the power), and the offsets from ``end``
+        on go to new records, which those cursors must not skip."""
+        for key, position in self.cursors.items():
+            if position <= end:
+                continue
+            parts = key.split("\x00")  # (principal, topic, cursor name)
+            if parts[1:2] == [topic]:
+                self.cursors.store(key, end)
+                log.warning(
+                    "topic %r: cursor %r stood at offset %d, past the log's end %d "
+                    "(its log was cut back): it goes on from %d",
+                    topic[:64],
+                    parts[-1][:64],
+                    position,
+                    end,
+                    end,
+                )
+
+    # --------------------------------------------------------------- TopicLogHost
+
+    def now_ms(self) -> int:
+        return wall_ms()
+
+    def log_written(self, topic_log: TopicLog, appended: int) -> None:
+        self.appends += appended
+        if topic_log.config.flush != "always":
+            self._dirty.add(topic_log)
+
+    def mark(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        self.marks.note(topic, runs, offset)
+        self.journal.write()  # (raises LogError: the batch waits)
+
+    def note(self, topic: str, runs: list[OriginRun], offset: int) -> None:
+        self.marks.note(topic, runs, offset)
+
+    def sync_soon(self, topic: Topic) -> None:
+        self._to_sync[topic] = None
+        self._sync_asked.set()
+
+    async def _serve_syncs(self) -> None:
+        """Fsync the ``flush="always"`` logs that asked (:meth:`sync_soon`),
+        one at a time in a worker thread, each covering every record written
+        before it started (what was appended meanwhile asks again); then the
+        topic routes and confirms what is durable. A failed fsync is logged
+        and tried again a second later: nothing is confirmed until it works."""
+        while True:
+            await self._sync_asked.wait()
+            self._sync_asked = trio.Event()
+            topics, self._to_sync = list(self._to_sync), {}
+            for topic in topics:
+                topic_log = topic.log
+                if topic_log is None or topic_log.closed:
+                    continue
+                if await self._sync(topic_log, wall_ms()):
+                    topic.synced()
+                else:
+                    self._retry_sync_later(topic)
+
+    def _retry_sync_later(self, topic: Topic) -> None:
+        """Ask for ``topic``'s fsync again in ``SYNC_RETRY_MS`` (:meth:`run`
+        does); meanwhile :meth:`tend` leaves its log alone."""
+        if topic.log is not None:
+            self._dirty.discard(topic.log)
+        self._sync_retry[topic] = trio.current_time() + SYNC_RETRY_MS / 1000
+
+    @property
+    def gathering(self) -> bool:
+        return self._gathering > 0
+
+    def gathered(self, topic: Topic) -> None:
+        self._gathered.append(topic)
+
+    def gather(self) -> None:
+        """Until the matching :meth:`release`, topics gather the batches
+        sent to them instead of appending each at once: a connection's
+        read of publishes to many topics (a batch each, often of one
+        publish) then costs one journal write for all their marks, not one
+        per batch. Calls nest; nothing may wait (await) in between."""
+        self._gathering += 1
+
+    def release(self) -> None:
+        """End a :meth:`gather`; the outermost appends what was gathered:
+        per round, the marks of the first gathered batch of every topic are
+        put and the journal written once, then each of those batches is
+        appended, written, read by the readers waiting at the log's end
+        and routed (confirmed), in that order as one batch alone would be.
+        What routing sends on meanwhile is gathered for the next round."""
+        if self._gathering > 1:
+            self._gathering -= 1
+            return
+        try:
+            while self._gathered:
+                topics = self._gathered
+                self._gathered = []
+                for topic in topics:
+                    topic.mark_gathered()
+                try:
+                    self.journal.write()
+                except LogError as error:
+                    # Nothing of theirs was appended: they wait, and are
+                    # marked again when retried.
+                    for topic in topics:
+                        topic.gathered_failed(error)
+                    continue
+                for topic in topics:
+                    topic.append_gathered()
+        finally:
+            self._gathering = 0
+
+    def log_failed(self, topic: Topic, error: LogError) -> None:
+        self.append_errors += 1
+        self._failing.add(topic)
+        if isinstance(error, LogFull):
+            log.warning(
+                "topic %r is full (when_full=block): its publishers wait for its "
+                "slowest reliable subscriber: %s",
+                topic.topic_name[:64],
+                error,
+            )
+        elif isinstance(error, DiskFull):
+            log.error(
+                "topic %r: the disk is full; its publishers wait until there is room: %s",
+                topic.topic_name[:64],
+                error,
+            )
+        else:
+            log.error("topic %r: writing its log failed: %s", topic.topic_name[:64], error)
+
+    # --------------------------------------------------------------- tending
+
+    async def tend(self, now_ms: int) -> None:
+        """Fsync the logs whose oldest unsynced record is ``flush_interval_ms``
+        old, one at a time in a worker thread: the loop goes on meanwhile."""
+        if not self._dirty:
+            return
+        failing = self._sync_failing
+        due = [
+            topic_log
+            for topic_log in self._dirty
+            if topic_log.closed
+            or ((topic_log.next_flush_at or 0) <= now_ms and failing.get(topic_log, 0) <= now_ms)
+        ]
+        self._dirty.difference_update(due)
+        for topic_log in due:
+            if topic_log.closed:
+                failing.pop(topic_log, None)
+                continue
+            await self._sync(topic_log, now_ms)
+
+    async def _sync(self, topic_log: TopicLog, now_ms: int) -> bool:
+        """Write ``topic_log`` and fsync it in a worker thread (the loop goes
+        on meanwhile), timed for the metrics; whether it worked (a failure
+        is logged once, and the log marked to be tried again)."""
+        started = time.perf_counter()
+        try:
+            job = topic_log.start_sync()
+        except LogError as error:
+            self._sync_failed(topic_log, now_ms, f"writing its log failed: {error}")
+            return False
+        if job is not None:
+            await trio.to_thread.run_sync(job.run)
+            job.finish()
+            if job.error is not None:
+                self._sync_failed(topic_log, now_ms, f"fsync failed: {job.error}")
+                return False
+            took = time.perf_counter() - started
+            self.fsyncs += 1
+            self.fsync_seconds += took
+            self.fsync_times.observe(took)
+        self._synced(topic_log)
+        return True
+
+    def _sync_failed(self, topic_log: TopicLog, now_ms: int, what: str) -> None:
+        """Writing or syncing ``topic_log`` failed: logged once until it
+        succeeds again, tried again in a second (not at every tending)."""
+        if topic_log not in self._sync_failing:
+            log.error("topic %r: %s (tried again every second)", topic_log.topic[:64], what)
+        self._sync_failing[topic_log] = now_ms + SYNC_RETRY_MS
+        self._dirty.add(topic_log)
+
+    def _synced(self, topic_log: TopicLog) -> None:
+        if self._sync_failing.pop(topic_log, None) is not None:
+            log.info("topic %r: its log is written and synced again", topic_log.topic[:64])
+
+    def retry(self) -> None:
+        """Retry the topics whose batches wait for room or the disk."""
+        for topic in list(self._failing):
+            topic.retry_held()
+            if not topic.held:
+                self._failing.discard(topic)
+                log.info("topic %r: its log takes records again", topic.topic_name[:64])
+
+    def persist_state(self) -> None:
+        """Write the journal's pending changes (see ``Broker.persist_state``)."""
+        write_journal(self.journal)
+
+    def expire(self, now_ms: int) -> None:
+        """Delete terms older than their topics' ``retain_seconds``; give
+        back the file descriptors of logs idle for ``IDLE_FILE_MS``."""
+        for topic_log in self.store.open_logs().values():
+            if not topic_log.closed:
+                topic_log.expire(now_ms)
+                if topic_log not in self._dirty:
+                    topic_log.release_file(now_ms, IDLE_FILE_MS)
+
+    async def expire_unopened(self, now_ms: int) -> None:
+        """Retention by age of the logs not opened since the start (topics
+        nobody has used since), without opening them: which of their sealed
+        terms are due is read in a thread (by the files' times, then their
+        index files), and only those files are deleted, on the loop."""
+        open_dirs = {topic_log.directory for topic_log in self.store.open_logs().values()}
+        retain_of = self._settings.log_config
+        due = await trio.to_thread.run_sync(
+            unopened_due,
+            self.store.data_dir,
+            open_dirs,
+            lambda topic: retain_of(topic).retain_seconds,
+            now_ms,
+        )
+        for name in due:
+            if not self.owns(name) or self.store.opened(name) is not None:
+                continue
+            seconds = retain_of(name).retain_seconds
+            assert seconds is not None  # (due: it has a retention by age)
+            try:
+                paths = await trio.to_thread.run_sync(
+                    self.store.expired_terms, name, now_ms - int(seconds * 1000)
+                )
+                deleted = self.store.remove_expired(name, paths)
+            except (LogError, OSError) as error:
+                log.warning("topic %r: retention could not delete terms: %s", name[:64], error)
+                continue
+            if deleted:
+                log.info("topic %r: retention deleted %d terms", name[:64], deleted)
+
+    async def run(self) -> None:
+        """Tend the logs until cancelled (and fsync the ``flush="always"``
+        ones as they ask: :meth:`_serve_syncs`)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve_syncs)
+            await self._tend_forever()
+
+    async def _tend_forever(self) -> None:
+        next_expire = trio.current_time() + EXPIRE_INTERVAL
+        next_retry = trio.current_time() + RETRY_INTERVAL
+        while True:
+            await trio.sleep(TEND_INTERVAL)
+            now = trio.current_time()
+            for topic, at in list(self._sync_retry.items()):
+                if now >= at:
+                    del self._sync_retry[topic]
+                    self.sync_soon(topic)
+            await self.tend(wall_ms())
+            if self._failing and now >= next_retry:
+                next_retry = now + RETRY_INTERVAL
+                self.retry()
+            if now >= next_expire:
+                next_expire = now + EXPIRE_INTERVAL
+                await self.expire_unopened(wall_ms())
+                self.expire(wall_ms())
+                if self._failing:
+                    self.retry()
+
+    def close(self) -> None:
+        """Flush and close every log and the state journal; release the data
+        directory. What the disk cannot take now (full, or failing) was never
+        confirmed (see ``Topic._append``): the logs are closed all the same
+        and the stop goes on as any other, saying so in one line."""
+        self._dirty.clear()
+        logs = self.store.open_logs()
+        failure: LogError | None = None
+        try:
+            self.store.close()
+        except LogWriteError as error:
+            failure = error
+        # Held batches' records not appended, and records appended not written.
+        unwritten = sum(len(h.routed.tails) - h.appended for t in self._failing for h in t.held)
+        unwritten += sum(max(0, t.next_offset - 1 - t.written_offset) for t in logs.values())
+        cause = failure or next((t.log_error for t in self._failing if t.log_error), None)
+        if cause is not None or unwritten:
+            log.error(
+                "stopping: %s%s%s",
+                f"{unwritten} publishes not written, never confirmed (their clients keep them): "
+                if unwritten
+                else "not everything could be written: ",
+                "the disk is full: " if isinstance(cause, DiskFull) else "",
+                cause,
+            )

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from broker.log import TopicLog
 from broker.protocol import Connection, ListOffsets, Offsets, TopicOffsets, encode
 
+from ._store import TopicStore
 from ._topic_logs import TopicLogs
 
 #: The reason of an Offsets that lists nothing because the broker keeps no log.
@@ -29,7 +29,7 @@ class OffsetsHost(Protocol):
         ...
 
 
-def _offsets(topic_log: TopicLog) -> tuple[int, int]:
+def _offsets(topic_log: TopicStore) -> tuple[int, int]:
     """``(first, end)`` of an open log: the first record kept, and one past
     the last record written (what a reader can read now; both equal for an
     empty log)."""

@@ -2,7 +2,9 @@
 retrying appends that failed, and where durable cursors are kept.
 
 A broker with a data directory has one :class:`TopicLogs`; a memory-only
-broker has none. It is the :class:`~._topic.TopicLogHost` of every topic.
+broker has none. It is the :class:`~._topic.TopicLogHost` of every topic,
+and the manager of the local storage engine: the topics see each log
+(:class:`~broker.log.TopicLog`) as a :class:`~._store.TopicStore`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..sessions._session import Histogram
 from ..topics._log_subscription import CURSORS, CursorBook
 from ..topics._topic import Topic
 from ._publish_marks import PublishMarks
+from ._store import TopicStore
 
 log = logging.getLogger("broker.server")
 
@@ -110,6 +113,14 @@ def write_journal(journal: StateJournal) -> None:
             journal.write()
         except LogError as error:
             log.error("writing the state journal failed: %s", error)
+
+
+def local_log(store: TopicStore) -> TopicLog:
+    """The local topic log behind ``store``: every topic these logs host
+    has one (another storage engine comes with its own host)."""
+    if not isinstance(store, TopicLog):
+        raise TypeError(f"not a local topic log: {type(store).__name__}")
+    return store
 
 
 def wall_ms() -> int:
@@ -308,8 +319,9 @@ class TopicLogs:
     def now_ms(self) -> int:
         return wall_ms()
 
-    def log_written(self, topic_log: TopicLog, appended: int) -> None:
+    def log_written(self, log: TopicStore, appended: int) -> None:
         self.appends += appended
+        topic_log = local_log(log)
         if topic_log.config.flush != "always":
             self._dirty.add(topic_log)
 
@@ -338,7 +350,7 @@ class TopicLogs:
                 topic_log = topic.log
                 if topic_log is None or topic_log.closed:
                     continue
-                if await self._sync(topic_log, wall_ms()):
+                if await self._sync(local_log(topic_log), wall_ms()):
                     topic.synced()
                 else:
                     self._retry_sync_later(topic)
@@ -347,7 +359,7 @@ class TopicLogs:
         """Ask for ``topic``'s fsync again in ``SYNC_RETRY_MS`` (:meth:`run`
         does); meanwhile :meth:`tend` leaves its log alone."""
         if topic.log is not None:
-            self._dirty.discard(topic.log)
+            self._dirty.discard(local_log(topic.log))
         self._sync_retry[topic] = trio.current_time() + SYNC_RETRY_MS / 1000
 
     @property

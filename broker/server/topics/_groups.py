@@ -40,9 +40,10 @@ from broker.groups import (
     Taken,
     dead_letters_default,
 )
-from broker.log import LogError, Start, StateJournal, TopicLog
+from broker.log import StateJournal
 from broker.protocol import decode_deliver_tail, encode_deliver_tail
 
+from ..storage._store import LogError, Start, StoreReader, TopicStore
 from ._lossy import OptionError
 from ._topic import DELIVER_HEAD_ESTIMATE, Routed, Subscriber, Subscription, Topic
 
@@ -231,7 +232,7 @@ class Group:
         key: str,
         name: str,
         topic: Topic,
-        log: TopicLog,
+        log: TopicStore,
         state: GroupState,
         dead_letters: str,
     ) -> None:
@@ -244,7 +245,7 @@ class Group:
         self.dead_letters = dead_letters
         self.members: dict[int, GroupSubscription] = {}
         #: Holds retention at the floor while there are members.
-        self.holder: Any = None
+        self.holder: StoreReader | None = None
         self.account: Account = unlimited(f"group/{name}", parent=groups.host.account, kind="log")
         #: Dead-letter batches routed but not yet in the log.
         self.dead_in_flight = 0
@@ -639,7 +640,7 @@ class Groups:
         key: str,
         request: GroupRequest,
         topic: Topic,
-        topic_log: TopicLog,
+        topic_log: TopicStore,
         start: Start,
         dead_letters: str,
     ) -> Group:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from accounts import Account, LoanedItem, unlimited
-from broker.log import LogError, Start, TopicLog
 from broker.protocol import TopicNameError, check_topic_name
 
+from ..storage._store import LogError, Start, TopicStore
 from ._lossy import OptionError
 from ._topic import DELIVER_HEAD_ESTIMATE, Subscriber, Subscription, Topic
 
@@ -231,7 +231,7 @@ class LogSubscription(Subscription):
         handle: int,
         topic: Topic,
         mode: str,
-        log: TopicLog,
+        log: TopicStore,
         position: int,
         *,
         cursors: CursorBook | None = None,
@@ -394,7 +394,7 @@ def make_log_subscription(
     mode: str,
     request: StartRequest,
     *,
-    log: TopicLog,
+    log: TopicStore,
     cursors: CursorBook | None,
     principal: str | None,
 ) -> LogSubscription:

@@ -11,8 +11,9 @@ from typing import Any, Protocol
 from accounts import Account, LoanedItem
 from actors import Actor, Turn
 from broker.groups import Outcome
-from broker.log import LogError, LogFull, TopicLog
 from broker.protocol import OriginRun, slice_origins
+
+from ..storage._store import LogError, LogFull, TopicStore
 
 #: Bytes a Deliver adds to the shared tail (head: prefix, type, handle, seq).
 DELIVER_HEAD_ESTIMATE = 24
@@ -290,7 +291,7 @@ class TopicLogHost(Protocol):
         """The wall-clock time records are stamped with (ms since the epoch)."""
         ...
 
-    def log_written(self, log: TopicLog, appended: int) -> None:
+    def log_written(self, log: TopicStore, appended: int) -> None:
         """``appended`` records went into ``log`` and it was written to its
         file (not fsynced: the broker flushes it in time)."""
         ...
@@ -387,7 +388,7 @@ class Topic(Actor):
         self,
         name: str,
         registry: dict[str, Topic],
-        log: TopicLog | None = None,
+        log: TopicStore | None = None,
         host: TopicLogHost | None = None,
     ) -> None:
         self.topic_name = name
@@ -402,7 +403,7 @@ class Topic(Actor):
         self.publishing = 0
         self.messages_in = 0
         self._registry = registry
-        #: The topic's log (None: a memory-only broker).
+        #: The topic's log, through the storage seam (None: a memory-only broker).
         self.log = log
         self._host = host
         #: Log subscriptions that sent everything written: pumped after the next append.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import trio
@@ -428,6 +428,7 @@ async def open_client(
     reconnect: float = 0.0,
     on_session_lost: Callable[[], object] | None = None,
     max_topics: int = DEFAULT_MAX_TOPICS,
+    open_stream: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a broker at ``url`` (``host:port``) for the duration of the block.
 
@@ -470,6 +471,11 @@ async def open_client(
     client (its Goodbye's code and reason), or if what answers is no broker:
     one line such as ``127.0.0.1:9400 did not answer as a broker (it looks
     like HTTP)``.
+
+    ``open_stream``, if given, opens each connection's stream (any trio
+    stream, e.g. a test's in-memory one) instead of a TCP connection to
+    ``url`` (which then only names the broker in messages); TLS, if asked
+    for, still goes over it.
     """
     host, port, context = connection_target(url, ssl_context, token)
     policy = client_policy(policy, optimism)
@@ -481,8 +487,12 @@ async def open_client(
     async def connect(redirect: str | None = None) -> trio.abc.Stream:
         """A stream to the broker (or to ``redirect``, ``HOST:PORT``, where a
         broker of several workers sent a resume; TLS still checks ``host``)."""
-        there, at, _ = split_url(redirect) if redirect else (host, port, False)
-        stream: trio.abc.Stream = await trio.open_tcp_stream(there, at)
+        stream: trio.abc.Stream
+        if open_stream is not None:
+            stream = await open_stream()
+        else:
+            there, at, _ = split_url(redirect) if redirect else (host, port, False)
+            stream = await trio.open_tcp_stream(there, at)
         if context is not None:
             try:
                 stream = await _secure(stream, context, host)

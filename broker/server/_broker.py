@@ -7,7 +7,7 @@ import itertools
 import logging
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -177,6 +177,8 @@ class Broker:
         if logs is not None and self.links is not None:
             logs.owns = lambda topic: self.not_owned(topic) is None
         self._serials = itertools.count(1)
+        #: Numbers the peers of connections that are no sockets (``handle_stream``).
+        self._memory_peers = itertools.count(1)
         self._idle = trio.Event()
         self._idle.set()
         self._accept_scope = trio.CancelScope()
@@ -339,27 +341,29 @@ class Broker:
         """Where a resume of ``session`` belongs, if another worker holds it."""
         return None if self.worker is None else home_address(session, self.worker.cluster)
 
-    async def handle_stream(self, stream: trio.SocketStream) -> None:
-        """Serve one accepted TCP connection until it closes."""
+    async def handle_stream(
+        self, stream: trio.abc.Stream, peer_address: tuple[str, int] | None = None
+    ) -> None:
+        """Serve one accepted connection until it closes.
+
+        ``stream`` is any trio stream: a TCP connection (``SocketStream``,
+        served with raw socket I/O), or another kind (a test's in-memory
+        stream; served through the stream's own methods). The peer is
+        ``peer_address`` (host, port) if given; else a ``SocketStream``'s
+        peer name, and for other streams the placeholder ``("memory", n)``,
+        ``n`` counting such connections."""
         busy = len(self.connections) + self.handshaking
         if self.closing or busy >= self.config.max_connections:
             await self._refuse(stream)
             return
-        try:
-            name = stream.socket.getpeername()
-            if isinstance(name, str | bytes):  # a Unix socket: another worker's link
-                host = peer = "unix"
-            else:
-                host, port = name[:2]
-                peer = f"{host}:{port}"
-        except OSError:  # pragma: no cover - the peer vanished already
-            host = peer = "?"
+        host, peer = self._peer_of(stream, peer_address)
         address = address_key(host)
         worker = self.worker
         if (
             worker is not None
             and self.ssl_context is None
             and worker.handover_paths
+            and isinstance(stream, trio.SocketStream)
             and await hand_over(stream, worker, self.config.hello_timeout)
         ):
             self.handed_over_total += 1
@@ -389,6 +393,23 @@ class Broker:
         self.peers.add(address, connection.protocol)
         await self._serve_connection(connection)
 
+    def _peer_of(self, stream: trio.abc.Stream, address: tuple[str, int] | None) -> tuple[str, str]:
+        """The host (its address counts per-address limits) and the
+        ``host:port`` name of ``stream``'s peer (see :meth:`handle_stream`)."""
+        if address is None:
+            if not isinstance(stream, trio.SocketStream):
+                address = ("memory", next(self._memory_peers))
+            else:
+                try:
+                    name = stream.socket.getpeername()
+                except OSError:  # pragma: no cover - the peer vanished already
+                    return "?", "?"
+                if isinstance(name, str | bytes):  # a Unix socket: another worker's link
+                    return "unix", "unix"
+                address = (name[0], name[1])
+        host, port = address
+        return host, f"{host}:{port}"
+
     async def _serve_connection(self, connection: ServerConnection) -> None:
         """Run ``connection`` until it closes (an error of ours ends it, logged)."""
         self.connections[connection.serial] = connection
@@ -413,7 +434,7 @@ class Broker:
             ServerConnection(self, stream, next(self._serials), "link", None, trusted=True)
         )
 
-    async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[Any] | None:
+    async def _handshake(self, stream: trio.abc.Stream, peer: str) -> trio.SSLStream[Any] | None:
         """The TLS stream over ``stream`` once its handshake completes in time,
         or None (the connection is closed and the failure counted)."""
         assert self.ssl_context is not None
@@ -443,7 +464,7 @@ class Broker:
             trio.move_on_after(REFUSAL_SECONDS),
             contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
         ):
-            if self.ssl_context is not None and isinstance(stream, trio.SocketStream):
+            if self.ssl_context is not None and not isinstance(stream, trio.SSLStream):
                 stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
                 await stream.do_handshake()
             await stream.send_all(encode(GoodbyeMessage(int(code), reason)))
@@ -517,6 +538,7 @@ async def serve_broker(
     config: BrokerConfig,
     *,
     worker: WorkerSetup | None = None,
+    listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -533,6 +555,11 @@ async def serve_broker(
     sockets its supervisor made instead of ``config.listen``, keeps its
     state in its own directory of the data directory and locks each topic's
     log while it has it open (see :class:`~broker.log.LogStore`).
+
+    ``listeners`` (trio listeners of any streams, e.g. a test's in-memory
+    listener) are served instead of ``config.listen`` or the worker's client
+    sockets; the broker closes them when it stops. ``broker.address`` is
+    the first one's socket address, ``("memory", 0)`` if it has no socket.
     """
     ssl_context = (
         server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -548,19 +575,22 @@ async def serve_broker(
         log_dir, config, None if worker is None else worker.worker, config.max_open_log_files
     )
     link_listeners: list[trio.SocketListener] = []
+    served: list[trio.abc.Listener[trio.abc.Stream]] = []
     try:
         host, port = config.listen_address
-        if worker is None:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+        if listeners is not None:
+            served = list(listeners)
+        elif worker is None:
+            served = list(await trio.open_tcp_listeners(port, host=host))
         else:
-            listeners = [
+            served = [
                 trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 for sock in worker.client_sockets
             ]
-            if worker.link_socket is not None:
-                link_listeners.append(
-                    trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
-                )
+        if worker is not None and worker.link_socket is not None:
+            link_listeners.append(
+                trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
+            )
     except BaseException:
         if logs is not None:
             logs.close()
@@ -575,8 +605,12 @@ async def serve_broker(
             )
             for usage in broker.principals.values():
                 usage.shared = shared
-        sockname = listeners[0].socket.getsockname()
-        broker.address = (sockname[0], sockname[1])
+        first = served[0]
+        if isinstance(first, trio.SocketListener):
+            sockname = first.socket.getsockname()
+            broker.address = (sockname[0], sockname[1])
+        else:
+            broker.address = ("memory", 0)
         try:
             async with trio.open_nursery() as nursery:
                 broker._nursery = nursery
@@ -609,7 +643,7 @@ async def serve_broker(
                     with broker._accept_scope:
                         await trio.serve_listeners(
                             broker.handle_stream,
-                            listeners,
+                            served,
                             handler_nursery=nursery,
                             task_status=task_status,
                         )
@@ -625,7 +659,7 @@ async def serve_broker(
                     "TLS" if ssl_context else "plain TCP",
                     "clients authenticate" if auth else "no authentication",
                 )
-                if auth is None and host not in LOOPBACK:
+                if auth is None and listeners is None and host not in LOOPBACK:
                     log.warning("listening on %s without authentication (set auth_file)", host)
                 if auth is not None and not config.tls_client_ca and auth.has_identities():
                     log.warning(
@@ -639,7 +673,7 @@ async def serve_broker(
             broker.staging.clear()
             if broker.links is not None:
                 broker.links.close()
-            for listener in [*listeners, *link_listeners]:
+            for listener in [*served, *link_listeners]:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:

@@ -1,5 +1,6 @@
-"""Helpers for the broker's integration tests: a broker on a loopback port, a
-raw-socket client that speaks bytes, and checks that a broker is healthy.
+"""Helpers for the broker's integration tests: a broker on a loopback port
+(or on in-memory streams: ``in_memory=True``, see ``memory``), a raw client
+that speaks bytes, and checks that a broker is healthy.
 
 Every wait has a deadline: a test that would hang fails instead.
 """
@@ -9,8 +10,9 @@ from __future__ import annotations
 import itertools
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 import trio
 import trio.lowlevel
@@ -39,6 +41,8 @@ from broker.protocol import (
 )
 from broker.server import Broker, ServerConnection, serve_broker
 
+from .memory import MemoryListener
+
 #: The safety net of every wait in these tests (seconds).
 TIMEOUT = 30.0
 #: What one loan costs on top of its bytes (accounts.DEFAULT_EVENT_COST).
@@ -63,22 +67,52 @@ def url(broker: Broker) -> str:
     return f"{host}:{port}"
 
 
+#: The in-memory listener of each broker that serves one (``in_memory``).
+_memory_listeners: WeakKeyDictionary[Broker, MemoryListener] = WeakKeyDictionary()
+
+
+async def open_stream(broker: Broker) -> trio.abc.HalfCloseableStream:
+    """A new connection to ``broker``: over its in-memory listener if it has
+    one, else TCP to its address."""
+    listener = _memory_listeners.get(broker)
+    if listener is not None:
+        return await listener.connect()
+    return await trio.open_tcp_stream(*broker.address)
+
+
+def connect_client(broker: Broker, **options: Any) -> AbstractAsyncContextManager[Client]:
+    """``open_client`` to ``broker`` (``options`` are its own), over memory
+    streams to a broker that serves them, else TCP."""
+    listener = _memory_listeners.get(broker)
+    if listener is not None:
+        options.setdefault("open_stream", listener.connect)
+    return open_client(url(broker), **options)
+
+
 @asynccontextmanager
 async def running_broker(
-    config: BrokerConfig | None = None, /, **overrides: Any
+    config: BrokerConfig | None = None, /, *, in_memory: bool = False, **overrides: Any
 ) -> AsyncIterator[Broker]:
     """Serve a broker for the block; shut it down gracefully afterwards and
-    fail unless :func:`serve_broker` returns by itself."""
+    fail unless :func:`serve_broker` returns by itself. ``in_memory``: it
+    serves a :class:`MemoryListener` instead of a TCP port (connect with
+    :func:`connect_client`, :class:`RawClient`)."""
     if config is None:
         config = make_config(**overrides)
     returned = trio.Event()
+    listener = MemoryListener() if in_memory else None
 
     async def serve(*, task_status: trio.TaskStatus[Broker]) -> None:
-        await serve_broker(config, task_status=task_status)
+        if listener is None:
+            await serve_broker(config, task_status=task_status)
+        else:
+            await serve_broker(config, listeners=[listener], task_status=task_status)
         returned.set()
 
     async with trio.open_nursery() as nursery:
         broker: Broker = await nursery.start(serve)
+        if listener is not None:
+            _memory_listeners[broker] = listener
         yield broker
         with trio.fail_after(config.shutdown_deadline + TIMEOUT):
             await broker.shutdown()
@@ -192,14 +226,15 @@ def frame_ends(frames: Iterable[bytes]) -> list[int]:
 
 
 class RawClient:
-    """A TCP connection that sends arbitrary bytes and decodes what comes back.
+    """A connection (TCP, or in memory) that sends arbitrary bytes and
+    decodes what comes back.
 
     Frames from the broker are collected in :attr:`frames`, in order. Reading
     happens on demand (:meth:`wait_for`, :meth:`read_until_eof`) or, after
     :meth:`start_reading`, in a background task.
     """
 
-    def __init__(self, stream: trio.SocketStream, *, max_frame: int) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream, *, max_frame: int) -> None:
         self.stream = stream
         self.decoder = FrameDecoder(max_frame=max_frame + DELIVER_SLACK)
         self.frames: list[Message] = []
@@ -215,7 +250,7 @@ class RawClient:
     @classmethod
     async def connect(cls, broker: Broker, *, max_frame: int | None = None) -> RawClient:
         with trio.fail_after(TIMEOUT):
-            stream = await trio.open_tcp_stream(*broker.address)
+            stream = await open_stream(broker)
         return cls(stream, max_frame=max_frame or max(broker.config.max_frame, DEFAULT_MAX_FRAME))
 
     # ---------------------------------------------------------------- sending

@@ -263,9 +263,10 @@ async def test_resume_of_unknown_session_gets_a_new_session() -> None:
 
 
 async def test_no_hello_within_lease_gets_goodbye_4(autojump_clock: trio.testing.MockClock) -> None:
-    """Virtual time: the Goodbye comes when the lease runs out, not before."""
+    """Virtual time (over memory streams): the Goodbye comes when the lease
+    runs out, not before."""
     lease = 4.0
-    async with running_broker(heartbeat=1.0, lease=lease) as broker:
+    async with running_broker(heartbeat=1.0, lease=lease, in_memory=True) as broker:
         async with raw_client(broker) as client:
             start = trio.current_time()
             await client.read_until_eof()

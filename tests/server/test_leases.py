@@ -1,7 +1,9 @@
-"""Heartbeats, leases and session expiry, end to end over loopback.
+"""Heartbeats, leases and session expiry, end to end.
 
-Most tests run on trio's MockClock with autojump: sleeping through a lease
-costs no real time, and the broker's timers fire exactly when due. Every
+Most tests run on trio's MockClock with autojump, over in-memory streams
+(``memory``; the autojump clock must not run over real sockets): sleeping
+through a lease costs no real time, and the broker's timers fire exactly
+when due. The real-clock tests run over loopback TCP. Every
 virtual time used here is a dyadic fraction (sums of them are exact floats):
 see test_lease_deadline_and_peer_gone_agree for why that matters.
 """
@@ -42,6 +44,7 @@ from .helpers import (
     DEAF_CONFIG,
     TIMEOUT,
     RawClient,
+    connect_client,
     connection_named,
     raw_client,
     running_broker,
@@ -100,7 +103,7 @@ async def test_idle_client_gets_a_ping_every_heartbeat(
     """The broker, with nothing to say, pings after one heartbeat, and again
     in every heartbeat after; a client that only answers with Pongs keeps its
     connection far beyond the lease."""
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         async with raw_client(broker, background=True) as client:
             await client.handshake("idle")
             start = trio.current_time()  # the broker's last frame: the bind guarantees
@@ -115,7 +118,7 @@ async def test_idle_client_gets_a_ping_every_heartbeat(
 
 
 async def test_one_ping_per_heartbeat(autojump_clock: trio.testing.MockClock) -> None:
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         async with raw_client(broker, background=True) as client:
             await client.handshake("idle")
             start = trio.current_time()
@@ -147,7 +150,7 @@ async def test_busy_client_gets_no_ping(
 ) -> None:
     """A client that keeps sending frames the broker answers (Pongs,
     Confirms) is never pinged: the broker is never silent for a heartbeat."""
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         async with raw_client(broker, background=True) as client:
             await client.handshake("busy")
             await talk(client, trio.current_time() + 3 * LEASE)
@@ -164,7 +167,7 @@ async def test_broker_pings_when_it_alone_is_silent(
     """Liveness counts each direction separately: a client whose frames need
     no answer (guarantees for an empty subscription) keeps its own lease, but
     the broker, having sent nothing, still pings it once per heartbeat."""
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         async with raw_client(broker, background=True) as client:
             await client.handshake("granter")
             await client.send(BindTopic("empty"), Subscribe(0, "reliable", {}))
@@ -190,8 +193,8 @@ async def test_broken_connection_detaches_then_expires_and_frees_everything(
     another client's) vanishes without Goodbye. Its session keeps its
     subscription, and the loans of those deliveries, for one lease; then it
     expires and every loan, topic and buffer comes back."""
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
-        async with open_client(url(broker), name="other") as other:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
+        async with connect_client(broker, name="other") as other:
             async with raw_client(broker, background=True) as client:
                 welcome = await client.handshake("vanishing")
                 await client.send(
@@ -278,7 +281,7 @@ async def _silent_client_closed(broker: Broker, name: str) -> tuple[Welcome, flo
 async def test_silent_client_gets_goodbye_4_and_may_resume_within_the_next_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         welcome, detached_at = await _silent_client_closed(broker, "silent")
         await trio.sleep_until(detached_at + LEASE - 2 * SLACK)
         assert broker.sessions.expired_total == 0
@@ -307,7 +310,7 @@ async def test_silent_client_gets_goodbye_4_and_may_resume_within_the_next_lease
 async def test_silent_client_session_expires_one_lease_after_goodbye_4(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         welcome, detached_at = await _silent_client_closed(broker, "silent")
         await trio.sleep_until(detached_at + LEASE + SLACK)
         assert broker.sessions.expired_total == 1
@@ -349,7 +352,7 @@ async def test_publisher_throttled_for_many_leases_keeps_its_connection(
         "connection_high_watermark": 8 * KiB,
         "connection_low_watermark": 4 * KiB,
     }
-    async with running_broker(**config, heartbeat=HEARTBEAT, lease=LEASE) as broker:
+    async with running_broker(**config, heartbeat=HEARTBEAT, lease=LEASE, in_memory=True) as broker:
         async with raw_client(broker, background=True) as deaf:
             await subscribe_deaf(deaf, 0)
             await settle(lambda: broker.statistics().subscriptions == 1)

@@ -2,8 +2,9 @@
 confirmed is sent to subscribers that keep issuing guarantees, but never at
 the cost of the Goodbye and the drain.
 
-The tests that time the shutdown run on trio's MockClock (autojump): the
-broker's timers are exact there, however loaded the machine."""
+The tests that time the shutdown run on trio's MockClock (autojump), over
+in-memory streams (``memory``): the broker's timers are exact there,
+however loaded the machine."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from broker.protocol import (
 )
 from broker.server import Broker
 
-from .helpers import TIMEOUT, RawClient, running_broker, url, wait_until
+from .helpers import TIMEOUT, RawClient, connect_client, running_broker, url, wait_until
 
 DEADLINE = 3.0
 DELIVER_0 = Channel(ChannelKind.DELIVER, 0)
@@ -71,7 +72,7 @@ async def _stingy_shutdown(
     alongside), check both got Goodbye 5, and return the broker and how long
     the shutdown took."""
     async with (
-        running_broker(shutdown_deadline=DEADLINE) as broker,
+        running_broker(shutdown_deadline=DEADLINE, in_memory=True) as broker,
         trio.open_nursery() as nursery,
     ):
         stingy = await RawClient.connect(broker)
@@ -84,7 +85,7 @@ async def _stingy_shutdown(
         await bystander.handshake("bystander")
         bystander.start_reading(nursery)
         await wait_until(lambda: broker.statistics().subscriptions == 1)
-        async with open_client(url(broker), name="pub") as publisher:
+        async with connect_client(broker, name="pub") as publisher:
             for _ in range(20):
                 await publisher.publish("news", b"x" * 1000)
             await wait_until(lambda: _queued(broker) > 0, what="queued deliveries")
@@ -251,7 +252,7 @@ async def test_the_blocking_client_does_not_drop_what_the_shutdown_did_not_confi
             BindTopic("news"), Subscribe(0, "reliable", {}), IssueGuarantee(DELIVER_0, 3000)
         )
         await wait_until(lambda: broker.statistics().subscriptions == 1)
-        async with open_client(url(broker), name="pub") as publisher:
+        async with connect_client(broker, name="pub") as publisher:
             for _ in range(20):
                 await publisher.publish("news", b"x" * 1000)
         client = await trio.to_thread.run_sync(lambda: BlockingClient(url(broker), name="sync"))

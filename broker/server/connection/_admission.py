@@ -178,6 +178,7 @@ class Admission:
             self.publishing.session_id = self.session.id  # (its publishes' origin)
         # The bind channels exist now: their buffers count against the budgets.
         budget = self.publishing.budget
+        budget.book()  # (what the policy granted the channels the Welcome opened)
         ledger = self.ledger
         ledger.reserve(budget.capacity_in_use() - ledger.buffer_reserved)
         budget.subscriptions_changed()

@@ -13,11 +13,15 @@ up to the client to free a handle. A busy channel below ``publish_capacity``
 takes room back from channels quiet for ``IDLE_AFTER`` seconds.
 
 A new channel is funded while the protocol handles the read that bound it
-(the protocol asks its policy): :meth:`ConnectionBudget.fund` is then a pure
-computation over this ledger, and calls nothing of the protocol. Whatever
-acts on other channels (shrinking idle ones, topping up a channel that got
-less than it asked for, funding starved ones) waits for :meth:`settle`,
-which the connection calls once ``receive_data`` has returned.
+(the protocol asks its policy): :meth:`ConnectionBudget.quote` is then a
+pure computation over a snapshot (the ledger's numbers, and the grants of
+the read so far, :attr:`ConnectionBudget.pending`): it reads no clock,
+writes nothing and calls nothing of the protocol. The connection books the
+grants (:meth:`ConnectionBudget.book`: the ledger, the starved queue and
+its times) once ``receive_data`` has returned, before it acts on the
+read's events. Whatever acts on other channels (shrinking idle ones,
+topping up a channel that got less than it asked for, funding starved
+ones) waits for :meth:`settle`, which the connection calls after that.
 
 The subscription bind channel ``[1, 0]`` grows as subscriptions are made
 (every live subscription keeps its Subscribe frame's bytes charged there),
@@ -32,6 +36,7 @@ counts against the budgets (bind frames are counted, never stored).
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
@@ -95,14 +100,31 @@ class Wakeable(Protocol):
     def set(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The capacity the policy gave a new receiving channel, to be booked
+    (:meth:`ConnectionBudget.book`) once the protocol call that opened it
+    has returned."""
+
+    channel: Channel
+    capacity: int
+    #: A publish channel's ask (``publish_capacity``); 0: not a publish channel.
+    wanted: int = 0
+    #: A publish channel queued behind channels already starved (it gets
+    #: nothing, and the ledger is not looked at).
+    behind: bool = False
+
+
 class ConnectionBudget:
     """The receive-buffer decisions of one connection (see the module).
 
     Set :attr:`protocol` once the connection's protocol exists; call
-    :meth:`settle` after each read and whenever capacity may have freed up,
-    and wake the writer when it returns True. :meth:`fund` and
-    :meth:`opened` (what the policy calls while the protocol handles a read)
-    never call the protocol.
+    :meth:`book` after each call of the protocol that may open receiving
+    channels (``receive_data``, ``welcome``), :meth:`settle` after each read
+    and whenever capacity may have freed up, and wake the writer when it
+    returns True. :meth:`quote` (what the policy calls while the protocol
+    handles a read) only computes: it never reads the clock, writes the
+    ledger or calls the protocol.
     """
 
     def __init__(self, config: BrokerConfig, ledger: Ledger) -> None:
@@ -125,7 +147,7 @@ class ConnectionBudget:
         self._binds_dirty = False
         #: The client was told that the subscription limit holds back [1, 0].
         self.subscription_limit_advised = False
-        #: The ledger as :meth:`fund` sees it: the capacity in use (as of the
+        #: The ledger as :meth:`quote` sees it: the capacity in use (as of the
         #: last survey, plus what was opened since). It only ever
         #: overestimates what is in use.
         self._in_use = 0
@@ -141,6 +163,9 @@ class ConnectionBudget:
         self.wake: Wakeable | None = None
         #: When starved channels last asked the pool for room.
         self._asked_pool = -float("inf")
+        #: What the policy granted since the last :meth:`book`, in order
+        #: (the policy appends; :meth:`book` books and empties).
+        self.pending: list[Grant] = []
 
     # ---------------------------------------------------------------- accounting
 
@@ -149,18 +174,22 @@ class ConnectionBudget:
         each bind channel's up to ``bind_capacity``."""
         return self._survey()[0]
 
-    def opened(self, channel: Channel, capacity: int) -> None:
-        """The protocol opened a (non-publish) receiving ``channel`` with
-        ``capacity``: book it in the ledger (no call to the protocol)."""
-        if channel.kind == ChannelKind.PUBLISH:
-            self._in_use += capacity
-        elif channel.kind != ChannelKind.DELIVER:
-            self._in_use += min(capacity, self.config.bind_capacity)
+    def _counted(self, grant: Grant) -> int:
+        """What ``grant`` adds to the capacity counted against the budgets."""
+        kind = grant.channel.kind
+        if kind == ChannelKind.PUBLISH:
+            return grant.capacity
+        if kind == ChannelKind.DELIVER:
+            return 0
+        return min(grant.capacity, self.config.bind_capacity)
 
     def _survey(self) -> tuple[int, bool, int]:
         """:meth:`capacity_in_use`; whether an idle publish channel is above
         one frame (so that shrinking could free something); and how much
-        shrinks under way will free (once the senders absolve)."""
+        shrinks under way will free (once the senders absolve). Grants not
+        booked yet are booked first (the protocol has their channels)."""
+        if self.pending:
+            self.book()
         protocol = self.protocol
         bind_capacity = self.config.bind_capacity
         floor = self.config.min_publish_capacity
@@ -197,32 +226,58 @@ class ConnectionBudget:
 
     # ---------------------------------------------------------------- publish channels
 
-    def fund(self, channel: Channel) -> int:
-        """Capacity for a new publish channel (0: starved, funded later).
-
-        Computed from the ledger alone (see the module): a channel that gets
-        less than ``publish_capacity`` is noted, and the next :meth:`settle`
-        shrinks idle channels for it and tops it up (or funds it, if starved).
-        """
+    def quote(self, channel: Channel) -> Grant:
+        """Capacity for a new publish channel (0: starved, funded later),
+        computed from a snapshot: the ledger's numbers as they are, and the
+        grants not booked yet (:attr:`pending`). Reads no clock and writes
+        nothing: the caller appends the grant to :attr:`pending`, and
+        :meth:`book` books it. A channel that gets less than
+        ``publish_capacity`` is noted when booked, and the next
+        :meth:`settle` shrinks idle channels for it and tops it up (or
+        funds it, if starved)."""
         config = self.config
-        now = trio.current_time()
-        if self.starved:
-            self.starved[channel] = now  # those opened before it come first
-            return 0
         want = config.publish_capacity
+        pending = self.pending
+        starved = bool(self.starved) or any(
+            g.wanted and not g.capacity for g in pending
+        )  # (those opened before it come first)
+        if starved:
+            return Grant(channel, 0, want, behind=True)
         ledger = self.ledger
-        in_use = self._in_use
-        self._sync_ledger(in_use)
-        available = min(config.connection_budget - in_use, ledger.spare_budget())
-        grant = self._grant(available)
-        if grant < want:
-            self._short[channel] = want
-        if not grant:
-            self.starved[channel] = now
-            return 0
-        self._in_use += grant
-        ledger.reserve(grant)
-        return grant
+        in_use = self._in_use + sum(self._counted(g) for g in pending)
+        # (As if the ledger were booked up to ``in_use`` first: the broker's
+        # and the principal's spare shrink by as much as it grows.)
+        spare = ledger.spare_budget() - (in_use - ledger.buffer_reserved)
+        available = min(config.connection_budget - in_use, spare)
+        return Grant(channel, self._grant(available), want)
+
+    def book(self) -> None:
+        """Book what the policy granted (:attr:`pending`) since the last
+        call, in order: reserve it in the ledger, note channels that got
+        less than they asked for, queue starved ones (since now). Called
+        once the protocol call that opened the channels has returned."""
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        now = trio.current_time()
+        ledger = self.ledger
+        for grant in pending:
+            channel = grant.channel
+            if not grant.wanted:
+                self._in_use += self._counted(grant)
+                continue
+            if grant.behind:
+                self.starved[channel] = now
+                continue
+            self._sync_ledger(self._in_use)
+            if grant.capacity < grant.wanted:
+                self._short[channel] = grant.wanted
+            if not grant.capacity:
+                self.starved[channel] = now
+                continue
+            self._in_use += grant.capacity
+            ledger.reserve(grant.capacity)
 
     def _top_up_short(self) -> bool:
         """For each channel opened with less than it asked for: shrink idle
@@ -362,6 +417,7 @@ class ConnectionBudget:
         """Fund starved channels that room now allows (oldest first), tell
         the client about the ones still starved, and size the subscription
         bind channel; True if something was queued to send."""
+        self.book()  # (the connection did already after the read)
         protocol = self.protocol
         if protocol.closed or not (self.starved or self._binds_dirty or self._short):
             if self._stale and not protocol.closed:

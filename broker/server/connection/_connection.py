@@ -6,7 +6,8 @@ in line, control events to the part whose job they are:
 :class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
 :class:`~._delivery.Deliveries`, :class:`~._budget.ConnectionBudget`). The
 protocol is never called while it handles a read: the policy only computes
-(see ``_budget``), and the budget settles after ``receive_data`` returns.
+(see ``_budget``); the budget books its grants once ``receive_data`` has
+returned, and settles after the read's events.
 """
 
 from __future__ import annotations
@@ -503,6 +504,7 @@ class ServerConnection:
                 events = protocol.receive_data(
                     data, trio.current_time(), max_frames=FRAMES_PER_TURN
                 )
+                budget.book()  # (what the policy granted the channels the read opened)
                 # The protocol is done with the turn: only now is it acted on. What
                 # it causes to be sent, on any connection, is written after (``_wake``).
                 outbox.open()

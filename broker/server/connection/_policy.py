@@ -16,21 +16,24 @@ from broker.protocol import (
     Policy,
 )
 
+from ._budget import Grant
+
 
 class BudgetView(Protocol):
     """What the policy asks of a connection's receive-buffer budget (see
     :class:`~broker.server.connection._budget.ConnectionBudget`). The policy is called
-    while the protocol handles a read: none of these may call the protocol."""
+    while the protocol handles a read: none of these may call the protocol,
+    read the clock or write the ledger."""
 
     @property
     def config(self) -> BrokerConfig: ...
 
-    def fund(self, channel: Channel) -> int:
-        """Capacity for a new publish channel (a computation over the ledger)."""
-        ...
+    #: The grants not booked yet: the policy appends each one it makes; the
+    #: connection books them (``book``) once the protocol call returned.
+    pending: list[Grant]
 
-    def opened(self, channel: Channel, capacity: int) -> None:
-        """Book a new non-publish receiving channel's ``capacity``."""
+    def quote(self, channel: Channel) -> Grant:
+        """Capacity for a new publish channel, from a snapshot (no writes)."""
         ...
 
     def subscription_room(self) -> int:
@@ -49,7 +52,9 @@ class BrokerPolicy(Policy):
     buffer budgets (see :class:`ConnectionBudget`); the subscription bind
     channel never offers room beyond what ``max_subscriptions`` allows.
     ``blocked(index)`` says whether publish channel ``index``'s account
-    withholds its guarantees. Nothing here calls back into the protocol.
+    withholds its guarantees. Nothing here calls back into the protocol,
+    reads the clock or writes the ledger: the grants are booked after the
+    protocol's call returns (see ``ConnectionBudget.book``).
     """
 
     def __init__(self, budget: BudgetView, blocked: Callable[[int], bool]) -> None:
@@ -69,14 +74,20 @@ class BrokerPolicy(Policy):
         self._blocked = blocked
 
     def initial_capacity(self, channel: Channel) -> int:
+        """A publish channel's capacity is quoted from the budget's snapshot;
+        a bind channel's is fixed. Either way the grant is only noted
+        (``pending``): the connection books it after the protocol call."""
+        budget = self._budget
         if channel.kind == ChannelKind.PUBLISH:
-            return self._budget.fund(channel)
-        if channel == SUBSCRIPTION_BINDS:
-            capacity = self._budget.subscription_room()
+            grant = budget.quote(channel)
         else:
-            capacity = super().initial_capacity(channel)
-        self._budget.opened(channel, capacity)
-        return capacity
+            if channel == SUBSCRIPTION_BINDS:
+                capacity = budget.subscription_room()
+            else:
+                capacity = super().initial_capacity(channel)
+            grant = Grant(channel, capacity)
+        budget.pending.append(grant)
+        return grant.capacity
 
     def may_issue(self, channel: Channel) -> bool:
         if channel.kind != ChannelKind.PUBLISH:

@@ -13,7 +13,8 @@
   families without series.
 - :func:`stat_document` is the same state as one bounded JSON-ready ``dict``
   (what ``broker stat`` shows; :mod:`._stat`, its ``logs`` section
-  :mod:`._log_stat`).
+  :mod:`._log_stat`), typed as :class:`StatDocument` in :mod:`._stat_schema`,
+  beside the rules by which a supervisor merges its workers' documents.
 - :func:`serve_metrics` serves both, and the probes ``/healthz`` and
   ``/readyz``, over HTTP/1.1 (parsed by ``h11``) on trio, in the broker's own
   thread (:mod:`._http`).
@@ -34,6 +35,7 @@ from ._families import (
 from ._family import MetricSpec
 from ._http import serve_metrics
 from ._stat import build_stat_document, stat_document
+from ._stat_schema import STAT_VERSION, StatDocument
 
 __all__ = [
     "CHANNEL_KINDS",
@@ -41,9 +43,11 @@ __all__ = [
     "DELIVERY_DROP_REASONS",
     "DROP_REASONS",
     "METRICS",
+    "STAT_VERSION",
     "BrokerCollector",
     "MetricSpec",
     "Snapshot",
+    "StatDocument",
     "build_stat_document",
     "metrics_registry",
     "sanitise_label",

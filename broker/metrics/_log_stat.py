@@ -9,16 +9,17 @@ to :data:`LIST_LIMIT` durable cursors (the most lag first).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, TypedDict
 
 from ._log_walk import LogFigures, LogReading, LogsHost, log_readers
+from ._stat_schema import LOG_LIST_LIMIT, CursorRow, LogReaderRow, LogsSection, LogTopicRow
 from ._walk_steps import Best, Walk
 
 if TYPE_CHECKING:
     from broker.log import TopicLog
 
 #: Most subscriptions listed per topic, and most durable cursors listed.
-LIST_LIMIT: Final = 256
+LIST_LIMIT: Final = LOG_LIST_LIMIT
 #: Cursors (or topics) visited between two turns of the loop.
 CHUNK: Final = 64
 
@@ -31,10 +32,8 @@ def cursor_parts(key: str) -> tuple[str | None, str, str]:
     return principal or None, topic, name
 
 
-def reader_document(reader: LogReading) -> dict[str, Any]:
-    """One reliable log subscription: ``position`` (the next offset it sends),
-    ``acked`` (the last offset its subscriber processed), ``lag`` (records
-    retained and not processed), its durable cursor's name if it has one."""
+def reader_document(reader: LogReading) -> LogReaderRow:
+    """One reliable log subscription."""
     key = reader.cursor_key
     return {
         "connection": reader.connection.name,
@@ -47,7 +46,13 @@ def reader_document(reader: LogReading) -> dict[str, Any]:
     }
 
 
-def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, Any]]:
+class _Cursors(TypedDict):
+    cursors_listed: str
+    cursors_total: int
+    cursors: list[CursorRow]
+
+
+def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[_Cursors]:
     """Every stored durable cursor (whether a live subscription uses it
     now); the :data:`LIST_LIMIT` with the most lag."""
     book = broker.cursors
@@ -60,7 +65,7 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
         for reader in log_readers(live_topic):
             if reader.cursor_key is not None:
                 live[reader.cursor_key] = reader
-    kept: Best[dict[str, Any]] = Best(LIST_LIMIT)
+    kept: Best[CursorRow] = Best(LIST_LIMIT)
     total = 0
     for index, (key, position) in enumerate(positions):
         if index and index % CHUNK == 0:
@@ -71,7 +76,7 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
         lag = None
         if topic_log is not None and not topic_log.closed:
             lag = max(0, topic_log.next_offset - max(position, topic_log.first_offset))
-        entry = {
+        entry: CursorRow = {
             "principal": principal,
             "topic": topic,
             "cursor": name,
@@ -87,30 +92,12 @@ def _cursors(broker: LogsHost, logs: Mapping[str, TopicLog]) -> Walk[dict[str, A
     }
 
 
-def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str, Any] | None]:
-    """The ``logs`` section (None for a memory-only broker)::
-
-        {"data_dir", "free_bytes", "size_bytes", "topics_total", "bytes", "terms",
-         "blocked_topics", "max_lag", "subscriptions", "appends", "append_errors",
-         "fsyncs", "fsync_seconds", "truncated_records", "truncated_bytes", "gap_records",
-         "open_files", "open_files_limit", "file_opens", "file_evictions",
-         "topics": [{"name", "first_offset", "last_offset", "bytes", "terms",
-                     "held", "blocked", "error", "lag", "subscriptions_total",
-                     "subscriptions": [{"connection", "handle", "position", "acked",
-                                        "lag", "gaps_sent", "cursor"}]}],
-         "cursors_listed": "stored", "cursors_total": N,
-         "cursors": [{"principal", "topic", "cursor", "position", "lag", "subscribed"}]}
-
-    Offsets are topic offsets (the first record is 1); a subscription's
-    ``position`` is the next offset it sends, ``acked`` the last its
-    subscriber processed; a cursor's ``position`` the next offset it wants.
-    Lags are in records. ``cursors`` come from every stored cursor
-    (``cursors_listed`` is "stored"; ``broker stat`` also reads "live", a
-    list of live subscriptions' cursors only).
-    """
+def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[LogsSection | None]:
+    """The ``logs`` section (None for a memory-only broker): see
+    :class:`._stat_schema.LogsSection`."""
     if figures is None:
         return None
-    topics: list[dict[str, Any]] = []
+    topics: list[LogTopicRow] = []
     for one in figures.top:
         topic = broker.topics.get(one.name)
         readers = log_readers(topic) if topic is not None else []
@@ -155,5 +142,7 @@ def logs_document(broker: LogsHost, figures: LogFigures | None) -> Walk[dict[str
         "file_evictions": figures.file_evictions,
         "gap_records": figures.gap_records,
         "topics": topics,
-        **cursors,
+        "cursors_listed": cursors["cursors_listed"],
+        "cursors_total": cursors["cursors_total"],
+        "cursors": cursors["cursors"],
     }

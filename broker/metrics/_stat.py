@@ -23,11 +23,24 @@ from ._collector import BrokerCollector, Snapshot
 from ._families import kind_name, sanitise_label
 from ._log_stat import logs_document, reader_document
 from ._log_walk import LogReading
+from ._stat_schema import (
+    STAT_VERSION,
+    AccountDoc,
+    BrokerSection,
+    ConnectionRow,
+    GroupRow,
+    ReceiverRow,
+    SenderRow,
+    StatDocument,
+    SubscriptionRow,
+    TopicRow,
+    TotalValue,
+)
 from ._walk_steps import Walk, run_in_pieces, run_now
 
 if TYPE_CHECKING:
     from accounts import Account
-    from broker.server import Broker, ConnectionView
+    from broker.server import Broker, ConnectionView, Subscription
 
 #: Most channels, and most subscriptions, listed per detailed connection.
 LIST_LIMIT: Final = 256
@@ -53,8 +66,8 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _account(account: Account) -> dict[str, Any]:
-    document: dict[str, Any] = _plain(account.statistics())
+def _account(account: Account) -> AccountDoc:
+    document: AccountDoc = _plain(account.statistics())
     return document
 
 
@@ -62,49 +75,19 @@ def _account(account: Account) -> dict[str, Any]:
 LIST_GROUPS = 50
 
 
-def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> dict[str, Any]:
-    """The live broker as a JSON-ready ``dict`` (``json.dumps(..., allow_nan=False)``
-    succeeds on it), built at once: what ``GET /stat.json`` returns and
-    ``broker stat`` shows.
+def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> StatDocument:
+    """The live broker as a JSON-ready :class:`~._stat_schema.StatDocument`
+    (``json.dumps(..., allow_nan=False)`` succeeds on it), built at once: what
+    ``GET /stat.json`` returns and ``broker stat`` shows.
 
     With ``collector`` (the metrics server's), its snapshot is used and the
     counter totals include closed connections; without, a temporary collector
     walks the broker and the counter totals cover the live connections only.
-
-    Layout (all sizes in bytes; an infinite watermark is ``null``)::
-
-        {"version": 2,
-         "broker": {"address", "epoch", "closing", "tls", "authentication",
-                    "security", "statistics", "account",
-                    "loop": {"task_steps", "io_waits"} or null (see loop_counters),
-                    "links": [...] (a worker of several only: its links, per owner)},
-         "budgets": {"global_budget", "buffer_reserved", "connection_budget", ...},
-         "principals": {name: {"connections", "buffer_reserved", "buffer_budget"}},
-         "totals": {family: value, or {label value: ...} per label},
-         "connections_total": N, "topics_total": N,
-         "connections": [{"name", "serial", "peer", "client", "principal", "identity",
-                          "state", "account",
-                          "counters", "protocol", "buffer_reserved", "unsent_bytes",
-                          "channels_total", "subscriptions_total",
-                          "channels": [{"kind", "channel", "direction", ...}],
-                          "subscriptions": [{"handle", "topic", "mode", ...}]}],
-         "topics": [{"name", "publishers", "subscriptions", "queued", "messages_in"}],
-         "logs": null, or the topic logs (see :func:`._log_stat.logs_document`),
-         "groups_total": N,
-         "groups": [{"topic", "group", "members", "outstanding", "lag", "floor",
-                     "settled", "redelivered", "dead_lettered", "expired",
-                     "late_settles"}]}
-
-    ``connections`` lists the collector's detailed connections (the most debt
-    first, then the longest backlog); ``topics`` its ``top`` topics, most
-    queued deliveries first. ``logs`` is ``null`` for a memory-only broker;
-    with a data directory it has the log figures, the topics the metrics
-    detail (the most bytes, blocked first, then the most lag) with their
-    reliable subscriptions' positions, and the durable cursors. A reliable
-    subscription of a detailed connection that reads the log also shows
-    ``acked``, ``lag`` (records) and ``cursor``.
-    ``client`` is sanitised like the metrics label. Topic names are given in
-    full (JSON escapes them).
+    ``connections`` are the collector's detailed connections (the most debt
+    first, then the longest backlog), ``topics`` its ``top`` topics (the most
+    queued deliveries first), ``groups`` the :data:`LIST_GROUPS` with the
+    most lag; ``logs`` (see :func:`._log_stat.logs_document`) details the
+    topics the metrics detail.
     """
     if collector is not None:
         return run_now(_document(broker, collector.snapshot_now()))
@@ -115,14 +98,14 @@ def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> d
         temporary.close()
 
 
-async def build_stat_document(broker: Broker, collector: BrokerCollector) -> dict[str, Any]:
+async def build_stat_document(broker: Broker, collector: BrokerCollector) -> StatDocument:
     """:func:`stat_document` of ``collector``'s snapshot, giving the loop a
     turn between the connections it details."""
     snapshot = await collector.snapshot()
     return await run_in_pieces(_document(broker, snapshot))
 
 
-def _totals(snapshot: Snapshot) -> dict[str, Any]:
+def _totals(snapshot: Snapshot) -> dict[str, TotalValue]:
     document: dict[str, Any] = {}
     for (name, labels), value in snapshot.totals.values.items():
         if not labels:
@@ -135,8 +118,8 @@ def _totals(snapshot: Snapshot) -> dict[str, Any]:
     return document
 
 
-def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
-    connections: list[dict[str, Any]] = []
+def _document(broker: Broker, snapshot: Snapshot) -> Walk[StatDocument]:
+    connections: list[ConnectionRow] = []
     for serial in snapshot.top:
         connection = broker.connections.get(serial)
         if connection is not None:  # else it closed since the walk
@@ -154,29 +137,34 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         buffer_budget_bytes=config.global_budget,
         debt=broker.account.debt,
     )
-    groups: list[dict[str, Any]] = [
-        {"topic": group.topic.topic_name, "group": group.name, **group.statistics()}
+    groups: list[GroupRow] = [
+        cast(
+            "GroupRow",
+            {"topic": group.topic.topic_name, "group": group.name, **group.statistics()},
+        )
         for group in (broker.groups.groups.values() if broker.groups is not None else ())
     ]
     groups.sort(key=lambda entry: -entry["lag"])
+    section: BrokerSection = {
+        "address": "{}:{}".format(*broker.address),
+        "epoch": broker.epoch.hex(),
+        "closing": broker.closing,
+        "tls": broker.ssl_context is not None,
+        "authentication": broker.auth is not None,
+        "security": _plain(broker.security),
+        "statistics": _plain(statistics),
+        "account": _account(broker.account),
+        "loop": None
+        if broker.loop is None
+        else {"task_steps": broker.loop.task_steps, "io_waits": broker.loop.io_waits},
+    }
+    if (links := broker.link_statistics()) is not None:
+        section["links"] = _plain(links)
     return {
-        "version": 2,
+        "version": STAT_VERSION,
         "groups": groups[:LIST_GROUPS],
         "groups_total": len(groups),
-        "broker": {
-            "address": "{}:{}".format(*broker.address),
-            "epoch": broker.epoch.hex(),
-            "closing": broker.closing,
-            "tls": broker.ssl_context is not None,
-            "authentication": broker.auth is not None,
-            "security": _plain(broker.security),
-            "statistics": _plain(statistics),
-            **({} if (links := broker.link_statistics()) is None else {"links": _plain(links)}),
-            "account": _account(broker.account),
-            "loop": None
-            if broker.loop is None
-            else {"task_steps": broker.loop.task_steps, "io_waits": broker.loop.io_waits},
-        },
+        "broker": section,
         "budgets": {
             "global_budget": config.global_budget,
             "buffer_reserved": broker.buffer_reserved,
@@ -203,44 +191,64 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[dict[str, Any]]:
         "connections_total": snapshot.connections,
         "topics_total": snapshot.topics,
         "connections": connections,
-        "topics": [dict(topic) for topic in snapshot.top_topics],
+        "topics": [cast("TopicRow", dict(topic)) for topic in snapshot.top_topics],
         "logs": logs,
     }
 
 
-def _log_fields(subscription: object) -> dict[str, Any]:
-    """``acked``, ``lag`` and ``cursor`` of a subscription that reads its topic's log."""
-    fields = reader_document(cast("LogReading", subscription))
-    return {key: fields[key] for key in ("acked", "lag", "gaps_sent", "cursor")}
+def _subscription_row(subscription: Subscription) -> SubscriptionRow:
+    row: SubscriptionRow = {
+        "handle": subscription.handle,
+        "topic": subscription.topic.topic_name,
+        "mode": subscription.mode,
+        "queued": subscription.queued,
+        "delivered": subscription.delivered,
+        "next_seq": subscription.next_seq,
+    }
+    if isinstance(subscription, DroppingSubscription):
+        row["dropped_overflow"] = subscription.dropped_overflow
+        row["dropped_replaced"] = subscription.dropped_replaced
+        row["gaps_sent"] = subscription.gaps_sent
+        row["max_queued"] = subscription.limits.max_queued
+        row["max_queued_bytes"] = subscription.limits.max_queued_bytes
+    if subscription.reads_log:
+        reader = reader_document(cast("LogReading", subscription))
+        row["acked"] = reader["acked"]
+        row["lag"] = reader["lag"]
+        row["gaps_sent"] = reader["gaps_sent"]
+        row["cursor"] = reader["cursor"]
+    return row
 
 
-def _connection_document(connection: ConnectionView) -> dict[str, Any]:
+def _connection_document(connection: ConnectionView) -> ConnectionRow:
     protocol = connection.protocol
     pstats = protocol.statistics()
-    channels: list[dict[str, Any]] = []
+    channels: list[ReceiverRow | SenderRow] = []
     for receiver in pstats.receivers[:LIST_LIMIT]:
-        entry: dict[str, Any] = {"kind": kind_name(receiver.channel), "direction": "in"}
-        entry.update(_plain(receiver))
+        entry = cast(
+            "ReceiverRow",
+            {"kind": kind_name(receiver.channel), "direction": "in", **_plain(receiver)},
+        )
         state = (
             connection.channels.get(receiver.channel.index)
             if receiver.channel.kind == ChannelKind.PUBLISH
             else None
         )
         if state is not None:
-            entry.update(
-                topic=state.topic.topic_name,
-                account=_account(state.account),
-                buffered_publishes=len(state.buffer),
-                routed=state.routed,
-                confirmed=state.confirmed,
-                throttled=state.waiting,
-                throttle_advised=state.advised,
-            )
+            entry["topic"] = state.topic.topic_name
+            entry["account"] = _account(state.account)
+            entry["buffered_publishes"] = len(state.buffer)
+            entry["routed"] = state.routed
+            entry["confirmed"] = state.confirmed
+            entry["throttled"] = state.waiting
+            entry["throttle_advised"] = state.advised
         channels.append(entry)
     for sender in pstats.senders[: max(0, LIST_LIMIT - len(channels))]:
-        entry = {"kind": kind_name(sender.channel), "direction": "out"}
-        entry.update(_plain(sender))
-        channels.append(entry)
+        sent = cast(
+            "SenderRow",
+            {"kind": kind_name(sender.channel), "direction": "out", **_plain(sender)},
+        )
+        channels.append(sent)
     subscriptions = list(connection.subscriptions.values())
     return {
         "name": connection.name,
@@ -266,27 +274,5 @@ def _connection_document(connection: ConnectionView) -> dict[str, Any]:
         "channels_total": len(pstats.receivers) + len(pstats.senders),
         "subscriptions_total": len(subscriptions),
         "channels": channels,
-        "subscriptions": [
-            {
-                "handle": subscription.handle,
-                "topic": subscription.topic.topic_name,
-                "mode": subscription.mode,
-                "queued": subscription.queued,
-                "delivered": subscription.delivered,
-                "next_seq": subscription.next_seq,
-                **(
-                    {
-                        "dropped_overflow": subscription.dropped_overflow,
-                        "dropped_replaced": subscription.dropped_replaced,
-                        "gaps_sent": subscription.gaps_sent,
-                        "max_queued": subscription.limits.max_queued,
-                        "max_queued_bytes": subscription.limits.max_queued_bytes,
-                    }
-                    if isinstance(subscription, DroppingSubscription)
-                    else {}
-                ),
-                **(_log_fields(subscription) if subscription.reads_log else {}),
-            }
-            for subscription in subscriptions[:LIST_LIMIT]
-        ],
+        "subscriptions": [_subscription_row(s) for s in subscriptions[:LIST_LIMIT]],
     }

@@ -6,15 +6,16 @@ in the text format 0.0.4 the way ``prometheus_client.generate_latest`` writes
 it (:func:`write_exposition`), except that label order is kept, so the
 ``worker`` label comes first.
 
-:func:`merge_stat_documents`: the documents summed where their figures add
-up, their lists of connections and topics joined and cut again as one broker
-cuts them.
+:func:`merge_stat_documents`: the documents merged field by field as
+:data:`broker.metrics._stat_schema.MERGE_RULES` says: summed where their
+figures add up, their lists of connections and topics joined and cut again
+as one broker cuts them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, assert_never, cast
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
@@ -24,14 +25,20 @@ from prometheus_client.utils import floatToGoString
 
 from broker.config import BrokerConfig
 from broker.metrics._collector import BACKLOG_UNSENT
-from broker.metrics._log_stat import LIST_LIMIT as LOG_LIST_LIMIT
+from broker.metrics._stat_schema import (
+    MERGE_RULES,
+    STAT_VERSION,
+    MergeRule,
+    Order,
+    Rows,
+    Rule,
+    Section,
+)
 
 from ._info import WorkerInfo
 
 #: How many connections (and topics) a broker details by default (its ``metrics_top``).
 DEFAULT_TOP: Final = BrokerConfig.metrics_top
-#: The ``version`` of the ``/stat.json`` shape merged.
-STAT_VERSION: Final = 2
 #: The label each worker's samples get: the worker's id.
 WORKER_LABEL: Final = "worker"
 #: The supervisor's own families, as the text names them (a worker's family
@@ -193,10 +200,7 @@ def _number(value: object) -> bool:
 
 def combine(values: Mapping[str, Any]) -> Any:
     """Worker id -> a value of one place in its document, as one value:
-    numbers summed, flags true if any is, mappings combined key by key
-    (a key some workers lack: from those that have it), ``null`` left out
-    (all ``null``: ``null``); anything else (text, lists, mixed kinds) the
-    common value, or ``{worker: value}`` if the workers differ."""
+    :attr:`Rule.SUM` (and :attr:`Rule.ANY`)."""
     present = {worker: value for worker, value in values.items() if value is not None}
     if not present:
         return None
@@ -212,7 +216,7 @@ def combine(values: Mapping[str, Any]) -> Any:
 
 
 def _common(values: Mapping[str, Any]) -> Any:
-    """The value every worker has, or ``{worker: value}`` if they differ."""
+    """:attr:`Rule.SAME`: the value every worker has, or ``{worker: value}`` if they differ."""
     distinct = list(values.values())
     if not distinct:
         return None
@@ -238,27 +242,12 @@ def _num(value: object) -> float:
     return 0.0
 
 
-def _best(
-    items: Sequence[dict[str, Any]], n: int, key: Callable[[dict[str, Any]], tuple[float, ...]]
-) -> list[dict[str, Any]]:
+_Key = Callable[[Mapping[str, Any]], tuple[float, ...]]
+
+
+def _best(items: Sequence[dict[str, Any]], n: int, key: _Key) -> list[dict[str, Any]]:
     """The ``n`` items with the largest ``key``, largest first (ties: as listed)."""
     return sorted(items, key=key, reverse=True)[: max(0, n)]
-
-
-def _two_lists(
-    items: Sequence[dict[str, Any]],
-    n: int,
-    first: Callable[[dict[str, Any]], tuple[float, ...]],
-    second: Callable[[dict[str, Any]], tuple[float, ...]],
-    wanted: Callable[[dict[str, Any]], bool],
-) -> list[dict[str, Any]]:
-    """The ``n`` items with the largest ``first`` key, then up to ``n`` more of
-    the rest that are ``wanted`` with the largest ``second`` key: how a
-    broker chooses the connections (and log topics) it details."""
-    chosen = _best(items, n, first)
-    ids = {id(item) for item in chosen}
-    rest = [item for item in items if id(item) not in ids and wanted(item)]
-    return chosen + _best(rest, n, second)
 
 
 def _debt(connection: Mapping[str, Any]) -> tuple[float, ...]:
@@ -279,69 +268,143 @@ def _behind(connection: Mapping[str, Any]) -> bool:
     return queued > 0 or unsent >= BACKLOG_UNSENT
 
 
-def _logs(docs: Mapping[str, Mapping[str, Any]], top: int) -> dict[str, Any] | None:
-    logs = {w: d["logs"] for w, d in docs.items() if isinstance(d.get("logs"), Mapping)}
-    if not logs:
-        return None
-    merged: dict[str, Any] = combine(
-        {w: {k: v for k, v in one.items() if k not in _LOG_OWN} for w, one in logs.items()}
-    )
-    merged["max_lag"] = max((_num(one.get("max_lag")) for one in logs.values()), default=0)
-    merged["max_lag"] = int(merged["max_lag"])
-    fullest = min(
-        logs.values(),
-        key=lambda one: _num(one.get("free_bytes")) if one.get("free_bytes") is not None else 1e300,
-    )
-    merged["free_bytes"] = fullest.get("free_bytes")
-    merged["size_bytes"] = fullest.get("size_bytes")
-    merged["topics"] = _two_lists(
-        _tagged(logs, "topics"),
-        top,
-        lambda t: (float(bool(t.get("blocked"))), _num(t.get("bytes"))),
-        lambda t: (_num(t.get("lag")), _num(t.get("bytes"))),
-        lambda t: _num(t.get("lag")) > 0,
-    )
-    merged["cursors"] = _best(
-        _tagged(logs, "cursors"),
-        LOG_LIST_LIMIT,
-        lambda c: (-1.0 if c.get("lag") is None else _num(c.get("lag")),),
-    )
-    return merged
+def _any(row: Mapping[str, Any]) -> bool:
+    return True
 
 
-#: Keys of the ``logs`` section merged by their own rule (not :func:`combine`).
-_LOG_OWN: Final = frozenset({"max_lag", "free_bytes", "size_bytes", "topics", "cursors"})
-#: ``budgets`` keys that add up over the workers (each has its own); the
-#: others are per-connection settings, the same in every worker.
-SUMMED_BUDGETS: Final = ("global_budget", "buffer_reserved", "max_connections")
-#: Top-level keys merged by their own rule (not :func:`combine`).
-_OWN: Final = frozenset({"version", "broker", "budgets", "connections", "topics", "logs"})
+def _order(order: Order) -> tuple[_Key, Callable[[Mapping[str, Any]], bool]]:
+    """The key ``order`` ranks rows by, and which rows it ranks."""
+    match order:
+        case Order.DEBT:
+            return _debt, _any
+        case Order.BACKLOG:
+            return _backlog, _behind
+        case Order.QUEUED:
+            return lambda t: (_num(t.get("queued")), _num(t.get("messages_in"))), _any
+        case Order.LOG_BYTES:
+            return lambda t: (float(bool(t.get("blocked"))), _num(t.get("bytes"))), _any
+        case Order.LOG_LAG:
+            return lambda t: (
+                _num(t.get("lag")),
+                _num(t.get("bytes")),
+            ), lambda t: _num(t.get("lag")) > 0
+        case Order.CURSOR_LAG:
+            return lambda c: (-1.0 if c.get("lag") is None else _num(c.get("lag")),), _any
+        case _:
+            assert_never(order)
 
 
-def _broker(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    parts = {w: d["broker"] for w, d in docs.items() if isinstance(d.get("broker"), Mapping)}
-    if not parts:
-        return {}
-    addresses = dict.fromkeys(str(part.get("address", "?")) for part in parts.values())
-    merged: dict[str, Any] = {"address": ", ".join(addresses)}
-    others = {
-        w: {k: v for k, v in p.items() if k not in ("address", "epoch")} for w, p in parts.items()
-    }
-    merged.update(combine(others) or {})
-    accounts = {w: p["account"] for w, p in parts.items() if isinstance(p.get("account"), Mapping)}
-    if accounts:
-        peak = max(_num(a.get("peak_debt")) for a in accounts.values())
-        merged["account"]["peak_debt"] = int(peak)
-    return merged
+def _rows(items: Sequence[dict[str, Any]], rows: Rows, top: int) -> list[dict[str, Any]]:
+    """The items ``rows`` chooses: the ``n`` first by its first order, then up
+    to ``n`` more of the rest by its second (those it ranks)."""
+    n = top if rows.limit is None else rows.limit
+    chosen = _best(items, n, _order(rows.first)[0])
+    if rows.then is None:
+        return chosen
+    key, wanted = _order(rows.then)
+    ids = {id(item) for item in chosen}
+    rest = [item for item in items if id(item) not in ids and wanted(item)]
+    return chosen + _best(rest, n, key)
 
 
-def _budgets(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    parts = {w: d["budgets"] for w, d in docs.items() if isinstance(d.get("budgets"), Mapping)}
+#: The value of a field left out.
+_ABSENT: Final = object()
+
+
+def _emitted(rule: MergeRule) -> bool:
+    """Whether a field with ``rule`` is in the merged section even if no worker has it."""
+    if isinstance(rule, Rows):
+        return True
+    if isinstance(rule, Section):
+        return rule.missing != "omit"
+    return rule in (Rule.MAX, Rule.JOIN, Rule.LEAST_FREE)
+
+
+def _children(path: str) -> list[str]:
+    """The fields :data:`MERGE_RULES` names in the section at ``path``."""
+    prefix = f"{path}." if path else ""
+    return [
+        name.removeprefix(prefix)
+        for name in MERGE_RULES
+        if name.startswith(prefix) and "." not in name.removeprefix(prefix)
+    ]
+
+
+def _section(
+    parts: Mapping[str, Mapping[str, Any]], path: str, others: Rule, top: int
+) -> dict[str, Any]:
+    """Worker id -> its section at ``path`` (a mapping), as one: each field
+    by its rule (``others`` if it has none), in the order the workers list them."""
     merged: dict[str, Any] = {}
-    for key in dict.fromkeys(k for part in parts.values() for k in part):
-        values = {w: part[key] for w, part in parts.items() if key in part}
-        merged[key] = combine(values) if key in SUMMED_BUDGETS else _common(values)
+    keys = dict.fromkeys(key for part in parts.values() for key in part)
+    for child in _children(path):
+        if child not in keys and child != "*" and _emitted(MERGE_RULES[_join(path, child)]):
+            keys[child] = None
+    for key in keys:
+        value = _field(parts, key, _join(path, key), MERGE_RULES.get(_join(path, key), others), top)
+        if value is not _ABSENT:
+            merged[key] = value
     return merged
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _mixed(values: Mapping[str, Any]) -> bool:
+    """Whether some of ``values`` are mappings and some neither mappings nor ``null``."""
+    kinds = {isinstance(v, Mapping) for v in values.values() if v is not None}
+    return len(kinds) > 1
+
+
+def _field(
+    parts: Mapping[str, Mapping[str, Any]], key: str, path: str, rule: MergeRule, top: int
+) -> Any:
+    """Field ``key`` of the workers' sections ``parts``, merged by ``rule``
+    (``path``: where the rules of its fields are), or :data:`_ABSENT`."""
+    values = {w: part[key] for w, part in parts.items() if key in part}
+    if isinstance(rule, Rows):
+        return _rows(_tagged(parts, key), rule, top)
+    if isinstance(rule, Section):
+        inner = {w: v for w, v in values.items() if isinstance(v, Mapping)}
+        if rule.missing == "omit" and _mixed(values):
+            return combine(values)
+        if inner:
+            return _section(inner, path, rule.others, top)
+        if rule.missing != "omit":
+            return {} if rule.missing == "empty" else None
+        return combine(values) if values else _ABSENT
+    match rule:
+        case Rule.SUM | Rule.ANY:
+            return combine(values) if values else _ABSENT
+        case Rule.SAME:
+            return _common(values) if values else _ABSENT
+        case Rule.MAX:
+            return int(max((_num(part.get(key)) for part in parts.values()), default=0))
+        case Rule.JOIN:
+            return ", ".join(dict.fromkeys(str(part.get(key, "?")) for part in parts.values()))
+        case Rule.OMIT:
+            return _ABSENT
+        case Rule.LEAST_FREE:
+            fullest = min(
+                parts.values(),
+                key=lambda part: (
+                    1e300 if part.get("free_bytes") is None else _num(part["free_bytes"])
+                ),
+            )
+            return fullest.get(key)
+        case Rule.EACH_KEY:
+            maps = {w: v for w, v in values.items() if isinstance(v, Mapping)}
+            if not maps or _mixed(values):
+                return combine(values) if values else _ABSENT
+            names = dict.fromkeys(name for one in maps.values() for name in one)
+            star = f"{path}.*"
+            return {
+                name: _field(maps, name, star, MERGE_RULES.get(star, Rule.SUM), top)
+                for name in names
+            }
+        case _:
+            assert_never(rule)
 
 
 def _topics(doc: Mapping[str, Any]) -> Any:
@@ -396,38 +459,14 @@ def merge_stat_documents(
     one document of the same shape, which ``broker stat`` shows, with a
     ``workers`` list added.
 
-    Summed over the workers that answered (numbers added, flags true if any
-    worker's is, nested sections key by key; see :func:`combine`):
-
-    - ``broker.statistics`` (connections, topics, subscriptions, budgets,
-      debt), ``broker.security``, ``broker.loop`` and ``broker.account``
-      (but its ``peak_debt`` is the largest worker's: peaks at different
-      times do not add up); ``broker.closing``, ``tls``, ``authentication``:
-      true if any worker's is;
-    - ``budgets``: :data:`SUMMED_BUDGETS` (``global_budget``,
-      ``buffer_reserved``, ``max_connections``: each worker has its own);
-    - ``principals`` (each principal's connections, reserved and budget),
-      ``totals`` (every family, label by label), ``connections_total`` and
-      ``topics_total`` (a topic in two workers counts twice);
-    - ``logs``: the figures (``topics_total``, ``bytes``, ``terms``,
-      ``blocked_topics``, ``subscriptions``, ``appends``, ``fsyncs``,
-      ``fsync_seconds``, ``truncated_*``, ``gap_records``, ``cursors_total``...), but
-      ``max_lag`` is the largest, and ``free_bytes`` and ``size_bytes`` are
-      those of the worker with the least free bytes (workers may share a
-      disk). ``logs`` is ``null`` if no worker keeps logs.
-
-    The same in every worker, or ``{worker: value}`` where they differ: the
-    other ``budgets`` (per-connection settings), ``version``, ``logs.data_dir``
-    and any other text. ``broker.address`` lists the workers' distinct
-    addresses (``", "``-joined); ``broker.epoch`` is per worker (in ``workers``).
-
-    Per worker, each item a copy with ``"worker": id`` first, re-chosen over
-    all workers as each worker chose them, ``top`` (its ``metrics_top``) at
-    a time: ``connections`` (the ``top`` with the most debt, blocked first,
-    then up to ``top`` more with the longest backlog), ``topics`` (the most
-    queued deliveries, then messages in), ``logs.topics`` (the most bytes,
-    blocked first, then up to ``top`` more with the most lag) and
-    ``logs.cursors`` (the 256 with the most lag).
+    Each field is merged over the workers that answered by its rule in
+    :data:`~broker.metrics._stat_schema.MERGE_RULES`: figures summed, flags
+    true if any worker's is, settings and text the same or ``{worker:
+    value}`` where the workers differ, peaks the largest; ``connections``,
+    ``topics``, ``logs.topics`` and ``logs.cursors`` list every worker's,
+    each tagged ``"worker": id``, chosen again as one broker chooses, ``top``
+    (its ``metrics_top``) at a time. Documents of ids not in ``workers`` are
+    merged all the same.
 
     ``workers`` lists every worker of ``workers`` in order: ``{"id", "pid",
     "up" (it answered), "restarts", "direct" ("host:port"), "metrics"
@@ -438,24 +477,12 @@ def merge_stat_documents(
     serves: its topic logs' ``topics_total`` if it keeps logs, else its open
     topics' ``topics_total``), "messages_in" (messages its clients
     published since it started: ``totals.broker_received_messages_total``)}``
-    (from ``epoch`` on ``null`` for a worker that did not answer). Documents
-    of ids not in ``workers`` are merged all the same.
+    (from ``epoch`` on ``null`` for a worker that did not answer).
     """
     answered = {w: d for w, d in docs.items() if isinstance(d, Mapping)}
-    version = _common({w: d["version"] for w, d in answered.items() if "version" in d})
-    merged: dict[str, Any] = {"version": STAT_VERSION if version is None else version}
-    merged["broker"] = _broker(answered)
-    merged["budgets"] = _budgets(answered)
-    rest = {w: {k: v for k, v in d.items() if k not in _OWN} for w, d in answered.items()}
-    merged.update(combine(rest) or {})
-    merged["connections"] = _two_lists(
-        _tagged(answered, "connections"), top, _debt, _backlog, _behind
-    )
-    merged["topics"] = _best(
-        _tagged(answered, "topics"),
-        top,
-        lambda t: (_num(t.get("queued")), _num(t.get("messages_in"))),
-    )
-    merged["logs"] = _logs(answered, top)
+    merged: dict[str, Any] = {"version": STAT_VERSION}
+    merged.update(_section(answered, "", Rule.SUM, top))
+    if merged["version"] is None:
+        merged["version"] = STAT_VERSION
     merged["workers"] = [_worker_entry(info, answered.get(info.id)) for info in workers]
     return merged

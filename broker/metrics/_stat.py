@@ -24,6 +24,7 @@ from ._families import kind_name, sanitise_label
 from ._log_stat import logs_document, reader_document
 from ._log_walk import LogReading
 from ._stat_schema import (
+    LIST_GROUPS,
     STAT_VERSION,
     AccountDoc,
     BrokerSection,
@@ -69,10 +70,6 @@ def _plain(value: Any) -> Any:
 def _account(account: Account) -> AccountDoc:
     document: AccountDoc = _plain(account.statistics())
     return document
-
-
-#: Consumer groups listed (the most lag first).
-LIST_GROUPS = 50
 
 
 def stat_document(broker: Broker, collector: BrokerCollector | None = None) -> StatDocument:

@@ -17,6 +17,8 @@ from typing import Final, Literal, NotRequired, TypeAlias, TypedDict
 
 #: The document's ``version`` (the fields added since it became 2 kept it).
 STAT_VERSION: Final = 2
+#: Consumer groups a document lists (the most lag first), of a broker or merged.
+LIST_GROUPS: Final = 50
 #: Most subscriptions listed per log topic, and most durable cursors listed.
 LOG_LIST_LIMIT: Final = 256
 
@@ -418,6 +420,8 @@ class Order(Enum):
     LOG_LAG = "log_lag"
     #: The most lag (unknown lag last).
     CURSOR_LAG = "cursor_lag"
+    #: A consumer group's lag, the most first.
+    GROUP_LAG = "group_lag"
 
 
 @dataclass(frozen=True)
@@ -442,7 +446,7 @@ MergeRule: TypeAlias = Rule | Section | Rows
 #: :data:`STAT_VERSION` if no worker answered.
 MERGE_RULES: Final[Mapping[str, MergeRule]] = {
     "version": Rule.SAME,
-    "groups": Rule.SAME,
+    "groups": Rows(Order.GROUP_LAG, limit=LIST_GROUPS),
     "groups_total": Rule.SUM,
     "broker": Section(missing="empty"),
     "broker.address": Rule.JOIN,

@@ -290,6 +290,8 @@ def _order(order: Order) -> tuple[_Key, Callable[[Mapping[str, Any]], bool]]:
             ), lambda t: _num(t.get("lag")) > 0
         case Order.CURSOR_LAG:
             return lambda c: (-1.0 if c.get("lag") is None else _num(c.get("lag")),), _any
+        case Order.GROUP_LAG:
+            return lambda g: (_num(g.get("lag")),), _any
         case _:
             assert_never(order)
 

@@ -220,6 +220,8 @@ def part(scale: int, *, address: str, free: int | None) -> dict[str, Any]:
             {"name": f"conn-{scale}", "account": {"debt": scale}, "subscriptions": []},
         ],
         "topics": [{"name": "t", "queued": scale, "messages_in": 0}],
+        "groups": [{"topic": "t", "group": f"g{scale}", "lag": scale}],
+        "groups_total": 1,
         "logs": {
             "data_dir": "/d",
             "free_bytes": free,
@@ -259,6 +261,12 @@ def test_the_rules_on_two_workers() -> None:
             {"worker": "w2", "name": "conn-2", "account": {"debt": 2}, "subscriptions": []}
         ],
         "topics": [{"worker": "w2", "name": "t", "queued": 2, "messages_in": 0}],
+        # each worker's groups, tagged, the most lag first (limit LIST_GROUPS)
+        "groups": [
+            {"worker": "w2", "topic": "t", "group": "g2", "lag": 2},
+            {"worker": "w1", "topic": "t", "group": "g1", "lag": 1},
+        ],
+        "groups_total": 2,
         "logs": {
             "data_dir": "/d",
             "free_bytes": 50,  # least_free: the worker with the least free bytes (known)

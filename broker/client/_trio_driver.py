@@ -1,8 +1,8 @@
 """The trio client's engine: one session driven by trio tasks.
 
 :class:`TrioDriver` runs, per connection, a reader task (bytes in), a writer
-task (bytes out) and a keepalive task (the session's timers), and a
-reconnection task when a connection breaks; it feeds the sans-IO
+task (bytes out) and a keepalive task (the session's timers), those of a
+:class:`~broker.pump.Pump`, and a reconnection task when a connection breaks; it feeds the sans-IO
 :class:`~broker.client._core.ClientSession` and runs its flows
 (``_flows.py``), parking until their conditions hold.
 :class:`~broker.client.Client` adds the operations.
@@ -11,20 +11,18 @@ reconnection task when a connection breaks; it feeds the sans-IO
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import TypeVar
 
 import trio
 
 from broker.protocol import Connection, Policy
+from broker.pump import Pump, Signal
 
 from . import _flows as flows
 from ._common import PEER_CLOSED, ConnectionLost
 from ._core import ClientSession, Ending
 from ._topics import DEFAULT_MAX_TOPICS
 from ._view import SessionView
-
-RECEIVE_SIZE = 64 * 1024
 
 T = TypeVar("T")
 
@@ -56,7 +54,8 @@ class TrioDriver(SessionView):
         session.on_output = self._wake_writer
         self._stream = stream
         self._changed = trio.lowlevel.ParkingLot()
-        self._wakeup = trio.Event()
+        #: Wakes the writer (of whichever connection is current).
+        self._wakeup = Signal()
         self._since_yield = 0
         self._writer_done = trio.Event()
         self._connect = connect
@@ -89,12 +88,13 @@ class TrioDriver(SessionView):
     async def _serve(self, stream: trio.abc.Stream, conn: Connection) -> None:
         """Run one connection's reader, writer and keepalive (until replaced)."""
         done = self._writer_done = trio.Event()
+        pump = Pump(stream, conn, self._wakeup)
         with trio.CancelScope() as scope:
             self._scope = scope
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader, stream, conn)
-                nursery.start_soon(self._writer, stream, conn, done)
-                nursery.start_soon(self._keepalive, conn)
+                nursery.start_soon(self._reader, pump)
+                nursery.start_soon(self._writer, pump, done)
+                nursery.start_soon(self._keepalive, pump)
 
     def _fail(self, error: ConnectionLost, conn: Connection) -> None:
         """``conn`` ended with ``error`` (nothing to do if it was replaced already)."""
@@ -136,75 +136,74 @@ class TrioDriver(SessionView):
     def _wake_writer(self) -> None:
         self._wakeup.set()
 
-    async def _reader(self, stream: trio.abc.Stream, conn: Connection) -> None:
+    async def _reader(self, pump: Pump) -> None:
         session = self._session
-        try:
-            while not conn.closed:
-                data = await stream.receive_some(RECEIVE_SIZE)
-                if stream in self._retired or conn is not session.conn:
-                    # Replaced while this read was under way (a read can
-                    # return after its cancellation): what it brought belongs
-                    # to the old connection, and the resume sends it again.
-                    return
-                if not data:
-                    self._fail(ConnectionLost(PEER_CLOSED), conn)
-                    return
-                lost = session.receive_data(data, trio.current_time())
-                if lost is not None:
-                    self._fail(lost, conn)
-                if conn.bytes_to_send:
-                    self._wakeup.set()
-                self._changed.unpark_all()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+        stream, conn = pump.stream, pump.conn
+
+        def turn(data: bytes | bytearray) -> bool:
+            if stream in self._retired or conn is not session.conn:
+                # Replaced while this read was under way (a read can return
+                # after its cancellation): what it brought belongs to the old
+                # connection, and the resume sends it again.
+                return False
+            lost = session.receive_data(data, trio.current_time())
+            if lost is not None:
+                self._fail(lost, conn)
+            if conn.bytes_to_send:
+                self._wakeup.set()
+            self._changed.unpark_all()
+            return not conn.closed
+
+        def ended(error: Exception | None) -> None:
+            if error is not None:
+                self._fail(ConnectionLost(f"connection broken: {_why(error)}"), conn)
+            elif stream not in self._retired and conn is session.conn:  # (see turn)
+                self._fail(ConnectionLost(PEER_CLOSED), conn)
+
+        if not conn.closed:
+            await pump.read(turn, ended)
+
+    async def _writer(self, pump: Pump, done: trio.Event) -> None:
+        session = self._session
+        conn = pump.conn
+
+        def broken(error: Exception) -> None:
             self._fail(ConnectionLost(f"connection broken: {_why(error)}"), conn)
 
-    async def _writer(self, stream: trio.abc.Stream, conn: Connection, done: trio.Event) -> None:
         try:
-            while True:
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                data = conn.data_to_send(trio.current_time())
-                if data:
-                    await stream.send_all(data)
-                if self._session.error is not None:
-                    return
-                if conn.closed:
-                    if conn.bytes_to_send:  # the Goodbye came while we were sending
-                        self._wakeup.set()
-                        continue
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            self._fail(ConnectionLost(f"connection broken: {_why(error)}"), conn)
+            await pump.write(broken, done=lambda: session.error is not None)
         finally:
             done.set()
 
-    async def _keepalive(self, conn: Connection) -> None:
+    async def _keepalive(self, pump: Pump) -> None:
         """The session's timers: Pings and held acknowledgements when due; a
         silent broker ends the connection."""
         session = self._session
+        conn = pump.conn
 
         def over() -> bool:
             return conn.closed or session.error is not None or conn is not session.conn
+
+        def due() -> float:
+            due = session.next_deadline()
+            return conn.next_deadline() if due is None else due
+
+        def fire(now: float) -> bool:
+            lost = session.handle_timer(now)
+            if lost is not None:
+                self._fail(lost, conn)
+                return True
+            if conn.bytes_to_send:
+                self._wake_writer()
+            return False
 
         while conn.welcome_message is None:
             if over():
                 return
             await self._changed.park()
-        while not over():
-            due = session.next_deadline()
-            timer = trio.CancelScope(deadline=conn.next_deadline() if due is None else due)
-            # (an acknowledgement held back until a sooner time wakes it sooner)
-            session.held.on_timer = partial(_sooner, timer)
-            with timer:
-                await trio.sleep_forever()
-            if over():  # it ended while we slept
-                return
-            lost = session.handle_timer(trio.current_time())
-            if lost is not None:
-                self._fail(lost, conn)
-                return
-            if conn.bytes_to_send:
-                self._wake_writer()
+        # (an acknowledgement held back until a sooner time wakes it sooner)
+        session.held.on_timer = pump.sooner
+        await pump.keep_time(fire, due=due, over=over)
 
     # ---------------------------------------------------------------- reconnecting
 
@@ -286,8 +285,3 @@ def _why(error: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text}: {cause}" if text else str(cause)
     return text or type(error).__name__
-
-
-def _sooner(timer: trio.CancelScope, due: float) -> None:
-    """Wake the keepalive task sleeping in ``timer`` by ``due`` at the latest."""
-    timer.deadline = min(timer.deadline, due)

@@ -1,13 +1,13 @@
 """One client connection: the I/O driver around a sans-IO Connection.
 
-:class:`ServerConnection` runs a reader, a writer and a keepalive task; a
-read's events go to :class:`~._dispatch.Dispatch` (publishes and guarantees
-in line, control events to the part whose job they are:
+:class:`ServerConnection` runs a reader, a writer and a keepalive task (a
+:class:`~broker.pump.Pump`); a read's events go to
+:class:`~._dispatch.Dispatch` (publishes and guarantees in line, control
+events to the part whose job they are:
 :class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
 :class:`~._delivery.Deliveries`, :class:`~._budget.ConnectionBudget`). The
 protocol is never called while it handles a read: the policy only computes
-(see ``_budget``); the budget books its grants once ``receive_data`` has
-returned, and settles after the read's events.
+(see ``_budget``), and the budget settles after ``receive_data`` returns.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from broker.protocol import (
     GoodbyeCode,
     Role,
 )
+from broker.pump import Pump
 
 from .._peer_logging import ConnectionLog, PeerLog
 from .._principal_usage import ConnectionLedger, PrincipalUsage, SecurityCounters
@@ -154,13 +155,6 @@ class ServerConnection:
         #: What this connection reserved of the buffer budgets.
         self.ledger = ConnectionLedger(broker)
         self._wake = Wake(broker.outbox)
-        self._wake.write_now = self._write_now
-        #: The plain socket's fast path (None: TLS, or another kind of stream).
-        self._io = socket_io(stream)
-        #: The writer is sending (a write from another task would interleave).
-        self._sending = False
-        #: Buffers a write from another task could not finish: the writer sends them first.
-        self._unsent: list[bytes] = []
         self._log = ConnectionLog(broker.peer_log, self.name, peer)
         # No reference cycles through the connection (its parts never hold
         # it; the policy sees the budget through a proxy and the channels
@@ -242,6 +236,22 @@ class ServerConnection:
         self.close_reason = ""
         #: The connection was cut without waiting for the client to read.
         self._aborted = False
+        #: The reader waits for a reassembly slot before its next turn.
+        self._slot_wanted = False
+        #: The lease expired: the keepalive gives the Goodbye a moment, then cuts.
+        self._lease_expired = False
+        #: The reader, writer and keepalive (with the plain socket's fast path).
+        self._pump = Pump(
+            stream,
+            self.protocol,
+            self._wake,
+            io=socket_io(stream),
+            counts=self.counters,
+            take=self._take_output,
+            written=self._written,
+            ready=self._may_write_now,
+        )
+        self._wake.write_now = self._pump.write_now
 
     # ================================================================ views
 
@@ -347,8 +357,8 @@ class ServerConnection:
             self.broker.persist_state()
 
     def _cleanup(self) -> None:
-        self._io = None  # (its descriptor is closed next, and may be reused)
-        self._wake.write_now = None  # (the one reference cycle: freed by refcount after)
+        self._wake.write_now = None  # (the reference cycles through the pump's hooks:
+        self._pump.close()  # freed by refcount after; its descriptor may be reused)
         self._persist()
         self.admission.leave(end=self.broker.closing)
         self.publishing.close_all()
@@ -380,35 +390,21 @@ class ServerConnection:
         self._wake.set()
 
     async def _writer(self) -> None:
-        protocol = self.protocol
-        stream = self.stream
-        counters = self.counters
-        admission = self.admission
-        while True:
-            await self._wake.wait()
-            if admission.held is not None:
-                with admission.held:
-                    await trio.sleep_forever()
-                admission.held = None
-            pieces = self._take_output()
-            if self._unsent:
-                pieces = self._unsent + pieces
-                self._unsent = []
-            if pieces:
-                self._sending = True
-                try:
-                    for data in pieces:
-                        await stream.send_all(data)
-                        counters.bytes_out += len(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                    self.close_reason = self.close_reason or f"socket error: {error}"
-                    self._nursery_cancel()
-                    return
-                finally:
-                    self._sending = False
-            self._written()
-            if protocol.closed and not protocol.bytes_to_send:
-                return
+        await self._pump.write(self._write_failed, hold=self._held)
+
+    def _held(self) -> Awaitable[None] | None:
+        """A refusal held back: the writer waits until it is let go."""
+        held = self.admission.held
+        return None if held is None else self._hold(held)
+
+    async def _hold(self, held: trio.CancelScope) -> None:
+        with held:
+            await trio.sleep_forever()
+        self.admission.held = None
+
+    def _write_failed(self, error: Exception) -> None:
+        self.close_reason = self.close_reason or f"socket error: {error}"
+        self._nursery_cancel()
 
     def _take_output(self) -> list[bytes]:
         """What is queued to send, made ready (buffers to write in order,
@@ -445,104 +441,78 @@ class ServerConnection:
                 loan.repay()
         self._drained.set()
 
-    def _write_now(self) -> bool:
-        """Write what is queued from the calling task, when the writer is
-        idle and the stream is a plain socket (see ``_wake``); False if the
-        writer must do it (it is woken then): it is sending, a write is
-        unfinished, a refusal is held back, or the connection is closing."""
-        io = self._io
-        if (
-            io is None
-            or self._sending
-            or self._unsent
-            or self.protocol.closed
-            or self.admission.held is not None
-        ):
-            return False
-        pieces = self._take_output()
-        for index, data in enumerate(pieces):
-            try:
-                sent = io.send_nowait(data)
-            except OSError:
-                sent = 0  # the writer meets the error and ends the connection
-                self._unsent = pieces[index:]
-                return False
-            self.counters.bytes_out += sent
-            if sent < len(data):
-                self._unsent = [data[sent:], *pieces[index + 1 :]]
-                return False
-        self._written()
-        return True
+    def _may_write_now(self) -> bool:
+        """What is queued may be written from the calling task (see
+        ``_wake``; besides the pump's own conditions: a plain socket, the
+        writer idle, nothing unfinished): not while a refusal is held back,
+        nor once the connection is closing (the writer does it then)."""
+        return not self.protocol.closed and self.admission.held is None
 
     # ================================================================ reader
 
     async def _reader(self) -> None:
+        try:
+            await self._pump.read(
+                self._turn,
+                self._peer_closed,
+                pause=self._pause_if_needed,
+                frames_left=True,
+                size=RECEIVE_SIZE,
+            )
+        finally:
+            self.broker.outbox.flush()  # (what turns of a read cut short left noted)
+
+    def _turn(self, data: bytes | bytearray) -> bool:
+        """Hand a read (or, with ``b""``, the frames it left waiting) to the
+        protocol, at most ``FRAMES_PER_TURN`` frames, and act on the events;
+        whether to read on."""
         protocol = self.protocol
-        receive = self._io.receive_some if self._io is not None else self._receive_some
-        counters = self.counters
-        budget = self.budget
         outbox = self.broker.outbox
         dispatch = self.dispatch
-        data: bytes | bytearray
+        frames, size = protocol.frames_received, protocol.bytes_received
+        events = protocol.receive_data(data, trio.current_time(), max_frames=FRAMES_PER_TURN)
+        self.budget.book()  # (what the policy granted the channels the read opened)
+        # The protocol is done with the turn: only now is it acted on. What
+        # it causes to be sent, on any connection, is written after (``_wake``).
+        outbox.open()
         try:
-            while not protocol.closed:
-                await self._pause_if_needed()
-                if protocol.frames_waiting:  # (the rest of a read: others go first)
-                    await trio.lowlevel.checkpoint()
-                    data = b""
-                else:
-                    data = await receive(RECEIVE_SIZE)
-                    if not data:
-                        self.close_reason = self.close_reason or "peer closed the connection"
-                        if not protocol.closed:
-                            protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
-                        # Nothing more can reach a peer that closed: the writer stops.
-                        self._nursery_cancel()
-                        return
-                    counters.bytes_in += len(data)
-                frames, size = protocol.frames_received, protocol.bytes_received
-                events = protocol.receive_data(
-                    data, trio.current_time(), max_frames=FRAMES_PER_TURN
-                )
-                budget.book()  # (what the policy granted the channels the read opened)
-                # The protocol is done with the turn: only now is it acted on. What
-                # it causes to be sent, on any connection, is written after (``_wake``).
-                outbox.open()
-                try:
-                    dispatch.channel_frames = dispatch.channel_bytes = 0
-                    if events:
-                        self._handle_events(events)
-                    # (An Absolve may have completed a shrink; handles may have gone;
-                    # channels opened short get their shrinks and top-ups.)
-                    budget.settle()
-                    if protocol.bytes_to_send or protocol.closed:
-                        self._wake.set()
-                finally:
-                    # Output waits for the read's last turn (or another task's).
-                    outbox.close(flush=not protocol.frames_waiting)
-                self.control_charges.note(
-                    protocol.frames_received - frames - dispatch.channel_frames,
-                    protocol.bytes_received - size - dispatch.channel_bytes,
-                )
-                if not protocol.frames_waiting:  # (the read's last turn)
-                    self.control_charges.settle(bool(protocol.bytes_to_send or self._unsent))
-                if not self.broker.reassembly.update(self, protocol.reassembling):
-                    await self._suspended(self.broker.reassembly.wait_for_slot(self))
+            dispatch.channel_frames = dispatch.channel_bytes = 0
+            if events:
+                self._handle_events(events)
+            # (An Absolve may have completed a shrink; handles may have gone;
+            # channels opened short get their shrinks and top-ups.)
+            self.budget.settle()
+            if protocol.bytes_to_send or protocol.closed:
+                self._wake.set()
         finally:
-            outbox.flush()  # (what turns of a read cut short left noted)
+            # Output waits for the read's last turn (or another task's).
+            outbox.close(flush=not protocol.frames_waiting)
+        self.control_charges.note(
+            protocol.frames_received - frames - dispatch.channel_frames,
+            protocol.bytes_received - size - dispatch.channel_bytes,
+        )
+        if not protocol.frames_waiting:  # (the read's last turn)
+            self.control_charges.settle(bool(protocol.bytes_to_send or self._pump.unsent))
+        if not self.broker.reassembly.update(self, protocol.reassembling):
+            self._slot_wanted = True  # (waited for before the next turn)
+        return not protocol.closed
 
-    async def _receive_some(self, max_bytes: int) -> bytes | bytearray:
-        """The stream's next bytes; ``b""`` once it ended or broke."""
-        try:
-            return await self.stream.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return b""
+    def _peer_closed(self, error: Exception | None) -> None:
+        """The stream ended, or broke: nothing more can reach the peer."""
+        self.close_reason = self.close_reason or "peer closed the connection"
+        if not self.protocol.closed:
+            self.protocol.goodbye(GoodbyeCode.NORMAL, "connection closed")
+        # Nothing more can reach a peer that closed: the writer stops.
+        self._nursery_cancel()
 
     def _nursery_cancel(self) -> None:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
     async def _pause_if_needed(self) -> None:
+        if self._slot_wanted:
+            self._slot_wanted = False
+            await self._suspended(self.broker.reassembly.wait_for_slot(self))
         max_unsent = self.broker.config.max_unsent
         if self.protocol.memory_to_send > max_unsent:
             # Write what the read's turns held (perhaps all it takes), then wait.
@@ -575,32 +545,41 @@ class ServerConnection:
     # ================================================================ keepalive
 
     async def _keepalive(self) -> None:
+        await self._pump.keep_time(self._timer, due=self._next_deadline)
+        if self._lease_expired:
+            # A client that reads nothing would keep the writer (and the
+            # connection) forever: the Goodbye gets a moment, not more.
+            await trio.sleep(LINGER_SECONDS)
+            self.close_reason = self.close_reason or "lease expired"
+            self._aborted = True  # no more lingering for it either
+            self._nursery_cancel()
+
+    def _next_deadline(self) -> float:
         protocol = self.protocol
-        while not protocol.closed:
-            deadline = protocol.next_deadline()
-            if protocol.welcome_message is None:
-                deadline = min(deadline, self._hello_deadline)
-            await trio.sleep_until(deadline)
-            now = trio.current_time()
-            if protocol.welcome_message is None and now >= self._hello_deadline:
-                self.goodbye(GoodbyeCode.LEASE_EXPIRED, "no Hello in time")
-                return
-            handshake = protocol.welcome_message is None
-            events = protocol.handle_timer(now)
-            self.wake_writer()  # a Ping, or a Goodbye, may be queued
-            expired = [e for e in events if isinstance(e, ConnectionClosed)]
-            if expired:
-                if not handshake:
-                    self.broker.security.lease_expirations += 1
-                reason = expired[0].reason
-                self.close_reason = self.close_reason or f"goodbye {int(expired[0].code)}: {reason}"
-                # A client that reads nothing would keep the writer (and the
-                # connection) forever: the Goodbye gets a moment, not more.
-                await trio.sleep(LINGER_SECONDS)
-                self.close_reason = self.close_reason or "lease expired"
-                self._aborted = True  # no more lingering for it either
-                self._nursery_cancel()
-                return
+        deadline = protocol.next_deadline()
+        if protocol.welcome_message is None:
+            deadline = min(deadline, self._hello_deadline)
+        return deadline
+
+    def _timer(self, now: float) -> bool:
+        """The protocol's timers (a Ping, the lease) and the Hello's; True
+        once the connection is to end."""
+        protocol = self.protocol
+        if protocol.welcome_message is None and now >= self._hello_deadline:
+            self.goodbye(GoodbyeCode.LEASE_EXPIRED, "no Hello in time")
+            return True
+        handshake = protocol.welcome_message is None
+        events = protocol.handle_timer(now)
+        self.wake_writer()  # a Ping, or a Goodbye, may be queued
+        expired = [e for e in events if isinstance(e, ConnectionClosed)]
+        if expired:
+            if not handshake:
+                self.broker.security.lease_expirations += 1
+            reason = expired[0].reason
+            self.close_reason = self.close_reason or f"goodbye {int(expired[0].code)}: {reason}"
+            self._lease_expired = True
+            return True
+        return False
 
     # ================================================================ events
 

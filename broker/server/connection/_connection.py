@@ -7,7 +7,8 @@ events to the part whose job they are:
 :class:`~._admission.Admission`, :class:`~._publishing.Publishing`,
 :class:`~._delivery.Deliveries`, :class:`~._budget.ConnectionBudget`). The
 protocol is never called while it handles a read: the policy only computes
-(see ``_budget``), and the budget settles after ``receive_data`` returns.
+(see ``_budget``); the budget books its grants once ``receive_data`` has
+returned, and settles after the read's events.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ async def test_a_broker_serves_clients_over_memory_streams() -> None:
             # A placeholder peer, and the stream's own methods (no socket I/O).
             assert connection.peer.startswith("memory:")
             assert not isinstance(connection.stream, trio.SocketStream)
-            assert connection._io is None
+            assert connection._pump.io is None
             assert not connection._write_now()  # (the writer task writes, always)
         await wait_idle(broker)
 
@@ -54,7 +54,7 @@ async def test_raw_socket_io_is_for_plain_tcp_streams_only() -> None:
             await client.handshake("tcp")
             connection = connection_named(broker, "tcp")
             assert isinstance(connection.stream, trio.SocketStream)
-            assert connection._io is not None
+            assert connection._pump.io is not None
             await client.send(Goodbye(int(GoodbyeCode.NORMAL), "bye"))
             await client.read_until_eof()
         await wait_idle(broker)

@@ -44,7 +44,7 @@ async def test_a_broker_serves_clients_over_memory_streams() -> None:
             assert connection.peer.startswith("memory:")
             assert not isinstance(connection.stream, trio.SocketStream)
             assert connection._pump.io is None
-            assert not connection._write_now()  # (the writer task writes, always)
+            assert not connection._pump.write_now()  # (the writer task writes, always)
         await wait_idle(broker)
 
 

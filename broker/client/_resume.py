@@ -141,7 +141,8 @@ class ReconnectPlan:
         #: ``HOST:PORT`` to go on through once the client's own address cannot
         #: be reached (see ``ClientSession.fallback``).
         self.fallback = fallback
-        #: No attempt starts at or after this time.
+        #: No attempt starts at or after this time; none fails for good more
+        #: than the backoff's first wait before it.
         self.deadline = now + reconnect
         #: When the next attempt is due.
         self.next_attempt = now
@@ -169,9 +170,13 @@ class ReconnectPlan:
             self.next_attempt = now  # at once, through the broker's public address
             return None
         wait = self._backoff.next()
-        if refused or now + wait >= self.deadline:
+        left = self.deadline - now
+        if refused or left <= self._backoff.first:
             return ConnectionLost(
                 f"could not reconnect within {self.reconnect} s: {error}", error.code
             )
-        self.next_attempt = now + wait
+        # A wait drawn past the window's end is cut to half of what is left:
+        # the client goes on trying until the window is over (to within the
+        # first wait), however the jitter fell.
+        self.next_attempt = now + min(wait, left / 2)
         return None

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker.backoff import BACKOFF_MOST, Backoff
+from broker.backoff import BACKOFF_FIRST, BACKOFF_MOST, Backoff
 from broker.client import ConnectionLost, LimitReached, StagingRefused
 from broker.client._common import check_outcome
 from broker.client._core import ClientSession, Ending
@@ -360,6 +360,20 @@ def test_reconnect_plan_backs_off_and_gives_up() -> None:
     assert waits[:4] == [0.05, 0.1, 0.2, 0.4]
     assert max(waits) <= BACKOFF_MOST
     assert now < 15.0 and "could not reconnect within 5.0 s" in str(final)
+    assert now >= 15.0 - BACKOFF_FIRST  # (the last waits cut to the window's end)
+
+
+@pytest.mark.parametrize("draw", [0.0, 0.3, 0.7, 0.999])
+def test_reconnect_plan_tries_until_its_window_is_over(draw: float) -> None:
+    """However the jitter falls, a plan gives up only within the first wait
+    of its window's end, never early (a drawn wait past it is cut)."""
+    plan = ReconnectPlan(now=0.0, reconnect=0.5, backoff=Backoff(uniform=lambda: draw))
+    now = 0.0
+    while (final := plan.failed(ConnectionLost("refused by the OS"), now)) is None:
+        assert now <= plan.next_attempt < 0.5
+        now = plan.next_attempt if plan.next_attempt > now else now + 0.001
+    assert 0.5 - BACKOFF_FIRST <= now < 0.5
+    assert "could not reconnect within 0.5 s" in str(final)
     shut = ReconnectPlan(now=0.0, reconnect=5.0)
     assert shut.failed(ConnectionLost("bye", int(GoodbyeCode.SHUTTING_DOWN)), 0.0) is None
     refused = ReconnectPlan(now=0.0, reconnect=5.0)

@@ -17,9 +17,16 @@ import accounts
 accounts.set_leak_detection(True)
 
 # Property tests check behaviour, not speed: no per-example deadline (the
-# default 200 ms fails on a loaded or slower machine).
-settings.register_profile("broker", deadline=None)
-settings.load_profile("broker")
+# default 200 ms fails on a loaded or slower machine). "ci", the default, runs
+# Hypothesis's example counts (and those the tests set); "dev", chosen with
+# `--hypothesis-profile=dev`, a tenth of them for a quicker run while changing
+# code (tests that set max_examples scale theirs with
+# tests.hypothesis_profiles.examples). Our "ci" replaces Hypothesis's own,
+# which Hypothesis loads by itself when $CI is set: ours then inherits its
+# settings, as the one profile this file registered before did.
+settings.register_profile("ci", deadline=None)
+settings.register_profile("dev", settings.get_profile("ci"), max_examples=10)
+settings.load_profile("ci")
 
 # A `broker serve` a test starts without --data-dir or --memory-only would use
 # the default data directory (~/.local/state/broker), which a test run going

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from accounts import Account
 from actors import Actor, Turn, open_system
+from tests.hypothesis_profiles import examples
 
 EVENT_COST = 3
 
@@ -89,7 +90,7 @@ def outstanding(account: Account, nodes: list[Node]) -> int:
     return total
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs(), script=steps)
 def test_debt_is_exactly_the_unrepaid_loans(
     graph: list[tuple[list[tuple[int, int]], bool]], script: list[tuple[Any, ...]]

@@ -347,7 +347,7 @@ def test_a_refusal_is_not_retried() -> None:
 
 
 def test_reconnect_plan_backs_off_and_gives_up() -> None:
-    # (Each wait at its ceiling: the jitter is tested in tests/test_backoff.py.)
+    # (Each wait at its ceiling: the jitter is tested in tests/client/test_backoff.py.)
     plan = ReconnectPlan(now=10.0, reconnect=5.0, backoff=Backoff(uniform=lambda: 1.0))
     assert plan.next_attempt == 10.0
     assert plan.attempt_deadline(10.0, connect_timeout=1.0) == 11.0

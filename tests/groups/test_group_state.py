@@ -24,6 +24,7 @@ from hypothesis.stateful import (
 )
 
 from broker.groups import GroupConfig, GroupError, GroupState, Outcome
+from tests.hypothesis_profiles import examples
 
 KEYS: list[bytes | None] = [None, b"a", b"b", b"c"]
 WINDOW = 20
@@ -514,7 +515,7 @@ class KeyOrderMachine(GroupMachine):
 
 
 SETTINGS = settings(
-    max_examples=200,
+    max_examples=examples(200),
     stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

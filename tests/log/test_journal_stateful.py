@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from broker.log import StateJournal
+from tests.hypothesis_profiles import examples
 
 SPACES = st.sampled_from(["cursors", "sessions", "staging.staged"])
 KEYS = st.sampled_from(["a", "b", "c", "00000000000000000001", "ä/\x00"])
@@ -117,5 +118,7 @@ def _normal(value: object) -> object:
     return value
 
 
-JournalMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+JournalMachine.TestCase.settings = settings(
+    max_examples=examples(60), stateful_step_count=40, deadline=None
+)
 TestJournal = JournalMachine.TestCase

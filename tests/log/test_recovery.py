@@ -26,6 +26,7 @@ from broker.log import (
 )
 from broker.log import _files as files
 from broker.protocol import TopicNameError
+from tests.hypothesis_profiles import examples
 from tests.log.helpers import T0, body, open_log, read_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_a_bigger_term_from_an_earlier_config_is_reopened_whole(tmp_path: Path) 
         assert read_all(log.reader())[-2:] == [(39, body(39, 50)), (40, b"x")]
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(st.data())
 def test_a_torn_last_term_loses_only_what_was_cut_and_says_so(data: st.DataObject) -> None:
     """The records cut from the end of the log used to go unreported (a
@@ -97,7 +98,7 @@ def test_a_torn_last_term_loses_only_what_was_cut_and_says_so(data: st.DataObjec
             assert read_all(log.reader())[-1] == (31, b"after")
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(st.data())
 def test_a_corrupt_byte_loses_exactly_its_record(data: st.DataObject) -> None:
     """A flipped byte anywhere used to cut the log there and remove every

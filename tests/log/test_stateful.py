@@ -19,6 +19,7 @@ from hypothesis.stateful import (
 )
 
 from broker.log import HEADER_SIZE, LogConfig, LogFull, Reader, Start, TopicLog
+from tests.hypothesis_profiles import examples
 from tests.log.helpers import T0
 
 BODIES = st.binary(max_size=60)
@@ -250,5 +251,7 @@ class LogMachine(RuleBasedStateMachine):
             offset = run.next_offset
 
 
-LogMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+LogMachine.TestCase.settings = settings(
+    max_examples=examples(100), stateful_step_count=50, deadline=None
+)
 TestLog = LogMachine.TestCase

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.log._recover import expired_terms, survey
+from tests.hypothesis_profiles import examples
 from tests.log.helpers import T0, body, open_log
 
 
@@ -27,7 +28,7 @@ def _opened(path: Path) -> tuple[int, int]:
         return min(log.first_offset, end), end
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     records=st.integers(0, 60),
     damage=st.sampled_from(["none", "truncate", "flip", "hole"]),
@@ -64,7 +65,7 @@ def test_an_empty_directory_reads_as_an_empty_log(tmp_path: Path) -> None:
     assert _opened(tmp_path) == (1, 1)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     records=st.integers(0, 60),
     cutoff=st.integers(0, 62),

@@ -66,11 +66,12 @@ from broker.protocol import (
     encode,
     encode_body,
 )
+from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair
 
 FUZZ = settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -400,7 +401,7 @@ def test_mutated_streams_only_raise_remote_protocol_error(
     _check_decoder(data, cuts, max_frame)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(stream=st.lists(messages, min_size=1, max_size=8), cuts=cut_lists)
 def test_valid_streams_decode_to_themselves_however_split(
     stream: list[Message], cuts: list[int]
@@ -519,7 +520,7 @@ def _check_connection(setup: str, role: Role, data: bytes, cuts: list[int]) -> N
 
 
 @settings(
-    max_examples=600,
+    max_examples=examples(600),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

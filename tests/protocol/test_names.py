@@ -26,6 +26,7 @@ from broker.protocol import (
     topic_name_problem,
     topic_pattern_problem,
 )
+from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, of, split_frames
 
@@ -98,13 +99,13 @@ def test_a_name_that_is_not_a_string_is_refused() -> None:
         check_topic_name(b"prices")
 
 
-@settings(deadline=None, max_examples=500)
+@settings(deadline=None, max_examples=examples(500))
 @given(st.text(max_size=300))
 def test_the_rule_matches_its_definition(name: str) -> None:
     assert (topic_name_problem(name) is not None) == reference_problem(name)
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=examples(300))
 @given(
     st.text(
         alphabet=st.characters(categories=["L", "M", "N", "P", "S"]),  # type: ignore[list-item]
@@ -118,7 +119,7 @@ def test_every_nfc_name_of_allowed_characters_within_the_limit_passes(text: str)
         assert topic_name_problem(name) is None
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=examples(300))
 @given(st.text(min_size=1, max_size=2000))
 def test_a_complaint_never_echoes_the_name(name: str) -> None:
     problem = topic_name_problem(name)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from broker.protocol import PublishReceived
 from broker.protocol.frames._decode import decode_body
+from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, of, split_frames
 
@@ -83,7 +84,7 @@ def test_queued_runs_are_counted_as_output() -> None:
     assert pair.client.data_to_send() == b""
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(-1, 4), max_size=60))
 def test_any_mix_reaches_the_broker_whole_and_in_order(script: list[int]) -> None:
     """Any mix of publishes to five topics and Pings (-1): every publish

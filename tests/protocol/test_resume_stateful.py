@@ -78,6 +78,7 @@ from broker.protocol import (
     WelcomeReceived,
     decode_body,
 )
+from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, FrameMover, of
 from .test_resume import reconnect
@@ -580,8 +581,9 @@ class ForgetfulResumeMachine(ResumeMachine):
         self._connect(handshake=handshake)
 
 
+# (The tests assert, after their runs, that the runs resumed: see examples.)
 SETTINGS = settings(
-    max_examples=250,
+    max_examples=examples(250, at_least=100),
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -605,7 +607,10 @@ def test_resume_state_machine() -> None:
 
 def test_resume_with_forgetful_broker_state_machine() -> None:
     _reset(ForgetfulResumeMachine)
-    run_state_machine_as_test(ForgetfulResumeMachine, settings=settings(SETTINGS, max_examples=150))
+    run_state_machine_as_test(
+        ForgetfulResumeMachine,
+        settings=settings(SETTINGS, max_examples=examples(150, at_least=100)),
+    )
     assert ForgetfulResumeMachine.final_checks_passed > 0
     assert ForgetfulResumeMachine.fresh_sessions > 0 and ForgetfulResumeMachine.resumes > 0
 

@@ -19,7 +19,7 @@ from broker.client._subscription import SubscriptionState
 from broker.config import BrokerConfig
 from broker.metrics import stat_document
 from tests.log.helpers import records_of
-from tests.test_metrics_logs import Scrape
+from tests.metrics.test_metrics_logs import Scrape
 
 from .helpers import TIMEOUT, make_config, running_broker, url, wait_until
 

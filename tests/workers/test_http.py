@@ -18,7 +18,7 @@ from broker.client import open_client
 from broker.server import Broker
 from broker.workers import WorkerInfo, serve_merged_metrics
 from broker.workers._client import FetchError, http_get
-from tests.test_metrics import running, url
+from tests.metrics.test_metrics import running, url
 
 #: A generous bound on anything here; the merged endpoint's own timeout is far below.
 DEADLINE = 60.0

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from tests.test_metrics import Address, get, http, parse_response, running
+from tests.metrics.test_metrics import Address, get, http, parse_response, running
 
 # ====================================================================== routes
 

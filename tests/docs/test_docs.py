@@ -7,7 +7,7 @@ from pathlib import Path
 
 import broker.protocol
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 PAIR = re.compile(r"```python\n(.+?)\n```\s*```hex\n(.+?)\n```", re.DOTALL)
 
 

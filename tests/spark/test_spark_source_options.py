@@ -22,6 +22,9 @@ from broker.spark._source_options import (
 
 BASE = {"broker.servers": "127.0.0.1:7400"}
 
+#: Option parsing only: no Spark session, not slow (see conftest).
+NEEDS_JVM = False
+
 
 def parse(streaming: bool = False, **options: str) -> SourceOptions:
     return SourceOptions.parse(

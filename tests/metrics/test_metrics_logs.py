@@ -26,8 +26,8 @@ from broker.metrics._log_families import LOG_METRICS
 from broker.metrics._log_walk import log_walk
 from broker.protocol import BindTopic, Goodbye, Subscribe
 from broker.server import Broker
+from tests.metrics.test_metrics import Scrape as TextScrape
 from tests.server.helpers import TIMEOUT, RawClient, make_config, running_broker, url, wait_until
-from tests.test_metrics import Scrape as TextScrape
 
 PER_TOPIC = [spec.name for spec in LOG_METRICS if spec.labels == ("topic",)]
 

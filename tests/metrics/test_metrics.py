@@ -1,5 +1,5 @@
 """The Prometheus collector and /stat.json, over real loopback TCP (the HTTP
-server's own behaviour: tests/test_metrics_http.py)."""
+server's own behaviour: tests/metrics/test_metrics_http.py)."""
 
 from __future__ import annotations
 

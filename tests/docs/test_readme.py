@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_python_example_runs() -> None:

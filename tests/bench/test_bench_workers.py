@@ -10,7 +10,7 @@ import json
 import pytest
 
 from broker.cli._bench import DEFAULT_SUITES
-from tests.test_cli import run_broker
+from tests.cli.test_cli import run_broker
 
 
 def test_bench_without_a_suite_leaves_workers_out() -> None:

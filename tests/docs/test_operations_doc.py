@@ -14,7 +14,7 @@ from broker.config import DEFAULT_TOPIC_RULE, FIELDS, TOPIC_KEYS, BrokerConfig
 from broker.metrics import METRICS
 from broker.workers._merge import SUPERVISOR_FAMILIES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
 
 

@@ -15,8 +15,8 @@ from broker.config import BrokerConfig
 from broker.metrics import serve_metrics
 from broker.metrics._http import MAX_CLIENTS
 from broker.server import Broker, serve_broker
-from tests.test_metrics import get, running, scrape
-from tests.test_metrics_http import hold_idle
+from tests.metrics.test_metrics import get, running, scrape
+from tests.metrics.test_metrics_http import hold_idle
 
 Address = tuple[str, int]
 

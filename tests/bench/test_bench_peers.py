@@ -15,8 +15,8 @@ from broker.bench._relay import RelayTable
 from broker.bench._trio_floor import _Relay
 from broker.cli import main
 from broker.cli._bench import DEFAULT_SUITES
+from tests.cli.test_cli import run_broker
 from tests.deploy.helpers import missing_tool
-from tests.test_cli import run_broker
 
 
 def test_without_mosquitto_the_suite_says_what_to_install_and_nothing_else(

@@ -99,7 +99,7 @@ class HandleBinding(FlowControl):
                         raise LocalProtocolError(
                             f"topic handle {handle} has an unconfirmed Subscribe"
                         )
-        self._queue(table.propose_free(handle))
+        self._writer.queue(table.propose_free(handle))
 
     def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -110,7 +110,7 @@ class HandleBinding(FlowControl):
         state = table.bindings.get(message.handle)
         reply, deleted = table.on_free(message.handle, message.mine)
         if reply is not None:
-            self._queue(reply)
+            self._writer.queue(reply)
             events.append(HandleFreeProposed(int(handle_type), message.handle))
         if deleted:
             assert state is not None  # on_free refuses an unbound handle
@@ -203,7 +203,7 @@ class HandleBinding(FlowControl):
             raise RemoteProtocolError(f"BindTopic: {problem}")
         receiver = self._bind_receivers[message.channel]
         accepted, out = receiver.on_frame(size)
-        self._queue_all(out)
+        self._writer.queue_all(out)
         if not accepted:
             return
         if receiver.sender_balance < 0:

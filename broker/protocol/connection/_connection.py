@@ -159,7 +159,7 @@ class Connection(Handshake, ManyPublishing, LargeMessages, ControlHandling):
                 if self.state is closed:
                     break
         except RemoteProtocolError as error:
-            reason = self._queue_goodbye(int(error.code), error.reason)
+            reason = self._writer.queue_goodbye(int(error.code), error.reason)
             self.state = ConnectionState.CLOSED
             events.append(ConnectionClosed(int(error.code), reason, False, error))
         finally:

@@ -85,7 +85,7 @@ class ControlHandling(HandleBinding):
             return
         absolve = sender.on_plead(message.target)
         if absolve is not None:
-            self._queue(absolve)
+            self._writer.queue(absolve)
 
     def _on_limit_receiving(self, message: LimitReceiving, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -99,7 +99,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         apology, dropped = sender.on_announce_dropping()
-        self._queue(apology)
+        self._writer.queue(apology)
         events.append(
             DropAnnounced(message.channel, len(dropped), sum(entry.size for entry in dropped))
         )
@@ -137,7 +137,7 @@ class ControlHandling(HandleBinding):
 
     def _on_ping(self, message: Ping, size: int, events: list[Event]) -> None:
         self._check_open(message)
-        self._queue(Pong(message.nonce))
+        self._writer.queue(Pong(message.nonce))
 
     def _on_passthrough(self, message: Any, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -159,7 +159,7 @@ class ControlHandling(HandleBinding):
         self._require_role(Role.BROKER, "throttle")
         self._require_referable(channel)
         self._receiver(channel)
-        self._queue(Throttled(channel, throttled))
+        self._writer.queue(Throttled(channel, throttled))
 
     # ---------------------------------------------------------------- staging
 
@@ -171,7 +171,7 @@ class ControlHandling(HandleBinding):
         self._require_role(Role.CLIENT, "commit")
         self._require_open()
         self._last_request += 1
-        self._queue(Commit(self._last_request, batch, list(members)))
+        self._writer.queue(Commit(self._last_request, batch, list(members)))
         return self._last_request
 
     def abort(self, batch: str) -> int:
@@ -180,14 +180,14 @@ class ControlHandling(HandleBinding):
         self._require_role(Role.CLIENT, "abort")
         self._require_open()
         self._last_request += 1
-        self._queue(Abort(self._last_request, batch))
+        self._writer.queue(Abort(self._last_request, batch))
         return self._last_request
 
     def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
         """Broker: answer Commit or Abort number ``request``."""
         self._require_role(Role.BROKER, "answer commits")
         self._require_open()
-        self._queue(Outcome(request, int(status), messages, reason))
+        self._writer.queue(Outcome(request, int(status), messages, reason))
 
     # ---------------------------------------------------------------- offsets
 
@@ -198,14 +198,16 @@ class ControlHandling(HandleBinding):
         self._require_role(Role.CLIENT, "list offsets")
         self._require_open()
         self._last_request += 1
-        self._queue(ListOffsets(self._last_request, None if topics is None else list(topics)))
+        self._writer.queue(
+            ListOffsets(self._last_request, None if topics is None else list(topics))
+        )
         return self._last_request
 
     def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
         """Broker: answer ListOffsets number ``request``."""
         self._require_role(Role.BROKER, "answer offsets")
         self._require_open()
-        self._queue(Offsets(request, topics, reason))
+        self._writer.queue(Offsets(request, topics, reason))
 
     # ---------------------------------------------------------------- administration
 
@@ -216,7 +218,7 @@ class ControlHandling(HandleBinding):
         self._require_role(Role.CLIENT, "administer")
         self._require_open()
         self._last_request += 1
-        self._queue(Admin(self._last_request, command, dict(arguments or {})))
+        self._writer.queue(Admin(self._last_request, command, dict(arguments or {})))
         return self._last_request
 
     def admin_answer(
@@ -230,7 +232,7 @@ class ControlHandling(HandleBinding):
         """Broker: answer Admin number ``request``."""
         self._require_role(Role.BROKER, "answer admin requests")
         self._require_open()
-        self._queue(AdminAnswer(request, int(status), rows, after, reason))
+        self._writer.queue(AdminAnswer(request, int(status), rows, after, reason))
 
     def _on_staging_notice(
         self,

@@ -108,7 +108,7 @@ class ConnectionStatistics:
     senders: list[SenderStatistics] = field(default_factory=list)
 
 
-class ConnectionCore(FrameWriter):
+class ConnectionCore:
     """The state of one connection, for either role, and the look-ups and
     checks shared by every job of the connection."""
 
@@ -123,7 +123,8 @@ class ConnectionCore(FrameWriter):
         lease: float = DEFAULT_LEASE,
         now: float = 0.0,
     ) -> None:
-        super().__init__()
+        #: The output queue (bytes out, and their counters).
+        self._writer = FrameWriter()
         self.role = role
         self.policy = policy if policy is not None else Policy()
         #: Largest frame body this side accepts (announced in Welcome by a broker).
@@ -200,11 +201,12 @@ class ConnectionCore(FrameWriter):
 
         Passing ``now`` records the moment for heartbeat bookkeeping.
         """
-        if self._runs:
-            self._close_runs()
-        if not self._out:
+        writer = self._writer
+        if writer.runs:
+            writer.close_runs()
+        if not writer.out:
             return b""
-        data = self._take_output()
+        data = writer.take_output()
         if now is not None:
             self.liveness.on_sent(now)
         return data
@@ -213,14 +215,40 @@ class ConnectionCore(FrameWriter):
         """:meth:`data_to_send` as buffers to write in order, without copying
         large message tails into one buffer (see ``SHARED_PIECE``): what a
         writer to a peer that may not read should use. Empty if nothing."""
-        if self._runs:
-            self._close_runs()
-        if not self._out:
+        writer = self._writer
+        if writer.runs:
+            writer.close_runs()
+        if not writer.out:
             return []
-        pieces = self._take_pieces()
+        pieces = writer.take_pieces()
         if now is not None:
             self.liveness.on_sent(now)
         return pieces
+
+    @property
+    def peer_max_frame(self) -> int:
+        """Largest frame body the peer accepts."""
+        return self._writer.peer_max_frame
+
+    @property
+    def frames_sent(self) -> int:
+        return self._writer.frames_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._writer.bytes_sent
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Bytes queued for the peer that ``data_to_send`` has not returned yet."""
+        return self._writer.out_size
+
+    @property
+    def memory_to_send(self) -> int:
+        """An upper estimate of the memory the output queue holds (see
+        :attr:`FrameWriter.memory_to_send`): bound this, not
+        :attr:`bytes_to_send`, for a peer that does not read."""
+        return self._writer.memory_to_send
 
     @property
     def closed(self) -> bool:
@@ -338,8 +366,8 @@ class ConnectionCore(FrameWriter):
             state=self.state,
             frames_received=self.frames_received,
             bytes_received=self.bytes_received,
-            frames_sent=self.frames_sent,
-            bytes_sent=self.bytes_sent,
+            frames_sent=self._writer.frames_sent,
+            bytes_sent=self._writer.bytes_sent,
             discarded_frames=self.discarded_frames,
             topics_bound=len(self.topics),
             subscriptions_bound=len(self.subscriptions),
@@ -396,7 +424,7 @@ class ConnectionCore(FrameWriter):
         if amount > 0 and self._may_reference(receiver.channel):
             message = receiver.issue(amount)
             if message is not None:
-                self._queue(message)
+                self._writer.queue(message)
 
     def _new_receiver(self, channel: Channel, capacity: int | None = None) -> ChannelReceiver:
         """A receiving state for ``channel`` (capacity: the policy's initial
@@ -405,7 +433,7 @@ class ConnectionCore(FrameWriter):
         # The largest frame the sender may send: a Deliver of the broker's
         # max_frame, or a frame of ours.
         largest = LENGTH_PREFIX + (
-            self.peer_max_frame + DELIVER_SLACK if deliver else self.max_frame
+            self._writer.peer_max_frame + DELIVER_SLACK if deliver else self.max_frame
         )
         if capacity is None:
             capacity = self.policy.initial_capacity(channel)

@@ -87,17 +87,17 @@ class FlowControl(ConnectionCore):
         if plead and self._may_reference(channel):
             message = receiver.plead_for_target()
             if message is not None:
-                self._queue(message)
+                self._writer.queue(message)
 
     def plead(self, channel: Channel, target: int) -> None:
         """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
         self._require_referable(channel)
-        self._queue(self._receiver(channel).plead(target))
+        self._writer.queue(self._receiver(channel).plead(target))
 
     def limit_receiving(self, channel: Channel, bound: int) -> None:
         """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
         self._require_referable(channel)
-        self._queue(self._receiver(channel).limit_receiving(bound))
+        self._writer.queue(self._receiver(channel).limit_receiving(bound))
 
     def release(
         self,
@@ -152,12 +152,12 @@ class FlowControl(ConnectionCore):
     def limit_sending(self, channel: Channel, bound: int) -> None:
         """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
         self._require_referable(channel)
-        self._queue(self._sender(channel).limit_sending(bound))
+        self._writer.queue(self._sender(channel).limit_sending(bound))
 
     def absolve(self, channel: Channel, amount: int) -> None:
         """Give back ``amount`` bytes of guarantees on ``channel``."""
         self._require_referable(channel)
-        self._queue(self._sender(channel).absolve(amount))
+        self._writer.queue(self._sender(channel).absolve(amount))
 
     def room(self, channel: Channel) -> int:
         """The largest frame this side may send on ``channel`` now."""
@@ -183,7 +183,7 @@ class FlowControl(ConnectionCore):
         # may cut off a sender that drops more (see ``Policy.max_dropping``).
         return min(
             self.policy.optimism_for(channel),
-            OPTIMISM_FRAMES * (self.peer_max_frame + LENGTH_PREFIX),
+            OPTIMISM_FRAMES * (self._writer.peer_max_frame + LENGTH_PREFIX),
         )
 
     def _send_frame(
@@ -191,7 +191,7 @@ class FlowControl(ConnectionCore):
     ) -> int:
         """Send a channel frame (default: ``message`` encoded) if it fits."""
         if frame is None:
-            frame = encode(message, max_frame=self.peer_max_frame)
+            frame = encode(message, max_frame=self._writer.peer_max_frame)
         size = len(frame) + len(tail)
         room = self._room(sender)
         if size > room:
@@ -201,14 +201,14 @@ class FlowControl(ConnectionCore):
         # Only deliveries come with a tail, and they never go beyond the guarantees
         # (no optimism on [3, s]), so they are never kept for retransmission.
         sender.record_sent(SentFrame(size, b"" if tail else frame, message))
-        self._put(frame, tail)
+        self._writer.put(frame, tail)
         return size
 
     def _pump_retransmissions(self, sender: ChannelSender, events: list[Event]) -> None:
         """Send again what ``sender`` may send now; report what it never will."""
         while (entry := sender.next_retransmission()) is not None:
             sender.record_sent(entry)
-            self._put(entry.frame)
+            self._writer.put(entry.frame)
         self._send_deferred_frees()
         abandoned = sender.abandon_stuck_retransmissions()
         if abandoned:
@@ -226,7 +226,7 @@ class FlowControl(ConnectionCore):
                 handle
             ):
                 del self._frees_after_resend[handle]
-                self._queue(message)
+                self._writer.queue(message)
 
     # ---------------------------------------------------------------- the end of a handle
 

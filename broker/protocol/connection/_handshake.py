@@ -87,7 +87,7 @@ class Handshake(SessionResume):
             publish_many,
             self.max_message,
         )
-        self._queue(message)
+        self._writer.queue(message)
         self.hello_message = message
         self._many = deliver_many
         self._keep_unconfirmed = keep_unconfirmed
@@ -151,10 +151,10 @@ class Handshake(SessionResume):
             self.hello_message is not None and self.hello_message.publish_many,
             self.max_message if self.hello_message and self.hello_message.max_message else 0,
         )
-        self._queue(message)
+        self._writer.queue(message)
         self.welcome_message = message
         self._publish_many = message.publish_many
-        self.peer_max_frame = self.max_frame + DELIVER_SLACK
+        self._writer.peer_max_frame = self.max_frame + DELIVER_SLACK
         if message.max_message:
             assert self.hello_message is not None
             self.peer_max_message = self.hello_message.max_message
@@ -184,7 +184,7 @@ class Handshake(SessionResume):
         self.welcome_message = message
         hello = self.hello_message
         self._publish_many = message.publish_many and hello is not None and hello.publish_many
-        self.peer_max_frame = message.max_frame
+        self._writer.peer_max_frame = message.max_frame
         self.peer_max_message = message.max_message if self.max_message else 0
         if self.peer_max_message:
             self._plain_payload = message.max_frame - 64
@@ -209,7 +209,7 @@ class Handshake(SessionResume):
         """Queue a Ping; returns its nonce (the Pong event carries it back)."""
         self._require_open()
         self._ping_nonce = (self._ping_nonce + 1) & U64_MAX
-        self._queue(Ping(self._ping_nonce))
+        self._writer.queue(Ping(self._ping_nonce))
         return self._ping_nonce
 
     def ping_due(self, now: float) -> bool:
@@ -245,7 +245,7 @@ class Handshake(SessionResume):
                 reason = "no Hello in time"
             else:
                 reason = "lease expired"
-            reason = self._queue_goodbye(int(GoodbyeCode.LEASE_EXPIRED), reason)
+            reason = self._writer.queue_goodbye(int(GoodbyeCode.LEASE_EXPIRED), reason)
             self.state = ConnectionState.CLOSED
             return [ConnectionClosed(int(GoodbyeCode.LEASE_EXPIRED), reason, False)]
         if liveness.ping_due(now):
@@ -269,5 +269,5 @@ class Handshake(SessionResume):
         """Queue a Goodbye and close; received data is ignored from now on."""
         if self.state is ConnectionState.CLOSED:
             return
-        self._queue_goodbye(int(code), reason)
+        self._writer.queue_goodbye(int(code), reason)
         self.state = ConnectionState.CLOSED

@@ -87,7 +87,7 @@ class LargeMessages(Traffic):
         """Send the next parts of ``pending`` as far as ``sender``'s room
         allows; True once its last part is out."""
         body = pending.body
-        limit = self.peer_max_frame - PART_HEAD
+        limit = self._writer.peer_max_frame - PART_HEAD
         while pending.offset < len(body):
             left = len(body) - pending.offset
             room = min(self._room(sender) - LENGTH_PREFIX - PART_HEAD, limit)
@@ -97,10 +97,12 @@ class LargeMessages(Traffic):
             piece = body[start : start + room]
             end = start + len(piece)
             flags = (PART_BEGIN if start == 0 else 0) | (PART_END if end == len(body) else 0)
-            frame = encode(FramePart(sender.channel, flags, piece), max_frame=self.peer_max_frame)
+            frame = encode(
+                FramePart(sender.channel, flags, piece), max_frame=self._writer.peer_max_frame
+            )
             if sender.channel.kind == ChannelKind.DELIVER:
                 # Within the guarantees (no optimism on [3, s]): nothing kept.
-                self._out.append(frame)
+                self._writer.out.append(frame)
                 self._record_deliveries(sender, 1, len(frame))
             else:
                 self._send_frame(sender, None, frame)
@@ -124,11 +126,11 @@ class LargeMessages(Traffic):
         goes as a plain Publish."""
         pending = self._parts_out.get(sender.channel)
         if pending is None and self._parts_done.get(sender.channel) is not payload:
-            if len(payload) + 64 <= self.peer_max_frame or not self.peer_max_message:
+            if len(payload) + 64 <= self._writer.peer_max_frame or not self.peer_max_message:
                 return None
             check_publish_fields(payload, key, headers)
             body = encode_body(Publish(sender.channel.index, payload, key, headers))
-            if len(body) <= self.peer_max_frame:
+            if len(body) <= self._writer.peer_max_frame:
                 return None
         return self.publish_large(state, sender, payload, key, headers)
 
@@ -213,7 +215,7 @@ class LargeMessages(Traffic):
         channel = sender.channel
         size = sum(map(len, frame)) - LENGTH_PREFIX
         if size > self.peer_max_message:
-            self._queue(Gap(channel.index, seq, 1))
+            self._writer.queue(Gap(channel.index, seq, 1))
             return 1
         out = self._parts_out
         pending = out.get(channel)

@@ -76,8 +76,8 @@ class ManyPublishing(Traffic):
             return self.publish_tails(topic, tails, start)  # (which says what is wrong)
         sender = state.sender
         room = sender.room()
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._run_of(topic)
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.run_of(topic)
         count = len(tails)
         sent = frames = total = 0
         while start + sent < count:
@@ -108,9 +108,7 @@ class ManyPublishing(Traffic):
             sent += end - first
         if frames:
             sender.record_within_guarantees(frames, total)
-            self.frames_sent += frames
-            self.bytes_sent += total
-            self._out_size += total
+            self._writer.count(frames, total)
             if self._keep_unconfirmed:
                 # Each kept as a Publish of its own, for a resume.
                 state.retain_all(
@@ -134,7 +132,7 @@ class ManyPublishing(Traffic):
         own = slice_origins(origins, at, at + 1)
         runs = encode_origins(own)
         head = publish_many_head(topic, 1, len(tail) + len(runs), origins=True)
-        if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self.peer_max_frame:
+        if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self._writer.peer_max_frame:
             return self.publish_tails(topic, [tail])  # (which says it is too large)
         sender = state.sender
         assert sender is not None

@@ -186,6 +186,6 @@ class SessionResume(HandleBinding):
         return resent
 
     def _queue_resend(self, sender: ChannelSender, message: BindTopic | Subscribe) -> int:
-        frame = encode(message, max_frame=self.peer_max_frame)
+        frame = encode(message, max_frame=self._writer.peer_max_frame)
         sender.retransmit.append(SentFrame(len(frame), frame, message))
         return 1

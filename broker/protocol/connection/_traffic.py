@@ -129,27 +129,28 @@ class Traffic(HandleBinding):
             size = self._publish_in_parts(state, sender, payload, key, headers)
             if size is not None:
                 return size
+        writer = self._writer
         if (
             headers is None
             and type(payload) is bytes
             and (key is None or type(key) is bytes)
             and type(topic) is int
         ):
-            frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
+            frame = encode_publish(topic, payload, key, max_frame=writer.peer_max_frame)
         else:
             check_publish_fields(payload, key, headers)
-            frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
+            frame = encode(Publish(topic, payload, key, headers), max_frame=writer.peer_max_frame)
         size = len(frame)
         if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
             # The usual case, in short: within the guarantees, in the topic's run.
-            run = self._runs.get(topic)
+            run = writer.runs.get(topic)
             if run is None:
-                self._runs[topic] = [frame]
+                writer.runs[topic] = [frame]
             else:
                 run.append(frame)
-            self.frames_sent += 1
-            self.bytes_sent += size
-            self._out_size += size
+            writer.frames_sent += 1
+            writer.bytes_sent += size
+            writer.out_size += size
         else:
             self._send_frame(sender, Publish(topic, payload, key, headers), frame)
         if self._keep_unconfirmed:
@@ -181,8 +182,9 @@ class Traffic(HandleBinding):
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        max_frame = self.peer_max_frame
-        out = self._run_of(topic)
+        writer = self._writer
+        max_frame = writer.peer_max_frame
+        out = writer.run_of(topic)
         retain = state.retain
         sent = 0
         if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
@@ -197,9 +199,7 @@ class Traffic(HandleBinding):
                 size = sum(map(len, frames))
                 sender.record_within_guarantees(len(frames), size)
                 out += frames
-                self.frames_sent += len(frames)
-                self.bytes_sent += size
-                self._out_size += size
+                self._writer.count(len(frames), size)
                 sent = len(frames)
                 if self._keep_unconfirmed:
                     state.retain_all(frames)
@@ -216,9 +216,9 @@ class Traffic(HandleBinding):
             size = len(frame)
             if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
                 out.append(frame)
-                self.frames_sent += 1
-                self.bytes_sent += size
-                self._out_size += size
+                writer.frames_sent += 1
+                writer.bytes_sent += size
+                writer.out_size += size
             else:
                 if size > self._room(sender):
                     break  # (what _send_frame would refuse: no decoding for nothing)
@@ -226,7 +226,7 @@ class Traffic(HandleBinding):
                     self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:
                     break
-                out = self._run_of(topic)  # (the frame closed the runs: a new one)
+                out = self._writer.run_of(topic)  # (the frame closed the runs: a new one)
             if self._keep_unconfirmed:
                 retain(frame)  # to be sent again on a resume, until confirmed
             else:
@@ -269,7 +269,7 @@ class Traffic(HandleBinding):
         assert receiver is not None  # a broker receives on every bound topic
         accepted, out = receiver.on_frame(size)
         if topic.state is HandleState.BOUND:
-            self._queue_all(out)
+            self._writer.queue_all(out)
         if accepted:
             if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
                 self._issue(receiver)  # confirm the optimistic frame without delay
@@ -308,7 +308,7 @@ class Traffic(HandleBinding):
         sender = self._delivery_sender(subscription)
         head, tail = encode_deliver(subscription, seq, tail)
         size = len(head) + len(tail)
-        if size - LENGTH_PREFIX > self.peer_max_frame:
+        if size - LENGTH_PREFIX > self._writer.peer_max_frame:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
         return self._send_frame(sender, None, head, tail)
 
@@ -326,10 +326,10 @@ class Traffic(HandleBinding):
         if self._many and len(tails) > 1:
             return self._deliver_in_many(sender, subscription, first_seq, tails)
         room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
         seq = first_seq
         total = 0
-        put = self._out.append
+        put = self._writer.out.append
         for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
             size = len(head) + len(tail)
             if size > room or size > limit:
@@ -347,9 +347,7 @@ class Traffic(HandleBinding):
             # Deliveries never go beyond the guarantees (no optimism on
             # [3, s]), so none is kept for retransmission.
             sender.record_within_guarantees(count, total)
-            self.frames_sent += count
-            self.bytes_sent += total
-            self._out_size += total
+            self._writer.count(count, total)
         return count
 
     def _deliver_in_many(
@@ -359,8 +357,8 @@ class Traffic(HandleBinding):
         as few frames as the guarantees and ``max_frame`` allow (a frame of
         one entry goes as a plain Deliver)."""
         room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._out
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.out
         count = len(tails)
         sent = frames = total = 0
         while sent < count:
@@ -492,7 +490,7 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "match topics")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(Matched(subscription, match, topic))
+        self._writer.queue(Matched(subscription, match, topic))
 
     def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
         """Broker: on pattern subscription ``subscription``, ``count``
@@ -500,7 +498,7 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "report gaps")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(MatchedGap(subscription, match, first, count))
+        self._writer.queue(MatchedGap(subscription, match, first, count))
 
     def _deliver_prefixed(
         self,
@@ -518,8 +516,8 @@ class Traffic(HandleBinding):
         count = len(tails)
         most, make_head = kind
         room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._out
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.out
         sent = frames = total = 0
         while sent < count:
             capacity = min(room, limit)
@@ -566,9 +564,7 @@ class Traffic(HandleBinding):
         within the guarantees (no optimism on ``[3, s]``: none is kept for
         retransmission)."""
         sender.record_within_guarantees(frames, size)
-        self.frames_sent += frames
-        self.bytes_sent += size
-        self._out_size += size
+        self._writer.count(frames, size)
 
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
@@ -709,7 +705,7 @@ class Traffic(HandleBinding):
         if seq < state.processed:
             raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
         state.processed = seq
-        self._queue(Ack(subscription, seq))
+        self._writer.queue(Ack(subscription, seq))
 
     def settle(
         self,
@@ -733,7 +729,7 @@ class Traffic(HandleBinding):
         if problem is not None:
             raise LocalProtocolError(problem)
         pairs = [(first, count) for first, count in ranges]
-        self._queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
+        self._writer.queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
 
     def _on_notice(
         self, message: Ack | Settle | Gap | Confirm, size: int, events: list[Event]
@@ -772,11 +768,11 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "report gaps")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(Gap(subscription, first_seq, count))
+        self._writer.queue(Gap(subscription, first_seq, count))
 
     def confirm(self, topic: int, count: int) -> None:
         """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
         self._require_role(Role.BROKER, "confirm")
         self._require_open()
         self.topics.resolve_local(topic)
-        self._queue(Confirm(topic, count))
+        self._writer.queue(Confirm(topic, count))

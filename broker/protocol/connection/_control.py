@@ -33,7 +33,6 @@ from ..frames._messages import (
 )
 from ..guarantees._receiver import ChannelReceiver, ChannelSender
 from ._binds import HandleBinding
-from ._core import ConnectionState
 
 
 class ControlHandling(HandleBinding):
@@ -132,7 +131,7 @@ class ControlHandling(HandleBinding):
     # ---------------------------------------------------------------- small messages in
 
     def _on_goodbye(self, message: Goodbye, size: int, events: list[Event]) -> None:
-        self.state = ConnectionState.CLOSED
+        self._handshake.close()
         events.append(ConnectionClosed(message.code, message.reason, True))
 
     def _on_ping(self, message: Ping, size: int, events: list[Event]) -> None:

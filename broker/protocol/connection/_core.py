@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from .._errors import LocalProtocolError, RemoteProtocolError
@@ -38,8 +37,8 @@ from ..guarantees._receiver import (
 )
 from ._handle_state import SubscriptionState, TopicState
 from ._handles import HandleState, HandleTable
+from ._handshake import ConnectionState, Handshake
 from ._liveness import Liveness
-from ._session import ClientSessionState
 from ._short_run import ShortRun
 from ._writer import FrameWriter
 
@@ -78,17 +77,6 @@ class NoGuarantees(LocalProtocolError):
     Nothing was sent and nothing changed; try again after a
     :class:`GuaranteesReceived` event for the channel.
     """
-
-
-class ConnectionState(Enum):
-    """Lifecycle of a connection."""
-
-    IDLE = "idle"  # client, before hello()
-    AWAIT_WELCOME = "await-welcome"  # client, Hello sent
-    AWAIT_HELLO = "await-hello"  # broker, nothing received yet
-    HELLO_RECEIVED = "hello-received"  # broker, welcome() not yet called
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,8 +131,8 @@ class ConnectionCore:
         self._parts_held = 0
         #: Client: a publish of a larger payload may need parts (see ``_large``).
         self._plain_payload = 1 << 64
-        self.state = ConnectionState.IDLE if role is Role.CLIENT else ConnectionState.AWAIT_HELLO
-        self.liveness = Liveness(heartbeat, lease, now, now)
+        #: The lifecycle: its state, Hello and Welcome, keepalive timers.
+        self._handshake = Handshake(role, heartbeat=heartbeat, lease=lease, now=now)
         here = role is Role.CLIENT
         #: Topic handles -> their state (the binding's value is the topic name).
         self.topics: HandleTable[TopicState] = HandleTable(
@@ -154,10 +142,6 @@ class ConnectionCore:
         self.subscriptions: HandleTable[SubscriptionState] = HandleTable(
             HandleType.SUBSCRIPTION, created_here=here, make=SubscriptionState
         )
-        self.hello_message: Hello | None = None
-        self.welcome_message: Welcome | None = None
-        #: Client: the session this connection resumes (see ``hello``).
-        self._resume: ClientSessionState | None = None
         #: Client: FreeHandles of resumed topics, sent once their resends are.
         #: A queue of messages, not handle state: the broker may delete the
         #: handle first (its own proposal), and still awaits the answer.
@@ -179,7 +163,6 @@ class ConnectionCore:
         }
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
-        self._ping_nonce = 0
         #: Set by the short path of the frame just handled (see ShortRun).
         self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
@@ -208,7 +191,7 @@ class ConnectionCore:
             return b""
         data = writer.take_output()
         if now is not None:
-            self.liveness.on_sent(now)
+            self._handshake.liveness.on_sent(now)
         return data
 
     def pieces_to_send(self, now: float | None = None) -> list[bytes]:
@@ -222,7 +205,7 @@ class ConnectionCore:
             return []
         pieces = writer.take_pieces()
         if now is not None:
-            self.liveness.on_sent(now)
+            self._handshake.liveness.on_sent(now)
         return pieces
 
     @property
@@ -251,20 +234,39 @@ class ConnectionCore:
         return self._writer.memory_to_send
 
     @property
+    def state(self) -> ConnectionState:
+        """Where the connection is in its life."""
+        return self._handshake.state
+
+    @property
+    def liveness(self) -> Liveness:
+        """The keepalive timers (heartbeat, lease)."""
+        return self._handshake.liveness
+
+    @property
+    def hello_message(self) -> Hello | None:
+        """The Hello sent (client) or received (broker), once it was."""
+        return self._handshake.hello_message
+
+    @property
+    def welcome_message(self) -> Welcome | None:
+        """The Welcome received (client) or sent (broker), once it was."""
+        return self._handshake.welcome_message
+
+    @property
     def closed(self) -> bool:
         """A Goodbye was sent or received; nothing more is processed."""
-        return self.state is ConnectionState.CLOSED
+        return self._handshake.state is ConnectionState.CLOSED
 
     def _require_open(self) -> None:
-        if self.state is not ConnectionState.OPEN:
-            raise LocalProtocolError(f"connection is {self.state.value}, not open")
+        self._handshake.require_open()
 
     def _require_role(self, role: Role, what: str) -> None:
         if self.role is not role:
             raise LocalProtocolError(f"only a {role.name.lower()} can {what}")
 
     def _check_open(self, message: Message) -> None:
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             raise RemoteProtocolError(f"{type(message).__name__} before the handshake completed")
 
     # ---------------------------------------------------------------- per-handle state
@@ -363,7 +365,7 @@ class ConnectionCore:
         """Counters, per-channel state and handle counts, for metrics."""
         return ConnectionStatistics(
             role=self.role,
-            state=self.state,
+            state=self._handshake.state,
             frames_received=self.frames_received,
             bytes_received=self.bytes_received,
             frames_sent=self._writer.frames_sent,

@@ -36,11 +36,11 @@ from ._core import (
     HANDLE_TYPE_OF_BIND_CHANNEL,
     HANDLE_TYPE_OF_KIND,
     ConnectionCore,
-    ConnectionState,
     NoGuarantees,
     handle_channel,
 )
 from ._handle_state import SubscriptionState, TopicState
+from ._handshake import ConnectionState
 
 
 class FlowControl(ConnectionCore):
@@ -55,7 +55,7 @@ class FlowControl(ConnectionCore):
         Call it when a policy answer changes, e.g. when an account that
         withheld a channel's guarantees falls below its watermark.
         """
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             return
         if channel is not None:
             self._issue(self._receiver(channel))
@@ -143,7 +143,7 @@ class FlowControl(ConnectionCore):
         state = table.bindings[channel.index]
         if table.release(channel.index, count):
             self._on_deleted(handle_type, channel.index, state, events)
-        elif self.state is ConnectionState.OPEN:
+        elif self._handshake.state is ConnectionState.OPEN:
             self._issue(receiver)
         return events
 

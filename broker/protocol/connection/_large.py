@@ -37,8 +37,9 @@ from ..frames._messages import (
     check_publish_fields,
 )
 from ..guarantees._receiver import ChannelSender
-from ._core import ConnectionState, NoGuarantees
+from ._core import NoGuarantees
 from ._handle_state import TopicState
+from ._handshake import ConnectionState
 from ._traffic import Traffic
 
 #: The largest message the reference client takes in parts (its Hello's
@@ -240,7 +241,7 @@ class LargeMessages(Traffic):
                 f"{'publish' if broker else 'delivery'} channels, after a Hello and "
                 "Welcome that both gave max_message"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         topic: TopicState | None = None
         if broker:

@@ -24,9 +24,10 @@ from ..frames._encode import (
     publish_tail_frames,
 )
 from ..frames._messages import PublishMany
-from ._core import ConnectionState, NoGuarantees
+from ._core import NoGuarantees
 from ._handle_state import TopicState
 from ._handles import HandleState
+from ._handshake import ConnectionState
 from ._traffic import Traffic
 
 __all__ = ["ManyPublishing"]
@@ -62,7 +63,7 @@ class ManyPublishing(Traffic):
         Publishes sent as Publish frames carry none."""
         if not self._publish_many or self._bind_senders[TOPIC_BINDS].retransmit:
             return self.publish_tails(topic, tails, start)
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if (
@@ -152,7 +153,7 @@ class ManyPublishing(Traffic):
             raise RemoteProtocolError(
                 "PublishMany is sent by clients, and only by one whose Welcome allows it"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         if message.origins is not None and not self.accept_origins:
             raise RemoteProtocolError("only a worker's link may say whose publishes it sends")

@@ -51,7 +51,8 @@ class SessionResume(HandleBinding):
         proposed to free, and proposes again on resume). A broker that defers
         bind processing calls :meth:`process_binds` first.
         """
-        if self.welcome_message is None:
+        welcome = self._handshake.welcome_message
+        if welcome is None:
             raise LocalProtocolError("no session before the handshake")
         bound = HandleState.BOUND
         if self.role is Role.BROKER:
@@ -74,8 +75,8 @@ class SessionResume(HandleBinding):
         live = {h: t for h, t in self.topics.items() if t.state is bound or t.state is proposed}
         subscriptions = {h: s for h, s in self.subscriptions.items() if s.state is bound}
         return ClientSessionState(
-            session=self.welcome_message.session,
-            epoch=self.welcome_message.epoch,
+            session=welcome.session,
+            epoch=welcome.epoch,
             topics={h: t.value for h, t in live.items()},
             freeing_topics=frozenset(h for h, t in live.items() if t.state is proposed),
             subscriptions={h: s.value for h, s in subscriptions.items()},
@@ -87,15 +88,6 @@ class SessionResume(HandleBinding):
         )
 
     # ---------------------------------------------------------------- broker
-
-    def _surviving_subscriptions(self, state: BrokerSessionState) -> tuple[int, ...] | None:
-        """The Welcome's ``subscriptions``: those ``state`` keeps, if it lacks
-        one the Hello listed below its count (else None: all survive)."""
-        assert self.hello_message is not None
-        listed = self.hello_message.processed
-        if all(h >= state.next_subscription or h in state.subscriptions for h in listed):
-            return None
-        return tuple(sorted(state.subscriptions))
 
     def _restore_broker(self, state: BrokerSessionState) -> None:
         """Bind the session's handles again and open their channels; the

@@ -71,9 +71,10 @@ from ..frames._messages import (
 from ..frames._settle import settle_problem
 from ..guarantees._receiver import ChannelSender
 from ._binds import HandleBinding
-from ._core import ConnectionState, NoGuarantees
+from ._core import NoGuarantees
 from ._handle_state import TopicState
 from ._handles import HandleState
+from ._handshake import ConnectionState
 from ._short_run import ShortRun
 
 #: A frame of entries with fields before their Deliver tails (DeliverTimed,
@@ -118,7 +119,7 @@ class Traffic(HandleBinding):
         """
         if self.role is not Role.CLIENT:
             self._require_role(Role.CLIENT, "publish")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if state is None or state.state is not HandleState.BOUND or state.sender is None:
@@ -175,7 +176,7 @@ class Traffic(HandleBinding):
         extra call per message; here they are paid once per run.)"""
         if self.role is not Role.CLIENT:
             self._require_role(Role.CLIENT, "publish")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if state is None or state.state is not HandleState.BOUND or state.sender is None:
@@ -237,7 +238,7 @@ class Traffic(HandleBinding):
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:
             raise RemoteProtocolError("Publish is sent by clients")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         handle = message.topic
         topic = self.topics.bindings.get(handle)
@@ -569,7 +570,7 @@ class Traffic(HandleBinding):
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         handle = message.subscription
         subscription = self.subscriptions.bindings.get(handle)
@@ -602,7 +603,7 @@ class Traffic(HandleBinding):
             raise RemoteProtocolError(
                 "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             raise RemoteProtocolError("DeliverMany before the handshake completed")
         handle = message.subscription
         entries = len(message.entries)
@@ -626,7 +627,7 @@ class Traffic(HandleBinding):
         name = type(message).__name__
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError(f"{name} is sent by the broker")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         if type(message) is DeliverMatched:
             self._check_matches(message.subscription, message.matches, events)

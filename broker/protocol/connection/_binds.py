@@ -19,13 +19,13 @@ from .._types import (
 )
 from ..frames._messages import BindTopic, FreeHandle, Options, Stage, Subscribe
 from ..guarantees._receiver import ChannelSender
-from ._core import HANDLE_TYPE_OF_KIND
-from ._flow import FlowControl
+from ._channels import HANDLE_TYPE_OF_KIND
+from ._core import ConnectionCore
 from ._handle_state import SubscriptionState, TopicState
 from ._session import SubscriptionInfo
 
 
-class HandleBinding(FlowControl):
+class HandleBinding(ConnectionCore):
     """Binding, resolving and freeing handles."""
 
     # ---------------------------------------------------------------- references from the peer
@@ -85,15 +85,15 @@ class HandleBinding(FlowControl):
         table = self._table(handle_type)
         table.resolve_local(handle)
         if self.role is Role.CLIENT:
-            if not self.confirmed(handle_type, handle):
+            if not self._flow.confirmed(handle_type, handle):
                 raise LocalProtocolError(f"handle {handle} is not confirmed yet")
             if handle_type == HandleType.TOPIC:
-                sender = self._sender(Channel(ChannelKind.PUBLISH, handle))
+                sender = self._flow.sender(Channel(ChannelKind.PUBLISH, handle))
                 if sender.unconfirmed or sender.retransmit:
                     raise LocalProtocolError(
                         f"topic handle {handle} still has unconfirmed publishes"
                     )
-                subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
+                subscribes = self._flow.bind_senders[SUBSCRIPTION_BINDS]
                 for entry in (*subscribes.unconfirmed, *subscribes.retransmit):
                     if entry.message.topic == handle:
                         raise LocalProtocolError(
@@ -114,7 +114,7 @@ class HandleBinding(FlowControl):
             events.append(HandleFreeProposed(int(handle_type), message.handle))
         if deleted:
             assert state is not None  # on_free refuses an unbound handle
-            self._on_deleted(handle_type, message.handle, state, events)
+            self._flow.on_deleted(handle_type, message.handle, state, events)
 
     # ---------------------------------------------------------------- binds (client side)
 
@@ -131,7 +131,7 @@ class HandleBinding(FlowControl):
         self._require_role(Role.CLIENT, "bind topics")
         self._require_open()
         check_topic_name(name)
-        self._send_frame(self._bind_senders[TOPIC_BINDS], BindTopic(name, stage))
+        self._flow.send_frame(self._flow.bind_senders[TOPIC_BINDS], BindTopic(name, stage))
         handle = self.topics.bind(name)
         state = self.topics.bindings[handle]
         state.stage = stage
@@ -153,12 +153,14 @@ class HandleBinding(FlowControl):
         topic_state = self.topics.resolve_local(topic)
         if topic_state.stage is not None:
             raise LocalProtocolError(f"topic handle {topic} is staged: it cannot be subscribed to")
-        if not self.confirmed(HandleType.TOPIC, topic):
+        if not self._flow.confirmed(HandleType.TOPIC, topic):
             raise LocalProtocolError(f"topic handle {topic} is not confirmed yet")
         opts = dict(options or {})
-        self._send_frame(self._bind_senders[SUBSCRIPTION_BINDS], Subscribe(topic, mode, opts))
+        self._flow.send_frame(
+            self._flow.bind_senders[SUBSCRIPTION_BINDS], Subscribe(topic, mode, opts)
+        )
         handle = self.subscriptions.bind(SubscriptionInfo(topic, topic_state.value, mode, opts))
-        self.subscriptions.bindings[handle].receiver = self._new_receiver(
+        self.subscriptions.bindings[handle].receiver = self._flow.new_receiver(
             Channel(ChannelKind.DELIVER, handle)
         )
         return handle
@@ -177,10 +179,12 @@ class HandleBinding(FlowControl):
             raise LocalProtocolError(f"unknown delivery mode {mode!r}")
         check_topic_pattern(pattern)
         opts = dict(options or {})
-        self._send_frame(self._bind_senders[SUBSCRIPTION_BINDS], Subscribe(pattern, mode, opts))
+        self._flow.send_frame(
+            self._flow.bind_senders[SUBSCRIPTION_BINDS], Subscribe(pattern, mode, opts)
+        )
         handle = self.subscriptions.bind(SubscriptionInfo(None, pattern, mode, opts))
         state = self.subscriptions.bindings[handle]
-        state.receiver = self._new_receiver(Channel(ChannelKind.DELIVER, handle))
+        state.receiver = self._flow.new_receiver(Channel(ChannelKind.DELIVER, handle))
         state.matches = {}
         return handle
 
@@ -201,13 +205,13 @@ class HandleBinding(FlowControl):
                     raise RemoteProtocolError(f"Subscribe on staged topic handle {message.topic}")
         elif (problem := topic_name_problem(message.name)) is not None:
             raise RemoteProtocolError(f"BindTopic: {problem}")
-        receiver = self._bind_receivers[message.channel]
+        receiver = self._flow.bind_receivers[message.channel]
         accepted, out = receiver.on_frame(size)
         self._writer.queue_all(out)
         if not accepted:
             return
         if receiver.sender_balance < 0:
-            self._issue(receiver)  # confirm the optimistic frame without delay
+            self._flow.issue(receiver)  # confirm the optimistic frame without delay
         if isinstance(message, Subscribe):
             if type(message.topic) is int:
                 self.topics.acquire(message.topic)
@@ -237,7 +241,7 @@ class HandleBinding(FlowControl):
                 topic.bind_size = size
                 topic.stage = message.stage
                 events.append(TopicBound(handle, message.name, message.stage))
-                topic.receiver = self._new_receiver(Channel(ChannelKind.PUBLISH, handle))
+                topic.receiver = self._flow.new_receiver(Channel(ChannelKind.PUBLISH, handle))
             else:
                 topic_handle: int | None = None
                 if isinstance(message.topic, str):
@@ -256,4 +260,4 @@ class HandleBinding(FlowControl):
                     Subscribed(handle, topic_handle, topic_name, message.mode, message.options)
                 )
                 if topic_handle is not None:
-                    self._release_reference(HandleType.TOPIC, topic_handle, events)
+                    self._flow.release_reference(HandleType.TOPIC, topic_handle, events)

@@ -19,16 +19,19 @@ of the parts that own it:
 - ``_handshake``: the lifecycle (:class:`ConnectionState`), Hello and
   Welcome, keepalive (:class:`Handshake`, with its ``Liveness``); the
   connection queues what it makes and applies what it settled;
+- ``_flow``: the guarantees of every channel, sending within them, and
+  the end of a handle's channels (:class:`Flow`);
+- ``_parts``: the state of messages in parts (:class:`MessageParts`).
 
-and the rest of its jobs are still layered on ``_core`` (the shared state
-and look-ups; per-handle state lives in one object per handle,
+The rest of its jobs are still layered on ``_core`` (the handle tables and
+counters; per-handle state lives in one object per handle,
 ``_handle_state``), one module per job:
 
-- ``_flow``: guarantee operations and sending within guarantees;
 - ``_binds``: binding, resolving and freeing handles;
 - ``_control``: received control messages, and staging requests;
 - ``_resume``: sessions saved and restored;
-- ``_traffic``: publish and deliver, and their notices;
+- ``_traffic``, ``_publish_many``, ``_large``: publish and deliver, and
+  their notices;
 - this module: reading frames and dispatching each to its handler, and
   the handshake's effects on the connection.
 """
@@ -84,13 +87,9 @@ from ..frames._messages import (
     Welcome,
 )
 from ..guarantees._receiver import ChannelSender
+from ._channels import DELIVER_SLACK, NoGuarantees
 from ._control import ControlHandling
-from ._core import (
-    DELIVER_SLACK,
-    MAX_HELLO_FRAME,
-    ConnectionStatistics,
-    NoGuarantees,
-)
+from ._core import MAX_HELLO_FRAME, ConnectionStatistics
 from ._handshake import ConnectionState
 from ._large import LargeMessages
 from ._publish_many import ManyPublishing
@@ -297,7 +296,7 @@ class Connection(SessionResume, ManyPublishing, LargeMessages, ControlHandling):
             self._restore_broker(restore)
             return
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
-            self._bind_receivers[channel] = self._new_receiver(channel)
+            self._flow.bind_receivers[channel] = self._flow.new_receiver(channel)
 
     def _on_hello(self, message: Hello, size: int, events: list[Event]) -> None:
         self._handshake.on_hello(message)
@@ -312,10 +311,10 @@ class Connection(SessionResume, ManyPublishing, LargeMessages, ControlHandling):
         self._writer.peer_max_frame = message.max_frame
         self.peer_max_message = message.max_message if self.max_message else 0
         if self.peer_max_message:
-            self._plain_payload = message.max_frame - 64
+            self._parts.plain_payload = message.max_frame - 64
         self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
-            self._bind_senders[channel] = ChannelSender(channel)
+            self._flow.bind_senders[channel] = ChannelSender(channel)
         resent = 0
         dropped: list[Event] = []
         if resume is not None:

@@ -45,7 +45,7 @@ class ControlHandling(HandleBinding):
         if channel_sender(channel) is not self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side sends on")
         self._check_channel_handle(channel, events)
-        sender = self._sender_of(channel)
+        sender = self._flow.sender_of(channel)
         if sender is None:
             raise RemoteProtocolError(f"{channel} is not open")
         return sender
@@ -55,7 +55,7 @@ class ControlHandling(HandleBinding):
         if channel_sender(channel) is self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side receives on")
         self._check_channel_handle(channel, events)
-        receiver = self._receiver_of(channel)
+        receiver = self._flow.receiver_of(channel)
         if receiver is None:
             raise RemoteProtocolError(f"{channel} is not open")
         return receiver
@@ -64,7 +64,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_guarantee(message.amount)
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
         if message.channel == SUBSCRIPTION_BINDS and self.role is Role.CLIENT:
             self._issue_newly_confirmed_subscriptions()
         events.append(GuaranteesReceived(message.channel, sender.balance))
@@ -73,12 +73,12 @@ class ControlHandling(HandleBinding):
         for _handle, state in self.subscriptions.items():
             receiver = state.receiver
             if receiver is not None and receiver.issued_total == 0:
-                self._issue(receiver)
+                self._flow.issue(receiver)
 
     def _on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
-        if not self._may_reference(message.channel):
+        if not self._flow.referable(message.channel):
             # This side proposed freeing the channel's handle: it says nothing
             # more about it, and the channel goes away with the handle.
             return
@@ -90,7 +90,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_limit_receiving(message.bound)
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
 
     def _on_announce_dropping(
         self, message: AnnounceDropping, size: int, events: list[Event]
@@ -106,13 +106,13 @@ class ControlHandling(HandleBinding):
             # The broker discards, unannounced, publishes on handles whose bind was dropped.
             first = self.topics.next_handle - len(dropped)
             for handle in range(first, self.topics.next_handle):
-                publish_sender = self._sender_of(Channel(ChannelKind.PUBLISH, handle))
+                publish_sender = self._flow.sender_of(Channel(ChannelKind.PUBLISH, handle))
                 if publish_sender is not None and publish_sender.unconfirmed:
                     lost = publish_sender.forget_unconfirmed()
                     events.append(
                         DropAnnounced(publish_sender.channel, len(lost), sum(e.size for e in lost))
                     )
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
 
     def _on_absolve(self, message: Absolve, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -126,7 +126,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         receiver = self._peer_sends(message.channel, events)
         receiver.on_apologise()
-        self._issue(receiver)
+        self._flow.issue(receiver)
 
     # ---------------------------------------------------------------- small messages in
 
@@ -156,8 +156,8 @@ class ControlHandling(HandleBinding):
         a topic handle being freed: the client may have deleted it already.
         """
         self._require_role(Role.BROKER, "throttle")
-        self._require_referable(channel)
-        self._receiver(channel)
+        self._flow.require_referable(channel)
+        self._flow.receiver(channel)
         self._writer.queue(Throttled(channel, throttled))
 
     # ---------------------------------------------------------------- staging

@@ -1,12 +1,14 @@
-"""What every part of a connection shares: its state, and how to find a
-channel's or a handle's state in it.
+"""What the jobs of a connection still layered on it share: the handle
+tables (whose bindings are the per-handle state objects of
+``_handle_state``), the pending binds, the counters, the frame decoder, and
+the parts the connection owns (:class:`ConnectionCore`).
 
-:class:`ConnectionCore` holds the whole state of one connection (the handle
-tables, whose bindings are the per-handle state objects of ``_handle_state``;
-the bind channels; the lifecycle; the counters) and the small checks and
-look-ups every job of the connection uses. The jobs themselves (guarantees,
-binds, control messages, the handshake, publish/deliver, reading frames) are
-layered on it in their own modules; ``_connection`` assembles them.
+Each part has its own state, made in its own ``__init__``, and references
+only the parts it is given: the output queue (``_writer``), the handshake
+and liveness (``_handshake``), the messages in parts (``_parts``), the
+guarantees (``_flow``). The public methods of those parts that are the
+connection's API are thin methods here, which delegate; the hot paths of
+the jobs layered on this class reach the parts' state directly.
 """
 
 from __future__ import annotations
@@ -16,67 +18,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import LocalProtocolError, RemoteProtocolError
+from .._events import (
+    DeliverManyReceived,
+    DeliverReceived,
+    EncodedDeliveriesReceived,
+    Event,
+    PublishManyReceived,
+    PublishReceived,
+)
 from .._policy import Policy
 from .._types import (
     DEFAULT_MAX_FRAME,
-    LENGTH_PREFIX,
-    SUBSCRIPTION_BINDS,
-    TOPIC_BINDS,
     Channel,
-    ChannelKind,
     HandleType,
     Role,
 )
 from ..frames._framing import FrameDecoder
-from ..frames._messages import BindTopic, FreeHandle, Hello, Message, Stage, Subscribe, Welcome
+from ..frames._messages import BindTopic, Hello, Message, Stage, Subscribe, Welcome
 from ..guarantees._receiver import (
     ChannelReceiver,
     ChannelSender,
     ReceiverStatistics,
     SenderStatistics,
 )
+from ._flow import Flow
 from ._handle_state import SubscriptionState, TopicState
-from ._handles import HandleState, HandleTable
+from ._handles import HandleTable
 from ._handshake import ConnectionState, Handshake
 from ._liveness import Liveness
+from ._parts import MessageParts
 from ._short_run import ShortRun
 from ._writer import FrameWriter
 
-#: The handle type a publish/deliver channel's index names, and back.
-HANDLE_TYPE_OF_KIND: dict[int, HandleType] = {
-    ChannelKind.PUBLISH: HandleType.TOPIC,
-    ChannelKind.DELIVER: HandleType.SUBSCRIPTION,
-}
-KIND_OF_HANDLE_TYPE: dict[HandleType, int] = {
-    handle_type: kind for kind, handle_type in HANDLE_TYPE_OF_KIND.items()
-}
-#: The channel that binds each handle type, and back.
-BIND_CHANNEL = {HandleType.TOPIC: TOPIC_BINDS, HandleType.SUBSCRIPTION: SUBSCRIPTION_BINDS}
-HANDLE_TYPE_OF_BIND_CHANNEL = {
-    channel: handle_type for handle_type, channel in BIND_CHANNEL.items()
-}
-
-#: A Deliver may exceed ``max_frame`` by this much (its per-subscriber fields),
-#: so that any Publish the broker accepted can be delivered.
-DELIVER_SLACK = 32
 #: The largest frame body a broker accepts before the client's Hello: what an
 #: unauthenticated peer can make it buffer (``max_frame`` applies after it).
 MAX_HELLO_FRAME = 16 * 1024
 DEFAULT_HEARTBEAT = 5.0
 DEFAULT_LEASE = 15.0
-
-
-def handle_channel(handle_type: HandleType, handle: int) -> Channel:
-    """The publish or deliver channel of a handle."""
-    return Channel(KIND_OF_HANDLE_TYPE[handle_type], handle)
-
-
-class NoGuarantees(LocalProtocolError):
-    """The channel has no room for this frame now.
-
-    Nothing was sent and nothing changed; try again after a
-    :class:`GuaranteesReceived` event for the channel.
-    """
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,7 +92,6 @@ class ConnectionCore:
         #: The output queue (bytes out, and their counters).
         self._writer = FrameWriter()
         self.role = role
-        self.policy = policy if policy is not None else Policy()
         #: Largest frame body this side accepts (announced in Welcome by a broker).
         self.max_frame = max_frame
         #: Largest message body this side takes in FramePart frames (0: none;
@@ -122,15 +99,8 @@ class ConnectionCore:
         self.max_message = max_message
         #: The largest message body the peer takes in parts (0: it takes none).
         self.peer_max_message = 0
-        #: Messages being sent in parts, per channel (``_large.OutgoingMessage``).
-        self._parts_out: dict[Channel, Any] = {}
-        #: Client: a publish in parts finished by another call (``_large``).
-        self._parts_done: dict[Channel, object] = {}
-        #: Messages being received in parts, per channel, and their bytes.
-        self._parts_in: dict[Channel, bytearray] = {}
-        self._parts_held = 0
-        #: Client: a publish of a larger payload may need parts (see ``_large``).
-        self._plain_payload = 1 << 64
+        #: Messages in parts, both ways (``_large``).
+        self._parts = MessageParts()
         #: The lifecycle: its state, Hello and Welcome, keepalive timers.
         self._handshake = Handshake(role, heartbeat=heartbeat, lease=lease, now=now)
         here = role is Role.CLIENT
@@ -142,10 +112,6 @@ class ConnectionCore:
         self.subscriptions: HandleTable[SubscriptionState] = HandleTable(
             HandleType.SUBSCRIPTION, created_here=here, make=SubscriptionState
         )
-        #: Client: FreeHandles of resumed topics, sent once their resends are.
-        #: A queue of messages, not handle state: the broker may delete the
-        #: handle first (its own proposal), and still awaits the answer.
-        self._frees_after_resend: dict[int, FreeHandle] = {}
         self.frames_received = 0
         self.bytes_received = 0
         #: Frames referencing a handle whose bind was dropped, discarded silently.
@@ -153,14 +119,21 @@ class ConnectionCore:
         # A broker accepts only a small frame (the Hello) before the Hello.
         first = min(max_frame, MAX_HELLO_FRAME) if role is Role.BROKER else max_frame
         self._decoder = FrameDecoder(max_frame=first)
-        #: The bind channels' guarantee state (the broker receives on them,
-        #: the client sends); a handle's channel is in the handle's state.
-        self._bind_receivers: dict[Channel, ChannelReceiver] = {}
-        self._bind_senders: dict[Channel, ChannelSender] = {}
         self._pending_binds: dict[HandleType, deque[tuple[BindTopic | Subscribe, int]]] = {
             HandleType.TOPIC: deque(),
             HandleType.SUBSCRIPTION: deque(),
         }
+        #: The guarantees of every channel.
+        self._flow = Flow(
+            role,
+            policy if policy is not None else Policy(),
+            max_frame,
+            handshake=self._handshake,
+            writer=self._writer,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
+            parts=self._parts,
+        )
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
         #: Set by the short path of the frame just handled (see ShortRun).
@@ -295,71 +268,113 @@ class ConnectionCore:
         state = self.topics.bindings.get(topic)
         return None if state is None else state.stage
 
-    # ---------------------------------------------------------------- channel state
+    # ---------------------------------------------------------------- guarantees (the Flow part)
 
-    def _receiver_of(self, channel: Channel) -> ChannelReceiver | None:
-        """This side's receiving state of ``channel``, if it receives on it."""
-        kind = channel[0]
-        if kind == ChannelKind.PUBLISH:
-            topic = self.topics.bindings.get(channel[1])
-            return None if topic is None else topic.receiver
-        if kind == ChannelKind.DELIVER:
-            subscription = self.subscriptions.bindings.get(channel[1])
-            return None if subscription is None else subscription.receiver
-        return self._bind_receivers.get(channel)
-
-    def _sender_of(self, channel: Channel) -> ChannelSender | None:
-        """This side's sending state of ``channel``, if it sends on it."""
-        kind = channel[0]
-        if kind == ChannelKind.PUBLISH:
-            topic = self.topics.bindings.get(channel[1])
-            return None if topic is None else topic.sender
-        if kind == ChannelKind.DELIVER:
-            subscription = self.subscriptions.bindings.get(channel[1])
-            return None if subscription is None else subscription.sender
-        return self._bind_senders.get(channel)
-
-    def _receiver(self, channel: Channel) -> ChannelReceiver:
-        receiver = self._receiver_of(channel)
-        if receiver is None:
-            raise LocalProtocolError(f"this side does not receive on {channel}")
-        return receiver
-
-    def _sender(self, channel: Channel) -> ChannelSender:
-        sender = self._sender_of(channel)
-        if sender is None:
-            raise LocalProtocolError(f"this side does not send on {channel}")
-        return sender
-
-    def _all_receivers(self) -> list[ChannelReceiver]:
-        """Every channel this side receives on: bind channels, then handles' channels."""
-        receivers = list(self._bind_receivers.values())
-        for table in (self.topics, self.subscriptions):
-            receivers += [s.receiver for s in table.bindings.values() if s.receiver is not None]
-        return receivers
-
-    def _all_senders(self) -> list[ChannelSender]:
-        """Every channel this side sends on: bind channels, then handles' channels."""
-        senders = list(self._bind_senders.values())
-        for table in (self.topics, self.subscriptions):
-            senders += [s.sender for s in table.bindings.values() if s.sender is not None]
-        return senders
+    @property
+    def policy(self) -> Policy:
+        """The policy that sizes and issues this side's guarantees."""
+        return self._flow.policy
 
     def receiver(self, channel: Channel) -> ChannelReceiver:
         """The receiving state of ``channel`` (read it; change it through this class)."""
-        return self._receiver(channel)
+        return self._flow.receiver(channel)
 
     def sender(self, channel: Channel) -> ChannelSender:
         """The sending state of ``channel`` (read it; change it through this class)."""
-        return self._sender(channel)
+        return self._flow.sender(channel)
 
     @property
     def receiving_channels(self) -> list[Channel]:
-        return [receiver.channel for receiver in self._all_receivers()]
+        return [receiver.channel for receiver in self._flow.all_receivers()]
 
     @property
     def sending_channels(self) -> list[Channel]:
-        return [sender.channel for sender in self._all_senders()]
+        return [sender.channel for sender in self._flow.all_senders()]
+
+    def confirmed(self, handle_type: HandleType, handle: int) -> bool:
+        """Client: the bind of ``handle`` is known to be processed by the broker.
+
+        Only confirmed handles may be referenced in control messages (and in
+        Subscribe); Publish may reference a handle optimistically.
+        """
+        return self._flow.confirmed(handle_type, handle)
+
+    def may_reference(self, channel: Channel) -> bool:
+        """Whether this side may still send control messages about ``channel``
+        (``confirm``, ``throttled``, guarantees): the connection is open and
+        the channel's handle is confirmed and not being freed."""
+        return self._flow.may_reference(channel)
+
+    def issue_guarantees(self, channel: Channel | None = None) -> None:
+        """Issue what the policy allows on ``channel`` (default: every channel).
+
+        Call it when a policy answer changes, e.g. when an account that
+        withheld a channel's guarantees falls below its watermark.
+        """
+        self._flow.issue_guarantees(channel)
+
+    def grow(self, channel: Channel, amount: int) -> None:
+        """Add buffer capacity to a receiving channel (issued per policy)."""
+        self._flow.grow(channel, amount)
+
+    def set_capacity(self, channel: Channel, target: int, *, plead: bool | None = None) -> None:
+        """Resize a receiving channel's buffer.
+
+        Growing issues per policy. Shrinking reclaims unpromised space at
+        once, then processed frames, and (with ``plead``, by default the
+        policy's ``plead_on_shrink``) asks the sender to absolve what neither
+        can reclaim.
+        """
+        self._flow.set_capacity(channel, target, plead=plead)
+
+    def plead(self, channel: Channel, target: int) -> None:
+        """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
+        self._flow.plead(channel, target)
+
+    def limit_receiving(self, channel: Channel, bound: int) -> None:
+        """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
+        self._flow.limit_receiving(channel, bound)
+
+    def release(
+        self,
+        event: PublishReceived
+        | PublishManyReceived
+        | DeliverReceived
+        | DeliverManyReceived
+        | EncodedDeliveriesReceived,
+    ) -> list[Event]:
+        """A received Publish, Deliver or DeliverMany has been processed
+        (all of a DeliverMany's entries): free its buffer space.
+
+        Returns the events this causes: a :class:`HandleDeleted` when the
+        frame was the last reference to a handle being freed.
+        """
+        return self._flow.release(event)
+
+    def release_frame(self, channel: Channel, size: int) -> list[Event]:
+        """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""
+        return self._flow.release_frames(channel, size, 1)
+
+    def release_frames(self, channel: Channel, size: int, count: int) -> list[Event]:
+        """Free ``count`` processed frames of ``size`` bytes in all on ``channel``.
+
+        The same as releasing each frame in turn (:meth:`release_frame`),
+        with guarantees issued once for the lot. A DeliverMany counts as one
+        frame per entry here (each entry references its subscription).
+        """
+        return self._flow.release_frames(channel, size, count)
+
+    def limit_sending(self, channel: Channel, bound: int) -> None:
+        """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
+        self._flow.limit_sending(channel, bound)
+
+    def absolve(self, channel: Channel, amount: int) -> None:
+        """Give back ``amount`` bytes of guarantees on ``channel``."""
+        self._flow.absolve(channel, amount)
+
+    def room(self, channel: Channel) -> int:
+        """The largest frame this side may send on ``channel`` now."""
+        return self._flow.room(channel)
 
     def statistics(self) -> ConnectionStatistics:
         """Counters, per-channel state and handle counts, for metrics."""
@@ -373,78 +388,6 @@ class ConnectionCore:
             discarded_frames=self.discarded_frames,
             topics_bound=len(self.topics),
             subscriptions_bound=len(self.subscriptions),
-            receivers=[r.statistics() for r in self._all_receivers()],
-            senders=[s.statistics() for s in self._all_senders()],
+            receivers=[r.statistics() for r in self._flow.all_receivers()],
+            senders=[s.statistics() for s in self._flow.all_senders()],
         )
-
-    # ---------------------------------------------------------------- referencing channels
-
-    def confirmed(self, handle_type: HandleType, handle: int) -> bool:
-        """Client: the bind of ``handle`` is known to be processed by the broker.
-
-        Only confirmed handles may be referenced in control messages (and in
-        Subscribe); Publish may reference a handle optimistically.
-        """
-        table = self._table(handle_type)
-        if handle not in table:
-            return False
-        if self.role is Role.BROKER:
-            return True
-        sender = self._bind_senders[BIND_CHANNEL[handle_type]]
-        pending = len(sender.unconfirmed) + len(sender.retransmit)
-        return handle < table.next_handle - pending
-
-    def _may_reference(self, channel: Channel) -> bool:
-        """Whether this side may still send control messages about ``channel``."""
-        handle_type = HANDLE_TYPE_OF_KIND.get(channel.kind)
-        if handle_type is None:
-            return True  # a bind channel
-        binding = self._table(handle_type).get(channel.index)
-        if binding is None or binding.state is not HandleState.BOUND:
-            return False
-        return self.confirmed(handle_type, channel.index)
-
-    def may_reference(self, channel: Channel) -> bool:
-        """Whether this side may still send control messages about ``channel``
-        (``confirm``, ``throttled``, guarantees): the connection is open and
-        the channel's handle is confirmed and not being freed."""
-        return not self.closed and self._may_reference(channel)
-
-    def _require_referable(self, channel: Channel) -> None:
-        """Refuse a control message about a handle this side may not reference
-        (unconfirmed, or being freed): the peer would close the connection."""
-        self._require_open()
-        if (
-            self._sender_of(channel) is not None or self._receiver_of(channel) is not None
-        ) and not self._may_reference(channel):
-            raise LocalProtocolError(f"{channel}: its handle is not confirmed or is being freed")
-
-    def _issue(self, receiver: ChannelReceiver) -> None:
-        """Issue what the policy allows on ``receiver``'s channel, if this
-        side may reference it."""
-        amount = self.policy.amount_to_issue(receiver)
-        if amount > 0 and self._may_reference(receiver.channel):
-            message = receiver.issue(amount)
-            if message is not None:
-                self._writer.queue(message)
-
-    def _new_receiver(self, channel: Channel, capacity: int | None = None) -> ChannelReceiver:
-        """A receiving state for ``channel`` (capacity: the policy's initial
-        one), with its first guarantees issued. The caller keeps it."""
-        deliver = channel.kind == ChannelKind.DELIVER
-        # The largest frame the sender may send: a Deliver of the broker's
-        # max_frame, or a frame of ours.
-        largest = LENGTH_PREFIX + (
-            self._writer.peer_max_frame + DELIVER_SLACK if deliver else self.max_frame
-        )
-        if capacity is None:
-            capacity = self.policy.initial_capacity(channel)
-            if deliver and self.policy.deliver_capacity is None:
-                # A window smaller than the largest Deliver the broker may send
-                # would never take such a message, nor any after it: stalled.
-                capacity = max(capacity, largest)
-        receiver = ChannelReceiver(channel, capacity)
-        receiver.max_dropping = self.policy.max_dropping
-        receiver.largest_frame = largest
-        self._issue(receiver)
-        return receiver

@@ -24,7 +24,7 @@ from ..frames._encode import (
     publish_tail_frames,
 )
 from ..frames._messages import PublishMany
-from ._core import NoGuarantees
+from ._channels import NoGuarantees
 from ._handle_state import TopicState
 from ._handles import HandleState
 from ._handshake import ConnectionState
@@ -61,7 +61,7 @@ class ManyPublishing(Traffic):
         A worker's link passes ``origins``, the runs of ``tails`` (see
         :mod:`._origins`): each frame then carries those of its entries.
         Publishes sent as Publish frames carry none."""
-        if not self._publish_many or self._bind_senders[TOPIC_BINDS].retransmit:
+        if not self._publish_many or self._flow.bind_senders[TOPIC_BINDS].retransmit:
             return self.publish_tails(topic, tails, start)
         if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
@@ -139,7 +139,7 @@ class ManyPublishing(Traffic):
         assert sender is not None
         message = PublishMany(topic, [tail], [None], own)
         try:
-            self._send_frame(sender, message, head + tail + runs)
+            self._flow.send_frame(sender, message, head + tail + runs)
         except NoGuarantees:
             return 0
         if self._keep_unconfirmed:

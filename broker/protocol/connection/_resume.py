@@ -22,7 +22,7 @@ from ..frames._encode import encode
 from ..frames._messages import BindTopic, Subscribe, Welcome
 from ..guarantees._receiver import ChannelSender, SentFrame
 from ._binds import HandleBinding
-from ._core import BIND_CHANNEL
+from ._channels import BIND_CHANNEL
 from ._handles import HandleState
 from ._session import BrokerSessionState, ClientSessionState
 
@@ -109,12 +109,12 @@ class SessionResume(HandleBinding):
             held[HandleType.SUBSCRIPTION] += size
         for handle_type, channel in BIND_CHANNEL.items():
             capacity = self.policy.initial_capacity(channel) - held[handle_type]
-            self._bind_receivers[channel] = self._new_receiver(channel, max(capacity, 0))
+            self._flow.bind_receivers[channel] = self._flow.new_receiver(channel, max(capacity, 0))
         for handle in state.topics:
             topic = self.topics.bindings[handle]
             topic.received = state.received.get(handle, 0)
             topic.stage = state.stages.get(handle)
-            topic.receiver = self._new_receiver(Channel(ChannelKind.PUBLISH, handle))
+            topic.receiver = self._flow.new_receiver(Channel(ChannelKind.PUBLISH, handle))
         for handle in state.subscriptions:
             channel = Channel(ChannelKind.DELIVER, handle)
             self.subscriptions.bindings[handle].sender = ChannelSender(channel)
@@ -145,7 +145,7 @@ class SessionResume(HandleBinding):
         for handle, subscription in self.subscriptions.bindings.items():
             subscription.processed = state.processed.get(handle, 0)
         resent = 0
-        binds = self._bind_senders[TOPIC_BINDS]
+        binds = self._flow.bind_senders[TOPIC_BINDS]
         for handle in sorted(topics):
             topic = self.topics.bindings[handle]
             topic.stage = state.stages.get(handle)
@@ -162,19 +162,19 @@ class SessionResume(HandleBinding):
                 for frame in split_frames(kept):
                     sender.retransmit.append(SentFrame(len(frame), frame, None))
             resent += len(missing)
-        subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
+        subscribes = self._flow.bind_senders[SUBSCRIPTION_BINDS]
         for handle, info in sorted(subscriptions.items()):
             if handle >= bound_subscriptions:
                 target = info.topic_name if info.topic is None else info.topic
                 message = Subscribe(target, info.mode, dict(info.options))
                 resent += self._queue_resend(subscribes, message)
-            self.subscriptions.bindings[handle].receiver = self._new_receiver(
+            self.subscriptions.bindings[handle].receiver = self._flow.new_receiver(
                 Channel(ChannelKind.DELIVER, handle)
             )
         for handle in sorted(state.freeing_topics & topics.keys()):
             # Proposed again once its resent bind and publishes are out.
-            self._frees_after_resend[handle] = self.topics.propose_free(handle)
-        self._send_deferred_frees()
+            self._flow.frees_after_resend[handle] = self.topics.propose_free(handle)
+        self._flow.send_deferred_frees()
         return resent
 
     def _queue_resend(self, sender: ChannelSender, message: BindTopic | Subscribe) -> int:

@@ -71,7 +71,7 @@ from ..frames._messages import (
 from ..frames._settle import settle_problem
 from ..guarantees._receiver import ChannelSender
 from ._binds import HandleBinding
-from ._core import NoGuarantees
+from ._channels import NoGuarantees
 from ._handle_state import TopicState
 from ._handles import HandleState
 from ._handshake import ConnectionState
@@ -126,7 +126,7 @@ class Traffic(HandleBinding):
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        if self._parts_out or (type(payload) is bytes and len(payload) > self._plain_payload):
+        if self._parts.out or (type(payload) is bytes and len(payload) > self._parts.plain_payload):
             size = self._publish_in_parts(state, sender, payload, key, headers)
             if size is not None:
                 return size
@@ -142,7 +142,7 @@ class Traffic(HandleBinding):
             check_publish_fields(payload, key, headers)
             frame = encode(Publish(topic, payload, key, headers), max_frame=writer.peer_max_frame)
         size = len(frame)
-        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+        if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
             # The usual case, in short: within the guarantees, in the topic's run.
             run = writer.runs.get(topic)
             if run is None:
@@ -153,7 +153,7 @@ class Traffic(HandleBinding):
             writer.bytes_sent += size
             writer.out_size += size
         else:
-            self._send_frame(sender, Publish(topic, payload, key, headers), frame)
+            self._flow.send_frame(sender, Publish(topic, payload, key, headers), frame)
         if self._keep_unconfirmed:
             state.retain(frame)  # to be sent again on a resume, until confirmed
         else:
@@ -188,7 +188,7 @@ class Traffic(HandleBinding):
         out = writer.run_of(topic)
         retain = state.retain
         sent = 0
-        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
+        if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
             # The usual case: the frames plainly within the guarantees (and
             # max_frame), encoded and accounted for in one go.
             frames = publish_tail_frames(topic, tails, start, sender.room())
@@ -215,16 +215,16 @@ class Traffic(HandleBinding):
                     break  # (it raises on the next call, as the first)
                 raise
             size = len(frame)
-            if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
                 out.append(frame)
                 writer.frames_sent += 1
                 writer.bytes_sent += size
                 writer.out_size += size
             else:
-                if size > self._room(sender):
+                if size > self._flow.room_of(sender):
                     break  # (what _send_frame would refuse: no decoding for nothing)
                 try:
-                    self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
+                    self._flow.send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:
                     break
                 out = self._writer.run_of(topic)  # (the frame closed the runs: a new one)
@@ -273,7 +273,7 @@ class Traffic(HandleBinding):
             self._writer.queue_all(out)
         if accepted:
             if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
-                self._issue(receiver)  # confirm the optimistic frame without delay
+                self._flow.issue(receiver)  # confirm the optimistic frame without delay
             topic.references += count
             topic.received += count
         return accepted
@@ -291,7 +291,7 @@ class Traffic(HandleBinding):
     ) -> int:
         """Broker: send a delivery within the subscriber's guarantees; returns its size."""
         sender = self._delivery_sender(subscription)
-        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+        return self._flow.send_frame(sender, Deliver(subscription, seq, payload, key, headers))
 
     def _delivery_sender(self, subscription: int) -> ChannelSender:
         self._require_role(Role.BROKER, "deliver")
@@ -311,7 +311,7 @@ class Traffic(HandleBinding):
         size = len(head) + len(tail)
         if size - LENGTH_PREFIX > self._writer.peer_max_frame:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
-        return self._send_frame(sender, None, head, tail)
+        return self._flow.send_frame(sender, None, head, tail)
 
     def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
         """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
@@ -326,7 +326,7 @@ class Traffic(HandleBinding):
             raise LocalProtocolError("seq must be u64")
         if self._many and len(tails) > 1:
             return self._deliver_in_many(sender, subscription, first_seq, tails)
-        room = self._room(sender)
+        room = self._flow.room_of(sender)
         limit = self._writer.peer_max_frame + LENGTH_PREFIX
         seq = first_seq
         total = 0
@@ -357,7 +357,7 @@ class Traffic(HandleBinding):
         """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
         as few frames as the guarantees and ``max_frame`` allow (a frame of
         one entry goes as a plain Deliver)."""
-        room = self._room(sender)
+        room = self._flow.room_of(sender)
         limit = self._writer.peer_max_frame + LENGTH_PREFIX
         out = self._writer.out
         count = len(tails)
@@ -516,7 +516,7 @@ class Traffic(HandleBinding):
         guarantees go; how many were queued."""
         count = len(tails)
         most, make_head = kind
-        room = self._room(sender)
+        room = self._flow.room_of(sender)
         limit = self._writer.peer_max_frame + LENGTH_PREFIX
         out = self._writer.out
         sent = frames = total = 0

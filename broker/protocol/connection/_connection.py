@@ -21,13 +21,13 @@ of the parts that own it:
   connection queues what it makes and applies what it settled;
 - ``_flow``: the guarantees of every channel, sending within them, and
   the end of a handle's channels (:class:`Flow`);
+- ``_binds``: binding, resolving and freeing handles (:class:`Handles`);
 - ``_parts``: the state of messages in parts (:class:`MessageParts`).
 
 The rest of its jobs are still layered on ``_core`` (the handle tables and
-counters; per-handle state lives in one object per handle,
-``_handle_state``), one module per job:
+counters, which the parts are given; per-handle state lives in one object
+per handle, ``_handle_state``), one module per job:
 
-- ``_binds``: binding, resolving and freeing handles;
 - ``_control``: received control messages, and staging requests;
 - ``_resume``: sessions saved and restored;
 - ``_traffic``, ``_publish_many``, ``_large``: publish and deliver, and

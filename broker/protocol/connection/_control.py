@@ -32,10 +32,10 @@ from ..frames._messages import (
     Throttled,
 )
 from ..guarantees._receiver import ChannelReceiver, ChannelSender
-from ._binds import HandleBinding
+from ._core import ConnectionCore
 
 
-class ControlHandling(HandleBinding):
+class ControlHandling(ConnectionCore):
     """Received control messages, and the staging requests."""
 
     # ---------------------------------------------------------------- guarantee messages in
@@ -44,7 +44,7 @@ class ControlHandling(HandleBinding):
         """The sender state for a control message the channel's receiver sent."""
         if channel_sender(channel) is not self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side sends on")
-        self._check_channel_handle(channel, events)
+        self._handles.check_channel_handle(channel, events)
         sender = self._flow.sender_of(channel)
         if sender is None:
             raise RemoteProtocolError(f"{channel} is not open")
@@ -54,7 +54,7 @@ class ControlHandling(HandleBinding):
         """The receiver state for a control message the channel's sender sent."""
         if channel_sender(channel) is self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side receives on")
-        self._check_channel_handle(channel, events)
+        self._handles.check_channel_handle(channel, events)
         receiver = self._flow.receiver_of(channel)
         if receiver is None:
             raise RemoteProtocolError(f"{channel} is not open")
@@ -146,7 +146,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         if self.role is not Role.CLIENT or channel_sender(message.channel) is not Role.CLIENT:
             raise RemoteProtocolError("Throttled is sent by the broker about a client channel")
-        self._check_channel_handle(message.channel, events)
+        self._handles.check_channel_handle(message.channel, events)
         events.append(message)
 
     def throttled(self, channel: Channel, throttled: bool) -> None:

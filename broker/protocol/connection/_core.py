@@ -1,21 +1,20 @@
 """What the jobs of a connection still layered on it share: the handle
 tables (whose bindings are the per-handle state objects of
-``_handle_state``), the pending binds, the counters, the frame decoder, and
+``_handle_state``), the counters, the frame decoder, and
 the parts the connection owns (:class:`ConnectionCore`).
 
 Each part has its own state, made in its own ``__init__``, and references
 only the parts it is given: the output queue (``_writer``), the handshake
 and liveness (``_handshake``), the messages in parts (``_parts``), the
-guarantees (``_flow``). The public methods of those parts that are the
-connection's API are thin methods here, which delegate; the hot paths of
-the jobs layered on this class reach the parts' state directly.
+guarantees (``_flow``), the handles (``_binds``). The public methods of
+those parts that are the connection's API are thin methods here, which
+delegate; the hot paths of the jobs layered on this class reach the parts'
+state directly.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from .._errors import LocalProtocolError, RemoteProtocolError
 from .._events import (
@@ -30,17 +29,28 @@ from .._policy import Policy
 from .._types import (
     DEFAULT_MAX_FRAME,
     Channel,
+    DeliveryMode,
     HandleType,
     Role,
 )
 from ..frames._framing import FrameDecoder
-from ..frames._messages import BindTopic, Hello, Message, Stage, Subscribe, Welcome
+from ..frames._messages import (
+    BindTopic,
+    FreeHandle,
+    Hello,
+    Message,
+    Options,
+    Stage,
+    Subscribe,
+    Welcome,
+)
 from ..guarantees._receiver import (
     ChannelReceiver,
     ChannelSender,
     ReceiverStatistics,
     SenderStatistics,
 )
+from ._binds import Handles
 from ._flow import Flow
 from ._handle_state import SubscriptionState, TopicState
 from ._handles import HandleTable
@@ -119,10 +129,6 @@ class ConnectionCore:
         # A broker accepts only a small frame (the Hello) before the Hello.
         first = min(max_frame, MAX_HELLO_FRAME) if role is Role.BROKER else max_frame
         self._decoder = FrameDecoder(max_frame=first)
-        self._pending_binds: dict[HandleType, deque[tuple[BindTopic | Subscribe, int]]] = {
-            HandleType.TOPIC: deque(),
-            HandleType.SUBSCRIPTION: deque(),
-        }
         #: The guarantees of every channel.
         self._flow = Flow(
             role,
@@ -133,6 +139,15 @@ class ConnectionCore:
             topics=self.topics,
             subscriptions=self.subscriptions,
             parts=self._parts,
+        )
+        #: Binding, resolving and freeing handles.
+        self._handles = Handles(
+            role,
+            handshake=self._handshake,
+            writer=self._writer,
+            flow=self._flow,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
         )
         #: Client: the number of the last Commit or Abort sent.
         self._last_request = 0
@@ -244,9 +259,6 @@ class ConnectionCore:
 
     # ---------------------------------------------------------------- per-handle state
 
-    def _table(self, handle_type: HandleType | int) -> HandleTable[Any]:
-        return self.topics if handle_type == HandleType.TOPIC else self.subscriptions
-
     @property
     def publishes_received(self) -> dict[int, int]:
         """Broker: per topic handle, Publish frames accepted in the session
@@ -267,6 +279,60 @@ class ConnectionCore:
         """Where publishes on topic handle ``topic`` are staged (None: routed at once)."""
         state = self.topics.bindings.get(topic)
         return None if state is None else state.stage
+
+    # ---------------------------------------------------------------- handles (the Handles part)
+
+    def bind_topic(self, name: str, stage: Stage | None = None) -> int:
+        """Client: bind the next topic handle to ``name``; returns the handle.
+
+        Publishing on it may start at once (optimistically, if the policy
+        allows); the broker issues the topic's guarantees once it has
+        processed the bind. With a ``stage``, the broker stages what is
+        published on the handle until a :meth:`commit` of the stage's batch.
+        A name that breaks the topic-name rule raises :class:`TopicNameError`
+        and sends nothing.
+        """
+        return self._handles.bind_topic(name, stage)
+
+    def subscribe(
+        self, topic: int, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to a confirmed topic handle; returns the subscription handle.
+
+        The delivery channel's guarantees are issued as soon as the Subscribe
+        is confirmed.
+        """
+        return self._handles.subscribe(topic, mode, options)
+
+    def subscribe_pattern(
+        self, pattern: str, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to every topic ``pattern`` matches (see
+        :class:`TopicPattern`), existing or created later; returns the
+        subscription handle. Its deliveries come as DeliverMatched frames,
+        each naming its topic through a Matched. A pattern that breaks the
+        rule raises :class:`TopicPatternError` and sends nothing."""
+        return self._handles.subscribe_pattern(pattern, mode, options)
+
+    def free_handle(self, handle_type: HandleType, handle: int) -> None:
+        """Propose freeing a handle; this side stops using it at once.
+
+        A client may free only confirmed handles, and a topic handle only
+        once every Publish sent on it is confirmed.
+        """
+        self._handles.free_handle(handle_type, handle)
+
+    def process_binds(self) -> list[Event]:
+        """Broker: process every buffered bind now (with deferred bind processing)."""
+        return self._handles.process_binds()
+
+    def _on_bind_frame(
+        self, message: BindTopic | Subscribe, size: int, events: list[Event]
+    ) -> None:
+        self._handles.on_bind_frame(message, size, events)
+
+    def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
+        self._handles.on_free_handle(message, size, events)
 
     # ---------------------------------------------------------------- guarantees (the Flow part)
 

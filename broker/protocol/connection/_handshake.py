@@ -51,6 +51,11 @@ class Handshake:
         if self.state is not ConnectionState.OPEN:
             raise LocalProtocolError(f"connection is {self.state.value}, not open")
 
+    def check_open(self, message: object) -> None:
+        """Refuse ``message`` received before the handshake completed."""
+        if self.state is not ConnectionState.OPEN:
+            raise RemoteProtocolError(f"{type(message).__name__} before the handshake completed")
+
     def close(self) -> None:
         """A Goodbye was sent or received: the connection is closed."""
         self.state = ConnectionState.CLOSED

@@ -245,7 +245,7 @@ class LargeMessages(Traffic):
             self._check_open(message)
         topic: TopicState | None = None
         if broker:
-            topic = self._resolve_topic(channel.index, events)
+            topic = self._handles.resolve_topic(channel.index, events)
             if topic is None:
                 self.discarded_frames += 1  # its bind was dropped (and announced)
                 return

@@ -173,7 +173,7 @@ class ManyPublishing(Traffic):
                 topic.received += count
                 events.append(PublishManyReceived(message, topic.value, receiver.channel, size))
                 return
-        topic = self._resolve_topic(handle, events)
+        topic = self._handles.resolve_topic(handle, events)
         if topic is None:
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1

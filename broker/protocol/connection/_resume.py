@@ -21,8 +21,8 @@ from .._types import (
 from ..frames._encode import encode
 from ..frames._messages import BindTopic, Subscribe, Welcome
 from ..guarantees._receiver import ChannelSender, SentFrame
-from ._binds import HandleBinding
 from ._channels import BIND_CHANNEL
+from ._core import ConnectionCore
 from ._handles import HandleState
 from ._session import BrokerSessionState, ClientSessionState
 
@@ -38,7 +38,7 @@ def split_frames(data: bytes) -> list[bytes]:
     return frames
 
 
-class SessionResume(HandleBinding):
+class SessionResume(ConnectionCore):
     """Saving a session's state, and restoring it on a new connection."""
 
     def session_state(self) -> BrokerSessionState | ClientSessionState:

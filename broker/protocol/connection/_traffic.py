@@ -70,8 +70,8 @@ from ..frames._messages import (
 )
 from ..frames._settle import settle_problem
 from ..guarantees._receiver import ChannelSender
-from ._binds import HandleBinding
 from ._channels import NoGuarantees
+from ._core import ConnectionCore
 from ._handle_state import TopicState
 from ._handles import HandleState
 from ._handshake import ConnectionState
@@ -85,7 +85,7 @@ _GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
 _MATCHED: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_matched_head)
 
 
-class Traffic(HandleBinding):
+class Traffic(ConnectionCore):
     """Publish, Deliver, DeliverMany (Timed, Group), their notices (larger
     ones: ``_large``)."""
 
@@ -251,7 +251,7 @@ class Traffic(HandleBinding):
                 events.append(PublishReceived(message, topic.value, receiver.channel, size))
                 self._run = ShortRun(Publish, handle, topic, receiver, topic)
                 return
-        topic = self._resolve_topic(handle, events)
+        topic = self._handles.resolve_topic(handle, events)
         if topic is None:
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1
@@ -639,7 +639,7 @@ class Traffic(HandleBinding):
     def _pattern_state(self, what: str, handle: int, events: list[Event]) -> dict[int, str]:
         """The bound matches of pattern subscription ``handle`` (raises if it
         is not bound, or not a pattern subscription)."""
-        subscription = self._resolve_subscription(handle, events)
+        subscription = self._handles.resolve_subscription(handle, events)
         if subscription is None:
             raise RemoteProtocolError(f"{what} references unbound subscription handle {handle}")
         if subscription.value.topic is not None:
@@ -682,7 +682,7 @@ class Traffic(HandleBinding):
         """Buffer a delivery frame of ``entries`` messages on subscription
         ``handle`` (the long way); its channel. Raises if the handle is not
         bound or the frame is beyond the guarantees."""
-        subscription = self._resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
+        subscription = self._handles.resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
         receiver = subscription.receiver
         assert receiver is not None  # a client receives on every bound subscription
         channel = receiver.channel
@@ -746,7 +746,7 @@ class Traffic(HandleBinding):
         if self.role is sent_by:
             raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
         self._check_open(message)
-        self._resolve_required(handle_type, handle, events, name)
+        self._handles.resolve_required(handle_type, handle, events, name)
         if isinstance(message, Confirm):
             self._on_confirm(message)
         events.append(message)

@@ -22,14 +22,16 @@ of the parts that own it:
 - ``_flow``: the guarantees of every channel, sending within them, and
   the end of a handle's channels (:class:`Flow`);
 - ``_binds``: binding, resolving and freeing handles (:class:`Handles`);
+- ``_resume``: sessions saved and restored (:class:`Sessions`);
+- ``_requests``: staging, offsets and admin requests (:class:`Requests`);
 - ``_parts``: the state of messages in parts (:class:`MessageParts`).
 
 The rest of its jobs are still layered on ``_core`` (the handle tables and
-counters, which the parts are given; per-handle state lives in one object
-per handle, ``_handle_state``), one module per job:
+counters, which the parts are given, and the thin public methods that
+delegate to the parts; per-handle state lives in one object per handle,
+``_handle_state``), one module per job:
 
-- ``_control``: received control messages, and staging requests;
-- ``_resume``: sessions saved and restored;
+- ``_control``: received control messages;
 - ``_traffic``, ``_publish_many``, ``_large``: publish and deliver, and
   their notices;
 - this module: reading frames and dispatching each to its handler, and
@@ -93,7 +95,6 @@ from ._core import MAX_HELLO_FRAME, ConnectionStatistics
 from ._handshake import ConnectionState
 from ._large import LargeMessages
 from ._publish_many import ManyPublishing
-from ._resume import SessionResume
 from ._session import BrokerSessionState, ClientSessionState
 from ._short_run import ShortRun
 from ._writer import MAX_REASON, PIECE_OVERHEAD
@@ -110,7 +111,7 @@ __all__ = [
 ]
 
 
-class Connection(SessionResume, ManyPublishing, LargeMessages, ControlHandling):
+class Connection(ManyPublishing, LargeMessages, ControlHandling):
     """The protocol state of one connection, for either role."""
 
     def receive_data(
@@ -293,7 +294,7 @@ class Connection(SessionResume, ManyPublishing, LargeMessages, ControlHandling):
             assert hello is not None
             self.peer_max_message = hello.max_message
         if restore is not None:
-            self._restore_broker(restore)
+            self._sessions.restore_broker(restore)
             return
         for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
             self._flow.bind_receivers[channel] = self._flow.new_receiver(channel)
@@ -318,9 +319,21 @@ class Connection(SessionResume, ManyPublishing, LargeMessages, ControlHandling):
         resent = 0
         dropped: list[Event] = []
         if resume is not None:
-            resent = self._restore_client(resume, message, dropped)
+            resent = self._sessions.restore_client(resume, message, dropped)
         events.append(WelcomeReceived(message, resent))
         events += dropped
+
+    def session_state(self) -> BrokerSessionState | ClientSessionState:
+        """What this side must keep of the session to resume it on a new
+        connection (a broker: its live handles and publish counts; a client:
+        its handles, processed sequence numbers and unconfirmed publishes).
+
+        Valid at any time after the handshake, the connection closed or not.
+        Handles being freed are left out (a client keeps topic handles it
+        proposed to free, and proposes again on resume). A broker that defers
+        bind processing calls :meth:`process_binds` first.
+        """
+        return self._sessions.session_state(keep_unconfirmed=self._keep_unconfirmed)
 
     # ---------------------------------------------------------------- keepalive
 

@@ -1,6 +1,8 @@
 """Control messages: the guarantee messages a connection receives about its
 channels, the small messages every connection answers or passes on (Ping,
-Pong, Goodbye, Throttled), and the requests (Commit, Abort, Outcome; ListOffsets, Offsets).
+Pong, Goodbye, Throttled), and the connection's thin methods for requests
+(Commit, Abort, Outcome; ListOffsets, Offsets; Admin, AdminAnswer), which
+the ``Requests`` part makes and checks (``_requests``).
 """
 
 from __future__ import annotations
@@ -160,65 +162,39 @@ class ControlHandling(ConnectionCore):
         self._flow.receiver(channel)
         self._writer.queue(Throttled(channel, throttled))
 
-    # ---------------------------------------------------------------- staging
+    # ---------------------------------------------------------------- requests (the Requests part)
 
     def commit(self, batch: str, members: list[tuple[str, int]]) -> int:
         """Client: ask the broker to make the listed members of ``batch``
         visible, each with the number of publishes it staged, and to discard
         the batch's other members; returns the request number its
         :class:`Outcome` will carry."""
-        self._require_role(Role.CLIENT, "commit")
-        self._require_open()
-        self._last_request += 1
-        self._writer.queue(Commit(self._last_request, batch, list(members)))
-        return self._last_request
+        return self._requests.commit(batch, members)
 
     def abort(self, batch: str) -> int:
         """Client: ask the broker to discard everything staged in ``batch``;
         returns the request number its :class:`Outcome` will carry."""
-        self._require_role(Role.CLIENT, "abort")
-        self._require_open()
-        self._last_request += 1
-        self._writer.queue(Abort(self._last_request, batch))
-        return self._last_request
+        return self._requests.abort(batch)
 
     def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
         """Broker: answer Commit or Abort number ``request``."""
-        self._require_role(Role.BROKER, "answer commits")
-        self._require_open()
-        self._writer.queue(Outcome(request, int(status), messages, reason))
-
-    # ---------------------------------------------------------------- offsets
+        self._requests.outcome(request, status, messages, reason)
 
     def list_offsets(self, topics: list[str] | None = None) -> int:
         """Client: ask for the first and next offsets of ``topics`` (None: of
         every topic with a log the client may subscribe to); returns the
         request number its :class:`Offsets` will carry."""
-        self._require_role(Role.CLIENT, "list offsets")
-        self._require_open()
-        self._last_request += 1
-        self._writer.queue(
-            ListOffsets(self._last_request, None if topics is None else list(topics))
-        )
-        return self._last_request
+        return self._requests.list_offsets(topics)
 
     def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
         """Broker: answer ListOffsets number ``request``."""
-        self._require_role(Role.BROKER, "answer offsets")
-        self._require_open()
-        self._writer.queue(Offsets(request, topics, reason))
-
-    # ---------------------------------------------------------------- administration
+        self._requests.offsets(request, topics, reason)
 
     def admin(self, command: str, arguments: dict[str, AdminValue] | None = None) -> int:
         """Client: ask for topic administration ``command`` (see the protocol
         document); returns the request number its :class:`AdminAnswer` will
         carry."""
-        self._require_role(Role.CLIENT, "administer")
-        self._require_open()
-        self._last_request += 1
-        self._writer.queue(Admin(self._last_request, command, dict(arguments or {})))
-        return self._last_request
+        return self._requests.admin(command, arguments)
 
     def admin_answer(
         self,
@@ -229,9 +205,7 @@ class ControlHandling(ConnectionCore):
         reason: str = "",
     ) -> None:
         """Broker: answer Admin number ``request``."""
-        self._require_role(Role.BROKER, "answer admin requests")
-        self._require_open()
-        self._writer.queue(AdminAnswer(request, int(status), rows, after, reason))
+        self._requests.admin_answer(request, status, rows, after, reason)
 
     def _on_staging_notice(
         self,
@@ -239,14 +213,4 @@ class ControlHandling(ConnectionCore):
         size: int,
         events: list[Event],
     ) -> None:
-        """Commit, Abort, ListOffsets and Admin (client to broker), Outcome,
-        Offsets and AdminAnswer (broker to client): checked, passed on."""
-        sent_by = (
-            Role.BROKER if isinstance(message, Outcome | Offsets | AdminAnswer) else Role.CLIENT
-        )
-        if self.role is sent_by:
-            raise RemoteProtocolError(
-                f"{type(message).__name__} is sent by the {sent_by.name.lower()}"
-            )
-        self._check_open(message)
-        events.append(message)
+        self._requests.on_request(message, size, events)

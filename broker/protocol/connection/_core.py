@@ -1,15 +1,15 @@
 """What the jobs of a connection still layered on it share: the handle
 tables (whose bindings are the per-handle state objects of
-``_handle_state``), the counters, the frame decoder, and
-the parts the connection owns (:class:`ConnectionCore`).
+``_handle_state``), the counters, the frame decoder, and the parts the
+connection owns (:class:`ConnectionCore`).
 
 Each part has its own state, made in its own ``__init__``, and references
 only the parts it is given: the output queue (``_writer``), the handshake
 and liveness (``_handshake``), the messages in parts (``_parts``), the
-guarantees (``_flow``), the handles (``_binds``). The public methods of
-those parts that are the connection's API are thin methods here, which
-delegate; the hot paths of the jobs layered on this class reach the parts'
-state directly.
+guarantees (``_flow``), the handles (``_binds``), sessions (``_resume``),
+requests (``_requests``). The public methods of those parts that are the
+connection's API are thin methods here, which delegate; the hot paths of
+the jobs layered on this class reach the parts' state directly.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ from ._handles import HandleTable
 from ._handshake import ConnectionState, Handshake
 from ._liveness import Liveness
 from ._parts import MessageParts
+from ._requests import Requests
+from ._resume import Sessions
 from ._short_run import ShortRun
 from ._writer import FrameWriter
 
@@ -149,8 +151,17 @@ class ConnectionCore:
             topics=self.topics,
             subscriptions=self.subscriptions,
         )
-        #: Client: the number of the last Commit or Abort sent.
-        self._last_request = 0
+        #: Requests and their answers (staging, offsets, administration).
+        self._requests = Requests(role, handshake=self._handshake, writer=self._writer)
+        #: Sessions saved and restored.
+        self._sessions = Sessions(
+            role,
+            handshake=self._handshake,
+            writer=self._writer,
+            flow=self._flow,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
+        )
         #: Set by the short path of the frame just handled (see ShortRun).
         self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).

@@ -1,7 +1,12 @@
 """Sessions across connections: what each side keeps of a session
 (:meth:`session_state`), and how a new connection restores it — the broker
 binds the session's handles again, the client does too and queues, before
-anything new, what the broker did not receive."""
+anything new, what the broker did not receive.
+
+:class:`Sessions` is a part of a connection: it keeps no state of its own
+beyond the parts it is given (the handshake, the output queue, the
+guarantees, the handle tables), none of which references it.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +27,12 @@ from ..frames._encode import encode
 from ..frames._messages import BindTopic, Subscribe, Welcome
 from ..guarantees._receiver import ChannelSender, SentFrame
 from ._channels import BIND_CHANNEL
-from ._core import ConnectionCore
-from ._handles import HandleState
+from ._flow import Flow
+from ._handle_state import SubscriptionState, TopicState
+from ._handles import HandleState, HandleTable
+from ._handshake import Handshake
 from ._session import BrokerSessionState, ClientSessionState
+from ._writer import FrameWriter
 
 
 def split_frames(data: bytes) -> list[bytes]:
@@ -38,10 +46,27 @@ def split_frames(data: bytes) -> list[bytes]:
     return frames
 
 
-class SessionResume(ConnectionCore):
+class Sessions:
     """Saving a session's state, and restoring it on a new connection."""
 
-    def session_state(self) -> BrokerSessionState | ClientSessionState:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        topics: HandleTable[TopicState],
+        subscriptions: HandleTable[SubscriptionState],
+    ) -> None:
+        self.role = role
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self.topics = topics
+        self.subscriptions = subscriptions
+
+    def session_state(self, *, keep_unconfirmed: bool) -> BrokerSessionState | ClientSessionState:
         """What this side must keep of the session to resume it on a new
         connection (a broker: its live handles and publish counts; a client:
         its handles, processed sequence numbers and unconfirmed publishes).
@@ -69,7 +94,7 @@ class SessionResume(ConnectionCore):
                 {h: t.received for h, t in live.items()},
                 {h: t.stage for h, t in live.items() if t.stage is not None},
             )
-        if not self._keep_unconfirmed:
+        if not keep_unconfirmed:
             raise LocalProtocolError("this client keeps no unconfirmed publishes: no resume")
         proposed = HandleState.PROPOSED
         live = {h: t for h, t in self.topics.items() if t.state is bound or t.state is proposed}
@@ -89,7 +114,7 @@ class SessionResume(ConnectionCore):
 
     # ---------------------------------------------------------------- broker
 
-    def _restore_broker(self, state: BrokerSessionState) -> None:
+    def restore_broker(self, state: BrokerSessionState) -> None:
         """Bind the session's handles again and open their channels; the
         bind channels start with the space the live binds hold taken off."""
         self.topics.restore({h: name for h, (name, _) in state.topics.items()}, state.next_topic)
@@ -108,7 +133,7 @@ class SessionResume(ConnectionCore):
             subscription.restored = True
             held[HandleType.SUBSCRIPTION] += size
         for handle_type, channel in BIND_CHANNEL.items():
-            capacity = self.policy.initial_capacity(channel) - held[handle_type]
+            capacity = self._flow.policy.initial_capacity(channel) - held[handle_type]
             self._flow.bind_receivers[channel] = self._flow.new_receiver(channel, max(capacity, 0))
         for handle in state.topics:
             topic = self.topics.bindings[handle]
@@ -121,7 +146,7 @@ class SessionResume(ConnectionCore):
 
     # ---------------------------------------------------------------- client
 
-    def _restore_client(
+    def restore_client(
         self, state: ClientSessionState, welcome: Welcome, dropped: list[Event]
     ) -> int:
         """Bind the resumed session's handles again and queue, for sending

@@ -1,6 +1,8 @@
 """Control messages: the guarantee messages a connection receives about its
 channels, the small messages every connection answers or passes on (Ping,
-Pong, Goodbye, Throttled), and the requests (Commit, Abort, Outcome; ListOffsets, Offsets).
+Pong, Goodbye, Throttled), and the connection's thin methods for requests
+(Commit, Abort, Outcome; ListOffsets, Offsets; Admin, AdminAnswer), which
+the ``Requests`` part makes and checks (``_requests``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,10 @@ from ..frames._messages import (
     Throttled,
 )
 from ..guarantees._receiver import ChannelReceiver, ChannelSender
-from ._binds import HandleBinding
-from ._core import ConnectionState
+from ._core import ConnectionCore
 
 
-class ControlHandling(HandleBinding):
+class ControlHandling(ConnectionCore):
     """Received control messages, and the staging requests."""
 
     # ---------------------------------------------------------------- guarantee messages in
@@ -45,8 +46,8 @@ class ControlHandling(HandleBinding):
         """The sender state for a control message the channel's receiver sent."""
         if channel_sender(channel) is not self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side sends on")
-        self._check_channel_handle(channel, events)
-        sender = self._sender_of(channel)
+        self._handles.check_channel_handle(channel, events)
+        sender = self._flow.sender_of(channel)
         if sender is None:
             raise RemoteProtocolError(f"{channel} is not open")
         return sender
@@ -55,8 +56,8 @@ class ControlHandling(HandleBinding):
         """The receiver state for a control message the channel's sender sent."""
         if channel_sender(channel) is self.role:
             raise RemoteProtocolError(f"{channel} is not a channel this side receives on")
-        self._check_channel_handle(channel, events)
-        receiver = self._receiver_of(channel)
+        self._handles.check_channel_handle(channel, events)
+        receiver = self._flow.receiver_of(channel)
         if receiver is None:
             raise RemoteProtocolError(f"{channel} is not open")
         return receiver
@@ -65,7 +66,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_guarantee(message.amount)
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
         if message.channel == SUBSCRIPTION_BINDS and self.role is Role.CLIENT:
             self._issue_newly_confirmed_subscriptions()
         events.append(GuaranteesReceived(message.channel, sender.balance))
@@ -74,24 +75,24 @@ class ControlHandling(HandleBinding):
         for _handle, state in self.subscriptions.items():
             receiver = state.receiver
             if receiver is not None and receiver.issued_total == 0:
-                self._issue(receiver)
+                self._flow.issue(receiver)
 
     def _on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
-        if not self._may_reference(message.channel):
+        if not self._flow.referable(message.channel):
             # This side proposed freeing the channel's handle: it says nothing
             # more about it, and the channel goes away with the handle.
             return
         absolve = sender.on_plead(message.target)
         if absolve is not None:
-            self._queue(absolve)
+            self._writer.queue(absolve)
 
     def _on_limit_receiving(self, message: LimitReceiving, size: int, events: list[Event]) -> None:
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_limit_receiving(message.bound)
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
 
     def _on_announce_dropping(
         self, message: AnnounceDropping, size: int, events: list[Event]
@@ -99,7 +100,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         sender = self._peer_receives(message.channel, events)
         apology, dropped = sender.on_announce_dropping()
-        self._queue(apology)
+        self._writer.queue(apology)
         events.append(
             DropAnnounced(message.channel, len(dropped), sum(entry.size for entry in dropped))
         )
@@ -107,13 +108,13 @@ class ControlHandling(HandleBinding):
             # The broker discards, unannounced, publishes on handles whose bind was dropped.
             first = self.topics.next_handle - len(dropped)
             for handle in range(first, self.topics.next_handle):
-                publish_sender = self._sender_of(Channel(ChannelKind.PUBLISH, handle))
+                publish_sender = self._flow.sender_of(Channel(ChannelKind.PUBLISH, handle))
                 if publish_sender is not None and publish_sender.unconfirmed:
                     lost = publish_sender.forget_unconfirmed()
                     events.append(
                         DropAnnounced(publish_sender.channel, len(lost), sum(e.size for e in lost))
                     )
-        self._pump_retransmissions(sender, events)
+        self._flow.pump_retransmissions(sender, events)
 
     def _on_absolve(self, message: Absolve, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -127,17 +128,17 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         receiver = self._peer_sends(message.channel, events)
         receiver.on_apologise()
-        self._issue(receiver)
+        self._flow.issue(receiver)
 
     # ---------------------------------------------------------------- small messages in
 
     def _on_goodbye(self, message: Goodbye, size: int, events: list[Event]) -> None:
-        self.state = ConnectionState.CLOSED
+        self._handshake.close()
         events.append(ConnectionClosed(message.code, message.reason, True))
 
     def _on_ping(self, message: Ping, size: int, events: list[Event]) -> None:
         self._check_open(message)
-        self._queue(Pong(message.nonce))
+        self._writer.queue(Pong(message.nonce))
 
     def _on_passthrough(self, message: Any, size: int, events: list[Event]) -> None:
         self._check_open(message)
@@ -147,7 +148,7 @@ class ControlHandling(HandleBinding):
         self._check_open(message)
         if self.role is not Role.CLIENT or channel_sender(message.channel) is not Role.CLIENT:
             raise RemoteProtocolError("Throttled is sent by the broker about a client channel")
-        self._check_channel_handle(message.channel, events)
+        self._handles.check_channel_handle(message.channel, events)
         events.append(message)
 
     def throttled(self, channel: Channel, throttled: bool) -> None:
@@ -157,67 +158,43 @@ class ControlHandling(HandleBinding):
         a topic handle being freed: the client may have deleted it already.
         """
         self._require_role(Role.BROKER, "throttle")
-        self._require_referable(channel)
-        self._receiver(channel)
-        self._queue(Throttled(channel, throttled))
+        self._flow.require_referable(channel)
+        self._flow.receiver(channel)
+        self._writer.queue(Throttled(channel, throttled))
 
-    # ---------------------------------------------------------------- staging
+    # ---------------------------------------------------------------- requests (the Requests part)
 
     def commit(self, batch: str, members: list[tuple[str, int]]) -> int:
         """Client: ask the broker to make the listed members of ``batch``
         visible, each with the number of publishes it staged, and to discard
         the batch's other members; returns the request number its
         :class:`Outcome` will carry."""
-        self._require_role(Role.CLIENT, "commit")
-        self._require_open()
-        self._last_request += 1
-        self._queue(Commit(self._last_request, batch, list(members)))
-        return self._last_request
+        return self._requests.commit(batch, members)
 
     def abort(self, batch: str) -> int:
         """Client: ask the broker to discard everything staged in ``batch``;
         returns the request number its :class:`Outcome` will carry."""
-        self._require_role(Role.CLIENT, "abort")
-        self._require_open()
-        self._last_request += 1
-        self._queue(Abort(self._last_request, batch))
-        return self._last_request
+        return self._requests.abort(batch)
 
     def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
         """Broker: answer Commit or Abort number ``request``."""
-        self._require_role(Role.BROKER, "answer commits")
-        self._require_open()
-        self._queue(Outcome(request, int(status), messages, reason))
-
-    # ---------------------------------------------------------------- offsets
+        self._requests.outcome(request, status, messages, reason)
 
     def list_offsets(self, topics: list[str] | None = None) -> int:
         """Client: ask for the first and next offsets of ``topics`` (None: of
         every topic with a log the client may subscribe to); returns the
         request number its :class:`Offsets` will carry."""
-        self._require_role(Role.CLIENT, "list offsets")
-        self._require_open()
-        self._last_request += 1
-        self._queue(ListOffsets(self._last_request, None if topics is None else list(topics)))
-        return self._last_request
+        return self._requests.list_offsets(topics)
 
     def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
         """Broker: answer ListOffsets number ``request``."""
-        self._require_role(Role.BROKER, "answer offsets")
-        self._require_open()
-        self._queue(Offsets(request, topics, reason))
-
-    # ---------------------------------------------------------------- administration
+        self._requests.offsets(request, topics, reason)
 
     def admin(self, command: str, arguments: dict[str, AdminValue] | None = None) -> int:
         """Client: ask for topic administration ``command`` (see the protocol
         document); returns the request number its :class:`AdminAnswer` will
         carry."""
-        self._require_role(Role.CLIENT, "administer")
-        self._require_open()
-        self._last_request += 1
-        self._queue(Admin(self._last_request, command, dict(arguments or {})))
-        return self._last_request
+        return self._requests.admin(command, arguments)
 
     def admin_answer(
         self,
@@ -228,9 +205,7 @@ class ControlHandling(HandleBinding):
         reason: str = "",
     ) -> None:
         """Broker: answer Admin number ``request``."""
-        self._require_role(Role.BROKER, "answer admin requests")
-        self._require_open()
-        self._queue(AdminAnswer(request, int(status), rows, after, reason))
+        self._requests.admin_answer(request, status, rows, after, reason)
 
     def _on_staging_notice(
         self,
@@ -238,14 +213,4 @@ class ControlHandling(HandleBinding):
         size: int,
         events: list[Event],
     ) -> None:
-        """Commit, Abort, ListOffsets and Admin (client to broker), Outcome,
-        Offsets and AdminAnswer (broker to client): checked, passed on."""
-        sent_by = (
-            Role.BROKER if isinstance(message, Outcome | Offsets | AdminAnswer) else Role.CLIENT
-        )
-        if self.role is sent_by:
-            raise RemoteProtocolError(
-                f"{type(message).__name__} is sent by the {sent_by.name.lower()}"
-            )
-        self._check_open(message)
-        events.append(message)
+        self._requests.on_request(message, size, events)

@@ -1,94 +1,72 @@
-"""What every part of a connection shares: its state, and how to find a
-channel's or a handle's state in it.
+"""What the jobs of a connection still layered on it share: the handle
+tables (whose bindings are the per-handle state objects of
+``_handle_state``), the counters, the frame decoder, and the parts the
+connection owns (:class:`ConnectionCore`).
 
-:class:`ConnectionCore` holds the whole state of one connection (the handle
-tables, whose bindings are the per-handle state objects of ``_handle_state``;
-the bind channels; the lifecycle; the counters) and the small checks and
-look-ups every job of the connection uses. The jobs themselves (guarantees,
-binds, control messages, the handshake, publish/deliver, reading frames) are
-layered on it in their own modules; ``_connection`` assembles them.
+Each part has its own state, made in its own ``__init__``, and references
+only the parts it is given: the output queue (``_writer``), the handshake
+and liveness (``_handshake``), the messages in parts (``_parts``), the
+guarantees (``_flow``), the handles (``_binds``), sessions (``_resume``),
+requests (``_requests``). The public methods of those parts that are the
+connection's API are thin methods here, which delegate; the hot paths of
+the jobs layered on this class reach the parts' state directly.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
 
 from .._errors import LocalProtocolError, RemoteProtocolError
+from .._events import (
+    DeliverManyReceived,
+    DeliverReceived,
+    EncodedDeliveriesReceived,
+    Event,
+    PublishManyReceived,
+    PublishReceived,
+)
 from .._policy import Policy
 from .._types import (
     DEFAULT_MAX_FRAME,
-    LENGTH_PREFIX,
-    SUBSCRIPTION_BINDS,
-    TOPIC_BINDS,
     Channel,
-    ChannelKind,
+    DeliveryMode,
     HandleType,
     Role,
 )
 from ..frames._framing import FrameDecoder
-from ..frames._messages import BindTopic, FreeHandle, Hello, Message, Stage, Subscribe, Welcome
+from ..frames._messages import (
+    BindTopic,
+    FreeHandle,
+    Hello,
+    Message,
+    Options,
+    Stage,
+    Subscribe,
+    Welcome,
+)
 from ..guarantees._receiver import (
     ChannelReceiver,
     ChannelSender,
     ReceiverStatistics,
     SenderStatistics,
 )
+from ._binds import Handles
+from ._flow import Flow
 from ._handle_state import SubscriptionState, TopicState
-from ._handles import HandleState, HandleTable
+from ._handles import HandleTable
+from ._handshake import ConnectionState, Handshake
 from ._liveness import Liveness
-from ._session import ClientSessionState
+from ._parts import MessageParts
+from ._requests import Requests
+from ._resume import Sessions
 from ._short_run import ShortRun
 from ._writer import FrameWriter
 
-#: The handle type a publish/deliver channel's index names, and back.
-HANDLE_TYPE_OF_KIND: dict[int, HandleType] = {
-    ChannelKind.PUBLISH: HandleType.TOPIC,
-    ChannelKind.DELIVER: HandleType.SUBSCRIPTION,
-}
-KIND_OF_HANDLE_TYPE: dict[HandleType, int] = {
-    handle_type: kind for kind, handle_type in HANDLE_TYPE_OF_KIND.items()
-}
-#: The channel that binds each handle type, and back.
-BIND_CHANNEL = {HandleType.TOPIC: TOPIC_BINDS, HandleType.SUBSCRIPTION: SUBSCRIPTION_BINDS}
-HANDLE_TYPE_OF_BIND_CHANNEL = {
-    channel: handle_type for handle_type, channel in BIND_CHANNEL.items()
-}
-
-#: A Deliver may exceed ``max_frame`` by this much (its per-subscriber fields),
-#: so that any Publish the broker accepted can be delivered.
-DELIVER_SLACK = 32
 #: The largest frame body a broker accepts before the client's Hello: what an
 #: unauthenticated peer can make it buffer (``max_frame`` applies after it).
 MAX_HELLO_FRAME = 16 * 1024
 DEFAULT_HEARTBEAT = 5.0
 DEFAULT_LEASE = 15.0
-
-
-def handle_channel(handle_type: HandleType, handle: int) -> Channel:
-    """The publish or deliver channel of a handle."""
-    return Channel(KIND_OF_HANDLE_TYPE[handle_type], handle)
-
-
-class NoGuarantees(LocalProtocolError):
-    """The channel has no room for this frame now.
-
-    Nothing was sent and nothing changed; try again after a
-    :class:`GuaranteesReceived` event for the channel.
-    """
-
-
-class ConnectionState(Enum):
-    """Lifecycle of a connection."""
-
-    IDLE = "idle"  # client, before hello()
-    AWAIT_WELCOME = "await-welcome"  # client, Hello sent
-    AWAIT_HELLO = "await-hello"  # broker, nothing received yet
-    HELLO_RECEIVED = "hello-received"  # broker, welcome() not yet called
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,7 +86,7 @@ class ConnectionStatistics:
     senders: list[SenderStatistics] = field(default_factory=list)
 
 
-class ConnectionCore(FrameWriter):
+class ConnectionCore:
     """The state of one connection, for either role, and the look-ups and
     checks shared by every job of the connection."""
 
@@ -123,9 +101,9 @@ class ConnectionCore(FrameWriter):
         lease: float = DEFAULT_LEASE,
         now: float = 0.0,
     ) -> None:
-        super().__init__()
+        #: The output queue (bytes out, and their counters).
+        self._writer = FrameWriter()
         self.role = role
-        self.policy = policy if policy is not None else Policy()
         #: Largest frame body this side accepts (announced in Welcome by a broker).
         self.max_frame = max_frame
         #: Largest message body this side takes in FramePart frames (0: none;
@@ -133,17 +111,10 @@ class ConnectionCore(FrameWriter):
         self.max_message = max_message
         #: The largest message body the peer takes in parts (0: it takes none).
         self.peer_max_message = 0
-        #: Messages being sent in parts, per channel (``_large.OutgoingMessage``).
-        self._parts_out: dict[Channel, Any] = {}
-        #: Client: a publish in parts finished by another call (``_large``).
-        self._parts_done: dict[Channel, object] = {}
-        #: Messages being received in parts, per channel, and their bytes.
-        self._parts_in: dict[Channel, bytearray] = {}
-        self._parts_held = 0
-        #: Client: a publish of a larger payload may need parts (see ``_large``).
-        self._plain_payload = 1 << 64
-        self.state = ConnectionState.IDLE if role is Role.CLIENT else ConnectionState.AWAIT_HELLO
-        self.liveness = Liveness(heartbeat, lease, now, now)
+        #: Messages in parts, both ways (``_large``).
+        self._parts = MessageParts()
+        #: The lifecycle: its state, Hello and Welcome, keepalive timers.
+        self._handshake = Handshake(role, heartbeat=heartbeat, lease=lease, now=now)
         here = role is Role.CLIENT
         #: Topic handles -> their state (the binding's value is the topic name).
         self.topics: HandleTable[TopicState] = HandleTable(
@@ -153,14 +124,6 @@ class ConnectionCore(FrameWriter):
         self.subscriptions: HandleTable[SubscriptionState] = HandleTable(
             HandleType.SUBSCRIPTION, created_here=here, make=SubscriptionState
         )
-        self.hello_message: Hello | None = None
-        self.welcome_message: Welcome | None = None
-        #: Client: the session this connection resumes (see ``hello``).
-        self._resume: ClientSessionState | None = None
-        #: Client: FreeHandles of resumed topics, sent once their resends are.
-        #: A queue of messages, not handle state: the broker may delete the
-        #: handle first (its own proposal), and still awaits the answer.
-        self._frees_after_resend: dict[int, FreeHandle] = {}
         self.frames_received = 0
         self.bytes_received = 0
         #: Frames referencing a handle whose bind was dropped, discarded silently.
@@ -168,17 +131,37 @@ class ConnectionCore(FrameWriter):
         # A broker accepts only a small frame (the Hello) before the Hello.
         first = min(max_frame, MAX_HELLO_FRAME) if role is Role.BROKER else max_frame
         self._decoder = FrameDecoder(max_frame=first)
-        #: The bind channels' guarantee state (the broker receives on them,
-        #: the client sends); a handle's channel is in the handle's state.
-        self._bind_receivers: dict[Channel, ChannelReceiver] = {}
-        self._bind_senders: dict[Channel, ChannelSender] = {}
-        self._pending_binds: dict[HandleType, deque[tuple[BindTopic | Subscribe, int]]] = {
-            HandleType.TOPIC: deque(),
-            HandleType.SUBSCRIPTION: deque(),
-        }
-        #: Client: the number of the last Commit or Abort sent.
-        self._last_request = 0
-        self._ping_nonce = 0
+        #: The guarantees of every channel.
+        self._flow = Flow(
+            role,
+            policy if policy is not None else Policy(),
+            max_frame,
+            handshake=self._handshake,
+            writer=self._writer,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
+            parts=self._parts,
+        )
+        #: Binding, resolving and freeing handles.
+        self._handles = Handles(
+            role,
+            handshake=self._handshake,
+            writer=self._writer,
+            flow=self._flow,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
+        )
+        #: Requests and their answers (staging, offsets, administration).
+        self._requests = Requests(role, handshake=self._handshake, writer=self._writer)
+        #: Sessions saved and restored.
+        self._sessions = Sessions(
+            role,
+            handshake=self._handshake,
+            writer=self._writer,
+            flow=self._flow,
+            topics=self.topics,
+            subscriptions=self.subscriptions,
+        )
         #: Set by the short path of the frame just handled (see ShortRun).
         self._run: ShortRun | None = None
         #: The client reads DeliverMany frames (its Hello said so / this one's does).
@@ -200,49 +183,92 @@ class ConnectionCore(FrameWriter):
 
         Passing ``now`` records the moment for heartbeat bookkeeping.
         """
-        if self._runs:
-            self._close_runs()
-        if not self._out:
+        writer = self._writer
+        if writer.runs:
+            writer.close_runs()
+        if not writer.out:
             return b""
-        data = self._take_output()
+        data = writer.take_output()
         if now is not None:
-            self.liveness.on_sent(now)
+            self._handshake.liveness.on_sent(now)
         return data
 
     def pieces_to_send(self, now: float | None = None) -> list[bytes]:
         """:meth:`data_to_send` as buffers to write in order, without copying
         large message tails into one buffer (see ``SHARED_PIECE``): what a
         writer to a peer that may not read should use. Empty if nothing."""
-        if self._runs:
-            self._close_runs()
-        if not self._out:
+        writer = self._writer
+        if writer.runs:
+            writer.close_runs()
+        if not writer.out:
             return []
-        pieces = self._take_pieces()
+        pieces = writer.take_pieces()
         if now is not None:
-            self.liveness.on_sent(now)
+            self._handshake.liveness.on_sent(now)
         return pieces
+
+    @property
+    def peer_max_frame(self) -> int:
+        """Largest frame body the peer accepts."""
+        return self._writer.peer_max_frame
+
+    @property
+    def frames_sent(self) -> int:
+        return self._writer.frames_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._writer.bytes_sent
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Bytes queued for the peer that ``data_to_send`` has not returned yet."""
+        return self._writer.out_size
+
+    @property
+    def memory_to_send(self) -> int:
+        """An upper estimate of the memory the output queue holds (see
+        :attr:`FrameWriter.memory_to_send`): bound this, not
+        :attr:`bytes_to_send`, for a peer that does not read."""
+        return self._writer.memory_to_send
+
+    @property
+    def state(self) -> ConnectionState:
+        """Where the connection is in its life."""
+        return self._handshake.state
+
+    @property
+    def liveness(self) -> Liveness:
+        """The keepalive timers (heartbeat, lease)."""
+        return self._handshake.liveness
+
+    @property
+    def hello_message(self) -> Hello | None:
+        """The Hello sent (client) or received (broker), once it was."""
+        return self._handshake.hello_message
+
+    @property
+    def welcome_message(self) -> Welcome | None:
+        """The Welcome received (client) or sent (broker), once it was."""
+        return self._handshake.welcome_message
 
     @property
     def closed(self) -> bool:
         """A Goodbye was sent or received; nothing more is processed."""
-        return self.state is ConnectionState.CLOSED
+        return self._handshake.state is ConnectionState.CLOSED
 
     def _require_open(self) -> None:
-        if self.state is not ConnectionState.OPEN:
-            raise LocalProtocolError(f"connection is {self.state.value}, not open")
+        self._handshake.require_open()
 
     def _require_role(self, role: Role, what: str) -> None:
         if self.role is not role:
             raise LocalProtocolError(f"only a {role.name.lower()} can {what}")
 
     def _check_open(self, message: Message) -> None:
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             raise RemoteProtocolError(f"{type(message).__name__} before the handshake completed")
 
     # ---------------------------------------------------------------- per-handle state
-
-    def _table(self, handle_type: HandleType | int) -> HandleTable[Any]:
-        return self.topics if handle_type == HandleType.TOPIC else self.subscriptions
 
     @property
     def publishes_received(self) -> dict[int, int]:
@@ -265,89 +291,82 @@ class ConnectionCore(FrameWriter):
         state = self.topics.bindings.get(topic)
         return None if state is None else state.stage
 
-    # ---------------------------------------------------------------- channel state
+    # ---------------------------------------------------------------- handles (the Handles part)
 
-    def _receiver_of(self, channel: Channel) -> ChannelReceiver | None:
-        """This side's receiving state of ``channel``, if it receives on it."""
-        kind = channel[0]
-        if kind == ChannelKind.PUBLISH:
-            topic = self.topics.bindings.get(channel[1])
-            return None if topic is None else topic.receiver
-        if kind == ChannelKind.DELIVER:
-            subscription = self.subscriptions.bindings.get(channel[1])
-            return None if subscription is None else subscription.receiver
-        return self._bind_receivers.get(channel)
+    def bind_topic(self, name: str, stage: Stage | None = None) -> int:
+        """Client: bind the next topic handle to ``name``; returns the handle.
 
-    def _sender_of(self, channel: Channel) -> ChannelSender | None:
-        """This side's sending state of ``channel``, if it sends on it."""
-        kind = channel[0]
-        if kind == ChannelKind.PUBLISH:
-            topic = self.topics.bindings.get(channel[1])
-            return None if topic is None else topic.sender
-        if kind == ChannelKind.DELIVER:
-            subscription = self.subscriptions.bindings.get(channel[1])
-            return None if subscription is None else subscription.sender
-        return self._bind_senders.get(channel)
+        Publishing on it may start at once (optimistically, if the policy
+        allows); the broker issues the topic's guarantees once it has
+        processed the bind. With a ``stage``, the broker stages what is
+        published on the handle until a :meth:`commit` of the stage's batch.
+        A name that breaks the topic-name rule raises :class:`TopicNameError`
+        and sends nothing.
+        """
+        return self._handles.bind_topic(name, stage)
 
-    def _receiver(self, channel: Channel) -> ChannelReceiver:
-        receiver = self._receiver_of(channel)
-        if receiver is None:
-            raise LocalProtocolError(f"this side does not receive on {channel}")
-        return receiver
+    def subscribe(
+        self, topic: int, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to a confirmed topic handle; returns the subscription handle.
 
-    def _sender(self, channel: Channel) -> ChannelSender:
-        sender = self._sender_of(channel)
-        if sender is None:
-            raise LocalProtocolError(f"this side does not send on {channel}")
-        return sender
+        The delivery channel's guarantees are issued as soon as the Subscribe
+        is confirmed.
+        """
+        return self._handles.subscribe(topic, mode, options)
 
-    def _all_receivers(self) -> list[ChannelReceiver]:
-        """Every channel this side receives on: bind channels, then handles' channels."""
-        receivers = list(self._bind_receivers.values())
-        for table in (self.topics, self.subscriptions):
-            receivers += [s.receiver for s in table.bindings.values() if s.receiver is not None]
-        return receivers
+    def subscribe_pattern(
+        self, pattern: str, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
+    ) -> int:
+        """Client: subscribe to every topic ``pattern`` matches (see
+        :class:`TopicPattern`), existing or created later; returns the
+        subscription handle. Its deliveries come as DeliverMatched frames,
+        each naming its topic through a Matched. A pattern that breaks the
+        rule raises :class:`TopicPatternError` and sends nothing."""
+        return self._handles.subscribe_pattern(pattern, mode, options)
 
-    def _all_senders(self) -> list[ChannelSender]:
-        """Every channel this side sends on: bind channels, then handles' channels."""
-        senders = list(self._bind_senders.values())
-        for table in (self.topics, self.subscriptions):
-            senders += [s.sender for s in table.bindings.values() if s.sender is not None]
-        return senders
+    def free_handle(self, handle_type: HandleType, handle: int) -> None:
+        """Propose freeing a handle; this side stops using it at once.
+
+        A client may free only confirmed handles, and a topic handle only
+        once every Publish sent on it is confirmed.
+        """
+        self._handles.free_handle(handle_type, handle)
+
+    def process_binds(self) -> list[Event]:
+        """Broker: process every buffered bind now (with deferred bind processing)."""
+        return self._handles.process_binds()
+
+    def _on_bind_frame(
+        self, message: BindTopic | Subscribe, size: int, events: list[Event]
+    ) -> None:
+        self._handles.on_bind_frame(message, size, events)
+
+    def _on_free_handle(self, message: FreeHandle, size: int, events: list[Event]) -> None:
+        self._handles.on_free_handle(message, size, events)
+
+    # ---------------------------------------------------------------- guarantees (the Flow part)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy that sizes and issues this side's guarantees."""
+        return self._flow.policy
 
     def receiver(self, channel: Channel) -> ChannelReceiver:
         """The receiving state of ``channel`` (read it; change it through this class)."""
-        return self._receiver(channel)
+        return self._flow.receiver(channel)
 
     def sender(self, channel: Channel) -> ChannelSender:
         """The sending state of ``channel`` (read it; change it through this class)."""
-        return self._sender(channel)
+        return self._flow.sender(channel)
 
     @property
     def receiving_channels(self) -> list[Channel]:
-        return [receiver.channel for receiver in self._all_receivers()]
+        return [receiver.channel for receiver in self._flow.all_receivers()]
 
     @property
     def sending_channels(self) -> list[Channel]:
-        return [sender.channel for sender in self._all_senders()]
-
-    def statistics(self) -> ConnectionStatistics:
-        """Counters, per-channel state and handle counts, for metrics."""
-        return ConnectionStatistics(
-            role=self.role,
-            state=self.state,
-            frames_received=self.frames_received,
-            bytes_received=self.bytes_received,
-            frames_sent=self.frames_sent,
-            bytes_sent=self.bytes_sent,
-            discarded_frames=self.discarded_frames,
-            topics_bound=len(self.topics),
-            subscriptions_bound=len(self.subscriptions),
-            receivers=[r.statistics() for r in self._all_receivers()],
-            senders=[s.statistics() for s in self._all_senders()],
-        )
-
-    # ---------------------------------------------------------------- referencing channels
+        return [sender.channel for sender in self._flow.all_senders()]
 
     def confirmed(self, handle_type: HandleType, handle: int) -> bool:
         """Client: the bind of ``handle`` is known to be processed by the broker.
@@ -355,66 +374,97 @@ class ConnectionCore(FrameWriter):
         Only confirmed handles may be referenced in control messages (and in
         Subscribe); Publish may reference a handle optimistically.
         """
-        table = self._table(handle_type)
-        if handle not in table:
-            return False
-        if self.role is Role.BROKER:
-            return True
-        sender = self._bind_senders[BIND_CHANNEL[handle_type]]
-        pending = len(sender.unconfirmed) + len(sender.retransmit)
-        return handle < table.next_handle - pending
-
-    def _may_reference(self, channel: Channel) -> bool:
-        """Whether this side may still send control messages about ``channel``."""
-        handle_type = HANDLE_TYPE_OF_KIND.get(channel.kind)
-        if handle_type is None:
-            return True  # a bind channel
-        binding = self._table(handle_type).get(channel.index)
-        if binding is None or binding.state is not HandleState.BOUND:
-            return False
-        return self.confirmed(handle_type, channel.index)
+        return self._flow.confirmed(handle_type, handle)
 
     def may_reference(self, channel: Channel) -> bool:
         """Whether this side may still send control messages about ``channel``
         (``confirm``, ``throttled``, guarantees): the connection is open and
         the channel's handle is confirmed and not being freed."""
-        return not self.closed and self._may_reference(channel)
+        return self._flow.may_reference(channel)
 
-    def _require_referable(self, channel: Channel) -> None:
-        """Refuse a control message about a handle this side may not reference
-        (unconfirmed, or being freed): the peer would close the connection."""
-        self._require_open()
-        if (
-            self._sender_of(channel) is not None or self._receiver_of(channel) is not None
-        ) and not self._may_reference(channel):
-            raise LocalProtocolError(f"{channel}: its handle is not confirmed or is being freed")
+    def issue_guarantees(self, channel: Channel | None = None) -> None:
+        """Issue what the policy allows on ``channel`` (default: every channel).
 
-    def _issue(self, receiver: ChannelReceiver) -> None:
-        """Issue what the policy allows on ``receiver``'s channel, if this
-        side may reference it."""
-        amount = self.policy.amount_to_issue(receiver)
-        if amount > 0 and self._may_reference(receiver.channel):
-            message = receiver.issue(amount)
-            if message is not None:
-                self._queue(message)
+        Call it when a policy answer changes, e.g. when an account that
+        withheld a channel's guarantees falls below its watermark.
+        """
+        self._flow.issue_guarantees(channel)
 
-    def _new_receiver(self, channel: Channel, capacity: int | None = None) -> ChannelReceiver:
-        """A receiving state for ``channel`` (capacity: the policy's initial
-        one), with its first guarantees issued. The caller keeps it."""
-        deliver = channel.kind == ChannelKind.DELIVER
-        # The largest frame the sender may send: a Deliver of the broker's
-        # max_frame, or a frame of ours.
-        largest = LENGTH_PREFIX + (
-            self.peer_max_frame + DELIVER_SLACK if deliver else self.max_frame
+    def grow(self, channel: Channel, amount: int) -> None:
+        """Add buffer capacity to a receiving channel (issued per policy)."""
+        self._flow.grow(channel, amount)
+
+    def set_capacity(self, channel: Channel, target: int, *, plead: bool | None = None) -> None:
+        """Resize a receiving channel's buffer.
+
+        Growing issues per policy. Shrinking reclaims unpromised space at
+        once, then processed frames, and (with ``plead``, by default the
+        policy's ``plead_on_shrink``) asks the sender to absolve what neither
+        can reclaim.
+        """
+        self._flow.set_capacity(channel, target, plead=plead)
+
+    def plead(self, channel: Channel, target: int) -> None:
+        """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
+        self._flow.plead(channel, target)
+
+    def limit_receiving(self, channel: Channel, bound: int) -> None:
+        """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
+        self._flow.limit_receiving(channel, bound)
+
+    def release(
+        self,
+        event: PublishReceived
+        | PublishManyReceived
+        | DeliverReceived
+        | DeliverManyReceived
+        | EncodedDeliveriesReceived,
+    ) -> list[Event]:
+        """A received Publish, Deliver or DeliverMany has been processed
+        (all of a DeliverMany's entries): free its buffer space.
+
+        Returns the events this causes: a :class:`HandleDeleted` when the
+        frame was the last reference to a handle being freed.
+        """
+        return self._flow.release(event)
+
+    def release_frame(self, channel: Channel, size: int) -> list[Event]:
+        """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""
+        return self._flow.release_frames(channel, size, 1)
+
+    def release_frames(self, channel: Channel, size: int, count: int) -> list[Event]:
+        """Free ``count`` processed frames of ``size`` bytes in all on ``channel``.
+
+        The same as releasing each frame in turn (:meth:`release_frame`),
+        with guarantees issued once for the lot. A DeliverMany counts as one
+        frame per entry here (each entry references its subscription).
+        """
+        return self._flow.release_frames(channel, size, count)
+
+    def limit_sending(self, channel: Channel, bound: int) -> None:
+        """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
+        self._flow.limit_sending(channel, bound)
+
+    def absolve(self, channel: Channel, amount: int) -> None:
+        """Give back ``amount`` bytes of guarantees on ``channel``."""
+        self._flow.absolve(channel, amount)
+
+    def room(self, channel: Channel) -> int:
+        """The largest frame this side may send on ``channel`` now."""
+        return self._flow.room(channel)
+
+    def statistics(self) -> ConnectionStatistics:
+        """Counters, per-channel state and handle counts, for metrics."""
+        return ConnectionStatistics(
+            role=self.role,
+            state=self._handshake.state,
+            frames_received=self.frames_received,
+            bytes_received=self.bytes_received,
+            frames_sent=self._writer.frames_sent,
+            bytes_sent=self._writer.bytes_sent,
+            discarded_frames=self.discarded_frames,
+            topics_bound=len(self.topics),
+            subscriptions_bound=len(self.subscriptions),
+            receivers=[r.statistics() for r in self._flow.all_receivers()],
+            senders=[s.statistics() for s in self._flow.all_senders()],
         )
-        if capacity is None:
-            capacity = self.policy.initial_capacity(channel)
-            if deliver and self.policy.deliver_capacity is None:
-                # A window smaller than the largest Deliver the broker may send
-                # would never take such a message, nor any after it: stalled.
-                capacity = max(capacity, largest)
-        receiver = ChannelReceiver(channel, capacity)
-        receiver.max_dropping = self.policy.max_dropping
-        receiver.largest_frame = largest
-        self._issue(receiver)
-        return receiver

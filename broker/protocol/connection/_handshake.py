@@ -1,81 +1,90 @@
-"""The life of a connection: the handshake (Hello, Welcome), keepalive
-(Ping, timers, leases) and the end (Goodbye)."""
+"""The life of a connection: where it is (:class:`ConnectionState`), the
+handshake (Hello, Welcome), keepalive (Ping, timers, leases) and the end.
+
+:class:`Handshake` is a part the connection owns. It references no other
+part: it makes the Hello and the Welcome, checks those received, and says
+when to ping or give up on the peer; the connection queues what it makes
+and applies what the handshake settled (frame sizes, options, the session
+to restore) to its other parts.
+"""
 
 from __future__ import annotations
 
+from enum import Enum
+
 from .._errors import LocalProtocolError, RemoteProtocolError
-from .._events import ConnectionClosed, Event, HelloReceived, WelcomeReceived
 from .._owners import Cluster
-from .._types import (
-    PROTOCOL_VERSION,
-    SUBSCRIPTION_BINDS,
-    TOPIC_BINDS,
-    U64_MAX,
-    GoodbyeCode,
-    Role,
-)
+from .._types import PROTOCOL_VERSION, U64_MAX, Role
 from ..frames._messages import Hello, Ping, Welcome
-from ..guarantees._receiver import ChannelSender
-from ._core import DELIVER_SLACK, ConnectionState
-from ._resume import SessionResume
+from ._liveness import Liveness
 from ._session import BrokerSessionState, ClientSessionState, check_welcome
 
 
-class Handshake(SessionResume):
-    """Opening, keeping alive and closing a connection."""
+class ConnectionState(Enum):
+    """Lifecycle of a connection."""
 
-    # ---------------------------------------------------------------- opening
+    IDLE = "idle"  # client, before hello()
+    AWAIT_WELCOME = "await-welcome"  # client, Hello sent
+    AWAIT_HELLO = "await-hello"  # broker, nothing received yet
+    HELLO_RECEIVED = "hello-received"  # broker, welcome() not yet called
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Handshake:
+    """One side's lifecycle: its :class:`ConnectionState`, the Hello and
+    Welcome exchanged, the session a client asked to resume (until the
+    Welcome), and the keepalive timers (:class:`Liveness`)."""
+
+    def __init__(self, role: Role, *, heartbeat: float, lease: float, now: float) -> None:
+        self.role = role
+        #: Read directly by the connection's hot paths (one attribute).
+        self.state = ConnectionState.IDLE if role is Role.CLIENT else ConnectionState.AWAIT_HELLO
+        self.liveness = Liveness(heartbeat, lease, now, now)
+        self.hello_message: Hello | None = None
+        self.welcome_message: Welcome | None = None
+        #: Client: the session this connection resumes, until the Welcome.
+        self.resume: ClientSessionState | None = None
+        self._ping_nonce = 0
+
+    def require_open(self) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"connection is {self.state.value}, not open")
+
+    def check_open(self, message: object) -> None:
+        """Refuse ``message`` received before the handshake completed."""
+        if self.state is not ConnectionState.OPEN:
+            raise RemoteProtocolError(f"{type(message).__name__} before the handshake completed")
+
+    def close(self) -> None:
+        """A Goodbye was sent or received: the connection is closed."""
+        self.state = ConnectionState.CLOSED
+
+    # ---------------------------------------------------------------- the client's side
 
     def hello(
         self,
         client: str,
         *,
-        session: bytes | None = None,
-        processed: dict[int, int] | None = None,
-        token: str | None = None,
-        resume: ClientSessionState | None = None,
-        deliver_many: bool = False,
-        metadata: bool = False,
-        encoded_deliveries: bool = False,
-        publish_many: bool = False,
-        keep_unconfirmed: bool = True,
-    ) -> None:
-        """Client: open the connection (a new session, or resume ``session``),
-        presenting ``token`` to a broker that authenticates its clients.
-
-        With ``deliver_many`` the Hello says this client reads
-        :class:`DeliverMany` frames, so the broker may deliver many messages
-        in one frame; without it (the default) every delivery comes as a
-        Deliver.
-
-        With ``encoded_deliveries`` too, a DeliverMany whose entries have no
-        headers is given as :class:`EncodedDeliveriesReceived`: each entry's
-        Deliver tail as it was on the wire, not decoded (for a client that
-        passes deliveries on, as a broker relaying to its own subscribers).
-
-        With ``publish_many`` the Hello asks to send PublishMany frames
-        (:meth:`publish_many_tails`), if the Welcome allows them.
-
-        With ``keep_unconfirmed=False`` the client says it will never
-        resume the session: publishes are only counted until confirmed, not
-        kept (:meth:`session_state` then refuses).
-
-        With ``metadata`` the Hello asks a broker of several workers for its
-        membership: the Welcome's ``cluster`` (None from a single process).
-
-        With ``resume`` (an earlier connection's :meth:`session_state`), the
-        session is resumed: if the broker still has it, every handle is
-        restored and what the broker did not receive (binds, publishes) is
-        sent again, in order, before anything new; otherwise the Welcome says
-        ``resumed=False`` and this is a new, empty session.
-        """
-        self._require_role(Role.CLIENT, "say hello")
+        session: bytes | None,
+        processed: dict[int, int] | None,
+        token: str | None,
+        resume: ClientSessionState | None,
+        deliver_many: bool,
+        metadata: bool,
+        publish_many: bool,
+        max_message: int,
+    ) -> Hello:
+        """Client: the Hello that opens the connection (for the connection
+        to queue); waits for the Welcome from now on."""
+        if self.role is not Role.CLIENT:
+            raise LocalProtocolError("only a client can say hello")
         if self.state is not ConnectionState.IDLE:
             raise LocalProtocolError("hello() was already called")
         if resume is not None:
             session = resume.session
             processed = {h: resume.processed.get(h, 0) for h in resume.subscriptions}
-            self._resume = resume
+            self.resume = resume
         message = Hello(
             PROTOCOL_VERSION,
             client,
@@ -85,41 +94,56 @@ class Handshake(SessionResume):
             deliver_many,
             metadata,
             publish_many,
-            self.max_message,
+            max_message,
         )
-        self._queue(message)
         self.hello_message = message
-        self._many = deliver_many
-        self._keep_unconfirmed = keep_unconfirmed
-        self._decoder.encoded_deliveries = deliver_many and encoded_deliveries
         self.state = ConnectionState.AWAIT_WELCOME
+        return message
+
+    def on_welcome(self, message: Welcome) -> ClientSessionState | None:
+        """Client: the broker's Welcome, checked (a refused one changes
+        nothing); returns the session to restore if it was resumed."""
+        if self.role is not Role.CLIENT or self.state is not ConnectionState.AWAIT_WELCOME:
+            raise RemoteProtocolError("unexpected Welcome")
+        resume = self.resume
+        check_welcome(message, resume)
+        self.welcome_message = message
+        self.liveness.lease = message.lease_ms / 1000
+        self.liveness.heartbeat = message.heartbeat_ms / 1000
+        self.state = ConnectionState.OPEN
+        self.resume = None
+        return resume if message.resumed else None
+
+    # ---------------------------------------------------------------- the broker's side
+
+    def on_hello(self, message: Hello) -> None:
+        """Broker: the client's Hello, checked."""
+        if self.role is not Role.BROKER or self.state is not ConnectionState.AWAIT_HELLO:
+            raise RemoteProtocolError("unexpected Hello")
+        if message.version != PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"unsupported protocol version {message.version}")
+        self.hello_message = message
+        self.state = ConnectionState.HELLO_RECEIVED
 
     def welcome(
         self,
         *,
         session: bytes,
         epoch: bytes,
-        resumed: bool = False,
-        lease_ms: int | None = None,
-        heartbeat_ms: int | None = None,
-        received: dict[int, int] | None = None,
-        restore: BrokerSessionState | None = None,
-        offsets: bool = False,
-        cluster: Cluster | None = None,
-    ) -> None:
-        """Broker: accept the client's Hello; opens the bind channels.
-
-        ``offsets`` says that reliable subscriptions number their deliveries
-        by their topic's log offsets (a broker with a data directory).
-
-        ``cluster`` (the membership of a broker of several workers) is sent
-        only if the Hello asked for ``metadata``.
-
-        ``restore`` resumes a session: its handles are bound again (publish
-        channels opened, delivery channels ready), and the Welcome tells the
-        client what the broker received and bound, so that it resends the rest.
-        """
-        self._require_role(Role.BROKER, "welcome a client")
+        resumed: bool,
+        lease_ms: int | None,
+        heartbeat_ms: int | None,
+        received: dict[int, int] | None,
+        restore: BrokerSessionState | None,
+        offsets: bool,
+        cluster: Cluster | None,
+        max_frame: int,
+        max_message: int,
+    ) -> Welcome:
+        """Broker: the Welcome that accepts the client's Hello (for the
+        connection to queue); the connection is open from now on."""
+        if self.role is not Role.BROKER:
+            raise LocalProtocolError("only a broker can welcome a client")
         if self.state is not ConnectionState.HELLO_RECEIVED:
             raise LocalProtocolError(f"welcome() needs a Hello first (state {self.state.value})")
         if len(session) != 16:
@@ -131,143 +155,56 @@ class Handshake(SessionResume):
             resumed = True
             received = restore.received
             surviving = self._surviving_subscriptions(restore)
+        liveness = self.liveness
         if lease_ms is not None:
-            self.liveness.lease = lease_ms / 1000
+            liveness.lease = lease_ms / 1000
         if heartbeat_ms is not None:
-            self.liveness.heartbeat = heartbeat_ms / 1000
+            liveness.heartbeat = heartbeat_ms / 1000
+        hello = self.hello_message
         message = Welcome(
             PROTOCOL_VERSION,
             session,
             resumed,
             epoch,
-            round(self.liveness.lease * 1000),
-            round(self.liveness.heartbeat * 1000),
-            self.max_frame,
+            round(liveness.lease * 1000),
+            round(liveness.heartbeat * 1000),
+            max_frame,
             dict(received or {}),
             None if restore is None else (restore.next_topic, restore.next_subscription),
             surviving,
             offsets,
-            cluster if self.hello_message is not None and self.hello_message.metadata else None,
-            self.hello_message is not None and self.hello_message.publish_many,
-            self.max_message if self.hello_message and self.hello_message.max_message else 0,
+            cluster if hello is not None and hello.metadata else None,
+            hello is not None and hello.publish_many,
+            max_message if hello and hello.max_message else 0,
         )
-        self._queue(message)
         self.welcome_message = message
-        self._publish_many = message.publish_many
-        self.peer_max_frame = self.max_frame + DELIVER_SLACK
-        if message.max_message:
-            assert self.hello_message is not None
-            self.peer_max_message = self.hello_message.max_message
         self.state = ConnectionState.OPEN
-        if restore is not None:
-            self._restore_broker(restore)
-            return
-        for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
-            self._bind_receivers[channel] = self._new_receiver(channel)
+        return message
 
-    def _on_hello(self, message: Hello, size: int, events: list[Event]) -> None:
-        if self.role is not Role.BROKER or self.state is not ConnectionState.AWAIT_HELLO:
-            raise RemoteProtocolError("unexpected Hello")
-        if message.version != PROTOCOL_VERSION:
-            raise RemoteProtocolError(f"unsupported protocol version {message.version}")
-        self.hello_message = message
-        self._many = message.deliver_many
-        self.state = ConnectionState.HELLO_RECEIVED
-        self._decoder.max_frame = self.max_frame
-        events.append(HelloReceived(message))
-
-    def _on_welcome(self, message: Welcome, size: int, events: list[Event]) -> None:
-        if self.role is not Role.CLIENT or self.state is not ConnectionState.AWAIT_WELCOME:
-            raise RemoteProtocolError("unexpected Welcome")
-        resume = self._resume
-        check_welcome(message, resume)  # a refused Welcome changes nothing
-        self.welcome_message = message
-        hello = self.hello_message
-        self._publish_many = message.publish_many and hello is not None and hello.publish_many
-        self.peer_max_frame = message.max_frame
-        self.peer_max_message = message.max_message if self.max_message else 0
-        if self.peer_max_message:
-            self._plain_payload = message.max_frame - 64
-        self._decoder.max_frame = max(self.max_frame, message.max_frame + DELIVER_SLACK)
-        self.liveness.lease = message.lease_ms / 1000
-        self.liveness.heartbeat = message.heartbeat_ms / 1000
-        self.state = ConnectionState.OPEN
-        for channel in (TOPIC_BINDS, SUBSCRIPTION_BINDS):
-            self._bind_senders[channel] = ChannelSender(channel)
-        resent = 0
-        dropped: list[Event] = []
-        if message.resumed:
-            assert resume is not None
-            resent = self._restore_client(resume, message, dropped)
-        self._resume = None
-        events.append(WelcomeReceived(message, resent))
-        events += dropped
+    def _surviving_subscriptions(self, state: BrokerSessionState) -> tuple[int, ...] | None:
+        """The Welcome's ``subscriptions``: those ``state`` keeps, if it lacks
+        one the Hello listed below its count (else None: all survive)."""
+        assert self.hello_message is not None
+        listed = self.hello_message.processed
+        if all(h >= state.next_subscription or h in state.subscriptions for h in listed):
+            return None
+        return tuple(sorted(state.subscriptions))
 
     # ---------------------------------------------------------------- keepalive
 
-    def ping(self) -> int:
-        """Queue a Ping; returns its nonce (the Pong event carries it back)."""
-        self._require_open()
+    def ping(self) -> Ping:
+        """The next Ping to send (the connection is open)."""
+        self.require_open()
         self._ping_nonce = (self._ping_nonce + 1) & U64_MAX
-        self._queue(Ping(self._ping_nonce))
-        return self._ping_nonce
+        return Ping(self._ping_nonce)
 
-    def ping_due(self, now: float) -> bool:
-        """This side has sent nothing for a heartbeat interval."""
-        return self.liveness.ping_due(now)
-
-    def peer_gone(self, now: float) -> bool:
-        """The peer has been silent for its whole lease."""
-        return self.liveness.peer_gone(now)
-
-    def next_deadline(self) -> float:
-        """When to call :meth:`handle_timer` next."""
-        return self.liveness.next_deadline()
-
-    def handle_timer(self, now: float) -> list[Event]:
-        """Run the keepalive timers at ``now``; returns what happened.
-
-        When the peer has been silent for its whole lease, this queues a
-        ``Goodbye`` (code LEASE_EXPIRED), closes, and returns one
-        :class:`ConnectionClosed` (``by_peer`` false, no ``error``). Otherwise,
-        once this side has been silent for a heartbeat interval, it queues a
-        ``Ping`` (after the handshake only) and counts it as sent at ``now``,
-        so a slow writer still sends one Ping per heartbeat. Call it at
-        :meth:`next_deadline` (earlier or later is harmless).
-        """
-        if self.state is ConnectionState.CLOSED:
-            return []
-        liveness = self.liveness
-        if liveness.peer_gone(now):
-            if self.role is Role.CLIENT:
-                reason = "broker silent"
-            elif self.hello_message is None:
-                reason = "no Hello in time"
-            else:
-                reason = "lease expired"
-            reason = self._queue_goodbye(int(GoodbyeCode.LEASE_EXPIRED), reason)
-            self.state = ConnectionState.CLOSED
-            return [ConnectionClosed(int(GoodbyeCode.LEASE_EXPIRED), reason, False)]
-        if liveness.ping_due(now):
-            if self.state is ConnectionState.OPEN:
-                self.ping()
-            liveness.on_sent(now)
-        return []
-
-    def suspend_reading(self, now: float) -> None:
-        """This side stopped reading (e.g. its account is in debt): the peer's
-        silence from ``now`` on does not count against its lease."""
-        self.liveness.suspend(now)
-
-    def resume_reading(self, now: float) -> None:
-        """This side reads again; the time spent suspended is forgiven."""
-        self.liveness.resume(now)
-
-    # ---------------------------------------------------------------- closing
-
-    def goodbye(self, code: GoodbyeCode | int = GoodbyeCode.NORMAL, reason: str = "") -> None:
-        """Queue a Goodbye and close; received data is ignored from now on."""
-        if self.state is ConnectionState.CLOSED:
-            return
-        self._queue_goodbye(int(code), reason)
-        self.state = ConnectionState.CLOSED
+    def lease_expired(self, now: float) -> str | None:
+        """The reason to say Goodbye with, if the peer has been silent for
+        its whole lease at ``now`` (else None)."""
+        if not self.liveness.peer_gone(now):
+            return None
+        if self.role is Role.CLIENT:
+            return "broker silent"
+        if self.hello_message is None:
+            return "no Hello in time"
+        return "lease expired"

@@ -37,8 +37,9 @@ from ..frames._messages import (
     check_publish_fields,
 )
 from ..guarantees._receiver import ChannelSender
-from ._core import ConnectionState, NoGuarantees
+from ._channels import NoGuarantees
 from ._handle_state import TopicState
+from ._handshake import ConnectionState
 from ._traffic import Traffic
 
 #: The largest message the reference client takes in parts (its Hello's
@@ -81,29 +82,31 @@ class LargeMessages(Traffic):
     @property
     def reassembling(self) -> int:
         """Bytes of messages received in part, not whole yet."""
-        return self._parts_held
+        return self._parts.held
 
     def _push_parts(self, sender: ChannelSender, pending: OutgoingMessage, *, keep: bool) -> bool:
         """Send the next parts of ``pending`` as far as ``sender``'s room
         allows; True once its last part is out."""
         body = pending.body
-        limit = self.peer_max_frame - PART_HEAD
+        limit = self._writer.peer_max_frame - PART_HEAD
         while pending.offset < len(body):
             left = len(body) - pending.offset
-            room = min(self._room(sender) - LENGTH_PREFIX - PART_HEAD, limit)
+            room = min(self._flow.room_of(sender) - LENGTH_PREFIX - PART_HEAD, limit)
             if room < min(MIN_PART, left, limit):
                 return False
             start = pending.offset
             piece = body[start : start + room]
             end = start + len(piece)
             flags = (PART_BEGIN if start == 0 else 0) | (PART_END if end == len(body) else 0)
-            frame = encode(FramePart(sender.channel, flags, piece), max_frame=self.peer_max_frame)
+            frame = encode(
+                FramePart(sender.channel, flags, piece), max_frame=self._writer.peer_max_frame
+            )
             if sender.channel.kind == ChannelKind.DELIVER:
                 # Within the guarantees (no optimism on [3, s]): nothing kept.
-                self._out.append(frame)
+                self._writer.out.append(frame)
                 self._record_deliveries(sender, 1, len(frame))
             else:
-                self._send_frame(sender, None, frame)
+                self._flow.send_frame(sender, None, frame)
             if keep:
                 pending.frames.append(frame)
             pending.offset = end
@@ -122,13 +125,13 @@ class LargeMessages(Traffic):
         """Client: :meth:`publish`, while a message in parts is being sent
         (on any handle) or for one that may not fit a frame: None if this one
         goes as a plain Publish."""
-        pending = self._parts_out.get(sender.channel)
-        if pending is None and self._parts_done.get(sender.channel) is not payload:
-            if len(payload) + 64 <= self.peer_max_frame or not self.peer_max_message:
+        pending = self._parts.out.get(sender.channel)
+        if pending is None and self._parts.done.get(sender.channel) is not payload:
+            if len(payload) + 64 <= self._writer.peer_max_frame or not self.peer_max_message:
                 return None
             check_publish_fields(payload, key, headers)
             body = encode_body(Publish(sender.channel.index, payload, key, headers))
-            if len(body) <= self.peer_max_frame:
+            if len(body) <= self._writer.peer_max_frame:
                 return None
         return self.publish_large(state, sender, payload, key, headers)
 
@@ -145,7 +148,7 @@ class LargeMessages(Traffic):
         again with the same ``payload`` object to go on); a publish of another
         message on the handle meanwhile sends the first one's parts first."""
         channel = sender.channel
-        out, done = self._parts_out, self._parts_done
+        out, done = self._parts.out, self._parts.done
         if done.get(channel) is payload:
             del done[channel]
             return 0
@@ -177,7 +180,7 @@ class LargeMessages(Traffic):
         if state is None or state.sender is None:
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        pending = self._parts_out.get(sender.channel)
+        pending = self._parts.out.get(sender.channel)
         if pending is None or pending.key is not tail:
             if pending is not None and not self._finish_publish(state, sender, pending):
                 return False
@@ -187,7 +190,7 @@ class LargeMessages(Traffic):
                     f"a message of {len(body)} bytes is larger than the peer's "
                     f"max_message ({self.peer_max_message} bytes)"
                 )
-            pending = self._parts_out[sender.channel] = OutgoingMessage(tail, body)
+            pending = self._parts.out[sender.channel] = OutgoingMessage(tail, body)
         return self._finish_publish(state, sender, pending)
 
     def _finish_publish(
@@ -196,7 +199,7 @@ class LargeMessages(Traffic):
         """Push ``pending``'s parts; once all are out, count it as one publish."""
         if not self._push_parts(sender, pending, keep=True):
             return False
-        del self._parts_out[sender.channel]
+        del self._parts.out[sender.channel]
         if self._keep_unconfirmed:
             state.retain(b"".join(pending.frames))  # a resume sends its parts again
         else:
@@ -213,9 +216,9 @@ class LargeMessages(Traffic):
         channel = sender.channel
         size = sum(map(len, frame)) - LENGTH_PREFIX
         if size > self.peer_max_message:
-            self._queue(Gap(channel.index, seq, 1))
+            self._writer.queue(Gap(channel.index, seq, 1))
             return 1
-        out = self._parts_out
+        out = self._parts.out
         pending = out.get(channel)
         if pending is None or pending.key != seq:
             # (A message begun and not finished, then dropped from a lossy
@@ -238,11 +241,11 @@ class LargeMessages(Traffic):
                 f"{'publish' if broker else 'delivery'} channels, after a Hello and "
                 "Welcome that both gave max_message"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         topic: TopicState | None = None
         if broker:
-            topic = self._resolve_topic(channel.index, events)
+            topic = self._handles.resolve_topic(channel.index, events)
             if topic is None:
                 self.discarded_frames += 1  # its bind was dropped (and announced)
                 return
@@ -251,7 +254,7 @@ class LargeMessages(Traffic):
             if receiver.dropping:
                 self._receive_publishes(topic, 0, size)  # dropped: sent again later
                 return
-        partial = self._parts_in.get(channel)
+        partial = self._parts.incoming.get(channel)
         chunk = message.chunk
         if message.flags & PART_BEGIN:
             held = 0 if partial is None else len(partial)
@@ -265,7 +268,7 @@ class LargeMessages(Traffic):
                 f"{channel}: a message of more than {self.max_message} bytes (max_message)",
                 GoodbyeCode.FRAME_TOO_LARGE,
             )
-        if self._parts_held - held + total > self.max_message:
+        if self._parts.held - held + total > self.max_message:
             raise RemoteProtocolError(
                 f"messages in parts hold more than {self.max_message} bytes (max_message)",
                 GoodbyeCode.LIMIT_EXCEEDED,
@@ -279,13 +282,13 @@ class LargeMessages(Traffic):
         else:
             self._accept_delivery("FramePart", channel.index, size, 0, events)
         if message.flags & PART_BEGIN or partial is None:
-            partial = self._parts_in[channel] = bytearray()
+            partial = self._parts.incoming[channel] = bytearray()
         partial += chunk
-        self._parts_held += total - held
+        self._parts.held += total - held
         # Copied: its guarantee bytes are free again at once.
-        receiver = self._receiver(channel)
+        receiver = self._flow.receiver(channel)
         receiver.release(size)
-        self._issue(receiver)
+        self._flow.issue(receiver)
 
     def _on_last_part(
         self,
@@ -298,7 +301,7 @@ class LargeMessages(Traffic):
         """The part that ends a message: the message, whole, is received
         as if it had come in one frame of ``size`` bytes."""
         channel = message.channel
-        partial = self._parts_in.get(channel)
+        partial = self._parts.incoming.get(channel)
         if message.flags & PART_BEGIN or partial is None:
             body = bytes(message.chunk)
         else:
@@ -327,5 +330,5 @@ class LargeMessages(Traffic):
                 f"{channel}: its parts make no Deliver (or DeliverTimed, DeliverGroup "
                 "or DeliverMatched of one entry) on it"
             )
-        self._parts_in.pop(channel, None)
-        self._parts_held -= held
+        self._parts.incoming.pop(channel, None)
+        self._parts.held -= held

@@ -24,9 +24,10 @@ from ..frames._encode import (
     publish_tail_frames,
 )
 from ..frames._messages import PublishMany
-from ._core import ConnectionState, NoGuarantees
+from ._channels import NoGuarantees
 from ._handle_state import TopicState
 from ._handles import HandleState
+from ._handshake import ConnectionState
 from ._traffic import Traffic
 
 __all__ = ["ManyPublishing"]
@@ -60,9 +61,9 @@ class ManyPublishing(Traffic):
         A worker's link passes ``origins``, the runs of ``tails`` (see
         :mod:`._origins`): each frame then carries those of its entries.
         Publishes sent as Publish frames carry none."""
-        if not self._publish_many or self._bind_senders[TOPIC_BINDS].retransmit:
+        if not self._publish_many or self._flow.bind_senders[TOPIC_BINDS].retransmit:
             return self.publish_tails(topic, tails, start)
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if (
@@ -76,8 +77,8 @@ class ManyPublishing(Traffic):
             return self.publish_tails(topic, tails, start)  # (which says what is wrong)
         sender = state.sender
         room = sender.room()
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._run_of(topic)
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.run_of(topic)
         count = len(tails)
         sent = frames = total = 0
         while start + sent < count:
@@ -108,9 +109,7 @@ class ManyPublishing(Traffic):
             sent += end - first
         if frames:
             sender.record_within_guarantees(frames, total)
-            self.frames_sent += frames
-            self.bytes_sent += total
-            self._out_size += total
+            self._writer.count(frames, total)
             if self._keep_unconfirmed:
                 # Each kept as a Publish of its own, for a resume.
                 state.retain_all(
@@ -134,13 +133,13 @@ class ManyPublishing(Traffic):
         own = slice_origins(origins, at, at + 1)
         runs = encode_origins(own)
         head = publish_many_head(topic, 1, len(tail) + len(runs), origins=True)
-        if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self.peer_max_frame:
+        if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self._writer.peer_max_frame:
             return self.publish_tails(topic, [tail])  # (which says it is too large)
         sender = state.sender
         assert sender is not None
         message = PublishMany(topic, [tail], [None], own)
         try:
-            self._send_frame(sender, message, head + tail + runs)
+            self._flow.send_frame(sender, message, head + tail + runs)
         except NoGuarantees:
             return 0
         if self._keep_unconfirmed:
@@ -154,7 +153,7 @@ class ManyPublishing(Traffic):
             raise RemoteProtocolError(
                 "PublishMany is sent by clients, and only by one whose Welcome allows it"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         if message.origins is not None and not self.accept_origins:
             raise RemoteProtocolError("only a worker's link may say whose publishes it sends")
@@ -174,7 +173,7 @@ class ManyPublishing(Traffic):
                 topic.received += count
                 events.append(PublishManyReceived(message, topic.value, receiver.channel, size))
                 return
-        topic = self._resolve_topic(handle, events)
+        topic = self._handles.resolve_topic(handle, events)
         if topic is None:
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1

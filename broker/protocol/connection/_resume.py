@@ -1,7 +1,12 @@
 """Sessions across connections: what each side keeps of a session
 (:meth:`session_state`), and how a new connection restores it — the broker
 binds the session's handles again, the client does too and queues, before
-anything new, what the broker did not receive."""
+anything new, what the broker did not receive.
+
+:class:`Sessions` is a part of a connection: it keeps no state of its own
+beyond the parts it is given (the handshake, the output queue, the
+guarantees, the handle tables), none of which references it.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +26,13 @@ from .._types import (
 from ..frames._encode import encode
 from ..frames._messages import BindTopic, Subscribe, Welcome
 from ..guarantees._receiver import ChannelSender, SentFrame
-from ._binds import HandleBinding
-from ._core import BIND_CHANNEL
-from ._handles import HandleState
+from ._channels import BIND_CHANNEL
+from ._flow import Flow
+from ._handle_state import SubscriptionState, TopicState
+from ._handles import HandleState, HandleTable
+from ._handshake import Handshake
 from ._session import BrokerSessionState, ClientSessionState
+from ._writer import FrameWriter
 
 
 def split_frames(data: bytes) -> list[bytes]:
@@ -38,10 +46,27 @@ def split_frames(data: bytes) -> list[bytes]:
     return frames
 
 
-class SessionResume(HandleBinding):
+class Sessions:
     """Saving a session's state, and restoring it on a new connection."""
 
-    def session_state(self) -> BrokerSessionState | ClientSessionState:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        topics: HandleTable[TopicState],
+        subscriptions: HandleTable[SubscriptionState],
+    ) -> None:
+        self.role = role
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self.topics = topics
+        self.subscriptions = subscriptions
+
+    def session_state(self, *, keep_unconfirmed: bool) -> BrokerSessionState | ClientSessionState:
         """What this side must keep of the session to resume it on a new
         connection (a broker: its live handles and publish counts; a client:
         its handles, processed sequence numbers and unconfirmed publishes).
@@ -51,7 +76,8 @@ class SessionResume(HandleBinding):
         proposed to free, and proposes again on resume). A broker that defers
         bind processing calls :meth:`process_binds` first.
         """
-        if self.welcome_message is None:
+        welcome = self._handshake.welcome_message
+        if welcome is None:
             raise LocalProtocolError("no session before the handshake")
         bound = HandleState.BOUND
         if self.role is Role.BROKER:
@@ -68,14 +94,14 @@ class SessionResume(HandleBinding):
                 {h: t.received for h, t in live.items()},
                 {h: t.stage for h, t in live.items() if t.stage is not None},
             )
-        if not self._keep_unconfirmed:
+        if not keep_unconfirmed:
             raise LocalProtocolError("this client keeps no unconfirmed publishes: no resume")
         proposed = HandleState.PROPOSED
         live = {h: t for h, t in self.topics.items() if t.state is bound or t.state is proposed}
         subscriptions = {h: s for h, s in self.subscriptions.items() if s.state is bound}
         return ClientSessionState(
-            session=self.welcome_message.session,
-            epoch=self.welcome_message.epoch,
+            session=welcome.session,
+            epoch=welcome.epoch,
             topics={h: t.value for h, t in live.items()},
             freeing_topics=frozenset(h for h, t in live.items() if t.state is proposed),
             subscriptions={h: s.value for h, s in subscriptions.items()},
@@ -88,16 +114,7 @@ class SessionResume(HandleBinding):
 
     # ---------------------------------------------------------------- broker
 
-    def _surviving_subscriptions(self, state: BrokerSessionState) -> tuple[int, ...] | None:
-        """The Welcome's ``subscriptions``: those ``state`` keeps, if it lacks
-        one the Hello listed below its count (else None: all survive)."""
-        assert self.hello_message is not None
-        listed = self.hello_message.processed
-        if all(h >= state.next_subscription or h in state.subscriptions for h in listed):
-            return None
-        return tuple(sorted(state.subscriptions))
-
-    def _restore_broker(self, state: BrokerSessionState) -> None:
+    def restore_broker(self, state: BrokerSessionState) -> None:
         """Bind the session's handles again and open their channels; the
         bind channels start with the space the live binds hold taken off."""
         self.topics.restore({h: name for h, (name, _) in state.topics.items()}, state.next_topic)
@@ -116,20 +133,20 @@ class SessionResume(HandleBinding):
             subscription.restored = True
             held[HandleType.SUBSCRIPTION] += size
         for handle_type, channel in BIND_CHANNEL.items():
-            capacity = self.policy.initial_capacity(channel) - held[handle_type]
-            self._bind_receivers[channel] = self._new_receiver(channel, max(capacity, 0))
+            capacity = self._flow.policy.initial_capacity(channel) - held[handle_type]
+            self._flow.bind_receivers[channel] = self._flow.new_receiver(channel, max(capacity, 0))
         for handle in state.topics:
             topic = self.topics.bindings[handle]
             topic.received = state.received.get(handle, 0)
             topic.stage = state.stages.get(handle)
-            topic.receiver = self._new_receiver(Channel(ChannelKind.PUBLISH, handle))
+            topic.receiver = self._flow.new_receiver(Channel(ChannelKind.PUBLISH, handle))
         for handle in state.subscriptions:
             channel = Channel(ChannelKind.DELIVER, handle)
             self.subscriptions.bindings[handle].sender = ChannelSender(channel)
 
     # ---------------------------------------------------------------- client
 
-    def _restore_client(
+    def restore_client(
         self, state: ClientSessionState, welcome: Welcome, dropped: list[Event]
     ) -> int:
         """Bind the resumed session's handles again and queue, for sending
@@ -153,7 +170,7 @@ class SessionResume(HandleBinding):
         for handle, subscription in self.subscriptions.bindings.items():
             subscription.processed = state.processed.get(handle, 0)
         resent = 0
-        binds = self._bind_senders[TOPIC_BINDS]
+        binds = self._flow.bind_senders[TOPIC_BINDS]
         for handle in sorted(topics):
             topic = self.topics.bindings[handle]
             topic.stage = state.stages.get(handle)
@@ -170,22 +187,22 @@ class SessionResume(HandleBinding):
                 for frame in split_frames(kept):
                     sender.retransmit.append(SentFrame(len(frame), frame, None))
             resent += len(missing)
-        subscribes = self._bind_senders[SUBSCRIPTION_BINDS]
+        subscribes = self._flow.bind_senders[SUBSCRIPTION_BINDS]
         for handle, info in sorted(subscriptions.items()):
             if handle >= bound_subscriptions:
                 target = info.topic_name if info.topic is None else info.topic
                 message = Subscribe(target, info.mode, dict(info.options))
                 resent += self._queue_resend(subscribes, message)
-            self.subscriptions.bindings[handle].receiver = self._new_receiver(
+            self.subscriptions.bindings[handle].receiver = self._flow.new_receiver(
                 Channel(ChannelKind.DELIVER, handle)
             )
         for handle in sorted(state.freeing_topics & topics.keys()):
             # Proposed again once its resent bind and publishes are out.
-            self._frees_after_resend[handle] = self.topics.propose_free(handle)
-        self._send_deferred_frees()
+            self._flow.frees_after_resend[handle] = self.topics.propose_free(handle)
+        self._flow.send_deferred_frees()
         return resent
 
     def _queue_resend(self, sender: ChannelSender, message: BindTopic | Subscribe) -> int:
-        frame = encode(message, max_frame=self.peer_max_frame)
+        frame = encode(message, max_frame=self._writer.peer_max_frame)
         sender.retransmit.append(SentFrame(len(frame), frame, message))
         return 1

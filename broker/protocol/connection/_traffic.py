@@ -70,10 +70,11 @@ from ..frames._messages import (
 )
 from ..frames._settle import settle_problem
 from ..guarantees._receiver import ChannelSender
-from ._binds import HandleBinding
-from ._core import ConnectionState, NoGuarantees
+from ._channels import NoGuarantees
+from ._core import ConnectionCore
 from ._handle_state import TopicState
 from ._handles import HandleState
+from ._handshake import ConnectionState
 from ._short_run import ShortRun
 
 #: A frame of entries with fields before their Deliver tails (DeliverTimed,
@@ -84,7 +85,7 @@ _GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
 _MATCHED: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_matched_head)
 
 
-class Traffic(HandleBinding):
+class Traffic(ConnectionCore):
     """Publish, Deliver, DeliverMany (Timed, Group), their notices (larger
     ones: ``_large``)."""
 
@@ -118,40 +119,41 @@ class Traffic(HandleBinding):
         """
         if self.role is not Role.CLIENT:
             self._require_role(Role.CLIENT, "publish")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if state is None or state.state is not HandleState.BOUND or state.sender is None:
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        if self._parts_out or (type(payload) is bytes and len(payload) > self._plain_payload):
+        if self._parts.out or (type(payload) is bytes and len(payload) > self._parts.plain_payload):
             size = self._publish_in_parts(state, sender, payload, key, headers)
             if size is not None:
                 return size
+        writer = self._writer
         if (
             headers is None
             and type(payload) is bytes
             and (key is None or type(key) is bytes)
             and type(topic) is int
         ):
-            frame = encode_publish(topic, payload, key, max_frame=self.peer_max_frame)
+            frame = encode_publish(topic, payload, key, max_frame=writer.peer_max_frame)
         else:
             check_publish_fields(payload, key, headers)
-            frame = encode(Publish(topic, payload, key, headers), max_frame=self.peer_max_frame)
+            frame = encode(Publish(topic, payload, key, headers), max_frame=writer.peer_max_frame)
         size = len(frame)
-        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+        if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
             # The usual case, in short: within the guarantees, in the topic's run.
-            run = self._runs.get(topic)
+            run = writer.runs.get(topic)
             if run is None:
-                self._runs[topic] = [frame]
+                writer.runs[topic] = [frame]
             else:
                 run.append(frame)
-            self.frames_sent += 1
-            self.bytes_sent += size
-            self._out_size += size
+            writer.frames_sent += 1
+            writer.bytes_sent += size
+            writer.out_size += size
         else:
-            self._send_frame(sender, Publish(topic, payload, key, headers), frame)
+            self._flow.send_frame(sender, Publish(topic, payload, key, headers), frame)
         if self._keep_unconfirmed:
             state.retain(frame)  # to be sent again on a resume, until confirmed
         else:
@@ -174,18 +176,19 @@ class Traffic(HandleBinding):
         extra call per message; here they are paid once per run.)"""
         if self.role is not Role.CLIENT:
             self._require_role(Role.CLIENT, "publish")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._require_open()
         state = self.topics.bindings.get(topic)
         if state is None or state.state is not HandleState.BOUND or state.sender is None:
             self.topics.resolve_local(topic)  # says what is wrong
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")
         sender = state.sender
-        max_frame = self.peer_max_frame
-        out = self._run_of(topic)
+        writer = self._writer
+        max_frame = writer.peer_max_frame
+        out = writer.run_of(topic)
         retain = state.retain
         sent = 0
-        if not self._bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
+        if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.sending_limit is None:
             # The usual case: the frames plainly within the guarantees (and
             # max_frame), encoded and accounted for in one go.
             frames = publish_tail_frames(topic, tails, start, sender.room())
@@ -197,9 +200,7 @@ class Traffic(HandleBinding):
                 size = sum(map(len, frames))
                 sender.record_within_guarantees(len(frames), size)
                 out += frames
-                self.frames_sent += len(frames)
-                self.bytes_sent += size
-                self._out_size += size
+                self._writer.count(len(frames), size)
                 sent = len(frames)
                 if self._keep_unconfirmed:
                     state.retain_all(frames)
@@ -214,19 +215,19 @@ class Traffic(HandleBinding):
                     break  # (it raises on the next call, as the first)
                 raise
             size = len(frame)
-            if not self._bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
+            if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
                 out.append(frame)
-                self.frames_sent += 1
-                self.bytes_sent += size
-                self._out_size += size
+                writer.frames_sent += 1
+                writer.bytes_sent += size
+                writer.out_size += size
             else:
-                if size > self._room(sender):
+                if size > self._flow.room_of(sender):
                     break  # (what _send_frame would refuse: no decoding for nothing)
                 try:
-                    self._send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
+                    self._flow.send_frame(sender, decode_body(frame[LENGTH_PREFIX:]), frame)
                 except NoGuarantees:
                     break
-                out = self._run_of(topic)  # (the frame closed the runs: a new one)
+                out = self._writer.run_of(topic)  # (the frame closed the runs: a new one)
             if self._keep_unconfirmed:
                 retain(frame)  # to be sent again on a resume, until confirmed
             else:
@@ -237,7 +238,7 @@ class Traffic(HandleBinding):
     def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:
             raise RemoteProtocolError("Publish is sent by clients")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         handle = message.topic
         topic = self.topics.bindings.get(handle)
@@ -250,7 +251,7 @@ class Traffic(HandleBinding):
                 events.append(PublishReceived(message, topic.value, receiver.channel, size))
                 self._run = ShortRun(Publish, handle, topic, receiver, topic)
                 return
-        topic = self._resolve_topic(handle, events)
+        topic = self._handles.resolve_topic(handle, events)
         if topic is None:
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1
@@ -269,10 +270,10 @@ class Traffic(HandleBinding):
         assert receiver is not None  # a broker receives on every bound topic
         accepted, out = receiver.on_frame(size)
         if topic.state is HandleState.BOUND:
-            self._queue_all(out)
+            self._writer.queue_all(out)
         if accepted:
             if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
-                self._issue(receiver)  # confirm the optimistic frame without delay
+                self._flow.issue(receiver)  # confirm the optimistic frame without delay
             topic.references += count
             topic.received += count
         return accepted
@@ -290,7 +291,7 @@ class Traffic(HandleBinding):
     ) -> int:
         """Broker: send a delivery within the subscriber's guarantees; returns its size."""
         sender = self._delivery_sender(subscription)
-        return self._send_frame(sender, Deliver(subscription, seq, payload, key, headers))
+        return self._flow.send_frame(sender, Deliver(subscription, seq, payload, key, headers))
 
     def _delivery_sender(self, subscription: int) -> ChannelSender:
         self._require_role(Role.BROKER, "deliver")
@@ -308,9 +309,9 @@ class Traffic(HandleBinding):
         sender = self._delivery_sender(subscription)
         head, tail = encode_deliver(subscription, seq, tail)
         size = len(head) + len(tail)
-        if size - LENGTH_PREFIX > self.peer_max_frame:
+        if size - LENGTH_PREFIX > self._writer.peer_max_frame:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
-        return self._send_frame(sender, None, head, tail)
+        return self._flow.send_frame(sender, None, head, tail)
 
     def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
         """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
@@ -325,11 +326,11 @@ class Traffic(HandleBinding):
             raise LocalProtocolError("seq must be u64")
         if self._many and len(tails) > 1:
             return self._deliver_in_many(sender, subscription, first_seq, tails)
-        room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
+        room = self._flow.room_of(sender)
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
         seq = first_seq
         total = 0
-        put = self._out.append
+        put = self._writer.out.append
         for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
             size = len(head) + len(tail)
             if size > room or size > limit:
@@ -347,9 +348,7 @@ class Traffic(HandleBinding):
             # Deliveries never go beyond the guarantees (no optimism on
             # [3, s]), so none is kept for retransmission.
             sender.record_within_guarantees(count, total)
-            self.frames_sent += count
-            self.bytes_sent += total
-            self._out_size += total
+            self._writer.count(count, total)
         return count
 
     def _deliver_in_many(
@@ -358,9 +357,9 @@ class Traffic(HandleBinding):
         """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
         as few frames as the guarantees and ``max_frame`` allow (a frame of
         one entry goes as a plain Deliver)."""
-        room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._out
+        room = self._flow.room_of(sender)
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.out
         count = len(tails)
         sent = frames = total = 0
         while sent < count:
@@ -492,7 +491,7 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "match topics")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(Matched(subscription, match, topic))
+        self._writer.queue(Matched(subscription, match, topic))
 
     def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
         """Broker: on pattern subscription ``subscription``, ``count``
@@ -500,7 +499,7 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "report gaps")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(MatchedGap(subscription, match, first, count))
+        self._writer.queue(MatchedGap(subscription, match, first, count))
 
     def _deliver_prefixed(
         self,
@@ -517,9 +516,9 @@ class Traffic(HandleBinding):
         guarantees go; how many were queued."""
         count = len(tails)
         most, make_head = kind
-        room = self._room(sender)
-        limit = self.peer_max_frame + LENGTH_PREFIX
-        out = self._out
+        room = self._flow.room_of(sender)
+        limit = self._writer.peer_max_frame + LENGTH_PREFIX
+        out = self._writer.out
         sent = frames = total = 0
         while sent < count:
             capacity = min(room, limit)
@@ -566,14 +565,12 @@ class Traffic(HandleBinding):
         within the guarantees (no optimism on ``[3, s]``: none is kept for
         retransmission)."""
         sender.record_within_guarantees(frames, size)
-        self.frames_sent += frames
-        self.bytes_sent += size
-        self._out_size += size
+        self._writer.count(frames, size)
 
     def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         handle = message.subscription
         subscription = self.subscriptions.bindings.get(handle)
@@ -606,7 +603,7 @@ class Traffic(HandleBinding):
             raise RemoteProtocolError(
                 "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
             )
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             raise RemoteProtocolError("DeliverMany before the handshake completed")
         handle = message.subscription
         entries = len(message.entries)
@@ -630,7 +627,7 @@ class Traffic(HandleBinding):
         name = type(message).__name__
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError(f"{name} is sent by the broker")
-        if self.state is not ConnectionState.OPEN:
+        if self._handshake.state is not ConnectionState.OPEN:
             self._check_open(message)
         if type(message) is DeliverMatched:
             self._check_matches(message.subscription, message.matches, events)
@@ -642,7 +639,7 @@ class Traffic(HandleBinding):
     def _pattern_state(self, what: str, handle: int, events: list[Event]) -> dict[int, str]:
         """The bound matches of pattern subscription ``handle`` (raises if it
         is not bound, or not a pattern subscription)."""
-        subscription = self._resolve_subscription(handle, events)
+        subscription = self._handles.resolve_subscription(handle, events)
         if subscription is None:
             raise RemoteProtocolError(f"{what} references unbound subscription handle {handle}")
         if subscription.value.topic is not None:
@@ -685,7 +682,7 @@ class Traffic(HandleBinding):
         """Buffer a delivery frame of ``entries`` messages on subscription
         ``handle`` (the long way); its channel. Raises if the handle is not
         bound or the frame is beyond the guarantees."""
-        subscription = self._resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
+        subscription = self._handles.resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
         receiver = subscription.receiver
         assert receiver is not None  # a client receives on every bound subscription
         channel = receiver.channel
@@ -709,7 +706,7 @@ class Traffic(HandleBinding):
         if seq < state.processed:
             raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
         state.processed = seq
-        self._queue(Ack(subscription, seq))
+        self._writer.queue(Ack(subscription, seq))
 
     def settle(
         self,
@@ -733,7 +730,7 @@ class Traffic(HandleBinding):
         if problem is not None:
             raise LocalProtocolError(problem)
         pairs = [(first, count) for first, count in ranges]
-        self._queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
+        self._writer.queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
 
     def _on_notice(
         self, message: Ack | Settle | Gap | Confirm, size: int, events: list[Event]
@@ -749,7 +746,7 @@ class Traffic(HandleBinding):
         if self.role is sent_by:
             raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
         self._check_open(message)
-        self._resolve_required(handle_type, handle, events, name)
+        self._handles.resolve_required(handle_type, handle, events, name)
         if isinstance(message, Confirm):
             self._on_confirm(message)
         events.append(message)
@@ -772,11 +769,11 @@ class Traffic(HandleBinding):
         self._require_role(Role.BROKER, "report gaps")
         self._require_open()
         self.subscriptions.resolve_local(subscription)
-        self._queue(Gap(subscription, first_seq, count))
+        self._writer.queue(Gap(subscription, first_seq, count))
 
     def confirm(self, topic: int, count: int) -> None:
         """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
         self._require_role(Role.BROKER, "confirm")
         self._require_open()
         self.topics.resolve_local(topic)
-        self._queue(Confirm(topic, count))
+        self._writer.queue(Confirm(topic, count))

@@ -36,13 +36,16 @@ SHARED_PIECE = 16 * 1024
 
 
 class FrameWriter:
-    """The output side of a connection: frames queued for the peer.
+    """The output side of a connection: frames queued for the peer, a part
+    the connection and its other parts own a reference to (it references
+    none of them).
 
     The hot paths of the connection append directly and count directly
-    (``frames_sent``, ``bytes_sent``, ``_out_size``): a client's publishes
-    to their topic's run (:meth:`_run_of`), a broker's deliveries to
-    ``_out`` (a broker never has runs); everything else goes through
-    :meth:`_queue` or :meth:`_put`, which keep the counts and close the runs.
+    (``frames_sent``, ``bytes_sent``, ``out_size``, or :meth:`count` for a
+    batch): a client's publishes to their topic's run (:meth:`run_of`), a
+    broker's deliveries to ``out`` (a broker never has runs); everything
+    else goes through :meth:`queue` or :meth:`put`, which keep the counts
+    and close the runs.
     """
 
     def __init__(self) -> None:
@@ -51,16 +54,16 @@ class FrameWriter:
         self.frames_sent = 0
         self.bytes_sent = 0
         #: Queued pieces (whole frames, or a frame's head and tail) and their bytes.
-        self._out: list[bytes] = []
-        self._out_size = 0
+        self.out: list[bytes] = []
+        self.out_size = 0
         #: Client: Publish frames (pieces) queued since the last other frame,
-        #: by topic handle; they go out after ``_out`` (see the module).
-        self._runs: dict[int, list[bytes]] = {}
+        #: by topic handle; they go out after ``out`` (see the module).
+        self.runs: dict[int, list[bytes]] = {}
 
     @property
     def bytes_to_send(self) -> int:
         """Bytes queued for the peer that ``data_to_send`` has not returned yet."""
-        return self._out_size
+        return self.out_size
 
     @property
     def memory_to_send(self) -> int:
@@ -68,45 +71,51 @@ class FrameWriter:
         plus :data:`PIECE_OVERHEAD` per queued piece. Bound this, not
         :attr:`bytes_to_send`, for a peer that does not read: many tiny
         frames (a Pong per Ping) cost several times their bytes."""
-        pieces = len(self._out)
-        for run in self._runs.values():
+        pieces = len(self.out)
+        for run in self.runs.values():
             pieces += len(run)
-        return self._out_size + PIECE_OVERHEAD * pieces
+        return self.out_size + PIECE_OVERHEAD * pieces
 
-    def _run_of(self, topic: int) -> list[bytes]:
+    def run_of(self, topic: int) -> list[bytes]:
         """The queue of Publish frames (pieces) of topic handle ``topic``
         (see the module); counted by the caller, as ``_out`` is."""
-        run = self._runs.get(topic)
+        run = self.runs.get(topic)
         if run is None:
-            run = self._runs[topic] = []
+            run = self.runs[topic] = []
         return run
 
-    def _close_runs(self) -> None:
+    def count(self, frames: int, size: int) -> None:
+        """``frames`` frames of ``size`` bytes in all were appended directly."""
+        self.frames_sent += frames
+        self.bytes_sent += size
+        self.out_size += size
+
+    def close_runs(self) -> None:
         """Move the queued Publish runs into ``_out``, a topic at a time:
         what a frame queued after them must follow."""
-        out = self._out
-        for run in self._runs.values():
+        out = self.out
+        for run in self.runs.values():
             out += run
-        self._runs.clear()
+        self.runs.clear()
 
-    def _take_output(self) -> bytes:
+    def take_output(self) -> bytes:
         """Everything queued, as one buffer; the queue is empty afterwards."""
-        if self._runs:
-            self._close_runs()
-        data = b"".join(self._out)
-        self._out.clear()
-        self._out_size = 0
+        if self.runs:
+            self.close_runs()
+        data = b"".join(self.out)
+        self.out.clear()
+        self.out_size = 0
         return data
 
-    def _take_pieces(self) -> list[bytes]:
+    def take_pieces(self) -> list[bytes]:
         """Everything queued, as buffers to write in order: runs of small
         pieces joined, pieces of :data:`SHARED_PIECE` bytes or more as they
         are (not copied); the queue is empty afterwards."""
-        if self._runs:
-            self._close_runs()
-        out = self._out
-        if self._out_size < SHARED_PIECE or max(map(len, out)) < SHARED_PIECE:
-            return [self._take_output()] if out else []
+        if self.runs:
+            self.close_runs()
+        out = self.out
+        if self.out_size < SHARED_PIECE or max(map(len, out)) < SHARED_PIECE:
+            return [self.take_output()] if out else []
         pieces: list[bytes] = []
         run: list[bytes] = []
         for piece in out:
@@ -120,34 +129,34 @@ class FrameWriter:
         if run:
             pieces.append(b"".join(run))
         out.clear()
-        self._out_size = 0
+        self.out_size = 0
         return pieces
 
-    def _queue(self, message: Message) -> None:
+    def queue(self, message: Message) -> None:
         """Queue a message, encoded within the peer's ``max_frame``."""
-        self._put(encode(message, max_frame=self.peer_max_frame))
+        self.put(encode(message, max_frame=self.peer_max_frame))
 
-    def _queue_all(self, messages: list[Any]) -> None:
+    def queue_all(self, messages: list[Any]) -> None:
         for message in messages:
-            self._queue(message)
+            self.queue(message)
 
-    def _put(self, frame: bytes, tail: bytes = b"") -> None:
+    def put(self, frame: bytes, tail: bytes = b"") -> None:
         """Queue one frame (optionally as a head and a shared ``tail``), after
         every Publish run queued before it."""
-        if self._runs:
-            self._close_runs()
-        self._out.append(frame)
+        if self.runs:
+            self.close_runs()
+        self.out.append(frame)
         if tail:
-            self._out.append(tail)
+            self.out.append(tail)
         size = len(frame) + len(tail)
         self.frames_sent += 1
         self.bytes_sent += size
-        self._out_size += size
+        self.out_size += size
 
-    def _queue_goodbye(self, code: int, reason: str) -> str:
+    def queue_goodbye(self, code: int, reason: str) -> str:
         """Queue a Goodbye whose reason is cut to fit; returns the reason sent."""
         reason = reason[:MAX_REASON]
         while len(encode_body(Goodbye(code, reason))) > self.peer_max_frame and reason:
             reason = reason[: len(reason) // 2]
-        self._queue(Goodbye(code, reason))
+        self.queue(Goodbye(code, reason))
         return reason

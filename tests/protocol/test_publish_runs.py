@@ -1,4 +1,4 @@
-"""A client's publishes go out grouped by topic (``FrameWriter._runs``):
+"""A client's publishes go out grouped by topic (``FrameWriter.runs``):
 each topic's in the order published, none before a frame queued ahead of
 it, none after a frame queued behind it; what the broker receives is
 every publish once, per topic in order."""

@@ -115,11 +115,6 @@ class LargeMessages:
         self._parts = parts
         self.topics = topics
 
-    @property
-    def reassembling(self) -> int:
-        """Bytes of messages received in part, not whole yet."""
-        return self._parts.held
-
     def _push_parts(self, sender: ChannelSender, pending: OutgoingMessage, *, keep: bool) -> bool:
         """Send the next parts of ``pending`` as far as ``sender``'s room
         allows; True once its last part is out."""

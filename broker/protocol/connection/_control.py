@@ -1,8 +1,7 @@
 """Control messages: the guarantee messages a connection receives about its
 channels, the small messages every connection answers or passes on (Ping,
-Pong, Goodbye, Throttled), and the connection's thin methods for requests
-(Commit, Abort, Outcome; ListOffsets, Offsets; Admin, AdminAnswer), which
-the ``Requests`` part makes and checks (``_requests``).
+Pong, Goodbye, Throttled): the ``Control`` part. (Requests and their
+answers are the ``Requests`` part's, ``_requests``.)
 """
 
 from __future__ import annotations
@@ -13,32 +12,49 @@ from .._errors import RemoteProtocolError
 from .._events import ConnectionClosed, DropAnnounced, Event, GuaranteesReceived
 from .._types import SUBSCRIPTION_BINDS, TOPIC_BINDS, Channel, ChannelKind, Role, channel_sender
 from ..frames._messages import (
-    Abort,
     Absolve,
-    Admin,
-    AdminAnswer,
-    AdminValue,
     AnnounceDropping,
     Apologise,
-    Commit,
     Goodbye,
     IssueGuarantee,
     LimitReceiving,
     LimitSending,
-    ListOffsets,
-    Offsets,
-    Outcome,
     Ping,
     Plead,
     Pong,
     Throttled,
 )
 from ..guarantees._receiver import ChannelReceiver, ChannelSender
-from ._core import ConnectionCore
+from ._binds import Handles
+from ._flow import Flow
+from ._handle_state import SubscriptionState, TopicState
+from ._handles import HandleTable
+from ._handshake import Handshake, require_role
+from ._writer import FrameWriter
 
 
-class ControlHandling(ConnectionCore):
-    """Received control messages, and the staging requests."""
+class Control:
+    """Received control messages, and Throttled; a part of the connection,
+    which references the parts it is given, never the connection."""
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        handles: Handles,
+        topics: HandleTable[TopicState],
+        subscriptions: HandleTable[SubscriptionState],
+    ) -> None:
+        self.role = role
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self._handles = handles
+        self.topics = topics
+        self.subscriptions = subscriptions
 
     # ---------------------------------------------------------------- guarantee messages in
 
@@ -62,8 +78,8 @@ class ControlHandling(ConnectionCore):
             raise RemoteProtocolError(f"{channel} is not open")
         return receiver
 
-    def _on_issue_guarantee(self, message: IssueGuarantee, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_issue_guarantee(self, message: IssueGuarantee, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_guarantee(message.amount)
         self._flow.pump_retransmissions(sender, events)
@@ -77,8 +93,8 @@ class ControlHandling(ConnectionCore):
             if receiver is not None and receiver.issued_total == 0:
                 self._flow.issue(receiver)
 
-    def _on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_plead(self, message: Plead, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         sender = self._peer_receives(message.channel, events)
         if not self._flow.referable(message.channel):
             # This side proposed freeing the channel's handle: it says nothing
@@ -88,16 +104,16 @@ class ControlHandling(ConnectionCore):
         if absolve is not None:
             self._writer.queue(absolve)
 
-    def _on_limit_receiving(self, message: LimitReceiving, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_limit_receiving(self, message: LimitReceiving, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         sender = self._peer_receives(message.channel, events)
         sender.on_limit_receiving(message.bound)
         self._flow.pump_retransmissions(sender, events)
 
-    def _on_announce_dropping(
+    def on_announce_dropping(
         self, message: AnnounceDropping, size: int, events: list[Event]
     ) -> None:
-        self._check_open(message)
+        self._handshake.check_open(message)
         sender = self._peer_receives(message.channel, events)
         apology, dropped = sender.on_announce_dropping()
         self._writer.queue(apology)
@@ -116,36 +132,36 @@ class ControlHandling(ConnectionCore):
                     )
         self._flow.pump_retransmissions(sender, events)
 
-    def _on_absolve(self, message: Absolve, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_absolve(self, message: Absolve, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         self._peer_sends(message.channel, events).on_absolve(message.amount)
 
-    def _on_limit_sending(self, message: LimitSending, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_limit_sending(self, message: LimitSending, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         self._peer_sends(message.channel, events).on_limit_sending(message.bound)
 
-    def _on_apologise(self, message: Apologise, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_apologise(self, message: Apologise, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         receiver = self._peer_sends(message.channel, events)
         receiver.on_apologise()
         self._flow.issue(receiver)
 
     # ---------------------------------------------------------------- small messages in
 
-    def _on_goodbye(self, message: Goodbye, size: int, events: list[Event]) -> None:
+    def on_goodbye(self, message: Goodbye, size: int, events: list[Event]) -> None:
         self._handshake.close()
         events.append(ConnectionClosed(message.code, message.reason, True))
 
-    def _on_ping(self, message: Ping, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_ping(self, message: Ping, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         self._writer.queue(Pong(message.nonce))
 
-    def _on_passthrough(self, message: Any, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_passthrough(self, message: Any, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         events.append(message)
 
-    def _on_throttled(self, message: Throttled, size: int, events: list[Event]) -> None:
-        self._check_open(message)
+    def on_throttled(self, message: Throttled, size: int, events: list[Event]) -> None:
+        self._handshake.check_open(message)
         if self.role is not Role.CLIENT or channel_sender(message.channel) is not Role.CLIENT:
             raise RemoteProtocolError("Throttled is sent by the broker about a client channel")
         self._handles.check_channel_handle(message.channel, events)
@@ -157,60 +173,7 @@ class ControlHandling(ConnectionCore):
         Refused (:class:`LocalProtocolError`, nothing sent) for the channel of
         a topic handle being freed: the client may have deleted it already.
         """
-        self._require_role(Role.BROKER, "throttle")
+        require_role(self.role, Role.BROKER, "throttle")
         self._flow.require_referable(channel)
         self._flow.receiver(channel)
         self._writer.queue(Throttled(channel, throttled))
-
-    # ---------------------------------------------------------------- requests (the Requests part)
-
-    def commit(self, batch: str, members: list[tuple[str, int]]) -> int:
-        """Client: ask the broker to make the listed members of ``batch``
-        visible, each with the number of publishes it staged, and to discard
-        the batch's other members; returns the request number its
-        :class:`Outcome` will carry."""
-        return self._requests.commit(batch, members)
-
-    def abort(self, batch: str) -> int:
-        """Client: ask the broker to discard everything staged in ``batch``;
-        returns the request number its :class:`Outcome` will carry."""
-        return self._requests.abort(batch)
-
-    def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
-        """Broker: answer Commit or Abort number ``request``."""
-        self._requests.outcome(request, status, messages, reason)
-
-    def list_offsets(self, topics: list[str] | None = None) -> int:
-        """Client: ask for the first and next offsets of ``topics`` (None: of
-        every topic with a log the client may subscribe to); returns the
-        request number its :class:`Offsets` will carry."""
-        return self._requests.list_offsets(topics)
-
-    def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
-        """Broker: answer ListOffsets number ``request``."""
-        self._requests.offsets(request, topics, reason)
-
-    def admin(self, command: str, arguments: dict[str, AdminValue] | None = None) -> int:
-        """Client: ask for topic administration ``command`` (see the protocol
-        document); returns the request number its :class:`AdminAnswer` will
-        carry."""
-        return self._requests.admin(command, arguments)
-
-    def admin_answer(
-        self,
-        request: int,
-        status: int,
-        rows: list[dict[str, AdminValue]],
-        after: str | None = None,
-        reason: str = "",
-    ) -> None:
-        """Broker: answer Admin number ``request``."""
-        self._requests.admin_answer(request, status, rows, after, reason)
-
-    def _on_staging_notice(
-        self,
-        message: Commit | Abort | Outcome | ListOffsets | Offsets | Admin | AdminAnswer,
-        size: int,
-        events: list[Event],
-    ) -> None:
-        self._requests.on_request(message, size, events)

@@ -31,6 +31,12 @@ class ConnectionState(Enum):
     CLOSED = "closed"
 
 
+def require_role(role: Role, wanted: Role, what: str) -> None:
+    """Refuse a call that only a ``wanted`` side makes, on a ``role`` side."""
+    if role is not wanted:
+        raise LocalProtocolError(f"only a {wanted.name.lower()} can {what}")
+
+
 class Handshake:
     """One side's lifecycle: its :class:`ConnectionState`, the Hello and
     Welcome exchanged, the session a client asked to resume (until the

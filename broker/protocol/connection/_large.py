@@ -37,10 +37,15 @@ from ..frames._messages import (
     check_publish_fields,
 )
 from ..guarantees._receiver import ChannelSender
+from ._binds import Handles
 from ._channels import NoGuarantees
+from ._flow import Flow
 from ._handle_state import TopicState
-from ._handshake import ConnectionState
-from ._traffic import Traffic
+from ._handles import HandleTable
+from ._handshake import ConnectionState, Handshake
+from ._parts import MessageParts
+from ._receiving import accept_delivery, receive_publishes, record_deliveries
+from ._writer import FrameWriter
 
 #: The largest message the reference client takes in parts (its Hello's
 #: ``max_message``); what it publishes is bounded by the broker's, in Welcome.
@@ -76,13 +81,39 @@ def part_frames(channel: Channel, body: bytes, chunk: int) -> list[bytes]:
     return frames
 
 
-class LargeMessages(Traffic):
-    """Sending and receiving messages in FramePart frames."""
+class LargeMessages:
+    """Sending and receiving messages in FramePart frames (a part of the
+    connection: it references the parts it is given, never the connection)."""
 
-    @property
-    def reassembling(self) -> int:
-        """Bytes of messages received in part, not whole yet."""
-        return self._parts.held
+    def __init__(
+        self,
+        role: Role,
+        max_message: int,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        handles: Handles,
+        parts: MessageParts,
+        topics: HandleTable[TopicState],
+    ) -> None:
+        self.role = role
+        #: Largest message body this side takes in FramePart frames (0: none).
+        self.max_message = max_message
+        #: The largest message body the peer takes in parts (0: it takes none;
+        #: set by the handshake, ``_opening``).
+        self.peer_max_message = 0
+        #: Client: publishes are kept until confirmed, for a resume (set by
+        #: the Hello, ``_opening``, as the traffic part's is).
+        self.keep_unconfirmed = True
+        #: FramePart frames referencing a handle whose bind was dropped.
+        self.discarded_frames = 0
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self._handles = handles
+        self._parts = parts
+        self.topics = topics
 
     def _push_parts(self, sender: ChannelSender, pending: OutgoingMessage, *, keep: bool) -> bool:
         """Send the next parts of ``pending`` as far as ``sender``'s room
@@ -104,7 +135,7 @@ class LargeMessages(Traffic):
             if sender.channel.kind == ChannelKind.DELIVER:
                 # Within the guarantees (no optimism on [3, s]): nothing kept.
                 self._writer.out.append(frame)
-                self._record_deliveries(sender, 1, len(frame))
+                record_deliveries(self._writer, sender, 1, len(frame))
             else:
                 self._flow.send_frame(sender, None, frame)
             if keep:
@@ -114,7 +145,7 @@ class LargeMessages(Traffic):
 
     # ---------------------------------------------------------------- publishing (client)
 
-    def _publish_in_parts(
+    def publish_in_parts(
         self,
         state: TopicState,
         sender: ChannelSender,
@@ -200,7 +231,7 @@ class LargeMessages(Traffic):
         if not self._push_parts(sender, pending, keep=True):
             return False
         del self._parts.out[sender.channel]
-        if self._keep_unconfirmed:
+        if self.keep_unconfirmed:
             state.retain(b"".join(pending.frames))  # a resume sends its parts again
         else:
             state.unkept += 1
@@ -208,7 +239,7 @@ class LargeMessages(Traffic):
 
     # ---------------------------------------------------------------- delivering (broker)
 
-    def _deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
+    def deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
         """Broker: a delivery whose frame (``frame``'s pieces, length prefix
         first) exceeds the client's ``max_frame``, in parts: 1 once its last
         part is queued, else 0 (call again as room comes). A client that
@@ -231,7 +262,7 @@ class LargeMessages(Traffic):
 
     # ---------------------------------------------------------------- receiving
 
-    def _on_frame_part(self, message: FramePart, size: int, events: list[Event]) -> None:
+    def on_frame_part(self, message: FramePart, size: int, events: list[Event]) -> None:
         channel = message.channel
         broker = self.role is Role.BROKER
         kind = ChannelKind.PUBLISH if broker else ChannelKind.DELIVER
@@ -242,7 +273,7 @@ class LargeMessages(Traffic):
                 "Welcome that both gave max_message"
             )
         if self._handshake.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            raise RemoteProtocolError("FramePart before the handshake completed")
         topic: TopicState | None = None
         if broker:
             topic = self._handles.resolve_topic(channel.index, events)
@@ -252,7 +283,9 @@ class LargeMessages(Traffic):
             receiver = topic.receiver
             assert receiver is not None
             if receiver.dropping:
-                self._receive_publishes(topic, 0, size)  # dropped: sent again later
+                receive_publishes(
+                    self._writer, self._flow, topic, 0, size
+                )  # dropped: sent again later
                 return
         partial = self._parts.incoming.get(channel)
         chunk = message.chunk
@@ -277,10 +310,10 @@ class LargeMessages(Traffic):
             self._on_last_part(message, size, held, topic, events)
             return
         if topic is not None:
-            if not self._receive_publishes(topic, 0, size):
+            if not receive_publishes(self._writer, self._flow, topic, 0, size):
                 return  # dropped: sent again later, from where the drop began
         else:
-            self._accept_delivery("FramePart", channel.index, size, 0, events)
+            accept_delivery(self._handles, "FramePart", channel.index, size, 0, events)
         if message.flags & PART_BEGIN or partial is None:
             partial = self._parts.incoming[channel] = bytearray()
         partial += chunk
@@ -311,11 +344,11 @@ class LargeMessages(Traffic):
             if type(inner) is not Publish or inner.topic != channel.index:
                 raise RemoteProtocolError(f"{channel}: its parts make no Publish on it")
             assert topic.receiver is not None
-            if not self._receive_publishes(topic, 1, size):
+            if not receive_publishes(self._writer, self._flow, topic, 1, size):
                 return  # dropped: this part comes again
             events.append(PublishReceived(inner, topic.value, topic.receiver.channel, size))
         elif type(inner) is Deliver and inner.subscription == channel.index:
-            self._accept_delivery("FramePart", channel.index, size, 1, events)
+            accept_delivery(self._handles, "FramePart", channel.index, size, 1, events)
             events.append(DeliverReceived(inner, channel, size))
         elif (
             isinstance(inner, DeliverTimed | DeliverGroup | DeliverMatched)
@@ -323,7 +356,7 @@ class LargeMessages(Traffic):
             and len(inner.entries) == 1
         ):
             # (A record of a subscription that gets only these frames.)
-            self._accept_delivery("FramePart", channel.index, size, 1, events)
+            accept_delivery(self._handles, "FramePart", channel.index, size, 1, events)
             events.append(DeliverManyReceived(inner, channel, size))
         else:
             raise RemoteProtocolError(

@@ -1,11 +1,15 @@
 """The state of the messages a connection sends or receives in parts
-(``FramePart`` frames, see ``_large``), in an object of its own."""
+(``FramePart`` frames, see ``_large``), in an object of its own; and
+:class:`PartAttribute`, a connection's attribute that is a part's."""
 
 from __future__ import annotations
 
-from typing import Any
+from operator import attrgetter
+from typing import Any, Generic, TypeVar, overload
 
 from .._types import Channel
+
+T = TypeVar("T")
 
 
 class MessageParts:
@@ -32,3 +36,29 @@ class MessageParts:
         partial = self.incoming.pop(channel, None)
         if partial is not None:
             self.held -= len(partial)
+
+
+class PartAttribute(Generic[T]):
+    """An attribute of the connection that is a part's: read and set on the
+    part (a plain descriptor, not a property: it is the part's setting, not
+    a computed value)."""
+
+    __slots__ = ("_get", "_name", "_part")
+
+    def __init__(self, part: str, name: str) -> None:
+        self._part = part
+        self._name = name
+        self._get = attrgetter(f"{part}.{name}")
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> PartAttribute[T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+    def __get__(self, instance: object | None, owner: type) -> PartAttribute[T] | T:
+        if instance is None:
+            return self
+        value: T = self._get(instance)
+        return value
+
+    def __set__(self, instance: object, value: T) -> None:
+        setattr(getattr(instance, self._part), self._name, value)

@@ -24,11 +24,15 @@ from ..frames._encode import (
     publish_tail_frames,
 )
 from ..frames._messages import PublishMany
+from ._binds import Handles
 from ._channels import NoGuarantees
+from ._flow import Flow
 from ._handle_state import TopicState
-from ._handles import HandleState
-from ._handshake import ConnectionState
+from ._handles import HandleState, HandleTable
+from ._handshake import ConnectionState, Handshake
+from ._receiving import receive_publishes
 from ._traffic import Traffic
+from ._writer import FrameWriter
 
 __all__ = ["ManyPublishing"]
 
@@ -36,14 +40,38 @@ __all__ = ["ManyPublishing"]
 _HEAD_MAX = LENGTH_PREFIX + 3 + 2 + 9
 
 
-class ManyPublishing(Traffic):
-    """Sending (client) and receiving (broker) PublishMany frames."""
+class ManyPublishing:
+    """Sending (client) and receiving (broker) PublishMany frames; a part
+    of the connection, which references the parts it is given (the traffic
+    part, whose ``publish_tails`` sends what goes as Publish frames), never
+    the connection."""
 
-    @property
-    def publish_many(self) -> bool:
-        """Client: the Welcome allowed PublishMany frames (broker: the Hello
-        asked for them and the Welcome said so)."""
-        return self._publish_many
+    def __init__(
+        self,
+        role: Role,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        handles: Handles,
+        traffic: Traffic,
+        topics: HandleTable[TopicState],
+    ) -> None:
+        self.role = role
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self._handles = handles
+        self._traffic = traffic
+        self.topics = topics
+        #: PublishMany frames may be sent (client) / received (broker): the
+        #: Hello asked for them and the Welcome allowed them (``_opening``).
+        self.allowed = False
+        #: Broker: the peer is another worker's link, whose PublishMany frames
+        #: may say whose publishes they carry (origin runs); set by the broker.
+        self.accept_origins = False
+        #: PublishMany frames referencing a handle whose bind was dropped.
+        self.discarded_frames = 0
 
     def publish_many_tails(
         self,
@@ -61,10 +89,10 @@ class ManyPublishing(Traffic):
         A worker's link passes ``origins``, the runs of ``tails`` (see
         :mod:`._origins`): each frame then carries those of its entries.
         Publishes sent as Publish frames carry none."""
-        if not self._publish_many or self._flow.bind_senders[TOPIC_BINDS].retransmit:
-            return self.publish_tails(topic, tails, start)
+        if not self.allowed or self._flow.bind_senders[TOPIC_BINDS].retransmit:
+            return self._traffic.publish_tails(topic, tails, start)
         if self._handshake.state is not ConnectionState.OPEN:
-            self._require_open()
+            self._handshake.require_open()
         state = self.topics.bindings.get(topic)
         if (
             state is None
@@ -74,7 +102,7 @@ class ManyPublishing(Traffic):
             or state.sender.sending_limit is not None
             or type(topic) is not int
         ):
-            return self.publish_tails(topic, tails, start)  # (which says what is wrong)
+            return self._traffic.publish_tails(topic, tails, start)  # (which says what is wrong)
         sender = state.sender
         room = sender.room()
         limit = self._writer.peer_max_frame + LENGTH_PREFIX
@@ -110,7 +138,7 @@ class ManyPublishing(Traffic):
         if frames:
             sender.record_within_guarantees(frames, total)
             self._writer.count(frames, total)
-            if self._keep_unconfirmed:
+            if self._traffic.keep_unconfirmed:
                 # Each kept as a Publish of its own, for a resume.
                 state.retain_all(
                     publish_tail_frames(topic, tails[start : start + sent], 0, 1 << 62)
@@ -120,7 +148,7 @@ class ManyPublishing(Traffic):
         if sent == 0 and start < count:
             if origins is not None:
                 return self._publish_one_beyond(state, topic, tails[start], origins, start)
-            return self.publish_tails(topic, tails, start)  # (one, or what is wrong)
+            return self._traffic.publish_tails(topic, tails, start)  # (one, or what is wrong)
         return sent
 
     def _publish_one_beyond(
@@ -134,7 +162,7 @@ class ManyPublishing(Traffic):
         runs = encode_origins(own)
         head = publish_many_head(topic, 1, len(tail) + len(runs), origins=True)
         if len(head) - LENGTH_PREFIX + len(tail) + len(runs) > self._writer.peer_max_frame:
-            return self.publish_tails(topic, [tail])  # (which says it is too large)
+            return self._traffic.publish_tails(topic, [tail])  # (which says it is too large)
         sender = state.sender
         assert sender is not None
         message = PublishMany(topic, [tail], [None], own)
@@ -142,19 +170,19 @@ class ManyPublishing(Traffic):
             self._flow.send_frame(sender, message, head + tail + runs)
         except NoGuarantees:
             return 0
-        if self._keep_unconfirmed:
+        if self._traffic.keep_unconfirmed:
             state.retain_all(publish_tail_frames(topic, [tail], 0, 1 << 62))
         else:
             state.unkept += 1
         return 1
 
-    def _on_publish_many(self, message: PublishMany, size: int, events: list[Event]) -> None:
-        if self.role is not Role.BROKER or not self._publish_many:
+    def on_publish_many(self, message: PublishMany, size: int, events: list[Event]) -> None:
+        if self.role is not Role.BROKER or not self.allowed:
             raise RemoteProtocolError(
                 "PublishMany is sent by clients, and only by one whose Welcome allows it"
             )
         if self._handshake.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            self._handshake.check_open(message)
         if message.origins is not None and not self.accept_origins:
             raise RemoteProtocolError("only a worker's link may say whose publishes it sends")
         handle = message.topic
@@ -180,7 +208,7 @@ class ManyPublishing(Traffic):
             return
         if topic.stage is not None:
             raise RemoteProtocolError(f"PublishMany on staged topic handle {handle}")
-        if self._receive_publishes(topic, count, size):
+        if receive_publishes(self._writer, self._flow, topic, count, size):
             receiver = topic.receiver
             assert receiver is not None  # (checked by _receive_publishes)
             events.append(PublishManyReceived(message, topic.value, receiver.channel, size))

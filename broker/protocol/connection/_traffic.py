@@ -25,7 +25,6 @@ from .._types import (
     TOPIC_BINDS,
     U64_MAX,
     Channel,
-    GoodbyeCode,
     HandleType,
     Role,
     SettleOutcome,
@@ -41,9 +40,7 @@ from ..frames._encode import (
     deliver_many_head_size,
     deliver_matched_head,
     deliver_timed_head,
-    encode,
     encode_deliver,
-    encode_publish,
     encode_publish_tail,
     fitting_run,
     group_heads,
@@ -66,16 +63,20 @@ from ..frames._messages import (
     MatchedGap,
     Publish,
     Settle,
-    check_publish_fields,
 )
 from ..frames._settle import settle_problem
 from ..guarantees._receiver import ChannelSender
+from ._binds import Handles
 from ._channels import NoGuarantees
-from ._core import ConnectionCore
-from ._handle_state import TopicState
-from ._handles import HandleState
-from ._handshake import ConnectionState
+from ._flow import Flow
+from ._handle_state import SubscriptionState, TopicState
+from ._handles import HandleState, HandleTable
+from ._handshake import ConnectionState, Handshake, require_role
+from ._large import LargeMessages
+from ._parts import MessageParts
+from ._receiving import accept_delivery, receive_publishes, record_deliveries
 from ._short_run import ShortRun
+from ._writer import FrameWriter
 
 #: A frame of entries with fields before their Deliver tails (DeliverTimed,
 #: DeliverGroup): the most entries one carries, and what makes its head.
@@ -85,80 +86,47 @@ _GROUP: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_group_head)
 _MATCHED: _PrefixedFrame = (MAX_DELIVER_GROUP, deliver_matched_head)
 
 
-class Traffic(ConnectionCore):
-    """Publish, Deliver, DeliverMany (Timed, Group), their notices (larger
-    ones: ``_large``)."""
+class Traffic:
+    """Publish (in runs), Deliver, DeliverMany (Timed, Group, Matched),
+    their notices; a part of the connection, which references the parts it
+    is given (larger messages: the ``LargeMessages`` part), never the
+    connection. (The connection's hottest calls, ``publish`` and
+    ``deliver_encoded_many``, are the connection's own methods, on this
+    part's state: a delegating call would cost each publish one more call.)"""
 
-    def _publish_in_parts(
+    def __init__(
         self,
-        state: TopicState,
-        sender: ChannelSender,
-        payload: bytes,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> int | None:
-        raise NotImplementedError  # (._large)
-
-    def _deliver_large(self, sender: ChannelSender, seq: int, frame: list[bytes]) -> int:
-        raise NotImplementedError  # (._large)
+        role: Role,
+        *,
+        handshake: Handshake,
+        writer: FrameWriter,
+        flow: Flow,
+        handles: Handles,
+        parts: MessageParts,
+        large: LargeMessages,
+        topics: HandleTable[TopicState],
+        subscriptions: HandleTable[SubscriptionState],
+    ) -> None:
+        self.role = role
+        self._handshake = handshake
+        self._writer = writer
+        self._flow = flow
+        self._handles = handles
+        self._parts = parts
+        self._large = large
+        self.topics = topics
+        self.subscriptions = subscriptions
+        #: Set by the short path of the frame just handled (see ShortRun).
+        self.run: ShortRun | None = None
+        #: The client reads DeliverMany frames (its Hello said so / this one's does).
+        self.many = False
+        #: Client: sent publishes are kept until confirmed, for a resume
+        #: (``hello(keep_unconfirmed=False)``: only counted).
+        self.keep_unconfirmed = True
+        #: Frames referencing a handle whose bind was dropped, discarded silently.
+        self.discarded_frames = 0
 
     # ---------------------------------------------------------------- publish
-
-    def publish(
-        self,
-        topic: int,
-        payload: bytes,
-        *,
-        key: bytes | None = None,
-        headers: Headers | None = None,
-    ) -> int:
-        """Client: publish on a topic handle; returns the frame size.
-
-        Raises :class:`NoGuarantees` (nothing sent) if the channel has no
-        room; within guarantees the frame is certain to be buffered.
-        """
-        if self.role is not Role.CLIENT:
-            self._require_role(Role.CLIENT, "publish")
-        if self._handshake.state is not ConnectionState.OPEN:
-            self._require_open()
-        state = self.topics.bindings.get(topic)
-        if state is None or state.state is not HandleState.BOUND or state.sender is None:
-            self.topics.resolve_local(topic)  # says what is wrong
-            raise LocalProtocolError(f"this side does not send on topic handle {topic}")
-        sender = state.sender
-        if self._parts.out or (type(payload) is bytes and len(payload) > self._parts.plain_payload):
-            size = self._publish_in_parts(state, sender, payload, key, headers)
-            if size is not None:
-                return size
-        writer = self._writer
-        if (
-            headers is None
-            and type(payload) is bytes
-            and (key is None or type(key) is bytes)
-            and type(topic) is int
-        ):
-            frame = encode_publish(topic, payload, key, max_frame=writer.peer_max_frame)
-        else:
-            check_publish_fields(payload, key, headers)
-            frame = encode(Publish(topic, payload, key, headers), max_frame=writer.peer_max_frame)
-        size = len(frame)
-        if not self._flow.bind_senders[TOPIC_BINDS].retransmit and sender.send_guaranteed(size):
-            # The usual case, in short: within the guarantees, in the topic's run.
-            run = writer.runs.get(topic)
-            if run is None:
-                writer.runs[topic] = [frame]
-            else:
-                run.append(frame)
-            writer.frames_sent += 1
-            writer.bytes_sent += size
-            writer.out_size += size
-        else:
-            self._flow.send_frame(sender, Publish(topic, payload, key, headers), frame)
-        if self._keep_unconfirmed:
-            state.retain(frame)  # to be sent again on a resume, until confirmed
-        else:
-            state.unkept += 1
-        return size
 
     def publish_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
         """Client: :meth:`publish` of the messages whose payload, key and
@@ -175,9 +143,9 @@ class Traffic(ConnectionCore):
         shared: ``publish`` is the clients' hottest call, kept free of an
         extra call per message; here they are paid once per run.)"""
         if self.role is not Role.CLIENT:
-            self._require_role(Role.CLIENT, "publish")
+            require_role(self.role, Role.CLIENT, "publish")
         if self._handshake.state is not ConnectionState.OPEN:
-            self._require_open()
+            self._handshake.require_open()
         state = self.topics.bindings.get(topic)
         if state is None or state.state is not HandleState.BOUND or state.sender is None:
             self.topics.resolve_local(topic)  # says what is wrong
@@ -202,7 +170,7 @@ class Traffic(ConnectionCore):
                 out += frames
                 self._writer.count(len(frames), size)
                 sent = len(frames)
-                if self._keep_unconfirmed:
+                if self.keep_unconfirmed:
                     state.retain_all(frames)
                 else:
                     state.unkept += sent
@@ -228,18 +196,18 @@ class Traffic(ConnectionCore):
                 except NoGuarantees:
                     break
                 out = self._writer.run_of(topic)  # (the frame closed the runs: a new one)
-            if self._keep_unconfirmed:
+            if self.keep_unconfirmed:
                 retain(frame)  # to be sent again on a resume, until confirmed
             else:
                 state.unkept += 1
             sent += 1
         return sent
 
-    def _on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
+    def on_publish(self, message: Publish, size: int, events: list[Event]) -> None:
         if self.role is not Role.BROKER:
             raise RemoteProtocolError("Publish is sent by clients")
         if self._handshake.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            self._handshake.check_open(message)
         handle = message.topic
         topic = self.topics.bindings.get(handle)
         if topic is not None and topic.state is HandleState.BOUND and not topic.peer_done:
@@ -249,34 +217,17 @@ class Traffic(ConnectionCore):
                 topic.references += 1
                 topic.received += 1
                 events.append(PublishReceived(message, topic.value, receiver.channel, size))
-                self._run = ShortRun(Publish, handle, topic, receiver, topic)
+                self.run = ShortRun(Publish, handle, topic, receiver, topic)
                 return
         topic = self._handles.resolve_topic(handle, events)
         if topic is None:
             # An optimistic reference whose bind was dropped (and announced).
             self.discarded_frames += 1
             return
-        if self._receive_publishes(topic, 1, size):
+        if receive_publishes(self._writer, self._flow, topic, 1, size):
             receiver = topic.receiver
             assert receiver is not None  # (checked by _receive_publishes)
             events.append(PublishReceived(message, topic.value, receiver.channel, size))
-
-    def _receive_publishes(self, topic: TopicState, count: int, size: int) -> bool:
-        """Broker: account one channel message of ``size`` bytes carrying
-        ``count`` publishes on ``topic`` against its guarantees (queueing
-        what that sends); True if it was accepted, its publishes then
-        counted in the handle's references and received."""
-        receiver = topic.receiver
-        assert receiver is not None  # a broker receives on every bound topic
-        accepted, out = receiver.on_frame(size)
-        if topic.state is HandleState.BOUND:
-            self._writer.queue_all(out)
-        if accepted:
-            if receiver.sender_balance < 0 and topic.state is HandleState.BOUND:
-                self._flow.issue(receiver)  # confirm the optimistic frame without delay
-            topic.references += count
-            topic.received += count
-        return accepted
 
     # ---------------------------------------------------------------- deliver
 
@@ -290,12 +241,12 @@ class Traffic(ConnectionCore):
         headers: Headers | None = None,
     ) -> int:
         """Broker: send a delivery within the subscriber's guarantees; returns its size."""
-        sender = self._delivery_sender(subscription)
+        sender = self.delivery_sender(subscription)
         return self._flow.send_frame(sender, Deliver(subscription, seq, payload, key, headers))
 
-    def _delivery_sender(self, subscription: int) -> ChannelSender:
-        self._require_role(Role.BROKER, "deliver")
-        self._require_open()
+    def delivery_sender(self, subscription: int) -> ChannelSender:
+        require_role(self.role, Role.BROKER, "deliver")
+        self._handshake.require_open()
         sender = self.subscriptions.resolve_local(subscription).sender
         assert sender is not None  # a broker sends on every bound subscription
         return sender
@@ -306,52 +257,14 @@ class Traffic(ConnectionCore):
         ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
         encoded per subscriber.
         """
-        sender = self._delivery_sender(subscription)
+        sender = self.delivery_sender(subscription)
         head, tail = encode_deliver(subscription, seq, tail)
         size = len(head) + len(tail)
         if size - LENGTH_PREFIX > self._writer.peer_max_frame:
             raise LocalProtocolError(f"Deliver frame of {size} bytes exceeds max_frame")
         return self._flow.send_frame(sender, None, head, tail)
 
-    def deliver_encoded_many(self, subscription: int, first_seq: int, tails: list[bytes]) -> int:
-        """Broker: :meth:`deliver_encoded` for ``tails`` with consecutive
-        sequence numbers from ``first_seq``, as many as the subscriber's
-        guarantees allow, in order; returns how many were queued (0 if none
-        fits). Raises :class:`LocalProtocolError` if the first frame could
-        never be sent (larger than the peer's ``max_frame``); a later one
-        ends the batch before it, and raises on the next call.
-        """
-        sender = self._delivery_sender(subscription)
-        if first_seq < 0 or first_seq + len(tails) - 1 > U64_MAX:
-            raise LocalProtocolError("seq must be u64")
-        if self._many and len(tails) > 1:
-            return self._deliver_in_many(sender, subscription, first_seq, tails)
-        room = self._flow.room_of(sender)
-        limit = self._writer.peer_max_frame + LENGTH_PREFIX
-        seq = first_seq
-        total = 0
-        put = self._writer.out.append
-        for head, tail in zip(deliver_heads(subscription, first_seq, tails), tails, strict=True):
-            size = len(head) + len(tail)
-            if size > room or size > limit:
-                if size > limit and seq == first_seq:
-                    taken = self._deliver_large(sender, seq, [head, tail])
-                    return taken and 1 + self.deliver_encoded_many(subscription, seq + 1, tails[1:])
-                break
-            room -= size
-            total += size
-            put(head)
-            put(tail)
-            seq += 1
-        count = seq - first_seq
-        if count:
-            # Deliveries never go beyond the guarantees (no optimism on
-            # [3, s]), so none is kept for retransmission.
-            sender.record_within_guarantees(count, total)
-            self._writer.count(count, total)
-        return count
-
-    def _deliver_in_many(
+    def deliver_in_many(
         self, sender: ChannelSender, subscription: int, first_seq: int, tails: list[bytes]
     ) -> int:
         """:meth:`deliver_encoded_many` to a client that reads DeliverMany:
@@ -392,9 +305,9 @@ class Traffic(ConnectionCore):
                 size = len(head) + len(tail)
                 if size > room or size > limit:
                     if size > limit and sent == 0:
-                        taken = self._deliver_large(sender, seq, [head, tail])
-                        return taken and 1 + self.deliver_encoded_many(
-                            subscription, seq + 1, tails[1:]
+                        taken = self._large.deliver_large(sender, seq, [head, tail])
+                        return taken and 1 + self.deliver_in_many(
+                            sender, subscription, seq + 1, tails[1:]
                         )
                     break
                 out.append(head)
@@ -405,7 +318,7 @@ class Traffic(ConnectionCore):
             frames += 1
             sent = end
         if sent:
-            self._record_deliveries(sender, frames, total)
+            record_deliveries(self._writer, sender, frames, total)
         return sent
 
     def deliver_timed(
@@ -417,7 +330,7 @@ class Traffic(ConnectionCore):
         said): for a subscription whose Subscribe asked for ``"timestamps"``.
         Returns how many were queued (0 if none fits); raises
         :class:`LocalProtocolError` if the first could never be sent."""
-        sender = self._delivery_sender(subscription)
+        sender = self.delivery_sender(subscription)
         count = len(tails)
         if first_seq < 0 or first_seq + count - 1 > U64_MAX or len(times) != count:
             raise LocalProtocolError("seq must be u64, with one time per delivery")
@@ -441,7 +354,7 @@ class Traffic(ConnectionCore):
         is the delivery number a Settle names ``tails[i]`` by. Returns how
         many were queued (0 if none fits); raises
         :class:`LocalProtocolError` if the first could never be sent."""
-        sender = self._delivery_sender(subscription)
+        sender = self.delivery_sender(subscription)
         count = len(tails)
         if (
             first_seq < 0
@@ -472,7 +385,7 @@ class Traffic(ConnectionCore):
         numbered ``first_seq`` on (what an Ack names). Returns how many were
         queued (0 if none fits); raises :class:`LocalProtocolError` if the
         first could never be sent."""
-        sender = self._delivery_sender(subscription)
+        sender = self.delivery_sender(subscription)
         count = len(tails)
         if (
             first_seq < 0
@@ -488,16 +401,16 @@ class Traffic(ConnectionCore):
     def matched(self, subscription: int, match: int, topic: str | None) -> None:
         """Broker: on pattern subscription ``subscription``, match index
         ``match`` is topic ``topic`` (None: that topic was deleted)."""
-        self._require_role(Role.BROKER, "match topics")
-        self._require_open()
+        require_role(self.role, Role.BROKER, "match topics")
+        self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         self._writer.queue(Matched(subscription, match, topic))
 
     def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
         """Broker: on pattern subscription ``subscription``, ``count``
         records of match ``match`` from offset ``first`` were dropped."""
-        self._require_role(Role.BROKER, "report gaps")
-        self._require_open()
+        require_role(self.role, Role.BROKER, "report gaps")
+        self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         self._writer.queue(MatchedGap(subscription, match, first, count))
 
@@ -545,7 +458,7 @@ class Traffic(ConnectionCore):
             size = len(head) + body
             if size > room or size > limit:
                 if size > limit and sent == 0:
-                    taken = self._deliver_large(sender, seq, [head, *pieces])
+                    taken = self._large.deliver_large(sender, seq, [head, *pieces])
                     return taken and 1 + self._deliver_prefixed(
                         sender, subscription, seq + 1, tails[1:], prefixes[1:], kind
                     )
@@ -557,21 +470,14 @@ class Traffic(ConnectionCore):
             frames += 1
             sent = end
         if sent:
-            self._record_deliveries(sender, frames, total)
+            record_deliveries(self._writer, sender, frames, total)
         return sent
 
-    def _record_deliveries(self, sender: ChannelSender, frames: int, size: int) -> None:
-        """``frames`` delivery frames of ``size`` bytes in all were queued
-        within the guarantees (no optimism on ``[3, s]``: none is kept for
-        retransmission)."""
-        sender.record_within_guarantees(frames, size)
-        self._writer.count(frames, size)
-
-    def _on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
+    def on_deliver(self, message: Deliver, size: int, events: list[Event]) -> None:
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError("Deliver is sent by the broker")
         if self._handshake.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            self._handshake.check_open(message)
         handle = message.subscription
         subscription = self.subscriptions.bindings.get(handle)
         if subscription is not None and not subscription.peer_done:
@@ -580,16 +486,16 @@ class Traffic(ConnectionCore):
             if receiver is not None and receiver.accept_guaranteed(size):
                 subscription.references += 1
                 events.append(DeliverReceived(message, receiver.channel, size))
-                self._run = ShortRun(Deliver, handle, subscription, receiver, None)
+                self.run = ShortRun(Deliver, handle, subscription, receiver, None)
                 return
-        channel = self._accept_delivery("Deliver", handle, size, 1, events)
+        channel = accept_delivery(self._handles, "Deliver", handle, size, 1, events)
         events.append(DeliverReceived(message, channel, size))
 
-    def _on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
+    def on_deliver_many(self, message: DeliverMany, size: int, events: list[Event]) -> None:
         channel = self._accept_many(message, size, events)
         events.append(DeliverManyReceived(message, channel, size))
 
-    def _on_encoded_deliveries(
+    def on_encoded_deliveries(
         self, message: EncodedDeliveries, size: int, events: list[Event]
     ) -> None:
         channel = self._accept_many(message, size, events)
@@ -599,7 +505,7 @@ class Traffic(ConnectionCore):
         self, message: DeliverMany | EncodedDeliveries, size: int, events: list[Event]
     ) -> Channel:
         """Buffer a DeliverMany (however its entries are read); its channel."""
-        if self.role is not Role.CLIENT or not self._many:
+        if self.role is not Role.CLIENT or not self.many:
             raise RemoteProtocolError(
                 "DeliverMany is sent by the broker, and only to a client whose Hello asks for it"
             )
@@ -614,9 +520,9 @@ class Traffic(ConnectionCore):
             if receiver is not None and receiver.accept_guaranteed(size):
                 subscription.references += entries
                 return receiver.channel
-        return self._accept_delivery("DeliverMany", handle, size, entries, events)
+        return accept_delivery(self._handles, "DeliverMany", handle, size, entries, events)
 
-    def _on_deliver_prefixed(
+    def on_deliver_prefixed(
         self,
         message: DeliverTimed | DeliverGroup | DeliverMatched,
         size: int,
@@ -628,11 +534,11 @@ class Traffic(ConnectionCore):
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError(f"{name} is sent by the broker")
         if self._handshake.state is not ConnectionState.OPEN:
-            self._check_open(message)
+            self._handshake.check_open(message)
         if type(message) is DeliverMatched:
             self._check_matches(message.subscription, message.matches, events)
-        channel = self._accept_delivery(
-            name, message.subscription, size, len(message.entries), events
+        channel = accept_delivery(
+            self._handles, name, message.subscription, size, len(message.entries), events
         )
         events.append(DeliverManyReceived(message, channel, size))
 
@@ -657,12 +563,12 @@ class Traffic(ConnectionCore):
                     "which no Matched bound"
                 )
 
-    def _on_matched(self, message: Matched | MatchedGap, size: int, events: list[Event]) -> None:
+    def on_matched(self, message: Matched | MatchedGap, size: int, events: list[Event]) -> None:
         """Matched and MatchedGap (broker to client): checked, passed on."""
         name = type(message).__name__
         if self.role is not Role.CLIENT:
             raise RemoteProtocolError(f"{name} is sent by the broker")
-        self._check_open(message)
+        self._handshake.check_open(message)
         bound = self._pattern_state(name, message.subscription, events)
         if isinstance(message, Matched):
             if message.topic is None:
@@ -676,32 +582,12 @@ class Traffic(ConnectionCore):
             raise RemoteProtocolError(f"MatchedGap names match {message.match}, which is not bound")
         events.append(message)
 
-    def _accept_delivery(
-        self, what: str, handle: int, size: int, entries: int, events: list[Event]
-    ) -> Channel:
-        """Buffer a delivery frame of ``entries`` messages on subscription
-        ``handle`` (the long way); its channel. Raises if the handle is not
-        bound or the frame is beyond the guarantees."""
-        subscription = self._handles.resolve_required(HandleType.SUBSCRIPTION, handle, events, what)
-        receiver = subscription.receiver
-        assert receiver is not None  # a client receives on every bound subscription
-        channel = receiver.channel
-        if receiver.dropping or size > receiver.free or size > receiver.sender_balance:
-            raise RemoteProtocolError(
-                f"{channel}: {what} of {size} bytes beyond the guarantees "
-                f"({receiver.sender_balance} left)",
-                GoodbyeCode.LIMIT_EXCEEDED,
-            )
-        receiver.on_frame(size)
-        subscription.references += entries
-        return channel
-
     # ---------------------------------------------------------------- acks, gaps, confirms
 
     def ack(self, subscription: int, seq: int) -> None:
         """Client: everything up to ``seq`` on ``subscription`` is processed."""
-        self._require_role(Role.CLIENT, "acknowledge")
-        self._require_open()
+        require_role(self.role, Role.CLIENT, "acknowledge")
+        self._handshake.require_open()
         state = self.subscriptions.resolve_local(subscription)
         if seq < state.processed:
             raise LocalProtocolError("Ack sequence numbers are cumulative and never go back")
@@ -723,8 +609,8 @@ class Traffic(ConnectionCore):
         Raises :class:`LocalProtocolError` (nothing sent) for anything the
         broker would refuse, or a frame larger than the broker's
         ``max_frame`` (see :func:`max_settle_ranges`)."""
-        self._require_role(Role.CLIENT, "settle")
-        self._require_open()
+        require_role(self.role, Role.CLIENT, "settle")
+        self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         problem = settle_problem(outcome, ranges, detail)
         if problem is not None:
@@ -732,7 +618,7 @@ class Traffic(ConnectionCore):
         pairs = [(first, count) for first, count in ranges]
         self._writer.queue(Settle(subscription, SettleOutcome(outcome), pairs, detail))
 
-    def _on_notice(
+    def on_notice(
         self, message: Ack | Settle | Gap | Confirm, size: int, events: list[Event]
     ) -> None:
         """Ack and Settle (client to broker), Gap and Confirm (broker to
@@ -745,13 +631,13 @@ class Traffic(ConnectionCore):
         sent_by = Role.CLIENT if isinstance(message, Ack | Settle) else Role.BROKER
         if self.role is sent_by:
             raise RemoteProtocolError(f"{name} is sent by the {sent_by.name.lower()}")
-        self._check_open(message)
+        self._handshake.check_open(message)
         self._handles.resolve_required(handle_type, handle, events, name)
         if isinstance(message, Confirm):
-            self._on_confirm(message)
+            self.on_confirm(message)
         events.append(message)
 
-    def _on_confirm(self, message: Confirm) -> None:
+    def on_confirm(self, message: Confirm) -> None:
         """Confirmed publishes need not be kept for a resume any more.
 
         The count is cumulative over the session: it never goes back, and
@@ -766,14 +652,14 @@ class Traffic(ConnectionCore):
 
     def gap(self, subscription: int, first_seq: int, count: int) -> None:
         """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
-        self._require_role(Role.BROKER, "report gaps")
-        self._require_open()
+        require_role(self.role, Role.BROKER, "report gaps")
+        self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         self._writer.queue(Gap(subscription, first_seq, count))
 
     def confirm(self, topic: int, count: int) -> None:
         """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
-        self._require_role(Role.BROKER, "confirm")
-        self._require_open()
+        require_role(self.role, Role.BROKER, "confirm")
+        self._handshake.require_open()
         self.topics.resolve_local(topic)
         self._writer.queue(Confirm(topic, count))

@@ -24,3 +24,24 @@ own state, none referencing the connection:
 
 ``_core``: the opening's constants and ``ConnectionStatistics``.
 """
+
+from ._connection import DELIVER_SLACK, MAX_HELLO_FRAME, PIECE_OVERHEAD
+from ._handles import Binding, HandleState, HandleTable
+from ._large import MAX_MESSAGE, MIN_PART
+from ._liveness import Liveness
+from ._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
+
+__all__ = [
+    "DELIVER_SLACK",
+    "MAX_HELLO_FRAME",
+    "MAX_MESSAGE",
+    "MIN_PART",
+    "PIECE_OVERHEAD",
+    "Binding",
+    "BrokerSessionState",
+    "ClientSessionState",
+    "HandleState",
+    "HandleTable",
+    "Liveness",
+    "SubscriptionInfo",
+]

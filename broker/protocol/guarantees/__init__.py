@@ -3,3 +3,19 @@
 ``_receiver`` (``ChannelReceiver``), ``_sender`` (``ChannelSender``),
 ``_bounds`` (the checks both share).
 """
+
+from ._receiver import (
+    ChannelReceiver,
+    ChannelSender,
+    ReceiverStatistics,
+    SenderStatistics,
+    SentFrame,
+)
+
+__all__ = [
+    "ChannelReceiver",
+    "ChannelSender",
+    "ReceiverStatistics",
+    "SenderStatistics",
+    "SentFrame",
+]

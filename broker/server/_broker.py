@@ -278,7 +278,7 @@ class Broker:
         """Route a committed batch's ``publishes`` (charged to ``account``) in
         the broker's own nursery (see ``_commit.start_commit``)."""
         assert self.life.nursery is not None
-        start_commit(self, self.life.nursery, batch, account, publishes, done)
+        start_commit(self.services, self.life.nursery, batch, account, publishes, done)
 
     def persist_state(self) -> None:
         self.services.storage.persist_state()
@@ -625,7 +625,9 @@ async def serve_broker(
                     broker.loop = LoopCounters()
                     trio.lowlevel.add_instrument(broker.loop)
                 if logs is not None and broker.session_records is not None:
-                    restore_sessions(broker, broker.session_records, logs.marks)
+                    restore_sessions(
+                        broker.services, broker.seen, broker.session_records, logs.marks
+                    )
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
                 nursery.start_soon(broker.budget_pool.run)
@@ -635,7 +637,7 @@ async def serve_broker(
                     if worker is not None:  # (the others' new topics: for patterns)
                         nursery.start_soon(broker.patterns.watch, broker.stored_topics)
                     log.info("topic logs in %s", log_dir)
-                await complete_unfinished(broker, nursery)  # (commits a stop cut off)
+                await complete_unfinished(broker.services, nursery)  # (commits a stop cut off)
                 if worker is not None and worker.handover_socket is not None:
                     # (Sessions handed over are clients too: after the above.)
                     nursery.start_soon(

@@ -29,10 +29,10 @@ from .connection._budget_pool import BudgetPool
 from .connection._reassembly import ReassemblyRoom
 from .patterns._registry import PatternRegistry
 from .sessions._records import SessionRecords
-from .sessions._restore import held_publishes
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
-from .staging._commit import CommitInFlight
+from .staging._in_flight import CommitInFlight
+from .storage._publish_marks import held_publishes
 from .storage._topic_logs import TopicLogs, TopicUnavailable
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook

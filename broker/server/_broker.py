@@ -17,12 +17,11 @@ import trio
 from accounts import Account, unlimited
 from actors import ActorSystem, open_system
 from broker.auth import (
-    AuthFailure,
     AuthTable,
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
-from broker.protocol import BrokerSessionState, Cluster, GoodbyeCode, encode
+from broker.protocol import Cluster, GoodbyeCode, encode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.tls import certificate_identity, server_context
 
@@ -32,6 +31,15 @@ from ._memory import MemoryReturn
 from ._peer_logging import LINE_CHARS, PeerLog, shown
 from ._peers import AddressTable, address_key, peer_key
 from ._principal_usage import PrincipalUsage, SecurityCounters, check_budget_shares
+from ._services import (
+    BrokerServices,
+    Commits,
+    ConnectionResources,
+    Gate,
+    Lifecycle,
+    Storage,
+    TopicDirectory,
+)
 from ._shutdown import drain, queued_deliveries
 from ._view import ConnectionView
 from .cluster._connection_counts import SharedCounts
@@ -43,13 +51,12 @@ from .cluster._placement import WorkerSetup
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
-from .patterns._registry import PatternRegistry
 from .sessions._records import SessionRecords
-from .sessions._restore import held_publishes, restore_sessions
+from .sessions._restore import restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
-from .storage._topic_logs import TopicLogs, TopicUnavailable
+from .storage._topic_logs import TopicLogs
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
@@ -112,13 +119,6 @@ class Broker:
             config.auth_failure_delay,
             config.auth_failure_delay_max,
         )
-        #: Log lines clients cause, rate-limited per client address.
-        self.peer_log = PeerLog(log, trio.current_time)
-        #: A read's output, written by the task that handled it (see ``_wake``).
-        self.outbox = Outbox()
-        self.budget_pool = BudgetPool()  # (connections sharing global_budget)
-        #: Connections that may hold messages in parts at once (``_reassembly``).
-        self.reassembly = ReassemblyRoom(config.global_budget // config.max_message)
         #: True while the listener accepts clients (readiness).
         self.accepting = False
         #: TLS handshakes in progress (they count against ``max_connections``).
@@ -127,9 +127,15 @@ class Broker:
         self.system = system
         #: The root account: all connections' debt rolls up here (never blocks).
         self.account: Account = unlimited("broker", kind="broker")
-        self.topics: dict[str, Topic] = {}
+        #: Connections' shared resources (budget pool, reassembly, outbox, peer log).
+        self.resources = ConnectionResources(config, self.account, PeerLog(log, trio.current_time))
+        #: Whether the broker is shutting down, and its nursery.
+        self.life = Lifecycle()
+        #: The topic actors, made on first use (see ``_services.TopicDirectory``).
+        self.directory = TopicDirectory(system, logs, self.life)
+        self.topics = self.directory.topics
         #: Live pattern subscriptions: told of each topic made and deleted.
-        self.patterns = PatternRegistry()
+        self.patterns = self.directory.patterns
         #: Client sessions: they outlive a broken connection by ``lease`` seconds.
         self.sessions = SessionTable(
             config.lease, b"" if worker is None else session_prefix(worker.cluster)
@@ -159,12 +165,10 @@ class Broker:
         #: Called with each connection forgotten, its counters final (metrics fold
         #: them into broker-wide totals). A hook must be quick and must not raise.
         self.connection_closed_hooks: list[Callable[[ConnectionView], None]] = []
-        self.buffer_reserved = 0
         self.connections_total = 0
         self.refused_total = 0
         #: Connections ended by an error of the broker's own (each logged).
         self.internal_errors = 0
-        self.closing = False
         #: The shutdown sent every confirmed reliable delivery queued for a
         #: connected subscriber before its Goodbyes (False: time ran out first).
         self.shutdown_drained = False
@@ -174,85 +178,95 @@ class Broker:
         self.address: tuple[str, int] = ("", 0)
         #: This worker's links to the others (None: a single process).
         self.links = Links(self, worker) if worker is not None else None
+        self.directory.placement = self.links
         if logs is not None and self.links is not None:
             logs.owns = lambda topic: self.not_owned(topic) is None
+        #: What the broker offers its parts (each connection part gets the ones it uses).
+        self.services = BrokerServices(
+            config=config,
+            life=self.life,
+            topics=self.directory,
+            storage=Storage(logs, self.groups, self.session_records),
+            sessions=self.sessions,
+            commits=Commits(self.staging, self.commits_in_flight, self.start_commit),
+            gate=Gate(
+                auth,
+                self.principals,
+                self.peers,
+                self.security,
+                self.epoch,
+                self.cluster,
+                self.home_address,
+            ),
+            resources=self.resources,
+            seen=self.seen,
+        )
         self._serials = itertools.count(1)
         #: Numbers the peers of connections that are no sockets (``handle_stream``).
         self._memory_peers = itertools.count(1)
         self._idle = trio.Event()
         self._idle.set()
         self._accept_scope = trio.CancelScope()
-        self._nursery: trio.Nursery | None = None
+
+    # The directory's, the storage's and the gate's own, for the broker's
+    # other users (its links, session restore, commits, tests).
+    @property
+    def closing(self) -> bool:
+        """A shutdown began."""
+        return self.life.closing
+
+    @property
+    def buffer_reserved(self) -> int:
+        """Receive-buffer capacity reserved by all connections."""
+        return self.resources.buffer_reserved
+
+    @property
+    def peer_log(self) -> PeerLog:
+        return self.resources.peer_log
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.resources.outbox
+
+    @property
+    def budget_pool(self) -> BudgetPool:
+        return self.resources.budget_pool
+
+    @property
+    def reassembly(self) -> ReassemblyRoom:
+        return self.resources.reassembly
+
+    @reassembly.setter
+    def reassembly(self, room: ReassemblyRoom) -> None:
+        self.resources.reassembly = room
 
     def topic(self, name: str) -> Topic:
-        """The topic actor for ``name``, spawned on first use: on a worker
-        that does not own it, its forwarding stand-in (``_forward``)."""
-        topic = self.topics.get(name)
-        if topic is None:
-            logs = self.logs
-            if self.links is not None and (stand_in := self.links.stand_in(name, self.topics)):
-                topic = stand_in
-            elif logs is None:
-                topic = Topic(name, self.topics)
-            else:
-                topic = Topic(name, self.topics, logs.open(name), logs)
-            self.topics[name] = topic
-            self.system.spawn(topic, name=f"topic:{name[:64]}")
-            if self.patterns:
-                self.patterns.topic_made(name)
-        return topic
-
-    # ---------------------------------------------------------------- pattern subscriptions
+        """The topic actor for ``name`` (see ``TopicDirectory.topic``)."""
+        return self.directory.topic(name)
 
     def open_topics(self) -> list[str]:
-        """The topics that have an actor now."""
-        return list(self.topics)
+        return self.directory.open_topics()
 
     def is_open(self, name: str) -> bool:
-        return name in self.topics
+        return self.directory.is_open(name)
 
     async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
-        """The topics on disk whose names ``match``, listed in a thread
-        (none on a memory-only broker; on a worker, every worker's)."""
-        logs = self.logs
-        if logs is None:
-            return []
-        stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
-        return [topic.name for topic in stored]
+        return await self.directory.stored_topics(match)
 
     def reader_of(self, principal: str | None) -> Callable[[str], bool]:
-        """Whether ``principal`` may subscribe to a topic (anybody may on a
-        broker without authentication)."""
-        found = (
-            None if self.auth is None or principal is None else self.auth.principals.get(principal)
-        )
-        return (lambda _topic: True) if found is None else found.may_subscribe
+        return self.services.gate.reader_of(principal)
 
     def store_cursors(self) -> None:
-        """Write the durable cursors' positions put since the last write."""
-        if self.logs is not None:
-            self.logs.cursors.write()
+        self.directory.store_cursors()
 
     def start_soon(self, job: Callable[[], Awaitable[object]]) -> None:
-        """Run ``job`` in the broker's nursery (not at all once it stops)."""
-        if self._nursery is not None:
-            self._nursery.start_soon(job)
+        self.life.start_soon(job)
 
     def not_owned(self, topic: str) -> str | None:
-        """Why ``topic`` is not served here without forwarding (None: it is)."""
-        return self.links.not_owned(topic) if self.links else None
+        return self.directory.not_owned(topic)
 
     def cannot_commit_to(self, topic: str) -> str | None:
-        """Why a commit cannot route to ``topic`` here (None: it can): not
-        owned here, or its log cannot be opened now (checked before the
-        commit changes anything, so that it is refused, not cut off)."""
-        why = self.not_owned(topic)
-        if why is None and self.logs is not None:
-            try:
-                self.logs.open(topic)
-            except TopicUnavailable as error:
-                return str(error)
-        return why
+        return self.directory.cannot_commit_to(topic)
 
     def start_commit(
         self,
@@ -263,28 +277,18 @@ class Broker:
     ) -> None:
         """Route a committed batch's ``publishes`` (charged to ``account``) in
         the broker's own nursery (see ``_commit.start_commit``)."""
-        assert self._nursery is not None
-        start_commit(self, self._nursery, batch, account, publishes, done)
-
-    def held_publishes(self, session: bytes, state: BrokerSessionState) -> None:
-        if self.logs is not None:
-            held_publishes(self.logs.marks, session, state, self.logs.end_of)
+        assert self.life.nursery is not None
+        start_commit(self.services, self.life.nursery, batch, account, publishes, done)
 
     def persist_state(self) -> None:
-        """Write the state journal's pending changes (staged publishes,
-        commits, cursors) to its file before anything that relies on them
-        is said to a client (no-op for a memory-only broker)."""
-        if self.logs is not None:
-            self.logs.persist_state()
+        self.services.storage.persist_state()
 
     @property
     def offsets(self) -> bool:
-        """Whether reliable deliveries are numbered by log offsets (topic logs kept)."""
         return self.logs is not None
 
     @property
     def cursors(self) -> CursorBook | None:
-        """Where durable cursors are kept (None: a memory-only broker)."""
         return self.logs.cursors if self.logs is not None else None
 
     async def _expire_staging(self) -> None:
@@ -327,10 +331,6 @@ class Broker:
     def ready(self) -> bool:
         """Whether the broker accepts new clients now (listening, not shutting down)."""
         return self.accepting and not self.closing
-
-    def auth_failed(self, reason: AuthFailure) -> None:
-        """Count a refused client."""
-        self.security.auth_failures[reason.value] += 1
 
     @property
     def cluster(self) -> Cluster | None:
@@ -389,7 +389,9 @@ class Broker:
                 return
             transport = secured
             identity = certificate_identity(secured.getpeercert())
-        connection = ServerConnection(self, transport, next(self._serials), peer, identity)
+        connection = ServerConnection(
+            self.services, self.forget, transport, next(self._serials), peer, identity
+        )
         self.peers.add(address, connection.protocol)
         await self._serve_connection(connection)
 
@@ -431,7 +433,9 @@ class Broker:
             await self._refuse(stream)
             return
         await self._serve_connection(
-            ServerConnection(self, stream, next(self._serials), "link", None, trusted=True)
+            ServerConnection(
+                self.services, self.forget, stream, next(self._serials), "link", None, trusted=True
+            )
         )
 
     async def _handshake(self, stream: trio.abc.Stream, peer: str) -> trio.SSLStream[Any] | None:
@@ -491,7 +495,7 @@ class Broker:
         """
         if self.closing:
             return
-        self.closing = True
+        self.life.closing = True
         self.sessions.keep_records = True  # the sessions are resumed after the restart
         self.accepting = False
         self._accept_scope.cancel()
@@ -530,8 +534,8 @@ class Broker:
         self.shutdown_cut = len(self.connections)
         if self.shutdown_cut:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        if self.life.nursery is not None:
+            self.life.nursery.cancel_scope.cancel()
 
 
 async def serve_broker(
@@ -613,7 +617,7 @@ async def serve_broker(
             broker.address = ("memory", 0)
         try:
             async with trio.open_nursery() as nursery:
-                broker._nursery = nursery
+                broker.life.nursery = nursery
                 if broker.links is not None:
                     broker.links.nursery = nursery
                 broker.sessions.start(nursery)
@@ -621,7 +625,9 @@ async def serve_broker(
                     broker.loop = LoopCounters()
                     trio.lowlevel.add_instrument(broker.loop)
                 if logs is not None and broker.session_records is not None:
-                    restore_sessions(broker, broker.session_records, logs.marks)
+                    restore_sessions(
+                        broker.services, broker.seen, broker.session_records, logs.marks
+                    )
                 nursery.start_soon(broker._expire_staging)
                 nursery.start_soon(broker.memory.run)
                 nursery.start_soon(broker.budget_pool.run)
@@ -631,7 +637,7 @@ async def serve_broker(
                     if worker is not None:  # (the others' new topics: for patterns)
                         nursery.start_soon(broker.patterns.watch, broker.stored_topics)
                     log.info("topic logs in %s", log_dir)
-                await complete_unfinished(broker, nursery)  # (commits a stop cut off)
+                await complete_unfinished(broker.services, nursery)  # (commits a stop cut off)
                 if worker is not None and worker.handover_socket is not None:
                     # (Sessions handed over are clients too: after the above.)
                     nursery.start_soon(

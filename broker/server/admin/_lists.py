@@ -1,7 +1,8 @@
-"""What topic administration lists, and the broker it needs: the answers
-of ``topics``, ``cursors`` and ``groups`` (rows made per page, paged by
-``"after"``), and the :class:`AdminHost` and :class:`AdminError` that
-``_admin`` (the requests that change things) shares.
+"""What topic administration lists: the answers of ``topics``,
+``cursors`` and ``groups`` (rows made per page, paged by ``"after"``),
+read of the broker's services (its topic directory, storage and
+sessions), and the :class:`AdminError` that ``_requests`` (the requests
+that change things) shares.
 
 ``topics`` lists every topic the broker keeps, opened or only on disk: the
 data directory is listed in a thread, reading each topic's directory and
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import cbor2
 import trio
@@ -22,11 +22,8 @@ import trio
 from broker.log import LogConfig, StoredTopic
 from broker.protocol import AdminStatus, AdminValue, Connection, TopicPattern
 
-from ..patterns._subscription import PatternBook
-from ..sessions._records import SessionRecords
-from ..sessions._session import SessionTable
+from .._services import BrokerServices
 from ..storage._topic_logs import TopicLogs
-from ..topics._groups import Groups
 from ..topics._log_subscription import CursorBook
 from ..topics._topic import Topic
 
@@ -45,35 +42,6 @@ class AdminError(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
-
-
-class AdminHost(Protocol):
-    """What administration needs of the broker."""
-
-    @property
-    def logs(self) -> TopicLogs | None: ...
-
-    @property
-    def topics(self) -> dict[str, Topic]: ...
-
-    @property
-    def cursors(self) -> CursorBook | None: ...
-
-    @property
-    def groups(self) -> Groups | None: ...
-
-    @property
-    def patterns(self) -> PatternBook: ...
-
-    @property
-    def sessions(self) -> SessionTable: ...
-
-    @property
-    def session_records(self) -> SessionRecords | None: ...
-
-    def topic(self, name: str) -> Topic: ...
-
-    def not_owned(self, topic: str) -> str | None: ...
 
 
 def answer_rows(
@@ -131,7 +99,7 @@ class Listing:
 
 
 async def list_topics(
-    host: AdminHost,
+    services: BrokerServices,
     protocol: Connection,
     request: int,
     pattern: TopicPattern | None,
@@ -146,7 +114,7 @@ async def list_topics(
     listing = kept.get(text)
     if listing is None or "after" not in arguments or now - listing.at > LISTING_KEPT:
         match = pattern.matches if pattern is not None else None
-        logs = host.logs
+        logs = services.storage.logs
         stored: list[StoredTopic] = []
         if logs is not None:
             try:
@@ -157,13 +125,13 @@ async def list_topics(
                     protocol.admin_answer(request, AdminStatus.REFUSED, [], None, line)
                 return
         names = {topic.name for topic in stored}
-        names.update(name for name in host.topics if match is None or match(name))
+        names.update(name for name in services.topics.topics if match is None or match(name))
         listing = Listing(
             text or None,
             stored,
             sorted(names),
-            _count_cursors(host.cursors),
-            host.groups.count_by_topic() if host.groups is not None else {},
+            _count_cursors(services.storage.cursors),
+            services.storage.groups.count_by_topic() if services.storage.groups is not None else {},
             now,
         )
         kept.clear()  # (one listing kept per connection: the latest)
@@ -174,7 +142,9 @@ async def list_topics(
 
     def row_of(index: int) -> Row:
         name = done.names[index]
-        row = _topic_row(name, done.stored.get(name), host.topics.get(name), host.logs)
+        row = _topic_row(
+            name, done.stored.get(name), services.topics.topics.get(name), services.storage.logs
+        )
         row["cursors"] = done.cursors.get(name, 0)
         row["groups"] = done.groups.get(name, 0)
         return row
@@ -235,11 +205,13 @@ def _count_cursors(cursors: CursorBook | None) -> dict[str, int]:
     return counts
 
 
-def cursor_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
+def cursor_rows(services: BrokerServices, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
     """The durable cursors (of topics ``pattern`` matches), sorted by topic,
     cursor and principal."""
     rows: list[tuple[str, Row]] = []
-    for key, position in host.cursors.items() if host.cursors is not None else ():
+    for key, position in (
+        services.storage.cursors.items() if services.storage.cursors is not None else ()
+    ):
         parts = cursor_parts(key)
         if parts is None:
             continue
@@ -247,7 +219,7 @@ def cursor_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str
         if pattern is not None and not pattern.matches(topic):
             continue
         lag: int | None = None
-        open_topic = host.topics.get(topic)
+        open_topic = services.topics.topics.get(topic)
         if open_topic is not None and open_topic.log is not None and not open_topic.log.closed:
             lag = max(0, open_topic.log.written_offset + 1 - position)
         row: Row = {
@@ -262,10 +234,10 @@ def cursor_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str
     return rows
 
 
-def group_rows(host: AdminHost, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
+def group_rows(services: BrokerServices, pattern: TopicPattern | None) -> list[tuple[str, Row]]:
     """The consumer groups (of topics ``pattern`` matches), sorted by topic,
     group and principal: kept in the journal, with a live group's figures."""
-    groups = host.groups
+    groups = services.storage.groups
     rows: list[tuple[str, Row]] = []
     for principal, topic, name, floor in groups.stored() if groups is not None else ():
         if pattern is not None and not pattern.matches(topic):

@@ -36,13 +36,13 @@ from broker.protocol import (
     topic_pattern_error,
 )
 
+from .._services import BrokerServices
 from ..connection._delivery import Deliveries
 from ..storage._topic_logs import TopicLogs, TopicUnavailable
 from ..topics._log_subscription import cursor_key
 from ..topics._topic import Subscription
 from ._lists import (
     AdminError,
-    AdminHost,
     Listing,
     Row,
     answer_rows,
@@ -67,7 +67,7 @@ COMMANDS: Mapping[str, frozenset[str]] = {
 
 
 def administer(
-    host: AdminHost,
+    services: BrokerServices,
     protocol: Connection,
     request: Admin,
     principal: str | None,
@@ -82,26 +82,28 @@ def administer(
         command = request.command
         if command == "topics":
             pattern = _pattern(arguments)
-            return lambda: list_topics(host, protocol, request.request, pattern, arguments, kept)
+            return lambda: list_topics(
+                services, protocol, request.request, pattern, arguments, kept
+            )
         if command == "cursors":
-            rows = cursor_rows(host, _pattern(arguments))
+            rows = cursor_rows(services, _pattern(arguments))
             keys = [key for key, _ in rows]
             answer_rows(protocol, request.request, keys, lambda i: rows[i][1], arguments)
         elif command == "groups":
-            rows = group_rows(host, _pattern(arguments))
+            rows = group_rows(services, _pattern(arguments))
             keys = [key for key, _ in rows]
             answer_rows(protocol, request.request, keys, lambda i: rows[i][1], arguments)
         elif command == "delete-group":
-            _answer(protocol, request.request, [_delete_group(host, arguments, principal)])
+            _answer(protocol, request.request, [_delete_group(services, arguments, principal)])
         elif command == "delete-topic":
-            _answer(protocol, request.request, [_delete_topic(host, _topic(arguments))])
+            _answer(protocol, request.request, [_delete_topic(services, _topic(arguments))])
         elif command == "purge-topic":
             before = arguments.get("before")
             if type(before) is not int or before < 1:
                 raise AdminError(AdminStatus.REFUSED, '"before" must be an offset (>= 1)')
-            _answer(protocol, request.request, [_purge_topic(host, _topic(arguments), before)])
+            _answer(protocol, request.request, [_purge_topic(services, _topic(arguments), before)])
         else:  # delete-cursor
-            _answer(protocol, request.request, [_delete_cursor(host, arguments, principal)])
+            _answer(protocol, request.request, [_delete_cursor(services, arguments, principal)])
     except AdminError as error:
         protocol.admin_answer(request.request, error.status, [], None, error.reason)
     return None
@@ -167,8 +169,8 @@ def _named(
     return topic, name, owner
 
 
-def _owned(host: AdminHost, topic: str) -> None:
-    elsewhere = host.not_owned(topic)
+def _owned(services: BrokerServices, topic: str) -> None:
+    elsewhere = services.topics.not_owned(topic)
     if elsewhere is not None:
         raise AdminError(AdminStatus.ELSEWHERE, elsewhere)
 
@@ -181,16 +183,16 @@ def _answer(protocol: Connection, request: int, rows: list[Row]) -> None:
 
 
 def _delete_group(
-    host: AdminHost, arguments: Mapping[str, AdminValue], principal: str | None
+    services: BrokerServices, arguments: Mapping[str, AdminValue], principal: str | None
 ) -> Row:
     """Forget a consumer group without members (Kafka's delete-groups: a
     group with members is refused)."""
     topic, name, owner = _named(arguments, "group", principal)
-    _owned(host, topic)
-    if host.groups is None:
+    _owned(services, topic)
+    if services.storage.groups is None:
         raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: it has no groups")
     try:
-        members = host.groups.forget(owner or "", topic, name)
+        members = services.storage.groups.forget(owner or "", topic, name)
     except KeyError:
         whose = f" of principal {owner!r}" if owner else ""
         raise AdminError(
@@ -208,12 +210,12 @@ def _delete_group(
 # ---------------------------------------------------------------- changing
 
 
-def _delete_topic(host: AdminHost, name: str) -> Row:
+def _delete_topic(services: BrokerServices, name: str) -> Row:
     """Delete topic ``name``: its subscriptions end, its cursors and groups
     are forgotten, its log removed (see the module)."""
-    _owned(host, name)
-    logs = host.logs
-    topic = host.topics.get(name)
+    _owned(services, name)
+    logs = services.storage.logs
+    topic = services.topics.topics.get(name)
     stored = _stored(logs, name)
     if topic is None and stored is None:
         raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
@@ -222,15 +224,17 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
         records, size = stored.end - stored.first, stored.bytes
     if topic is not None and topic.log is not None and not topic.log.closed:
         records = topic.log.next_offset - topic.log.first_offset
-    host.patterns.topic_deleted(name)  # (pattern members: a Matched that unbinds it)
+    services.topics.patterns.topic_deleted(name)  # (pattern members: a Matched that unbinds it)
     ended = 0
     if topic is not None:
         for subscription in list(topic.subscriptions):
-            _end(host, subscription)
+            _end(services, subscription)
             ended += 1
-    groups = host.groups.forget_topic(name) if host.groups is not None else 0
+    groups = (
+        services.storage.groups.forget_topic(name) if services.storage.groups is not None else 0
+    )
     cursors = 0
-    book = host.cursors
+    book = services.storage.cursors
     if book is not None:
         for key, _ in book.items():
             parts = cursor_parts(key)
@@ -252,7 +256,7 @@ def _delete_topic(host: AdminHost, name: str) -> Row:
             # Its publishers go on, into a new log; patterns match it again.
             topic.log = logs.open(name)
             topic.log_error = None
-            host.patterns.topic_made(name)
+            services.topics.patterns.topic_made(name)
     if topic is not None:
         topic.release_if_unused()
     log.info("topic %r deleted: %d records, %d subscriptions ended", name[:64], records, ended)
@@ -279,19 +283,21 @@ def _stored(logs: TopicLogs | None, name: str) -> StoredTopic | None:
         ) from None
 
 
-def _end(host: AdminHost, subscription: Subscription) -> None:
+def _end(services: BrokerServices, subscription: Subscription) -> None:
     """End ``subscription`` of a deleted topic: its client is told (a
     FreeHandle now, or, for a session whose connection is down, the
     subscription missing from the ``Welcome`` of its resume), and its
     session forgets it (its record too: a restart does not bring it back)."""
-    for session in host.sessions.sessions.values():
+    for session in services.sessions.sessions.values():
         if session.subscriptions.get(subscription.handle) is subscription:
             if session.connection is None:
                 session.subscriptions.pop(subscription.handle, None)
                 if session.state is not None:
                     session.state.subscriptions.pop(subscription.handle, None)
-                    if host.session_records is not None:
-                        host.session_records.save(session, session.state, session.subscriptions)
+                    if services.storage.session_records is not None:
+                        services.storage.session_records.save(
+                            session, session.state, session.subscriptions
+                        )
             break
     connection = subscription.connection
     if isinstance(connection, Deliveries) and (
@@ -302,16 +308,16 @@ def _end(host: AdminHost, subscription: Subscription) -> None:
         subscription.close()
 
 
-def _purge_topic(host: AdminHost, name: str, before: int) -> Row:
+def _purge_topic(services: BrokerServices, name: str, before: int) -> Row:
     """Delete the records of ``name`` before offset ``before``; readers
     behind it are told with a Gap as they read on."""
-    _owned(host, name)
-    if host.logs is None:
+    _owned(services, name)
+    if services.storage.logs is None:
         raise AdminError(AdminStatus.REFUSED, "this broker keeps no topic log: nothing to purge")
-    known = name in host.topics or _stored(host.logs, name) is not None
+    known = name in services.topics.topics or _stored(services.storage.logs, name) is not None
     if not known:
         raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
-    topic = host.topic(name)
+    topic = services.topics.topic(name)
     topic_log = topic.log
     try:
         if topic_log is None:  # pragma: no cover - a broker with logs gives every topic one
@@ -331,12 +337,12 @@ def _purge_topic(host: AdminHost, name: str, before: int) -> Row:
 
 
 def _delete_cursor(
-    host: AdminHost, arguments: Mapping[str, AdminValue], principal: str | None
+    services: BrokerServices, arguments: Mapping[str, AdminValue], principal: str | None
 ) -> Row:
     """Forget a durable cursor (its subscription, if one is live, stores
     it again at its next Ack)."""
     topic, cursor, owner = _named(arguments, "cursor", principal)
-    book = host.cursors
+    book = services.storage.cursors
     if book is None or not book.delete(cursor_key(owner, topic, cursor)):
         whose = f" of principal {owner!r}" if owner else ""
         raise AdminError(

@@ -8,10 +8,9 @@ from typing import Protocol
 
 import trio
 
-from broker.auth import AuthFailure, AuthTable
+from broker.auth import AuthFailure
 from broker.protocol import (
     BrokerSessionState,
-    Cluster,
     Connection,
     GoodbyeCode,
     HelloReceived,
@@ -19,55 +18,13 @@ from broker.protocol import (
 )
 
 from .._peer_logging import ConnectionLog, shown
-from .._peers import AddressTable, peer_key
+from .._peers import peer_key
 from .._principal_usage import ConnectionLedger, PrincipalUsage
+from .._services import Gate, Storage
 from ..sessions._records import SessionRecords
 from ..sessions._session import Session, SessionHolder, SessionTable
 from ._delivery import Deliveries
 from ._publishing import PublishChannel, Publishing
-
-
-class AdmissionHost(Protocol):
-    """What admission needs of the broker: credentials, sessions, principals."""
-
-    @property
-    def auth(self) -> AuthTable | None: ...
-
-    @property
-    def sessions(self) -> SessionTable: ...
-
-    @property
-    def principals(self) -> dict[str, PrincipalUsage]: ...
-
-    @property
-    def offsets(self) -> bool:
-        """Whether reliable deliveries are numbered by log offsets (a broker with topic logs)."""
-        ...
-
-    @property
-    def peers(self) -> AddressTable: ...
-
-    @property
-    def epoch(self) -> bytes: ...
-
-    @property
-    def cluster(self) -> Cluster | None:
-        """The membership of a multi-worker broker, for clients that ask (None: one process)."""
-        ...
-
-    def home_address(self, session: bytes) -> str | None:
-        """The direct address of the worker that holds ``session``, if that
-        is another worker of this broker (else None)."""
-        ...
-
-    def auth_failed(self, reason: AuthFailure) -> None:
-        """Count a refused client."""
-        ...
-
-    def held_publishes(self, session: bytes, state: BrokerSessionState) -> None:
-        """Raise ``state``'s publish counts to what the topic logs held of
-        them at the start (a session restored after a crash)."""
-        ...
 
 
 class Admitted(SessionHolder, Protocol):
@@ -87,7 +44,9 @@ class Admission:
 
     def __init__(
         self,
-        host: AdmissionHost,
+        gate: Gate,
+        sessions: SessionTable,
+        storage: Storage,
         protocol: Connection,
         publishing: Publishing,
         deliveries: Deliveries,
@@ -98,7 +57,11 @@ class Admission:
         identity: str | None,
         trusted: bool = False,
     ) -> None:
-        self.host = host
+        #: Credentials, principals, per-address limits, what a Welcome tells.
+        self.gate = gate
+        self.sessions = sessions
+        #: The durable state (for a restored session's publish counts).
+        self.storage = storage
         self.protocol = protocol
         self.publishing = publishing
         self.deliveries = deliveries
@@ -135,19 +98,19 @@ class Admission:
             return  # something after the Hello, in the same read, closed the connection
         hello = event.hello
         self.client_name = hello.client[:64]
-        host = self.host
+        gate = self.gate
         if (
-            host.auth is not None
+            gate.auth is not None
             and not self.trusted
             and not self._authenticate(hello.token, connection)
         ):
             return
-        sessions = host.sessions
+        sessions = self.sessions
         principal = self.principal.principal.name if self.principal else None
         session = None
         if hello.session is not None:
             session = sessions.find(hello.session, principal)
-            if session is None and (home := host.home_address(hello.session)) is not None:
+            if session is None and (home := gate.home_address(hello.session)) is not None:
                 # Another worker holds it (a TLS resume cannot be handed over).
                 self.refuse(GoodbyeCode.REDIRECT, f"resume at {home}", connection)
                 return
@@ -170,9 +133,9 @@ class Admission:
             self.session_dirty = True
             self.protocol.welcome(
                 session=self.session.id,
-                epoch=host.epoch,
-                offsets=host.offsets,
-                cluster=host.cluster,
+                epoch=gate.epoch,
+                offsets=self.storage.offsets,
+                cluster=gate.cluster,
             )
         if self.session is not None:
             self.publishing.session_id = self.session.id  # (its publishes' origin)
@@ -187,19 +150,19 @@ class Admission:
     def _authenticate(self, token: str | None, connection: Admitted) -> bool:
         """Bind the connection to the principal its credentials prove, within
         the principal's connection limit; else say Goodbye (6 or 3)."""
-        host = self.host
-        assert host.auth is not None
-        found = host.auth.authenticate(token, self.identity)
+        gate = self.gate
+        assert gate.auth is not None
+        found = gate.auth.authenticate(token, self.identity)
         if isinstance(found, AuthFailure):
             # Held back longer for each failure in a row from the address: no guessing.
-            hold = host.peers.failed(peer_key(self.peer), trio.current_time())
+            hold = gate.peers.failed(peer_key(self.peer), trio.current_time())
             reason = "bad credentials" if token is not None else "credentials required"
             self.deny(reason, connection, found, hold)
             return False
-        usage = host.principals[found.name]
+        usage = gate.principals[found.name]
         limit = found.max_connections
         if limit and usage.whole_broker_connections() >= limit:
-            host.auth_failed(AuthFailure.CONNECTION_LIMIT)
+            gate.auth_failed(AuthFailure.CONNECTION_LIMIT)
             self.refuse(
                 GoodbyeCode.LIMIT_EXCEEDED,
                 f"{found.name!r} already has {limit} connection(s)",
@@ -221,7 +184,7 @@ class Admission:
         """Refuse the client for ``failure``: Goodbye 6 (not authorised), sent
         after ``hold`` seconds (nothing it sent after is applied)."""
         self.ends_session = True
-        self.host.auth_failed(failure)
+        self.gate.auth_failed(failure)
         self.refuse(GoodbyeCode.NOT_AUTHORISED, f"not authorised: {reason}", connection, hold)
 
     def refuse(
@@ -275,21 +238,21 @@ class Admission:
         if session.connection is not None:
             session.connection.hand_over()
         assert session.state is not None
-        self.host.held_publishes(session.id, session.state)
+        self.storage.held_publishes(session.id, session.state)
         restore, dropped = session.state.for_resume(processed)
         for handle in dropped:  # the client gave them up
             session.subscriptions.pop(handle).close()
-        host = self.host
-        host.sessions.attach(session, connection)
+        gate = self.gate
+        self.sessions.attach(session, connection)
         self.session = session
         deliveries = self.deliveries
         deliveries.subscriptions = session.subscriptions
         self.protocol.welcome(
             session=session.id,
-            epoch=host.epoch,
+            epoch=gate.epoch,
             restore=restore,
-            offsets=host.offsets,
-            cluster=host.cluster,
+            offsets=self.storage.offsets,
+            cluster=gate.cluster,
         )
         for handle, (name, _) in restore.topics.items():
             state = self.open_channel(handle, name, restore.stages.get(handle), connection)
@@ -299,7 +262,7 @@ class Admission:
         redelivered = 0
         for handle, subscription in deliveries.subscriptions.items():
             redelivered += subscription.attach(deliveries, processed.get(handle, 0))
-        host.sessions.redelivered_total += redelivered
+        self.sessions.redelivered_total += redelivered
         self.log(logging.INFO, "session %s resumed (%d sent again)", session.name, redelivered)
 
     def record(self, records: SessionRecords) -> None:
@@ -341,7 +304,7 @@ class Admission:
                 deliveries.subscriptions.pop(handle).close()
         deliveries.subscriptions = {}
         self.session = None
-        self.host.sessions.detach(session, state)
+        self.sessions.detach(session, state)
         self.log(logging.INFO, "session %s detached", session.name)
 
     def leave(self, *, end: bool) -> None:
@@ -351,7 +314,7 @@ class Admission:
         session = self.session
         if session is not None:
             if self.ends_session or end:
-                self.host.sessions.end(session)
+                self.sessions.end(session)
                 session.connection = self.session = None  # (a cycle otherwise)
             else:
                 self.detach()

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Awaitable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -31,22 +31,20 @@ from broker.protocol import (
 )
 from broker.pump import Pump
 
-from .._peer_logging import ConnectionLog, PeerLog
-from .._principal_usage import ConnectionLedger, PrincipalUsage, SecurityCounters
-from ..sessions._records import SessionRecords
+from .._peer_logging import ConnectionLog
+from .._principal_usage import ConnectionLedger, PrincipalUsage
+from .._services import BrokerServices
 from ..sessions._session import Session
 from ..topics._topic import Subscription
 from ..transport._socket_io import socket_io
-from ..transport._wake import Outbox, Wake
-from ._admission import Admission, AdmissionHost
+from ..transport._wake import Wake
+from ._admission import Admission
 from ._answers import ControlCharges
 from ._budget import ConnectionBudget
-from ._budget_pool import BudgetPool
 from ._delivery import ConnectionCounters, Deliveries
-from ._dispatch import Dispatch, DispatchHost
+from ._dispatch import Dispatch
 from ._policy import BrokerPolicy
 from ._publishing import FORWARD_BATCH, FORWARD_SLICE, PublishChannel, Publishing
-from ._reassembly import ReassemblyRoom
 
 __all__ = [
     "FORWARD_BATCH",
@@ -55,7 +53,6 @@ __all__ = [
     "LINGER_SECONDS",
     "RECEIVE_SIZE",
     "ConnectionCounters",
-    "ConnectionHost",
     "PublishChannel",
     "ServerConnection",
 ]
@@ -68,51 +65,6 @@ RECEIVE_SIZE = 64 * 1024
 FRAMES_PER_TURN = 64
 #: How long a closing connection waits for the client to see its Goodbye.
 LINGER_SECONDS = 1.0
-
-
-class ConnectionHost(DispatchHost, AdmissionHost, Protocol):
-    """What a connection needs of its broker (the :class:`~._broker.Broker`)."""
-
-    #: Receive-buffer capacity reserved by all connections (see ``reserve``).
-    buffer_reserved: int
-
-    @property
-    def account(self) -> Account:
-        """The root account connections' accounts roll up to."""
-        ...
-
-    @property
-    def peer_log(self) -> PeerLog: ...
-
-    @property
-    def outbox(self) -> Outbox:
-        """Where a read's output is noted, to be written when it is handled."""
-        ...
-
-    @property
-    def security(self) -> SecurityCounters: ...
-
-    @property
-    def reassembly(self) -> ReassemblyRoom: ...
-
-    @property
-    def budget_pool(self) -> BudgetPool:
-        """The connections sharing the broker's budget (see ``_budget_pool``)."""
-        ...
-
-    @property
-    def session_records(self) -> SessionRecords | None:
-        """Where sessions are recorded to survive a restart (None: memory-only)."""
-        ...
-
-    def persist_state(self) -> None:
-        """Write the broker's state journal, if it has changes, before a client
-        is told anything that relies on them (no-op for a memory-only broker)."""
-        ...
-
-    def forget(self, connection: ServerConnection) -> None:
-        """``connection`` closed and is cleaned up."""
-        ...
 
 
 class ServerConnection:
@@ -129,7 +81,8 @@ class ServerConnection:
 
     def __init__(
         self,
-        broker: ConnectionHost,
+        services: BrokerServices,
+        forget: Callable[[ServerConnection], None],
         stream: trio.abc.Stream,
         serial: int,
         peer: str,
@@ -137,26 +90,32 @@ class ServerConnection:
         *,
         trusted: bool = False,
     ) -> None:
-        self.broker = broker
+        #: What the broker offers its parts (each part is handed the ones it uses).
+        self.services = services
+        resources = self._resources = services.resources
+        self._life = services.life
+        self._storage = services.storage
+        #: Called once the connection closed and is cleaned up (the broker forgets it).
+        self._forget = forget
         self.stream = stream
         self.serial = serial
         #: Another worker's link (trusted), not a client: left out of client metrics.
         self.link = trusted
-        config = broker.config
+        config = services.config
         self.peer = peer
         self.name = f"conn-{serial}"
         self.account = Account(
             self.name,
             high_watermark=config.connection_high_watermark,
             low_watermark=config.connection_low_watermark,
-            parent=broker.account,
+            parent=resources.account,
             kind="connection",
         )
         self.counters = ConnectionCounters()
         #: What this connection reserved of the buffer budgets.
-        self.ledger = ConnectionLedger(broker)
-        self._wake = Wake(broker.outbox)
-        self._log = ConnectionLog(broker.peer_log, self.name, peer)
+        self.ledger = ConnectionLedger(resources)
+        self._wake = Wake(resources.outbox)
+        self._log = ConnectionLog(resources.peer_log, self.name, peer)
         # No reference cycles through the connection (its parts never hold
         # it; the policy sees the budget through a proxy and the channels
         # through their dict), so a closed connection is freed by reference
@@ -183,9 +142,9 @@ class ServerConnection:
         )
         self.protocol.accept_origins = trusted
         self.budget.protocol = self.protocol
-        self.budget.pool = broker.budget_pool
+        self.budget.pool = resources.budget_pool
         self.budget.wake = self._wake
-        broker.budget_pool.add(self.budget)
+        resources.budget_pool.add(self.budget)
         self.ledger.buffer_reserved = self.budget.capacity_in_use()  # (none before the Hello)
         self.deliveries = Deliveries(
             self.name,
@@ -193,10 +152,14 @@ class ServerConnection:
             self.counters,
             self._wake,
             lossy_budget=config.lossy_budget,
-            root_account=broker.account,
+            root_account=resources.account,
         )
         self.publishing = Publishing(
-            broker,
+            services.config,
+            services.life,
+            services.topics,
+            services.commits,
+            services.seen,
             self.name,
             self.account,
             self.protocol,
@@ -207,7 +170,9 @@ class ServerConnection:
         )
         self.publishing.channels = channels
         self.admission = Admission(
-            broker,
+            services.gate,
+            services.sessions,
+            services.storage,
             self.protocol,
             self.publishing,
             self.deliveries,
@@ -218,7 +183,7 @@ class ServerConnection:
             trusted=trusted,
         )
         self.dispatch = Dispatch(
-            broker,
+            services,
             self.admission,
             self.publishing,
             self.deliveries,
@@ -352,28 +317,30 @@ class ServerConnection:
     def _persist(self) -> None:
         """Write the session's record and the broker's state journal (a broker
         with a data directory) before anything relying on them is sent."""
-        records = self.broker.session_records
+        storage = self._storage
+        records = storage.session_records
         if records is not None:
             self.admission.record(records)
-            self.broker.persist_state()
+            storage.persist_state()
 
     def _cleanup(self) -> None:
         self._wake.write_now = None  # (the reference cycles through the pump's hooks:
         self._pump.close()  # freed by refcount after; its descriptor may be reused)
         self._persist()
-        self.admission.leave(end=self.broker.closing)
+        self.admission.leave(end=self._life.closing)
         self.publishing.close_all()
         self.deliveries.close_all()
         for loan in self._writing:
             loan.repay()
         self._writing = []
         self.control_charges.repay()
-        self.broker.reassembly.release(self)
+        resources = self._resources
+        resources.reassembly.release(self)
         self.account.close()
         self.ledger.reserve(-self.ledger.buffer_reserved)
-        self.broker.budget_pool.remove(self.budget)
-        self.broker.budget_pool.freed()
-        self.broker.forget(self)
+        resources.budget_pool.remove(self.budget)
+        resources.budget_pool.freed()
+        self._forget(self)
         self._log(logging.INFO, "closed: %s", self.close_reason or "done")
 
     def hand_over(self) -> None:
@@ -461,14 +428,14 @@ class ServerConnection:
                 size=RECEIVE_SIZE,
             )
         finally:
-            self.broker.outbox.flush()  # (what turns of a read cut short left noted)
+            self._resources.outbox.flush()  # (what turns of a read cut short left noted)
 
     def _turn(self, data: bytes | bytearray) -> bool:
         """Hand a read (or, with ``b""``, the frames it left waiting) to the
         protocol, at most ``FRAMES_PER_TURN`` frames, and act on the events;
         whether to read on."""
         protocol = self.protocol
-        outbox = self.broker.outbox
+        outbox = self._resources.outbox
         dispatch = self.dispatch
         frames, size = protocol.frames_received, protocol.bytes_received
         events = protocol.receive_data(data, trio.current_time(), max_frames=FRAMES_PER_TURN)
@@ -494,7 +461,7 @@ class ServerConnection:
         )
         if not protocol.frames_waiting:  # (the read's last turn)
             self.control_charges.settle(bool(protocol.bytes_to_send or self._pump.unsent))
-        if not self.broker.reassembly.update(self, protocol.reassembling):
+        if not self._resources.reassembly.update(self, protocol.reassembling):
             self._slot_wanted = True  # (waited for before the next turn)
         return not protocol.closed
 
@@ -513,18 +480,18 @@ class ServerConnection:
     async def _pause_if_needed(self) -> None:
         if self._slot_wanted:
             self._slot_wanted = False
-            await self._suspended(self.broker.reassembly.wait_for_slot(self))
-        max_unsent = self.broker.config.max_unsent
+            await self._suspended(self._resources.reassembly.wait_for_slot(self))
+        max_unsent = self._resources.config.max_unsent
         if self.protocol.memory_to_send > max_unsent:
             # Write what the read's turns held (perhaps all it takes), then wait.
-            self.broker.outbox.flush()
+            self._resources.outbox.flush()
             if self.protocol.memory_to_send > max_unsent:
                 self.counters.reader_pauses += 1
                 self._drained = trio.Event()
                 await self._suspended(self._drained.wait())
         deliveries = self.deliveries
         if not deliveries.refresh_stalled() and not self.account.is_clear():
-            self.broker.outbox.flush()
+            self._resources.outbox.flush()
         if not deliveries.refresh_stalled() and not self.account.is_clear():
             self.counters.reader_pauses += 1
             with trio.CancelScope() as scope:
@@ -575,7 +542,7 @@ class ServerConnection:
         expired = [e for e in events if isinstance(e, ConnectionClosed)]
         if expired:
             if not handshake:
-                self.broker.security.lease_expirations += 1
+                self.services.gate.security.lease_expirations += 1
             reason = expired[0].reason
             self.close_reason = self.close_reason or f"goodbye {int(expired[0].code)}: {reason}"
             self._lease_expired = True

@@ -35,33 +35,16 @@ from broker.protocol import (
 )
 
 from .._peer_logging import LINE_CHARS, ConnectionLog, shown
-from ..admin._lists import AdminHost, Listing
+from .._services import BrokerServices
+from ..admin._lists import Listing
 from ..admin._requests import administer, refuse
-from ..patterns._subscription import PatternHost
-from ..storage._offsets import OffsetsHost, Survey, answer_list_offsets
+from ..storage._offsets import Survey, answer_list_offsets
 from ..storage._topic_logs import TopicUnavailable
-from ..topics._groups import Groups
-from ..topics._log_subscription import CursorBook
 from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
 from ._admission import Admission, Admitted
 from ._budget import ConnectionBudget
 from ._delivery import ConnectionCounters, Deliveries
-from ._publishing import PublishChannel, Publishing, PublishingHost
-
-
-class DispatchHost(PublishingHost, OffsetsHost, PatternHost, AdminHost, Protocol):
-    """What applying events needs of the broker: publishing's needs, where
-    durable cursors are kept, and the pattern subscriptions."""
-
-    @property
-    def cursors(self) -> CursorBook | None:
-        """Durable cursors' positions (None: a memory-only broker)."""
-        ...
-
-    @property
-    def groups(self) -> Groups | None:
-        """The consumer groups (None: a memory-only broker)."""
-        ...
+from ._publishing import PublishChannel, Publishing
 
 
 class Dispatched(Admitted, Protocol):
@@ -86,7 +69,7 @@ class Dispatch:
 
     def __init__(
         self,
-        host: DispatchHost,
+        services: BrokerServices,
         admission: Admission,
         publishing: Publishing,
         deliveries: Deliveries,
@@ -94,7 +77,14 @@ class Dispatch:
         counters: ConnectionCounters,
         log: ConnectionLog,
     ) -> None:
-        self.host = host
+        #: For administration, which reads and changes any of them.
+        self.services = services
+        #: Whether the broker shuts down (then no Commit is decided).
+        self.life = services.life
+        #: The topic actors; pattern subscriptions and ListOffsets read it too.
+        self.topics = services.topics
+        #: The topic logs, cursors and groups.
+        self.storage = services.storage
         self.admission = admission
         self.publishing = publishing
         self.deliveries = deliveries
@@ -119,7 +109,7 @@ class Dispatch:
         publishing = self.publishing
         channels = publishing.channels
         counters = self.counters
-        closing = self.host.closing
+        closing = self.life.closing
         # Events of a read that ended the connection (the client's Goodbye, a
         # protocol error) all stand: they end with ConnectionClosed. Only a
         # Goodbye of ours, said while handling them, stops the rest.
@@ -181,7 +171,7 @@ class Dispatch:
             budget = self.budget
             # The batches of the read go into the topics' logs together: one
             # journal write covers their publish marks (``TopicLogs.gather``).
-            logs = self.host.logs
+            logs = self.storage.logs
             if logs is not None:
                 logs.gather()
             try:
@@ -204,12 +194,12 @@ class Dispatch:
     def topic_bound(self, event: TopicBound, connection: Dispatched) -> None:
         self.admission.session_dirty = True
         self.admission.open_channel(event.handle, event.name, event.stage, connection)
-        if event.stage is not None and (elsewhere := self.host.not_owned(event.name)) is not None:
+        if event.stage is not None and (elsewhere := self.topics.not_owned(event.name)) is not None:
             # Staged (exactly-once) publishing is not forwarded between workers.
             connection.goodbye(GoodbyeCode.NOT_AUTHORISED, elsewhere)
 
     def commit(self, event: Commit, connection: Dispatched) -> None:
-        if not self.host.closing:  # unanswered: the client sees Goodbye 5 instead
+        if not self.life.closing:  # unanswered: the client sees Goodbye 5 instead
             self.publishing.commit(event)
 
     def abort(self, event: Abort, connection: Dispatched) -> None:
@@ -222,7 +212,7 @@ class Dispatch:
         if not self.admission.may_subscribe(event.topic_name):
             self.deny(f"may not subscribe to {shown(event.topic_name)}", connection)
             return
-        topic = self.host.topic(event.topic_name)
+        topic = self.topics.topic(event.topic_name)
         try:
             principal = self.admission.principal
             subscription = make_subscription(
@@ -231,10 +221,10 @@ class Dispatch:
                 topic,
                 event.mode,
                 event.options,
-                cursors=self.host.cursors,
+                cursors=self.storage.cursors,
                 principal=principal.principal.name if principal is not None else None,
                 trusted=self.admission.trusted,
-                groups=self.host.groups,
+                groups=self.storage.groups,
             )
         except OptionError as error:
             topic.release_if_unused()
@@ -256,8 +246,8 @@ class Dispatch:
                 TopicPattern(event.topic_name),
                 event.mode,
                 event.options,
-                host=self.host,
-                cursors=self.host.cursors,
+                host=self.topics,
+                cursors=self.storage.cursors,
                 principal=principal.principal.name if principal is not None else None,
                 may_read=self.admission.may_subscribe,
             )
@@ -270,7 +260,9 @@ class Dispatch:
         self.budget.subscriptions_changed()
 
     def list_offsets(self, event: ListOffsets, connection: Dispatched) -> None:
-        answer = answer_list_offsets(self.host, self.protocol, self.admission.may_subscribe, event)
+        answer = answer_list_offsets(
+            self.topics, self.protocol, self.admission.may_subscribe, event
+        )
         if isinstance(answer, Survey):
             self._wait_for_disk(answer.answer, connection)
         elif answer is not None:
@@ -284,7 +276,7 @@ class Dispatch:
         else:
             principal = self.admission.principal
             job = administer(
-                self.host,
+                self.services,
                 self.protocol,
                 event,
                 principal.principal.name if principal is not None else None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,75 +31,19 @@ from broker.protocol import (
 )
 
 from .._peer_logging import ConnectionLog, shown
+from .._services import Commits, Lifecycle, OriginFilter, TopicDirectory
 from ..staging._area import (
     STAGED_PUBLISH_OVERHEAD,
-    BatchKey,
     CommitDecision,
-    StagedPublish,
-    StagingArea,
 )
-from ..staging._commit import CommitInFlight
 from ..topics._topic import DELIVER_HEAD_ESTIMATE, FORWARD_BATCH, Routed, Topic
 from ..transport._wake import Wake
 from ._budget import ConnectionBudget
 
-__all__ = ["FORWARD_BATCH", "FORWARD_SLICE", "PublishChannel", "Publishing", "PublishingHost"]
+__all__ = ["FORWARD_BATCH", "FORWARD_SLICE", "PublishChannel", "Publishing"]
 
 #: Publishes a resumed channel forwards before yielding to other tasks.
 FORWARD_SLICE = 256
-
-
-class OriginFilter(Protocol):
-    """What a topic's owner took of each forwarded origin (the workers'
-    dedup, ``broker.server.cluster._origin_dedup.SeenOrigins``)."""
-
-    def take(
-        self, topic: str, origins: list[OriginRun], tails: list[bytes], keys: list[bytes | None]
-    ) -> tuple[list[bytes], list[bytes | None], int, list[OriginRun]] | None:
-        """None if none of these publishes was taken before; else the tails
-        and keys not taken before, how many were left out, and their runs."""
-        ...
-
-
-class PublishingHost(Protocol):
-    """What publishing needs of the broker: its topics, staging and commits."""
-
-    @property
-    def config(self) -> BrokerConfig: ...
-
-    @property
-    def closing(self) -> bool:
-        """A shutdown began: nothing more is forwarded (or confirmed)."""
-        ...
-
-    @property
-    def staging(self) -> StagingArea: ...
-
-    @property
-    def commits_in_flight(self) -> dict[BatchKey, CommitInFlight]: ...
-
-    @property
-    def seen(self) -> OriginFilter:
-        """What this worker took of each forwarded origin (see ``cluster._origin_dedup``)."""
-        ...
-
-    def topic(self, name: str) -> Topic:
-        """The topic actor for ``name``, spawned on first use."""
-        ...
-
-    def cannot_commit_to(self, topic: str) -> str | None:
-        """Why a commit cannot route to ``topic`` here (None: it can)."""
-        ...
-
-    def start_commit(
-        self,
-        batch: BatchKey,
-        account: Account,
-        publishes: list[StagedPublish],
-        done: Callable[[], None],
-    ) -> None:
-        """Route a committed batch in the broker's nursery; ``done()`` once routed."""
-        ...
 
 
 class Counting(Protocol):
@@ -168,7 +111,11 @@ class Publishing:
 
     def __init__(
         self,
-        host: PublishingHost,
+        config: BrokerConfig,
+        life: Lifecycle,
+        topics: TopicDirectory,
+        commits: Commits,
+        seen: OriginFilter,
         name: str,
         account: Account,
         protocol: Connection,
@@ -177,7 +124,14 @@ class Publishing:
         wake: Wake,
         log: ConnectionLog,
     ) -> None:
-        self.host = host
+        self.config = config
+        #: Whether the broker shuts down (then nothing more is forwarded or confirmed).
+        self.life = life
+        self.topics = topics
+        #: Staging and commits (exactly-once publishing).
+        self.commits = commits
+        #: What this worker took of each forwarded origin (``cluster._origin_dedup``).
+        self.seen = seen
         self.name = name
         self.account = account
         self.protocol = protocol
@@ -200,7 +154,7 @@ class Publishing:
         self, handle: int, topic_name: str, stage: Stage | None, *, may_publish: bool
     ) -> PublishChannel:
         """The broker's side of a newly bound (or restored) topic handle."""
-        topic = self.host.topic(topic_name)
+        topic = self.topics.topic(topic_name)
         topic.publishers += 1
         account = self._channel_account(f"publish/{handle}", "publish")
         state = PublishChannel(
@@ -215,7 +169,7 @@ class Publishing:
 
     def _channel_account(self, name: str, kind: str) -> Account:
         """An account under the connection's, with the channel watermarks."""
-        config = self.host.config
+        config = self.config
         return Account(
             f"{self.name}/{name}",
             high_watermark=config.channel_high_watermark,
@@ -244,7 +198,7 @@ class Publishing:
         though their sender is gone: the guarantee promised they'd be routed.
         (Not once a shutdown began: they are never confirmed, and the client
         publishes them again.)"""
-        closing = self.host.closing
+        closing = self.life.closing
         for state in list(self.channels.values()):
             if state.buffer and not closing:
                 self._forward_all(state)
@@ -297,7 +251,7 @@ class Publishing:
         over its high watermark: the debt passes the watermark by about one
         publish's fan-out, as if publishes were forwarded one at a time.
         """
-        if self.host.closing:
+        if self.life.closing:
             return  # a shutdown forwards nothing more (nothing more is confirmed)
         state.draining = True
         try:
@@ -393,7 +347,7 @@ class Publishing:
             if not topic.forwarded:
                 # A worker's link forwards them to their owner: none is stored
                 # twice (the runs left are marked in the log: ``_publish_marks``).
-                taken = self.host.seen.take(topic.topic_name, origins, tails, keys)
+                taken = self.seen.take(topic.topic_name, origins, tails, keys)
                 if taken is not None:
                     tails, keys, skipped, origins = taken
         topic.send_nowait(
@@ -443,18 +397,18 @@ class Publishing:
         if forwarding (or routing meanwhile) blocks the account again, it
         waits again. Guarantees are issued when it is done.
         """
-        host = self.host
+        life = self.life
         while self._owns(state):
             if state.account.blocked:
                 await self._wait_for_funds(state)
                 continue
-            if not state.buffer or host.closing:
+            if not state.buffer or life.closing:
                 break
             self.drain(state, FORWARD_SLICE)
             self.wake.set()
             await trio.lowlevel.checkpoint()
         state.waiting = False
-        if self._owns(state) and not host.closing:
+        if self._owns(state) and not life.closing:
             if state.advised:
                 state.advised = False
                 if self.protocol.may_reference(state.channel):  # not when being freed
@@ -465,7 +419,7 @@ class Publishing:
     async def _wait_for_funds(self, state: PublishChannel) -> None:
         """Wait for the channel's account to clear; a wait longer than
         ``throttle_notice_after`` is announced to the client (Throttled)."""
-        with trio.move_on_after(self.host.config.throttle_notice_after) as patience:
+        with trio.move_on_after(self.config.throttle_notice_after) as patience:
             await state.account.ensure_clear_funds()
         if patience.cancelled_caught:
             if not state.advised and self._owns(state):
@@ -488,7 +442,7 @@ class Publishing:
         assert state.stage is not None
         message = event.message
         tail = encode_deliver_tail(message.payload, message.key, message.headers)
-        refusal = self.host.staging.stage(
+        refusal = self.commits.staging.stage(
             self.owner,
             state.stage,
             state.topic.topic_name,
@@ -512,12 +466,12 @@ class Publishing:
     def commit(self, event: Commit) -> None:
         """Decide a Commit; route what it makes visible (charged to a commit
         account under this connection's) and answer once it is routed."""
-        host = self.host
+        commits = self.commits
         batch = (self.owner, event.batch)
         # (A topic whose owner moved since the batch was staged, or whose
         # log cannot be opened now: refused, before anything changes.)
-        decision = host.staging.commit(*batch, event.members, host.cannot_commit_to)
-        running = host.commits_in_flight.get(batch)
+        decision = commits.staging.commit(*batch, event.members, self.topics.cannot_commit_to)
+        running = commits.in_flight.get(batch)
         if decision.status is OutcomeStatus.DUPLICATE and running is not None:
             # The first commit is still routing: "committed before" must
             # still mean "visible", so answer once it is.
@@ -535,11 +489,11 @@ class Publishing:
         self.log(
             logging.INFO, "batch %s committed: %d to route", shown(event.batch), decision.messages
         )
-        host.start_commit(batch, account, decision.publishes, routed)
+        commits.start(batch, account, decision.publishes, routed)
 
     def abort(self, request: int, batch: str) -> None:
         """Discard staged batch ``batch`` (Abort ``request``) and answer."""
-        self.answer(request, self.host.staging.abort(self.owner, batch))
+        self.answer(request, self.commits.staging.abort(self.owner, batch))
 
     def answer(self, request: int, decision: CommitDecision) -> None:
         """Send the Outcome of Commit or Abort ``request`` (if still connected)."""

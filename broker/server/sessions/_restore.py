@@ -6,58 +6,28 @@ from after the last offset their client processed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from accounts import Account, LoanedItem
 from broker.groups import GroupOptionError, group_request
 from broker.protocol import BrokerSessionState, DeliveryMode, TopicNameError, TopicPattern
 
+from .._services import BrokerServices
 from ..cluster._forward import ForwardTopic, forwarded_subscription
 from ..cluster._forward_group import ForwardedGroupMember
 from ..cluster._origin_dedup import SeenOrigins
-from ..patterns._subscription import PatternHost, PatternSubscription
-from ..staging._area import StagingArea
+from ..patterns._subscription import PatternSubscription
 from ..storage._publish_marks import PublishMarks
-from ..topics._groups import Groups, GroupSubscription
-from ..topics._log_subscription import CursorBook, LogSubscription, cursor_key, start_request
+from ..topics._groups import GroupSubscription
+from ..topics._log_subscription import LogSubscription, cursor_key, start_request
 from ..topics._lossy import DropCounts, OptionError
 from ..topics._subscribe import make_pattern_subscription
 from ..topics._topic import Subscription, Topic
 from ._records import SavedSession, SessionRecords, load_sessions
-from ._session import Session, SessionTable
+from ._session import Session
 
 log = logging.getLogger("broker.server")
-
-
-class RestoringHost(PatternHost, Protocol):
-    """What restoring sessions needs of the broker."""
-
-    @property
-    def sessions(self) -> SessionTable: ...
-
-    @property
-    def account(self) -> Account:
-        """The root account (restored subscriptions' accounts roll up to it)."""
-        ...
-
-    @property
-    def cursors(self) -> CursorBook | None: ...
-
-    @property
-    def staging(self) -> StagingArea: ...
-
-    @property
-    def seen(self) -> SeenOrigins: ...
-
-    def topic(self, name: str) -> Topic: ...
-
-    @property
-    def groups(self) -> Groups | None: ...
-
-    def reader_of(self, principal: str | None) -> Callable[[str], bool]:
-        """Whether ``principal`` may subscribe to a topic (auth's rule)."""
-        ...
 
 
 class _NoDrops:
@@ -145,27 +115,30 @@ class Unattached:
 
 
 def restore_sessions(
-    host: RestoringHost, records: SessionRecords, marks: PublishMarks | None = None
+    services: BrokerServices,
+    seen: SeenOrigins,
+    records: SessionRecords,
+    marks: PublishMarks | None = None,
 ) -> set[bytes]:
     """Bring back every recorded session, detached; returns their ids.
 
     A session's publish counts (``received``) are raised to what the
     staging area holds of its publishes (and, when it resumes, to what the
-    logs hold: :func:`held_publishes`): the client then sends again only
+    logs hold: :func:`~..storage._publish_marks.held_publishes`): the client then sends again only
     what the broker does not have, and nothing is stored twice. The publish
     ``marks`` of sessions not restored here are other workers' clients'
     (forwarded): the broker's ``seen`` table takes them."""
     loaded = [] if marks is None else marks.load()
-    table = host.sessions
-    unattached = Unattached(host.account)
+    table = services.sessions
+    unattached = Unattached(services.resources.account)
     restored: set[bytes] = set()
-    staged = host.staging.held_origins()
+    staged = services.commits.staging.held_origins()
     for saved in load_sessions(records):
         if saved.id in table.sessions:
             continue
         session = Session(saved.client_name, saved.principal)
         session.id = saved.id
-        subscriptions = _subscriptions(host, saved, unattached)
+        subscriptions = _subscriptions(services, saved, unattached)
         session.subscriptions = subscriptions
         state = saved.state
         kept = {h: v for h, v in state.subscriptions.items() if h in subscriptions}
@@ -182,31 +155,12 @@ def restore_sessions(
         restored.add(session.id)
     for topic, origin, handle in loaded:
         if origin not in restored:
-            host.seen.restore(topic, origin, handle)
+            seen.restore(topic, origin, handle)
     if restored:
         log.info(
             "restored %d sessions: each waits %.0f s for its client", len(restored), table.linger
         )
     return restored
-
-
-def held_publishes(
-    marks: PublishMarks,
-    session: bytes,
-    state: BrokerSessionState,
-    log_end: Callable[[str], int | None],
-) -> None:
-    """A session restored after a stop resumes: raise its publish counts in
-    ``state`` to what the logs held of its publishes at the start (its
-    publish marks: a publish appended but not confirmed before a crash), so
-    its client sends again only what no log has. ``log_end`` opens a topic's
-    log (which resolves its marks)."""
-    for handle, (name, _) in state.topics.items():
-        if marks.pending(session, handle):
-            log_end(name)
-            held = marks.held(session, handle)
-            if held is not None and held.topic == name:
-                state.received[handle] = max(state.received.get(handle, 0), held.index)
 
 
 def _received(saved: SavedSession, staged: Mapping[tuple[bytes, int], int]) -> dict[int, int]:
@@ -219,7 +173,7 @@ def _received(saved: SavedSession, staged: Mapping[tuple[bytes, int], int]) -> d
 
 
 def _subscriptions(
-    host: RestoringHost, saved: SavedSession, unattached: Unattached
+    services: BrokerServices, saved: SavedSession, unattached: Unattached
 ) -> dict[int, Subscription]:
     """The saved session's reliable subscriptions, reading from their logs
     after the last offset processed (forwarded ones: see
@@ -229,13 +183,13 @@ def _subscriptions(
         if info.mode != DeliveryMode.RELIABLE:
             continue
         if info.topic is None:  # a pattern's (with a durable cursor: its positions)
-            pattern = _pattern(host, unattached, handle, info.topic_name, info.options, saved)
+            pattern = _pattern(services, unattached, handle, info.topic_name, info.options, saved)
             if pattern is not None:
                 subscriptions[handle] = pattern
             continue
-        topic = host.topic(info.topic_name)
+        topic = services.topics.topic(info.topic_name)
         if "group" in info.options:
-            member = _member(host, unattached, handle, topic, info.options, saved)
+            member = _member(services, unattached, handle, topic, info.options, saved)
             if member is not None:
                 topic.subscribe(member)
                 subscriptions[handle] = member
@@ -270,7 +224,7 @@ def _subscriptions(
             info.mode,
             topic_log,
             position,
-            cursors=host.cursors,
+            cursors=services.storage.cursors,
             cursor_key=key,
             until=request.until,
             timestamps=request.timestamps,
@@ -281,7 +235,7 @@ def _subscriptions(
 
 
 def _pattern(
-    host: RestoringHost,
+    services: BrokerServices,
     unattached: Unattached,
     handle: int,
     pattern: str,
@@ -297,10 +251,10 @@ def _pattern(
             TopicPattern(pattern),
             DeliveryMode.RELIABLE,
             options,
-            host=host,
-            cursors=host.cursors,
+            host=services.topics,
+            cursors=services.storage.cursors,
             principal=saved.principal,
-            may_read=host.reader_of(saved.principal),
+            may_read=services.gate.reader_of(saved.principal),
         )
     except (OptionError, TopicNameError) as error:
         log.warning("a restored session's pattern subscription is left out: %s", error)
@@ -312,7 +266,7 @@ def _pattern(
 
 
 def _member(
-    host: RestoringHost,
+    services: BrokerServices,
     unattached: Unattached,
     handle: int,
     topic: Topic,
@@ -331,11 +285,11 @@ def _member(
             saved.principal,
             restored=saved.acked.get(handle, 0),
         )
-    if host.groups is None:
+    if services.storage.groups is None:
         return None
     try:
         request, rest = group_request(options)
-        member = host.groups.join(
+        member = services.storage.groups.join(
             unattached, handle, topic, request, start_request(rest).start, saved.principal
         )
     except (GroupOptionError, OptionError) as error:

@@ -2,5 +2,5 @@
 
 ``_area`` (``StagingArea``), ``_records`` (its state journal records),
 ``_commit`` (routing a committed batch, and finishing at start-up the
-commits a stop cut off).
+commits a stop cut off), ``_in_flight`` (a commit being routed).
 """

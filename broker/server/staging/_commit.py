@@ -8,18 +8,18 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
 
 from accounts import Account
-from broker.config import BrokerConfig
 
 from .._peer_logging import shown
-from ..storage._topic_logs import TopicLogs, TopicUnavailable
+from .._services import BrokerServices
+from ..storage._topic_logs import TopicUnavailable
 from ..topics._topic import FORWARD_BATCH, Routed, Topic
-from ._area import StagedPublish, StagingArea
+from ._area import StagedPublish
+from ._in_flight import CommitInFlight as CommitInFlight  # (re-exported)
 from ._records import BatchKey
 
 log = logging.getLogger("broker.server")
@@ -33,48 +33,11 @@ Progress = Callable[[str, int, int], Callable[[int], None] | None]
 
 
 class Topics(Protocol):
-    """Where topics are found by name (the broker)."""
+    """Where topics are found by name (the broker's topic directory)."""
 
     def topic(self, name: str) -> Topic:
         """The topic actor for ``name``, spawned on first use."""
         ...
-
-
-class CommitHost(Topics, Protocol):
-    """What routing commits needs of the broker."""
-
-    @property
-    def config(self) -> BrokerConfig: ...
-
-    @property
-    def account(self) -> Account: ...
-
-    @property
-    def logs(self) -> TopicLogs | None: ...
-
-    @property
-    def staging(self) -> StagingArea: ...
-
-    @property
-    def commits_in_flight(self) -> dict[BatchKey, CommitInFlight]: ...
-
-    def persist_state(self) -> None:
-        """Write the state journal's pending changes."""
-        ...
-
-    def not_owned(self, topic: str) -> str | None:
-        """Why ``topic`` is not served here without forwarding (None: it is)."""
-        ...
-
-
-@dataclass(slots=True, eq=False)
-class CommitInFlight:
-    """A commit being routed: ``waiters`` are called once it is all routed
-    (its own answer, and those of the same commit sent again meanwhile),
-    then ``routed`` is set (also if it was cut off)."""
-
-    routed: trio.Event = field(default_factory=trio.Event)
-    waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
 class CommitRun:
@@ -158,7 +121,7 @@ async def route_commit(
 
 
 def start_commit(
-    host: CommitHost,
+    services: BrokerServices,
     nursery: trio.Nursery,
     batch: BatchKey,
     account: Account,
@@ -169,11 +132,14 @@ def start_commit(
     """Route a committed batch's ``publishes`` (charged to ``account``) in
     ``nursery`` (the broker's own, so that a commit under way completes even
     if the committing connection closes); ``done()`` once all are routed.
-    Meanwhile the batch is in ``host.commits_in_flight``."""
-    host.persist_state()  # its "committing" record, before anything is routed
-    running = host.commits_in_flight[batch] = CommitInFlight()
+    Meanwhile the batch is in ``services.commits.in_flight``."""
+    storage = services.storage
+    in_flight = services.commits.in_flight
+    storage.persist_state()  # its "committing" record, before anything is routed
+    running = in_flight[batch] = CommitInFlight()
     running.waiters.append(done)
-    staging = host.staging
+    staging = services.commits.staging
+    topics = services.topics
 
     def progress(topic: str, index: int, count: int) -> Callable[[int], None] | None:
         return staging.progress(batch, topic, index, count)
@@ -182,7 +148,7 @@ def start_commit(
         try:
             try:
                 await route_commit(
-                    host, account, publishes, routed_before=routed_before, progress=progress
+                    topics, account, publishes, routed_before=routed_before, progress=progress
                 )
             except TopicUnavailable as error:
                 # Its logs opened when it was decided: one failing since is a
@@ -197,18 +163,18 @@ def start_commit(
             # Remembered as committed (written, before anybody hears of
             # it): a rerun after a restart is answered "duplicate".
             staging.routed(batch)
-            host.persist_state()
+            storage.persist_state()
             for waiter in running.waiters:  # before anybody else hears of it
                 waiter()
             staging.forget_routed(batch)  # (written with the next state)
         finally:
-            del host.commits_in_flight[batch]
+            del in_flight[batch]
             running.routed.set()
 
     nursery.start_soon(run)
 
 
-async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
+async def complete_unfinished(services: BrokerServices, nursery: trio.Nursery) -> None:
     """Complete the commits a stop cut off while they routed: each topic's
     log is asked how much of the batch's share it holds, and the rest is
     routed. One whose topic is not served here (the workers changed) or
@@ -219,14 +185,14 @@ async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
     after :data:`COMPLETE_BEFORE_ACCEPTING` seconds (a log full with
     ``when_full="block"`` waits for its readers, who need clients; a
     retried commit waits for its batch anyway)."""
-    staging = host.staging
-    logs = host.logs
+    staging = services.commits.staging
+    logs = services.storage.logs
     for batch, unfinished in list(staging.unfinished.items()):
         assert logs is not None  # (only a journal has unfinished commits)
         routed_before: dict[str, int] = {}
         why = None
         for topic in sorted({publish.topic for publish in unfinished.publishes}):
-            why = host.not_owned(topic)
+            why = services.topics.not_owned(topic)
             if why is not None:
                 break
             try:
@@ -267,14 +233,14 @@ async def complete_unfinished(host: CommitHost, nursery: trio.Nursery) -> None:
         )
         account = Account(
             f"commit/{batch[1][:64]}",
-            high_watermark=host.config.channel_high_watermark,
-            low_watermark=host.config.channel_low_watermark,
-            parent=host.account,
+            high_watermark=services.config.channel_high_watermark,
+            low_watermark=services.config.channel_low_watermark,
+            parent=services.resources.account,
             kind="commit",
         )
-        start_commit(host, nursery, batch, account, publishes, account.close, routed_before)
+        start_commit(services, nursery, batch, account, publishes, account.close, routed_before)
     with trio.move_on_after(COMPLETE_BEFORE_ACCEPTING) as waited:
-        for running in list(host.commits_in_flight.values()):
+        for running in list(services.commits.in_flight.values()):
             await running.routed.wait()
     if waited.cancelled_caught:
         log.warning(

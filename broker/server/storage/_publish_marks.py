@@ -29,12 +29,13 @@ handle plus that table's bound.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.log import StateJournal
-from broker.protocol import OriginRun
+from broker.protocol import BrokerSessionState, OriginRun
 
-__all__ = ["MARKS", "Held", "PublishMarks"]
+__all__ = ["MARKS", "Held", "PublishMarks", "held_publishes"]
 
 #: The journal space of the marks.
 MARKS = "publish.marks"
@@ -177,3 +178,22 @@ class PublishMarks:
         """What the log held of (``session``, ``handle``) at the start, once
         (resolved: its log was opened); None if nothing is known."""
         return self._held.pop((session, handle), None)
+
+
+def held_publishes(
+    marks: PublishMarks,
+    session: bytes,
+    state: BrokerSessionState,
+    log_end: Callable[[str], int | None],
+) -> None:
+    """A session restored after a stop resumes: raise its publish counts in
+    ``state`` to what the logs held of its publishes at the start (its
+    publish marks: a publish appended but not confirmed before a crash), so
+    its client sends again only what no log has. ``log_end`` opens a topic's
+    log (which resolves its marks)."""
+    for handle, (name, _) in state.topics.items():
+        if marks.pending(session, handle):
+            log_end(name)
+            held = marks.held(session, handle)
+            if held is not None and held.topic == name:
+                state.received[handle] = max(state.received.get(handle, 0), held.index)

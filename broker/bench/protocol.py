@@ -23,19 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.protocol import (
-    Channel,
-    ChannelKind,
-    Connection,
-    FrameDecoder,
-    Policy,
-    Publish,
-    PublishReceived,
-    Role,
-    encode,
-    encode_deliver,
-    encode_deliver_tail,
-)
+from broker.protocol import Channel, ChannelKind, Connection, Policy, Publish, PublishReceived, Role
+from broker.protocol.frames import FrameDecoder, encode, encode_deliver, encode_deliver_tail
 
 from ._yardstick import python_loop_10m_s
 

@@ -19,7 +19,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from broker.protocol import ClientSessionState, Policy
+from broker.protocol import Policy
+from broker.protocol.connection import ClientSessionState
 
 from . import _flows as flows
 from ._common import (

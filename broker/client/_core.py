@@ -19,12 +19,10 @@ import logging
 from collections.abc import Callable, Hashable, Iterable
 
 from broker.protocol import (
-    MAX_MESSAGE,
     SUBSCRIPTION_BINDS,
     Answer,
     Channel,
     ChannelKind,
-    ClientSessionState,
     Confirm,
     Connection,
     ConnectionClosed,
@@ -51,6 +49,7 @@ from broker.protocol import (
     WelcomeReceived,
     check_topic_name,
 )
+from broker.protocol.connection import MAX_MESSAGE, ClientSessionState
 
 from ._acks import HeldAcks
 from ._common import ConnectionLost, handshake_error, subscription_limit

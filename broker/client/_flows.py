@@ -12,16 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator
 from typing import Generic, TypeVar, cast
 
-from broker.protocol import (
-    AdminAnswer,
-    AdminValue,
-    Answer,
-    ClientSessionState,
-    Connection,
-    HandleType,
-    Headers,
-    Stage,
-)
+from broker.protocol import AdminAnswer, AdminValue, Answer, Connection, HandleType, Headers, Stage
+from broker.protocol.connection import ClientSessionState
 
 from ._common import ClientError, admin_rows
 from ._core import ClientSession

@@ -13,14 +13,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from broker.backoff import Backoff
-from broker.protocol import (
-    ClientSessionState,
-    Connection,
-    GoodbyeCode,
-    Publish,
-    Stage,
-    decode_body,
-)
+from broker.protocol import Connection, GoodbyeCode, Publish, Stage
+from broker.protocol.connection import ClientSessionState
+from broker.protocol.frames import decode_body
 
 from ._common import ConnectionLost
 

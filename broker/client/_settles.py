@@ -17,13 +17,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
-from broker.protocol import (
-    Connection,
-    LocalProtocolError,
-    SettleOutcome,
-    max_settle_ranges,
-    settle_ranges,
-)
+from broker.protocol import Connection, LocalProtocolError, SettleOutcome
+from broker.protocol.frames import max_settle_ranges, settle_ranges
 
 from ._acks import HeldAcks
 from ._subscription import SETTLE_BATCH, SubscriptionState

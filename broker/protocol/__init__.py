@@ -1,20 +1,19 @@
 """The broker's wire protocol, sans-IO: bytes in, events out, bytes to send.
 
 Nothing here performs I/O, reads a clock or imports trio; time is a
-parameter. :class:`Connection` is one end of a connection in either role
-(client or broker) and is what servers and clients drive. Beneath it:
+parameter. This front is what a client writer needs: :class:`Connection`
+(one end of a connection in either role, what servers and clients drive),
+its events, the messages, roles and codes, :class:`Policy` (the decisions
+left to the application), the errors, and the topic-name and pattern
+rules (:func:`check_topic_name`, :data:`MAX_TOPIC_NAME`). Beneath it, each
+with a front of its own:
 
-- framing and the CBOR codec (:func:`encode`, :func:`decode_body`,
-  :class:`FrameDecoder`, :func:`encode_deliver_tail` (and its inverse,
-  :func:`decode_deliver_tail`) / :func:`encode_deliver`
-  / :func:`deliver_many_head` for encode-once fan-out);
-- the guarantee protocol per logical channel (:class:`ChannelReceiver`,
-  :class:`ChannelSender`);
-- data handles (:class:`HandleTable`; a connection's tables hold one state
-  object per handle, with its channel's guarantee state and session counts)
-  and heartbeat/lease bookkeeping (:class:`Liveness`);
-- :class:`Policy`, the decisions left to the application;
-- the topic-name rule (:func:`check_topic_name`, :data:`MAX_TOPIC_NAME`).
+- :mod:`broker.protocol.frames`: framing and the CBOR codec (``encode``,
+  ``decode_body``, ``FrameDecoder``, the encode-once deliver pieces);
+- :mod:`broker.protocol.guarantees`: the guarantee protocol per logical
+  channel (``ChannelReceiver``, ``ChannelSender``);
+- :mod:`broker.protocol.connection`: the connection's parts, handle
+  tables, session states and heartbeat bookkeeping (``Liveness``).
 
 ``docs/protocol.md`` is the normative description of the wire format.
 """
@@ -79,36 +78,7 @@ from ._types import (
     SettleOutcome,
     channel_sender,
 )
-from .connection._connection import (
-    DELIVER_SLACK,
-    MAX_HELLO_FRAME,
-    PIECE_OVERHEAD,
-    Connection,
-    ConnectionState,
-    ConnectionStatistics,
-    NoGuarantees,
-)
-from .connection._handles import Binding, HandleState, HandleTable
-from .connection._large import MAX_MESSAGE, MIN_PART
-from .connection._liveness import Liveness
-from .connection._session import BrokerSessionState, ClientSessionState, SubscriptionInfo
-from .frames._decode import decode_body, decode_deliver_tail
-from .frames._encode import (
-    MAX_DELIVER_GROUP,
-    MAX_DELIVER_MANY,
-    MAX_DELIVER_TIMED,
-    MAX_PUBLISH_MANY,
-    deliver_group_head,
-    deliver_many_head,
-    deliver_many_head_size,
-    deliver_timed_head,
-    encode,
-    encode_body,
-    encode_deliver,
-    encode_deliver_tail,
-    publish_many_head,
-)
-from .frames._framing import FrameDecoder
+from .connection._connection import Connection, ConnectionState, ConnectionStatistics, NoGuarantees
 from .frames._messages import (
     Abort,
     Absolve,
@@ -158,34 +128,15 @@ from .frames._messages import (
     Throttled,
     TopicOffsets,
     Welcome,
-    check_publish_fields,
-)
-from .frames._settle import MAX_SETTLE_REASON, max_settle_ranges, settle_ranges
-from .guarantees._receiver import (
-    ChannelReceiver,
-    ChannelSender,
-    ReceiverStatistics,
-    SenderStatistics,
-    SentFrame,
 )
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
-    "DELIVER_SLACK",
     "LENGTH_PREFIX",
-    "MAX_DELIVER_GROUP",
-    "MAX_DELIVER_MANY",
-    "MAX_DELIVER_TIMED",
-    "MAX_HELLO_FRAME",
-    "MAX_MESSAGE",
-    "MAX_PUBLISH_MANY",
-    "MAX_SETTLE_REASON",
     "MAX_TOPIC_NAME",
-    "MIN_PART",
     "MIN_TOPIC_NAME",
     "OPTIMISM_FRAMES",
     "PATTERN_RULE",
-    "PIECE_OVERHEAD",
     "PROTOCOL_VERSION",
     "SUBSCRIPTION_BINDS",
     "TOPIC_BINDS",
@@ -202,14 +153,9 @@ __all__ = [
     "Answer",
     "Apologise",
     "BindTopic",
-    "Binding",
-    "BrokerSessionState",
     "Channel",
     "ChannelKind",
     "ChannelMessage",
-    "ChannelReceiver",
-    "ChannelSender",
-    "ClientSessionState",
     "Cluster",
     "Commit",
     "Confirm",
@@ -231,7 +177,6 @@ __all__ = [
     "EncodedDeliveriesReceived",
     "Entry",
     "Event",
-    "FrameDecoder",
     "FramePart",
     "FramesAbandoned",
     "FreeHandle",
@@ -241,8 +186,6 @@ __all__ = [
     "GuaranteesReceived",
     "HandleDeleted",
     "HandleFreeProposed",
-    "HandleState",
-    "HandleTable",
     "HandleType",
     "Headers",
     "Hello",
@@ -251,7 +194,6 @@ __all__ = [
     "LimitReceiving",
     "LimitSending",
     "ListOffsets",
-    "Liveness",
     "LocalProtocolError",
     "Matched",
     "MatchedGap",
@@ -273,18 +215,14 @@ __all__ = [
     "PublishMany",
     "PublishManyReceived",
     "PublishReceived",
-    "ReceiverStatistics",
     "RemoteProtocolError",
     "Role",
-    "SenderStatistics",
-    "SentFrame",
     "Settle",
     "SettleOutcome",
     "Stage",
     "Subscribe",
     "Subscribed",
     "SubscriptionDropped",
-    "SubscriptionInfo",
     "Throttled",
     "TopicBound",
     "TopicNameError",
@@ -295,24 +233,10 @@ __all__ = [
     "WelcomeReceived",
     "add_runs",
     "channel_sender",
-    "check_publish_fields",
     "check_topic_name",
     "check_topic_pattern",
-    "decode_body",
-    "decode_deliver_tail",
-    "deliver_group_head",
-    "deliver_many_head",
-    "deliver_many_head_size",
-    "deliver_timed_head",
-    "encode",
-    "encode_body",
-    "encode_deliver",
-    "encode_deliver_tail",
     "is_topic_pattern",
-    "max_settle_ranges",
     "owner_id",
-    "publish_many_head",
-    "settle_ranges",
     "slice_origins",
     "topic_name_problem",
     "topic_pattern_error",

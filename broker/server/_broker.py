@@ -21,8 +21,9 @@ from broker.auth import (
     load_auth_file,
 )
 from broker.config import LOOPBACK, BrokerConfig
-from broker.protocol import Cluster, GoodbyeCode, encode
+from broker.protocol import Cluster, GoodbyeCode
 from broker.protocol import Goodbye as GoodbyeMessage
+from broker.protocol.frames import encode
 from broker.tls import certificate_identity, server_context
 
 from ._accept_logging import quiet_accept_errors

@@ -20,7 +20,8 @@ from accounts import Account
 from actors import ActorSystem
 from broker.auth import AuthFailure, AuthTable
 from broker.config import BrokerConfig
-from broker.protocol import BrokerSessionState, Cluster, OriginRun
+from broker.protocol import Cluster, OriginRun
+from broker.protocol.connection import BrokerSessionState
 
 from ._peer_logging import PeerLog
 from ._peers import AddressTable

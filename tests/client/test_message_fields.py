@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from broker.client import BlockingClient, open_client
-from broker.protocol import check_publish_fields
+from broker.protocol.frames import check_publish_fields
 from tests.server.helpers import TIMEOUT, running_broker, url, wait_subscribed
 
 SAFETY = 10.0

@@ -16,7 +16,8 @@ from broker.client._core import ClientSession, Ending
 from broker.client._flows import open_subscription, restore
 from broker.client._start import subscribe_options
 from broker.client._subscription import ACK_EVERY, SubscriptionState
-from broker.protocol import Ack, Options, Subscribed, encode_deliver_tail
+from broker.protocol import Ack, Options, Subscribed
+from broker.protocol.frames import encode_deliver_tail
 from tests.client.test_core import FakeBroker, connected, run
 
 UTC = datetime.UTC

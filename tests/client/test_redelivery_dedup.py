@@ -23,15 +23,9 @@ from broker.client import (
 )
 from broker.client._core import ClientSession, Ending
 from broker.client._subscription import SubscriptionState
-from broker.protocol import (
-    Ack,
-    BrokerSessionState,
-    Channel,
-    ChannelKind,
-    Event,
-    HelloReceived,
-    encode_deliver_tail,
-)
+from broker.protocol import Ack, Channel, ChannelKind, Event, HelloReceived
+from broker.protocol.connection import BrokerSessionState
+from broker.protocol.frames import encode_deliver_tail
 from tests.server.helpers import TIMEOUT
 
 from .fake_log_broker import FIRST, fake_broker

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import broker.protocol
+import broker.protocol.frames
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 PAIR = re.compile(r"```python\n(.+?)\n```\s*```hex\n(.+?)\n```", re.DOTALL)
@@ -14,7 +15,11 @@ PAIR = re.compile(r"```python\n(.+?)\n```\s*```hex\n(.+?)\n```", re.DOTALL)
 def test_every_hex_example_is_the_encoders_output() -> None:
     pairs = PAIR.findall(DOC.read_text(encoding="utf-8"))
     assert len(pairs) >= 4, "docs/protocol.md lost its worked examples"
-    names = {name: getattr(broker.protocol, name) for name in broker.protocol.__all__}
+    names = {
+        name: getattr(module, name)
+        for module in (broker.protocol, broker.protocol.frames)
+        for name in module.__all__
+    }
     for expression, hex_text in pairs:
         value = eval(expression, {"__builtins__": {"bytes": bytes, "range": range}}, names)
         expected = bytes.fromhex(hex_text.replace("\n", " "))

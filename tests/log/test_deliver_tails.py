@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.protocol import Deliver, decode_body, encode, encode_deliver, encode_deliver_tail
+from broker.protocol import Deliver
+from broker.protocol.frames import decode_body, encode, encode_deliver, encode_deliver_tail
 from tests.log.helpers import T0, open_log
 
 MESSAGES: list[tuple[bytes, bytes | None, list[tuple[str, bytes]] | None]] = [

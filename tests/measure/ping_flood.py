@@ -22,7 +22,8 @@ from typing import Any
 
 from _process import free_port, serve_command, wait_listening  # (tests/measure is sys.path[0])
 
-from broker.protocol import PROTOCOL_VERSION, FrameDecoder, Hello, Ping, Pong, Welcome, encode
+from broker.protocol import PROTOCOL_VERSION, Hello, Ping, Pong, Welcome
+from broker.protocol.frames import FrameDecoder, encode
 
 #: Bytes per write of the flooder.
 WRITE = 2 * 1000 * 1000

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from broker.client import open_client
 from broker.log import LogConfig, LogStore
-from broker.protocol import encode_deliver_tail
+from broker.protocol.frames import encode_deliver_tail
 from tests.measure._process import free_port, wait_listening
 
 

@@ -40,7 +40,6 @@ from broker.protocol import (
     DeliverMany,
     DeliverMatched,
     DeliverTimed,
-    FrameDecoder,
     FramePart,
     FreeHandle,
     Gap,
@@ -72,6 +71,9 @@ from broker.protocol import (
     Subscribe,
     Throttled,
     Welcome,
+)
+from broker.protocol.frames import (
+    FrameDecoder,
     decode_body,
     encode,
     encode_body,

@@ -25,12 +25,14 @@ from broker.protocol import (
     DeliverMany,
     DeliverTimed,
     Entry,
-    FrameDecoder,
     IssueGuarantee,
     LocalProtocolError,
     Message,
     Publish,
     RemoteProtocolError,
+)
+from broker.protocol.frames import (
+    FrameDecoder,
     decode_body,
     encode,
     encode_deliver,

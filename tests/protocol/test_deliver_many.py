@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import (
-    Channel,
-    ChannelKind,
-    Deliver,
-    DeliverReceived,
-    Gap,
-    Policy,
-    encode,
-    encode_deliver_tail,
-)
+from broker.protocol import Channel, ChannelKind, Deliver, DeliverReceived, Gap, Policy
+from broker.protocol.frames import encode, encode_deliver_tail
 
 from .pair import ConnectionPair, of, split_frames
 

@@ -11,7 +11,6 @@ import cbor2
 import pytest
 
 from broker.protocol import (
-    DELIVER_SLACK,
     U64_MAX,
     Channel,
     ChannelKind,
@@ -29,11 +28,10 @@ from broker.protocol import (
     LocalProtocolError,
     Policy,
     RemoteProtocolError,
-    decode_body,
-    encode,
-    encode_deliver_tail,
 )
 from broker.protocol._types import LENGTH_PREFIX
+from broker.protocol.connection import DELIVER_SLACK
+from broker.protocol.frames import decode_body, encode, encode_deliver_tail
 from broker.protocol.frames._encode import deliver_many_head_size
 
 from .pair import ConnectionPair, of, split_frames

@@ -7,12 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol import (
-    Headers,
-    RemoteProtocolError,
-    decode_deliver_tail,
-    encode_deliver_tail,
-)
+from broker.protocol import Headers, RemoteProtocolError
+from broker.protocol.frames import decode_deliver_tail, encode_deliver_tail
 
 headers = st.none() | st.lists(
     st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=3

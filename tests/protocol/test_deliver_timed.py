@@ -13,15 +13,12 @@ from broker.protocol import (
     DeliverMany,
     DeliverManyReceived,
     DeliverTimed,
-    FrameDecoder,
     GoodbyeCode,
     LocalProtocolError,
     RemoteProtocolError,
-    decode_body,
-    encode,
-    encode_deliver_tail,
 )
 from broker.protocol._types import LENGTH_PREFIX
+from broker.protocol.frames import FrameDecoder, decode_body, encode, encode_deliver_tail
 
 from .pair import split_frames
 from .test_deliver_many_frames import (

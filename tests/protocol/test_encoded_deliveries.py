@@ -17,10 +17,9 @@ from broker.protocol import (
     Entry,
     HelloReceived,
     Policy,
-    decode_body,
-    encode_deliver_tail,
 )
 from broker.protocol._types import LENGTH_PREFIX
+from broker.protocol.frames import decode_body, encode_deliver_tail
 from broker.protocol.frames._decode_fast import _fast_message_encoded
 
 from .pair import EPOCH, SESSION, ConnectionPair, of, split_frames

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from broker.protocol import (
     LENGTH_PREFIX,
-    BrokerSessionState,
-    ClientSessionState,
     DeliverReceived,
     FramePart,
     HelloReceived,
     NoGuarantees,
     PublishReceived,
     WelcomeReceived,
-    decode_body,
-    encode_deliver_tail,
 )
+from broker.protocol.connection import BrokerSessionState, ClientSessionState
+from broker.protocol.frames import decode_body, encode_deliver_tail
 
 from .pair import EPOCH, SESSION, ConnectionPair, of
 

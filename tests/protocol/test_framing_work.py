@@ -6,15 +6,8 @@ from __future__ import annotations
 
 import random
 
-from broker.protocol import (
-    FrameDecoder,
-    Ping,
-    Policy,
-    Pong,
-    Publish,
-    PublishReceived,
-    encode,
-)
+from broker.protocol import Ping, Policy, Pong, Publish, PublishReceived
+from broker.protocol.frames import FrameDecoder, encode
 
 from .pair import ConnectionPair, of
 

@@ -37,7 +37,6 @@ from broker.protocol import (
     ConnectionClosed,
     Deliver,
     Event,
-    FrameDecoder,
     FreeHandle,
     Gap,
     Goodbye,
@@ -62,10 +61,8 @@ from broker.protocol import (
     Throttled,
     Welcome,
     WelcomeReceived,
-    decode_body,
-    encode,
-    encode_body,
 )
+from broker.protocol.frames import FrameDecoder, decode_body, encode, encode_body
 from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair

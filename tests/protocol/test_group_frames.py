@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 
 from broker.protocol import (
     LENGTH_PREFIX,
-    MAX_DELIVER_GROUP,
-    MAX_SETTLE_REASON,
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
     U64_MAX,
@@ -29,7 +27,6 @@ from broker.protocol import (
     DeliverManyReceived,
     DeliverTimed,
     Entry,
-    FrameDecoder,
     FramePart,
     GoodbyeCode,
     LocalProtocolError,
@@ -38,6 +35,11 @@ from broker.protocol import (
     Role,
     Settle,
     SettleOutcome,
+)
+from broker.protocol.frames import (
+    MAX_DELIVER_GROUP,
+    MAX_SETTLE_REASON,
+    FrameDecoder,
     decode_body,
     deliver_group_head,
     encode,

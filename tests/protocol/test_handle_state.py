@@ -3,15 +3,8 @@ guarantee state and its session data; deleting the binding deletes it all."""
 
 from __future__ import annotations
 
-from broker.protocol import (
-    Binding,
-    Channel,
-    ChannelKind,
-    HandleTable,
-    HandleType,
-    PublishReceived,
-    Role,
-)
+from broker.protocol import Channel, ChannelKind, HandleType, PublishReceived, Role
+from broker.protocol.connection import Binding, HandleTable
 from broker.protocol.connection._handle_state import SubscriptionState, TopicState
 from broker.protocol.connection._session import SubscriptionInfo
 

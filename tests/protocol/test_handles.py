@@ -24,8 +24,8 @@ from broker.protocol import (
     PublishReceived,
     Subscribed,
     TopicBound,
-    encode,
 )
+from broker.protocol.frames import encode
 
 from .pair import ConnectionPair, of
 

@@ -23,7 +23,6 @@ from broker.protocol import (
     Connection,
     ConnectionClosed,
     ConnectionState,
-    FrameDecoder,
     Goodbye,
     GoodbyeCode,
     Hello,
@@ -34,10 +33,8 @@ from broker.protocol import (
     RemoteProtocolError,
     Role,
     WelcomeReceived,
-    decode_body,
-    encode,
-    encode_body,
 )
+from broker.protocol.frames import FrameDecoder, decode_body, encode, encode_body
 
 from .pair import EPOCH, SESSION, ConnectionPair, of, split_frames
 

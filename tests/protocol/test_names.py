@@ -21,11 +21,10 @@ from broker.protocol import (
     TopicBound,
     TopicNameError,
     check_topic_name,
-    decode_body,
-    encode,
     topic_name_problem,
     topic_pattern_problem,
 )
+from broker.protocol.frames import decode_body, encode
 from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, of, split_frames

@@ -18,12 +18,9 @@ from broker.protocol import (
     PublishManyReceived,
     RemoteProtocolError,
     add_runs,
-    decode_body,
-    encode,
-    encode_deliver_tail,
-    publish_many_head,
     slice_origins,
 )
+from broker.protocol.frames import decode_body, encode, encode_deliver_tail, publish_many_head
 from broker.protocol.frames._decode_fast import _fast_message
 from broker.protocol.frames._encode import encode_origins
 

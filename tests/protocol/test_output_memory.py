@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import tracemalloc
 
-from broker.protocol import (
-    PIECE_OVERHEAD,
-    Deliver,
-    Ping,
-    Policy,
-    encode,
-    encode_deliver_tail,
-)
+from broker.protocol import Deliver, Ping, Policy
+from broker.protocol.connection import PIECE_OVERHEAD
+from broker.protocol.frames import encode, encode_deliver_tail
 
 from .pair import ConnectionPair, split_frames
 

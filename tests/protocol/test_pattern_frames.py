@@ -18,10 +18,9 @@ from broker.protocol import (
     TopicPattern,
     TopicPatternError,
     check_topic_pattern,
-    decode_body,
-    encode_deliver_tail,
     is_topic_pattern,
 )
+from broker.protocol.frames import decode_body, encode_deliver_tail
 
 from .pair import ConnectionPair, of
 

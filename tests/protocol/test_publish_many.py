@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from broker.protocol import (
     ConnectionClosed,
-    FrameDecoder,
     GoodbyeCode,
     Headers,
     LocalProtocolError,
@@ -21,6 +20,9 @@ from broker.protocol import (
     PublishReceived,
     RemoteProtocolError,
     Stage,
+)
+from broker.protocol.frames import (
+    FrameDecoder,
     decode_body,
     encode,
     encode_deliver_tail,

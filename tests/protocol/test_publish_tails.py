@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import (
-    Headers,
-    LocalProtocolError,
-    NoGuarantees,
-    PublishReceived,
-    encode_deliver_tail,
-)
+from broker.protocol import Headers, LocalProtocolError, NoGuarantees, PublishReceived
 from broker.protocol.connection import _traffic
+from broker.protocol.frames import encode_deliver_tail
 from broker.protocol.frames._encode import encode_publish_tail, publish_tail_frames
 
 from .pair import ConnectionPair, of, split_frames

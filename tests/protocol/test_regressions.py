@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import (
-    Channel,
-    ChannelKind,
-    ChannelReceiver,
-    ChannelSender,
-    LocalProtocolError,
-    Policy,
-    SentFrame,
-)
+from broker.protocol import Channel, ChannelKind, LocalProtocolError, Policy
+from broker.protocol.guarantees import ChannelReceiver, ChannelSender, SentFrame
 
 CH = Channel(ChannelKind.PUBLISH, 0)
 

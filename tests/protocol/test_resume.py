@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.protocol import (
-    BrokerSessionState,
     Channel,
     ChannelKind,
-    ClientSessionState,
     Connection,
     DeliverReceived,
     HelloReceived,
@@ -16,6 +14,7 @@ from broker.protocol import (
     Role,
     WelcomeReceived,
 )
+from broker.protocol.connection import BrokerSessionState, ClientSessionState
 
 from .pair import EPOCH, SESSION, ConnectionPair, of
 

@@ -55,9 +55,7 @@ from hypothesis.stateful import (
 
 from broker.protocol import (
     TOPIC_BINDS,
-    BrokerSessionState,
     ChannelKind,
-    ClientSessionState,
     Confirm,
     ConnectionClosed,
     ConnectionState,
@@ -65,7 +63,6 @@ from broker.protocol import (
     FramesAbandoned,
     HandleDeleted,
     HandleFreeProposed,
-    HandleState,
     HandleType,
     HelloReceived,
     LocalProtocolError,
@@ -76,8 +73,9 @@ from broker.protocol import (
     Stage,
     TopicBound,
     WelcomeReceived,
-    decode_body,
 )
+from broker.protocol.connection import BrokerSessionState, ClientSessionState, HandleState
+from broker.protocol.frames import decode_body
 from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, FrameMover, of

@@ -26,8 +26,8 @@ from broker.protocol import (
     Policy,
     Publish,
     PublishReceived,
-    encode,
 )
+from broker.protocol.frames import encode
 
 from .pair import ConnectionPair, of, split_frames
 
@@ -308,7 +308,7 @@ def test_without_pleading_an_idle_channel_keeps_its_promises() -> None:
 
 
 def test_deliver_slack_covers_the_largest_per_subscriber_fields() -> None:
-    from broker.protocol import DELIVER_SLACK
+    from broker.protocol.connection import DELIVER_SLACK
 
     for payload in (b"", b"x" * 23, b"x" * 1000):
         publish = len(encode(Publish(0, payload)))

@@ -13,13 +13,11 @@ from broker.protocol import (
     AnnounceDropping,
     Channel,
     ChannelKind,
-    ChannelReceiver,
-    ChannelSender,
     GoodbyeCode,
     IssueGuarantee,
     RemoteProtocolError,
-    SentFrame,
 )
+from broker.protocol.guarantees import ChannelReceiver, ChannelSender, SentFrame
 
 CH = Channel(ChannelKind.PUBLISH, 0)
 

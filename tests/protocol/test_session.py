@@ -13,7 +13,6 @@ from broker.protocol import (
     GoodbyeCode,
     Hello,
     HelloReceived,
-    Liveness,
     LocalProtocolError,
     Ping,
     Pong,
@@ -21,8 +20,9 @@ from broker.protocol import (
     Role,
     Welcome,
     WelcomeReceived,
-    encode,
 )
+from broker.protocol.connection import Liveness
+from broker.protocol.frames import encode
 
 from .pair import EPOCH, SESSION, ConnectionPair
 

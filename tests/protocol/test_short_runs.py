@@ -15,8 +15,8 @@ from broker.protocol import (
     Policy,
     Publish,
     PublishReceived,
-    encode,
 )
+from broker.protocol.frames import encode
 
 from .pair import ConnectionPair, of
 from .test_rules import closed_by, open_topic

@@ -6,7 +6,6 @@ import pytest
 
 from broker.protocol import (
     Abort,
-    ClientSessionState,
     Commit,
     ConnectionClosed,
     GoodbyeCode,
@@ -17,8 +16,9 @@ from broker.protocol import (
     Stage,
     Subscribe,
     TopicBound,
-    encode,
 )
+from broker.protocol.connection import ClientSessionState
+from broker.protocol.frames import encode
 
 from .pair import ConnectionPair, of
 from .test_resume import reconnect

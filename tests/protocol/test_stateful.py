@@ -53,8 +53,6 @@ from broker.protocol import (
     TOPIC_BINDS,
     Channel,
     ChannelKind,
-    ChannelReceiver,
-    ChannelSender,
     Connection,
     Deliver,
     DeliverMany,
@@ -65,7 +63,6 @@ from broker.protocol import (
     FramesAbandoned,
     HandleDeleted,
     HandleFreeProposed,
-    HandleState,
     HandleType,
     LocalProtocolError,
     NoGuarantees,
@@ -73,9 +70,10 @@ from broker.protocol import (
     Publish,
     PublishReceived,
     Subscribed,
-    encode,
-    encode_deliver_tail,
 )
+from broker.protocol.connection import HandleState
+from broker.protocol.frames import encode, encode_deliver_tail
+from broker.protocol.guarantees import ChannelReceiver, ChannelSender
 from tests.hypothesis_profiles import examples
 
 from .pair import ConnectionPair, FrameMover

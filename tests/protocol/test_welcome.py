@@ -13,7 +13,6 @@ import pytest
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
-    ClientSessionState,
     Connection,
     ConnectionClosed,
     DeliverReceived,
@@ -25,9 +24,9 @@ from broker.protocol import (
     SubscriptionDropped,
     Welcome,
     WelcomeReceived,
-    decode_body,
-    encode,
 )
+from broker.protocol.connection import ClientSessionState
+from broker.protocol.frames import decode_body, encode
 
 from .pair import EPOCH, SESSION, ConnectionPair, of
 from .test_resume import reconnect

@@ -15,7 +15,8 @@ import trio
 
 from broker.client import BlockingClient, ConnectionLost, open_client
 from broker.config import BrokerConfig, ConfigError
-from broker.protocol import PROTOCOL_VERSION, FrameDecoder, Goodbye, GoodbyeCode, Hello, encode
+from broker.protocol import PROTOCOL_VERSION, Goodbye, GoodbyeCode, Hello
+from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, serve_broker
 from broker.tls import TLSConfigError, certificate_identity, client_context, server_context
 from tests.server.helpers import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import trio
 
 from broker.client import open_client
-from broker.protocol import MAX_HELLO_FRAME, GoodbyeCode
+from broker.protocol import GoodbyeCode
+from broker.protocol.connection import MAX_HELLO_FRAME
 from tests.server.helpers import (
     TIMEOUT,
     RawClient,

@@ -21,7 +21,6 @@ from broker.client import Client, open_client
 from broker.config import BrokerConfig, KiB
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
-    DELIVER_SLACK,
     PROTOCOL_VERSION,
     SUBSCRIPTION_BINDS,
     TOPIC_BINDS,
@@ -29,7 +28,6 @@ from broker.protocol import (
     BindTopic,
     Channel,
     ChannelKind,
-    FrameDecoder,
     Goodbye,
     Hello,
     IssueGuarantee,
@@ -37,8 +35,9 @@ from broker.protocol import (
     ProtocolError,
     Subscribe,
     Welcome,
-    encode,
 )
+from broker.protocol.connection import DELIVER_SLACK
+from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, ServerConnection, serve_broker
 
 from .memory import MemoryListener

@@ -22,8 +22,8 @@ from broker.protocol import (
     Publish,
     Subscribe,
     Welcome,
-    encode,
 )
+from broker.protocol.frames import encode
 from broker.server import Broker, serve_broker
 
 from .helpers import (

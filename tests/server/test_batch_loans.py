@@ -5,17 +5,8 @@ whole; in all, exactly what a loan per delivery would charge."""
 from __future__ import annotations
 
 from broker.client import open_client
-from broker.protocol import (
-    Ack,
-    BindTopic,
-    Channel,
-    ChannelKind,
-    Deliver,
-    IssueGuarantee,
-    Subscribe,
-    encode,
-    encode_deliver_tail,
-)
+from broker.protocol import Ack, BindTopic, Channel, ChannelKind, Deliver, IssueGuarantee, Subscribe
+from broker.protocol.frames import encode, encode_deliver_tail
 from broker.server.topics._topic import DELIVER_HEAD_ESTIMATE
 
 from .helpers import connection_named, raw_client, running_broker, url, wait_until

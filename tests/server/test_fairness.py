@@ -19,7 +19,8 @@ import socket
 import trio
 
 from broker.config import KiB, MiB
-from broker.protocol import FrameDecoder, Ping, Pong, encode
+from broker.protocol import Ping, Pong
+from broker.protocol.frames import FrameDecoder, encode
 from broker.server.connection._connection import FRAMES_PER_TURN
 
 from .helpers import TIMEOUT, RawClient, connection_named, raw_client, running_broker, wait_until

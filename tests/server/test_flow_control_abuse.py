@@ -21,8 +21,8 @@ from broker.protocol import (
     IssueGuarantee,
     Policy,
     Publish,
-    encode,
 )
+from broker.protocol.frames import encode
 
 from .helpers import (
     DEAF_CONFIG,

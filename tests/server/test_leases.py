@@ -30,7 +30,6 @@ from broker.protocol import (
     GoodbyeCode,
     Hello,
     IssueGuarantee,
-    Liveness,
     Message,
     Ping,
     Pong,
@@ -38,6 +37,7 @@ from broker.protocol import (
     Subscribe,
     Welcome,
 )
+from broker.protocol.connection import Liveness
 from broker.server import Broker
 
 from .helpers import (

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from accounts import Account, LoanedItem
 from broker.config import BrokerConfig
-from broker.protocol import Connection, GoodbyeCode, HelloReceived, Role, encode_deliver_tail
+from broker.protocol import Connection, GoodbyeCode, HelloReceived, Role
+from broker.protocol.frames import encode_deliver_tail
 from broker.server.cluster._forward import ForwardTopic, PendingBatch
 from broker.server.cluster._link import Link
 from broker.server.topics._topic import Routed

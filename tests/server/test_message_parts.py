@@ -293,7 +293,7 @@ async def test_only_so_many_connections_hold_messages_in_parts_at_once() -> None
     client that starts a message in parts is not read on until the first
     client's message is whole; then it goes on and both messages arrive.
     (Before: every connection could hold ``max_message`` bytes at once.)"""
-    from broker.protocol import encode_body
+    from broker.protocol.frames import encode_body
     from broker.server.connection._reassembly import ReassemblyRoom
 
     async with (

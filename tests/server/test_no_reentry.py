@@ -116,7 +116,8 @@ def test_the_watch_sees_a_reentering_call(monkeypatch: pytest.MonkeyPatch) -> No
             return super().initial_capacity(channel)
 
     with reentry_watch(monkeypatch) as calls:
-        from broker.protocol import PROTOCOL_VERSION, BindTopic, Hello, encode
+        from broker.protocol import PROTOCOL_VERSION, BindTopic, Hello
+        from broker.protocol.frames import encode
 
         broker_side = Connection(Role.BROKER, policy=Nosy(), now=0.0)
         seen.append(broker_side)

@@ -20,7 +20,6 @@ from broker.client import BlockingClient, ClientError, open_client
 from broker.config import MiB
 from broker.protocol import (
     BindTopic,
-    BrokerSessionState,
     Channel,
     ChannelKind,
     Confirm,
@@ -32,8 +31,9 @@ from broker.protocol import (
     Pong,
     Publish,
     Throttled,
-    encode,
 )
+from broker.protocol.connection import BrokerSessionState
+from broker.protocol.frames import encode
 from broker.server import Broker
 from tests.proxy import proxied
 

@@ -16,16 +16,8 @@ from pathlib import Path
 import trio
 
 from broker.log import JOURNAL_NAME, StateJournal
-from broker.protocol import (
-    BindTopic,
-    Channel,
-    ChannelKind,
-    Confirm,
-    Publish,
-    Stage,
-    Welcome,
-    encode,
-)
+from broker.protocol import BindTopic, Channel, ChannelKind, Confirm, Publish, Stage, Welcome
+from broker.protocol.frames import encode
 from broker.server.sessions._records import COUNTS
 from broker.server.storage._publish_marks import MARKS, Held, PublishMarks
 

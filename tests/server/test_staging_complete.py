@@ -16,7 +16,8 @@ import trio
 from accounts import unlimited
 from broker.client import Client, open_client
 from broker.log import LogStore
-from broker.protocol import OutcomeStatus, Stage, encode_deliver_tail
+from broker.protocol import OutcomeStatus, Stage
+from broker.protocol.frames import encode_deliver_tail
 from broker.server.staging._area import StagingArea
 
 from .helpers import TIMEOUT, running_broker, url

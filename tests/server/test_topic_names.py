@@ -6,14 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import (
-    TOPIC_NAME_RULE,
-    BindTopic,
-    Goodbye,
-    GoodbyeCode,
-    Publish,
-    encode,
-)
+from broker.protocol import TOPIC_NAME_RULE, BindTopic, Goodbye, GoodbyeCode, Publish
+from broker.protocol.frames import encode
 
 from .helpers import assert_round_trip, raw_client, running_broker, wait_idle
 

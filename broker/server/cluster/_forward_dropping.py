@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.protocol import DeliveryMode, Options, ProtocolError, decode_deliver_tail
+from broker.protocol import DeliveryMode, Options, ProtocolError
+from broker.protocol.frames import decode_deliver_tail
 
 from ..topics._lossy import DroppingSubscriber, DroppingSubscription, QueueLimits
 from ._forward import ForwardTopic, SubscriptionLink, end_here

@@ -29,8 +29,9 @@ from typing import Protocol
 
 import trio
 
-from broker.protocol import Cluster, FrameDecoder, Hello, Member, ProtocolError
+from broker.protocol import Cluster, Hello, Member, ProtocolError
 from broker.protocol.connection._core import MAX_HELLO_FRAME
+from broker.protocol.frames import FrameDecoder
 
 log = logging.getLogger("broker.server")
 

@@ -56,9 +56,9 @@ from broker.protocol import (
     Throttled,
     WelcomeReceived,
     add_runs,
-    encode_deliver_tail,
     slice_origins,
 )
+from broker.protocol.frames import encode_deliver_tail
 
 from ..transport._wake import Outbox, Wake
 from ._forward import ForwardTopic, LinkedSubscription, PendingBatch

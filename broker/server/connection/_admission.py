@@ -9,13 +9,8 @@ from typing import Protocol
 import trio
 
 from broker.auth import AuthFailure
-from broker.protocol import (
-    BrokerSessionState,
-    Connection,
-    GoodbyeCode,
-    HelloReceived,
-    Stage,
-)
+from broker.protocol import Connection, GoodbyeCode, HelloReceived, Stage
+from broker.protocol.connection import BrokerSessionState
 
 from .._peer_logging import ConnectionLog, shown
 from .._peers import peer_key

@@ -46,14 +46,14 @@ from broker.protocol import (
     SUBSCRIPTION_BINDS,
     Channel,
     ChannelKind,
-    ChannelReceiver,
     Connection,
     DeliveryMode,
-    HandleState,
     LocalProtocolError,
     Subscribe,
-    encode,
 )
+from broker.protocol.connection import HandleState
+from broker.protocol.frames import encode
+from broker.protocol.guarantees import ChannelReceiver
 
 #: A publish channel with nothing buffered and no publish for this long is
 #: quiet: a busy channel may take its room.

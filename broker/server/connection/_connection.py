@@ -21,14 +21,8 @@ from typing import Any
 import trio
 
 from accounts import Account, LoanedItem
-from broker.protocol import (
-    DELIVER_SLACK,
-    Connection,
-    ConnectionClosed,
-    Event,
-    GoodbyeCode,
-    Role,
-)
+from broker.protocol import Connection, ConnectionClosed, Event, GoodbyeCode, Role
+from broker.protocol.connection import DELIVER_SLACK
 from broker.pump import Pump
 
 from .._peer_logging import ConnectionLog

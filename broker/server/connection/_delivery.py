@@ -11,14 +11,8 @@ import trio
 
 from accounts import Account, LoanedItem
 from broker.groups import GroupError, Outcome
-from broker.protocol import (
-    MIN_PART,
-    Channel,
-    ChannelKind,
-    Connection,
-    HandleType,
-    LocalProtocolError,
-)
+from broker.protocol import Channel, ChannelKind, Connection, HandleType, LocalProtocolError
+from broker.protocol.connection import MIN_PART
 
 from ..topics._topic import GroupMember, Subscription
 from ..transport._wake import Wake

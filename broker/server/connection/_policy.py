@@ -12,9 +12,9 @@ from broker.protocol import (
     SUBSCRIPTION_BINDS,
     Channel,
     ChannelKind,
-    ChannelReceiver,
     Policy,
 )
+from broker.protocol.guarantees import ChannelReceiver
 
 from ._budget import Grant
 

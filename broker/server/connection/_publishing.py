@@ -26,9 +26,9 @@ from broker.protocol import (
     PublishManyReceived,
     PublishReceived,
     Stage,
-    encode_deliver_tail,
     slice_origins,
 )
+from broker.protocol.frames import encode_deliver_tail
 
 from .._peer_logging import ConnectionLog, shown
 from .._services import Commits, Lifecycle, OriginFilter, TopicDirectory

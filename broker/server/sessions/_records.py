@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.log import StateJournal
-from broker.protocol import BrokerSessionState, DeliveryMode, Stage, SubscriptionInfo
+from broker.protocol import DeliveryMode, Stage
+from broker.protocol.connection import BrokerSessionState, SubscriptionInfo
 
 from ..storage._publish_marks import PublishMarks
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from accounts import Account, LoanedItem
 from broker.groups import GroupOptionError, group_request
-from broker.protocol import BrokerSessionState, DeliveryMode, TopicNameError, TopicPattern
+from broker.protocol import DeliveryMode, TopicNameError, TopicPattern
+from broker.protocol.connection import BrokerSessionState
 
 from .._services import BrokerServices
 from ..cluster._forward import ForwardTopic, forwarded_subscription

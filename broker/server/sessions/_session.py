@@ -16,7 +16,7 @@ from typing import Protocol
 
 import trio
 
-from broker.protocol import BrokerSessionState
+from broker.protocol.connection import BrokerSessionState
 
 from .._peer_logging import shown
 from ..topics._topic import Subscription

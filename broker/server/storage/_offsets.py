@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from broker.protocol import Connection, ListOffsets, Offsets, TopicOffsets, encode
+from broker.protocol import Connection, ListOffsets, Offsets, TopicOffsets
+from broker.protocol.frames import encode
 
 from ._store import TopicStore
 from ._topic_logs import TopicLogs

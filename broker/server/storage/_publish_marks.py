@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.log import StateJournal
-from broker.protocol import BrokerSessionState, OriginRun
+from broker.protocol import OriginRun
+from broker.protocol.connection import BrokerSessionState
 
 __all__ = ["MARKS", "Held", "PublishMarks", "held_publishes"]
 

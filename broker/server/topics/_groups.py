@@ -41,7 +41,7 @@ from broker.groups import (
     dead_letters_default,
 )
 from broker.log import StateJournal
-from broker.protocol import decode_deliver_tail, encode_deliver_tail
+from broker.protocol.frames import decode_deliver_tail, encode_deliver_tail
 
 from ..storage._store import LogError, Start, StoreReader, TopicStore
 from ._lossy import OptionError

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from accounts import Account, LoanedItem, unlimited
-from broker.protocol import DeliveryMode, encode_deliver
+from broker.protocol import DeliveryMode
+from broker.protocol.frames import encode_deliver
 
 from ._topic import DELIVER_HEAD_ESTIMATE, PUMP_BATCH, Subscriber, Subscription, Topic
 

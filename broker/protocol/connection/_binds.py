@@ -117,11 +117,7 @@ class Handles:
     # ---------------------------------------------------------------- freeing
 
     def free_handle(self, handle_type: HandleType, handle: int) -> None:
-        """Propose freeing a handle; this side stops using it at once.
-
-        A client may free only confirmed handles, and a topic handle only
-        once every Publish sent on it is confirmed.
-        """
+        """See :meth:`Connection.free_handle` (its public form)."""
         self._handshake.require_open()
         table = self._table(handle_type)
         table.resolve_local(handle)
@@ -160,15 +156,7 @@ class Handles:
     # ---------------------------------------------------------------- binds (client side)
 
     def bind_topic(self, name: str, stage: Stage | None = None) -> int:
-        """Client: bind the next topic handle to ``name``; returns the handle.
-
-        Publishing on it may start at once (optimistically, if the policy
-        allows); the broker issues the topic's guarantees once it has
-        processed the bind. With a ``stage``, the broker stages what is
-        published on the handle until a :meth:`commit` of the stage's batch.
-        A name that breaks the topic-name rule raises :class:`TopicNameError`
-        and sends nothing.
-        """
+        """See :meth:`Connection.bind_topic` (its public form)."""
         self._require_role(Role.CLIENT, "bind topics")
         self._handshake.require_open()
         check_topic_name(name)
@@ -182,11 +170,7 @@ class Handles:
     def subscribe(
         self, topic: int, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
     ) -> int:
-        """Client: subscribe to a confirmed topic handle; returns the subscription handle.
-
-        The delivery channel's guarantees are issued as soon as the Subscribe
-        is confirmed.
-        """
+        """See :meth:`Connection.subscribe` (its public form)."""
         self._require_role(Role.CLIENT, "subscribe")
         self._handshake.require_open()
         if mode not in DeliveryMode.ALL:
@@ -209,11 +193,7 @@ class Handles:
     def subscribe_pattern(
         self, pattern: str, mode: str = DeliveryMode.RELIABLE, options: Options | None = None
     ) -> int:
-        """Client: subscribe to every topic ``pattern`` matches (see
-        :class:`TopicPattern`), existing or created later; returns the
-        subscription handle. Its deliveries come as DeliverMatched frames,
-        each naming its topic through a Matched. A pattern that breaks the
-        rule raises :class:`TopicPatternError` and sends nothing."""
+        """See :meth:`Connection.subscribe_pattern` (its public form)."""
         self._require_role(Role.CLIENT, "subscribe")
         self._handshake.require_open()
         if mode not in DeliveryMode.ALL:
@@ -262,7 +242,7 @@ class Handles:
             self.process_pending(handle_type, events)
 
     def process_binds(self) -> list[Event]:
-        """Broker: process every buffered bind now (with deferred bind processing)."""
+        """See :meth:`Connection.process_binds` (its public form)."""
         events: list[Event] = []
         for handle_type in (HandleType.TOPIC, HandleType.SUBSCRIPTION):
             self.process_pending(handle_type, events)

@@ -168,11 +168,7 @@ class Control:
         events.append(message)
 
     def throttled(self, channel: Channel, throttled: bool) -> None:
-        """Broker: advise the client that ``channel`` is (no longer) withheld.
-
-        Refused (:class:`LocalProtocolError`, nothing sent) for the channel of
-        a topic handle being freed: the client may have deleted it already.
-        """
+        """See :meth:`Connection.throttled` (its public form)."""
         require_role(self.role, Role.BROKER, "throttle")
         self._flow.require_referable(channel)
         self._flow.receiver(channel)

@@ -146,11 +146,7 @@ class Flow:
     # ---------------------------------------------------------------- referencing channels
 
     def confirmed(self, handle_type: HandleType, handle: int) -> bool:
-        """Client: the bind of ``handle`` is known to be processed by the broker.
-
-        Only confirmed handles may be referenced in control messages (and in
-        Subscribe); Publish may reference a handle optimistically.
-        """
+        """See :meth:`Connection.confirmed` (its public form)."""
         table = self.table(handle_type)
         if handle not in table:
             return False
@@ -171,9 +167,7 @@ class Flow:
         return self.confirmed(handle_type, channel.index)
 
     def may_reference(self, channel: Channel) -> bool:
-        """Whether this side may still send control messages about ``channel``
-        (``confirm``, ``throttled``, guarantees): the connection is open and
-        the channel's handle is confirmed and not being freed."""
+        """See :meth:`Connection.may_reference` (its public form)."""
         return self._handshake.state is not ConnectionState.CLOSED and self.referable(channel)
 
     def require_referable(self, channel: Channel) -> None:
@@ -218,11 +212,7 @@ class Flow:
     # ---------------------------------------------------------------- receiving channels
 
     def issue_guarantees(self, channel: Channel | None = None) -> None:
-        """Issue what the policy allows on ``channel`` (default: every channel).
-
-        Call it when a policy answer changes, e.g. when an account that
-        withheld a channel's guarantees falls below its watermark.
-        """
+        """See :meth:`Connection.issue_guarantees` (its public form)."""
         if self._handshake.state is not ConnectionState.OPEN:
             return
         if channel is not None:
@@ -232,20 +222,14 @@ class Flow:
             self.issue(receiver)
 
     def grow(self, channel: Channel, amount: int) -> None:
-        """Add buffer capacity to a receiving channel (issued per policy)."""
+        """See :meth:`Connection.grow` (its public form)."""
         self._handshake.require_open()
         receiver = self.receiver(channel)
         receiver.grow(amount)
         self.issue(receiver)
 
     def set_capacity(self, channel: Channel, target: int, *, plead: bool | None = None) -> None:
-        """Resize a receiving channel's buffer.
-
-        Growing issues per policy. Shrinking reclaims unpromised space at
-        once, then processed frames, and (with ``plead``, by default the
-        policy's ``plead_on_shrink``) asks the sender to absolve what neither
-        can reclaim.
-        """
+        """See :meth:`Connection.set_capacity` (its public form)."""
         if plead is None:
             plead = self.policy.plead_on_shrink
         self._handshake.require_open()
@@ -258,12 +242,12 @@ class Flow:
                 self._writer.queue(message)
 
     def plead(self, channel: Channel, target: int) -> None:
-        """Ask the sender of ``channel`` to keep only ``target`` bytes of guarantees."""
+        """See :meth:`Connection.plead` (its public form)."""
         self.require_referable(channel)
         self._writer.queue(self.receiver(channel).plead(target))
 
     def limit_receiving(self, channel: Channel, bound: int) -> None:
-        """Promise to issue at most ``bound`` more guarantee bytes on ``channel``."""
+        """See :meth:`Connection.limit_receiving` (its public form)."""
         self.require_referable(channel)
         self._writer.queue(self.receiver(channel).limit_receiving(bound))
 
@@ -275,28 +259,18 @@ class Flow:
         | DeliverManyReceived
         | EncodedDeliveriesReceived,
     ) -> list[Event]:
-        """A received Publish, Deliver or DeliverMany has been processed
-        (all of a DeliverMany's entries): free its buffer space.
-
-        Returns the events this causes: a :class:`HandleDeleted` when the
-        frame was the last reference to a handle being freed.
-        """
+        """See :meth:`Connection.release` (its public form)."""
         if type(event) is PublishReceived or type(event) is DeliverReceived:
             return self.release_frame(event.channel, event.size)
         assert not isinstance(event, PublishReceived | DeliverReceived)
         return self.release_frames(event.channel, event.size, len(event.message.entries))
 
     def release_frame(self, channel: Channel, size: int) -> list[Event]:
-        """Free ``size`` bytes of a processed frame on ``channel``; see :meth:`release`."""
+        """See :meth:`Connection.release_frame` (its public form)."""
         return self.release_frames(channel, size, 1)
 
     def release_frames(self, channel: Channel, size: int, count: int) -> list[Event]:
-        """Free ``count`` processed frames of ``size`` bytes in all on ``channel``.
-
-        The same as releasing each frame in turn (:meth:`release_frame`),
-        with guarantees issued once for the lot. A DeliverMany counts as one
-        frame per entry here (each entry references its subscription).
-        """
+        """See :meth:`Connection.release_frames` (its public form)."""
         if channel.kind not in (ChannelKind.PUBLISH, ChannelKind.DELIVER):
             raise LocalProtocolError("bind channels are released by the protocol itself")
         if count < 1:
@@ -318,17 +292,17 @@ class Flow:
     # ---------------------------------------------------------------- sending channels
 
     def limit_sending(self, channel: Channel, bound: int) -> None:
-        """Promise to send (or absolve) at most ``bound`` more bytes on ``channel``."""
+        """See :meth:`Connection.limit_sending` (its public form)."""
         self.require_referable(channel)
         self._writer.queue(self.sender(channel).limit_sending(bound))
 
     def absolve(self, channel: Channel, amount: int) -> None:
-        """Give back ``amount`` bytes of guarantees on ``channel``."""
+        """See :meth:`Connection.absolve` (its public form)."""
         self.require_referable(channel)
         self._writer.queue(self.sender(channel).absolve(amount))
 
     def room(self, channel: Channel) -> int:
-        """The largest frame this side may send on ``channel`` now."""
+        """See :meth:`Connection.room` (its public form)."""
         return self.room_of(self.sender(channel))
 
     def room_of(self, sender: ChannelSender) -> int:

@@ -174,10 +174,7 @@ class LargeMessages:
         key: bytes | None,
         headers: Headers | None,
     ) -> int:
-        """Client: :meth:`publish` of a message too large for one frame, in
-        parts. Raises :class:`NoGuarantees` until its last part is sent (call
-        again with the same ``payload`` object to go on); a publish of another
-        message on the handle meanwhile sends the first one's parts first."""
+        """See :meth:`Connection.publish_large` (its public form)."""
         channel = sender.channel
         out, done = self._parts.out, self._parts.done
         if done.get(channel) is payload:
@@ -202,11 +199,7 @@ class LargeMessages:
         return sum(map(len, pending.frames))
 
     def publish_tail_in_parts(self, topic: int, tail: bytes) -> bool:
-        """Client: the publish whose Deliver tail (:func:`encode_deliver_tail`)
-        is ``tail``, too large for one frame, in parts: True once its last
-        part is sent, False while it (or one begun before it on the handle)
-        waits for room; call again with the same ``tail`` object. (A worker's
-        link passes a publish on so, without its origin.)"""
+        """See :meth:`Connection.publish_tail_in_parts` (its public form)."""
         state = self.topics.bindings.get(topic)
         if state is None or state.sender is None:
             raise LocalProtocolError(f"this side does not send on topic handle {topic}")

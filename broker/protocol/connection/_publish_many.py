@@ -80,15 +80,7 @@ class ManyPublishing:
         start: int = 0,
         origins: list[OriginRun] | None = None,
     ) -> int:
-        """Client: :meth:`publish_tails`, but as few PublishMany frames as the
-        guarantees and the peer's ``max_frame`` allow, where the Welcome
-        allowed them (else, or when the channel is not plainly within its
-        guarantees, as :meth:`publish_tails` sends them); returns how many
-        were sent, in order.
-
-        A worker's link passes ``origins``, the runs of ``tails`` (see
-        :mod:`._origins`): each frame then carries those of its entries.
-        Publishes sent as Publish frames carry none."""
+        """See :meth:`Connection.publish_many_tails` (its public form)."""
         if not self.allowed or self._flow.bind_senders[TOPIC_BINDS].retransmit:
             return self._traffic.publish_tails(topic, tails, start)
         if self._handshake.state is not ConnectionState.OPEN:

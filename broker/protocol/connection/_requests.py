@@ -39,10 +39,7 @@ class Requests:
     # ---------------------------------------------------------------- staging
 
     def commit(self, batch: str, members: list[tuple[str, int]]) -> int:
-        """Client: ask the broker to make the listed members of ``batch``
-        visible, each with the number of publishes it staged, and to discard
-        the batch's other members; returns the request number its
-        :class:`Outcome` will carry."""
+        """See :meth:`Connection.commit` (its public form)."""
         self._require_role(Role.CLIENT, "commit")
         self._handshake.require_open()
         self._last_request += 1
@@ -50,8 +47,7 @@ class Requests:
         return self._last_request
 
     def abort(self, batch: str) -> int:
-        """Client: ask the broker to discard everything staged in ``batch``;
-        returns the request number its :class:`Outcome` will carry."""
+        """See :meth:`Connection.abort` (its public form)."""
         self._require_role(Role.CLIENT, "abort")
         self._handshake.require_open()
         self._last_request += 1
@@ -59,7 +55,7 @@ class Requests:
         return self._last_request
 
     def outcome(self, request: int, status: int, messages: int, reason: str = "") -> None:
-        """Broker: answer Commit or Abort number ``request``."""
+        """See :meth:`Connection.outcome` (its public form)."""
         self._require_role(Role.BROKER, "answer commits")
         self._handshake.require_open()
         self._writer.queue(Outcome(request, int(status), messages, reason))
@@ -67,9 +63,7 @@ class Requests:
     # ---------------------------------------------------------------- offsets
 
     def list_offsets(self, topics: list[str] | None = None) -> int:
-        """Client: ask for the first and next offsets of ``topics`` (None: of
-        every topic with a log the client may subscribe to); returns the
-        request number its :class:`Offsets` will carry."""
+        """See :meth:`Connection.list_offsets` (its public form)."""
         self._require_role(Role.CLIENT, "list offsets")
         self._handshake.require_open()
         self._last_request += 1
@@ -79,7 +73,7 @@ class Requests:
         return self._last_request
 
     def offsets(self, request: int, topics: list[tuple[str, int, int]], reason: str = "") -> None:
-        """Broker: answer ListOffsets number ``request``."""
+        """See :meth:`Connection.offsets` (its public form)."""
         self._require_role(Role.BROKER, "answer offsets")
         self._handshake.require_open()
         self._writer.queue(Offsets(request, topics, reason))
@@ -87,9 +81,7 @@ class Requests:
     # ---------------------------------------------------------------- administration
 
     def admin(self, command: str, arguments: dict[str, AdminValue] | None = None) -> int:
-        """Client: ask for topic administration ``command`` (see the protocol
-        document); returns the request number its :class:`AdminAnswer` will
-        carry."""
+        """See :meth:`Connection.admin` (its public form)."""
         self._require_role(Role.CLIENT, "administer")
         self._handshake.require_open()
         self._last_request += 1
@@ -104,7 +96,7 @@ class Requests:
         after: str | None = None,
         reason: str = "",
     ) -> None:
-        """Broker: answer Admin number ``request``."""
+        """See :meth:`Connection.admin_answer` (its public form)."""
         self._require_role(Role.BROKER, "answer admin requests")
         self._handshake.require_open()
         self._writer.queue(AdminAnswer(request, int(status), rows, after, reason))

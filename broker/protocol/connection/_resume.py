@@ -67,15 +67,7 @@ class Sessions:
         self.subscriptions = subscriptions
 
     def session_state(self, *, keep_unconfirmed: bool) -> BrokerSessionState | ClientSessionState:
-        """What this side must keep of the session to resume it on a new
-        connection (a broker: its live handles and publish counts; a client:
-        its handles, processed sequence numbers and unconfirmed publishes).
-
-        Valid at any time after the handshake, the connection closed or not.
-        Handles being freed are left out (a client keeps topic handles it
-        proposed to free, and proposes again on resume). A broker that defers
-        bind processing calls :meth:`process_binds` first.
-        """
+        """See :meth:`Connection.session_state` (its public form)."""
         welcome = self._handshake.welcome_message
         if welcome is None:
             raise LocalProtocolError("no session before the handshake")

@@ -129,19 +129,7 @@ class Traffic:
     # ---------------------------------------------------------------- publish
 
     def publish_tails(self, topic: int, tails: list[bytes], start: int = 0) -> int:
-        """Client: :meth:`publish` of the messages whose payload, key and
-        headers are ``tails[start:]``, Deliver tails
-        (:func:`encode_deliver_tail`), without decoding them, in order and
-        as far as the guarantees go; returns how many were sent (fewer than
-        asked when the channel ran out of room: the rest were not sent).
-        Raises as :meth:`publish`, except that running out of room ends the
-        run instead of raising :class:`NoGuarantees`; a tail too large for
-        the peer's ``max_frame`` ends the run before it, and raises
-        :class:`LocalProtocolError` when it comes first.
-
-        (The checks and fast path are :meth:`publish`'s, repeated rather than
-        shared: ``publish`` is the clients' hottest call, kept free of an
-        extra call per message; here they are paid once per run.)"""
+        """See :meth:`Connection.publish_tails` (its public form)."""
         if self.role is not Role.CLIENT:
             require_role(self.role, Role.CLIENT, "publish")
         if self._handshake.state is not ConnectionState.OPEN:
@@ -240,7 +228,7 @@ class Traffic:
         key: bytes | None = None,
         headers: Headers | None = None,
     ) -> int:
-        """Broker: send a delivery within the subscriber's guarantees; returns its size."""
+        """See :meth:`Connection.deliver` (its public form)."""
         sender = self.delivery_sender(subscription)
         return self._flow.send_frame(sender, Deliver(subscription, seq, payload, key, headers))
 
@@ -252,11 +240,7 @@ class Traffic:
         return sender
 
     def deliver_encoded(self, subscription: int, seq: int, tail: bytes) -> int:
-        """Broker: :meth:`deliver` with the shared part pre-encoded once per publish.
-
-        ``tail`` comes from :func:`encode_deliver_tail`; only a few bytes are
-        encoded per subscriber.
-        """
+        """See :meth:`Connection.deliver_encoded` (its public form)."""
         sender = self.delivery_sender(subscription)
         head, tail = encode_deliver(subscription, seq, tail)
         size = len(head) + len(tail)
@@ -324,12 +308,7 @@ class Traffic:
     def deliver_timed(
         self, subscription: int, first_seq: int, tails: list[bytes], times: list[int]
     ) -> int:
-        """Broker: :meth:`deliver_encoded_many` with each record's receive
-        time (``times[i]``, ms since the epoch, for ``tails[i]``), as
-        DeliverTimed frames (one entry or many, whatever the client's Hello
-        said): for a subscription whose Subscribe asked for ``"timestamps"``.
-        Returns how many were queued (0 if none fits); raises
-        :class:`LocalProtocolError` if the first could never be sent."""
+        """See :meth:`Connection.deliver_timed` (its public form)."""
         sender = self.delivery_sender(subscription)
         count = len(tails)
         if first_seq < 0 or first_seq + count - 1 > U64_MAX or len(times) != count:
@@ -346,14 +325,7 @@ class Traffic:
         offsets: list[int],
         delivered: list[int],
     ) -> int:
-        """Broker: :meth:`deliver_encoded_many` for a group subscription,
-        each delivery with its record's topic offset (``offsets[i]`` for
-        ``tails[i]``) and how many times that record was delivered before
-        (``delivered[i]``, 0 the first time), as DeliverGroup frames (one
-        entry or many, whatever the client's Hello said); ``first_seq + i``
-        is the delivery number a Settle names ``tails[i]`` by. Returns how
-        many were queued (0 if none fits); raises
-        :class:`LocalProtocolError` if the first could never be sent."""
+        """See :meth:`Connection.deliver_group` (its public form)."""
         sender = self.delivery_sender(subscription)
         count = len(tails)
         if (
@@ -379,12 +351,7 @@ class Traffic:
         match: int,
         first_offset: int,
     ) -> int:
-        """Broker: :meth:`deliver_encoded_many` for a pattern subscription:
-        records of the topic matched as ``match`` (see :meth:`matched`),
-        numbered ``first_offset`` on in that topic, as DeliverMatched frames
-        numbered ``first_seq`` on (what an Ack names). Returns how many were
-        queued (0 if none fits); raises :class:`LocalProtocolError` if the
-        first could never be sent."""
+        """See :meth:`Connection.deliver_matched` (its public form)."""
         sender = self.delivery_sender(subscription)
         count = len(tails)
         if (
@@ -399,16 +366,14 @@ class Traffic:
         return self._deliver_prefixed(sender, subscription, first_seq, tails, heads, _MATCHED)
 
     def matched(self, subscription: int, match: int, topic: str | None) -> None:
-        """Broker: on pattern subscription ``subscription``, match index
-        ``match`` is topic ``topic`` (None: that topic was deleted)."""
+        """See :meth:`Connection.matched` (its public form)."""
         require_role(self.role, Role.BROKER, "match topics")
         self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         self._writer.queue(Matched(subscription, match, topic))
 
     def matched_gap(self, subscription: int, match: int, first: int, count: int) -> None:
-        """Broker: on pattern subscription ``subscription``, ``count``
-        records of match ``match`` from offset ``first`` were dropped."""
+        """See :meth:`Connection.matched_gap` (its public form)."""
         require_role(self.role, Role.BROKER, "report gaps")
         self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
@@ -585,7 +550,7 @@ class Traffic:
     # ---------------------------------------------------------------- acks, gaps, confirms
 
     def ack(self, subscription: int, seq: int) -> None:
-        """Client: everything up to ``seq`` on ``subscription`` is processed."""
+        """See :meth:`Connection.ack` (its public form)."""
         require_role(self.role, Role.CLIENT, "acknowledge")
         self._handshake.require_open()
         state = self.subscriptions.resolve_local(subscription)
@@ -601,14 +566,7 @@ class Traffic:
         ranges: list[tuple[int, int]],
         detail: int | str | None = None,
     ) -> None:
-        """Client: say what became of the deliveries ``ranges`` names on a
-        group subscription (ascending, non-overlapping ``(first, count)``
-        pairs of delivery numbers, see :func:`settle_ranges`): ``detail`` is
-        the delay in ms before a RETRY, the reason of a REJECT (at most 1024
-        bytes of UTF-8), else None. Queued at once, like :meth:`ack`.
-        Raises :class:`LocalProtocolError` (nothing sent) for anything the
-        broker would refuse, or a frame larger than the broker's
-        ``max_frame`` (see :func:`max_settle_ranges`)."""
+        """See :meth:`Connection.settle` (its public form)."""
         require_role(self.role, Role.CLIENT, "settle")
         self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
@@ -651,14 +609,14 @@ class Traffic:
             )
 
     def gap(self, subscription: int, first_seq: int, count: int) -> None:
-        """Broker: tell the subscriber ``count`` deliveries from ``first_seq`` were dropped."""
+        """See :meth:`Connection.gap` (its public form)."""
         require_role(self.role, Role.BROKER, "report gaps")
         self._handshake.require_open()
         self.subscriptions.resolve_local(subscription)
         self._writer.queue(Gap(subscription, first_seq, count))
 
     def confirm(self, topic: int, count: int) -> None:
-        """Broker: ``count`` publishes on ``topic`` are fully routed (cumulative)."""
+        """See :meth:`Connection.confirm` (its public form)."""
         require_role(self.role, Role.BROKER, "confirm")
         self._handshake.require_open()
         self.topics.resolve_local(topic)

@@ -62,7 +62,7 @@ class FrameWriter:
 
     @property
     def bytes_to_send(self) -> int:
-        """Bytes queued for the peer that ``data_to_send`` has not returned yet."""
+        """See :meth:`Connection.bytes_to_send` (its public form)."""
         return self.out_size
 
     @property

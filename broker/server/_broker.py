@@ -248,14 +248,8 @@ class Broker:
     def open_topics(self) -> list[str]:
         return self.directory.open_topics()
 
-    def is_open(self, name: str) -> bool:
-        return self.directory.is_open(name)
-
     async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
         return await self.directory.stored_topics(match)
-
-    def reader_of(self, principal: str | None) -> Callable[[str], bool]:
-        return self.services.gate.reader_of(principal)
 
     def store_cursors(self) -> None:
         self.directory.store_cursors()
@@ -265,9 +259,6 @@ class Broker:
 
     def not_owned(self, topic: str) -> str | None:
         return self.directory.not_owned(topic)
-
-    def cannot_commit_to(self, topic: str) -> str | None:
-        return self.directory.cannot_commit_to(topic)
 
     def start_commit(
         self,
@@ -286,11 +277,11 @@ class Broker:
 
     @property
     def offsets(self) -> bool:
-        return self.logs is not None
+        return self.services.storage.offsets
 
     @property
     def cursors(self) -> CursorBook | None:
-        return self.logs.cursors if self.logs is not None else None
+        return self.services.storage.cursors
 
     async def _expire_staging(self) -> None:
         """Discard staged batches left uncommitted for longer than ``staging_ttl``."""

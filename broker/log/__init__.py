@@ -11,6 +11,8 @@ subscriber needs no copy and no re-encoding. See ``docs/topic-log.md``.
 - :class:`Reader`: a position in a log; :class:`Run`: what a read returns.
 - :class:`StoredTopic`, :func:`list_stored_topics`: the stored topics, read
   cheaply without opening their logs (``store.list_topics()``).
+- :func:`encode_run`, :func:`decode_run`: consecutive records as one
+  message body (a replicated topic's runs), checked when read back.
 - :class:`StateJournal`: the broker's own state (cursors, sessions, staged
   batches), crash-safe, in ``<data_dir>/state.journal`` (``store.journal``).
 
@@ -46,6 +48,7 @@ from ._format import HEADER_SIZE
 from ._journal import JournalFormatError, StateJournal
 from ._listing import StoredTopic, list_stored_topics
 from ._log import Reader, TopicLog
+from ._runs import DecodedRun, RunDamaged, decode_run, encode_run
 from ._store import JOURNAL_NAME, WORKERS, LogStore
 from ._types import FlushPolicy, LogConfig, Recovery, Run, Start, WhenFull
 
@@ -54,6 +57,7 @@ __all__ = [
     "JOURNAL_NAME",
     "WORKERS",
     "DataDirLocked",
+    "DecodedRun",
     "DirLock",
     "DiskFull",
     "FlushPolicy",
@@ -68,12 +72,15 @@ __all__ = [
     "RecordTooLarge",
     "Recovery",
     "Run",
+    "RunDamaged",
     "Start",
     "StateJournal",
     "StoredTopic",
     "TopicDirMismatch",
     "TopicLog",
     "WhenFull",
+    "decode_run",
+    "encode_run",
     "list_stored_topics",
     "unopened_due",
 ]

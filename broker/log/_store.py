@@ -14,7 +14,10 @@ from broker.protocol import check_topic_name
 from ._errors import DataDirLocked, LogClosed
 from ._files import (
     DirLock,
+    create_topic_dir,
     fsync_dir,
+    list_terms,
+    read_meta,
     remove_term,
     stored_topics,
     topic_dir_name,
@@ -23,6 +26,7 @@ from ._files import (
 from ._journal import StateJournal
 from ._listing import StoredTopic, list_stored_topics, read_stored_topic
 from ._log import TopicLog
+from ._marks import write_checkpoint, write_start
 from ._open_files import OpenFiles, default_open_files
 from ._recover import expired_terms, survey
 from ._types import LogConfig
@@ -94,11 +98,18 @@ class LogStore:
         return self._journal
 
     def topic(
-        self, name: str, config: LogConfig | None = None, now_ms: int | None = None
+        self,
+        name: str,
+        config: LogConfig | None = None,
+        now_ms: int | None = None,
+        *,
+        first_offset: int | None = None,
     ) -> TopicLog:
         """The log of topic ``name``, opened (and recovered, or created) on
         first use; ``config`` (default: the store's) applies from the first
-        use. Raises :class:`TopicNameError` for an invalid name."""
+        use. A log created here starts at ``first_offset`` if given (a copy
+        of records kept elsewhere from there on). Raises
+        :class:`TopicNameError` for an invalid name."""
         if self._lock is None:
             raise LogClosed(f"the log store of {self.data_dir} is closed")
         log = self._logs.get(name)
@@ -109,6 +120,8 @@ class LogStore:
             if self.worker is not None:
                 lock = DirLock(directory, f"the log of topic {name!r}")
             try:
+                if first_offset is not None and first_offset > 1:
+                    start_new_log(directory, name, first_offset, now_ms)
                 log = TopicLog(directory, name, config or self.config, now_ms, self.files)
             except BaseException:
                 if lock is not None:
@@ -265,3 +278,14 @@ def _remove_tombstones(trash: Path) -> None:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def start_new_log(directory: Path, topic: str, first_offset: int, now_ms: int | None) -> None:
+    """Make ``directory`` a log of ``topic`` whose first record will be
+    ``first_offset`` (its start mark there, as if everything before had been
+    purged), unless it holds a log already. Raises :class:`OSError`."""
+    if read_meta(directory, topic) is not None or (directory.exists() and list_terms(directory)):
+        return
+    create_topic_dir(directory, topic, now_ms)
+    write_start(directory, first_offset)
+    write_checkpoint(directory, first_offset - 1)

@@ -5,20 +5,28 @@ Topics and pattern subscriptions talk to a topic's storage only through
 log's ``TopicLog`` or ``Reader`` (read with ``ast``: nothing is imported).
 
 The conformance tests are written against ``TopicStore`` alone and take the
-engine from the ``store`` fixture, so that another storage engine is
-checked by adding it to ``ENGINES``.
+engine from the ``engine`` fixture: the local topic log, and the replicated
+engine (a local cache whose records count once a stream holds them) over an
+in-memory stream with JetStream's write rules (``run_streams``); another
+storage engine is checked by adding it to ``ENGINES``.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from broker.log import LogConfig, TopicLog
+from broker.log import LogConfig, LogStore, TopicLog
+from broker.server.storage._replicated import ReplicatedLog
+from broker.server.storage._replication import restore_log
 from broker.server.storage._store import Run, Start, TopicStore
+
+from .run_streams import MemoryStream
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages above the seam: they may not name the local engine's types.
@@ -82,22 +90,115 @@ def test_the_seam_check_sees_a_crossing(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- conformance
 
 
-def _local(directory: Path) -> Iterator[TopicStore]:
-    # Small terms: reads and purges cross term boundaries.
-    topic_log = TopicLog.open(directory, "t", LogConfig(term_bytes=256), now_ms=0)
+class Engine(Protocol):
+    """A storage engine under test: its store of one topic, how to make what
+    was appended written, and how to open it again as after a restart."""
+
+    store: TopicStore
+
+    async def settle(self) -> None:
+        """Every record appended is written (and durable) when this returns."""
+        ...
+
+    async def reopen(self) -> TopicStore:
+        """Close the store and open it again, as a restarted broker would."""
+        ...
+
+
+#: Small terms: reads and purges cross term boundaries.
+CONFIG = LogConfig(term_bytes=256)
+
+
+class LocalEngine:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.store: TopicStore = TopicLog.open(directory, "t", CONFIG, now_ms=0)
+
+    async def settle(self) -> None:
+        self.store.write()
+
+    async def reopen(self) -> TopicStore:
+        assert isinstance(self.store, TopicLog)
+        self.store.close()
+        self.store = TopicLog.open(self.directory, "t", CONFIG, now_ms=0)
+        return self.store
+
+
+class ReplicatedEngine:
+    """The replicated engine, its stream in memory; a restart restores a
+    new cache (in a new directory: a front end keeps no data) from it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.stream = MemoryStream()
+        self.opened = 0
+        self.stores: list[LogStore] = []
+        self.store: TopicStore = self._empty()
+
+    def _cache(self, first_offset: int) -> TopicLog:
+        self.opened += 1
+        store = LogStore(self.directory / f"cache-{self.opened}", CONFIG)
+        self.stores.append(store)
+        return store.topic("t", CONFIG, 0, first_offset=first_offset)
+
+    def _empty(self) -> ReplicatedLog:
+        return ReplicatedLog(self._cache(1), writer="w1")
+
+    async def settle(self) -> None:
+        replicated = self.store
+        assert isinstance(replicated, ReplicatedLog)
+        replicated.write()
+        while runs := replicated.runs_to_send(4):
+            for run in runs:
+                replicated.stored(run, await self.stream.publish(run))
+        assert replicated.written_offset == replicated.next_offset - 1
+        if seq := replicated.take_purge():
+            await self.stream.purge_below(seq)
+
+    async def reopen(self) -> TopicStore:
+        assert isinstance(self.store, ReplicatedLog)
+        self.store.close()
+        self.store = await restore_log(self.stream, self._cache, f"w{self.opened + 1}")
+        return self.store
+
+    def close(self) -> None:
+        if not self.store.closed:
+            assert isinstance(self.store, ReplicatedLog)
+            self.store.close()
+        for store in self.stores:
+            store.close()
+
+
+@asynccontextmanager
+async def _local(directory: Path) -> AsyncIterator[Engine]:
+    engine = LocalEngine(directory)
     try:
-        yield topic_log
+        yield engine
     finally:
-        topic_log.close()
+        assert isinstance(engine.store, TopicLog)
+        engine.store.close()
+
+
+@asynccontextmanager
+async def _replicated(directory: Path) -> AsyncIterator[Engine]:
+    engine = ReplicatedEngine(directory)
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 #: Each storage engine, as a context that opens an empty store in a directory.
-ENGINES: dict[str, Callable[[Path], Iterator[TopicStore]]] = {"local": _local}
+ENGINES: dict[str, Callable[[Path], AbstractAsyncContextManager[Engine]]] = {
+    "local": _local,
+    "replicated": _replicated,
+}
 
 
 @pytest.fixture(params=sorted(ENGINES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TopicStore]:
-    yield from ENGINES[request.param](tmp_path / "store")
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
+    async with ENGINES[request.param](tmp_path / "store") as opened:
+        yield opened
 
 
 def _read_all(store: TopicStore, offset: int) -> tuple[int, int, list[bytes]]:
@@ -125,7 +226,8 @@ def _invariants(store: TopicStore) -> None:
     assert store.first_offset <= store.next_offset
 
 
-def test_an_empty_store_starts_at_one(store: TopicStore) -> None:
+async def test_an_empty_store_starts_at_one(engine: Engine) -> None:
+    store = engine.store
     assert (store.first_offset, store.next_offset) == (1, 1)
     assert (store.written_offset, store.durable_offset) == (0, 0)
     assert not store.closed
@@ -134,7 +236,8 @@ def test_an_empty_store_starts_at_one(store: TopicStore) -> None:
     assert store.reader(Start.latest(), register=False).position == 1
 
 
-def test_appended_records_read_back_at_consecutive_offsets(store: TopicStore) -> None:
+async def test_appended_records_read_back_at_consecutive_offsets(engine: Engine) -> None:
+    store = engine.store
     records = [b"record %d" % i for i in range(1, 21)]
     assert store.append_many(records[:12], 1000) == 12
     assert store.next_offset == 13
@@ -149,12 +252,13 @@ def test_appended_records_read_back_at_consecutive_offsets(store: TopicStore) ->
     assert run.first_offset == 5
     assert [bytes(tail) for tail in run.tails] == records[4 : 4 + len(run.tails)]
     assert 1 <= len(run.tails) <= 2
-    store.write()
+    await engine.settle()
     assert store.written_offset == 20
     _invariants(store)
 
 
-def test_receive_times_never_decrease(store: TopicStore) -> None:
+async def test_receive_times_never_decrease(engine: Engine) -> None:
+    store = engine.store
     store.append_many([b"a", b"b"], 5000)
     store.append_many([b"c"], 4000)  # a clock that stepped back
     store.append_many([b"d"], 6000)
@@ -162,10 +266,11 @@ def test_receive_times_never_decrease(store: TopicStore) -> None:
     assert store.times(3, 1) == [5000]
 
 
-def test_readers_start_where_asked(store: TopicStore) -> None:
+async def test_readers_start_where_asked(engine: Engine) -> None:
+    store = engine.store
     store.append_many([b"x%d" % i for i in range(1, 6)], 1000)
     store.append_many([b"y%d" % i for i in range(6, 11)], 3000)
-    store.write()
+    await engine.settle()
 
     def position(start: Start) -> int:
         return store.reader(start, register=False).position
@@ -179,7 +284,8 @@ def test_readers_start_where_asked(store: TopicStore) -> None:
     assert position(Start.from_time(9000)) == 11
 
 
-def test_a_reader_moves_forward_only(store: TopicStore) -> None:
+async def test_a_reader_moves_forward_only(engine: Engine) -> None:
+    store = engine.store
     store.append_many([b"a", b"b", b"c"], 1000)
     reader = store.reader(Start.at(2), register=True)
     assert reader.position == 2
@@ -193,10 +299,11 @@ def test_a_reader_moves_forward_only(store: TopicStore) -> None:
     reader.close()
 
 
-def test_a_purge_leaves_a_gap_and_offsets_go_on(store: TopicStore) -> None:
+async def test_a_purge_leaves_a_gap_and_offsets_go_on(engine: Engine) -> None:
+    store = engine.store
     records = [b"record %d" % i for i in range(1, 16)]
     store.append_many(records, 1000)
-    store.write()
+    await engine.settle()
     assert store.purge_before(9) == 8
     assert store.first_offset == 9
     assert _read_all(store, 1) == (8, 9, records[8:])
@@ -207,3 +314,50 @@ def test_a_purge_leaves_a_gap_and_offsets_go_on(store: TopicStore) -> None:
     assert store.next_offset == 17
     assert _read_all(store, 16)[2] == [b"after"]
     _invariants(store)
+
+
+async def test_a_restart_keeps_every_written_record_and_its_time(engine: Engine) -> None:
+    records = [b"record %d" % i for i in range(1, 31)]
+    engine.store.append_many(records[:10], 1000)
+    engine.store.append_many(records[10:], 2000)
+    await engine.settle()
+    store = await engine.reopen()
+    assert (store.first_offset, store.next_offset) == (1, 31)
+    assert store.written_offset == 30
+    assert _read_all(store, 1) == (0, 1, records)
+    assert store.times(9, 3) == [1000, 1000, 2000]
+    assert store.reader(Start.from_time(1500), register=False).position == 11
+    # Offsets go on from where they were.
+    assert store.append_many([b"after"], 3000) == 1
+    assert store.next_offset == 32
+    _invariants(store)
+
+
+async def test_a_purge_holds_across_a_restart(engine: Engine) -> None:
+    records = [b"record %d" % i for i in range(1, 41)]
+    engine.store.append_many(records, 1000)
+    await engine.settle()
+    assert engine.store.purge_before(25) == 24
+    await engine.settle()
+    store = await engine.reopen()
+    assert store.first_offset == 25
+    assert _read_all(store, 1) == (24, 25, records[24:])
+    store.append_many([b"after"], 2000)
+    assert store.next_offset == 42
+
+
+async def test_a_purge_of_everything_holds_across_a_restart(engine: Engine) -> None:
+    engine.store.append_many([b"a", b"b", b"c"], 1000)
+    await engine.settle()
+    assert engine.store.purge_before(4) == 3
+    await engine.settle()
+    store = await engine.reopen()
+    assert (store.first_offset, store.next_offset) == (4, 4)
+    assert _read_all(store, 1) == (3, 4, [])
+    store.append_many([b"d"], 2000)
+    assert _read_all(store, 1) == (3, 4, [b"d"])
+
+
+async def test_an_empty_store_reopens_empty(engine: Engine) -> None:
+    store = await engine.reopen()
+    assert (store.first_offset, store.next_offset, store.written_offset) == (1, 1, 0)

@@ -1,0 +1,255 @@
+"""Replication: the topics' runs sent to a replicated stream per topic, and
+the topics' caches restored from those streams.
+
+The stream engine (JetStream in cluster mode; an in-memory one in tests)
+is seen through :class:`RunStreams` and :class:`RunStream`: a stream per
+topic that stores runs in order, each under a message id and the sequence
+it expects to follow, and reads them back from a sequence on. A
+:class:`Replicator` sends each topic's runs (:class:`ReplicatedLog`) one
+at a time, in order, and tells the topic once the stream holds them
+(``Topic.synced``: then the topic confirms and delivers them). While the
+stream does not answer (an election, a lost quorum), the run is sent again,
+the same message with the same id, after a jittered backoff: the
+publishers' loans stay unpaid meanwhile, so they are throttled and nothing
+piles up here. A stream that says another writer appended fences the log:
+it takes nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from broker.backoff import Backoff
+from broker.log import DecodedRun, LogError, TopicLog, decode_run
+
+from ..topics._topic import Topic
+from ._replicated import OutgoingRun, ReplicatedLog
+
+log = logging.getLogger("broker.server")
+
+__all__ = [
+    "Replicator",
+    "RunStream",
+    "RunStreams",
+    "StoredRun",
+    "StreamFenced",
+    "StreamUnavailable",
+    "restore_log",
+]
+
+#: Waits between sends of a run the stream did not take (seconds).
+RESEND_FIRST = 0.05
+RESEND_MOST = 2.0
+#: Messages asked for at a time while restoring a topic.
+RESTORE_BATCH = 256
+
+
+class StreamUnavailable(LogError):
+    """The stream did not answer in time, or has no leader now: send the
+    same run again (a duplicate answer then means it was stored)."""
+
+
+class StreamFenced(LogError):
+    """The stream's last message is not the one the run expected to follow:
+    another writer appended to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """One message of a topic's stream: a run from ``first_offset`` of
+    ``count`` records (0: a purge's marker), at stream sequence ``seq``."""
+
+    seq: int
+    first_offset: int
+    count: int
+    body: bytes
+
+
+class RunStream(Protocol):
+    """One topic's stream."""
+
+    async def publish(self, run: OutgoingRun) -> int:
+        """Store ``run`` after the message at ``run.expected_last_seq``; its
+        sequence (the first copy's, if ``run.msg_id`` was stored before).
+        Raises :class:`StreamUnavailable` or :class:`StreamFenced`."""
+        ...
+
+    async def fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:
+        """Up to ``max_messages`` messages from sequence ``from_seq`` on, in
+        order (the first one there is at or after it); none past the last.
+        Raises :class:`StreamUnavailable`."""
+        ...
+
+    async def purge_below(self, seq: int) -> None:
+        """Delete the messages before sequence ``seq``. Raises :class:`StreamUnavailable`."""
+        ...
+
+
+class RunStreams(Protocol):
+    """The streams of every topic."""
+
+    async def open_stream(self, topic: str) -> RunStream:
+        """``topic``'s stream, created if it has none. Raises :class:`StreamUnavailable`."""
+        ...
+
+    async def topics(self) -> list[str]:
+        """The topics that have a stream. Raises :class:`StreamUnavailable`."""
+        ...
+
+    async def delete_stream(self, topic: str) -> bool:
+        """Delete ``topic``'s stream; whether it had one. Raises :class:`StreamUnavailable`."""
+        ...
+
+
+async def restore_log(
+    stream: RunStream, open_cache: Callable[[int], TopicLog], writer: str
+) -> ReplicatedLog:
+    """A replicated log holding everything ``stream`` holds: its cache
+    (``open_cache(first_offset)``: an empty local log starting there) made
+    from the stream's messages, in order. Raises :class:`LogError`
+    (:class:`~broker.log.RunDamaged`: a message that does not hold what it
+    says; the topic is then not served, never served with a hole)."""
+    replicated: ReplicatedLog | None = None
+    #: Before the first run: the highest purge's marker, and its sequence
+    #: (the stream's purge took the runs below it, or not yet all of them).
+    floor = last_seq = 0
+    try:
+        while batch := await stream.fetch(last_seq + 1, RESTORE_BATCH):
+            for stored in batch:
+                last_seq = stored.seq
+                if replicated is None:
+                    if not stored.count:
+                        floor = max(floor, stored.first_offset)
+                        continue
+                    replicated = ReplicatedLog(open_cache(stored.first_offset), writer=writer)
+                run = decode_run(stored.body, stored.first_offset, stored.count)
+                replicated.restore(run, stored.seq)
+                if floor:
+                    replicated.restore(DecodedRun(floor, [], []), stored.seq)
+                    floor = 0
+    except BaseException:
+        if replicated is not None:
+            replicated.close()
+        raise
+    if replicated is None:
+        # No records: offsets go on after the last purge's marker.
+        replicated = ReplicatedLog(open_cache(max(floor, 1)), writer=writer, last_seq=last_seq)
+    return replicated
+
+
+class Replicator:
+    """Sends the topics' runs to their streams (see the module)."""
+
+    def __init__(self, streams: RunStreams, *, window: int = 1) -> None:
+        self.streams = streams
+        self._window = window
+        self._streams: dict[str, RunStream] = {}
+        #: Topics whose log asked for replication, and whether a task runs for each.
+        self._asked: dict[Topic, None] = {}
+        self._running: set[Topic] = set()
+        self._wake = trio.Event()
+        #: Counters for metrics.
+        self.runs_sent = 0
+        self.runs_resent = 0
+        self.records_stored = 0
+        self.fenced = 0
+
+    def ask(self, topic: Topic) -> None:
+        """``topic``'s replicated log has records to send (``sync_soon``)."""
+        if topic not in self._running:
+            self._asked[topic] = None
+            self._wake.set()
+
+    async def stream(self, topic: str) -> RunStream:
+        """``topic``'s stream, opened (created) once."""
+        stream = self._streams.get(topic)
+        if stream is None:
+            stream = self._streams[topic] = await self.streams.open_stream(topic)
+        return stream
+
+    def forget(self, topic: str) -> None:
+        """``topic``'s stream is gone (the topic deleted)."""
+        self._streams.pop(topic, None)
+
+    async def run(self) -> None:
+        """Send, until cancelled: a task per topic with records to send."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                asked, self._asked = list(self._asked), {}
+                for topic in asked:
+                    if topic not in self._running:
+                        self._running.add(topic)
+                        nursery.start_soon(self._send_topic, topic)
+
+    async def _send_topic(self, topic: Topic) -> None:
+        try:
+            await self._send(topic)
+        finally:
+            self._running.discard(topic)
+
+    async def _send(self, topic: Topic) -> None:
+        """Send ``topic``'s runs in order until none is left, each once the
+        one before it is stored; tell the topic as each is."""
+        backoff = Backoff(RESEND_FIRST, RESEND_MOST)
+        replicated = topic.log
+        if not isinstance(replicated, ReplicatedLog):
+            return
+        pending: list[OutgoingRun] = []
+        while not replicated.closed:
+            if not pending:
+                try:
+                    pending = replicated.runs_to_send(self._window)
+                except LogError as error:
+                    log.error("topic %r: %s", topic.topic_name[:64], error)
+                    return
+                if not pending:
+                    return
+                self.runs_sent += len(pending)
+            try:
+                stream = await self.stream(topic.topic_name)
+                while pending:
+                    run = pending[0]
+                    seq = await stream.publish(run)
+                    replicated.stored(run, seq)
+                    pending.pop(0)
+                    self.records_stored += run.count
+                    backoff.reset()
+                    topic.synced()
+                purge = replicated.take_purge()
+                if purge:
+                    await self._purge(topic.topic_name, replicated, stream, purge)
+            except StreamUnavailable as error:
+                delay = backoff.next()
+                log.warning(
+                    "topic %r: the stream did not store a run (%s): sent again in %.2f s",
+                    topic.topic_name[:64],
+                    error,
+                    delay,
+                )
+                await trio.sleep(delay)
+                pending = replicated.resend()
+                self.runs_resent += len(pending)
+            except StreamFenced as error:
+                self.fenced += 1
+                fenced = replicated.fence(str(error))
+                log.error("%s: its log takes no more records", fenced)
+                return
+
+    async def _purge(
+        self, topic: str, replicated: ReplicatedLog, stream: RunStream, seq: int
+    ) -> None:
+        """Delete the stream's messages below ``seq`` (the records the log
+        purged or retention deleted); a failure is logged and asked again
+        with the next run (the purge's marker is in the stream already)."""
+        try:
+            await stream.purge_below(seq)
+        except StreamUnavailable as error:
+            replicated.purge_failed(seq)
+            log.warning("topic %r: purging its stream failed (%s)", topic[:64], error)

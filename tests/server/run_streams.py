@@ -1,0 +1,84 @@
+"""An in-memory stream engine with JetStream's write rules, for tests of
+replication without a NATS server: a message id seen before is answered
+as a duplicate (with the first copy's sequence), a message that expects
+another last sequence is refused, and failures can be scheduled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.server.storage._replicated import OutgoingRun
+from broker.server.storage._replication import StoredRun, StreamFenced, StreamUnavailable
+
+
+@dataclass
+class MemoryStream:
+    """One topic's stream."""
+
+    messages: list[StoredRun] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    #: Failures to raise on the next publishes: "before" (nothing stored)
+    #: or "after" (stored, the answer lost), oldest first.
+    failures: list[str] = field(default_factory=list)
+    publishes: int = 0
+
+    async def publish(self, run: OutgoingRun) -> int:
+        await trio.lowlevel.checkpoint()
+        return self.publish_now(run)
+
+    def publish_now(self, run: OutgoingRun) -> int:
+        """:meth:`publish` without the checkpoint (for tests outside trio)."""
+        self.publishes += 1
+        failure = self.failures.pop(0) if self.failures else None
+        if failure == "before":
+            raise StreamUnavailable("no responders (scheduled)")
+        seq = self.ids.get(run.msg_id)
+        if seq is None:
+            if run.expected_last_seq != self.last_seq:
+                raise StreamFenced(
+                    f"wrong last sequence: {self.last_seq} (expected {run.expected_last_seq})"
+                )
+            seq = self.last_seq = self.last_seq + 1
+            self.ids[run.msg_id] = seq
+            self.messages.append(StoredRun(seq, run.first_offset, run.count, run.body))
+        if failure == "after":
+            raise StreamUnavailable("timed out (scheduled, stored)")
+        return seq
+
+    async def fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:
+        await trio.lowlevel.checkpoint()
+        return [m for m in self.messages if m.seq >= from_seq][:max_messages]
+
+    async def purge_below(self, seq: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self.purge_now(seq)
+
+    def purge_now(self, seq: int) -> None:
+        self.messages = [m for m in self.messages if m.seq >= seq]
+
+    def append_foreign(self, first_offset: int, count: int, body: bytes) -> None:
+        """Another writer's message (a fence for this one)."""
+        self.last_seq += 1
+        self.messages.append(StoredRun(self.last_seq, first_offset, count, body))
+
+
+@dataclass
+class MemoryStreams:
+    """The streams of every topic, kept across the front ends that open them."""
+
+    streams: dict[str, MemoryStream] = field(default_factory=dict)
+
+    async def open_stream(self, topic: str) -> MemoryStream:
+        await trio.lowlevel.checkpoint()
+        return self.streams.setdefault(topic, MemoryStream())
+
+    async def topics(self) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return sorted(self.streams)
+
+    async def delete_stream(self, topic: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return self.streams.pop(topic, None) is not None

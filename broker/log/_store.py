@@ -196,6 +196,12 @@ class LogStore:
         (None: it has no log)."""
         return read_stored_topic(self.data_dir, name)
 
+    def discard_topics(self) -> int:
+        """Delete every topic's log, as :meth:`delete_topic` does (a store
+        whose logs are caches of records kept elsewhere starts empty);
+        returns how many there were."""
+        return sum(self.delete_topic(name) for name in self.stored_topics())
+
     def delete_topic(self, name: str) -> bool:
         """Delete the log of ``name``; returns whether there was one.
 

@@ -20,7 +20,7 @@ from broker.auth import (
     AuthTable,
     load_auth_file,
 )
-from broker.config import LOOPBACK, BrokerConfig
+from broker.config import LOOPBACK, BrokerConfig, ConfigError
 from broker.protocol import Cluster, GoodbyeCode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol.frames import encode
@@ -57,7 +57,8 @@ from .sessions._restore import restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
-from .storage._topic_logs import TopicLogs
+from .storage._replication import RunStreams
+from .storage._topic_logs import Replication, TopicLogs
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
@@ -535,6 +536,7 @@ async def serve_broker(
     *,
     worker: WorkerSetup | None = None,
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
+    streams: RunStreams | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -552,6 +554,12 @@ async def serve_broker(
     state in its own directory of the data directory and locks each topic's
     log while it has it open (see :class:`~broker.log.LogStore`).
 
+    With ``streams`` (cluster mode: the replicated streams of the topics,
+    JetStream's in ``broker serve --cluster``) every topic's records are
+    kept in its stream: the data directory's topic logs are caches, made
+    again from the streams before the broker listens, and a record is
+    confirmed once its stream holds it (see ``storage/_replicated.py``).
+
     ``listeners`` (trio listeners of any streams, e.g. a test's in-memory
     listener) are served instead of ``config.listen`` or the worker's client
     sockets; the broker closes them when it stops. ``broker.address`` is
@@ -567,8 +575,17 @@ async def serve_broker(
         check_budget_shares(auth, config)
     log_dir = config.log_dir
     # Raises DataDirLocked (one line) if another broker has the directory.
+    if streams is not None and log_dir is None:
+        raise ConfigError(
+            "cluster mode keeps its topics' caches and its state in data_dir: set data_dir"
+        )
+    replication = None if streams is None else Replication(streams, secrets.token_hex(6))
     logs = TopicLogs.open_store(
-        log_dir, config, None if worker is None else worker.worker, config.max_open_log_files
+        log_dir,
+        config,
+        None if worker is None else worker.worker,
+        config.max_open_log_files,
+        replication,
     )
     link_listeners: list[trio.SocketListener] = []
     served: list[trio.abc.Listener[trio.abc.Stream]] = []
@@ -587,9 +604,21 @@ async def serve_broker(
             link_listeners.append(
                 trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
             )
+        if logs is not None and logs.replication is not None:
+            # (Bound first: a port taken fails at once, not after the restore.)
+            records = await logs.restore()
+            log.info(
+                "cluster mode: %d topics restored from their streams (%d records)",
+                len(logs.replication.logs),
+                records,
+            )
     except BaseException:
         if logs is not None:
             logs.close()
+        with trio.CancelScope(shield=True):
+            for listener in served:
+                with contextlib.suppress(trio.ClosedResourceError):
+                    await listener.aclose()
         raise
     async with open_system("broker") as system:
         broker = Broker(

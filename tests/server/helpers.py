@@ -39,6 +39,7 @@ from broker.protocol import (
 from broker.protocol.connection import DELIVER_SLACK
 from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, ServerConnection, serve_broker
+from broker.server.storage._replication import RunStreams
 
 from .memory import MemoryListener
 
@@ -90,22 +91,26 @@ def connect_client(broker: Broker, **options: Any) -> AbstractAsyncContextManage
 
 @asynccontextmanager
 async def running_broker(
-    config: BrokerConfig | None = None, /, *, in_memory: bool = False, **overrides: Any
+    config: BrokerConfig | None = None,
+    /,
+    *,
+    in_memory: bool = False,
+    streams: RunStreams | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Broker]:
     """Serve a broker for the block; shut it down gracefully afterwards and
     fail unless :func:`serve_broker` returns by itself. ``in_memory``: it
     serves a :class:`MemoryListener` instead of a TCP port (connect with
-    :func:`connect_client`, :class:`RawClient`)."""
+    :func:`connect_client`, :class:`RawClient`). ``streams``: in cluster
+    mode over them (see ``run_streams``)."""
     if config is None:
         config = make_config(**overrides)
     returned = trio.Event()
     listener = MemoryListener() if in_memory else None
 
     async def serve(*, task_status: trio.TaskStatus[Broker]) -> None:
-        if listener is None:
-            await serve_broker(config, task_status=task_status)
-        else:
-            await serve_broker(config, listeners=[listener], task_status=task_status)
+        listeners = None if listener is None else [listener]
+        await serve_broker(config, listeners=listeners, streams=streams, task_status=task_status)
         returned.set()
 
     async with trio.open_nursery() as nursery:

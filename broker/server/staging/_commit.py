@@ -203,7 +203,7 @@ async def complete_unfinished(services: BrokerServices, nursery: trio.Nursery) -
             # (A record torn by the kill is a gap, its offset not given again:
             # the batch's publishes from there on are routed again.)
             routed_before[topic] = unfinished.routed_before(
-                topic, topic_log.next_offset, topic_log.recovery.gaps
+                topic, topic_log.next_offset, logs.gaps_of(topic_log)
             )
         name, whose = shown(batch[1]), "anonymous clients" if batch[0] is None else repr(batch[0])
         if why is not None:

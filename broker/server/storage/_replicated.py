@@ -203,6 +203,12 @@ class ReplicatedLog:
         if keep_from > self._purge_seq:
             self._purge_seq = keep_from
 
+    def retention_ran(self) -> bool:
+        """The cache's retention may have deleted records: note the stream's
+        messages now wholly deleted; whether a purge of the stream is due."""
+        self._trim()
+        return self._purge_seq > 0
+
     def take_purge(self) -> int:
         """The stream sequence the stream should be purged below (0: none
         due); the manager purges the stream (a lost purge is taken again by

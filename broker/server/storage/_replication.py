@@ -27,7 +27,6 @@ import trio
 from broker.backoff import Backoff
 from broker.log import DecodedRun, LogError, TopicLog, decode_run
 
-from ..topics._topic import Topic
 from ._replicated import OutgoingRun, ReplicatedLog
 
 log = logging.getLogger("broker.server")
@@ -143,15 +142,23 @@ async def restore_log(
 
 
 class Replicator:
-    """Sends the topics' runs to their streams (see the module)."""
+    """Sends the topics' runs to their streams, and deletes the streams of
+    deleted topics (see the module). Per topic one task at a time does
+    both, in the order asked: a topic deleted and made again writes its
+    new records to a new stream, never to the old one."""
 
     def __init__(self, streams: RunStreams, *, window: int = 1) -> None:
         self.streams = streams
         self._window = window
         self._streams: dict[str, RunStream] = {}
-        #: Topics whose log asked for replication, and whether a task runs for each.
-        self._asked: dict[Topic, None] = {}
-        self._running: set[Topic] = set()
+        #: Topics whose log has records to send.
+        self._asked: dict[str, ReplicatedLog] = {}
+        #: Who to tell when a topic's records are stored (its topic's ``synced``).
+        self._told: dict[str, Callable[[], None]] = {}
+        #: Topics whose stream is to be deleted (before anything asked after).
+        self._deleting: dict[str, None] = {}
+        #: Topics a task works for now.
+        self._running: set[str] = set()
         self._wake = trio.Event()
         #: Counters for metrics.
         self.runs_sent = 0
@@ -159,77 +166,116 @@ class Replicator:
         self.records_stored = 0
         self.fenced = 0
 
-    def ask(self, topic: Topic) -> None:
-        """``topic``'s replicated log has records to send (``sync_soon``)."""
-        if topic not in self._running:
-            self._asked[topic] = None
-            self._wake.set()
+    def ask(
+        self, topic: str, replicated: ReplicatedLog, on_stored: Callable[[], None] | None = None
+    ) -> None:
+        """``replicated`` (``topic``'s log) has records to send, or a purge
+        (its cache's retention): the stream is told soon. ``on_stored``
+        (the topic's ``synced``) is called each time the stream stored
+        some, from now on (None: whoever was told before still is)."""
+        if on_stored is not None:
+            self._told[topic] = on_stored
+        self._asked[topic] = replicated
+        self._wake.set()
+
+    def delete_soon(self, topic: str) -> None:
+        """Delete ``topic``'s stream (the topic was deleted), before
+        anything asked for it from now on is sent."""
+        self._asked.pop(topic, None)
+        self._told.pop(topic, None)
+        self._deleting[topic] = None
+        self._streams.pop(topic, None)
+        self._wake.set()
+
+    @property
+    def busy(self) -> int:
+        """Topics with runs or a deletion to send."""
+        return len(self._running | self._asked.keys() | self._deleting.keys())
 
     async def stream(self, topic: str) -> RunStream:
         """``topic``'s stream, opened (created) once."""
         stream = self._streams.get(topic)
         if stream is None:
-            stream = self._streams[topic] = await self.streams.open_stream(topic)
+            stream = await self.streams.open_stream(topic)
+            self._streams[topic] = stream
         return stream
 
-    def forget(self, topic: str) -> None:
-        """``topic``'s stream is gone (the topic deleted)."""
-        self._streams.pop(topic, None)
-
     async def run(self) -> None:
-        """Send, until cancelled: a task per topic with records to send."""
+        """Send, until cancelled: a task per topic with something to send."""
         async with trio.open_nursery() as nursery:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                asked, self._asked = list(self._asked), {}
-                for topic in asked:
+                for topic in [*self._deleting, *self._asked]:
                     if topic not in self._running:
                         self._running.add(topic)
-                        nursery.start_soon(self._send_topic, topic)
+                        nursery.start_soon(self._serve, topic)
 
-    async def _send_topic(self, topic: Topic) -> None:
+    async def _serve(self, topic: str) -> None:
+        """Do what is asked for ``topic`` (a deletion first) until nothing is."""
         try:
-            await self._send(topic)
+            while True:
+                if topic in self._deleting:
+                    await self._delete(topic)
+                    del self._deleting[topic]
+                elif topic in self._asked:
+                    await self._send(topic, self._asked.pop(topic))
+                else:
+                    return
         finally:
             self._running.discard(topic)
 
-    async def _send(self, topic: Topic) -> None:
-        """Send ``topic``'s runs in order until none is left, each once the
-        one before it is stored; tell the topic as each is."""
+    async def _delete(self, topic: str) -> None:
         backoff = Backoff(RESEND_FIRST, RESEND_MOST)
-        replicated = topic.log
-        if not isinstance(replicated, ReplicatedLog):
-            return
+        while True:
+            try:
+                await self.streams.delete_stream(topic)
+                return
+            except StreamUnavailable as error:
+                delay = backoff.next()
+                log.warning(
+                    "topic %r: deleting its stream failed (%s): tried again in %.2f s",
+                    topic[:64],
+                    error,
+                    delay,
+                )
+                await trio.sleep(delay)
+
+    async def _send(self, topic: str, replicated: ReplicatedLog) -> None:
+        """Send ``replicated``'s runs in order until none is left (or it is
+        closed, or its topic deleted), each once the one before it is
+        stored, telling the topic as each is; then the purge it asks for."""
+        backoff = Backoff(RESEND_FIRST, RESEND_MOST)
         pending: list[OutgoingRun] = []
-        while not replicated.closed:
+        while not self._stopped(topic, replicated):
             if not pending:
                 try:
                     pending = replicated.runs_to_send(self._window)
                 except LogError as error:
-                    log.error("topic %r: %s", topic.topic_name[:64], error)
+                    log.error("topic %r: %s", topic[:64], error)
                     return
                 if not pending:
-                    return
+                    break
                 self.runs_sent += len(pending)
             try:
-                stream = await self.stream(topic.topic_name)
+                stream = await self.stream(topic)
                 while pending:
                     run = pending[0]
                     seq = await stream.publish(run)
+                    if self._stopped(topic, replicated):
+                        return
                     replicated.stored(run, seq)
                     pending.pop(0)
                     self.records_stored += run.count
                     backoff.reset()
-                    topic.synced()
-                purge = replicated.take_purge()
-                if purge:
-                    await self._purge(topic.topic_name, replicated, stream, purge)
+                    told = self._told.get(topic)
+                    if told is not None:
+                        told()
             except StreamUnavailable as error:
                 delay = backoff.next()
                 log.warning(
                     "topic %r: the stream did not store a run (%s): sent again in %.2f s",
-                    topic.topic_name[:64],
+                    topic[:64],
                     error,
                     delay,
                 )
@@ -241,14 +287,22 @@ class Replicator:
                 fenced = replicated.fence(str(error))
                 log.error("%s: its log takes no more records", fenced)
                 return
+        if not self._stopped(topic, replicated):
+            purge = replicated.take_purge()
+            if purge:
+                await self._purge(topic, replicated, purge)
 
-    async def _purge(
-        self, topic: str, replicated: ReplicatedLog, stream: RunStream, seq: int
-    ) -> None:
+    def _stopped(self, topic: str, replicated: ReplicatedLog) -> bool:
+        """Whether sending ``replicated``'s runs is over: it was closed, or its
+        topic deleted."""
+        return replicated.closed or topic in self._deleting
+
+    async def _purge(self, topic: str, replicated: ReplicatedLog, seq: int) -> None:
         """Delete the stream's messages below ``seq`` (the records the log
         purged or retention deleted); a failure is logged and asked again
         with the next run (the purge's marker is in the stream already)."""
         try:
+            stream = await self.stream(topic)
             await stream.purge_below(seq)
         except StreamUnavailable as error:
             replicated.purge_failed(seq)

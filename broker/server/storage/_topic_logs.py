@@ -3,8 +3,12 @@ retrying appends that failed, and where durable cursors are kept.
 
 A broker with a data directory has one :class:`TopicLogs`; a memory-only
 broker has none. It is the :class:`~._topic.TopicLogHost` of every topic,
-and the manager of the local storage engine: the topics see each log
-(:class:`~broker.log.TopicLog`) as a :class:`~._store.TopicStore`.
+and the manager of its storage engine: the topics see each log as a
+:class:`~._store.TopicStore`. The local engine keeps each topic in a
+:class:`~broker.log.TopicLog`; in cluster mode (a :class:`Replication`)
+each is a :class:`~._replicated.ReplicatedLog` whose local log is a cache,
+restored from the topic's replicated stream at the start and durable only
+once the stream holds its records.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from ..sessions._session import Histogram
 from ..topics._log_subscription import CURSORS, CursorBook
 from ..topics._topic import Topic
 from ._publish_marks import PublishMarks
+from ._replicated import ReplicatedLog
+from ._replication import Replicator, RunStreams, restore_log
 from ._store import TopicStore
 
 log = logging.getLogger("broker.server")
@@ -128,11 +134,62 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Replication:
+    """Cluster mode's storage engine as the logs use it: the replicated logs
+    (restored from their streams, then made as topics are), and the
+    :class:`Replicator` that sends their records. ``writer`` names this
+    broker's run in its messages' ids (new at every start)."""
+
+    def __init__(self, streams: RunStreams, writer: str) -> None:
+        self.streams = streams
+        self.writer = writer
+        self.replicator = Replicator(streams)
+        self.logs: dict[str, ReplicatedLog] = {}
+
+    async def restore(self, store: LogStore, settings: LogSettings) -> int:
+        """Restore every topic that has a stream into a cache of ``store``
+        (an empty one: the caches of an earlier run are not trusted);
+        returns how many records. Raises :class:`LogError` (one topic's
+        stream unreadable or damaged: the broker does not start without it)."""
+        records = 0
+        for name in await self.streams.topics():
+            stream = await self.replicator.stream(name)
+            config = settings.log_config(name)
+
+            def cache(first: int, name: str = name, config: LogConfig = config) -> TopicLog:
+                return store.topic(name, config, wall_ms(), first_offset=first)
+
+            replicated = await restore_log(stream, cache, self.writer)
+            self.logs[name] = replicated
+            records += replicated.next_offset - replicated.first_offset
+        return records
+
+    def open(self, store: LogStore, name: str, config: LogConfig) -> ReplicatedLog:
+        """The replicated log of ``name``: restored, or a new one (its
+        stream is made when its first run is sent)."""
+        replicated = self.logs.get(name)
+        if replicated is None or replicated.closed:
+            cache = store.topic(name, config, wall_ms())
+            replicated = self.logs[name] = ReplicatedLog(cache, writer=self.writer)
+        return replicated
+
+    def delete(self, name: str) -> None:
+        """``name`` is deleted: its log closed and its stream deleted soon."""
+        replicated = self.logs.pop(name, None)
+        if replicated is not None:
+            replicated.close()
+        self.replicator.delete_soon(name)
+
+
 class TopicLogs:
     """The topic logs of one data directory (see the module)."""
 
-    def __init__(self, store: LogStore, settings: LogSettings) -> None:
+    def __init__(
+        self, store: LogStore, settings: LogSettings, replication: Replication | None = None
+    ) -> None:
         self.store = store
+        #: Cluster mode: the replicated engine (None: the local one).
+        self.replication = replication
         self._settings = settings
         #: Logs with records written and not fsynced.
         self._dirty: set[TopicLog] = set()
@@ -176,19 +233,46 @@ class TopicLogs:
 
     @classmethod
     def open_store(
-        cls, log_dir: Path | None, settings: LogSettings, worker: str | None, open_files: int
+        cls,
+        log_dir: Path | None,
+        settings: LogSettings,
+        worker: str | None,
+        open_files: int,
+        replication: Replication | None = None,
     ) -> TopicLogs | None:
         """The logs of data directory ``log_dir`` (None: memory-only), their
         term files open within ``open_files`` (0: the default share of the
         open-file limit); raises :class:`DataDirLocked` (one line) if
-        another broker has the directory."""
+        another broker has the directory. With ``replication`` (cluster
+        mode) the topics' directories are caches: those of an earlier run
+        are deleted (:meth:`restore` makes them again from the streams)."""
         if log_dir is None:
             return None
-        return cls(LogStore(log_dir, worker=worker, open_files=open_files or None), settings)
+        store = LogStore(log_dir, worker=worker, open_files=open_files or None)
+        if replication is not None:
+            try:
+                store.discard_topics()
+            except BaseException:
+                store.close()
+                raise
+        return cls(store, settings, replication)
 
-    def open(self, name: str) -> TopicLog:
+    async def restore(self) -> int:
+        """Cluster mode: restore every topic from its stream (see
+        :meth:`Replication.restore`); how many records. Nothing to do
+        with the local engine (its logs are opened as they are used)."""
+        if self.replication is None:
+            return 0
+        return await self.replication.restore(self.store, self._settings)
+
+    def open(self, name: str) -> TopicStore:
         """The log of topic ``name`` (recovered on first use); raises
         :class:`TopicUnavailable` if it cannot be opened."""
+        if self.replication is not None:
+            try:
+                return self.replication.open(self.store, name, self._settings.log_config(name))
+            except (LogError, OSError) as error:
+                raise self._unavailable(name, "open", "opened", error) from None
         try:
             topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
         except (LogError, OSError) as error:
@@ -223,6 +307,13 @@ class TopicLogs:
             )
         return topic_log
 
+    @staticmethod
+    def gaps_of(store: TopicStore) -> list[tuple[int, int]]:
+        """The ranges ``(first offset, count)`` missing inside ``store``, as
+        its opening found them (a replicated log has none: its restore
+        refuses a hole)."""
+        return store.recovery.gaps if isinstance(store, TopicLog) else []
+
     def config_of(self, name: str) -> LogConfig:
         """The log settings of topic ``name`` (retention, flushing)."""
         return self._settings.log_config(name)
@@ -235,6 +326,8 @@ class TopicLogs:
         if opened is not None:
             self._dirty.discard(opened)
             self._sync_failing.pop(opened, None)
+        if self.replication is not None:
+            self.replication.delete(name)
         try:
             return self.store.delete_topic(name)
         except (LogError, OSError) as error:
@@ -250,8 +343,11 @@ class TopicLogs:
         except TopicUnavailable:
             return None
 
-    def opened(self, name: str) -> TopicLog | None:
+    def opened(self, name: str) -> TopicStore | None:
         """The log of ``name`` if it is open (None: not opened since the start)."""
+        if self.replication is not None:
+            replicated = self.replication.logs.get(name)
+            return None if replicated is None or replicated.closed else replicated
         topic_log = self.store.opened(name)
         return None if topic_log is None or topic_log.closed else topic_log
 
@@ -321,6 +417,8 @@ class TopicLogs:
 
     def log_written(self, log: TopicStore, appended: int) -> None:
         self.appends += appended
+        if isinstance(log, ReplicatedLog):
+            return  # (its cache is never fsynced: the stream keeps the records)
         topic_log = local_log(log)
         if topic_log.config.flush != "always":
             self._dirty.add(topic_log)
@@ -333,6 +431,11 @@ class TopicLogs:
         self.marks.note(topic, runs, offset)
 
     def sync_soon(self, topic: Topic) -> None:
+        replicated = topic.log
+        if isinstance(replicated, ReplicatedLog):
+            assert self.replication is not None
+            self.replication.replicator.ask(topic.topic_name, replicated, topic.synced)
+            return
         self._to_sync[topic] = None
         self._sync_asked.set()
 
@@ -501,6 +604,11 @@ class TopicLogs:
                 topic_log.expire(now_ms)
                 if topic_log not in self._dirty:
                     topic_log.release_file(now_ms, IDLE_FILE_MS)
+        if self.replication is not None:
+            replicator = self.replication.replicator
+            for name, replicated in self.replication.logs.items():
+                if not replicated.closed and replicated.retention_ran():
+                    replicator.ask(name, replicated)
 
     async def expire_unopened(self, now_ms: int) -> None:
         """Retention by age of the logs not opened since the start (topics
@@ -537,6 +645,8 @@ class TopicLogs:
         ones as they ask: :meth:`_serve_syncs`)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_syncs)
+            if self.replication is not None:
+                nursery.start_soon(self.replication.replicator.run)
             await self._tend_forever()
 
     async def _tend_forever(self) -> None:

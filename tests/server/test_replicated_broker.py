@@ -1,0 +1,87 @@
+"""A broker in cluster mode over streams in memory (``run_streams``): what it
+confirms is in the topics' streams, a broker started on an empty data
+directory over the same streams serves every record (the front end keeps
+no data), and while a stream does not take runs nothing is confirmed and
+nothing is lost. The same over a real JetStream cluster: ``tests/nats``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from broker.client import open_client
+
+from .helpers import running_broker, url, wait_until
+from .run_streams import MemoryStreams
+
+#: Hang guard (seconds).
+DEADLINE = 60
+
+
+async def _publish(address: str, topic: str, payloads: list[bytes]) -> None:
+    async with open_client(address, name="pub") as client:
+        for payload in payloads:
+            await client.publish(topic, payload)
+        await client.flush()
+
+
+async def _read(address: str, topic: str, count: int) -> list[tuple[int, bytes]]:
+    got: list[tuple[int, bytes]] = []
+    async with (
+        open_client(address, name="reader") as client,
+        client.subscribe(topic, options={"from": "earliest"}) as subscription,
+    ):
+        async for message in subscription:
+            got.append((message.seq, message.payload))
+            if len(got) == count:
+                break
+    return got
+
+
+async def test_records_outlive_the_front_end_and_its_disk(tmp_path: Path) -> None:
+    streams = MemoryStreams()
+    payloads = [b"record %d" % i for i in range(300)]
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            await _publish(url(broker), "orders", payloads[:200])
+            await _publish(url(broker), "other", [b"x"])
+        stream = streams.streams["orders"]
+        assert sum(m.count for m in stream.messages) == 200  # (confirmed: in the stream)
+        # Another front end, on a data directory of its own.
+        async with running_broker(data_dir=str(tmp_path / "b"), streams=streams) as broker:
+            await _publish(url(broker), "orders", payloads[200:])
+            got = await _read(url(broker), "orders", 300)
+            assert await _read(url(broker), "other", 1) == [(1, b"x")]
+    assert got == list(enumerate(payloads, start=1))
+
+
+async def test_nothing_is_confirmed_while_the_stream_fails(tmp_path: Path) -> None:
+    streams = MemoryStreams()
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            await _publish(url(broker), "t", [b"first"])
+            stream = streams.streams["t"]
+            # The next runs fail: twice before being stored, once after.
+            stream.failures = ["before", "before", "after"]
+            async with open_client(url(broker), name="pub") as client:
+                await client.publish("t", b"second")
+                await client.flush()  # (returns once stored, after the resends)
+            assert stream.publishes >= 5
+            assert stream.failures == []
+            got = await _read(url(broker), "t", 2)
+    assert got == [(1, b"first"), (2, b"second")]
+    assert [(m.first_offset, m.count) for m in stream.messages] == [(1, 1), (2, 1)]
+
+
+async def test_a_deleted_topic_loses_its_stream(tmp_path: Path) -> None:
+    streams = MemoryStreams()
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            await _publish(url(broker), "gone", [b"a", b"b"])
+            async with open_client(url(broker), name="admin") as client:
+                await client.admin("delete-topic", topic="gone")
+            await wait_until(lambda: "gone" not in streams.streams, what="the stream deleted")
+            await _publish(url(broker), "gone", [b"new"])
+            assert await _read(url(broker), "gone", 1) == [(1, b"new")]
+    assert [m.first_offset for m in streams.streams["gone"].messages] == [1]

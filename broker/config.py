@@ -204,6 +204,23 @@ class BrokerConfig:
     #: The first port of the workers' direct addresses (worker i listens on
     #: this + i, on the ``listen`` host); 0: ports of the system's choosing.
     worker_port: int = 0
+    #: Cluster mode: the NATS servers of a JetStream cluster that keeps
+    #: every topic (``nats://HOST:PORT``, comma-separated; credentials as
+    #: ``nats://USER:PASSWORD@HOST:PORT``). Empty: a standalone broker.
+    #: The broker is then a front end: the topics' records live in the
+    #: cluster, its data directory holds caches (see "Cluster mode" in the
+    #: operations guide).
+    cluster: str = ""
+    #: Cluster mode: copies of each topic's stream (1, 3 or 5; 3 survives
+    #: the loss of one server).
+    cluster_replicas: int = 3
+    #: Cluster mode: the most topics (one replicated stream each); a client
+    #: that makes one more is refused with one line.
+    cluster_max_topics: int = 1000
+    #: Cluster mode: run even if the NATS servers do not fsync every write
+    #: (``jetstream { sync_interval: always }``): records confirmed could
+    #: then be lost when servers lose power together.
+    cluster_unsafe_sync: bool = False
     #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
     #: topic gives its log's retention and flush policy (:meth:`log_config`).
     topics: tuple[TopicRule, ...] = ()
@@ -314,6 +331,34 @@ class BrokerConfig:
             raise ConfigError("max_unwelcomed_per_address must be >= 0 (0: no limit)")
         if not 0 <= self.auth_failure_delay <= self.auth_failure_delay_max:
             raise ConfigError("need 0 <= auth_failure_delay <= auth_failure_delay_max")
+        if self.cluster:
+            for server in self.cluster_servers:
+                scheme, _, rest = server.partition("://")
+                if scheme not in ("nats", "tls") or not rest.rpartition("@")[2]:
+                    raise ConfigError(
+                        f"cluster: {server!r} is not a NATS server URL "
+                        "(nats://HOST:PORT or tls://HOST:PORT, comma-separated)"
+                    )
+            if self.cluster_replicas not in (1, 3, 5):
+                raise ConfigError(
+                    f"cluster_replicas must be 1, 3 or 5, got {self.cluster_replicas!r}"
+                )
+            if self.cluster_max_topics < 1:
+                raise ConfigError("cluster_max_topics must be at least 1")
+            if self.workers not in ("1",):
+                raise ConfigError(
+                    "cluster mode runs one process per front end: run more front ends "
+                    "instead of workers (workers = 1)"
+                )
+            if self.memory_only:
+                raise ConfigError(
+                    "cluster mode keeps every topic in the cluster: it cannot be memory_only"
+                )
+
+    @property
+    def cluster_servers(self) -> list[str]:
+        """The NATS server URLs of ``cluster`` (none: standalone)."""
+        return [server.strip() for server in self.cluster.split(",") if server.strip()]
 
     @property
     def worker_count(self) -> int:

@@ -28,6 +28,8 @@ EXAMPLES = """
   broker serve --data-dir /var/lib/broker       # topic logs there (default: ~/.local/state/broker)
   broker serve --memory-only                    # no topic log: nothing survives a restart
   broker serve --workers auto                   # one worker process per core, one address
+  broker serve --cluster nats://n1:4222,nats://n2:4222,nats://n3:4222
+                                                # a front end: topics kept in JetStream
 """
 
 
@@ -55,6 +57,20 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="N",
         help="worker processes behind the one address, each owning a share of the topics: "
         'a number, or "auto" for one per core (default: 1, a single process)',
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="URLS",
+        help="cluster mode: the NATS servers of a JetStream cluster that keeps every topic "
+        "(nats://HOST:PORT, comma-separated); this broker is then a front end whose data "
+        "directory holds caches",
+    )
+    parser.add_argument(
+        "--cluster-unsafe-sync",
+        action="store_true",
+        default=None,
+        help="cluster mode: run even if JetStream does not fsync every write (records "
+        "confirmed could be lost when servers lose power together)",
     )
     parser.add_argument(
         "--config", metavar="FILE", help="TOML file ([broker] table; default: $BROKER_CONFIG)"
@@ -86,6 +102,8 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
         "listen": args.listen,
         "metrics_listen": args.metrics_listen,
         "workers": args.workers,
+        "cluster": args.cluster,
+        "cluster_unsafe_sync": args.cluster_unsafe_sync,
     }
     if args.data_dir is not None:
         # The flag wins over memory_only from the file or the environment too.

@@ -574,12 +574,19 @@ async def serve_broker(
     if auth is not None:
         check_budget_shares(auth, config)
     log_dir = config.log_dir
+    if streams is not None:
+        if log_dir is None:
+            raise ConfigError(
+                "cluster mode keeps its topics' caches and its state in data_dir: set data_dir"
+            )
+        # (Apart from a standalone broker's: the caches are deleted at each start.)
+        log_dir = log_dir / "cluster"
     # Raises DataDirLocked (one line) if another broker has the directory.
-    if streams is not None and log_dir is None:
-        raise ConfigError(
-            "cluster mode keeps its topics' caches and its state in data_dir: set data_dir"
-        )
-    replication = None if streams is None else Replication(streams, secrets.token_hex(6))
+    replication = (
+        None
+        if streams is None
+        else Replication(streams, secrets.token_hex(6), config.cluster_max_topics)
+    )
     logs = TopicLogs.open_store(
         log_dir,
         config,

@@ -140,9 +140,10 @@ class Replication:
     :class:`Replicator` that sends their records. ``writer`` names this
     broker's run in its messages' ids (new at every start)."""
 
-    def __init__(self, streams: RunStreams, writer: str) -> None:
+    def __init__(self, streams: RunStreams, writer: str, max_topics: int = 1000) -> None:
         self.streams = streams
         self.writer = writer
+        self.max_topics = max_topics
         self.replicator = Replicator(streams)
         self.logs: dict[str, ReplicatedLog] = {}
 
@@ -169,6 +170,11 @@ class Replication:
         stream is made when its first run is sent)."""
         replicated = self.logs.get(name)
         if replicated is None or replicated.closed:
+            if replicated is None and len(self.logs) >= self.max_topics:
+                raise LogError(
+                    f"the cluster keeps at most {self.max_topics} topics "
+                    "(cluster_max_topics): delete one, or raise the setting"
+                )
             cache = store.topic(name, config, wall_ms())
             replicated = self.logs[name] = ReplicatedLog(cache, writer=self.writer)
         return replicated

@@ -1,0 +1,1 @@
+"""A trio client of NATS and JetStream."""

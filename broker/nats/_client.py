@@ -37,6 +37,7 @@ keeps its three loops (a few lines each) and uses the pump's :class:`Signal`.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import ssl
 from collections import deque
@@ -340,8 +341,11 @@ class PendingReply:
         if the connection broke first. The token is released in any case."""
         waiter = self._waiter
         try:
-            with trio.move_on_after(timeout):
-                await waiter.event.wait()
+            if waiter.event.is_set():  # (no cancel scope for an answer already in)
+                await trio.lowlevel.checkpoint()
+            else:
+                with trio.move_on_after(timeout):
+                    await waiter.event.wait()
         finally:
             self.cancel()
         if waiter.error is not None:
@@ -986,8 +990,8 @@ async def open_nats(
             try:
                 yield client
                 if not client._closed:
-                    with trio.move_on_after(drain_timeout):
-                        await client.flush()
+                    with trio.move_on_after(drain_timeout), contextlib.suppress(NatsError):
+                        await client.flush()  # (best effort: NATS publishes are at most once)
             finally:
                 client._close(ConnectionClosed("the NATS client is closed"))
                 nursery.cancel_scope.cancel()

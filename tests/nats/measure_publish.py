@@ -6,7 +6,10 @@ loopback port and reports the client process's CPU (user + system, from
 
 - core publishes: ``N`` 100-byte ``publish()`` calls, then a flush;
 - JetStream publishes of 6.5 KB (64 records packed as one message), each
-  with a ``Nats-Msg-Id``, ``WINDOW`` acknowledgements in flight;
+  with a ``Nats-Msg-Id``, ``WINDOW`` acknowledgements in flight from one
+  task (a window refilled as each acknowledgement comes), and from
+  ``WINDOW`` tasks with one each (the front end's shape: one run in flight
+  per publish channel);
 
 beside ``python_loop_10m_s`` (the project's yardstick). Figures depend on
 the machine and its load; compare runs taken in one session.
@@ -61,6 +64,26 @@ async def jetstream_publishes(url: str, n: int, window: int) -> float:
         return (time.process_time() - start) / n
 
 
+async def jetstream_channels(url: str, n: int, channels: int) -> float:
+    """``channels`` tasks, each with one publish in flight (the front end's
+    shape: one run in flight per publish channel, many channels)."""
+    async with open_nats(url) as client:
+        js = JetStream(client, timeout=30)
+        await js.add_stream(StreamConfig("BENCH2", ["bench.ch.>"], allow_direct=True))
+        payload = b"r" * PACKED
+        each = n // channels
+
+        async def channel(index: int) -> None:
+            for i in range(each):
+                await js.publish(f"bench.ch.{index}", payload, msg_id=f"c{index}-{i}")
+
+        start = time.process_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(channels):
+                nursery.start_soon(channel, index)
+        return (time.process_time() - start) / (each * channels)
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else N
     with tempfile.TemporaryDirectory() as root:
@@ -69,6 +92,7 @@ def main() -> None:
             loop = python_loop_10m_s()
             core = trio.run(core_publishes, server.url, n)
             js = trio.run(jetstream_publishes, server.url, JS_N, WINDOW)
+            channels = trio.run(jetstream_channels, server.url, JS_N, WINDOW)
         finally:
             server.kill()
     print(
@@ -79,6 +103,8 @@ def main() -> None:
                 "core_publishes": n,
                 "js_publish_6500b_client_cpu_us": round(js * 1e6, 2),
                 "js_publish_client_cpu_us_per_record_of_64": round(js * 1e6 / 64, 3),
+                "js_channels_6500b_client_cpu_us": round(channels * 1e6, 2),
+                "js_channels_client_cpu_us_per_record_of_64": round(channels * 1e6 / 64, 3),
                 "js_publishes": JS_N,
                 "js_window": WINDOW,
             }

@@ -475,7 +475,7 @@ class NatsClient:
         subject: str,
         payload: bytes | bytearray | memoryview = b"",
         headers: Headers | None = None,
-        reply: str = "",
+        reply: str | None = None,
     ) -> None:
         """Queue a message for the writer (the next write sends it with all
         that was queued meanwhile). ``trio.WouldBlock`` if the output holds
@@ -495,7 +495,7 @@ class NatsClient:
         subject: str,
         payload: bytes | bytearray | memoryview = b"",
         headers: Headers | None = None,
-        reply: str = "",
+        reply: str | None = None,
     ) -> None:
         """Queue a message, waiting while the output is full (see the
         module); yields at least once per ``PUBLISHES_PER_YIELD`` calls so

@@ -125,18 +125,25 @@ def decode_headers(block: bytes) -> Headers | None:
     ``:`` is skipped; values lose their leading and trailing blanks."""
     if not block.startswith(_PREFIX):
         return None
-    text = block.decode("utf-8", "surrogateescape")
-    lines = text.split("\r\n")
-    headers = Headers()
-    first = lines[0][8:].strip()
-    if first:
-        code, _, description = first.partition(" ")
+    lines = block.decode("utf-8", "surrogateescape").split("\r\n")
+    headers = Headers.__new__(Headers)
+    values: dict[str, list[str]] = {}
+    headers._values = values
+    headers.status = None
+    headers.description = ""
+    first = lines[0]
+    if len(first) > 8:
+        code, _, description = first[8:].strip().partition(" ")
         if code.isdigit():
             headers.status = int(code)
             headers.description = description.strip()
-    values = headers._values
     for line in lines[1:]:
-        key, colon, value = line.partition(":")
-        if colon and key:
-            values.setdefault(key.strip(), []).append(value.strip())
+        if line:
+            key, colon, value = line.partition(":")
+            if colon and key:
+                key = key.strip()
+                if key in values:
+                    values[key].append(value.strip())
+                else:
+                    values[key] = [value.strip()]
     return headers

@@ -364,12 +364,13 @@ class NatsConnection:
         self,
         subject: str,
         payload: bytes | bytearray | memoryview,
-        reply: str = "",
+        reply: str | None = None,
         headers: Headers | None = None,
     ) -> None:
-        """Queue a PUB (an HPUB with ``headers``). A payload (with its
-        headers) larger than ``max_payload`` raises :class:`PayloadTooLarge`;
-        a subject with whitespace a ValueError; nothing is queued then."""
+        """Queue a PUB (an HPUB with ``headers``; no reply subject if
+        ``reply`` is None or ``""``). A payload (with its headers) larger than
+        ``max_payload`` raises :class:`PayloadTooLarge`; a subject with
+        whitespace a ValueError; nothing is queued then."""
         subject_bytes = subject.encode()
         if subject_bytes.split() != [subject_bytes]:
             raise ValueError(f"subject {subject!r} is empty or holds whitespace")
@@ -523,7 +524,7 @@ class NatsConnection:
                 if stop + 2 > size_all:
                     self._wait = stop + 2 - pos
                     return pos
-                if buf[stop : stop + 2] != _CRLF:
+                if not buf.startswith(_CRLF, stop):
                     return self._fail(events, "a MSG payload not ended by CRLF")
                 events.append(
                     Msg(
@@ -552,7 +553,7 @@ class NatsConnection:
                 if stop + 2 > size_all:
                     self._wait = stop + 2 - pos
                     return pos
-                if buf[stop : stop + 2] != _CRLF:
+                if not buf.startswith(_CRLF, stop):
                     return self._fail(events, "an HMSG payload not ended by CRLF")
                 headers = decode_headers(buf[start : start + head])
                 if headers is None:

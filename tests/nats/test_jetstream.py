@@ -183,3 +183,29 @@ async def test_key_value_compare_and_set(nats_server: Server) -> None:
         assert await kv.get("s1") == KvEntry(b"front-d", again)
         with pytest.raises(ValueError):
             await kv.get("bad key")
+
+
+async def test_publishes_resent_across_a_restart_are_stored_once(nats_server: Server) -> None:
+    """What a front end does while JetStream is away: resend with the same
+    Nats-Msg-Id until acknowledged; the stream holds each publish once, in order."""
+    async with open_nats(nats_server.url, reconnect_wait_most=0.1) as client:
+        js = JetStream(client, timeout=1.0)
+        await js.add_stream(stream())
+        await js.publish("t.a", b"0", msg_id="m0")
+        nats_server.kill()
+        unavailable = 0
+        with trio.fail_after(PATIENCE):
+            for i in range(1, 4):
+                while True:
+                    try:
+                        await js.publish("t.a", b"%d" % i, msg_id=f"m{i}")
+                        break
+                    except JetStreamUnavailable:
+                        unavailable += 1
+                        if nats_server.process is None:
+                            nats_server.start()
+        assert unavailable >= 1
+        info = await js.stream_info("T")
+        assert (info.state.messages, info.state.last_seq) == (4, 4)
+        stored = [await js.get_msg("T", seq) for seq in range(1, 5)]
+        assert [m.payload for m in stored if m is not None] == [b"0", b"1", b"2", b"3"]

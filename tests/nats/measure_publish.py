@@ -10,6 +10,7 @@ loopback port and reports the client process's CPU (user + system, from
   task (a window refilled as each acknowledgement comes), and from
   ``WINDOW`` tasks with one each (the front end's shape: one run in flight
   per publish channel);
+- pulling them back in order, ``WINDOW`` at a time (an ordered reader);
 
 beside ``python_loop_10m_s`` (the project's yardstick). Figures depend on
 the machine and its load; compare runs taken in one session.
@@ -64,6 +65,19 @@ async def jetstream_publishes(url: str, n: int, window: int) -> float:
         return (time.process_time() - start) / n
 
 
+async def jetstream_fetches(url: str, n: int, batch: int) -> float:
+    """Client CPU per message pulled, ``batch`` at a time, from what
+    :func:`jetstream_publishes` stored."""
+    async with open_nats(url) as client:
+        js = JetStream(client, timeout=30)
+        reader = js.ordered("BENCH", 1)
+        got = 0
+        start = time.process_time()
+        while got < n:
+            got += len(await reader.fetch(batch, expires=5.0))
+        return (time.process_time() - start) / got
+
+
 async def jetstream_channels(url: str, n: int, channels: int) -> float:
     """``channels`` tasks, each with one publish in flight (the front end's
     shape: one run in flight per publish channel, many channels)."""
@@ -93,6 +107,7 @@ def main() -> None:
             core = trio.run(core_publishes, server.url, n)
             js = trio.run(jetstream_publishes, server.url, JS_N, WINDOW)
             channels = trio.run(jetstream_channels, server.url, JS_N, WINDOW)
+            fetches = trio.run(jetstream_fetches, server.url, JS_N, WINDOW)
         finally:
             server.kill()
     print(
@@ -105,6 +120,7 @@ def main() -> None:
                 "js_publish_client_cpu_us_per_record_of_64": round(js * 1e6 / 64, 3),
                 "js_channels_6500b_client_cpu_us": round(channels * 1e6, 2),
                 "js_channels_client_cpu_us_per_record_of_64": round(channels * 1e6 / 64, 3),
+                "js_fetch_6500b_client_cpu_us": round(fetches * 1e6, 2),
                 "js_publishes": JS_N,
                 "js_window": WINDOW,
             }

@@ -111,12 +111,25 @@ def test_no_module_imports_itself_back() -> None:
     assert _cycles(_graph()) == []
 
 
+#: Sans-IO modules outside broker/protocol: the NATS client's protocol,
+#: headers and JetStream codecs (its trio driver is ``_client.py``).
+SANS_IO_MODULES = (
+    "broker.nats._errors",
+    "broker.nats._headers",
+    "broker.nats._jetstream",
+    "broker.nats._protocol",
+)
+
+
 @pytest.mark.parametrize(
-    "name", sorted(name for name in MODULES if name.startswith("broker.protocol"))
+    "name",
+    sorted(
+        name for name in MODULES if name.startswith("broker.protocol") or name in SANS_IO_MODULES
+    ),
 )
 def test_the_protocol_package_does_no_io(name: str) -> None:
-    """broker/protocol is sans-IO: no event loop, sockets, files or clocks
-    (time is passed in)."""
+    """broker/protocol (and the NATS client's protocol) is sans-IO: no event
+    loop, sockets, files or clocks (time is passed in)."""
     roots = {target.split(".")[0] for target in _imported(name)}
     assert roots & SANS_IO_FORBIDDEN == set()
 

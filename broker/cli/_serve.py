@@ -127,6 +127,7 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
 def run(args: argparse.Namespace) -> int:
     from broker.auth import AuthError
     from broker.log import LogError
+    from broker.server import ClusterUnavailable
     from broker.tls import TLSConfigError
     from broker.workers import WorkerFailed
 
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     except (AuthError, TLSConfigError) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 2
-    except (CannotListen, WorkerFailed) as error:
+    except (CannotListen, WorkerFailed, ClusterUnavailable) as error:
         print(f"broker serve: {error}", file=sys.stderr)
         return 1
     except LogError as error:

@@ -13,6 +13,7 @@ from .cluster._placement import WorkerSetup
 from .cluster._rehome import rehome_state
 from .connection._connection import ConnectionCounters, PublishChannel, ServerConnection
 from .connection._policy import BrokerPolicy
+from .storage._jetstream import ClusterUnavailable
 from .topics._lossy import DroppingSubscription, OptionError, QueueLimits
 from .topics._topic import Subscription, Topic
 
@@ -20,6 +21,7 @@ __all__ = [
     "Broker",
     "BrokerPolicy",
     "BrokerStatistics",
+    "ClusterUnavailable",
     "ConnectionCounters",
     "ConnectionView",
     "DroppingSubscription",

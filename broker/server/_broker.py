@@ -57,6 +57,7 @@ from .sessions._restore import restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
+from .storage._jetstream import open_jetstream_runs
 from .storage._replication import RunStreams
 from .storage._topic_logs import Replication, TopicLogs
 from .topics._groups import Groups
@@ -538,6 +539,33 @@ async def serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     streams: RunStreams | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a broker; ``task_status.started(broker)`` once it is listening.
+
+    With ``config.cluster`` (and no ``streams``) it first connects to the
+    NATS servers and checks them (:func:`open_jetstream_runs`: raises
+    :class:`ClusterUnavailable` with one line), then serves over the
+    topics' streams in their JetStream cluster. Otherwise see
+    :func:`_serve_broker`.
+    """
+    if streams is None and config.cluster:
+        async with open_jetstream_runs(config) as runs:
+            await _serve_broker(
+                config, worker=worker, listeners=listeners, streams=runs, task_status=task_status
+            )
+        return
+    await _serve_broker(
+        config, worker=worker, listeners=listeners, streams=streams, task_status=task_status
+    )
+
+
+async def _serve_broker(
+    config: BrokerConfig,
+    *,
+    worker: WorkerSetup | None,
+    listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None,
+    streams: RunStreams | None,
+    task_status: trio.TaskStatus[Broker],
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
 

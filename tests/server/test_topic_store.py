@@ -7,14 +7,15 @@ log's ``TopicLog`` or ``Reader`` (read with ``ast``: nothing is imported).
 The conformance tests are written against ``TopicStore`` alone and take the
 engine from the ``engine`` fixture: the local topic log, and the replicated
 engine (a local cache whose records count once a stream holds them) over an
-in-memory stream with JetStream's write rules (``run_streams``); another
-storage engine is checked by adding it to ``ENGINES``.
+in-memory stream with JetStream's write rules (``run_streams``) and over a
+real JetStream stream (a ``nats-server`` for the module); another storage
+engine is checked by adding it to ``ENGINES``.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Protocol
@@ -22,10 +23,14 @@ from typing import Protocol
 import pytest
 
 from broker.log import LogConfig, LogStore, TopicLog
+from broker.nats import JetStream, open_nats
+from broker.nats._servers import open_nats_servers
+from broker.server.storage._jetstream import JetStreamRuns
 from broker.server.storage._replicated import ReplicatedLog
-from broker.server.storage._replication import restore_log
+from broker.server.storage._replication import RunStream, restore_log
 from broker.server.storage._store import Run, Start, TopicStore
 
+from ..nats.raw import require_nats_server
 from .run_streams import MemoryStream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,12 +130,12 @@ class LocalEngine:
 
 
 class ReplicatedEngine:
-    """The replicated engine, its stream in memory; a restart restores a
-    new cache (in a new directory: a front end keeps no data) from it."""
+    """The replicated engine over ``stream``; a restart restores a new cache
+    (in a new directory: a front end keeps no data) from it."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, stream: RunStream) -> None:
         self.directory = directory
-        self.stream = MemoryStream()
+        self.stream = stream
         self.opened = 0
         self.stores: list[LogStore] = []
         self.store: TopicStore = self._empty()
@@ -170,7 +175,7 @@ class ReplicatedEngine:
 
 
 @asynccontextmanager
-async def _local(directory: Path) -> AsyncIterator[Engine]:
+async def _local(request: pytest.FixtureRequest, directory: Path) -> AsyncIterator[Engine]:
     engine = LocalEngine(directory)
     try:
         yield engine
@@ -180,24 +185,48 @@ async def _local(directory: Path) -> AsyncIterator[Engine]:
 
 
 @asynccontextmanager
-async def _replicated(directory: Path) -> AsyncIterator[Engine]:
-    engine = ReplicatedEngine(directory)
+async def _replicated(request: pytest.FixtureRequest, directory: Path) -> AsyncIterator[Engine]:
+    engine = ReplicatedEngine(directory, MemoryStream())
     try:
         yield engine
     finally:
         engine.close()
 
 
+@asynccontextmanager
+async def _jetstream(request: pytest.FixtureRequest, directory: Path) -> AsyncIterator[Engine]:
+    """The replicated engine over a real JetStream stream (one
+    ``nats-server`` for the module; a topic of its own per test)."""
+    url: str = request.getfixturevalue("nats_url")
+    async with open_nats(url, name="conformance") as client:
+        runs = JetStreamRuns(JetStream(client), replicas=1)
+        stream = await runs.open_stream(f"conformance.{request.node.name}")
+        engine = ReplicatedEngine(directory, stream)
+        try:
+            yield engine
+        finally:
+            engine.close()
+
+
 #: Each storage engine, as a context that opens an empty store in a directory.
-ENGINES: dict[str, Callable[[Path], AbstractAsyncContextManager[Engine]]] = {
+ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], AbstractAsyncContextManager[Engine]]] = {
     "local": _local,
     "replicated": _replicated,
+    "jetstream": _jetstream,
 }
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ``nats-server`` (JetStream, every write synced) for the module."""
+    require_nats_server()
+    with open_nats_servers(tmp_path_factory.mktemp("nats"), count=1) as servers:
+        yield servers.urls[0]
 
 
 @pytest.fixture(params=sorted(ENGINES))
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
-    async with ENGINES[request.param](tmp_path / "store") as opened:
+    async with ENGINES[request.param](request, tmp_path / "store") as opened:
         yield opened
 
 

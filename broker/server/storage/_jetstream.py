@@ -1,0 +1,345 @@
+"""The topics' streams in NATS JetStream: cluster mode's :class:`RunStreams`.
+
+Each topic has one stream, ``T-<name>`` (its name encoded: bytes other
+than ASCII letters, digits and ``-`` as ``_XX``; a long name shortened with
+a hash), holding one subject, ``broker.topic.<same>``; the topic's name is
+kept in the stream's metadata (``broker_topic``), which is how the topics
+are listed. The stream is replicated (``cluster_replicas``), on file, with
+no limits of its own: the broker purges it as the topic's retention
+deletes records. A run is one message: its body the records (see
+``broker.log.encode_run``), its headers ``Broker-First-Offset`` and
+``Broker-Count``, ``Nats-Msg-Id`` the run's id and
+``Nats-Expected-Last-Sequence`` the sequence it follows.
+
+JetStream's answers map onto the seam's errors: no responders, a timeout,
+a lost connection (an election, a server down) are
+:class:`StreamUnavailable` (the run is sent again, the same message); a
+wrong last sequence is :class:`StreamFenced` (another front end wrote the
+topic), unless the message after the one the run expected is the run
+itself, stored when it was sent before (JetStream checks the expected
+sequence before the message id: a run sent again after its answer was
+lost is refused that way, and is taken as stored); any other refusal is
+taken as unavailable too (tried again with a backoff, never dropped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerError
+from broker.log import LogError
+from broker.nats import (
+    ERR_STREAM_NOT_FOUND,
+    ERR_WRONG_LAST_SEQUENCE,
+    ConnectError,
+    Headers,
+    JetStream,
+    JetStreamError,
+    NatsClient,
+    NatsError,
+    OrderedReader,
+    StreamConfig,
+    open_nats,
+)
+from broker.nats._jetstream import parse_api_response
+from broker.nats._server_checks import (
+    JSZ_PING_SUBJECT,
+    check_server,
+    expected_answers,
+    servers_not_answering,
+)
+
+from ._replicated import OutgoingRun
+from ._replication import StoredRun, StreamFenced, StreamUnavailable
+
+log = logging.getLogger("broker.server")
+
+__all__ = [
+    "ClusterUnavailable",
+    "JetStreamRun",
+    "JetStreamRuns",
+    "open_jetstream_runs",
+    "stream_name",
+    "topic_subject",
+]
+
+#: Prefixes of the broker's streams and subjects.
+STREAM_PREFIX = "T-"
+SUBJECT_PREFIX = "broker.topic."
+#: The stream metadata key that names the topic.
+TOPIC_KEY = "broker_topic"
+MSG_ID = "Nats-Msg-Id"
+FIRST_OFFSET = "Broker-First-Offset"
+COUNT = "Broker-Count"
+#: Encoded names longer than this are shortened (JetStream keeps a stream
+#: in a directory named after it).
+_MAX_ENCODED = 120
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+#: Seconds a restore's read waits for the next messages before asking again.
+READ_EXPIRES = 2.0
+
+
+def _encoded(topic: str) -> str:
+    data = topic.encode()
+    encoded = "".join(chr(b) if b in _SAFE else f"_{b:02X}" for b in data)
+    if len(encoded) <= _MAX_ENCODED:
+        return encoded
+    cut = encoded[:80]
+    if "_" in cut[-2:]:
+        cut = cut[: cut.rindex("_")]
+    return f"{cut}-{hashlib.sha256(data).hexdigest()[:32]}"
+
+
+def stream_name(topic: str) -> str:
+    """The name of ``topic``'s stream (only ``[A-Za-z0-9_-]``)."""
+    return STREAM_PREFIX + _encoded(topic)
+
+
+def topic_subject(topic: str) -> str:
+    """The one subject of ``topic``'s stream."""
+    return SUBJECT_PREFIX + _encoded(topic)
+
+
+def _unavailable(what: str, error: NatsError) -> StreamUnavailable:
+    return StreamUnavailable(f"{what}: {error}")
+
+
+class JetStreamRun:
+    """One topic's stream (a :class:`~._replication.RunStream`)."""
+
+    def __init__(self, js: JetStream, topic: str, timeout: float) -> None:
+        self.js = js
+        self.topic = topic
+        self.stream = stream_name(topic)
+        self.subject = topic_subject(topic)
+        self.timeout = timeout
+        self._reader: OrderedReader | None = None
+        #: The last sequence when a read began (a read ends there).
+        self._read_end = 0
+
+    async def publish(self, run: OutgoingRun) -> int:
+        headers = Headers()
+        headers.add(FIRST_OFFSET, str(run.first_offset))
+        headers.add(COUNT, str(run.count))
+        try:
+            ack = await self.js.publish(
+                self.subject,
+                run.body,
+                headers=headers,
+                msg_id=run.msg_id,
+                expected_last_seq=run.expected_last_seq,
+                timeout=self.timeout,
+            )
+        except JetStreamError as error:
+            if error.err_code == ERR_WRONG_LAST_SEQUENCE:
+                return await self._stored_before(run, error)
+            raise _unavailable(f"stream {self.stream} refused a run", error) from None
+        except NatsError as error:
+            raise _unavailable(f"stream {self.stream}", error) from None
+        return ack.seq
+
+    async def _stored_before(self, run: OutgoingRun, refusal: JetStreamError) -> int:
+        """The sequence of ``run`` if the stream stored it when it was sent
+        before (its answer lost), else :class:`StreamFenced`. JetStream checks
+        the expected last sequence before the message id, so a run sent again
+        after it was stored is refused as if another writer had appended:
+        the message after the one it expects tells which."""
+        try:
+            found = await self.js.get_msg(self.stream, run.expected_last_seq + 1)
+        except NatsError as error:
+            raise _unavailable(f"stream {self.stream}", error) from None
+        if (
+            found is not None
+            and found.headers is not None
+            and found.headers.get(MSG_ID) == run.msg_id
+        ):
+            return found.seq
+        raise StreamFenced(str(refusal))
+
+    async def fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:
+        try:
+            if self._reader is None or self._reader.next_seq != from_seq:
+                info = await self.js.stream_info(self.stream)
+                self._read_end = info.state.last_seq
+                self._reader = self.js.ordered(self.stream, max(from_seq, 1))
+            reader = self._reader
+            if from_seq > self._read_end:
+                return []
+            while True:
+                messages = await reader.fetch(
+                    min(max_messages, self._read_end - from_seq + 1), expires=READ_EXPIRES
+                )
+                if messages:
+                    break
+                if reader.next_seq > self._read_end:
+                    return []
+        except JetStreamError as error:
+            raise LogError(f"stream {self.stream} cannot be read: {error}") from None
+        except NatsError as error:
+            raise _unavailable(f"reading stream {self.stream}", error) from None
+        return [_stored_run(self.stream, message) for message in messages]
+
+    async def purge_below(self, seq: int) -> None:
+        try:
+            await self.js.purge_stream(self.stream, seq=seq)
+        except NatsError as error:
+            raise _unavailable(f"purging stream {self.stream}", error) from None
+
+
+def _stored_run(stream: str, message: Any) -> StoredRun:
+    headers = message.headers
+    first = headers.get(FIRST_OFFSET) if headers is not None else None
+    count = headers.get(COUNT) if headers is not None else None
+    if first is None or count is None or not first.isdigit() or not count.isdigit():
+        raise LogError(
+            f"stream {stream} holds message {message.stream_seq} without "
+            f"{FIRST_OFFSET} and {COUNT}: it was not written by the broker"
+        )
+    return StoredRun(message.stream_seq, int(first), int(count), bytes(message.payload))
+
+
+async def _list_streams(js: JetStream, subject: str, answer_within: float) -> list[StreamConfig]:
+    """The configurations of every stream with a subject matching ``subject``
+    (``$JS.API.STREAM.LIST``, page by page)."""
+    configs: list[StreamConfig] = []
+    while True:
+        body = json.dumps({"offset": len(configs), "subject": subject}).encode()
+        answer = parse_api_response(
+            (
+                await js.client.request(f"{js.prefix}.STREAM.LIST", body, timeout=answer_within)
+            ).payload
+        )
+        page = answer.get("streams") or []
+        configs += [StreamConfig.from_json(info["config"]) for info in page]
+        if not page or len(configs) >= int(answer.get("total", 0)):
+            return configs
+
+
+class JetStreamRuns:
+    """The topics' streams in one JetStream account (a
+    :class:`~._replication.RunStreams`): ``replicas`` copies of each;
+    ``timeout`` seconds for each answer."""
+
+    def __init__(self, js: JetStream, *, replicas: int = 3, timeout: float = 5.0) -> None:
+        self.js = js
+        self.replicas = replicas
+        self.timeout = timeout
+
+    def _config(self, topic: str) -> StreamConfig:
+        return StreamConfig(
+            name=stream_name(topic),
+            subjects=[topic_subject(topic)],
+            storage="file",
+            num_replicas=self.replicas,
+            discard="old",
+            allow_direct=True,
+            description=f"broker topic {topic[:200]}",
+            extra={"metadata": {TOPIC_KEY: topic}},
+        )
+
+    async def open_stream(self, topic: str) -> JetStreamRun:
+        try:
+            await self.js.add_stream(self._config(topic))
+        except JetStreamError as error:
+            raise LogError(f"the stream of topic {topic[:64]!r} cannot be made: {error}") from None
+        except NatsError as error:
+            raise _unavailable(f"making the stream of topic {topic[:64]!r}", error) from None
+        return JetStreamRun(self.js, topic, self.timeout)
+
+    async def topics(self) -> list[str]:
+        try:
+            configs = await _list_streams(self.js, SUBJECT_PREFIX + ">", self.timeout)
+        except NatsError as error:
+            raise _unavailable("listing the topics' streams", error) from None
+        found = []
+        for config in configs:
+            metadata = config.extra.get("metadata") or {}
+            topic = metadata.get(TOPIC_KEY) if isinstance(metadata, dict) else None
+            if isinstance(topic, str) and stream_name(topic) == config.name:
+                found.append(topic)
+            else:
+                log.warning("stream %s is not a broker topic's: left alone", config.name[:80])
+        return sorted(found)
+
+    async def delete_stream(self, topic: str) -> bool:
+        try:
+            await self.js.delete_stream(stream_name(topic))
+        except JetStreamError as error:
+            if error.err_code == ERR_STREAM_NOT_FOUND:
+                return False
+            raise _unavailable(f"deleting the stream of topic {topic[:64]!r}", error) from None
+        except NatsError as error:
+            raise _unavailable(f"deleting the stream of topic {topic[:64]!r}", error) from None
+        return True
+
+
+class ClusterUnavailable(BrokerError):
+    """Cluster mode cannot start: the NATS servers cannot be reached, or
+    they do not keep what the broker promises (one line saying what to do)."""
+
+
+#: How long the start-up waits for every server's answer to the JSZ ping.
+JSZ_WAIT = 2.0
+
+
+async def jsz_answers(client: NatsClient) -> list[dict[str, Any]]:
+    """Every server's answer to a JSZ ping (none when the user may not ask:
+    no responders, or no answer within :data:`JSZ_WAIT` seconds)."""
+    answers: list[dict[str, Any]] = []
+    inbox = client.new_inbox()
+    with client.subscribe(inbox) as replies:
+        await client.flush()
+        await client.publish(JSZ_PING_SUBJECT, b"", reply=inbox)
+        with trio.move_on_after(JSZ_WAIT):
+            while not answers or len(answers) < expected_answers(answers):
+                reply = await replies.receive()
+                if reply.status is not None:  # (503: no responders)
+                    break
+                try:
+                    answer = json.loads(reply.payload)
+                except ValueError:
+                    continue
+                if isinstance(answer, dict):
+                    answers.append(answer)
+    return answers
+
+
+@asynccontextmanager
+async def open_jetstream_runs(config: BrokerConfig) -> AsyncIterator[JetStreamRuns]:
+    """The topics' streams in the JetStream cluster of ``config.cluster``
+    for the block, once its servers are checked (:func:`check_server`: a
+    version that syncs replicated writes, ``sync_interval: always`` unless
+    ``cluster_unsafe_sync``); raises :class:`ClusterUnavailable` otherwise."""
+    servers = config.cluster_servers
+    try:
+        async with open_nats(servers, name="broker front end") as client:
+            answers = await jsz_answers(client)
+            problems = check_server(
+                client.server_info, answers or None, unsafe_sync=config.cluster_unsafe_sync
+            )
+            if problems:
+                raise ClusterUnavailable("cluster mode: " + "; ".join(problems))
+            missing = servers_not_answering(answers)
+            if missing:
+                log.warning(
+                    "cluster mode: %s did not answer: their settings are not checked",
+                    ", ".join(missing),
+                )
+            runs = JetStreamRuns(JetStream(client), replicas=config.cluster_replicas)
+            log.info(
+                "cluster mode: JetStream on %d NATS servers (nats-server %s), %d replicas",
+                max(len(answers), 1),
+                client.server_info.get("version", "?"),
+                config.cluster_replicas,
+            )
+            yield runs
+    except ConnectError as error:
+        raise ClusterUnavailable(f"cluster mode: {error}") from None

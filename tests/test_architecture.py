@@ -118,6 +118,8 @@ SANS_IO_MODULES = (
     "broker.nats._headers",
     "broker.nats._jetstream",
     "broker.nats._protocol",
+    "broker.nats._server_checks",
+    "broker.log._runs",
 )
 
 
@@ -136,9 +138,6 @@ def test_the_protocol_package_does_no_io(name: str) -> None:
 
 #: Feature packages and what each must not import, directly (docs/architecture.md).
 MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
-    # A connection works the same in a single broker and in a worker; what it
-    # needs of forwarding it names as a small protocol.
-    "broker.server.connection": ("broker.server.cluster",),
     # Bytes on a stream know nothing of the broker's features.
     "broker.server.transport": (
         "broker.server.connection",
@@ -151,6 +150,14 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "broker.protocol.guarantees": ("broker.protocol.connection",),
     # The storage engine knows nothing of the server that uses it.
     "broker.log": ("broker.server",),
+    # The NATS client knows nothing of the broker it serves.
+    "broker.nats": ("broker.server", "broker.log", "broker.protocol", "broker.client"),
+    # Topics see storage through the seam, never NATS.
+    "broker.server.topics": ("broker.nats",),
+    # A connection works the same in a single broker, in a worker and in a
+    # cluster front end; what it needs of forwarding it names as a small
+    # protocol, and storage is not its business.
+    "broker.server.connection": ("broker.server.cluster", "broker.nats"),
 }
 
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker.client import open_client
+from broker.errors import BrokerError
+from broker.log import encode_run
+from broker.protocol.frames import encode_deliver_tail
 
 from .helpers import running_broker, url, wait_until
 from .run_streams import MemoryStreams
@@ -85,3 +89,25 @@ async def test_a_deleted_topic_loses_its_stream(tmp_path: Path) -> None:
             await _publish(url(broker), "gone", [b"new"])
             assert await _read(url(broker), "gone", 1) == [(1, b"new")]
     assert [m.first_offset for m in streams.streams["gone"].messages] == [1]
+
+
+async def test_a_damaged_stream_is_set_aside_and_the_others_served(tmp_path: Path) -> None:
+    streams = MemoryStreams()
+    good = await streams.open_stream("good")
+    tails = [encode_deliver_tail(b"a", None, None), encode_deliver_tail(b"b", None, None)]
+    good.append_foreign(1, 2, encode_run(1, tails, [1000, 1000]))
+    bad = await streams.open_stream("bad")
+    damaged = bytearray(encode_run(1, [b"x"], [1000]))
+    damaged[-1] ^= 1
+    bad.append_foreign(1, 1, bytes(damaged))
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            assert await _read(url(broker), "good", 2) == [(1, b"a"), (2, b"b")]
+            with pytest.raises(BrokerError, match="stream cannot be read"):
+                await _publish(url(broker), "bad", [b"y"])
+            assert bad.messages[0].body == bytes(damaged)  # (kept as it was)
+            async with open_client(url(broker), name="admin") as client:
+                await client.admin("delete-topic", topic="bad")
+            await wait_until(lambda: "bad" not in streams.streams, what="the stream deleted")
+            await _publish(url(broker), "bad", [b"afresh"])
+            assert await _read(url(broker), "bad", 1) == [(1, b"afresh")]

@@ -217,7 +217,8 @@ def _delete_topic(services: BrokerServices, name: str) -> Row:
     logs = services.storage.logs
     topic = services.topics.topics.get(name)
     stored = _stored(logs, name)
-    if topic is None and stored is None:
+    set_aside = logs is not None and logs.set_aside(name) is not None
+    if topic is None and stored is None and not set_aside:
         raise AdminError(AdminStatus.REFUSED, f"no topic {name[:64]!r}")
     records = size = 0
     if stored is not None:

@@ -3,7 +3,7 @@
 Each topic has one stream, ``T-<name>`` (its name encoded: bytes other
 than ASCII letters, digits and ``-`` as ``_XX``; a long name shortened with
 a hash), holding one subject, ``broker.topic.<same>``; the topic's name is
-kept in the stream's metadata (``broker_topic``), which is how the topics
+kept in the stream's metadata (``topic``), which is how the topics
 are listed. The stream is replicated (``cluster_replicas``), on file, with
 no limits of its own: the broker purges it as the topic's retention
 deletes records. A run is one message: its body the records (see
@@ -75,7 +75,7 @@ __all__ = [
 STREAM_PREFIX = "T-"
 SUBJECT_PREFIX = "broker.topic."
 #: The stream metadata key that names the topic.
-TOPIC_KEY = "broker_topic"
+TOPIC_KEY = "topic"
 MSG_ID = "Nats-Msg-Id"
 FIRST_OFFSET = "Broker-First-Offset"
 COUNT = "Broker-Count"

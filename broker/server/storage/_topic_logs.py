@@ -42,7 +42,7 @@ from ..topics._log_subscription import CURSORS, CursorBook
 from ..topics._topic import Topic
 from ._publish_marks import PublishMarks
 from ._replicated import ReplicatedLog
-from ._replication import Replicator, RunStreams, restore_log
+from ._replication import Replicator, RunStreams, StreamUnavailable, restore_log
 from ._store import TopicStore
 
 log = logging.getLogger("broker.server")
@@ -146,12 +146,16 @@ class Replication:
         self.max_topics = max_topics
         self.replicator = Replicator(streams)
         self.logs: dict[str, ReplicatedLog] = {}
+        #: Topics whose stream could not be restored, and why: not served.
+        self.broken: dict[str, str] = {}
 
     async def restore(self, store: LogStore, settings: LogSettings) -> int:
         """Restore every topic that has a stream into a cache of ``store``
         (an empty one: the caches of an earlier run are not trusted);
-        returns how many records. Raises :class:`LogError` (one topic's
-        stream unreadable or damaged: the broker does not start without it)."""
+        returns how many records. A topic whose stream cannot be restored
+        (a message damaged, or not the broker's) is set aside in
+        :attr:`broken`, reported, and not served; the others are. Raises
+        :class:`StreamUnavailable` if the streams cannot be read now."""
         records = 0
         for name in await self.streams.topics():
             stream = await self.replicator.stream(name)
@@ -160,7 +164,17 @@ class Replication:
             def cache(first: int, name: str = name, config: LogConfig = config) -> TopicLog:
                 return store.topic(name, config, wall_ms(), first_offset=first)
 
-            replicated = await restore_log(stream, cache, self.writer)
+            try:
+                replicated = await restore_log(stream, cache, self.writer)
+            except LogError as error:
+                if isinstance(error, StreamUnavailable):
+                    raise
+                # Set aside: the other topics are served; this one is not
+                # (never served with a hole, never written over).
+                self.broken[name] = str(error)
+                store.delete_topic(name)
+                log.error("topic %r is not served: its stream: %s", name[:64], error)
+                continue
             self.logs[name] = replicated
             records += replicated.next_offset - replicated.first_offset
         return records
@@ -168,6 +182,8 @@ class Replication:
     def open(self, store: LogStore, name: str, config: LogConfig) -> ReplicatedLog:
         """The replicated log of ``name``: restored, or a new one (its
         stream is made when its first run is sent)."""
+        if name in self.broken:
+            raise LogError(f"its stream cannot be read: {self.broken[name]}")
         replicated = self.logs.get(name)
         if replicated is None or replicated.closed:
             if replicated is None and len(self.logs) >= self.max_topics:
@@ -180,7 +196,9 @@ class Replication:
         return replicated
 
     def delete(self, name: str) -> None:
-        """``name`` is deleted: its log closed and its stream deleted soon."""
+        """``name`` is deleted: its log closed and its stream deleted soon
+        (a stream that could not be restored too: the topic starts afresh)."""
+        self.broken.pop(name, None)
         replicated = self.logs.pop(name, None)
         if replicated is not None:
             replicated.close()
@@ -312,6 +330,11 @@ class TopicLogs:
                 "; ".join(recovery.details)[:400],
             )
         return topic_log
+
+    def set_aside(self, name: str) -> str | None:
+        """Why topic ``name`` is not served (cluster mode: its stream could
+        not be restored), or None; deleting the topic ends it."""
+        return None if self.replication is None else self.replication.broken.get(name)
 
     @staticmethod
     def gaps_of(store: TopicStore) -> list[tuple[int, int]]:

@@ -1,0 +1,320 @@
+"""Seeded fault schedules for cluster mode: a front end over three
+``nats-server``s, a publisher flushing batches of numbered records, and one
+fault at a seeded moment; then every record is read back and checked:
+nothing confirmed is missing, nothing is stored twice, every publisher's
+records are in order.
+
+The faults (``FAULTS``):
+
+- ``leader-kill``: ``kill -9`` of the topic's stream leader, restarted a
+  few seconds later;
+- ``leader-pause``: the stream leader stopped (SIGSTOP) for 10 s;
+- ``two-down``: two of the three servers (the leader one of them) killed,
+  restarted 5 s later: no quorum meanwhile;
+- ``all-restart``: all three servers killed and restarted;
+- ``front-end-kill``: ``kill -9`` of the front end, another started on an
+  empty data directory; the publisher reconnects to it and sends again
+  what it had not seen confirmed. Until sessions are kept in the cluster
+  a record stored but not confirmed can then be stored twice: this
+  schedule counts duplicates apart (``resent_duplicates``), and holds to
+  nothing lost and order.
+
+Run many seeds outside CI (a soak)::
+
+    python -m tests.nats.faults --seeds 50 --first-seed 1 [--fault leader-kill]
+
+``tests/nats/test_fault_schedules.py`` runs one seed of each in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import trio
+
+from broker.client import open_client
+from broker.errors import BrokerError
+from broker.nats._servers import NatsServers, open_nats_servers
+from broker.server.storage._jetstream import stream_name
+
+FAULTS = ("leader-kill", "leader-pause", "two-down", "all-restart", "front-end-kill")
+TOPIC = "faults"
+BATCH = 500
+PAYLOAD = 100
+#: Hang guard of one schedule (seconds).
+DEADLINE = 300.0
+
+
+def payload(number: int) -> bytes:
+    return b"%010d" % number + b"." * (PAYLOAD - 10)
+
+
+@dataclass
+class Outcome:
+    """What one schedule did and what came back."""
+
+    seed: int
+    fault: str
+    published: int = 0
+    confirmed: int = 0
+    read: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    resent_duplicates: int = 0
+    #: The longest time without a confirm from the fault on (seconds): how
+    #: long publishing stalled (an election, a new front end).
+    stalled_s: float = 0.0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.out_of_order)
+
+
+class FrontEnd:
+    """A ``broker serve --cluster`` process, replaceable by another."""
+
+    def __init__(self, servers: NatsServers, directory: Path) -> None:
+        self.servers = servers
+        self.directory = directory
+        self.count = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self) -> str:
+        self.count += 1
+        data_dir = self.directory / f"front-end-{self.count}"
+        log = self.directory / "front-end.log"
+        command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
+        command += ["--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir"]
+        command += [str(data_dir), "--cluster", ",".join(self.servers.urls)]
+        with open(log, "ab") as errors:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors)
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        if "listening on" not in line:
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"front end did not start: {line!r}: {log.read_text()[-2000:]}")
+        self.process = process
+        self.address = line.split("listening on", 1)[1].strip()
+        return self.address
+
+    def kill(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+
+
+@contextmanager
+def front_end(servers: NatsServers, directory: Path) -> Iterator[FrontEnd]:
+    front = FrontEnd(servers, directory)
+    front.start()
+    try:
+        yield front
+    finally:
+        front.stop()
+
+
+class Publisher:
+    """Publishes numbered records in flushed batches until told to stop;
+    what a flush returned for is confirmed. If its connection is lost it
+    reconnects (to the front end's address then) and sends the unconfirmed
+    batch again."""
+
+    def __init__(self, front: FrontEnd) -> None:
+        self.front = front
+        self.published = 0
+        self.confirmed = 0
+        self.resent = 0
+        #: When each batch was confirmed (trio time).
+        self.confirm_times: list[float] = []
+        self.stop = trio.Event()
+        self._confirmed = trio.Event()
+
+    async def wait_confirmed(self, count: int) -> None:
+        """Until at least ``count`` records are confirmed."""
+        while self.confirmed < count:
+            await self._confirmed.wait()
+            self._confirmed = trio.Event()
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                async with open_client(self.front.address, name="faults-pub") as client:
+                    while not self.stop.is_set():
+                        first = self.confirmed
+                        for number in range(first, first + BATCH):
+                            await client.publish(TOPIC, payload(number))
+                        self.published = max(self.published, first + BATCH)
+                        await client.flush()
+                        self.confirmed = first + BATCH
+                        self.confirm_times.append(trio.current_time())
+                        self._confirmed.set()
+            except (BrokerError, OSError):
+                # (The front end was killed: the batch in flight is sent again.)
+                self.resent += self.published - self.confirmed
+                await trio.sleep(0.1)
+
+
+async def read_back(address: str) -> list[bytes]:
+    """Every record of the topic from the first, up to an end marker."""
+    async with open_client(address, name="faults-reader") as client:
+        await client.publish(TOPIC, b"end")
+        await client.flush()
+        got: list[bytes] = []
+        async with client.subscribe(TOPIC, options={"from": "earliest"}) as subscription:
+            async for message in subscription:
+                if message.payload == b"end":
+                    return got
+                got.append(message.payload)
+    return got
+
+
+async def _thread(function: object, *args: object) -> object:
+    return await trio.to_thread.run_sync(function, *args)  # type: ignore[arg-type]
+
+
+async def inject(fault: str, servers: NatsServers, front: FrontEnd, rng: random.Random) -> None:
+    """Do ``fault`` and undo it (servers restarted and ready again)."""
+    leader = await trio.to_thread.run_sync(servers.wait_for_leader_of, stream_name(TOPIC))
+    if fault == "leader-kill":
+        leader.kill()
+        await trio.sleep(rng.uniform(1.0, 6.0))
+        await trio.to_thread.run_sync(leader.restart)
+    elif fault == "leader-pause":
+        leader.pause()
+        await trio.sleep(10.0)
+        leader.resume()
+    elif fault == "two-down":
+        others = [server for server in servers if server is not leader]
+        down = [leader, rng.choice(others)]
+        for server in down:
+            server.kill()
+        await trio.sleep(5.0)
+        for server in down:
+            await trio.to_thread.run_sync(server.restart)
+    elif fault == "all-restart":
+        for server in servers:
+            server.kill()
+        await trio.sleep(rng.uniform(0.2, 2.0))
+        for server in servers:
+            server.start()
+    elif fault == "front-end-kill":
+        front.kill()
+        await trio.to_thread.run_sync(front.start)
+    else:
+        raise ValueError(f"no fault {fault!r}: one of {', '.join(FAULTS)}")
+    await trio.to_thread.run_sync(servers.wait_ready)
+
+
+async def run_schedule(
+    seed: int, fault: str, directory: Path, min_records: int = 100_000
+) -> Outcome:
+    """One schedule: a cluster and a front end of its own in ``directory``;
+    publishing goes on after the fault until ``min_records`` are confirmed."""
+    rng = random.Random(seed)
+    outcome = Outcome(seed, fault)
+    started = time.monotonic()
+    with (
+        open_nats_servers(
+            directory / "nats", 3, system_account=True, app_jsz_import=True
+        ) as servers,
+        front_end(servers, directory) as front,
+    ):
+        publisher = Publisher(front)
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publisher.run)
+                await publisher.wait_confirmed(BATCH)  # (the stream exists)
+                await trio.sleep(rng.uniform(1.0, 4.0))
+                fault_at = trio.current_time()
+                await inject(fault, servers, front, rng)
+                await publisher.wait_confirmed(publisher.confirmed + 2 * BATCH)
+                await trio.sleep(rng.uniform(1.0, 3.0))
+                await publisher.wait_confirmed(min_records)
+                publisher.stop.set()
+            times = publisher.confirm_times
+            before = [t for t in times if t <= fault_at][-1:]
+            after = [t for t in times if t > fault_at]
+            outcome.stalled_s = max(
+                (b - a for a, b in zip(before + after, after, strict=False)), default=0.0
+            )
+            got = await read_back(front.address)
+    outcome.published = publisher.published
+    outcome.confirmed = publisher.confirmed
+    outcome.read = len(got)
+    numbers = [int(record[:10]) for record in got]
+    seen: set[int] = set()
+    last = -1
+    for number in numbers:
+        if number in seen:
+            if fault == "front-end-kill":
+                outcome.resent_duplicates += 1
+            else:
+                outcome.duplicated += 1
+            continue
+        seen.add(number)
+        if number < last:
+            outcome.out_of_order += 1
+        last = max(last, number)
+    outcome.lost = sum(1 for number in range(publisher.confirmed) if number not in seen)
+    bad = [record for record in got if record != payload(int(record[:10]))]
+    if bad:
+        outcome.notes.append(f"{len(bad)} records with foreign bytes")
+        outcome.duplicated += len(bad)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=10, help="schedules to run")
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--fault", choices=FAULTS, help="only this fault (default: in turn)")
+    parser.add_argument(
+        "--records", type=int, default=100_000, help="least records confirmed per schedule"
+    )
+    args = parser.parse_args(argv)
+    failed = 0
+    totals = {"confirmed": 0, "read": 0, "lost": 0, "duplicated": 0, "resent_duplicates": 0}
+    for index in range(args.seeds):
+        seed = args.first_seed + index
+        fault = args.fault or FAULTS[seed % len(FAULTS)]
+        with tempfile.TemporaryDirectory(prefix=f"faults-{seed}-") as directory:
+            outcome = trio.run(run_schedule, seed, fault, Path(directory), args.records)
+        failed += not outcome.ok
+        for key in totals:
+            totals[key] += getattr(outcome, key)
+        print(json.dumps(asdict(outcome)), flush=True)
+    print(json.dumps({"schedules": args.seeds, "failed": failed, **totals}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""One seeded fault schedule of each kind against a front end over three
+real ``nats-server``s (``faults.py``): nothing confirmed lost, nothing
+stored twice (but what a killed front end's publisher sends again, until
+sessions are kept in the cluster), every record in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .faults import FAULTS, run_schedule
+from .raw import require_nats_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_fault_schedule_loses_nothing_confirmed(fault: str, tmp_path: Path) -> None:
+    require_nats_server()
+    outcome = await run_schedule(FAULTS.index(fault) + 1, fault, tmp_path, min_records=20_000)
+    print(outcome)
+    assert outcome.confirmed > 0 and outcome.read >= outcome.confirmed
+    assert (outcome.lost, outcome.duplicated, outcome.out_of_order) == (0, 0, 0)

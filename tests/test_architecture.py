@@ -112,7 +112,8 @@ def test_no_module_imports_itself_back() -> None:
 
 
 #: Sans-IO modules outside broker/protocol: the NATS client's protocol,
-#: headers and JetStream codecs (its trio driver is ``_client.py``).
+#: headers and JetStream codecs (its trio driver is ``_client.py``), and the
+#: checks of a NATS server's answers.
 SANS_IO_MODULES = (
     "broker.nats._errors",
     "broker.nats._headers",

@@ -15,7 +15,10 @@ cluster mode uses.
   the JetStream/KV JSON codecs (``_jetstream.py``).
 - Errors (``_errors.py``): :class:`NatsError` and its kinds; retryable ones
   are :class:`ConnectionLost` and :class:`JetStreamUnavailable`.
-- ``_servers.py``: starts ``nats-server`` processes for tests and benchmarks.
+- Around the servers: ``_servers.py`` starts local ``nats-server`` processes (one,
+  or a JetStream cluster) for the tests, benchmarks and soak runs, faults
+  and stops them by PID; ``_server_checks.py`` (sans-IO) turns a server's
+  INFO and JSZ answers into the front end's start-up refusals.
 """
 
 from ._client import (

@@ -444,8 +444,6 @@ class NatsClient:
         self._closed = False
         self._since_yield = 0
         self._server: _Server | None = None
-        self._stream: trio.abc.Stream | None = None
-        self._scope: trio.CancelScope | None = None
         self._in_msgs = 0
         self._out_msgs = 0
         self._in_bytes = 0
@@ -791,11 +789,9 @@ class NatsClient:
         current: trio.abc.Stream | None = stream
         try:
             while current is not None:
-                self._stream = current
                 self._wake.set()  # (what waited for the connection)
                 self._room.unpark_all()
                 why = await self._serve(current)
-                self._stream = None
                 await trio.aclose_forcefully(current)
                 current = None
                 self._lost(ConnectionLost(f"connection to NATS lost: {why}"))
@@ -804,7 +800,6 @@ class NatsClient:
                 current = await self._reconnect_loop()
         finally:
             if current is not None:
-                self._stream = None
                 await trio.aclose_forcefully(current)
             self._close(ConnectionClosed(f"NATS client closed: {self._last_error or 'closed'}"))
 
@@ -852,11 +847,9 @@ class NatsClient:
             scope.cancel()
 
         async with trio.open_nursery() as nursery:
-            self._scope = nursery.cancel_scope
             nursery.start_soon(run, self._reader, nursery.cancel_scope)
             nursery.start_soon(run, self._writer, nursery.cancel_scope)
             nursery.start_soon(run, self._keepalive, nursery.cancel_scope)
-        self._scope = None
         return reason or "closed"
 
     async def _reader(self, stream: trio.abc.Stream) -> str:

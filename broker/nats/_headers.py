@@ -41,7 +41,10 @@ class Headers(MutableMapping[str, str]):
         self._values: dict[str, list[str]] = {}
         self.status = status
         self.description = description
-        pairs = items.items() if isinstance(items, Mapping) else items
+        if isinstance(items, Headers):  # (a copy keeps every value)
+            pairs: Iterable[tuple[str, str]] = items.pairs()
+        else:
+            pairs = items.items() if isinstance(items, Mapping) else items
         for key, value in pairs:
             self.add(key, value)
 

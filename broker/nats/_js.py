@@ -476,6 +476,8 @@ class OrderedReader:
             taken.append(msg)
         if status == 409 and "max" not in description.lower():
             self.consumer = None  # deleted, or a leadership change: a new one
+        elif status is None and not messages:
+            self.consumer = None  # no answer at all: the consumer may be gone
         return taken
 
 

@@ -29,8 +29,7 @@ import trio
 
 from broker.bench._yardstick import python_loop_10m_s
 from broker.nats import JetStream, PendingAck, StreamConfig, open_nats
-
-from .conftest import Server
+from broker.nats._servers import open_nats_servers
 
 N = 100_000
 JS_N = 5_000
@@ -100,16 +99,13 @@ async def jetstream_channels(url: str, n: int, channels: int) -> float:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else N
-    with tempfile.TemporaryDirectory() as root:
-        server = Server(Path(root))
-        try:
-            loop = python_loop_10m_s()
-            core = trio.run(core_publishes, server.url, n)
-            js = trio.run(jetstream_publishes, server.url, JS_N, WINDOW)
-            channels = trio.run(jetstream_channels, server.url, JS_N, WINDOW)
-            fetches = trio.run(jetstream_fetches, server.url, JS_N, WINDOW)
-        finally:
-            server.kill()
+    with tempfile.TemporaryDirectory() as root, open_nats_servers(Path(root), 1) as servers:
+        url = servers[0].url
+        loop = python_loop_10m_s()
+        core = trio.run(core_publishes, url, n)
+        js = trio.run(jetstream_publishes, url, JS_N, WINDOW)
+        channels = trio.run(jetstream_channels, url, JS_N, WINDOW)
+        fetches = trio.run(jetstream_fetches, url, JS_N, WINDOW)
     print(
         json.dumps(
             {

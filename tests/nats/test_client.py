@@ -20,14 +20,16 @@ from broker.nats import (
     SlowConsumer,
     open_nats,
 )
+from broker.nats._servers import NatsServer, NatsTls, open_nats_servers
 
-from .conftest import Server, free_port
+from .conftest import free_port
+from .raw import require_nats_server
 
 #: A hang guard only: no test depends on being faster than this.
 PATIENCE = 30
 
 
-async def test_publish_and_subscribe_in_order(nats_server: Server) -> None:
+async def test_publish_and_subscribe_in_order(nats_server: NatsServer) -> None:
     async with open_nats([nats_server.url], name="t") as client:
         with client.subscribe("orders.*") as sub:
             await client.flush()
@@ -41,7 +43,7 @@ async def test_publish_and_subscribe_in_order(nats_server: Server) -> None:
         assert client.statistics().out_msgs == 200
 
 
-async def test_headers_arrive_as_sent(nats_server: Server) -> None:
+async def test_headers_arrive_as_sent(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         sub = client.subscribe("h")
         await client.flush()
@@ -53,7 +55,7 @@ async def test_headers_arrive_as_sent(nats_server: Server) -> None:
         assert msg.headers == headers
 
 
-async def test_request_and_reply(nats_server: Server) -> None:
+async def test_request_and_reply(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client, trio.open_nursery() as nursery:
         service = client.subscribe("svc.echo", queue="echoers")
         await client.flush()
@@ -73,7 +75,7 @@ async def test_request_and_reply(nats_server: Server) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_no_responders_and_timeouts_are_told_apart(nats_server: Server) -> None:
+async def test_no_responders_and_timeouts_are_told_apart(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         with pytest.raises(NoResponders):
             await client.request("nobody.listens", b"?", timeout=PATIENCE)
@@ -84,7 +86,7 @@ async def test_no_responders_and_timeouts_are_told_apart(nats_server: Server) ->
         assert silent.statistics().delivered == 1
 
 
-async def test_a_slow_subscriber_drops_and_is_told(nats_server: Server) -> None:
+async def test_a_slow_subscriber_drops_and_is_told(nats_server: NatsServer) -> None:
     """NATS's slow-consumer rule: the buffer's bound holds, the drop is
     counted and reported once, and the kept messages still come, in order."""
     async with open_nats(nats_server.url) as client:
@@ -102,7 +104,7 @@ async def test_a_slow_subscriber_drops_and_is_told(nats_server: Server) -> None:
             sub.receive_nowait()
 
 
-async def test_unsubscribe_after_max_messages(nats_server: Server) -> None:
+async def test_unsubscribe_after_max_messages(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         sub = client.subscribe("few")
         sub.unsubscribe(max_msgs=3)
@@ -124,39 +126,41 @@ async def test_connecting_nowhere_is_one_line() -> None:
 
 
 async def test_user_and_password(tmp_path: Path) -> None:
-    server = Server(tmp_path, ["--user", "alice", "--pass", "s3cret"])
-    try:
+    require_nats_server()
+    with open_nats_servers(tmp_path, 1, user="alice", password="s3cret") as servers:
+        server = servers[0]
         with pytest.raises(ConnectError, match="Authorization Violation"):
             async with open_nats(server.url, user="alice", password="wrong"):
                 pass
         async with open_nats(server.url, user="alice", password="s3cret") as client:
             await client.flush()
-        async with open_nats(f"nats://alice:s3cret@127.0.0.1:{server.port}") as client:
+        async with open_nats(f"nats://alice:s3cret@127.0.0.1:{server.ports.client}") as client:
             await client.flush()
-    finally:
-        server.kill()
 
 
 async def test_token(tmp_path: Path) -> None:
-    server = Server(tmp_path, ["--auth", "tok"])
-    try:
+    require_nats_server()
+    with open_nats_servers(tmp_path, 1) as servers:
+        server = servers[0]
+        with server.config_path.open("a") as config:
+            config.write('authorization { token: "tok" }\n')
+        await trio.to_thread.run_sync(server.restart)
         with pytest.raises(ConnectError, match="Authorization Violation"):
             async with open_nats(server.url):
                 pass
         async with open_nats(server.url, token="tok") as client:
             await client.flush()
-    finally:
-        server.kill()
 
 
 async def test_tls(tmp_path: Path) -> None:
+    require_nats_server()
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert.cert_chain_pems[0].write_to_path(str(cert_path))
     cert.private_key_pem.write_to_path(str(key_path))
-    server = Server(tmp_path, ["--tls", "--tlscert", str(cert_path), "--tlskey", str(key_path)])
-    try:
+    with open_nats_servers(tmp_path / "servers", 1, tls=NatsTls(cert_path, key_path)) as servers:
+        server = servers[0]
         context = ssl.create_default_context()
         ca.configure_trust(context)
         async with open_nats(server.url, tls=context) as client:
@@ -168,11 +172,11 @@ async def test_tls(tmp_path: Path) -> None:
         with pytest.raises(ConnectError):  # (a CA it does not trust)
             async with open_nats(server.url, tls=ssl.create_default_context()):
                 pass
-    finally:
-        server.kill()
 
 
-async def test_reconnect_restores_subscriptions_and_sends_what_waited(nats_server: Server) -> None:
+async def test_reconnect_restores_subscriptions_and_sends_what_waited(
+    nats_server: NatsServer,
+) -> None:
     async with open_nats(
         nats_server.url, reconnect_wait_most=0.2, max_pending_bytes=64 * 1024
     ) as client:
@@ -197,7 +201,7 @@ async def test_reconnect_restores_subscriptions_and_sends_what_waited(nats_serve
         assert client.connected
 
 
-async def test_a_client_that_gives_up_is_closed(nats_server: Server) -> None:
+async def test_a_client_that_gives_up_is_closed(nats_server: NatsServer) -> None:
     async with open_nats(
         nats_server.url, reconnect_wait_most=0.05, max_reconnect_attempts=2
     ) as client:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from broker.nats import ConnectError, open_nats
+from broker.nats import ConnectError, ConnectionLost, open_nats
 
 PATIENCE = 30
 INFO = b'INFO {"server_id":"FAKE","version":"2.15.1","max_payload":1048576,"headers":true}\r\n'
@@ -82,13 +82,17 @@ async def test_a_silent_server_is_found_stale_and_left() -> None:
 async def test_a_protocol_violation_ends_the_connection_not_the_client() -> None:
     async def script(stream: trio.SocketStream, number: int) -> None:
         await _handshake(stream)
-        if number == 1:
+        if number == 1:  # (the client's flush, answered by a broken frame)
+            while b"PING" not in await stream.receive_some(65536):
+                pass
             await stream.send_all(b"MSG a 1 notanumber\r\n")
         await _answer_pings(stream)
 
     async with trio.open_nursery() as nursery:
         port = await _serve(nursery, script)
         async with open_nats(f"127.0.0.1:{port}", reconnect_wait_most=0.05) as client:
+            with pytest.raises(ConnectionLost):
+                await client.flush()
             with trio.fail_after(PATIENCE):
                 while client.statistics().reconnects < 1:  # noqa: ASYNC110 (polled)
                     await trio.sleep(0.01)

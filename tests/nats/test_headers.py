@@ -31,6 +31,7 @@ def test_multiple_values_keep_their_order() -> None:
     assert headers["A"] == "1"
     assert headers.get_all("A") == ["1", "2"]
     assert encode_headers(headers) == b"NATS/1.0\r\nA: 1\r\nA: 2\r\nB: x\r\n\r\n"
+    assert Headers(headers) == headers  # (a copy keeps every value)
     headers["A"] = "3"
     assert headers.get_all("A") == ["3"]
     assert headers.get_all("missing") == []

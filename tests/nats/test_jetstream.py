@@ -21,8 +21,7 @@ from broker.nats import (
     StreamConfig,
     open_nats,
 )
-
-from .conftest import Server
+from broker.nats._servers import NatsServer
 
 PATIENCE = 30
 
@@ -31,7 +30,7 @@ def stream(name: str = "T", **options: object) -> StreamConfig:
     return StreamConfig(name=name, subjects=[f"{name.lower()}.>"], allow_direct=True, **options)  # type: ignore[arg-type]
 
 
-async def test_stream_lifecycle(nats_server: Server) -> None:
+async def test_stream_lifecycle(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         info = await js.add_stream(stream(max_msgs=1000, duplicate_window=60.0))
@@ -55,7 +54,7 @@ async def test_stream_lifecycle(nats_server: Server) -> None:
         assert "\n" not in str(caught.value)
 
 
-async def test_msg_id_deduplicates_and_expected_last_seq_fences(nats_server: Server) -> None:
+async def test_msg_id_deduplicates_and_expected_last_seq_fences(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         await js.add_stream(stream())
@@ -71,14 +70,14 @@ async def test_msg_id_deduplicates_and_expected_last_seq_fences(nats_server: Ser
         assert (await js.stream_info("T")).state.messages == 2
 
 
-async def test_no_stream_is_retryable_unavailable(nats_server: Server) -> None:
+async def test_no_stream_is_retryable_unavailable(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         with pytest.raises(JetStreamUnavailable):
             await js.publish("nowhere.x", b"x", msg_id="a")
 
 
-async def test_pipelined_publishes_get_their_own_acks(nats_server: Server) -> None:
+async def test_pipelined_publishes_get_their_own_acks(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         await js.add_stream(stream())
@@ -88,7 +87,7 @@ async def test_pipelined_publishes_get_their_own_acks(nats_server: Server) -> No
         assert not any(ack.duplicate for ack in acks)
 
 
-async def test_stored_messages_direct_and_through_the_leader(nats_server: Server) -> None:
+async def test_stored_messages_direct_and_through_the_leader(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         await js.add_stream(stream())
@@ -107,7 +106,7 @@ async def test_stored_messages_direct_and_through_the_leader(nats_server: Server
             assert await js.get_last_msg("T", "t.none", direct=direct) is None
 
 
-async def test_pull_fetch_from_a_durable_consumer(nats_server: Server) -> None:
+async def test_pull_fetch_from_a_durable_consumer(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         await js.add_stream(stream())
@@ -133,7 +132,7 @@ async def test_pull_fetch_from_a_durable_consumer(nats_server: Server) -> None:
             await js.consumer_info("T", "d")
 
 
-async def test_ordered_read_from_a_sequence(nats_server: Server) -> None:
+async def test_ordered_read_from_a_sequence(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         await js.add_stream(stream())
@@ -161,7 +160,7 @@ async def test_ordered_read_from_a_sequence(nats_server: Server) -> None:
         assert evens_seen == [*range(2, 21, 2), 21]
 
 
-async def test_key_value_compare_and_set(nats_server: Server) -> None:
+async def test_key_value_compare_and_set(nats_server: NatsServer) -> None:
     async with open_nats(nats_server.url) as client:
         js = JetStream(client, timeout=PATIENCE)
         kv = await js.create_key_value("sessions", history=3)
@@ -185,7 +184,7 @@ async def test_key_value_compare_and_set(nats_server: Server) -> None:
             await kv.get("bad key")
 
 
-async def test_publishes_resent_across_a_restart_are_stored_once(nats_server: Server) -> None:
+async def test_publishes_resent_across_a_restart_are_stored_once(nats_server: NatsServer) -> None:
     """What a front end does while JetStream is away: resend with the same
     Nats-Msg-Id until acknowledged; the stream holds each publish once, in order."""
     async with open_nats(nats_server.url, reconnect_wait_most=0.1) as client:
@@ -202,7 +201,7 @@ async def test_publishes_resent_across_a_restart_are_stored_once(nats_server: Se
                         break
                     except JetStreamUnavailable:
                         unavailable += 1
-                        if nats_server.process is None:
+                        if not nats_server.running:
                             nats_server.start()
         assert unavailable >= 1
         info = await js.stream_info("T")

@@ -116,6 +116,41 @@ def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield address
 
 
+@pytest.fixture(scope="session")
+def cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a broker in cluster mode: a front end over a
+    ``nats-server`` (JetStream, every write synced) that keeps its topics."""
+    from broker.nats._servers import open_nats_servers
+
+    from ..nats.raw import require_nats_server
+
+    require_nats_server()
+    root = tmp_path_factory.mktemp("cluster-broker")
+    (root / "broker.toml").write_text(CONFIG)
+    with (
+        open_nats_servers(root / "nats", 1, system_account=True, app_jsz_import=True) as servers,
+        broker_serving(
+            "--config",
+            str(root / "broker.toml"),
+            "--data-dir",
+            str(root / "data"),
+            "--cluster",
+            servers.urls[0],
+        ) as (address, _),
+    ):
+        yield address
+
+
+@pytest.fixture(params=["local", "cluster"])
+def engine_broker(request: pytest.FixtureRequest) -> str:
+    """A broker with a topic log of each storage engine (see
+    ``tests/server/test_topic_store.py``): the local topic log, and cluster
+    mode's replicated streams. Tests that take it run on both."""
+    name = "log_broker" if request.param == "local" else "cluster_broker"
+    address: str = request.getfixturevalue(name)
+    return address
+
+
 def rss_bytes(pid: int) -> int:
     """The resident memory of process ``pid``."""
     with open(f"/proc/{pid}/status") as status:

@@ -59,9 +59,11 @@ def test_the_read_example_reads_every_record_and_ends_without_a_traceback(
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def test_the_pipeline_example_copies_every_record_once(log_broker: str, tmp_path: Path) -> None:
+def test_the_pipeline_example_copies_every_record_once(engine_broker: str, tmp_path: Path) -> None:
     """``examples/spark_pipeline.py`` reads one topic and writes to another,
-    exactly once; run again on the same checkpoint it writes nothing more."""
+    exactly once; run again on the same checkpoint it writes nothing more
+    (with either storage engine)."""
+    log_broker = engine_broker
     from .test_source import publish, topic
 
     source, sink = topic("orders"), topic("orders.checked")

@@ -92,7 +92,8 @@ def test_a_batch_read_of_100k_records_equals_what_was_published(
     assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "headers"]
 
 
-def test_starting_and_ending_offsets(spark: Any, log_broker: str) -> None:
+def test_starting_and_ending_offsets(spark: Any, engine_broker: str) -> None:
+    log_broker = engine_broker
     name = topic()
     publish(log_broker, name, 100)
     assert ids(read(spark, log_broker, subscribe=name).collect()) == list(range(100))

@@ -136,6 +136,8 @@ def cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             str(root / "data"),
             "--cluster",
             servers.urls[0],
+            "--set",
+            "cluster_replicas=1",
         ) as (address, _),
     ):
         yield address

@@ -325,6 +325,13 @@ async def open_jetstream_runs(config: BrokerConfig) -> AsyncIterator[JetStreamRu
             problems = check_server(
                 client.server_info, answers or None, unsafe_sync=config.cluster_unsafe_sync
             )
+            size = expected_answers(answers) if answers else None
+            if size is not None and size < config.cluster_replicas:
+                problems.append(
+                    f"cluster_replicas is {config.cluster_replicas} but the JetStream cluster "
+                    f"has {size} server{'s' if size != 1 else ''}: add servers, or set "
+                    f"cluster_replicas = {1 if size < 3 else 3}"
+                )
             if problems:
                 raise ClusterUnavailable("cluster mode: " + "; ".join(problems))
             missing = servers_not_answering(answers)

@@ -231,7 +231,7 @@ class Replicator:
             try:
                 await self.streams.delete_stream(topic)
                 return
-            except StreamUnavailable as error:
+            except LogError as error:
                 delay = backoff.next()
                 log.warning(
                     "topic %r: deleting its stream failed (%s): tried again in %.2f s",
@@ -271,7 +271,12 @@ class Replicator:
                     told = self._told.get(topic)
                     if told is not None:
                         told()
-            except StreamUnavailable as error:
+            except StreamFenced as error:
+                self.fenced += 1
+                fenced = replicated.fence(str(error))
+                log.error("%s: its log takes no more records", fenced)
+                return
+            except LogError as error:  # (unavailable, or refused: tried again)
                 delay = backoff.next()
                 log.warning(
                     "topic %r: the stream did not store a run (%s): sent again in %.2f s",
@@ -282,11 +287,6 @@ class Replicator:
                 await trio.sleep(delay)
                 pending = replicated.resend()
                 self.runs_resent += len(pending)
-            except StreamFenced as error:
-                self.fenced += 1
-                fenced = replicated.fence(str(error))
-                log.error("%s: its log takes no more records", fenced)
-                return
         if not self._stopped(topic, replicated):
             purge = replicated.take_purge()
             if purge:
@@ -304,6 +304,6 @@ class Replicator:
         try:
             stream = await self.stream(topic)
             await stream.purge_below(seq)
-        except StreamUnavailable as error:
+        except LogError as error:
             replicated.purge_failed(seq)
             log.warning("topic %r: purging its stream failed (%s)", topic[:64], error)

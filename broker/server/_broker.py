@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -550,6 +551,18 @@ async def serve_broker(
     """
     if streams is None and config.cluster:
         async with open_jetstream_runs(config) as runs:
+            if config.max_message > runs.max_record:
+                # (A record travels whole in one NATS message.)
+                log.warning(
+                    "cluster mode: messages are limited to %d bytes by the NATS servers' "
+                    "max_payload (max_message is %d): raise max_payload in their config "
+                    "for larger ones",
+                    runs.max_record,
+                    config.max_message,
+                )
+                config = dataclasses.replace(
+                    config, max_message=max(runs.max_record, config.max_frame)
+                )
             await _serve_broker(
                 config, worker=worker, listeners=listeners, streams=runs, task_status=task_status
             )

@@ -32,6 +32,11 @@ client raised or the run stalled.
     python tests/measure/crash_duplicates.py --client blocking --kills 20
     python tests/measure/crash_duplicates.py --client async --workers 2 --kills 10
     python tests/measure/crash_duplicates.py --client blocking --kills 3 --json
+    python tests/measure/crash_duplicates.py --cluster nats://127.0.0.1:4222,... --kills 10
+
+With ``--cluster`` the broker is a cluster-mode front end over those NATS
+servers (restarted on the same data directory: its sessions survive, its
+records are in the streams).
 """
 
 from __future__ import annotations
@@ -107,6 +112,9 @@ class Settings:
     seed: int | None = None
     keep: bool = False
     quiet: bool = False
+    #: Cluster mode: the NATS servers' URLs (``--cluster``); "": a standalone broker.
+    cluster: str = ""
+    cluster_replicas: int = 3
 
 
 @dataclass
@@ -475,6 +483,9 @@ class BrokerProcesses:
         command += ["--data-dir", str(self.data), "--set", f"lease={self.settings.lease:g}"]
         if self.settings.workers > 1:
             command += ["--workers", str(self.settings.workers)]
+        if self.settings.cluster:
+            command += ["--cluster", self.settings.cluster]
+            command += ["--set", f"cluster_replicas={self.settings.cluster_replicas}"]
         return command
 
     def start(self) -> None:
@@ -828,6 +839,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data directory and log")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     parser.add_argument("--verbose", action="store_true", help="show the clients' log lines")
+    parser.add_argument(
+        "--cluster", default="", help="cluster mode: the NATS servers (nats://HOST:PORT,...)"
+    )
+    parser.add_argument("--cluster-replicas", type=int, default=3)
     args = parser.parse_args()
     if not args.verbose:  # (two lines per kill saying they reconnect)
         logging.getLogger("broker.client").setLevel(logging.ERROR)
@@ -846,6 +861,8 @@ def main() -> None:
             seed=None if args.seed is None else args.seed + number - 1,
             keep=args.keep,
             quiet=args.json,
+            cluster=args.cluster,
+            cluster_replicas=args.cluster_replicas,
         )
         result = measure(settings)
         results.append(result)

@@ -25,6 +25,7 @@ import pytest
 import trio
 
 from broker.client import ConnectionLost, open_client
+from broker.errors import BrokerError
 from broker.nats._servers import NatsServers, open_nats_servers
 from broker.server.storage._jetstream import stream_name
 
@@ -182,3 +183,21 @@ def test_a_cluster_that_does_not_sync_every_write_is_refused(tmp_path: Path) -> 
         unsafe = ("--cluster-unsafe-sync", "--set", "cluster_replicas=1")
         with front_end(servers, tmp_path / "d", tmp_path / "log", *unsafe) as (process, _):
             assert process.poll() is None
+
+
+async def test_records_up_to_the_servers_max_payload_go_through(
+    cluster: NatsServers, tmp_path: Path
+) -> None:
+    """A record travels whole in one NATS message: the front end lowers
+    max_message to what the servers' max_payload (1 MB by default) holds
+    and says so; a larger publish is refused before it is sent."""
+    log = tmp_path / "front-end.log"
+    large = b"L" * 900_000
+    with trio.fail_after(DEADLINE), front_end(cluster, tmp_path / "a", log) as (_p, address):
+        async with open_client(address, name="large") as client:
+            await client.publish("large", large)
+            await client.flush()
+            with pytest.raises(BrokerError, match=r"max_message|larger"):
+                await client.publish("large", b"X" * 2_000_000)
+        assert await read_all(address, "large", 1) == [(1, large)]
+    assert "limited to" in log.read_text() and "max_payload" in log.read_text()

@@ -43,7 +43,9 @@ class MemoryStream:
                 )
             seq = self.last_seq = self.last_seq + 1
             self.ids[run.msg_id] = seq
-            self.messages.append(StoredRun(seq, run.first_offset, run.count, run.body))
+            self.messages.append(
+                StoredRun(seq, run.first_offset, run.count, run.body, list(run.origins))
+            )
         if failure == "after":
             raise StreamUnavailable("timed out (scheduled, stored)")
         return seq

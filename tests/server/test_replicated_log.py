@@ -228,3 +228,38 @@ Replication.TestCase.settings = settings(
     max_examples=examples(40, 10), stateful_step_count=30, deadline=None
 )
 TestReplication = Replication.TestCase
+
+
+async def test_runs_carry_whose_publishes_they_are_and_a_restore_says_so(
+    tmp_path: Path,
+) -> None:
+    stream = MemoryStream()
+    log = ReplicatedLog(_cache(tmp_path / "c"), writer="w", run_records=4)
+    # Session A's publishes 1-3 then B's 10-12, one batch; then A's 4-6.
+    log.note_origins(1, [(b"A", 1, 1, 3), (b"B", 2, 10, 3)])
+    log.append_many([b"a1", b"a2", b"a3", b"b10", b"b11", b"b12"], 1000)
+    log.note_origins(7, [(b"A", 1, 4, 3), (b"", 0, 1, 0)])
+    log.append_many([b"a4", b"a5", b"a6"], 1000)
+    runs = log.runs_to_send(10)
+    assert [r.origins for r in runs] == [
+        [(b"A", 1, 1, 3), (b"B", 2, 10, 1)],
+        [(b"B", 2, 11, 2), (b"A", 1, 4, 2)],
+        [(b"A", 1, 6, 1)],
+    ]
+    # The first two are stored; the front end dies before the third is.
+    for run in runs[:2]:
+        log.stored(run, await stream.publish(run))
+    log.close()
+    restored = await restore_log(stream, lambda first: _cache(tmp_path / "r", first), "w2")
+    assert restored.held == {(b"A", 1): 5, (b"B", 2): 12}
+    restored.close()
+
+
+def test_origins_read_back_from_their_header() -> None:
+    from broker.server.storage._jetstream import decode_origins, encode_origins
+
+    origins = [(b"\x01\xff", 3, 1, 64), (b"s", 0, 7, 1)]
+    assert decode_origins(encode_origins(origins)) == origins
+    # Malformed parts are left out (the session's own count then stands).
+    assert decode_origins("zz:1:1:1;01:x:1:1;01:1:0:1;;01:1:1") == []
+    assert decode_origins(None) == []

@@ -8,7 +8,8 @@ are listed. The stream is replicated (``cluster_replicas``), on file, with
 no limits of its own: the broker purges it as the topic's retention
 deletes records. A run is one message: its body the records (see
 ``broker.log.encode_run``), its headers ``Broker-First-Offset`` and
-``Broker-Count``, ``Nats-Msg-Id`` the run's id and
+``Broker-Count`` (and ``Broker-Origins``: whose publishes they are),
+``Nats-Msg-Id`` the run's id and
 ``Nats-Expected-Last-Sequence`` the sequence it follows.
 
 JetStream's answers map onto the seam's errors: no responders, a timeout,
@@ -56,6 +57,7 @@ from broker.nats._server_checks import (
     expected_answers,
     servers_not_answering,
 )
+from broker.protocol import OriginRun
 
 from ._replicated import OutgoingRun
 from ._replication import StoredRun, StreamFenced, StreamUnavailable
@@ -78,11 +80,16 @@ SUBJECT_PREFIX = "broker.topic."
 TOPIC_KEY = "topic"
 MSG_ID = "Nats-Msg-Id"
 FIRST_OFFSET = "Broker-First-Offset"
+#: Whose publishes a run's records are: ``SESSION:HANDLE:INDEX:COUNT``
+#: (the session in hex), ``;`` between origins.
+ORIGINS = "Broker-Origins"
 COUNT = "Broker-Count"
 #: Encoded names longer than this are shortened (JetStream keeps a stream
 #: in a directory named after it).
 _MAX_ENCODED = 120
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+#: Bytes of a message kept for a record's header and the message's headers.
+RUN_HEADROOM = 4096
 #: Seconds a restore's read waits for the next messages before asking again.
 READ_EXPIRES = 2.0
 
@@ -129,6 +136,8 @@ class JetStreamRun:
         headers = Headers()
         headers.add(FIRST_OFFSET, str(run.first_offset))
         headers.add(COUNT, str(run.count))
+        if run.origins:
+            headers.add(ORIGINS, encode_origins(run.origins))
         try:
             ack = await self.js.publish(
                 self.subject,
@@ -194,6 +203,29 @@ class JetStreamRun:
             raise _unavailable(f"purging stream {self.stream}", error) from None
 
 
+def encode_origins(origins: list[OriginRun]) -> str:
+    """The ``Broker-Origins`` header of a run's origins."""
+    return ";".join(f"{s.hex()}:{h}:{i}:{c}" for s, h, i, c in origins)
+
+
+def decode_origins(text: str | None) -> list[OriginRun]:
+    """The origins of a ``Broker-Origins`` header (a malformed one: none,
+    so a resuming session falls back on its own count: resent, never lost)."""
+    origins: list[OriginRun] = []
+    for part in (text or "").split(";"):
+        fields = part.split(":")
+        if len(fields) != 4:
+            continue
+        try:
+            session = bytes.fromhex(fields[0])
+            handle, index, count = int(fields[1]), int(fields[2]), int(fields[3])
+        except ValueError:
+            continue
+        if session and index >= 1 and count >= 1:
+            origins.append((session, handle, index, count))
+    return origins
+
+
 def _stored_run(stream: str, message: Any) -> StoredRun:
     headers = message.headers
     first = headers.get(FIRST_OFFSET) if headers is not None else None
@@ -203,7 +235,8 @@ def _stored_run(stream: str, message: Any) -> StoredRun:
             f"stream {stream} holds message {message.stream_seq} without "
             f"{FIRST_OFFSET} and {COUNT}: it was not written by the broker"
         )
-    return StoredRun(message.stream_seq, int(first), int(count), bytes(message.payload))
+    origins = decode_origins(headers.get(ORIGINS))
+    return StoredRun(message.stream_seq, int(first), int(count), bytes(message.payload), origins)
 
 
 async def _list_streams(js: JetStream, subject: str, answer_within: float) -> list[StreamConfig]:
@@ -232,6 +265,12 @@ class JetStreamRuns:
         self.js = js
         self.replicas = replicas
         self.timeout = timeout
+
+    @property
+    def max_record(self) -> int:
+        """The largest record a run can carry: the servers' ``max_payload``
+        less room for the record's header and the message's headers."""
+        return self.js.client.max_payload - RUN_HEADROOM
 
     def _config(self, topic: str) -> StreamConfig:
         return StreamConfig(

@@ -171,6 +171,22 @@ class PublishMarks:
             else:
                 self._held[(session, handle)] = Held(topic, first - 1 + min(count, end - offset))
 
+    def restored(self, topic: str, held: dict[tuple[bytes, int], int]) -> None:
+        """Cluster mode: ``topic``'s stream, as restored, holds the
+        publishes of each origin in ``held`` up to that index (its runs say
+        whose publishes they are). That is exact where a mark may not be
+        (a front end appends to its cache before the stream stores the run,
+        so its latest mark can be ahead of the stream, and the mark before
+        it is gone): it resolves the marks of those origins the journal
+        knows, before :meth:`opened` resolves the others. Call it first."""
+        pending = self._pending.get(topic, {})
+        for key, index in held.items():
+            if key[0] not in self._handles or key[1] not in self._handles[key[0]]:
+                continue  # (its session is gone: nothing will resume it)
+            pending.pop(key, None)
+            self._where.pop(key, None)
+            self._held[key] = Held(topic, index)
+
     def pending(self, session: bytes, handle: int) -> bool:
         """Whether a mark of (``session``, ``handle``) waits to be resolved or taken."""
         return (session, handle) in self._held or (session, handle) in self._where

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.log import DecodedRun, LogClosed, LogError, Reader, Run, Start, TopicLog, encode_run
+from broker.protocol import OriginRun
 
 __all__ = ["RUN_BYTES", "RUN_RECORDS", "OutgoingRun", "ReplicatedLog", "WriterFenced"]
 
@@ -54,13 +55,17 @@ class OutgoingRun:
     ``msg_id`` is the same every time the run is sent (the stream drops a
     second copy); ``expected_last_seq`` is the stream sequence the run
     must follow, set each time it is (re)sent. A run of no records is a
-    purge's marker: the records below ``first_offset`` are deleted."""
+    purge's marker: the records below ``first_offset`` are deleted.
+    ``origins`` says whose publishes its records are (session, topic
+    handle, first index, count), so that a front end restored from the
+    stream knows which of a resuming session's publishes it holds."""
 
     first_offset: int
     count: int
     body: bytes
     msg_id: str
     expected_last_seq: int
+    origins: list[OriginRun] = field(default_factory=list)
 
     @property
     def next_offset(self) -> int:
@@ -109,6 +114,12 @@ class ReplicatedLog:
         self._purge_seq = 0
         #: Purges of the cache not yet sent as markers: the first offset kept.
         self._purges: deque[int] = deque()
+        #: Whose publishes the records not yet in a run are: (offset of the
+        #: first, its origin run), in offset order (see :meth:`note_origins`).
+        self._origins: deque[tuple[int, OriginRun]] = deque()
+        #: What the stream held at the restore of each origin (session,
+        #: handle): the index of its last publish there (see :meth:`restore`).
+        self.held: dict[tuple[bytes, int], int] = {}
         self._fenced: WriterFenced | None = None
 
     # ---------------------------------------------------------------- state
@@ -216,6 +227,34 @@ class ReplicatedLog:
         seq, self._purge_seq = self._purge_seq, 0
         return seq
 
+    def note_origins(self, offset: int, runs: list[OriginRun]) -> None:
+        """The publishes of ``runs`` are appended from ``offset`` on (called
+        before the append, as the publish marks are): their runs will carry
+        them. A batch noted again (retried after the log refused it) replaces
+        what was noted from ``offset`` on."""
+        origins = self._origins
+        while origins and origins[-1][0] >= offset:
+            origins.pop()
+        for run in runs:
+            if run[0]:  # (a publish without a session has no origin)
+                origins.append((offset, run))
+            offset += run[3]
+
+    def _take_origins(self, first: int, end: int) -> list[OriginRun]:
+        """The origins of the records from ``first`` to ``end`` (a new run),
+        forgetting those wholly before ``end``."""
+        taken: list[OriginRun] = []
+        origins = self._origins
+        for offset, (session, handle, index, count) in origins:
+            if offset >= end:
+                break
+            lo, hi = max(offset, first), min(offset + count, end)
+            if lo < hi:
+                taken.append((session, handle, index + lo - offset, hi - lo))
+        while origins and origins[0][0] + origins[0][1][3] <= end:
+            origins.popleft()
+        return taken
+
     def purge_failed(self, seq: int) -> None:
         """The stream could not be purged below ``seq``: the next
         :meth:`take_purge` asks for it again."""
@@ -251,7 +290,8 @@ class ReplicatedLog:
             first = run.first_offset
             body = encode_run(first, run.tails, cache.times(first, count))
             expected = self._last_seq + len(self._in_flight)
-            outgoing = OutgoingRun(first, count, body, f"{self.writer}:{first}", expected)
+            origins = self._take_origins(first, first + count)
+            outgoing = OutgoingRun(first, count, body, f"{self.writer}:{first}", expected, origins)
             self._in_flight.append(outgoing)
             self._sent_next = first + count
             runs.append(outgoing)
@@ -286,16 +326,22 @@ class ReplicatedLog:
             )
         return self._fenced
 
-    def restore(self, run: DecodedRun, seq: int) -> None:
+    def restore(self, run: DecodedRun, seq: int, origins: Sequence[OriginRun] = ()) -> None:
         """Put a run read back from the stream (sequence ``seq``) into the
         cache: it must follow what the cache holds, and nothing of this
-        writer may be waiting (restoring comes before writing)."""
+        writer may be waiting (restoring comes before writing). Its
+        ``origins`` raise :attr:`held`."""
         cache = self.cache
         if cache.closed:
             raise LogClosed(f"the log of {cache.topic!r} is closed")
         if self._sent_next != cache.next_offset or self._in_flight:
             raise LogError("a run is restored into a log with records of its own")
         self._last_seq = seq
+        held = self.held
+        for session, handle, index, count in origins:
+            last = index + count - 1
+            if held.get((session, handle), 0) < last:
+                held[(session, handle)] = last
         if not run.tails:  # a purge's marker: the records below it are gone
             cache.purge_before(run.first_offset)
             self._trim()

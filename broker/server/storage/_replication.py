@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
 
 from broker.backoff import Backoff
 from broker.log import DecodedRun, LogError, TopicLog, decode_run
+from broker.protocol import OriginRun
 
 from ._replicated import OutgoingRun, ReplicatedLog
 
@@ -61,12 +62,15 @@ class StreamFenced(LogError):
 @dataclass(frozen=True, slots=True)
 class StoredRun:
     """One message of a topic's stream: a run from ``first_offset`` of
-    ``count`` records (0: a purge's marker), at stream sequence ``seq``."""
+    ``count`` records (0: a purge's marker), at stream sequence ``seq``;
+    the ``origins`` of its publishes."""
 
     seq: int
     first_offset: int
     count: int
     body: bytes
+    #: Whose publishes its records are (see ``OutgoingRun.origins``).
+    origins: list[OriginRun] = field(default_factory=list)
 
 
 class RunStream(Protocol):
@@ -127,7 +131,7 @@ async def restore_log(
                         continue
                     replicated = ReplicatedLog(open_cache(stored.first_offset), writer=writer)
                 run = decode_run(stored.body, stored.first_offset, stored.count)
-                replicated.restore(run, stored.seq)
+                replicated.restore(run, stored.seq, stored.origins)
                 if floor:
                     replicated.restore(DecodedRun(floor, [], []), stored.seq)
                     floor = 0

@@ -244,6 +244,8 @@ class TopicLogs:
         #: The logs opened so far, by topic (their recovery logged, their
         #: cursors checked: each once).
         self._opened: dict[str, TopicLog] = {}
+        #: The same of the replicated logs (cluster mode).
+        self._opened_replicated: dict[str, ReplicatedLog] = {}
         #: :meth:`gather` calls not yet released.
         self._gathering = 0
         #: Topics holding gathered batches, in the order they got their first.
@@ -294,9 +296,20 @@ class TopicLogs:
         :class:`TopicUnavailable` if it cannot be opened."""
         if self.replication is not None:
             try:
-                return self.replication.open(self.store, name, self._settings.log_config(name))
+                replicated = self.replication.open(
+                    self.store, name, self._settings.log_config(name)
+                )
             except (LogError, OSError) as error:
                 raise self._unavailable(name, "open", "opened", error) from None
+            if self._opened_replicated.get(name) is not replicated:
+                # Once per log: its end is what the stream held at the start,
+                # and its runs said whose publishes it holds.
+                self._opened_replicated[name] = replicated
+                self._cursors_within(name, replicated.written_offset + 1)
+                self.marks.restored(name, replicated.held)
+                replicated.held = {}
+                self.marks.opened(name, replicated.next_offset)
+            return replicated
         try:
             topic_log = self.store.topic(name, self._settings.log_config(name), wall_ms())
         except (LogError, OSError) as error:
@@ -356,6 +369,7 @@ class TopicLogs:
             self._dirty.discard(opened)
             self._sync_failing.pop(opened, None)
         if self.replication is not None:
+            self._opened_replicated.pop(name, None)
             self.replication.delete(name)
         try:
             return self.store.delete_topic(name)
@@ -453,11 +467,15 @@ class TopicLogs:
             self._dirty.add(topic_log)
 
     def mark(self, topic: str, runs: list[OriginRun], offset: int) -> None:
-        self.marks.note(topic, runs, offset)
+        self.note(topic, runs, offset)
         self.journal.write()  # (raises LogError: the batch waits)
 
     def note(self, topic: str, runs: list[OriginRun], offset: int) -> None:
         self.marks.note(topic, runs, offset)
+        if self.replication is not None:
+            replicated = self.replication.logs.get(topic)
+            if replicated is not None:  # (its runs carry the origins to the stream)
+                replicated.note_origins(offset, runs)
 
     def sync_soon(self, topic: Topic) -> None:
         replicated = topic.log

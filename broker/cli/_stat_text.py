@@ -68,6 +68,17 @@ LOG_FIGURES = (
     "file_evictions",
     "gap_records",
 )
+#: Figures of the ``cluster`` section shown on its head lines, in this order.
+CLUSTER_FIGURES = (
+    "topics",
+    "topics_sending",
+    "runs_sent",
+    "runs_resent",
+    "records_stored",
+    "writes_fenced",
+    "stores",
+    "store_seconds",
+)
 #: Top-level keys shown by their own sections (any other is shown generically).
 KNOWN = {
     "version",
@@ -81,6 +92,7 @@ KNOWN = {
     "connections_total",
     "topics_total",
     "logs",
+    "cluster",
     "workers",
 }
 
@@ -312,6 +324,28 @@ def _logs(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _cluster(document: Mapping[str, Any]) -> list[str]:
+    """Cluster mode: the NATS connection, the runs sent to the topics'
+    streams, the topics set aside (nothing outside cluster mode)."""
+    cluster = document.get("cluster")
+    if not isinstance(cluster, Mapping):
+        return []
+    connected = cluster.get("connected")
+    state = _value(connected)
+    if isinstance(connected, bool):
+        state = "connected" if connected else "NOT CONNECTED"
+    lines = ["", f"cluster      {state} to its NATS servers"]
+    lines += _pairs(_picked(cluster, CLUSTER_FIGURES), "  ")
+    aside = _dict(cluster, "set_aside")
+    total = cluster.get("set_aside_total", len(aside))
+    if total or aside:
+        most = "" if total == len(aside) else f", the first {len(aside)}"
+        lines.append(f"  topics set aside, not served ({total}{most}; deleting one starts afresh)")
+        for name, why in aside.items():
+            lines.append(f"    {name!r}  {_value(why)}")
+    return lines
+
+
 def _connection(connection: Mapping[str, Any]) -> list[str]:
     words = [str(connection.get("name", "?")) + _worker(connection)]
     words.append(str(connection.get("peer", "?")))
@@ -402,6 +436,7 @@ def render(document: Mapping[str, Any]) -> str:
         *_principals(document),
         *_topics(document),
         *_logs(document),
+        *_cluster(document),
         *_groups(document),
         *_connections(document),
         *_others(document),

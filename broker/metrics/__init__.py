@@ -10,14 +10,17 @@
   also exports its topic logs (:mod:`._log_specs`): per-topic series for the
   ``metrics_top`` topics with the most bytes and as many with the most lag,
   broker-wide figures over every log; a memory-only broker exports those
-  families without series.
+  families without series. A broker in cluster mode also exports its
+  replication's counters (:mod:`._cluster_families`, no labels); another
+  exports those families without series.
 - :func:`stat_document` is the same state as one bounded JSON-ready ``dict``
   (what ``broker stat`` shows; :mod:`._stat`, its ``logs`` section
   :mod:`._log_stat`), typed as :class:`StatDocument` in :mod:`._stat_schema`,
   beside the rules by which a supervisor merges its workers' documents.
 - :func:`serve_metrics` serves both, and the probes ``/healthz`` and
-  ``/readyz``, over HTTP/1.1 (parsed by ``h11``) on trio, in the broker's own
-  thread (:mod:`._http`).
+  ``/readyz`` (in cluster mode also 503 while the NATS connection is down),
+  over HTTP/1.1 (parsed by ``h11``) on trio, in the broker's own thread
+  (:mod:`._http`).
 
 Everything here reads broker state from the broker's trio thread, never from
 another thread.

@@ -12,7 +12,8 @@ result (:class:`Snapshot`, families and their text) is reused for
 ``max_age`` seconds, and scrapes that arrive while a walk is under way wait
 for that walk instead of starting another.
 
-The walk then visits every open topic log the same way (:mod:`._log_walk`).
+The walk then visits every open topic log the same way (:mod:`._log_walk`),
+and reads cluster mode's counters (:mod:`._cluster_figures`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 
 from broker import __version__
 
+from ._cluster_figures import ClusterFigures, add_cluster_families, cluster_figures, not_ready
 from ._connection_figures import Figures, Totals, connection_figures
 from ._families import METRICS, sanitise_label
 from ._log_walk import LogFigures, add_log_families, log_walk
@@ -73,6 +75,8 @@ class Snapshot:
     rendered: bytes | None = None
     #: The topic logs' figures (None: a memory-only broker).
     logs: LogFigures | None = None
+    #: Cluster mode's figures (None: not in cluster mode).
+    cluster: ClusterFigures | None = None
 
     def text(self) -> bytes:
         """The families in the Prometheus text format (rendered at once if
@@ -304,6 +308,7 @@ class BrokerCollector:
             queued_deliveries=queued,
             finished=0.0,
             logs=logs,
+            cluster=cluster_figures(broker),
         )
         snapshot.families = yield from self._families(snapshot, top)
         snapshot.finished = trio.current_time()
@@ -333,7 +338,7 @@ class BrokerCollector:
         add("broker_connections_waiting_for_budget", [], broker.budget_pool.waiting)
         add("broker_debt_bytes", [], root.debt)
         add("broker_peak_debt_bytes", [], root.peak_debt)
-        add("broker_ready", [], 1 if broker.ready else 0)
+        add("broker_ready", [], 1 if broker.ready and not_ready(broker) is None else 0)
         add("broker_internal_errors_total", [], broker.internal_errors)
         for link in broker.link_statistics() or ():
             add("broker_forwarded_publishes_total", [link.owner], link.publishes_forwarded)
@@ -390,6 +395,7 @@ class BrokerCollector:
             add("broker_principal_buffer_reserved_bytes", [name], usage.buffer_reserved)
             add("broker_principal_buffer_budget_bytes", [name], usage.buffer_budget)
         add_log_families(families, snapshot.logs)
+        add_cluster_families(families, snapshot.cluster)
         for index, (connection, figures) in enumerate(top):
             if index and index % self.chunk == 0:
                 yield

@@ -7,7 +7,8 @@ exported as a label is the client's name, on the info gauge
 ``broker_connection_info``, cut to :data:`CLIENT_NAME_LIMIT` characters with
 non-printable characters replaced (:func:`sanitise_label`), and the topic
 name (``topic``) on the topic log families of the few topics they detail
-(:mod:`._log_specs`).
+(:mod:`._log_specs`). The cluster mode families (:mod:`._cluster_families`)
+have no labels.
 
 The series count does not grow with the connections: the per-connection
 families (``broker_connection_*``) carry the few connections with the most
@@ -23,6 +24,7 @@ from typing import Final
 
 from broker.protocol import Channel, ChannelKind
 
+from ._cluster_families import CLUSTER_METRICS
 from ._family import MetricSpec
 from ._log_families import LOG_METRICS
 
@@ -560,4 +562,6 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     ),
     # -- topic logs (a broker with a data directory; see _log_specs)
     *LOG_METRICS,
+    # -- cluster mode (broker serve --cluster; see _cluster_families)
+    *CLUSTER_METRICS,
 )

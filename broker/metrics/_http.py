@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ._cluster_figures import not_ready
 from ._collector import MAX_AGE, BrokerCollector
 from ._serving import (
     MAX_CLIENTS,
@@ -45,6 +46,7 @@ _INDEX: Final = b"""trio-broker metrics endpoint
 /stat.json  the live broker as JSON (totals; the busiest connections and topics in detail)
 /healthz    liveness: 200 while the broker's event loop serves requests
 /readyz     readiness: 200 while the broker accepts clients, 503 while shutting down
+            (and, in cluster mode, while its NATS connection is down)
 """
 
 
@@ -74,6 +76,8 @@ class _Routes:
     async def ready(self) -> Response:
         if not self.broker.ready:
             return error(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting clients")
+        if (why := not_ready(self.broker)) is not None:
+            return error(HTTPStatus.SERVICE_UNAVAILABLE, why)
         return Response(HTTPStatus.OK, b"ready\n")
 
 
@@ -97,7 +101,8 @@ async def serve_metrics(
     Routes: ``GET /metrics`` (Prometheus text format, ``CONTENT_TYPE_LATEST``),
     ``GET /stat.json`` (:func:`~broker.metrics.stat_document`), ``GET /healthz``
     (200 whenever it answers: the event loop runs), ``GET /readyz`` (200 while
-    the broker accepts clients, else 503), ``GET /`` (a short index); ``HEAD``
+    the broker accepts clients and, in cluster mode, is connected to its
+    NATS servers; else 503), ``GET /`` (a short index); ``HEAD``
     on each. Any other path is 404; another method on a known path is 405
     (with ``Allow``).
 

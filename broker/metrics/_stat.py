@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from broker.protocol import Channel, ChannelKind
 from broker.server import BrokerStatistics, DroppingSubscription
 
+from ._cluster_figures import cluster_document
 from ._collector import BrokerCollector, Snapshot
 from ._families import kind_name, sanitise_label
 from ._log_stat import logs_document, reader_document
@@ -190,6 +191,7 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[StatDocument]:
         "connections": connections,
         "topics": [cast("TopicRow", dict(topic)) for topic in snapshot.top_topics],
         "logs": logs,
+        "cluster": cluster_document(snapshot.cluster),
     }
 
 

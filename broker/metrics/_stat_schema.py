@@ -345,6 +345,26 @@ class LogsSection(TypedDict):
     cursors: list[CursorRow]
 
 
+class ClusterSection(TypedDict):
+    """Cluster mode (``broker serve --cluster``): the connection to the
+    NATS servers, the runs sent to the topics' streams, the topics set aside
+    (their stream could not be restored; the first ``LOG_LIST_LIMIT`` by
+    name, with why)."""
+
+    connected: bool
+    topics: int
+    topics_sending: int
+    runs_sent: int
+    runs_resent: int
+    records_stored: int
+    writes_fenced: int
+    #: Sends acknowledged, and the seconds they took in all.
+    stores: int
+    store_seconds: float
+    set_aside_total: int
+    set_aside: dict[str, str]
+
+
 class StatDocument(TypedDict):
     """``GET /stat.json``. Bounded: ``connections``, ``topics``, ``groups``
     and the lists in ``logs`` hold the busiest; the ``*_total`` counts and
@@ -365,6 +385,8 @@ class StatDocument(TypedDict):
     topics: list[TopicRow]
     #: ``null``: a memory-only broker.
     logs: LogsSection | None
+    #: ``null``: not in cluster mode.
+    cluster: ClusterSection | None
 
 
 # ====================================================================== the workers' merge
@@ -535,4 +557,19 @@ MERGE_RULES: Final[Mapping[str, MergeRule]] = {
     "logs.cursors_listed": Rule.SAME,
     "logs.cursors_total": Rule.SUM,
     "logs.cursors": Rows(Order.CURSOR_LAG, limit=LOG_LIST_LIMIT),
+    # (Cluster mode runs one process: no supervisor merges these; the rules
+    # are there for completeness.)
+    "cluster": Section(missing="omit"),
+    "cluster.connected": Rule.SAME,
+    "cluster.topics": Rule.SUM,
+    "cluster.topics_sending": Rule.SUM,
+    "cluster.runs_sent": Rule.SUM,
+    "cluster.runs_resent": Rule.SUM,
+    "cluster.records_stored": Rule.SUM,
+    "cluster.writes_fenced": Rule.SUM,
+    "cluster.stores": Rule.SUM,
+    "cluster.store_seconds": Rule.SUM,
+    "cluster.set_aside_total": Rule.SUM,
+    "cluster.set_aside": Rule.EACH_KEY,
+    "cluster.set_aside.*": Rule.SAME,
 }

@@ -46,6 +46,10 @@ EXPECTED_ALERTS = {
     # consumer groups (issue 41)
     "BrokerGroupLagging",
     "BrokerGroupDeadLetters",
+    # cluster mode (issue 44)
+    "BrokerClusterDisconnected",
+    "BrokerClusterResends",
+    "BrokerClusterTopicSetAside",
 }
 
 

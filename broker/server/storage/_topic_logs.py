@@ -40,6 +40,7 @@ from ..cluster._rehome import rehome_state
 from ..sessions._session import Histogram
 from ..topics._log_subscription import CURSORS, CursorBook
 from ..topics._topic import Topic
+from ._jetstream import JetStreamRuns
 from ._publish_marks import PublishMarks
 from ._replicated import ReplicatedLog
 from ._replication import Replicator, RunStreams, StreamUnavailable, restore_log
@@ -134,6 +135,15 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class EngineConnection(Protocol):
+    """The connection a stream engine works over (JetStream's NATS client)."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether it is up now."""
+        ...
+
+
 class Replication:
     """Cluster mode's storage engine as the logs use it: the replicated logs
     (restored from their streams, then made as topics are), and the
@@ -148,6 +158,17 @@ class Replication:
         self.logs: dict[str, ReplicatedLog] = {}
         #: Topics whose stream could not be restored, and why: not served.
         self.broken: dict[str, str] = {}
+        #: The engine's connection (JetStream's NATS client; None: an engine
+        #: without one, the tests' in-memory streams).
+        self.connection: EngineConnection | None = (
+            streams.js.client if isinstance(streams, JetStreamRuns) else None
+        )
+
+    @property
+    def connected(self) -> bool:
+        """Whether the streams can be reached now (their engine's connection
+        is up; an engine without a connection always can)."""
+        return self.connection is None or self.connection.connected
 
     async def restore(self, store: LogStore, settings: LogSettings) -> int:
         """Restore every topic that has a stream into a cache of ``store``

@@ -1,0 +1,132 @@
+"""Cluster mode's figures: read from the broker's replication (counters only,
+nothing awaited), turned into the families of :mod:`._cluster_families`
+and into the ``cluster`` section of ``/stat.json``; and whether the broker
+is ready as far as its streams go (``/readyz``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ._stat_schema import LOG_LIST_LIMIT, ClusterSection
+
+if TYPE_CHECKING:
+    from broker.server.storage._topic_logs import TopicLogs
+
+#: Most topics set aside listed by name (with why) in ``/stat.json``.
+SET_ASIDE_LISTED = LOG_LIST_LIMIT
+
+
+class ClusterHost(Protocol):
+    """What the cluster figures read of the broker (``Broker`` is one)."""
+
+    @property
+    def logs(self) -> TopicLogs | None:
+        """The broker's topic logs (None: memory-only; no replication: not cluster mode)."""
+        ...
+
+
+@dataclass(slots=True)
+class ClusterFigures:
+    """Cluster mode's figures at one moment (no reference to the broker)."""
+
+    connected: bool
+    topics: int
+    sending: int
+    runs_sent: int
+    runs_resent: int
+    records_stored: int
+    fenced: int
+    store_buckets: list[tuple[str, float]] = field(default_factory=list)
+    store_seconds: float = 0.0
+    #: The topics set aside, and why: the first :data:`SET_ASIDE_LISTED`.
+    set_aside: dict[str, str] = field(default_factory=dict)
+    set_aside_total: int = 0
+
+    @property
+    def stores(self) -> int:
+        """Sends acknowledged (the histogram's count)."""
+        return int(self.store_buckets[-1][1]) if self.store_buckets else 0
+
+
+def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
+    """The figures of ``broker``'s cluster mode (None: not in cluster mode)."""
+    logs = broker.logs
+    replication = None if logs is None else logs.replication
+    if replication is None:
+        return None
+    replicator = replication.replicator
+    buckets, seconds = replicator.store_times.snapshot()
+    broken = replication.broken
+    return ClusterFigures(
+        connected=replication.connected,
+        topics=len(replication.logs),
+        sending=replicator.busy,
+        runs_sent=replicator.runs_sent,
+        runs_resent=replicator.runs_resent,
+        records_stored=replicator.records_stored,
+        fenced=replicator.fenced,
+        store_buckets=buckets,
+        store_seconds=seconds,
+        set_aside={name: broken[name] for name in sorted(broken)[:SET_ASIDE_LISTED]},
+        set_aside_total=len(broken),
+    )
+
+
+def not_ready(broker: ClusterHost) -> str | None:
+    """Why ``broker`` is not ready as far as its streams go (None: it is,
+    or it is not in cluster mode)."""
+    logs = broker.logs
+    replication = None if logs is None else logs.replication
+    if replication is not None and not replication.connected:
+        return "not connected to the NATS servers of its cluster"
+    return None
+
+
+Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+
+
+def add_cluster_families(families: Mapping[str, Family], figures: ClusterFigures | None) -> None:
+    """Add the series of ``figures`` to the cluster ``families`` (by name;
+    none outside cluster mode)."""
+    if figures is None:
+        return
+
+    def add(name: str, value: float) -> None:
+        family = families[name]
+        assert not isinstance(family, HistogramMetricFamily)
+        family.add_metric([], float(value))
+
+    add("broker_cluster_connected", 1 if figures.connected else 0)
+    add("broker_cluster_topics", figures.topics)
+    add("broker_cluster_topics_sending", figures.sending)
+    add("broker_cluster_topics_set_aside", figures.set_aside_total)
+    add("broker_cluster_runs_sent_total", figures.runs_sent)
+    add("broker_cluster_runs_resent_total", figures.runs_resent)
+    add("broker_cluster_records_stored_total", figures.records_stored)
+    add("broker_cluster_writes_fenced_total", figures.fenced)
+    store = families["broker_cluster_store_seconds"]
+    assert isinstance(store, HistogramMetricFamily)
+    store.add_metric([], buckets=figures.store_buckets, sum_value=figures.store_seconds)
+
+
+def cluster_document(figures: ClusterFigures | None) -> ClusterSection | None:
+    """The ``cluster`` section of ``/stat.json`` (None: not in cluster mode)."""
+    if figures is None:
+        return None
+    return {
+        "connected": figures.connected,
+        "topics": figures.topics,
+        "topics_sending": figures.sending,
+        "runs_sent": figures.runs_sent,
+        "runs_resent": figures.runs_resent,
+        "records_stored": figures.records_stored,
+        "writes_fenced": figures.fenced,
+        "stores": figures.stores,
+        "store_seconds": figures.store_seconds,
+        "set_aside_total": figures.set_aside_total,
+        "set_aside": dict(figures.set_aside),
+    }

@@ -43,7 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.nats._servers import NatsServerMissing, find_nats_server, open_nats_servers
+from broker.nats._servers import (
+    NatsServerMissing,
+    NatsServers,
+    find_nats_server,
+    open_nats_servers,
+)
+from broker.server.storage._jetstream import stream_name
 
 from ._procs import (
     broker_process,
@@ -71,15 +77,28 @@ TIMEOUT = 900.0
 @dataclass(frozen=True)
 class Deployment:
     """A broker under test: its address, the pid whose CPU counts, and the
-    pids of the NATS servers it uses (none for a standalone broker)."""
+    NATS servers it uses (none for a standalone broker)."""
 
     url: str
     pid: int
-    nats_pids: tuple[int, ...] = ()
+    servers: NatsServers | None = None
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the broker and of its NATS servers together."""
-        return cpu_seconds(self.pid), sum(cpu_seconds(pid) for pid in self.nats_pids)
+        nats = sum(cpu_seconds(server.pid or 0) for server in self.servers or ())
+        return cpu_seconds(self.pid), nats
+
+    def stream_messages(self, topic: str) -> int:
+        """How many messages (runs of records) ``topic``'s stream holds, as
+        the first NATS server's replica says (0 for a standalone broker)."""
+        if self.servers is None:
+            return 0
+        jsz = self.servers[0].monitor("jsz", accounts=True, streams=True)
+        for account in jsz.get("account_details") or []:
+            for entry in account.get("stream_detail") or []:
+                if entry.get("name") == stream_name(topic):
+                    return int(entry["state"]["messages"])
+        return 0
 
 
 def unavailable() -> str | None:
@@ -103,7 +122,6 @@ def deployments() -> Iterator[dict[str, Deployment]]:
         servers = stack.enter_context(
             open_nats_servers(directory / "nats", 3, system_account=True, app_jsz_import=True)
         )
-        nats_pids = tuple(server.pid or 0 for server in servers)
         cluster = ["--cluster", ",".join(servers.urls)]
         front_url, front = stack.enter_context(
             broker_process(cluster, data_dir=str(directory / "front-end"))
@@ -112,7 +130,7 @@ def deployments() -> Iterator[dict[str, Deployment]]:
             broker_process(data_dir=str(directory / "standalone"))
         )
         yield {
-            "front_end": Deployment(front_url, front.pid, nats_pids),
+            "front_end": Deployment(front_url, front.pid, servers),
             "standalone": Deployment(alone_url, alone.pid),
         }
 
@@ -153,6 +171,7 @@ def throughput(where: Deployment, topic: str, count: int, subscribers: int) -> d
     seconds = max((max(r["last"] for r in received) - published["start"]) / 1e9, 1e-9)
     total = sum(r["received"] for r in received)
     broker_cpu = broker1 - broker0
+    lost_reading_back = read_back(where.url, topic, count)
     return {
         "per_s": total / seconds,
         "msgs_per_broker_cpu_s": count / broker_cpu if broker_cpu else 0.0,
@@ -160,7 +179,8 @@ def throughput(where: Deployment, topic: str, count: int, subscribers: int) -> d
         "nats_cpu_us_per_msg": (nats1 - nats0) / count * 1e6,
         "broker_cores": broker_cpu / seconds,
         "lost": count * subscribers - total + sum(r["gaps"] for r in received),
-        "read_back_lost": read_back(where.url, topic, count),
+        "read_back_lost": lost_reading_back,
+        "records_per_run": count / max(where.stream_messages(topic), 1),
     }
 
 
@@ -196,6 +216,7 @@ def open_loop(where: Deployment, topic: str, rate: float, duration: float) -> di
         "send_late_p99_us": percentiles(published["lateness"][topic])["p99_us"],
         "lost": count - got["received"] + got["gaps"] + (count - published["confirmed"]),
         "read_back_lost": read_back(where.url, topic, count),
+        "records_per_run": count / max(where.stream_messages(topic), 1),
     }
 
 
@@ -209,8 +230,8 @@ def run(
     **_options: Any,
 ) -> dict[str, Any]:
     """Every workload on both deployments, back to back (see the module)."""
-    count = count or (2_000 if quick else 50_000)
-    fanout_count = fanout_count or (1_000 if quick else 10_000)
+    count = count or (2_000 if quick else 100_000)
+    fanout_count = fanout_count or (1_000 if quick else 20_000)
     duration = duration or (2.0 if quick else 10.0)
     results: dict[str, Any] = {
         "python_loop_10m_s": python_loop_10m_s(),
@@ -236,7 +257,7 @@ def run(
                 progress(f"{name} on the {deployment.replace('_', ' ')}")
                 figures = measure(brokers[deployment], f"{name}-{deployment}")
                 for key, value in figures.items():
-                    if deployment == "standalone" and key == "nats_cpu_us_per_msg":
+                    if deployment == "standalone" and key.startswith(("nats_", "records_")):
                         continue
                     results[f"{deployment}_{name}_{key}"] = value
     for name in ("one_to_one", "fanout"):
@@ -286,6 +307,12 @@ def table(result: dict[str, Any]) -> list[str]:
         ("broker CPU us/msg", "broker_cpu_us_per_msg"),
     ):
         row(f"{r['open_loop_rate']:,}/s {label}", f"open_loop_{key}")
+    lines.append(
+        "front end's records per JetStream message: "
+        f"1->1 {r['front_end_one_to_one_records_per_run']:.1f}, "
+        f"1->{r['fanout_subscribers']} {r['front_end_fanout_records_per_run']:.1f}, "
+        f"{r['open_loop_rate']:,}/s {r['front_end_open_loop_records_per_run']:.1f}"
+    )
     lines.append(
         "nats-servers' CPU us/msg (3 summed): "
         f"1->1 {r['front_end_one_to_one_nats_cpu_us_per_msg']:.1f}, "

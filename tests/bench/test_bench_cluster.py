@@ -59,6 +59,7 @@ def test_cluster_bench_measures_both_deployments_and_loses_nothing() -> None:
     for workload in ("one_to_one", "fanout", "open_loop"):
         # (The NATS servers work for the front end only.)
         assert figures[f"front_end_{workload}_nats_cpu_us_per_msg"] > 0
+        assert 1 <= figures[f"front_end_{workload}_records_per_run"] <= 64
         assert f"standalone_{workload}_nats_cpu_us_per_msg" not in figures
     for ratio in ("one_to_one_per_cpu", "fanout_per_cpu", "one_to_one_rate", "fanout_rate"):
         value = figures[f"ratio_{ratio}"]

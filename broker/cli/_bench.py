@@ -57,7 +57,7 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
 DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite not in ("peers", "workers", "cluster")]
 
 EXAMPLES = """
-  broker bench                                  # every suite but peers (a few minutes)
+  broker bench                                  # all but peers, workers, cluster (minutes)
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
   broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
@@ -84,7 +84,7 @@ def add_parser(subparsers: Subparsers) -> None:
         # (Checked in run: Python 3.11's argparse refuses an empty list
         # against choices for nargs="*".)
         metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
-        help="which suites to run (default: all but peers); "
+        help="which suites to run (default: all but peers, workers and cluster); "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

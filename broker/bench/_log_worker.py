@@ -8,7 +8,10 @@ byte rate for ``duration`` seconds and then flat out (the slow consumer
 catching up: whatever it lagged is still in the log).
 
 It stops once it has ``count`` messages, or (``count`` 0) once nothing has
-come for ``idle`` seconds after the first message.
+come for ``idle`` seconds after the first message. With ``stamped`` (flat
+out only), it also checks the sequence numbers in the payloads' stamps (one
+publisher's, from 0): ``out_of_order`` counts those not one more than the
+one before.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 import trio
 
 from broker.client import open_client
+
+from ._open_loop import STAMP
 
 #: A reader at a fixed rate wakes at most this often (seconds).
 READ_EVERY = 0.01
@@ -72,6 +77,9 @@ async def read_log(spec: dict[str, Any]) -> dict[str, Any]:
     first = last = 0
     rated = 0
     rated_last = 0
+    stamped: bool = spec.get("stamped", False)
+    out_of_order = 0
+    expected = 0
     async with (
         open_client(spec["url"], name=spec.get("name", "bench-logsub")) as client,
         client.subscribe(spec["topic"], options=spec.get("options") or None) as subscription,
@@ -112,12 +120,17 @@ async def read_log(spec: dict[str, Any]) -> dict[str, Any]:
                 batch = await subscription.receive_batch()
                 for message in batch:
                     check.see(message.seq)
+                    if stamped:
+                        seq = STAMP.unpack_from(message.payload)[1]
+                        out_of_order += seq != expected
+                        expected = seq + 1
                 last = time.perf_counter_ns()
                 first = first or last
                 continue
             break
     return {
         **check.figures(),
+        "out_of_order": out_of_order,
         "subscribed": subscribed,
         "first": first,
         "last": last,

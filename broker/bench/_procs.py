@@ -141,9 +141,20 @@ def worker(spec: dict[str, Any]) -> subprocess.Popen[str]:
 
 
 def wait_ready(process: subprocess.Popen[str]) -> None:
+    """Wait for a worker's ``ready`` line. Read a byte at a time from the
+    pipe itself: a buffered ``readline`` could take the worker's result
+    too, if it came at once (a reader of records already there), and
+    :func:`worker_result` (``communicate`` with a timeout reads the pipe,
+    not that buffer) would then find nothing."""
     assert process.stdout is not None
-    line = process.stdout.readline()
-    if line.strip() != "ready":
+    fd = process.stdout.fileno()
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    if line.decode(errors="replace").strip() != "ready":
         raise RuntimeError(f"subscriber worker failed: {line!r}")
 
 

@@ -99,7 +99,10 @@ class _Raw:
 
 
 async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
-    """Publish ``rate`` messages/s for ``duration`` s to ``topic``."""
+    """Publish ``rate`` messages/s for ``duration`` s to ``topic``; with
+    ``confirm_latency``, also time each publish from its scheduled send
+    time to the read that brought the ``Confirm`` covering it
+    (``confirm_latencies``, ns)."""
     topic_name: str = spec["topic"]
     rate: float = spec["rate"]
     total = int(rate * spec["duration"])
@@ -111,13 +114,22 @@ async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
     await raw.until_confirmed(HandleType.TOPIC, topic)
     confirmed = 0
     room = trio.Event()
+    timed = bool(spec.get("confirm_latency"))
+    scheduled_at: list[int] = []
+    confirm_latencies: list[int] = []
     start = time.perf_counter_ns()
 
     async def read_confirms() -> None:
         nonlocal confirmed, room
         while confirmed < total:
-            for event in await raw.read():
+            events = await raw.read()
+            now = time.perf_counter_ns()
+            for event in events:
                 if type(event) is Confirm:
+                    if timed:
+                        confirm_latencies.extend(
+                            now - scheduled_at[n] for n in range(confirmed, event.count)
+                        )
                     confirmed = event.count
                 elif isinstance(event, GuaranteesReceived):
                     room.set()
@@ -127,6 +139,8 @@ async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
         nursery.start_soon(read_confirms)
         async for n, scheduled in schedule(rate, total, lateness):
             payload = STAMP.pack(scheduled, n) + filler
+            if timed:
+                scheduled_at.append(scheduled)
             while True:
                 try:
                     conn.publish(topic, payload)
@@ -137,7 +151,10 @@ async def raw_publish(spec: dict[str, Any]) -> dict[str, Any]:
             await raw.flush()
         done = time.perf_counter_ns()
     await raw.close()
-    return published(start, done, topic_name, total, lateness, confirmed=confirmed)
+    result = published(start, done, topic_name, total, lateness, confirmed=confirmed)
+    if timed:
+        result["confirm_latencies"] = confirm_latencies
+    return result
 
 
 async def raw_subscribe(spec: dict[str, Any]) -> dict[str, Any]:

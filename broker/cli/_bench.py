@@ -42,15 +42,22 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
         "--workers 2 beside one process: messages per worker CPU-second with clients "
         "at each topic's owner and with every message forwarded (not run by default)",
     ),
+    "cluster": (
+        "broker.bench.cluster",
+        "a cluster-mode front end over 3 nats-servers beside a standalone log broker: "
+        "1->1, 1->10 per broker CPU-second, confirm and delivery latency at 1k msg/s "
+        "(needs nats-server; not run by default)",
+    ),
 }
 
 #: What ``broker bench`` without a suite runs: every suite that needs no
-#: other software (``peers`` needs mosquitto, and is asked for by name) and
-#: is not a comparison of deployments (``workers``, asked for by name).
-DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite not in ("peers", "workers")]
+#: other software (``peers`` needs mosquitto, ``cluster`` nats-server; they
+#: are asked for by name) and is not a comparison of deployments
+#: (``workers``, asked for by name).
+DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite not in ("peers", "workers", "cluster")]
 
 EXAMPLES = """
-  broker bench                                  # every suite but peers (a few minutes)
+  broker bench                                  # all but peers, workers, cluster (minutes)
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
   broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
@@ -58,6 +65,7 @@ EXAMPLES = """
   broker bench workers                          # --workers 2 (direct, forwarded) beside one process
   broker bench groups --quick                   # consumer groups of 1, 2, 4 beside plain 1->1
   broker bench patterns                         # 'pat.*' over 100 topics beside plain 1->1
+  broker bench cluster                          # a front end over JetStream beside standalone
 """
 
 
@@ -76,7 +84,7 @@ def add_parser(subparsers: Subparsers) -> None:
         # (Checked in run: Python 3.11's argparse refuses an empty list
         # against choices for nargs="*".)
         metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
-        help="which suites to run (default: all but peers); "
+        help="which suites to run (default: all but peers, workers and cluster); "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
         extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
-        if suite in ("broker", "peers", "workers", "groups", "patterns") and on_terminal:
+        if suite in ("broker", "peers", "workers", "groups", "patterns", "cluster") and on_terminal:
             extra["progress"] = progress
         results[suite] = bench(quick=args.quick, **extra)
     if not results:

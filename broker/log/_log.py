@@ -521,6 +521,29 @@ class TopicLog:
             index += 1
         return times
 
+    def stored(self, offset: int, count: int) -> memoryview:
+        """The bytes of ``count`` records from ``offset`` exactly as the log
+        stores them (each with its header: offset, time and checksum; see
+        ``_format``), without a copy: what :func:`encode_run` would make of
+        them, for records a :meth:`read` just returned (they are in one
+        term). Raises :class:`LogError` if they are not all retained in one
+        term."""
+        if self._closed:
+            raise LogClosed(f"the log of {self.topic!r} is closed")
+        if offset < self.first_offset or offset + count > self.next_offset:
+            raise LogError(
+                f"records {offset} to {offset + count - 1} of {self.topic!r} are not in its log"
+            )
+        index = bisect_right(self._terms, offset, key=_base) - 1
+        term = self._terms[index]
+        if not term.loaded:
+            term.load(map_file(term_path(self.directory, term.base)))
+        self._keep_mapped(term)
+        try:
+            return term.stored(offset, count)
+        except ValueError as error:
+            raise LogError(f"{self.topic!r}: {error}") from None
+
     def offset_at_time(self, time_ms: int) -> int:
         """The offset of the first retained record received at or after
         ``time_ms`` (:attr:`next_offset` if none is)."""

@@ -183,6 +183,18 @@ class Term:
         ends = positions[first + 1 : stop + 1]
         return [view[start + HEADER_SIZE : end] for start, end in zip(starts, ends, strict=True)]
 
+    def stored(self, offset: int, count: int) -> memoryview:
+        """The bytes of ``count`` records from ``offset`` as the term stores
+        them (headers included: see ``_format``), a read-only slice of the
+        buffer; they must be in this term and it loaded."""
+        positions = self.positions
+        first = offset - self.base
+        if first < 0 or count < 1 or first + count > len(positions) - 1:
+            raise ValueError(f"records {offset}+{count} are not all in term {self.base}")
+        view = self._readonly
+        assert view is not None, "the term is loaded"
+        return view[positions[first] : positions[first + count]]
+
     def times(self, offset: int, count: int) -> list[int]:
         """The receive times of its records from ``offset`` on, at most
         ``count`` (fewer at its end); the term must be loaded."""

@@ -8,7 +8,8 @@ speed), and the replication state of the stream that is the source of
 truth. A record appended goes into the cache at once (readable, not yet
 *written*); the manager takes the records not sent yet as *runs*
 (:meth:`ReplicatedLog.runs_to_send`: up to 64 consecutive records, one
-stream message each, encoded once by :func:`~broker.log.encode_run`),
+stream message each, whose body is the records' bytes as the cache stores
+them, in the format :func:`~broker.log.decode_run` reads),
 publishes them, and tells the log which the stream stored
 (:meth:`ReplicatedLog.stored`). Only then are they written and durable
 (``written_offset == durable_offset``, :attr:`sync_later` is true): the
@@ -32,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.log import DecodedRun, LogClosed, LogError, Reader, Run, Start, TopicLog, encode_run
+from broker.log import DecodedRun, LogClosed, LogError, Reader, Run, Start, TopicLog
 from broker.protocol import OriginRun
 
 __all__ = ["RUN_BYTES", "RUN_RECORDS", "OutgoingRun", "ReplicatedLog", "WriterFenced"]
@@ -288,7 +289,9 @@ class ReplicatedLog:
                 )
             count = len(run.tails)
             first = run.first_offset
-            body = encode_run(first, run.tails, cache.times(first, count))
+            # (The records as the cache stores them: the run's body, not
+            # encoded again; checked by their checksums when read back.)
+            body = bytes(cache.stored(first, count))
             expected = self._last_seq + len(self._in_flight)
             origins = self._take_origins(first, first + count)
             outgoing = OutgoingRun(first, count, body, f"{self.writer}:{first}", expected, origins)

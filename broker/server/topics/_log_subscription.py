@@ -297,7 +297,10 @@ class LogSubscription(Subscription):
                 return
             try:
                 # (No more than the guarantees let go now: at least one record.)
-                run = log.read(self.next_seq, PUMP_RECORDS, min(PUMP_BYTES, room))
+                # (Nor past what may be delivered: with a log whose records are
+                # durable later, it can hold many more than that.)
+                wanted = min(PUMP_RECORDS, end - self.next_seq + 1)
+                run = log.read(self.next_seq, wanted, min(PUMP_BYTES, room))
             except LogError:
                 return  # closed under us: the broker is stopping
             if run.gap:

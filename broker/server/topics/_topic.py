@@ -471,8 +471,13 @@ class Topic(Actor):
         log = self.log
         if log is None:
             return
-        self._route_unsynced(log.durable_offset + 1)
-        self._wake_at_tail(None, 0)
+        routed = self._route_unsynced(log.durable_offset + 1)
+        if not routed:
+            self._wake_at_tail(None, 0)
+        for first, tails in routed:
+            # (Readers at the end take each batch's bytes as they are, as
+            # after an append that needs no fsync; any other reads the log.)
+            self._wake_at_tail(tails, first)
         if self._unsynced and self._host is not None:
             self._host.sync_soon(self)  # (appended while the fsync ran)
         self.release_if_unused()
@@ -487,15 +492,21 @@ class Topic(Actor):
         its fsync are routed now, as if it had come just before."""
         self._route_unsynced(None)
 
-    def _route_unsynced(self, durable_next: int | None) -> None:
+    def _route_unsynced(self, durable_next: int | None) -> list[tuple[int, list[bytes]]]:
         """Route, in order, the waiting batches whose records all lie before
-        ``durable_next`` (None: all of them), each loan repaid."""
+        ``durable_next`` (None: all of them), each loan repaid; returns each
+        one's first offset and records."""
         unsynced = self._unsynced
+        routed: list[tuple[int, list[bytes]]] = []
         while unsynced and (durable_next is None or unsynced[0][0] <= durable_next):
-            _, held = unsynced.popleft()
+            next_offset, held = unsynced.popleft()
             assert held.loan is not None
             self._routed(held.routed, held.loan.account)
             held.loan.repay()
+            tails = held.routed.tails
+            if tails:
+                routed.append((next_offset - len(tails), tails))
+        return routed
 
     def _routed(self, routed: Routed, account: Account) -> None:
         """A batch is routed (with a log: it is in the log): offer it to the

@@ -16,7 +16,7 @@ from broker.nats import JetStream, open_nats
 from broker.nats._servers import open_nats_servers
 from broker.server.storage._jetstream import JetStreamRuns, stream_name, topic_subject
 from broker.server.storage._replicated import OutgoingRun
-from broker.server.storage._replication import StreamFenced
+from broker.server.storage._replication import StreamFenced, StreamUnavailable
 
 from .raw import require_nats_server
 
@@ -89,3 +89,15 @@ async def test_a_purge_keeps_what_is_at_and_after_its_sequence(
         assert await stream.publish(_run(seq, [b"%d" % seq], seq - 1)) == seq
     await stream.purge_below(4)
     assert [m.seq for m in await stream.fetch(1, 10)] == [4, 5]
+
+
+async def test_a_run_after_a_missing_one_is_sent_again_not_fenced(runs: JetStreamRuns) -> None:
+    """Runs in flight one behind the other: if one was not stored, the next
+    is refused for its expected sequence; that is no other writer, and
+    both are sent again."""
+    stream = await runs.open_stream("gap")
+    assert await stream.publish(_run(1, [b"a"], 0)) == 1
+    with pytest.raises(StreamUnavailable, match="earlier run is missing"):
+        await stream.publish(_run(3, [b"c"], 2))  # (run 2, expected at 2, was lost)
+    assert await stream.publish(_run(2, [b"b"], 1)) == 2
+    assert await stream.publish(_run(3, [b"c"], 2)) == 3

@@ -157,7 +157,9 @@ class JetStreamRun:
 
     async def _stored_before(self, run: OutgoingRun, refusal: JetStreamError) -> int:
         """The sequence of ``run`` if the stream stored it when it was sent
-        before (its answer lost), else :class:`StreamFenced`. JetStream checks
+        before (its answer lost); :class:`StreamUnavailable` if the stream
+        ends before the message the run follows (one sent before it was not
+        stored); else :class:`StreamFenced`. JetStream checks
         the expected last sequence before the message id, so a run sent again
         after it was stored is refused as if another writer had appended:
         the message after the one it expects tells which."""
@@ -165,11 +167,11 @@ class JetStreamRun:
             found = await self.js.get_msg(self.stream, run.expected_last_seq + 1)
         except NatsError as error:
             raise _unavailable(f"stream {self.stream}", error) from None
-        if (
-            found is not None
-            and found.headers is not None
-            and found.headers.get(MSG_ID) == run.msg_id
-        ):
+        if found is None:
+            # The stream ends before the message the run follows: a run sent
+            # before it was not stored; they are all sent again, in order.
+            raise StreamUnavailable(f"stream {self.stream}: an earlier run is missing ({refusal})")
+        if found.headers is not None and found.headers.get(MSG_ID) == run.msg_id:
             return found.seq
         raise StreamFenced(str(refusal))
 

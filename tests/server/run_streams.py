@@ -9,8 +9,26 @@ from dataclasses import dataclass, field
 
 import trio
 
+from broker.log import LogError
 from broker.server.storage._replicated import OutgoingRun
 from broker.server.storage._replication import StoredRun, StreamFenced, StreamUnavailable
+
+
+@dataclass
+class Answered:
+    """A run's answer, known already (see :meth:`MemoryStream.start_publish`)."""
+
+    seq: int
+    error: LogError | None
+
+    async def wait(self) -> int:
+        await trio.lowlevel.checkpoint()
+        if self.error is not None:
+            raise self.error
+        return self.seq
+
+    def cancel(self) -> None:
+        pass
 
 
 @dataclass
@@ -28,6 +46,13 @@ class MemoryStream:
     async def publish(self, run: OutgoingRun) -> int:
         await trio.lowlevel.checkpoint()
         return self.publish_now(run)
+
+    async def start_publish(self, run: OutgoingRun) -> Answered:
+        """The run is taken (or refused) at once; its answer comes when awaited."""
+        try:
+            return Answered(self.publish_now(run), None)
+        except LogError as error:
+            return Answered(0, error)
 
     def publish_now(self, run: OutgoingRun) -> int:
         """:meth:`publish` without the checkpoint (for tests outside trio)."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from broker.backoff import Backoff
 from broker.config import BrokerConfig
 from broker.errors import BrokerError
 from broker.log import LogError
@@ -47,6 +48,7 @@ from broker.nats import (
     NatsClient,
     NatsError,
     OrderedReader,
+    PendingAck,
     StreamConfig,
     open_nats,
 )
@@ -90,6 +92,8 @@ _MAX_ENCODED = 120
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 #: Bytes of a message kept for a record's header and the message's headers.
 RUN_HEADROOM = 4096
+#: Seconds a restore's read asks again while JetStream does not answer.
+READ_PATIENCE = 60.0
 #: Seconds a restore's read waits for the next messages before asking again.
 READ_EXPIRES = 2.0
 
@@ -115,7 +119,7 @@ def topic_subject(topic: str) -> str:
     return SUBJECT_PREFIX + _encoded(topic)
 
 
-def _unavailable(what: str, error: NatsError) -> StreamUnavailable:
+def _unavailable(what: str, error: Exception) -> StreamUnavailable:
     return StreamUnavailable(f"{what}: {error}")
 
 
@@ -133,13 +137,17 @@ class JetStreamRun:
         self._read_end = 0
 
     async def publish(self, run: OutgoingRun) -> int:
+        return await (await self.start_publish(run)).wait()
+
+    async def start_publish(self, run: OutgoingRun) -> PendingRun:
         headers = Headers()
         headers.add(FIRST_OFFSET, str(run.first_offset))
         headers.add(COUNT, str(run.count))
         if run.origins:
             headers.add(ORIGINS, encode_origins(run.origins))
         try:
-            ack = await self.js.publish(
+            await self.js.client.wait_for_room()
+            pending = self.js.publish_nowait(
                 self.subject,
                 run.body,
                 headers=headers,
@@ -147,6 +155,15 @@ class JetStreamRun:
                 expected_last_seq=run.expected_last_seq,
                 timeout=self.timeout,
             )
+        except (NatsError, trio.WouldBlock) as error:
+            return PendingRun(self, run, None, _unavailable(f"stream {self.stream}", error))
+        return PendingRun(self, run, pending, None)
+
+    async def answer(self, run: OutgoingRun, pending: PendingAck) -> int:
+        """The sequence of ``run`` from its acknowledgement (see the module
+        for how each refusal is taken)."""
+        try:
+            ack = await pending.wait()
         except JetStreamError as error:
             if error.err_code == ERR_WRONG_LAST_SEQUENCE:
                 return await self._stored_before(run, error)
@@ -176,33 +193,76 @@ class JetStreamRun:
         raise StreamFenced(str(refusal))
 
     async def fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:
-        try:
-            if self._reader is None or self._reader.next_seq != from_seq:
-                info = await self.js.stream_info(self.stream)
-                self._read_end = info.state.last_seq
-                self._reader = self.js.ordered(self.stream, max(from_seq, 1))
-            reader = self._reader
-            if from_seq > self._read_end:
+        """(See :class:`~._replication.RunStream`.) While JetStream does not
+        answer (a consumer or stream leader being elected, a server
+        restarting) it asks again with a backoff, for up to
+        :data:`READ_PATIENCE` seconds, before it raises
+        :class:`StreamUnavailable`."""
+        backoff = Backoff(0.05, 2.0)
+        deadline = trio.current_time() + READ_PATIENCE
+        while True:
+            try:
+                return await self._fetch(from_seq, max_messages)
+            except JetStreamError as error:
+                raise LogError(f"stream {self.stream} cannot be read: {error}") from None
+            except NatsError as error:
+                if trio.current_time() >= deadline:
+                    raise _unavailable(f"reading stream {self.stream}", error) from None
+                log.info("stream %s: %s (asked again)", self.stream, error)
+                self._reader = None  # (a new consumer from where it was)
+                await trio.sleep(backoff.next())
+
+    async def _fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:
+        if self._reader is None or self._reader.next_seq != from_seq:
+            info = await self.js.stream_info(self.stream)
+            self._read_end = info.state.last_seq
+            self._reader = self.js.ordered(self.stream, max(from_seq, 1))
+        reader = self._reader
+        if from_seq > self._read_end:
+            return []
+        while True:
+            messages = await reader.fetch(
+                min(max_messages, self._read_end - from_seq + 1), expires=READ_EXPIRES
+            )
+            if messages:
+                return [_stored_run(self.stream, message) for message in messages]
+            if reader.next_seq > self._read_end:
                 return []
-            while True:
-                messages = await reader.fetch(
-                    min(max_messages, self._read_end - from_seq + 1), expires=READ_EXPIRES
-                )
-                if messages:
-                    break
-                if reader.next_seq > self._read_end:
-                    return []
-        except JetStreamError as error:
-            raise LogError(f"stream {self.stream} cannot be read: {error}") from None
-        except NatsError as error:
-            raise _unavailable(f"reading stream {self.stream}", error) from None
-        return [_stored_run(self.stream, message) for message in messages]
 
     async def purge_below(self, seq: int) -> None:
         try:
             await self.js.purge_stream(self.stream, seq=seq)
         except NatsError as error:
             raise _unavailable(f"purging stream {self.stream}", error) from None
+
+
+class PendingRun:
+    """A run sent to its stream, its answer to come (a ``PendingStore``)."""
+
+    __slots__ = ("_error", "_pending", "_run", "_stream")
+
+    def __init__(
+        self,
+        stream: JetStreamRun,
+        run: OutgoingRun,
+        pending: PendingAck | None,
+        error: StreamUnavailable | None,
+    ) -> None:
+        self._stream = stream
+        self._run = run
+        self._pending = pending
+        self._error = error
+
+    async def wait(self) -> int:
+        if self._pending is None:
+            await trio.lowlevel.checkpoint()
+            assert self._error is not None
+            raise self._error
+        return await self._stream.answer(self._run, self._pending)
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
 
 
 def encode_origins(origins: list[OriginRun]) -> str:

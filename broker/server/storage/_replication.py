@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,6 +48,8 @@ __all__ = [
 #: Waits between sends of a run the stream did not take (seconds).
 RESEND_FIRST = 0.05
 RESEND_MOST = 2.0
+#: Runs in flight per topic at once (each expects the one before it).
+WINDOW = 4
 #: Messages asked for at a time while restoring a topic.
 RESTORE_BATCH = 256
 #: Upper bounds (seconds) of the store times' histogram: from a quick
@@ -79,8 +82,26 @@ class StoredRun:
     origins: list[OriginRun] = field(default_factory=list)
 
 
+class PendingStore(Protocol):
+    """A run sent and not answered yet (:meth:`RunStream.start_publish`)."""
+
+    async def wait(self) -> int:
+        """The run's sequence once stored; raises as :meth:`RunStream.publish`."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop waiting for the answer (the run is sent again, or not needed)."""
+        ...
+
+
 class RunStream(Protocol):
     """One topic's stream."""
+
+    async def start_publish(self, run: OutgoingRun) -> PendingStore:
+        """Send ``run`` now, behind those sent before it (in that order the
+        stream takes them), and return its answer to come: any number may
+        be in flight. Waits only while the connection's output is full."""
+        ...
 
     async def publish(self, run: OutgoingRun) -> int:
         """Store ``run`` after the message at ``run.expected_last_seq``; its
@@ -151,13 +172,23 @@ async def restore_log(
     return replicated
 
 
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _cancel(in_flight: deque[tuple[OutgoingRun, PendingStore, float]]) -> None:
+    """Stop waiting for the answers of the runs in flight (they are sent again)."""
+    while in_flight:
+        in_flight.popleft()[1].cancel()
+
+
 class Replicator:
     """Sends the topics' runs to their streams, and deletes the streams of
     deleted topics (see the module). Per topic one task at a time does
     both, in the order asked: a topic deleted and made again writes its
     new records to a new stream, never to the old one."""
 
-    def __init__(self, streams: RunStreams, *, window: int = 1) -> None:
+    def __init__(self, streams: RunStreams, *, window: int = WINDOW) -> None:
         self.streams = streams
         self._window = window
         self._streams: dict[str, RunStream] = {}
@@ -257,52 +288,58 @@ class Replicator:
 
     async def _send(self, topic: str, replicated: ReplicatedLog) -> None:
         """Send ``replicated``'s runs in order until none is left (or it is
-        closed, or its topic deleted), each once the one before it is
-        stored, telling the topic as each is; then the purge it asks for."""
+        closed, or its topic deleted), up to the window in flight one behind
+        the other (each expects the one before it), telling the topic as
+        each is stored; then the purge it asks for. A run not stored (no
+        answer in time, the stream without a leader) has every run in
+        flight sent again, in order, after a backoff."""
         backoff = Backoff(RESEND_FIRST, RESEND_MOST)
-        pending: list[OutgoingRun] = []
-        while not self._stopped(topic, replicated):
-            if not pending:
+        in_flight: deque[tuple[OutgoingRun, PendingStore, float]] = deque()
+        try:
+            while not self._stopped(topic, replicated):
                 try:
-                    pending = replicated.runs_to_send(self._window)
-                except LogError as error:
-                    log.error("topic %r: %s", topic[:64], error)
-                    return
-                if not pending:
-                    break
-                self.runs_sent += len(pending)
-            try:
-                stream = await self.stream(topic)
-                while pending:
-                    run = pending[0]
-                    sent = time.perf_counter()
-                    seq = await stream.publish(run)
-                    self.store_times.observe(time.perf_counter() - sent)
+                    stream = await self.stream(topic)
+                    if not in_flight and replicated.in_flight:
+                        # (Sent before and not answered: again, in order.)
+                        again = replicated.resend()
+                        self.runs_resent += len(again)
+                        for run in again:
+                            in_flight.append((run, await stream.start_publish(run), _now()))
+                    new = replicated.runs_to_send(self._window)
+                    self.runs_sent += len(new)
+                    for run in new:
+                        in_flight.append((run, await stream.start_publish(run), _now()))
+                    if not in_flight:
+                        break
+                    run, pending, sent = in_flight[0]
+                    seq = await pending.wait()
+                    self.store_times.observe(_now() - sent)
                     if self._stopped(topic, replicated):
                         return
+                    in_flight.popleft()
                     replicated.stored(run, seq)
-                    pending.pop(0)
                     self.records_stored += run.count
                     backoff.reset()
                     told = self._told.get(topic)
                     if told is not None:
                         told()
-            except StreamFenced as error:
-                self.fenced += 1
-                fenced = replicated.fence(str(error))
-                log.error("%s: its log takes no more records", fenced)
-                return
-            except LogError as error:  # (unavailable, or refused: tried again)
-                delay = backoff.next()
-                log.warning(
-                    "topic %r: the stream did not store a run (%s): sent again in %.2f s",
-                    topic[:64],
-                    error,
-                    delay,
-                )
-                await trio.sleep(delay)
-                pending = replicated.resend()
-                self.runs_resent += len(pending)
+                except StreamFenced as error:
+                    self.fenced += 1
+                    fenced = replicated.fence(str(error))
+                    log.error("%s: its log takes no more records", fenced)
+                    return
+                except LogError as error:  # (unavailable, or refused: tried again)
+                    _cancel(in_flight)
+                    delay = backoff.next()
+                    log.warning(
+                        "topic %r: the stream did not store a run (%s): sent again in %.2f s",
+                        topic[:64],
+                        error,
+                        delay,
+                    )
+                    await trio.sleep(delay)
+        finally:
+            _cancel(in_flight)
         if not self._stopped(topic, replicated):
             purge = replicated.take_purge()
             if purge:

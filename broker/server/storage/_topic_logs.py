@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
+from broker.backoff import Backoff
 from broker.errors import BrokerError
 from broker.log import (
     DiskFull,
@@ -47,6 +49,8 @@ from ._replication import Replicator, RunStreams, StreamUnavailable, restore_log
 from ._store import TopicStore
 
 log = logging.getLogger("broker.server")
+
+T = TypeVar("T")
 
 #: How often the logs are looked at: fsyncs due, batches waiting for room.
 TEND_INTERVAL = 0.1
@@ -144,6 +148,26 @@ class EngineConnection(Protocol):
         ...
 
 
+#: Seconds the start-up asks JetStream again while it does not answer.
+START_PATIENCE = 60.0
+
+
+async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, asked again with a backoff while the streams do not
+    answer (an election, a server restarting), for up to
+    :data:`START_PATIENCE` seconds; then :class:`StreamUnavailable`."""
+    backoff = Backoff(0.05, 2.0)
+    deadline = trio.current_time() + START_PATIENCE
+    while True:
+        try:
+            return await call()
+        except StreamUnavailable as error:
+            if trio.current_time() >= deadline:
+                raise
+            log.warning("cluster mode: %s: %s (asked again)", what, error)
+            await trio.sleep(backoff.next())
+
+
 class Replication:
     """Cluster mode's storage engine as the logs use it: the replicated logs
     (restored from their streams, then made as topics are), and the
@@ -178,8 +202,10 @@ class Replication:
         :attr:`broken`, reported, and not served; the others are. Raises
         :class:`StreamUnavailable` if the streams cannot be read now."""
         records = 0
-        for name in await self.streams.topics():
-            stream = await self.replicator.stream(name)
+        for name in await _patiently("listing the topics' streams", self.streams.topics):
+            stream = await _patiently(
+                f"opening the stream of {name[:64]!r}", partial(self.replicator.stream, name)
+            )
             config = settings.log_config(name)
 
             def cache(first: int, name: str = name, config: LogConfig = config) -> TopicLog:

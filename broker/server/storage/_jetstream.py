@@ -90,6 +90,14 @@ COUNT = "Broker-Count"
 #: in a directory named after it).
 _MAX_ENCODED = 120
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+#: Seconds a front end waits for a run's acknowledgement before it sends the
+#: run again (to the new leader, after an election; a resend is never stored
+#: twice): a stream leader that hangs costs about this much on top of the
+#: election.
+STORE_TIMEOUT = 2.0
+#: Seconds between the front end's PINGs to its NATS server: a server that
+#: hangs is left for another after two unanswered ones.
+PING_INTERVAL = 5.0
 #: Bytes of a message kept for a record's header and the message's headers.
 RUN_HEADROOM = 4096
 #: Seconds a restore's read asks again while JetStream does not answer.
@@ -421,7 +429,9 @@ async def open_jetstream_runs(config: BrokerConfig) -> AsyncIterator[JetStreamRu
     ``cluster_unsafe_sync``); raises :class:`ClusterUnavailable` otherwise."""
     servers = config.cluster_servers
     try:
-        async with open_nats(servers, name="broker front end") as client:
+        async with open_nats(
+            servers, name="broker front end", ping_interval=PING_INTERVAL
+        ) as client:
             answers = await jsz_answers(client)
             problems = check_server(
                 client.server_info, answers or None, unsafe_sync=config.cluster_unsafe_sync
@@ -441,7 +451,9 @@ async def open_jetstream_runs(config: BrokerConfig) -> AsyncIterator[JetStreamRu
                     "cluster mode: %s did not answer: their settings are not checked",
                     ", ".join(missing),
                 )
-            runs = JetStreamRuns(JetStream(client), replicas=config.cluster_replicas)
+            runs = JetStreamRuns(
+                JetStream(client), replicas=config.cluster_replicas, timeout=STORE_TIMEOUT
+            )
             log.info(
                 "cluster mode: JetStream on %d NATS servers (nats-server %s), %d replicas",
                 max(len(answers), 1),

@@ -57,6 +57,18 @@ PAYLOAD = 100
 DEADLINE = 300.0
 
 
+def rss_anon_mib(pid: int) -> float:
+    """``RssAnon`` of process ``pid`` (MiB; 0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def payload(number: int) -> bytes:
     return b"%010d" % number + b"." * (PAYLOAD - 10)
 
@@ -78,6 +90,9 @@ class Outcome:
     #: long publishing stalled (an election, a new front end).
     stalled_s: float = 0.0
     seconds: float = 0.0
+    #: The front end's RssAnon: its most above what it was once the first
+    #: batch was confirmed (MiB; 0 if it could not be read).
+    rss_anon_growth_mib: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -252,6 +267,23 @@ async def run_schedule(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publisher.run)
                 await publisher.wait_confirmed(BATCH)  # (the stream exists)
+                assert front.process is not None
+                baseline = {"pid": front.process.pid, "rss": rss_anon_mib(front.process.pid)}
+
+                watching = trio.CancelScope()
+
+                async def watch_memory() -> None:
+                    with watching:
+                        while True:
+                            process = front.process
+                            if process is not None and process.pid == baseline["pid"]:
+                                grown = rss_anon_mib(process.pid) - baseline["rss"]
+                                outcome.rss_anon_growth_mib = max(
+                                    outcome.rss_anon_growth_mib, grown
+                                )
+                            await trio.sleep(0.2)
+
+                nursery.start_soon(watch_memory)
                 await trio.sleep(rng.uniform(1.0, 4.0))
                 fault_at = trio.current_time()
                 await inject(fault, servers, front, rng)
@@ -259,6 +291,7 @@ async def run_schedule(
                 await trio.sleep(rng.uniform(1.0, 3.0))
                 await publisher.wait_confirmed(min_records)
                 publisher.stop.set()
+                watching.cancel()
             times = publisher.confirm_times
             before = [t for t in times if t <= fault_at][-1:]
             after = [t for t in times if t > fault_at]

@@ -22,3 +22,5 @@ async def test_a_fault_schedule_loses_nothing_confirmed(fault: str, tmp_path: Pa
     print(outcome)
     assert outcome.confirmed > 0 and outcome.read >= outcome.confirmed
     assert (outcome.lost, outcome.duplicated, outcome.out_of_order) == (0, 0, 0)
+    # Bounded memory: an election holds runs back, not records in memory.
+    assert outcome.rss_anon_growth_mib < 64

@@ -13,6 +13,7 @@ import trio
 from broker.nats import JetStream, JetStreamUnavailable, StreamConfig, open_nats
 from broker.nats._servers import open_nats_servers_async
 
+from ..server.helpers import wait_until
 from .raw import require_nats_server
 
 pytestmark = pytest.mark.slow  # (an election after the kill: 4-9 s by NATS's constants)
@@ -27,7 +28,9 @@ async def test_publishes_resent_through_a_leader_kill_are_stored_once(tmp_path: 
         open_nats_servers_async(tmp_path, 3) as servers,
         open_nats(servers[0].url, reconnect_wait_most=0.2) as client,
     ):
-        assert set(servers.urls) <= set(client.servers)  # (learned from INFO)
+        # Learned from INFO: the first one at connect, the rest in the INFO a
+        # server sends when its routes come up (which may be after we connect).
+        await wait_until(lambda: set(servers.urls) <= set(client.servers), what="the INFOs")
         js = JetStream(client, timeout=2.0)
         await js.add_stream(StreamConfig("R", ["r.>"], num_replicas=3, allow_direct=True))
         leader = await trio.to_thread.run_sync(servers.wait_for_leader_of, "R")

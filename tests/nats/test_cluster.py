@@ -12,6 +12,7 @@ import trio
 
 from broker.nats import JetStream, JetStreamUnavailable, StreamConfig, open_nats
 from broker.nats._servers import open_nats_servers_async
+from broker.server.storage._jetstream import JetStreamRuns, stream_name
 
 from ..server.helpers import wait_until
 from .raw import require_nats_server
@@ -52,3 +53,23 @@ async def test_publishes_resent_through_a_leader_kill_are_stored_once(tmp_path: 
         assert (info.state.messages, info.state.last_seq) == (60, 60)
         got = [await js.get_msg("R", seq, direct=True) for seq in range(1, 61)]
         assert [m.payload for m in got if m is not None] == [b"%d" % i for i in range(60)]
+
+
+async def test_a_topic_stream_s_new_leader_is_heard(tmp_path: Path) -> None:
+    require_nats_server()
+    elected: list[str] = []
+    async with (
+        open_nats_servers_async(tmp_path, 3) as servers,
+        open_nats(servers[0].url) as client,
+    ):
+        runs = JetStreamRuns(JetStream(client, timeout=5.0), replicas=3)
+        await runs.open_stream("orders.eu")
+        await trio.to_thread.run_sync(servers.wait_for_leader_of, stream_name("orders.eu"))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runs.watch_leaders, elected.append)
+            await client.flush()  # (the advisories' subscription is in place)
+            # The leader steps down (as when it is killed): another is elected.
+            await client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream_name('orders.eu')}", b"")
+            await wait_until(lambda: bool(elected), what="the advisory")
+            nursery.cancel_scope.cancel()
+    assert set(elected) == {"orders.eu"}

@@ -5,6 +5,7 @@ another last sequence is refused, and failures can be scheduled."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -21,8 +22,13 @@ class Answered:
     seq: int
     error: LogError | None
 
+    #: Never answered (a leader that died with the run): waits until cancelled.
+    lost: bool = False
+
     async def wait(self) -> int:
         await trio.lowlevel.checkpoint()
+        if self.lost:
+            await trio.sleep_forever()
         if self.error is not None:
             raise self.error
         return self.seq
@@ -39,7 +45,8 @@ class MemoryStream:
     ids: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
     #: Failures to raise on the next publishes: "before" (nothing stored)
-    #: or "after" (stored, the answer lost), oldest first.
+    #: or "after" (stored, the answer lost), oldest first; "unanswered":
+    #: nothing stored and no answer ever (see :meth:`start_publish`).
     failures: list[str] = field(default_factory=list)
     publishes: int = 0
 
@@ -48,7 +55,12 @@ class MemoryStream:
         return self.publish_now(run)
 
     async def start_publish(self, run: OutgoingRun) -> Answered:
-        """The run is taken (or refused) at once; its answer comes when awaited."""
+        """The run is taken (or refused) at once; its answer comes when awaited
+        (an "unanswered" failure: never)."""
+        if self.failures and self.failures[0] == "unanswered":
+            self.failures.pop(0)
+            self.publishes += 1
+            return Answered(0, None, lost=True)
         try:
             return Answered(self.publish_now(run), None)
         except LogError as error:
@@ -97,6 +109,7 @@ class MemoryStreams:
     """The streams of every topic, kept across the front ends that open them."""
 
     streams: dict[str, MemoryStream] = field(default_factory=dict)
+    _elected: Callable[[str], None] | None = field(default=None, repr=False)
 
     async def open_stream(self, topic: str) -> MemoryStream:
         await trio.lowlevel.checkpoint()
@@ -105,6 +118,16 @@ class MemoryStreams:
     async def topics(self) -> list[str]:
         await trio.lowlevel.checkpoint()
         return sorted(self.streams)
+
+    async def watch_leaders(self, elected: Callable[[str], None]) -> None:
+        """Tell ``elected`` of each topic named to :meth:`elect` (a test's election)."""
+        self._elected = elected
+        await trio.sleep_forever()
+
+    def elect(self, topic: str) -> None:
+        """``topic``'s stream has a new leader (the replicator hears of it)."""
+        assert self._elected is not None, "no replicator watches the leaders"
+        self._elected(topic)
 
     async def delete_stream(self, topic: str) -> bool:
         await trio.lowlevel.checkpoint()

@@ -78,6 +78,25 @@ async def test_nothing_is_confirmed_while_the_stream_fails(tmp_path: Path) -> No
     assert [(m.first_offset, m.count) for m in stream.messages] == [(1, 1), (2, 1)]
 
 
+async def test_a_new_leader_has_the_unanswered_runs_sent_again_at_once(tmp_path: Path) -> None:
+    # A run the old leader took with it is never answered (no timeout in
+    # this engine): only the news of the new leader gets it sent again.
+    streams = MemoryStreams()
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            await _publish(url(broker), "t", [b"first"])
+            stream = streams.streams["t"]
+            stream.failures = ["unanswered"]
+            async with open_client(url(broker), name="pub") as client:
+                await client.publish("t", b"second")
+                await wait_until(lambda: stream.failures == [], what="the run sent")
+                streams.elect("t")
+                await client.flush()  # (returns once stored)
+            got = await _read(url(broker), "t", 2)
+    assert got == [(1, b"first"), (2, b"second")]
+    assert [(m.first_offset, m.count) for m in stream.messages] == [(1, 1), (2, 1)]
+
+
 async def test_a_deleted_topic_loses_its_stream(tmp_path: Path) -> None:
     streams = MemoryStreams()
     with trio.fail_after(DEADLINE):

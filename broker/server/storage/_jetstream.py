@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -49,6 +49,7 @@ from broker.nats import (
     NatsError,
     OrderedReader,
     PendingAck,
+    SlowConsumer,
     StreamConfig,
     open_nats,
 )
@@ -80,6 +81,8 @@ STREAM_PREFIX = "T-"
 SUBJECT_PREFIX = "broker.topic."
 #: The stream metadata key that names the topic.
 TOPIC_KEY = "topic"
+#: Where JetStream tells of a stream's new leader (the stream's name follows).
+LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."
 MSG_ID = "Nats-Msg-Id"
 FIRST_OFFSET = "Broker-First-Offset"
 #: Whose publishes a run's records are: ``SESSION:HANDLE:INDEX:COUNT``
@@ -335,6 +338,8 @@ class JetStreamRuns:
         self.js = js
         self.replicas = replicas
         self.timeout = timeout
+        #: The topics of the streams opened, by stream name (for advisories).
+        self._topics: dict[str, str] = {}
 
     @property
     def max_record(self) -> int:
@@ -361,6 +366,7 @@ class JetStreamRuns:
             raise LogError(f"the stream of topic {topic[:64]!r} cannot be made: {error}") from None
         except NatsError as error:
             raise _unavailable(f"making the stream of topic {topic[:64]!r}", error) from None
+        self._topics[stream_name(topic)] = topic
         return JetStreamRun(self.js, topic, self.timeout)
 
     async def topics(self) -> list[str]:
@@ -377,6 +383,22 @@ class JetStreamRuns:
             else:
                 log.warning("stream %s is not a broker topic's: left alone", config.name[:80])
         return sorted(found)
+
+    async def watch_leaders(self, elected: Callable[[str], None]) -> None:
+        """Hear JetStream's advisories of new stream leaders (the
+        subscription is kept across reconnections) and call ``elected`` for
+        each topic stream's."""
+        with self.js.client.subscribe(LEADER_ELECTED + "*", max_pending_msgs=1024) as advisories:
+            while True:
+                try:
+                    advisory = await advisories.receive()
+                except SlowConsumer:  # (some not heard: their runs wait out a timeout)
+                    continue
+                except (trio.EndOfChannel, NatsError):  # (the client closed: shutting down)
+                    return
+                topic = self._topics.get(advisory.subject[len(LEADER_ELECTED) :])
+                if topic is not None:
+                    elected(topic)
 
     async def delete_stream(self, topic: str) -> bool:
         try:

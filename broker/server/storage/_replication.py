@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -135,6 +136,12 @@ class RunStreams(Protocol):
         """Delete ``topic``'s stream; whether it had one. Raises :class:`StreamUnavailable`."""
         ...
 
+    async def watch_leaders(self, elected: Callable[[str], None]) -> None:
+        """Call ``elected(topic)`` (synchronously) each time a topic's stream
+        has a new leader, until cancelled (an engine without elections never
+        calls it)."""
+        ...
+
 
 async def restore_log(
     stream: RunStream, open_cache: Callable[[int], TopicLog], writer: str
@@ -210,6 +217,22 @@ class Replicator:
         #: Seconds from each publish of a run to its stream's acknowledgement
         #: (publishes that were answered; one not answered is resent).
         self.store_times = Histogram(STORE_BOUNDS)
+        #: Per topic: the scope of its sender's wait for an answer or a
+        #: backoff, cancelled when its stream has a new leader.
+        self._waits: dict[str, trio.CancelScope] = {}
+        #: Elections of a stream leader heard, and the waits they cut short.
+        self.elections = 0
+        self.elections_resent = 0
+
+    def leader_elected(self, topic: str) -> None:
+        """``topic``'s stream has a new leader: runs in flight that its
+        old leader took and did not answer are sent again now (to the new
+        one; a resend is never stored twice), not after the answer's
+        timeout and a backoff."""
+        self.elections += 1
+        scope = self._waits.get(topic)
+        if scope is not None:
+            scope.cancel()
 
     def ask(
         self, topic: str, replicated: ReplicatedLog, on_stored: Callable[[], None] | None = None
@@ -246,8 +269,10 @@ class Replicator:
         return stream
 
     async def run(self) -> None:
-        """Send, until cancelled: a task per topic with something to send."""
+        """Send, until cancelled: a task per topic with something to send
+        (and one that hears of the streams' elections)."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.streams.watch_leaders, self.leader_elected)
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
@@ -312,7 +337,13 @@ class Replicator:
                     if not in_flight:
                         break
                     run, pending, sent = in_flight[0]
-                    seq = await pending.wait()
+                    with self._interruptible(topic) as wait:
+                        seq = await pending.wait()
+                    if wait.cancelled_caught:  # (a new leader: the runs in flight again)
+                        self.elections_resent += 1
+                        _cancel(in_flight)
+                        backoff.reset()
+                        continue
                     self.store_times.observe(_now() - sent)
                     if self._stopped(topic, replicated):
                         return
@@ -337,13 +368,26 @@ class Replicator:
                         error,
                         delay,
                     )
-                    await trio.sleep(delay)
+                    with self._interruptible(topic):
+                        await trio.sleep(delay)
         finally:
             _cancel(in_flight)
         if not self._stopped(topic, replicated):
             purge = replicated.take_purge()
             if purge:
                 await self._purge(topic, replicated, purge)
+
+    @contextmanager
+    def _interruptible(self, topic: str) -> Iterator[trio.CancelScope]:
+        """A scope for ``topic``'s sender to wait in that an election of its
+        stream's leader cancels (see :meth:`leader_elected`)."""
+        with trio.CancelScope() as scope:
+            self._waits[topic] = scope
+            try:
+                yield scope
+            finally:
+                if self._waits.get(topic) is scope:
+                    del self._waits[topic]
 
     def _stopped(self, topic: str, replicated: ReplicatedLog) -> bool:
         """Whether sending ``replicated``'s runs is over: it was closed, or its

@@ -406,8 +406,19 @@ def parse_stored_msg(msg: Msg) -> StoredMsg | None:
     )
 
 
-def get_request(*, seq: int | None = None, last_by_subject: str | None = None) -> bytes:
-    """The body of a message get: by sequence, or the last of a subject."""
+def get_request(
+    *,
+    seq: int | None = None,
+    last_by_subject: str | None = None,
+    next_by_subject: str | None = None,
+) -> bytes:
+    """The body of a message get: by sequence, the last of a subject, or
+    (``seq`` and ``next_by_subject``) the first of a subject at or after a
+    sequence."""
+    if next_by_subject is not None:
+        if seq is None or last_by_subject is not None:
+            raise ValueError("a get of the next message of a subject names seq, not last")
+        return _dumps({"seq": seq, "next_by_subj": next_by_subject})
     if (seq is None) == (last_by_subject is None):
         raise ValueError("a get names exactly one of seq and last_by_subject")
     return _dumps({"seq": seq} if seq is not None else {"last_by_subj": last_by_subject})

@@ -277,6 +277,13 @@ class JetStream:
         """The last message of ``subject`` (wildcards allowed); None if none."""
         return await self._get(stream, get_request(last_by_subject=subject), direct)
 
+    async def get_next_msg(
+        self, stream: str, seq: int, subject: str, *, direct: bool = False
+    ) -> StoredMsg | None:
+        """The first message of ``subject`` (wildcards allowed) at or after
+        ``seq``; None if there is none."""
+        return await self._get(stream, get_request(seq=seq, next_by_subject=subject), direct)
+
     async def _get(self, stream: str, body: bytes, direct: bool) -> StoredMsg | None:
         suffix = f"DIRECT.GET.{stream}" if direct else f"STREAM.MSG.GET.{stream}"
         return parse_stored_msg(await self._api(suffix, body))

@@ -11,7 +11,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -21,6 +21,7 @@ from broker.auth import (
     AuthTable,
     load_auth_file,
 )
+from broker.backoff import Backoff
 from broker.config import LOOPBACK, BrokerConfig, ConfigError
 from broker.protocol import Cluster, GoodbyeCode
 from broker.protocol import Goodbye as GoodbyeMessage
@@ -53,12 +54,14 @@ from .cluster._placement import WorkerSetup
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
+from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
+from .sessions._kv_bucket import open_record_bucket
 from .sessions._records import SessionRecords
 from .sessions._restore import restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
-from .storage._jetstream import open_jetstream_runs
+from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
 from .storage._replication import RunStreams
 from .storage._topic_logs import Replication, TopicLogs
 from .topics._groups import Groups
@@ -66,6 +69,7 @@ from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
 from .transport._wake import Outbox
 
+T = TypeVar("T")
 log = logging.getLogger("broker.server")
 
 #: The most time spent refusing a connection (its TLS handshake included).
@@ -332,6 +336,17 @@ class Broker:
         """The membership a Welcome carries to clients that ask (None: one process)."""
         return None if self.worker is None else self.worker.cluster
 
+    def session_taken(self, session_id: bytes) -> None:
+        """Another front end took session ``session_id`` over (cluster mode):
+        its connection here lets go of it and closes, and it is forgotten
+        here (its records are the other front end's now)."""
+        session = self.sessions.sessions.get(session_id)
+        if session is None:
+            return
+        if session.connection is not None:
+            session.connection.hand_over()
+        self.sessions.end(session)
+
     def home_address(self, session: bytes) -> str | None:
         """Where a resume of ``session`` belongs, if another worker holds it."""
         return None if self.worker is None else home_address(session, self.worker.cluster)
@@ -539,6 +554,7 @@ async def serve_broker(
     worker: WorkerSetup | None = None,
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     streams: RunStreams | None = None,
+    records: RecordBucket | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -563,13 +579,51 @@ async def serve_broker(
                 config = dataclasses.replace(
                     config, max_message=max(runs.max_record, config.max_frame)
                 )
+            bucket = await _patiently_open(runs, config.cluster_replicas)
             await _serve_broker(
-                config, worker=worker, listeners=listeners, streams=runs, task_status=task_status
+                config,
+                worker=worker,
+                listeners=listeners,
+                streams=runs,
+                records=bucket,
+                task_status=task_status,
             )
         return
     await _serve_broker(
-        config, worker=worker, listeners=listeners, streams=streams, task_status=task_status
+        config,
+        worker=worker,
+        listeners=listeners,
+        streams=streams,
+        records=records,
+        task_status=task_status,
     )
+
+
+#: Seconds the start-up asks the sessions' bucket again while JetStream does not answer.
+RECORDS_PATIENCE = 60.0
+
+
+async def _patiently_open(runs: JetStreamRuns, replicas: int) -> RecordBucket:
+    """The sessions' bucket, asked again with a backoff while JetStream
+    does not answer (up to :data:`RECORDS_PATIENCE` seconds)."""
+    return await _patiently(
+        "making the sessions' bucket", lambda: open_record_bucket(runs.js, replicas)
+    )
+
+
+async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, asked again with a backoff while the bucket does
+    not answer, for up to :data:`RECORDS_PATIENCE` seconds."""
+    backoff = Backoff(0.05, 2.0)
+    deadline = trio.current_time() + RECORDS_PATIENCE
+    while True:
+        try:
+            return await call()
+        except RecordsUnavailable as error:
+            if trio.current_time() >= deadline:
+                raise ClusterUnavailable(f"cluster mode: {what}: {error}") from None
+            log.warning("cluster mode: %s: %s (asked again)", what, error)
+            await trio.sleep(backoff.next())
 
 
 async def _serve_broker(
@@ -578,6 +632,7 @@ async def _serve_broker(
     worker: WorkerSetup | None,
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None,
     streams: RunStreams | None,
+    records: RecordBucket | None = None,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -654,11 +709,11 @@ async def _serve_broker(
             )
         if logs is not None and logs.replication is not None:
             # (Bound first: a port taken fails at once, not after the restore.)
-            records = await logs.restore()
+            restored = await logs.restore()
             log.info(
                 "cluster mode: %d topics restored from their streams (%d records)",
                 len(logs.replication.logs),
-                records,
+                restored,
             )
     except BaseException:
         if logs is not None:
@@ -693,6 +748,15 @@ async def _serve_broker(
                 if config.loop_counters:
                     broker.loop = LoopCounters()
                     trio.lowlevel.add_instrument(broker.loop)
+                if records is not None and broker.session_records is not None:
+                    copies = ClusterRecords(records, broker.session_taken)
+                    broker.session_records.copies = copies
+                    assert logs is not None
+                    loaded = await _patiently(
+                        "reading the sessions' bucket", partial(copies.load, logs.journal)
+                    )
+                    log.info("cluster mode: %d sessions read from the cluster", loaded)
+                    nursery.start_soon(copies.run)
                 if logs is not None and broker.session_records is not None:
                     restore_sessions(
                         broker.services, broker.seen, broker.session_records, logs.marks

@@ -39,6 +39,7 @@ from broker.protocol import (
 from broker.protocol.connection import DELIVER_SLACK
 from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, ServerConnection, serve_broker
+from broker.server.sessions._cluster_records import RecordBucket
 from broker.server.storage._replication import RunStreams
 
 from .memory import MemoryListener
@@ -96,13 +97,15 @@ async def running_broker(
     *,
     in_memory: bool = False,
     streams: RunStreams | None = None,
+    records: RecordBucket | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Broker]:
     """Serve a broker for the block; shut it down gracefully afterwards and
     fail unless :func:`serve_broker` returns by itself. ``in_memory``: it
     serves a :class:`MemoryListener` instead of a TCP port (connect with
     :func:`connect_client`, :class:`RawClient`). ``streams``: in cluster
-    mode over them (see ``run_streams``)."""
+    mode over them (see ``run_streams``), and ``records``: the sessions'
+    records kept in that bucket too."""
     if config is None:
         config = make_config(**overrides)
     returned = trio.Event()
@@ -110,7 +113,9 @@ async def running_broker(
 
     async def serve(*, task_status: trio.TaskStatus[Broker]) -> None:
         listeners = None if listener is None else [listener]
-        await serve_broker(config, listeners=listeners, streams=streams, task_status=task_status)
+        await serve_broker(
+            config, listeners=listeners, streams=streams, records=records, task_status=task_status
+        )
         returned.set()
 
     async with trio.open_nursery() as nursery:

@@ -1,7 +1,8 @@
 """An in-memory stream engine with JetStream's write rules, for tests of
 replication without a NATS server: a message id seen before is answered
 as a duplicate (with the first copy's sequence), a message that expects
-another last sequence is refused, and failures can be scheduled."""
+another last sequence is refused, and failures can be scheduled; and a
+record bucket with JetStream KV's compare-and-set."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import trio
 
 from broker.log import LogError
+from broker.server.sessions._cluster_records import RecordConflict, RecordsUnavailable
 from broker.server.storage._replicated import OutgoingRun
 from broker.server.storage._replication import StoredRun, StreamFenced, StreamUnavailable
 
@@ -132,3 +134,45 @@ class MemoryStreams:
     async def delete_stream(self, topic: str) -> bool:
         await trio.lowlevel.checkpoint()
         return self.streams.pop(topic, None) is not None
+
+
+@dataclass
+class MemoryBucket:
+    """A record bucket with JetStream KV's write rules (a
+    ``sessions._cluster_records.RecordBucket``): every write is a
+    compare-and-set on the key's last revision; failures can be scheduled
+    ("unavailable": nothing written)."""
+
+    values: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    #: Each key's last revision, deletions included.
+    last: dict[str, int] = field(default_factory=dict)
+    revision: int = 0
+    failures: list[str] = field(default_factory=list)
+    writes: int = 0
+
+    async def write(self, key: str, value: bytes | None, last_revision: int) -> int:
+        await trio.lowlevel.checkpoint()
+        if self.failures:
+            self.failures.pop(0)
+            raise RecordsUnavailable("no answer (scheduled)")
+        last = self.last.get(key, 0)
+        if last_revision != last and not (last_revision == 0 and key not in self.values):
+            raise RecordConflict(f"{key}: wrong last revision {last_revision} (last {last})")
+        self.writes += 1
+        self.revision += 1
+        self.last[key] = self.revision
+        if value is None:
+            self.values.pop(key, None)
+        else:
+            self.values[key] = (value, self.revision)
+        return self.revision
+
+    async def entries(self) -> dict[str, tuple[bytes, int]]:
+        await trio.lowlevel.checkpoint()
+        return dict(self.values)
+
+    def write_now(self, key: str, value: bytes) -> None:
+        """Another front end's write (a takeover)."""
+        self.revision += 1
+        self.last[key] = self.revision
+        self.values[key] = (value, self.revision)

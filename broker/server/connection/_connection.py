@@ -28,6 +28,7 @@ from broker.pump import Pump
 from .._peer_logging import ConnectionLog
 from .._principal_usage import ConnectionLedger, PrincipalUsage
 from .._services import BrokerServices
+from ..sessions._records import RecordCopies
 from ..sessions._session import Session
 from ..topics._topic import Subscription
 from ..transport._socket_io import socket_io
@@ -89,6 +90,9 @@ class ServerConnection:
         resources = self._resources = services.resources
         self._life = services.life
         self._storage = services.storage
+        #: Cluster mode: the session (hex id) whose record the output waits
+        #: for to be kept in the cluster ("": none; ``sessions._cluster_records``).
+        self._record_waited = ""
         #: Called once the connection closed and is cleaned up (the broker forgets it).
         self._forget = forget
         self.stream = stream
@@ -310,12 +314,30 @@ class ServerConnection:
 
     def _persist(self) -> None:
         """Write the session's record and the broker's state journal (a broker
-        with a data directory) before anything relying on them is sent."""
+        with a data directory) before anything relying on them is sent; in
+        cluster mode note the record's copy the output waits for."""
         storage = self._storage
         records = storage.session_records
         if records is not None:
+            copies = records.copies
+            before = 0 if copies is None else copies.generation
             self.admission.record(records)
             storage.persist_state()
+            if copies is not None and copies.generation != before:
+                session = self.admission.session
+                if session is not None:
+                    self._record_waited = session.id.hex()
+
+    def _record_waits(self) -> bool:
+        """Whether the output waits for the session's record to be kept in
+        the cluster (the writer is woken once it is)."""
+        records = self._storage.session_records
+        copies = None if records is None else records.copies
+        if copies is None or copies.stored(self._record_waited):
+            self._record_waited = ""
+            return False
+        copies.when_stored(self._record_waited, self.wake_writer)
+        return True
 
     def _cleanup(self) -> None:
         self._wake.write_now = None  # (the reference cycles through the pump's hooks:
@@ -355,9 +377,22 @@ class ServerConnection:
         await self._pump.write(self._write_failed, hold=self._held)
 
     def _held(self) -> Awaitable[None] | None:
-        """A refusal held back: the writer waits until it is let go."""
+        """A refusal held back: the writer waits until it is let go; and
+        until the session's record is kept in the cluster (cluster mode)."""
         held = self.admission.held
-        return None if held is None else self._hold(held)
+        if held is not None:
+            return self._hold(held)
+        if self._record_waited:
+            records = self._storage.session_records
+            copies = None if records is None else records.copies
+            if copies is not None and not copies.stored(self._record_waited):
+                return self._record_kept(copies, self._record_waited)
+        return None
+
+    async def _record_kept(self, copies: RecordCopies, session: str) -> None:
+        kept = trio.Event()
+        copies.when_stored(session, kept.set)
+        await kept.wait()
 
     async def _hold(self, held: trio.CancelScope) -> None:
         with held:
@@ -379,6 +414,8 @@ class ServerConnection:
         protocol = self.protocol
         publishing = self.publishing
         self._persist()
+        if self._record_waited and self._record_waits():
+            return []  # (the session's record is not in the cluster yet: woken then)
         if publishing.confirm_dirty and not protocol.closed:
             # (A Goodbye read since the routing was noted closes the protocol:
             # nothing more may be said then.)
@@ -408,7 +445,7 @@ class ServerConnection:
         ``_wake``; besides the pump's own conditions: a plain socket, the
         writer idle, nothing unfinished): not while a refusal is held back,
         nor once the connection is closing (the writer does it then)."""
-        return not self.protocol.closed and self.admission.held is None
+        return not self.protocol.closed and self.admission.held is None and not self._record_waited
 
     # ================================================================ reader
 

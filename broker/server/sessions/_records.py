@@ -23,7 +23,7 @@ publishes only the rest again, so none is stored twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,6 +80,29 @@ class SavedSession:
     acked: dict[int, int] = field(default_factory=dict)
 
 
+class RecordCopies(Protocol):
+    """Where cluster mode keeps a copy of the records (``_cluster_records``)."""
+
+    @property
+    def generation(self) -> int:
+        """The last record write's generation."""
+        ...
+
+    def stored(self, session: str) -> bool:
+        """Whether session ``session``'s record (hex id) is kept as last saved."""
+        ...
+
+    def when_stored(self, session: str, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` once it is."""
+        ...
+
+    def save(self, session: str, record: object) -> None: ...
+
+    def acked(self, session: str, handle: int, offset: int) -> None: ...
+
+    def forget(self, session: str) -> None: ...
+
+
 class SessionRecords:
     """Writes sessions' records into a :class:`~broker.log.StateJournal`
     (buffered there: ``Broker.persist_state`` writes them out)."""
@@ -88,6 +111,9 @@ class SessionRecords:
         self.journal = journal
         #: The marks of the sessions' publishes in the logs (deleted with them).
         self.marks = marks
+        #: Cluster mode: the copies in the cluster (what a reply relying on a
+        #: record waits for; None: the journal is all).
+        self.copies: RecordCopies | None = None
         #: Per session id: the count keys written (deleted with the session).
         self._keys: dict[bytes, set[str]] = {}
 
@@ -126,6 +152,8 @@ class SessionRecords:
         }
         sid = session.id.hex()
         self.journal.put(SESSIONS, sid, record)
+        if self.copies is not None:
+            self.copies.save(sid, record)
         keys = self._keys.get(session.id, ())
         for handle in reliable:
             if f"{sid}/s/{handle}" not in keys:  # a new subscription: where it starts
@@ -142,10 +170,14 @@ class SessionRecords:
         key = f"{session.id.hex()}/s/{handle}"
         self._keys.setdefault(session.id, set()).add(key)
         self.journal.put(COUNTS, key, offset)
+        if self.copies is not None:
+            self.copies.acked(session.id.hex(), handle, offset)
 
     def forget(self, session: RecordedSession) -> None:
         """``session`` ended: delete its records."""
         self.journal.delete(SESSIONS, session.id.hex())
+        if self.copies is not None:
+            self.copies.forget(session.id.hex())
         if self.marks is not None:
             self.marks.forget(session.id)
         for key in self._keys.pop(session.id, ()):

@@ -134,7 +134,12 @@ def restore_sessions(
     unattached = Unattached(services.resources.account)
     restored: set[bytes] = set()
     staged = services.commits.staging.held_origins()
-    for saved in load_sessions(records):
+    saved_sessions = load_sessions(records)
+    logs = services.storage.logs
+    if marks is not None and logs is not None and logs.replication is not None:
+        for saved in saved_sessions:  # (before any topic is opened: see ``expect``)
+            marks.expect(saved.id)
+    for saved in saved_sessions:
         if saved.id in table.sessions:
             continue
         session = Session(saved.client_name, saved.principal)

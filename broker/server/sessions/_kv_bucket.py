@@ -1,0 +1,87 @@
+"""The sessions' records in a JetStream KV bucket (a
+:class:`~._cluster_records.RecordBucket` for ``broker serve --cluster``).
+
+The bucket is ``broker-sessions`` (its stream ``KV_broker-sessions``),
+one value per key (history 1), with the topics' replicas. Writes are
+compare-and-set on the key's last revision (JetStream's expected last
+subject sequence); a refusal is a :class:`RecordConflict`. Anything else
+that goes wrong (no answer, no leader, no connection) is a
+:class:`RecordsUnavailable`, tried again by the caller.
+"""
+
+from __future__ import annotations
+
+from broker.nats import (
+    ERR_WRONG_LAST_SEQUENCE,
+    JetStream,
+    JetStreamError,
+    KeyValue,
+    NatsError,
+)
+from broker.nats._jetstream import KV_OPERATION
+
+from ._cluster_records import RecordConflict, RecordsUnavailable
+
+__all__ = ["BUCKET", "JetStreamRecordBucket", "open_record_bucket"]
+
+#: The bucket's name.
+BUCKET = "broker-sessions"
+
+
+async def open_record_bucket(js: JetStream, replicas: int) -> JetStreamRecordBucket:
+    """The bucket, made if it is not there (``replicas`` copies). Raises
+    :class:`RecordsUnavailable` if JetStream does not answer, and
+    :class:`JetStreamError` if it refuses (a bucket of another shape)."""
+    try:
+        kv = await js.create_key_value(BUCKET, history=1, replicas=replicas)
+    except JetStreamError:
+        raise
+    except NatsError as error:
+        raise RecordsUnavailable(f"making KV bucket {BUCKET}: {error}") from None
+    return JetStreamRecordBucket(kv)
+
+
+class JetStreamRecordBucket:
+    """Bucket :data:`BUCKET` (see the module)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def write(self, key: str, value: bytes | None, last_revision: int) -> int:
+        kv = self.kv
+        try:
+            if value is None:
+                return await kv.delete(key, last_revision=last_revision)
+            if last_revision == 0:
+                return await kv.create(key, value)
+            return await kv.update(key, value, last_revision)
+        except JetStreamError as error:
+            if error.err_code == ERR_WRONG_LAST_SEQUENCE:
+                raise RecordConflict(f"{key[:80]}: {error}") from None
+            raise RecordsUnavailable(f"{key[:80]}: {error}") from None
+        except NatsError as error:
+            raise RecordsUnavailable(f"{key[:80]}: {error}") from None
+
+    async def entries(self) -> dict[str, tuple[bytes, int]]:
+        """(Read from the bucket's leader, one message after the other: what
+        the last writer wrote, never a follower's older copy.)"""
+        js = self.kv.js
+        prefix = f"$KV.{self.kv.bucket}."
+        found: dict[str, tuple[bytes, int]] = {}
+        seq = 1
+        try:
+            while True:
+                message = await js.get_next_msg(self.kv.stream, seq, prefix + ">")
+                if message is None:
+                    return found
+                key = message.subject[len(prefix) :]
+                operation = "PUT"
+                if message.headers is not None:
+                    operation = message.headers.get(KV_OPERATION, "PUT")
+                if operation == "PUT":
+                    found[key] = (bytes(message.payload), message.seq)
+                else:
+                    found.pop(key, None)
+                seq = message.seq + 1
+        except NatsError as error:
+            raise RecordsUnavailable(f"reading KV bucket {self.kv.bucket}: {error}") from None

@@ -1,0 +1,179 @@
+"""Sessions' records kept in the cluster (``sessions/_cluster_records.py``),
+over a bucket in memory with JetStream KV's compare-and-set: a record
+write is waited for, positions are coalesced, a bucket that does not
+answer is asked again, a takeover ends the session here, a restart reads
+the bucket; and a front end on a new disk resumes a session another served.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cbor2
+import pytest
+import trio
+import trio.testing
+
+from broker.client import open_client
+from broker.log import StateJournal
+from broker.server import Broker, serve_broker
+from broker.server.sessions._cluster_records import (
+    LAZY_DELAY,
+    ClusterRecords,
+    acked_key,
+    record_key,
+)
+from broker.server.sessions._records import COUNTS, SESSIONS
+
+from .helpers import make_config, url, wait_until
+from .run_streams import MemoryBucket, MemoryStreams
+
+#: Hang guard (seconds).
+DEADLINE = 60
+
+
+async def _running(copies: ClusterRecords, nursery: trio.Nursery) -> None:
+    nursery.start_soon(copies.run)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_record_is_stored_before_its_generation_is_released() -> None:
+    bucket = MemoryBucket(failures=["unavailable", "unavailable"])
+    copies = ClusterRecords(bucket, lambda _s: None)
+    woken: list[int] = []
+    async with trio.open_nursery() as nursery:
+        copies.save("ab", {"client": "c"})
+        copies.save("cd", {"client": "d"})
+        assert not copies.stored("ab")
+        copies.when_stored("ab", lambda: woken.append(1))
+        await _running(copies, nursery)
+        await wait_until(lambda: bool(woken), what="the record stored")
+        assert copies.stored("ab")
+        assert cbor2.loads(bucket.values[record_key("ab")][0]) == {"client": "c"}
+        await wait_until(lambda: copies.stored("cd"), what="the other stored")
+        assert copies.retries == 2  # (asked again until it answered)
+        nursery.cancel_scope.cancel()
+
+
+async def test_positions_are_coalesced_and_do_not_hold_records_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bucket = MemoryBucket()
+    copies = ClusterRecords(bucket, lambda _s: None)
+    async with trio.open_nursery() as nursery:
+        await _running(copies, nursery)
+        for offset in range(1, 101):
+            copies.acked("ab", 1, offset)
+        assert copies.stored("ab")  # (positions are no record writes)
+        await trio.sleep(LAZY_DELAY * 2)
+        assert bucket.writes == 1
+        assert cbor2.loads(bucket.values[acked_key("ab", 1)][0]) == 100
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_session_written_by_another_front_end_is_ended_here() -> None:
+    bucket = MemoryBucket()
+    taken: list[bytes] = []
+    copies = ClusterRecords(bucket, taken.append)
+    async with trio.open_nursery() as nursery:
+        await _running(copies, nursery)
+        copies.save("ab", {"n": 1})
+        await wait_until(lambda: copies.stored("ab"), what="stored")
+        bucket.write_now(record_key("ab"), cbor2.dumps({"n": "theirs"}))  # (a takeover)
+        copies.save("ab", {"n": 2})
+        await wait_until(lambda: bool(taken), what="the takeover noticed")
+        assert taken == [bytes.fromhex("ab")]
+        assert copies.stored("ab")  # (nobody waits for it any more)
+        copies.save("ab", {"n": 3})  # (never written again)
+        copies.forget("ab")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert cbor2.loads(bucket.values[record_key("ab")][0]) == {"n": "theirs"}
+
+
+async def test_a_forgotten_session_is_deleted_from_the_bucket() -> None:
+    bucket = MemoryBucket()
+    copies = ClusterRecords(bucket, lambda _s: None)
+    async with trio.open_nursery() as nursery:
+        await _running(copies, nursery)
+        copies.save("ab", {"n": 1})
+        copies.acked("ab", 3, 7)
+        await wait_until(lambda: len(bucket.values) == 2, what="both written")
+        copies.forget("ab")
+        await wait_until(lambda: not bucket.values, what="both deleted")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restart_reads_the_bucket_into_the_journal(tmp_path: Path) -> None:
+    bucket = MemoryBucket()
+    bucket.write_now(record_key("ab"), cbor2.dumps({"client": "kept"}))
+    bucket.write_now(acked_key("ab", 2), cbor2.dumps(40))
+    bucket.write_now(record_key("cd"), b"\xff")  # (damaged: left out)
+    journal = StateJournal(tmp_path / "state.journal")
+    journal.put(SESSIONS, "ef", {"client": "only in the journal"})
+    journal.put(COUNTS, "ab/s/2", 30)
+    copies = ClusterRecords(bucket, lambda _s: None)
+    assert await copies.load(journal) == 1
+    assert journal.items(SESSIONS) == [("ab", {"client": "kept"})]
+    assert journal.get(COUNTS, "ab/s/2") == 40
+    # The loaded revision is the one the next write expects (no conflict).
+    taken: list[bytes] = []
+    copies.on_taken = taken.append
+    async with trio.open_nursery() as nursery:
+        await _running(copies, nursery)
+        copies.save("ab", {"client": "kept", "more": 1})
+        await wait_until(lambda: copies.stored("ab"), what="stored")
+        nursery.cancel_scope.cancel()
+    assert taken == []
+
+
+@pytest.mark.parametrize("disk", ["same", "new"])
+async def test_a_session_resumes_on_a_front_end_with_another_disk(
+    tmp_path: Path, disk: str
+) -> None:
+    streams, bucket = MemoryStreams(), MemoryBucket()
+    address = ["127.0.0.1", 0]
+
+    async def open_stream() -> trio.abc.Stream:
+        return await trio.open_tcp_stream(str(address[0]), int(address[1]))
+
+    stopped = trio.Event()
+
+    async def serve(data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
+        config = make_config(data_dir=str(data_dir), lease=30.0)
+        try:
+            await serve_broker(config, streams=streams, records=bucket, task_status=task_status)
+        finally:
+            stopped.set()
+
+    lost: list[int] = []
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            broker: Broker = await nursery.start(serve, tmp_path / "a")
+            address[:] = broker.address
+            async with open_client(
+                url(broker),
+                name="resumer",
+                reconnect=30.0,
+                open_stream=open_stream,
+                on_session_lost=lambda: lost.append(1),
+            ) as client:
+                await client.publish("orders", b"one")
+                await client.flush()
+                sessions = list(broker.sessions.sessions)
+                assert len(sessions) == 1
+                await wait_until(
+                    lambda: record_key(sessions[0].hex()) in bucket.values, what="the record"
+                )
+                await broker.shutdown()  # (its sessions' records stay)
+                await stopped.wait()
+                second = tmp_path / ("a" if disk == "same" else "b")
+                other: Broker = await nursery.start(serve, second)
+                address[:] = other.address
+                await client.publish("orders", b"two")
+                await client.flush()
+                assert list(other.sessions.sessions) == sessions  # (resumed, not new)
+                assert other.sessions.resumed_total == 1
+            await other.shutdown()
+    assert lost == []
+    assert [m.count for m in streams.streams["orders"].messages] == [1, 1]

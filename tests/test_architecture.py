@@ -112,8 +112,9 @@ def test_no_module_imports_itself_back() -> None:
 
 
 #: Sans-IO modules outside broker/protocol: the NATS client's protocol,
-#: headers and JetStream codecs (its trio driver is ``_client.py``), and the
-#: checks of a NATS server's answers.
+#: headers and JetStream codecs (its trio driver is ``_client.py``), the
+#: checks of a NATS server's answers, and the cluster front ends' membership
+#: table (its trio driver is ``_members_io.py``).
 SANS_IO_MODULES = (
     "broker.nats._errors",
     "broker.nats._headers",
@@ -121,6 +122,7 @@ SANS_IO_MODULES = (
     "broker.nats._protocol",
     "broker.nats._server_checks",
     "broker.log._runs",
+    "broker.server.cluster._members",
 )
 
 

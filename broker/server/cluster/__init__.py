@@ -7,5 +7,7 @@ connection), ``_link_runner`` (connecting and running links),
 ``_link_table`` (the links by owner), ``_origin_dedup`` (forwarded
 publishes never stored twice), ``_handover`` (a resume passed to its
 session's home), ``_rehome`` (cursors and sessions follow their homes),
-``_connection_counts`` (per-principal connection counts across workers).
+``_connection_counts`` (per-principal connection counts across workers),
+``_members`` (sans-IO: the live cluster front ends, from their heartbeats)
+and ``_members_io`` (its trio driver over core NATS).
 """

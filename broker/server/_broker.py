@@ -46,7 +46,13 @@ from ._services import (
 from ._shutdown import drain, queued_deliveries
 from ._view import ConnectionView
 from .cluster._connection_counts import SharedCounts
-from .cluster._handover import hand_over, home_address, receive_sockets, session_prefix
+from .cluster._handover import (
+    hand_over,
+    hello_session,
+    home_address,
+    receive_sockets,
+    session_prefix,
+)
 from .cluster._link import LinkStatistics
 from .cluster._link_table import Links
 from .cluster._origin_dedup import SeenOrigins
@@ -56,8 +62,8 @@ from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
 from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
 from .sessions._kv_bucket import open_record_bucket
-from .sessions._records import SessionRecords
-from .sessions._restore import restore_sessions
+from .sessions._records import SessionRecords, forget_sessions
+from .sessions._restore import restore_claimed, restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
@@ -153,6 +159,8 @@ class Broker:
         #: Where sessions are recorded to survive a restart (None: memory-only).
         self.session_records = SessionRecords(logs.journal, logs.marks) if logs else None
         self.sessions.records = self.session_records
+        #: Cluster mode: the sessions' records in the cluster (None: elsewhere).
+        self.copies: ClusterRecords | None = None
         #: Consumer groups (None: a memory-only broker keeps none).
         self.groups = Groups(self, logs.journal) if logs else None
         #: Commits being routed, by batch.
@@ -345,7 +353,31 @@ class Broker:
             return
         if session.connection is not None:
             session.connection.hand_over()
-        self.sessions.end(session)
+        self.sessions.end(session, elsewhere=True)
+
+    async def _claim(self, stream: trio.SocketStream) -> None:
+        """Cluster mode: if ``stream``'s Hello resumes a session this front
+        end does not hold, claim it from the cluster and restore it
+        (detached: the Hello then resumes it as usual). Waits at most
+        ``hello_timeout`` for the Hello; a session the cluster does not
+        have, or cannot give now, is left to the Hello's own answer."""
+        copies = self.copies
+        assert copies is not None
+        session: bytes | None = None
+        with trio.move_on_after(self.config.hello_timeout):
+            session = await hello_session(stream.socket)
+        if session is None or session in self.sessions.sessions:
+            return
+        try:
+            with trio.fail_after(self.config.hello_timeout):
+                claimed = await copies.claim(session.hex())
+        except (RecordsUnavailable, trio.TooSlowError) as error:
+            log.warning(
+                "session %s: cannot be read from the cluster now: %s", session[:4].hex(), error
+            )
+            return
+        if claimed is not None and session not in self.sessions.sessions:
+            restore_claimed(self.services, self.seen, session, claimed)
 
     def home_address(self, session: bytes) -> str | None:
         """Where a resume of ``session`` belongs, if another worker holds it."""
@@ -378,6 +410,8 @@ class Broker:
         ):
             self.handed_over_total += 1
             return
+        if self.copies is not None and isinstance(stream, trio.SocketStream):
+            await self._claim(stream)
         # Bounded per address once the broker is half full: then no address
         # can take the slots left from everybody else.
         if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
@@ -749,14 +783,14 @@ async def _serve_broker(
                     broker.loop = LoopCounters()
                     trio.lowlevel.add_instrument(broker.loop)
                 if records is not None and broker.session_records is not None:
-                    copies = ClusterRecords(records, broker.session_taken)
-                    broker.session_records.copies = copies
+                    # Sessions are claimed from the cluster as clients resume
+                    # them (``_claim``): the journal's copies may be stale.
                     assert logs is not None
-                    loaded = await _patiently(
-                        "reading the sessions' bucket", partial(copies.load, logs.journal)
-                    )
-                    log.info("cluster mode: %d sessions read from the cluster", loaded)
-                    nursery.start_soon(copies.run)
+                    forget_sessions(logs.journal)
+                    broker.copies = ClusterRecords(records, broker.session_taken)
+                    broker.session_records.copies = broker.copies
+                    logs.origins_restored = broker.seen.seed
+                    nursery.start_soon(broker.copies.run)
                 if logs is not None and broker.session_records is not None:
                     restore_sessions(
                         broker.services, broker.seen, broker.session_records, logs.marks

@@ -27,11 +27,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 async def bucket(nats_url: str) -> AsyncIterator[JetStreamRecordBucket]:
     async with open_nats(nats_url, name="test") as client:
-        js = JetStream(client)
-        made = await open_record_bucket(js, replicas=1)
-        for key in list(await made.entries()):  # (the module's server is shared)
-            await made.kv.purge(key)
-        yield made
+        yield await open_record_bucket(JetStream(client), replicas=1)
 
 
 async def test_writes_are_compare_and_set(bucket: JetStreamRecordBucket) -> None:
@@ -41,23 +37,24 @@ async def test_writes_are_compare_and_set(bucket: JetStreamRecordBucket) -> None
         await bucket.write("S.ab", b"stale", first)
     with pytest.raises(RecordConflict):
         await bucket.write("S.ab", b"made again", 0)  # (it has a value)
-    assert await bucket.entries() == {"S.ab": (b"two", second)}
+    assert await bucket.session("ab") == {"S.ab": (b"two", second)}
     with pytest.raises(RecordConflict):
         await bucket.write("S.ab", None, first)  # (a stale deletion)
     await bucket.write("S.ab", None, second)
-    assert await bucket.entries() == {}
+    assert await bucket.session("ab") == {}
     again = await bucket.write("S.ab", b"new session", 0)  # (deleted: made again)
-    assert await bucket.entries() == {"S.ab": (b"new session", again)}
+    assert await bucket.session("ab") == {"S.ab": (b"new session", again)}
 
 
-async def test_the_bucket_reads_back_as_each_key_s_last_value(
+async def test_a_session_reads_back_as_its_keys_last_values(
     bucket: JetStreamRecordBucket,
 ) -> None:
-    revisions = {}
-    for n in range(50):
-        key = f"A.cd.{n % 7}"
-        revisions[key] = await bucket.write(key, b"%d" % n, revisions.get(key, 0))
-    await bucket.write("A.cd.3", None, revisions.pop("A.cd.3"))
-    entries = await bucket.entries()
-    assert {key: revision for key, (_, revision) in entries.items()} == revisions
-    assert entries["A.cd.6"][0] == b"48"
+    revisions: dict[str, int] = {}
+    for n in range(30):
+        for key in ("S.cd", "P.cd", "A.cd", "P.other"):
+            revisions[key] = await bucket.write(key, b"%d" % n, revisions.get(key, 0))
+    await bucket.write("A.cd", None, revisions.pop("A.cd"))
+    assert await bucket.session("cd") == {
+        "S.cd": (b"29", revisions["S.cd"]),
+        "P.cd": (b"29", revisions["P.cd"]),
+    }

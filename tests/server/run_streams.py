@@ -167,9 +167,9 @@ class MemoryBucket:
             self.values[key] = (value, self.revision)
         return self.revision
 
-    async def entries(self) -> dict[str, tuple[bytes, int]]:
+    async def session(self, session: str) -> dict[str, tuple[bytes, int]]:
         await trio.lowlevel.checkpoint()
-        return dict(self.values)
+        return {k: v for k, v in self.values.items() if k.split(".", 1)[1] == session}
 
     def write_now(self, key: str, value: bytes) -> None:
         """Another front end's write (a takeover)."""

@@ -15,15 +15,14 @@ import trio
 import trio.testing
 
 from broker.client import open_client
-from broker.log import StateJournal
 from broker.server import Broker, serve_broker
 from broker.server.sessions._cluster_records import (
     LAZY_DELAY,
     ClusterRecords,
     acked_key,
     record_key,
+    routed_key,
 )
-from broker.server.sessions._records import COUNTS, SESSIONS
 
 from .helpers import make_config, url, wait_until
 from .run_streams import MemoryBucket, MemoryStreams
@@ -67,7 +66,7 @@ async def test_positions_are_coalesced_and_do_not_hold_records_back(
         assert copies.stored("ab")  # (positions are no record writes)
         await trio.sleep(LAZY_DELAY * 2)
         assert bucket.writes == 1
-        assert cbor2.loads(bucket.values[acked_key("ab", 1)][0]) == 100
+        assert cbor2.loads(bucket.values[acked_key("ab")][0]) == {1: 100}
         nursery.cancel_scope.cancel()
 
 
@@ -78,7 +77,7 @@ async def test_a_session_written_by_another_front_end_is_ended_here() -> None:
     async with trio.open_nursery() as nursery:
         await _running(copies, nursery)
         copies.save("ab", {"n": 1})
-        await wait_until(lambda: copies.stored("ab"), what="stored")
+        await wait_until(lambda: record_key("ab") in bucket.values, what="stored")
         bucket.write_now(record_key("ab"), cbor2.dumps({"n": "theirs"}))  # (a takeover)
         copies.save("ab", {"n": 2})
         await wait_until(lambda: bool(taken), what="the takeover noticed")
@@ -104,27 +103,33 @@ async def test_a_forgotten_session_is_deleted_from_the_bucket() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_a_restart_reads_the_bucket_into_the_journal(tmp_path: Path) -> None:
+async def test_a_claim_reads_the_session_and_the_old_holder_loses_it() -> None:
     bucket = MemoryBucket()
-    bucket.write_now(record_key("ab"), cbor2.dumps({"client": "kept"}))
-    bucket.write_now(acked_key("ab", 2), cbor2.dumps(40))
-    bucket.write_now(record_key("cd"), b"\xff")  # (damaged: left out)
-    journal = StateJournal(tmp_path / "state.journal")
-    journal.put(SESSIONS, "ef", {"client": "only in the journal"})
-    journal.put(COUNTS, "ab/s/2", 30)
-    copies = ClusterRecords(bucket, lambda _s: None)
-    assert await copies.load(journal) == 1
-    assert journal.items(SESSIONS) == [("ab", {"client": "kept"})]
-    assert journal.get(COUNTS, "ab/s/2") == 40
-    # The loaded revision is the one the next write expects (no conflict).
     taken: list[bytes] = []
-    copies.on_taken = taken.append
+    holder = ClusterRecords(bucket, taken.append)
     async with trio.open_nursery() as nursery:
-        await _running(copies, nursery)
-        copies.save("ab", {"client": "kept", "more": 1})
-        await wait_until(lambda: copies.stored("ab"), what="stored")
+        await _running(holder, nursery)
+        holder.save("ab", {"client": "kept"})
+        holder.routed("ab", 1, 40)
+        holder.acked("ab", 2, 7)
+        assert not holder.stored("ab")  # (the count is a strict write too)
+        await wait_until(lambda: len(bucket.values) == 3, what="all three written")
+        assert holder.stored("ab")
+        claimer = ClusterRecords(bucket, lambda _s: None)
+        claimed = await claimer.claim("ab")
+        assert claimed is not None
+        assert claimed.record == {"client": "kept"}
+        assert (claimed.routed, claimed.acked) == ({1: 40}, {2: 7})
+        assert await claimer.claim("cd") is None  # (no record of it)
+        holder.routed("ab", 1, 41)  # (the old holder writes on: refused)
+        await wait_until(lambda: bool(taken), what="the old holder told")
+        assert taken == [bytes.fromhex("ab")]
+        nursery.start_soon(claimer.run)
+        claimer.routed("ab", 1, 41)  # (the claimer's revisions are the bucket's)
+        await wait_until(lambda: claimer.stored("ab"), what="the claimer's write")
         nursery.cancel_scope.cancel()
-    assert taken == []
+    assert cbor2.loads(bucket.values[routed_key("ab")][0]) == {1: 41}
+    assert claimer.taken == 0
 
 
 @pytest.mark.parametrize("disk", ["same", "new"])

@@ -71,6 +71,27 @@ class SeenOrigins:
         self._high[(topic, session, handle)] = _RESTORED
         self._trim()
 
+    def seed(self, topic: str, held: dict[tuple[bytes, int], int]) -> None:
+        """Cluster mode: ``topic``'s stream, restored, holds the publishes
+        of each (session, handle) of ``held`` up to that index (its runs
+        name them): a resend of those is recognised."""
+        high = self._high
+        for (session, handle), index in held.items():
+            key = (topic, session, handle)
+            known = high.pop(key, 0)
+            high[key] = max(index, known)
+        self._trim()
+
+    def high(self, topic: str, session: bytes, handle: int) -> int:
+        """The highest publish index of (``session``, ``handle``) known taken
+        for ``topic`` (0: none known)."""
+        seen = self._high.get((topic, session, handle), 0)
+        if seen == _RESTORED:
+            held = None if self._restored is None else self._restored(session, handle)
+            seen = 0 if held is None else held.index
+            self._high[(topic, session, handle)] = seen
+        return seen
+
     def __len__(self) -> int:
         return len(self._high)
 

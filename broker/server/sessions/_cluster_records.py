@@ -1,30 +1,31 @@
-"""Session records kept in the cluster (cluster mode): a front end on any
-disk resumes the sessions another one served.
+"""Session records kept in the cluster (cluster mode): any front end
+resumes a session another one served.
 
 In cluster mode each session's record (its handles, reliable
-subscriptions and stages: see ``_records``) is written to a KV bucket of
-the JetStream cluster as well as to the front end's own journal, and
-nothing that relies on it reaches the client before the bucket holds it:
-the connection's output waits until :meth:`ClusterRecords.stored` says
-so (a Bind's answer, for instance, waits for the record that has its
-handle). Each connection waits for its own session's record only.
+subscriptions and stages: see ``_records``) and its publish counts are
+written to a KV bucket of the JetStream cluster as well as to the front
+end's own journal, and nothing that relies on them reaches the client
+before the bucket holds them: the connection's output waits until
+:meth:`ClusterRecords.stored` says so (a Bind's answer waits for the
+record that has its handle; a Confirm for the count that includes its
+publishes, so that a resume anywhere is told at least what its client saw
+confirmed). Each connection waits for its own session's keys only.
 
 The positions a session's client processed (``acked``) follow lazily, at
 most :data:`LAZY_DELAY` seconds behind: a front end killed in between
 delivers those records again (at least once, as a consumer whose position
-is committed after processing sees). What a session published is not kept
-here: every run in a topic's stream names its publishes' origins, and a
-restore raises the session's counts to them (``storage._publish_marks``),
-so a resend is never stored twice.
+is committed after processing sees).
 
-Every write is a compare-and-set on the key's last revision: a front end
-whose write is refused has lost the session to another that loaded it since
-(a front end paused, and replaced meanwhile); it ends the session there
-(``on_taken``) and never writes its keys again.
+A front end that is asked to resume a session it does not hold reads the
+session's keys (:meth:`ClusterRecords.claim`) and writes each again at the
+revision it read: a claim. Every write is a compare-and-set on the key's
+last revision, so the front end that held the session before finds its
+next write refused: it has lost the session, ends it there (``on_taken``)
+and never writes its keys again.
 
-At start-up :meth:`ClusterRecords.load` reads the bucket into the journal,
-in place of the sessions the journal had: the bucket is what clients were
-told.
+Keys (``<id>``: the session id in hex): ``S.<id>`` (the record),
+``P.<id>`` (per topic handle, the publishes routed), ``A.<id>`` (per
+subscription handle, the last offset processed); the last two are maps.
 """
 
 from __future__ import annotations
@@ -39,12 +40,10 @@ import cbor2
 import trio
 
 from broker.backoff import Backoff
-from broker.log import StateJournal
-
-from ._records import COUNTS, SESSIONS
 
 __all__ = [
     "LAZY_DELAY",
+    "ClaimedSession",
     "ClusterRecords",
     "RecordBucket",
     "RecordConflict",
@@ -61,9 +60,11 @@ MAX_IN_FLIGHT = 64
 RETRY_FIRST = 0.05
 RETRY_MOST = 2.0
 
-#: Key prefixes in the bucket: a session's record, a subscription's position.
-_RECORD = "S."
-_ACKED = "A."
+#: Key prefixes in the bucket: a session's record, its publish counts, its
+#: subscriptions' positions.
+_RECORD = "S"
+_ROUTED = "P"
+_ACKED = "A"
 
 
 class RecordConflict(Exception):
@@ -84,8 +85,9 @@ class RecordBucket(Protocol):
         the bucket does not answer."""
         ...
 
-    async def entries(self) -> dict[str, tuple[bytes, int]]:
-        """Every key that has a value: its value and revision. Raises
+    async def session(self, session: str) -> dict[str, tuple[bytes, int]]:
+        """Every key of session ``session`` (hex id) that has a value: its
+        value and revision, as the bucket's leader has them. Raises
         :class:`RecordsUnavailable`."""
         ...
 
@@ -95,24 +97,41 @@ class _Write:
     """The latest value of a key not written yet (None: a deletion)."""
 
     value: bytes | None
-    #: The generation of the last record write folded in (0: only lazy ones).
-    generation: int
+    #: Whether what relies on it waits for it (False: a lazy position).
+    strict: bool
     #: When to send it (trio time; lazy writes wait to be coalesced).
     due: float
 
 
+@dataclass(slots=True)
+class ClaimedSession:
+    """A session's keys as read (and its record claimed) by :meth:`ClusterRecords.claim`."""
+
+    #: The record (see ``_records.SessionRecords.save``).
+    record: object
+    #: Per topic handle: publishes routed.
+    routed: dict[int, int]
+    #: Per subscription handle: the last offset its client processed.
+    acked: dict[int, int]
+
+
 def record_key(session: str) -> str:
     """The bucket key of session ``session``'s record (its id in hex)."""
-    return _RECORD + session
+    return f"{_RECORD}.{session}"
 
 
-def acked_key(session: str, handle: int) -> str:
-    """The bucket key of a subscription's position."""
-    return f"{_ACKED}{session}.{handle}"
+def routed_key(session: str) -> str:
+    """The bucket key of a session's publish counts."""
+    return f"{_ROUTED}.{session}"
+
+
+def acked_key(session: str) -> str:
+    """The bucket key of a session's subscriptions' positions."""
+    return f"{_ACKED}.{session}"
 
 
 def _session_of(key: str) -> str:
-    return key[len(_RECORD) :].split(".", 1)[0]
+    return key.split(".", 1)[1]
 
 
 class ClusterRecords:
@@ -124,116 +143,177 @@ class ClusterRecords:
     def __init__(self, bucket: RecordBucket, on_taken: Callable[[bytes], None]) -> None:
         self.bucket = bucket
         self.on_taken = on_taken
-        #: The last generation handed out (one per record write).
+        #: Strict writes asked so far (a connection notes a change by it).
         self.generation = 0
-        #: Per key: its last revision (written by us, or loaded).
+        #: Per key: its last revision (written by us, or read by a claim).
         self._revisions: dict[str, int] = {}
-        #: Per session (hex id): the keys of it we wrote or loaded.
+        #: Per session (hex id): its keys we wrote or read.
         self._keys: dict[str, set[str]] = {}
         #: Writes waiting to be sent, by key (oldest first).
         self._pending: dict[str, _Write] = {}
         #: Keys with a write in flight (one at a time per key: in order).
         self._in_flight: set[str] = set()
-        #: Per key: the newest record generation not stored yet.
-        self._outstanding: dict[str, int] = {}
+        #: Keys with a strict write not stored yet.
+        self._outstanding: set[str] = set()
+        #: Per session: how many of its keys are outstanding.
+        self._unstored: dict[str, int] = {}
         #: Sessions another front end took: never written again.
         self._taken: set[str] = set()
-        #: Per record key: who waits for it to be stored.
+        #: Per session: its publish counts and positions, by handle (the
+        #: values of its ``P`` and ``A`` keys).
+        self._routed: dict[str, dict[int, int]] = {}
+        self._acked: dict[str, dict[int, int]] = {}
+        #: Per key of a strict write: the value last asked for.
+        self._values: dict[str, bytes] = {}
+        #: Per session: who waits for its keys to be stored.
         self._waiters: dict[str, list[Callable[[], None]]] = {}
         self._wake = trio.Event()
-        #: Counters: writes stored, tries the bucket did not answer, sessions taken.
+        #: Counters: writes stored, tries not answered, sessions taken
+        #: over by another front end, sessions claimed from the bucket.
         self.writes = 0
         self.retries = 0
         self.taken = 0
+        self.claimed = 0
 
     # ------------------------------------------------------------ the journal's side
 
     def save(self, session: str, record: object) -> None:
-        """Session ``session``'s record changed (a new :attr:`generation`):
-        what relies on it waits until :meth:`stored` says so."""
+        """Session ``session``'s record changed (what relies on it waits)."""
+        self._strict(session, record_key(session), cbor2.dumps(record))
+
+    def routed(self, session: str, handle: int, count: int) -> None:
+        """``count`` publishes of topic handle ``handle`` are routed (their
+        Confirms wait until the bucket has it)."""
         if session in self._taken:
             return
-        self.generation += 1
-        key = record_key(session)
-        self._keys.setdefault(session, set()).add(key)
-        self._put(key, cbor2.dumps(record), self.generation, 0.0)
-        self._outstanding[key] = self.generation
+        counts = self._routed.setdefault(session, {})
+        if counts.get(handle) != count:
+            counts[handle] = count
+            self._strict(session, routed_key(session), cbor2.dumps(counts))
 
     def acked(self, session: str, handle: int, offset: int) -> None:
         """A subscription's position moved (written within :data:`LAZY_DELAY`)."""
         if session in self._taken:
             return
-        key = acked_key(session, handle)
+        positions = self._acked.setdefault(session, {})
+        positions[handle] = offset
+        key = acked_key(session)
         self._keys.setdefault(session, set()).add(key)
-        self._put(key, cbor2.dumps(offset), 0, LAZY_DELAY)
+        due = trio.current_time() + LAZY_DELAY
+        self._put(key, _Write(cbor2.dumps(positions), False, due))
 
     def forget(self, session: str) -> None:
         """Session ``session`` ended: its keys are deleted (those we wrote)."""
         self._taken.discard(session)
+        self._routed.pop(session, None)
+        self._acked.pop(session, None)
         for key in self._keys.pop(session, ()):
+            self._values.pop(key, None)
             if key in self._revisions or key in self._in_flight:
-                self._put(key, None, 0, 0.0)
+                self._put(key, _Write(None, False, trio.current_time()))
             else:
                 self._pending.pop(key, None)
-            self._release(key)
+            self._stored(key)
 
-    def _put(self, key: str, value: bytes | None, generation: int, delay: float) -> None:
+    def let_go(self, session: str) -> None:
+        """This front end stops holding ``session`` (its keys stay in the
+        bucket for whoever resumes it): nothing more is written of it."""
+        self._routed.pop(session, None)
+        self._acked.pop(session, None)
+        for key in self._keys.pop(session, ()):
+            self._values.pop(key, None)
+            self._pending.pop(key, None)
+            self._revisions.pop(key, None)
+            self._stored(key)
+
+    def _strict(self, session: str, key: str, value: bytes) -> None:
+        """A write that what relies on it waits for (none if ``key`` has
+        that value already: an unchanged record is asked again and again)."""
+        if session in self._taken or self._values.get(key) == value:
+            return
+        self._values[key] = value
+        self.generation += 1
+        self._keys.setdefault(session, set()).add(key)
+        self._put(key, _Write(value, True, trio.current_time()))
+        if key not in self._outstanding:
+            self._outstanding.add(key)
+            self._unstored[session] = self._unstored.get(session, 0) + 1
+
+    def _put(self, key: str, write: _Write) -> None:
         old = self._pending.pop(key, None)
-        due = trio.current_time() + delay
         if old is not None:
-            generation = max(generation, old.generation)
-            due = min(due, old.due)
-        self._pending[key] = _Write(value, generation, due)
+            write.strict = write.strict or old.strict
+            write.due = min(write.due, old.due)
+        self._pending[key] = write
         self._wake.set()
 
     # ------------------------------------------------------------ waiting
 
     def stored(self, session: str) -> bool:
-        """Whether session ``session``'s record is in the bucket as last
-        saved (or another front end took it: nothing waits for it then)."""
-        return record_key(session) not in self._outstanding
+        """Whether every strict write of session ``session`` (hex id) is in
+        the bucket (or another front end took it: nothing waits then)."""
+        return session not in self._unstored
 
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
         """Call ``wake()`` once :meth:`stored` says so."""
         if self.stored(session):
             wake()
         else:
-            self._waiters.setdefault(record_key(session), []).append(wake)
+            self._waiters.setdefault(session, []).append(wake)
 
-    def _release(self, key: str) -> None:
-        """``key`` is stored (or given up): wake who waits for it."""
-        self._outstanding.pop(key, None)
-        for wake in self._waiters.pop(key, ()):
+    def _stored(self, key: str) -> None:
+        """``key``'s strict writes are stored (or given up): wake who waits
+        for its session, if that was its last."""
+        if key not in self._outstanding:
+            return
+        self._outstanding.discard(key)
+        session = _session_of(key)
+        left = self._unstored[session] - 1
+        if left:
+            self._unstored[session] = left
+            return
+        del self._unstored[session]
+        for wake in self._waiters.pop(session, ()):
             wake()
 
-    # ------------------------------------------------------------ start-up
+    # ------------------------------------------------------------ claiming
 
-    async def load(self, journal: StateJournal) -> int:
-        """Replace the journal's session records with the bucket's (and its
-        subscriptions' positions: the larger of the two); how many sessions.
-        Raises :class:`RecordsUnavailable`."""
-        entries = await self.bucket.entries()
-        for sid, _ in journal.items(SESSIONS):
-            journal.delete(SESSIONS, sid)
-        sessions = 0
-        for key, (value, revision) in entries.items():
-            session = _session_of(key)
+    async def claim(self, session: str) -> ClaimedSession | None:
+        """Read session ``session``'s keys and claim them (each written
+        again at the revision read: the front end that held it loses it);
+        None if the bucket has no record of it, or another front end
+        claimed it at the same moment. Raises :class:`RecordsUnavailable`."""
+        keys = await self.bucket.session(session)
+        if record_key(session) not in keys:
+            return None
+        decoded: dict[str, object] = {}
+        for key, (value, _) in keys.items():
             try:
-                decoded = cbor2.loads(value)
-            except Exception:  # a damaged value: left out, reported
-                log.error("cluster session record %s cannot be read: left out", key[:80])
-                continue
-            self._revisions[key] = revision
-            self._keys.setdefault(session, set()).add(key)
-            if key.startswith(_RECORD):
-                journal.put(SESSIONS, session, decoded)
-                sessions += 1
-            elif key.startswith(_ACKED) and type(decoded) is int:
-                handle = key.rsplit(".", 1)[1]
-                count_key = f"{session}/s/{handle}"
-                known = journal.get(COUNTS, count_key)
-                journal.put(COUNTS, count_key, max(decoded, known if type(known) is int else 0))
-        return sessions
+                decoded[key] = cbor2.loads(value)
+            except Exception:  # a damaged value: not resumed, reported
+                log.error("cluster session key %s cannot be read", key[:40])
+                return None
+        revisions: dict[str, int] = {}
+        try:
+            for key, (value, revision) in keys.items():
+                revisions[key] = await self.bucket.write(key, value, revision)
+        except RecordConflict:
+            return None
+        claimed = ClaimedSession(
+            decoded[record_key(session)],
+            _handles(decoded.get(routed_key(session))),
+            _handles(decoded.get(acked_key(session))),
+        )
+        self._revisions.update(revisions)
+        self._keys.setdefault(session, set()).update(revisions)
+        for key in (record_key(session), routed_key(session)):
+            if key in keys:
+                self._values[key] = keys[key][0]
+        self._routed[session] = dict(claimed.routed)
+        self._acked[session] = dict(claimed.acked)
+        self._taken.discard(session)
+        self.claimed += 1
+        return claimed
 
     # ------------------------------------------------------------ writing
 
@@ -283,7 +363,7 @@ class ClusterRecords:
                     await trio.sleep(delay)
                     newer = self._pending.get(key)
                     if newer is not None:  # (folded into the newer one: sent next)
-                        newer.generation = max(newer.generation, write.generation)
+                        newer.strict = newer.strict or write.strict
                         newer.due = trio.current_time()
                         return
                     continue
@@ -292,8 +372,8 @@ class ClusterRecords:
                     self._revisions.pop(key, None)
                 else:
                     self._revisions[key] = revision
-                if self._outstanding.get(key) == write.generation and key not in self._pending:
-                    self._release(key)
+                if key not in self._pending:
+                    self._stored(key)
                 return
         finally:
             self._in_flight.discard(key)
@@ -303,10 +383,7 @@ class ClusterRecords:
         """Another front end wrote ``session``'s keys: it has the session."""
         self.taken += 1
         self._taken.add(session)
-        for key in self._keys.pop(session, ()):
-            self._pending.pop(key, None)
-            self._revisions.pop(key, None)
-            self._release(key)
+        self.let_go(session)
         log.warning(
             "session %s was taken over by another front end: its connection here ends",
             session[:16],
@@ -314,10 +391,19 @@ class ClusterRecords:
         self.on_taken(bytes.fromhex(session))
 
     def statistics(self) -> dict[str, int]:
-        """Writes stored, tries not answered, sessions taken over, writes waiting."""
+        """Writes stored, tries not answered, sessions taken over and
+        claimed, writes waiting."""
         return {
             "writes": self.writes,
             "retries": self.retries,
             "taken": self.taken,
+            "claimed": self.claimed,
             "pending": len(self._pending) + len(self._in_flight),
         }
+
+
+def _handles(value: object) -> dict[int, int]:
+    """A ``P`` or ``A`` key's map (malformed entries left out)."""
+    if not isinstance(value, dict):
+        return {}
+    return {h: n for h, n in value.items() if type(h) is int and type(n) is int}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from broker.nats import (
     ERR_WRONG_LAST_SEQUENCE,
+    Headers,
     JetStream,
     JetStreamError,
     KeyValue,
@@ -62,26 +63,22 @@ class JetStreamRecordBucket:
         except NatsError as error:
             raise RecordsUnavailable(f"{key[:80]}: {error}") from None
 
-    async def entries(self) -> dict[str, tuple[bytes, int]]:
-        """(Read from the bucket's leader, one message after the other: what
-        the last writer wrote, never a follower's older copy.)"""
+    async def session(self, session: str) -> dict[str, tuple[bytes, int]]:
+        """(Read from the bucket's leader, never a follower's older copy.)"""
         js = self.kv.js
         prefix = f"$KV.{self.kv.bucket}."
         found: dict[str, tuple[bytes, int]] = {}
-        seq = 1
         try:
-            while True:
-                message = await js.get_next_msg(self.kv.stream, seq, prefix + ">")
-                if message is None:
-                    return found
-                key = message.subject[len(prefix) :]
-                operation = "PUT"
-                if message.headers is not None:
-                    operation = message.headers.get(KV_OPERATION, "PUT")
-                if operation == "PUT":
-                    found[key] = (bytes(message.payload), message.seq)
-                else:
-                    found.pop(key, None)
-                seq = message.seq + 1
+            for kind in "SPA":
+                key = f"{kind}.{session}"
+                stored = await js.get_last_msg(self.kv.stream, prefix + key)
+                if stored is not None and _is_value(stored.headers):
+                    found[key] = (bytes(stored.payload), stored.seq)
         except NatsError as error:
             raise RecordsUnavailable(f"reading KV bucket {self.kv.bucket}: {error}") from None
+        return found
+
+
+def _is_value(headers: Headers | None) -> bool:
+    """Whether a bucket message is a value (not a deletion's or purge's marker)."""
+    return headers is None or headers.get(KV_OPERATION, "PUT") == "PUT"

@@ -98,9 +98,13 @@ class RecordCopies(Protocol):
 
     def save(self, session: str, record: object) -> None: ...
 
+    def routed(self, session: str, handle: int, count: int) -> None: ...
+
     def acked(self, session: str, handle: int, offset: int) -> None: ...
 
     def forget(self, session: str) -> None: ...
+
+    def let_go(self, session: str) -> None: ...
 
 
 class SessionRecords:
@@ -164,6 +168,8 @@ class SessionRecords:
         key = f"{session.id.hex()}/p/{handle}"
         self._keys.setdefault(session.id, set()).add(key)
         self.journal.put(COUNTS, key, count)
+        if self.copies is not None:
+            self.copies.routed(session.id.hex(), handle, count)
 
     def acked(self, session: RecordedSession, handle: int, offset: int) -> None:
         """The client processed subscription ``handle`` up to ``offset``."""
@@ -183,9 +189,30 @@ class SessionRecords:
         for key in self._keys.pop(session.id, ()):
             self.journal.delete(COUNTS, key)
 
+    def let_go(self, session: RecordedSession) -> None:
+        """This broker stops holding ``session``, which lives on elsewhere
+        (cluster mode: another front end took it, or resumes it): its
+        records here are deleted, its copies in the cluster stay."""
+        sid = session.id.hex()
+        self.journal.delete(SESSIONS, sid)
+        if self.marks is not None:
+            self.marks.forget(session.id)
+        for key in self._keys.pop(session.id, ()):
+            self.journal.delete(COUNTS, key)
+        if self.copies is not None:
+            self.copies.let_go(sid)
+
     def forget_all(self, sessions: Iterable[RecordedSession]) -> None:
         for session in sessions:
             self.forget(session)
+
+
+def forget_sessions(journal: StateJournal) -> None:
+    """Delete every session record and count of ``journal`` (cluster mode:
+    the cluster's copies are the ones that count)."""
+    for space in (SESSIONS, COUNTS):
+        for key, _ in journal.items(space):
+            journal.delete(space, key)
 
 
 def load_sessions(records: SessionRecords) -> list[SavedSession]:
@@ -199,7 +226,7 @@ def load_sessions(records: SessionRecords) -> list[SavedSession]:
     saved = []
     for sid, record in journal.items(SESSIONS):
         try:
-            session = _decode(sid, record, counts.get(sid, {}))
+            session = decode_session(sid, record, counts.get(sid, {}))
         except (TypeError, ValueError, KeyError, IndexError):
             journal.delete(SESSIONS, sid)
             continue
@@ -211,7 +238,10 @@ def load_sessions(records: SessionRecords) -> list[SavedSession]:
     return saved
 
 
-def _decode(sid: str, record: Any, counts: dict[str, int]) -> SavedSession:
+def decode_session(sid: str, record: Any, counts: dict[str, int]) -> SavedSession:
+    """The session of record ``record`` (``sid``: its id in hex) and its
+    ``counts`` (``p/<handle>``, ``s/<handle>``); raises TypeError,
+    ValueError, KeyError or IndexError if it is malformed."""
     topics = {int(h): (str(name), int(size)) for h, name, size in record["topics"]}
     subscriptions = {
         int(h): (

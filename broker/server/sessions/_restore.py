@@ -20,12 +20,14 @@ from ..cluster._forward_group import ForwardedGroupMember
 from ..cluster._origin_dedup import SeenOrigins
 from ..patterns._subscription import PatternSubscription
 from ..storage._publish_marks import PublishMarks
+from ..storage._topic_logs import TopicUnavailable
 from ..topics._groups import GroupSubscription
 from ..topics._log_subscription import LogSubscription, cursor_key, start_request
 from ..topics._lossy import DropCounts, OptionError
 from ..topics._subscribe import make_pattern_subscription
 from ..topics._topic import Subscription, Topic
-from ._records import SavedSession, SessionRecords, load_sessions
+from ._cluster_records import ClaimedSession
+from ._records import SavedSession, SessionRecords, decode_session, load_sessions
 from ._session import Session
 
 log = logging.getLogger("broker.server")
@@ -134,31 +136,11 @@ def restore_sessions(
     unattached = Unattached(services.resources.account)
     restored: set[bytes] = set()
     staged = services.commits.staging.held_origins()
-    saved_sessions = load_sessions(records)
-    logs = services.storage.logs
-    if marks is not None and logs is not None and logs.replication is not None:
-        for saved in saved_sessions:  # (before any topic is opened: see ``expect``)
-            marks.expect(saved.id)
-    for saved in saved_sessions:
+    for saved in load_sessions(records):
         if saved.id in table.sessions:
             continue
-        session = Session(saved.client_name, saved.principal)
-        session.id = saved.id
-        subscriptions = _subscriptions(services, saved, unattached)
-        session.subscriptions = subscriptions
-        state = saved.state
-        kept = {h: v for h, v in state.subscriptions.items() if h in subscriptions}
-        state = BrokerSessionState(
-            state.topics,
-            kept,
-            state.next_topic,
-            state.next_subscription,
-            _received(saved, staged),
-            state.stages,
-        )
-        table.sessions[session.id] = session
-        table.detach(session, state)
-        restored.add(session.id)
+        _restore(services, saved, unattached, _received(saved, staged))
+        restored.add(saved.id)
     for topic, origin, handle in loaded:
         if origin not in restored:
             seen.restore(topic, origin, handle)
@@ -167,6 +149,57 @@ def restore_sessions(
             "restored %d sessions: each waits %.0f s for its client", len(restored), table.linger
         )
     return restored
+
+
+def _restore(
+    services: BrokerServices, saved: SavedSession, unattached: Unattached, received: dict[int, int]
+) -> Session:
+    """Bring ``saved`` back, detached, its publish counts ``received``."""
+    session = Session(saved.client_name, saved.principal)
+    session.id = saved.id
+    subscriptions = _subscriptions(services, saved, unattached)
+    session.subscriptions = subscriptions
+    state = saved.state
+    kept = {h: v for h, v in state.subscriptions.items() if h in subscriptions}
+    state = BrokerSessionState(
+        state.topics, kept, state.next_topic, state.next_subscription, received, state.stages
+    )
+    services.sessions.sessions[session.id] = session
+    services.sessions.detach(session, state)
+    return session
+
+
+def restore_claimed(
+    services: BrokerServices, seen: SeenOrigins, session_id: bytes, claimed: ClaimedSession
+) -> Session | None:
+    """Cluster mode: bring back, detached, a session another front end
+    served (its keys as :meth:`~._cluster_records.ClusterRecords.claim` read
+    them); None if its record is malformed. Its publish counts are what the
+    bucket has (at least what its client saw confirmed), raised to what the
+    streams of the topics this front end owns hold of it (stored, not yet
+    confirmed): its client sends again only what no stream has, and what it
+    sends to a topic another front end owns is recognised there (``seen``)."""
+    counts = {f"p/{h}": n for h, n in claimed.routed.items()}
+    counts |= {f"s/{h}": n for h, n in claimed.acked.items()}
+    try:
+        saved = decode_session(session_id.hex(), claimed.record, counts)
+    except (TypeError, ValueError, KeyError, IndexError):
+        log.error("cluster session record of %s is malformed: not resumed", session_id[:4].hex())
+        return None
+    received = dict(saved.state.received)
+    topics = services.topics
+    for handle, (name, _) in saved.state.topics.items():
+        if topics.not_owned(name) is None and topics.logs is not None:
+            try:
+                topics.logs.open(name)  # (its stream's origins restored into ``seen``)
+            except TopicUnavailable:
+                continue
+            received[handle] = max(received.get(handle, 0), seen.high(name, session_id, handle))
+    session = _restore(services, saved, Unattached(services.resources.account), received)
+    records = services.storage.session_records
+    if records is not None and session.state is not None:
+        records.save(session, session.state, session.subscriptions)
+    return session
 
 
 def _received(saved: SavedSession, staged: Mapping[tuple[bytes, int], int]) -> dict[int, int]:

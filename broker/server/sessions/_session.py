@@ -210,16 +210,20 @@ class SessionTable:
                 log.info("session %s of %s expired", session.name, shown(session.client_name))
                 self.end(session)
 
-    def end(self, session: Session) -> None:
-        """Forget ``session`` and free what it holds."""
+    def end(self, session: Session, *, elsewhere: bool = False) -> None:
+        """Forget ``session`` and free what it holds; ``elsewhere``: it lives
+        on at another front end (cluster mode), whose its records are now."""
         if session._expiry is not None:
             session._expiry.cancel()
             session._expiry = None
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.links -= session.link
-            if self.records is not None and not self.keep_records and not session.link:
-                self.records.forget(session)
+            if self.records is not None and not session.link:
+                if elsewhere:
+                    self.records.let_go(session)
+                elif not self.keep_records:
+                    self.records.forget(session)
         session.close_subscriptions()
 
     def end_all(self) -> None:

@@ -94,9 +94,6 @@ class PublishMarks:
         self._where: dict[tuple[bytes, int], str] = {}
         #: Marks resolved and not taken yet.
         self._held: dict[tuple[bytes, int], Held] = {}
-        #: Cluster mode: sessions restored from their records, whose origins
-        #: the streams' runs may name (see :meth:`expect`).
-        self._resumable: set[bytes] = set()
 
     def __len__(self) -> int:
         """Marks in the journal."""
@@ -122,16 +119,8 @@ class PublishMarks:
             handles.add(handle)
             self._count += 1
 
-    def expect(self, session: bytes) -> None:
-        """Cluster mode: ``session`` was restored from its record and may
-        resume: what the streams hold of its publishes is kept when their
-        topics are restored (:meth:`restored`), also without a mark of it
-        here (a front end on another disk than the one that served it)."""
-        self._resumable.add(session)
-
     def forget(self, session: bytes) -> None:
         """``session`` ended: delete its marks (written with the next write)."""
-        self._resumable.discard(session)
         for handle in list(self._handles.get(session, ())):
             self.forget_origin(session, handle)
 
@@ -191,22 +180,16 @@ class PublishMarks:
         it is gone): it resolves the marks of those origins the journal
         knows, before :meth:`opened` resolves the others. Call it first."""
         pending = self._pending.get(topic, {})
-        resumable = self._resumable
         for key, index in held.items():
-            if key[0] not in resumable and key[1] not in self._handles.get(key[0], ()):
+            if key[1] not in self._handles.get(key[0], ()):
                 continue  # (its session is gone: nothing will resume it)
             pending.pop(key, None)
             self._where.pop(key, None)
             self._held[key] = Held(topic, index)
 
     def pending(self, session: bytes, handle: int) -> bool:
-        """Whether a mark of (``session``, ``handle``) waits to be resolved or
-        taken (cluster mode: or its session's origins may be in a stream)."""
-        return (
-            (session, handle) in self._held
-            or (session, handle) in self._where
-            or session in self._resumable
-        )
+        """Whether a mark of (``session``, ``handle``) waits to be resolved or taken."""
+        return (session, handle) in self._held or (session, handle) in self._where
 
     def held(self, session: bytes, handle: int) -> Held | None:
         """What the log held of (``session``, ``handle``) at the start, once

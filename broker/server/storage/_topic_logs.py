@@ -286,6 +286,9 @@ class TopicLogs:
         #: Whether this broker (worker) serves a topic's log: the only ones
         #: retention by age opens for itself.
         self.owns: Callable[[str], bool] = lambda _topic: True
+        #: Cluster mode: told, once per topic restored from its stream, the
+        #: highest publish index its runs hold of each (session, handle).
+        self.origins_restored: Callable[[str, dict[tuple[bytes, int], int]], None] | None = None
         #: Logs whose last write or fsync failed: when to try again (wall ms).
         self._sync_failing: dict[TopicLog, int] = {}
         #: The logs opened so far, by topic (their recovery logged, their
@@ -354,6 +357,8 @@ class TopicLogs:
                 self._opened_replicated[name] = replicated
                 self._cursors_within(name, replicated.written_offset + 1)
                 self.marks.restored(name, replicated.held)
+                if self.origins_restored is not None:
+                    self.origins_restored(name, replicated.held)
                 replicated.held = {}
                 self.marks.opened(name, replicated.next_offset)
             return replicated

@@ -221,6 +221,10 @@ class BrokerConfig:
     #: (``jetstream { sync_interval: always }``): records confirmed could
     #: then be lost when servers lose power together.
     cluster_unsafe_sync: bool = False
+    #: Cluster mode: where this front end takes the other front ends' links
+    #: (``HOST:PORT``; "": the ``listen`` host, a port of the system's
+    #: choosing). The others reach it at ``advertise_host`` and this port.
+    cluster_link_listen: str = ""
     #: The ``[[topics]]`` tables, in order: the first whose pattern matches a
     #: topic gives its log's retention and flush policy (:meth:`log_config`).
     topics: tuple[TopicRule, ...] = ()
@@ -345,6 +349,8 @@ class BrokerConfig:
                 )
             if self.cluster_max_topics < 1:
                 raise ConfigError("cluster_max_topics must be at least 1")
+            if self.cluster_link_listen:
+                parse_address(self.cluster_link_listen)
             if self.workers not in ("1",):
                 raise ConfigError(
                     "cluster mode runs one process per front end: run more front ends "
@@ -376,6 +382,13 @@ class BrokerConfig:
     @property
     def listen_address(self) -> tuple[str, int]:
         return parse_address(self.listen)
+
+    @property
+    def cluster_link_address(self) -> tuple[str, int]:
+        """Where a front end takes the other front ends' links."""
+        if self.cluster_link_listen:
+            return parse_address(self.cluster_link_listen)
+        return self.listen_address[0], 0
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:

@@ -6,7 +6,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -17,6 +19,9 @@ from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
 from ._listen import CannotListen, check_metrics_free, metrics_unavailable
 from ._stopping import stop_on_signals
+
+if TYPE_CHECKING:
+    from broker.server import Broker
 
 log = logging.getLogger("broker")
 
@@ -180,6 +185,9 @@ async def _serve(config: BrokerConfig) -> None:
     # the broker starts (or just as it says it listens) stops it gracefully.
     with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
+            if config.cluster:
+                await _serve_front_end(config, signals, nursery)
+                return
             try:
                 broker = await nursery.start(serve_broker, config)
             except LogError:
@@ -200,3 +208,60 @@ async def _serve(config: BrokerConfig) -> None:
             print("\n".join(lines), flush=True)
             await stop_on_signals(signals, broker.shutdown, config.shutdown_deadline)
             nursery.cancel_scope.cancel()
+
+
+async def _serve_front_end(
+    config: BrokerConfig, signals: AsyncIterator[int], nursery: trio.Nursery
+) -> None:
+    """Cluster mode: serve as a front end (see ``broker.server._front_end``);
+    the metrics follow the broker it serves with (a new one each time the
+    front ends change)."""
+    from broker.server._front_end import serve_front_end
+
+    metrics = config.metrics_address
+    scope = trio.CancelScope()
+
+    async def serve_metrics_of(
+        broker: Broker, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        from broker.metrics import serve_metrics
+
+        assert metrics is not None
+        with scope:
+            await serve_metrics(broker, *metrics, task_status=task_status)
+
+    def restarted(broker: Broker) -> None:
+        nonlocal scope
+        if metrics is not None:
+            scope.cancel()
+            scope = trio.CancelScope()
+            nursery.start_soon(partial(_metrics_again, serve_metrics_of, broker))
+
+    try:
+        run = await nursery.start(partial(serve_front_end, config, on_restart=restarted))
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise CannotListen("clients", config.listen_address, "--listen", error) from None
+    address = run.broker.address
+    lines = [f"broker listening on {address[0]}:{address[1]}"]
+    if metrics is not None:
+        try:
+            host, port = await nursery.start(serve_metrics_of, run.broker)
+        except OSError as error:
+            raise metrics_unavailable(metrics, error) from None
+        lines.append(f"metrics on http://{host}:{port}/metrics")
+    print("\n".join(lines), flush=True)
+    await stop_on_signals(signals, run.shutdown, config.shutdown_deadline)
+    nursery.cancel_scope.cancel()
+
+
+async def _metrics_again(serve: Callable[..., Awaitable[None]], broker: Broker) -> None:
+    """Serve the metrics of ``broker`` (the front end's new one) on the same
+    address once the old server let it go."""
+    for _ in range(50):
+        try:
+            await serve(broker)
+            return
+        except OSError:
+            await trio.sleep(0.1)

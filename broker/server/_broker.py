@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import hmac
 import itertools
 import logging
 import secrets
@@ -46,10 +46,12 @@ from ._services import (
 from ._shutdown import drain, queued_deliveries
 from ._view import ConnectionView
 from .cluster._connection_counts import SharedCounts
+from .cluster._front_ends import FrontEndPlacement, FrontEndSetup, KeptListener
 from .cluster._handover import (
     hand_over,
     hello_session,
     home_address,
+    peek_hello,
     receive_sockets,
     session_prefix,
 )
@@ -108,8 +110,12 @@ class Broker:
         auth: AuthTable | None = None,
         logs: TopicLogs | None = None,
         worker: WorkerSetup | None = None,
+        front_end: FrontEndPlacement | None = None,
     ) -> None:
         self.config = config
+        #: Cluster mode with several front ends: this one's place among them
+        #: (None: a standalone broker, a worker, or a front end alone).
+        self.front_end = front_end
         #: This broker's place among the workers of a multi-worker broker
         #: (None: a single-process broker, which owns every topic).
         self.worker = worker
@@ -193,10 +199,18 @@ class Broker:
         #: The address the listener is bound to (useful with port 0).
         self.address: tuple[str, int] = ("", 0)
         #: This worker's links to the others (None: a single process).
-        self.links = Links(self, worker) if worker is not None else None
+        placement: WorkerSetup | FrontEndPlacement | None = worker or front_end
+        self.links = (
+            None
+            if placement is None
+            else Links(self, placement, front_end.token if front_end else None)
+        )
         self.directory.placement = self.links
         if logs is not None and self.links is not None:
             logs.owns = lambda topic: self.not_owned(topic) is None
+        if logs is not None and logs.replication is not None:
+            # (What the streams' runs say of whose publishes they hold.)
+            logs.origins_restored = self.seen.seed
         #: What the broker offers its parts (each connection part gets the ones it uses).
         self.services = BrokerServices(
             config=config,
@@ -342,6 +356,8 @@ class Broker:
     @property
     def cluster(self) -> Cluster | None:
         """The membership a Welcome carries to clients that ask (None: one process)."""
+        if self.front_end is not None:
+            return self.front_end.cluster
         return None if self.worker is None else self.worker.cluster
 
     def session_taken(self, session_id: bytes) -> None:
@@ -472,10 +488,20 @@ class Broker:
 
     async def handle_link(self, stream: trio.SocketStream) -> None:
         """Serve another worker's link (accepted on the link listener, which only
-        the workers reach): an ordinary client but trusted (no TLS, no credentials)."""
+        the workers reach): an ordinary client but trusted (no TLS, no credentials).
+        Another front end's link (over TCP) must present the link token."""
         if self.closing:
             await self._refuse(stream)
             return
+        token = self.front_end.token if self.front_end is not None else ""
+        if token:
+            hello = None
+            with trio.move_on_after(self.config.hello_timeout):
+                hello = await peek_hello(stream.socket)
+            if hello is None or not hmac.compare_digest(hello.token or "", token):
+                self.security.auth_failures["bad_credentials"] += 1
+                await self._refuse(stream, "not a front end's link")
+                return
         await self._serve_connection(
             ServerConnection(
                 self.services, self.forget, stream, next(self._serials), "link", None, trusted=True
@@ -589,9 +615,14 @@ async def serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     streams: RunStreams | None = None,
     records: RecordBucket | None = None,
+    front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
+
+    ``front_end``: one of several front ends of a cluster (see
+    ``_front_end.serve_front_end``), serving with that placement on those
+    listeners (which it leaves open).
 
     With ``config.cluster`` (and no ``streams``) it first connects to the
     NATS servers and checks them (:func:`open_jetstream_runs`: raises
@@ -601,18 +632,7 @@ async def serve_broker(
     """
     if streams is None and config.cluster:
         async with open_jetstream_runs(config) as runs:
-            if config.max_message > runs.max_record:
-                # (A record travels whole in one NATS message.)
-                log.warning(
-                    "cluster mode: messages are limited to %d bytes by the NATS servers' "
-                    "max_payload (max_message is %d): raise max_payload in their config "
-                    "for larger ones",
-                    runs.max_record,
-                    config.max_message,
-                )
-                config = dataclasses.replace(
-                    config, max_message=max(runs.max_record, config.max_frame)
-                )
+            config = runs.fit(config)
             bucket = await _patiently_open(runs, config.cluster_replicas)
             await _serve_broker(
                 config,
@@ -629,6 +649,7 @@ async def serve_broker(
         listeners=listeners,
         streams=streams,
         records=records,
+        front_end=front_end,
         task_status=task_status,
     )
 
@@ -667,6 +688,7 @@ async def _serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None,
     streams: RunStreams | None,
     records: RecordBucket | None = None,
+    front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
     """Run a broker; ``task_status.started(broker)`` once it is listening.
@@ -724,11 +746,14 @@ async def _serve_broker(
         config.max_open_log_files,
         replication,
     )
-    link_listeners: list[trio.SocketListener] = []
+    link_listeners: list[trio.abc.Listener[trio.SocketStream]] = []
     served: list[trio.abc.Listener[trio.abc.Stream]] = []
     try:
         host, port = config.listen_address
-        if listeners is not None:
+        if front_end is not None:
+            served = [KeptListener(listener) for listener in front_end.listeners]
+            link_listeners = [KeptListener(listener) for listener in front_end.link_listeners]
+        elif listeners is not None:
             served = list(listeners)
         elif worker is None:
             served = list(await trio.open_tcp_listeners(port, host=host))
@@ -743,7 +768,7 @@ async def _serve_broker(
             )
         if logs is not None and logs.replication is not None:
             # (Bound first: a port taken fails at once, not after the restore.)
-            restored = await logs.restore()
+            restored = await logs.restore(None if front_end is None else front_end.placement.owns)
             log.info(
                 "cluster mode: %d topics restored from their streams (%d records)",
                 len(logs.replication.logs),
@@ -753,13 +778,19 @@ async def _serve_broker(
         if logs is not None:
             logs.close()
         with trio.CancelScope(shield=True):
-            for listener in served:
+            for listener in served if front_end is None else ():
                 with contextlib.suppress(trio.ClosedResourceError):
                     await listener.aclose()
         raise
     async with open_system("broker") as system:
         broker = Broker(
-            config, system, ssl_context=ssl_context, auth=auth, logs=logs, worker=worker
+            config,
+            system,
+            ssl_context=ssl_context,
+            auth=auth,
+            logs=logs,
+            worker=worker,
+            front_end=None if front_end is None else front_end.placement,
         )
         if auth is not None and worker is not None and worker.connection_counts is not None:
             shared = SharedCounts(
@@ -767,7 +798,7 @@ async def _serve_broker(
             )
             for usage in broker.principals.values():
                 usage.shared = shared
-        first = served[0]
+        first = served[0] if front_end is None else front_end.listeners[0]
         if isinstance(first, trio.SocketListener):
             sockname = first.socket.getsockname()
             broker.address = (sockname[0], sockname[1])
@@ -789,7 +820,6 @@ async def _serve_broker(
                     forget_sessions(logs.journal)
                     broker.copies = ClusterRecords(records, broker.session_taken)
                     broker.session_records.copies = broker.copies
-                    logs.origins_restored = broker.seen.seed
                     nursery.start_soon(broker.copies.run)
                 if logs is not None and broker.session_records is not None:
                     restore_sessions(
@@ -846,7 +876,7 @@ async def _serve_broker(
             broker.staging.clear()
             if broker.links is not None:
                 broker.links.close()
-            for listener in [*served, *link_listeners]:
+            for listener in [*served, *link_listeners] if front_end is None else ():
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:

@@ -297,6 +297,11 @@ class OriginFilter(Protocol):
         and keys not taken before, how many were left out, and their runs."""
         ...
 
+    def high(self, topic: str, session: bytes, handle: int) -> int:
+        """The highest publish index of (``session``, ``handle``) known taken
+        for ``topic`` (0: none known)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerServices:

@@ -16,6 +16,10 @@ The faults (``FAULTS``):
   empty data directory at another address; the publisher's client
   reconnects there and resumes its session (kept in the cluster), sending
   again what the broker did not have: nothing is stored twice.
+- ``front-end-failover``: two front ends share the topics; ``kill -9`` of
+  the one the publisher is connected to: its client resumes its session
+  on the other, which takes over the dead one's topics after it falls
+  silent (2 s).
 
 Run many seeds outside CI (a soak)::
 
@@ -36,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,7 +50,14 @@ from broker.client import open_client
 from broker.nats._servers import NatsServers, open_nats_servers
 from broker.server.storage._jetstream import stream_name
 
-FAULTS = ("leader-kill", "leader-pause", "two-down", "all-restart", "front-end-kill")
+FAULTS = (
+    "leader-kill",
+    "leader-pause",
+    "two-down",
+    "all-restart",
+    "front-end-kill",
+    "front-end-failover",
+)
 TOPIC = "faults"
 BATCH = 500
 PAYLOAD = 100
@@ -163,8 +174,10 @@ class Publisher:
     the front end listens then, as behind a Kubernetes Service) and resumes
     its session, sending again what the broker did not have."""
 
-    def __init__(self, front: FrontEnd) -> None:
+    def __init__(self, front: FrontEnd, *others: FrontEnd) -> None:
         self.front = front
+        #: Front ends behind the same "Service": the first alive is used.
+        self.fronts = (front, *others)
         self.published = 0
         self.confirmed = 0
         #: Times the front end did not know the session on a reconnect.
@@ -181,7 +194,8 @@ class Publisher:
             self._confirmed = trio.Event()
 
     async def _connect(self) -> trio.abc.Stream:
-        host, port = self.front.address.rsplit(":", 1)
+        live = [f for f in self.fronts if f.process is not None and f.process.poll() is None]
+        host, port = (live or [self.front])[0].address.rsplit(":", 1)
         return await trio.open_tcp_stream(host, int(port))
 
     def _lost(self) -> None:
@@ -225,6 +239,9 @@ async def _thread(function: object, *args: object) -> object:
 
 
 async def inject(fault: str, servers: NatsServers, front: FrontEnd, rng: random.Random) -> None:
+    if fault == "front-end-failover":
+        front.kill()  # (the other goes on: nothing to wait for)
+        return
     """Do ``fault`` and undo it (servers restarted and ready again)."""
     leader = await trio.to_thread.run_sync(servers.wait_for_leader_of, stream_name(TOPIC))
     if fault == "leader-kill":
@@ -269,9 +286,14 @@ async def run_schedule(
         open_nats_servers(
             directory / "nats", 3, system_account=True, app_jsz_import=True
         ) as servers,
-        front_end(servers, directory) as front,
+        ExitStack() as stack,
     ):
-        publisher = Publisher(front)
+        front = stack.enter_context(front_end(servers, directory))
+        others = []
+        if fault == "front-end-failover":
+            (directory / "other").mkdir()
+            others.append(stack.enter_context(front_end(servers, directory / "other")))
+        publisher = Publisher(front, *others)
         with trio.fail_after(DEADLINE):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publisher.run)
@@ -307,7 +329,7 @@ async def run_schedule(
             outcome.stalled_s = max(
                 (b - a for a, b in zip(before + after, after, strict=False)), default=0.0
             )
-            got = await read_back(front.address)
+            got = await read_back((others or [front])[0].address)
     outcome.published = publisher.published
     outcome.confirmed = publisher.confirmed
     outcome.sessions_lost = publisher.sessions_lost

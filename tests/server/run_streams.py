@@ -141,7 +141,8 @@ class MemoryBucket:
     """A record bucket with JetStream KV's write rules (a
     ``sessions._cluster_records.RecordBucket``): every write is a
     compare-and-set on the key's last revision; failures can be scheduled
-    ("unavailable": nothing written)."""
+    ("unavailable": nothing written; "answer lost": written, the answer
+    lost)."""
 
     values: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     #: Each key's last revision, deletions included.
@@ -152,8 +153,8 @@ class MemoryBucket:
 
     async def write(self, key: str, value: bytes | None, last_revision: int) -> int:
         await trio.lowlevel.checkpoint()
-        if self.failures:
-            self.failures.pop(0)
+        failure = self.failures.pop(0) if self.failures else None
+        if failure == "unavailable":
             raise RecordsUnavailable("no answer (scheduled)")
         last = self.last.get(key, 0)
         if last_revision != last and not (last_revision == 0 and key not in self.values):
@@ -165,11 +166,17 @@ class MemoryBucket:
             self.values.pop(key, None)
         else:
             self.values[key] = (value, self.revision)
+        if failure == "answer lost":
+            raise RecordsUnavailable("stored, the answer lost (scheduled)")
         return self.revision
 
     async def session(self, session: str) -> dict[str, tuple[bytes, int]]:
         await trio.lowlevel.checkpoint()
         return {k: v for k, v in self.values.items() if k.split(".", 1)[1] == session}
+
+    async def read(self, key: str) -> tuple[bytes, int] | None:
+        await trio.lowlevel.checkpoint()
+        return self.values.get(key)
 
     def write_now(self, key: str, value: bytes) -> None:
         """Another front end's write (a takeover)."""

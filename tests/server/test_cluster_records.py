@@ -31,6 +31,12 @@ from .run_streams import MemoryBucket, MemoryStreams
 DEADLINE = 60
 
 
+def _payload(value: bytes) -> object:
+    """What a value of the bucket holds (its writer left out)."""
+    _writer, payload = cbor2.loads(value)
+    return payload
+
+
 async def _running(copies: ClusterRecords, nursery: trio.Nursery) -> None:
     nursery.start_soon(copies.run)
     await trio.testing.wait_all_tasks_blocked()
@@ -48,10 +54,28 @@ async def test_a_record_is_stored_before_its_generation_is_released() -> None:
         await _running(copies, nursery)
         await wait_until(lambda: bool(woken), what="the record stored")
         assert copies.stored("ab")
-        assert cbor2.loads(bucket.values[record_key("ab")][0]) == {"client": "c"}
+        assert _payload(bucket.values[record_key("ab")][0]) == {"client": "c"}
         await wait_until(lambda: copies.stored("cd"), what="the other stored")
         assert copies.retries == 2  # (asked again until it answered)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_whose_answer_was_lost_is_known_for_its_own() -> None:
+    bucket = MemoryBucket()
+    taken: list[bytes] = []
+    copies = ClusterRecords(bucket, taken.append)
+    async with trio.open_nursery() as nursery:
+        await _running(copies, nursery)
+        copies.save("ab", {"n": 1})
+        await wait_until(lambda: copies.stored("ab"), what="the first")
+        bucket.failures = ["answer lost"]
+        copies.save("ab", {"n": 2})  # (stored; its answer lost: sent again, refused)
+        await wait_until(lambda: copies.stored("ab"), what="the second")
+        copies.save("ab", {"n": 3})
+        await wait_until(lambda: copies.stored("ab"), what="the third")
+        nursery.cancel_scope.cancel()
+    assert taken == []
+    assert _payload(bucket.values[record_key("ab")][0]) == {"n": 3}
 
 
 async def test_positions_are_coalesced_and_do_not_hold_records_back(
@@ -66,7 +90,7 @@ async def test_positions_are_coalesced_and_do_not_hold_records_back(
         assert copies.stored("ab")  # (positions are no record writes)
         await trio.sleep(LAZY_DELAY * 2)
         assert bucket.writes == 1
-        assert cbor2.loads(bucket.values[acked_key("ab")][0]) == {1: 100}
+        assert _payload(bucket.values[acked_key("ab")][0]) == {1: 100}
         nursery.cancel_scope.cancel()
 
 
@@ -78,7 +102,7 @@ async def test_a_session_written_by_another_front_end_is_ended_here() -> None:
         await _running(copies, nursery)
         copies.save("ab", {"n": 1})
         await wait_until(lambda: record_key("ab") in bucket.values, what="stored")
-        bucket.write_now(record_key("ab"), cbor2.dumps({"n": "theirs"}))  # (a takeover)
+        bucket.write_now(record_key("ab"), cbor2.dumps(["other", {"n": "theirs"}]))  # (a takeover)
         copies.save("ab", {"n": 2})
         await wait_until(lambda: bool(taken), what="the takeover noticed")
         assert taken == [bytes.fromhex("ab")]
@@ -87,7 +111,7 @@ async def test_a_session_written_by_another_front_end_is_ended_here() -> None:
         copies.forget("ab")
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
-    assert cbor2.loads(bucket.values[record_key("ab")][0]) == {"n": "theirs"}
+    assert _payload(bucket.values[record_key("ab")][0]) == {"n": "theirs"}
 
 
 async def test_a_forgotten_session_is_deleted_from_the_bucket() -> None:
@@ -128,7 +152,7 @@ async def test_a_claim_reads_the_session_and_the_old_holder_loses_it() -> None:
         claimer.routed("ab", 1, 41)  # (the claimer's revisions are the bucket's)
         await wait_until(lambda: claimer.stored("ab"), what="the claimer's write")
         nursery.cancel_scope.cancel()
-    assert cbor2.loads(bucket.values[routed_key("ab")][0]) == {1: 41}
+    assert _payload(bucket.values[routed_key("ab")][0]) == {1: 41}
     assert claimer.taken == 0
 
 

@@ -15,6 +15,7 @@ from broker.client import open_client
 from broker.errors import BrokerError
 from broker.log import encode_run
 from broker.protocol.frames import encode_deliver_tail
+from broker.server.storage import _replication as replication
 
 from .helpers import running_broker, url, wait_until
 from .run_streams import MemoryStreams
@@ -78,9 +79,12 @@ async def test_nothing_is_confirmed_while_the_stream_fails(tmp_path: Path) -> No
     assert [(m.first_offset, m.count) for m in stream.messages] == [(1, 1), (2, 1)]
 
 
-async def test_a_new_leader_has_the_unanswered_runs_sent_again_at_once(tmp_path: Path) -> None:
+async def test_a_new_leader_has_the_unanswered_runs_sent_again_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A run the old leader took with it is never answered (no timeout in
     # this engine): only the news of the new leader gets it sent again.
+    monkeypatch.setattr(replication, "NEW_STREAM_QUIET", 0.0)
     streams = MemoryStreams()
     with trio.fail_after(DEADLINE):
         async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:

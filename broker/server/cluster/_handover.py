@@ -42,6 +42,7 @@ __all__ = [
     "home_address",
     "home_of",
     "pass_socket",
+    "peek_hello",
     "receive_sockets",
     "session_prefix",
 ]
@@ -81,6 +82,14 @@ async def hello_session(sock: trio.socket.SocketType) -> bytes | None:
     anything (None: a new session, the peer closed, or not a Hello: the
     connection's own handling says why). Waits for the whole Hello: the
     caller bounds the wait."""
+    hello = await peek_hello(sock)
+    return None if hello is None else hello.session
+
+
+async def peek_hello(sock: trio.socket.SocketType) -> Hello | None:
+    """A connection's Hello, read without consuming anything (None: the
+    peer closed, or its first frame is not a Hello). Waits for the whole
+    Hello: the caller bounds the wait."""
     while True:
         try:
             data = await sock.recv(MAX_HELLO_FRAME + 4, socket.MSG_PEEK)
@@ -92,7 +101,7 @@ async def hello_session(sock: trio.socket.SocketType) -> bytes | None:
         decoder.feed(data)
         try:
             for message, _ in decoder.messages():
-                return message.session if isinstance(message, Hello) else None
+                return message if isinstance(message, Hello) else None
         except ProtocolError:
             return None
         await trio.sleep(PEEK_INTERVAL)  # the rest of the Hello is on its way

@@ -138,9 +138,13 @@ class Link:
     """The link from this worker to worker ``owner`` (see the module); a
     :class:`~._forward.TopicLink` and :class:`~._forward.SubscriptionLink`."""
 
-    def __init__(self, host: LinkHost, name: str, owner: str, path: str) -> None:
+    def __init__(
+        self, host: LinkHost, name: str, owner: str, path: str, token: str | None = None
+    ) -> None:
         self.host = host
         self.name = name
+        #: What the Hello presents to the owner (a front end's link token).
+        self.token = token
         self.owner = owner
         self.conn: Connection | None = None
         #: Welcomed by the owner, and not closed since: handles may be bound.
@@ -495,6 +499,7 @@ class Link:
             encoded_deliveries=True,
             publish_many=True,
             keep_unconfirmed=False,
+            token=self.token,
         )
         return conn
 

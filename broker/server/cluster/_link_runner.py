@@ -1,6 +1,7 @@
 """Running a link's connections (see ``_link``): connect to the owner's Unix
-socket, serve the connection with a reader, a writer and a keepalive task
-(a :class:`~broker.pump.Pump`) until it breaks, and connect again with
+socket (a worker's) or TCP address (a front end's, ``host:port``), serve
+the connection with a reader, a writer and a keepalive task (a
+:class:`~broker.pump.Pump`) until it breaks, and connect again with
 backoff, until cancelled.
 
 The reader only hands each read's events to the link (in an
@@ -85,7 +86,7 @@ class LinkRunner:
         backoff = Backoff()
         while True:
             try:
-                stream = await trio.open_unix_socket(self.path)
+                stream = await self._open()
             except OSError as error:
                 log.debug("%s: cannot reach %s (%s): retrying", self.name, self.owner, error)
             else:
@@ -102,6 +103,13 @@ class LinkRunner:
                     if reason:
                         log.info("%s: link to %s broke: %s", self.name, self.owner, reason)
             await trio.sleep(backoff.next())
+
+    async def _open(self) -> trio.SocketStream:
+        """A connection to the owner: its Unix socket, or ``host:port``."""
+        if self.path.startswith("/"):
+            return await trio.open_unix_socket(self.path)
+        host, _, port = self.path.rpartition(":")
+        return await trio.open_tcp_stream(host, int(port))
 
     async def _serve(self, stream: trio.SocketStream) -> str:
         """Serve one connection of the link until it breaks; why it did."""

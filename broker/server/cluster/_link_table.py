@@ -3,23 +3,45 @@ forwarded, and to whom (see ``_link`` and ``_forward``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 import trio
+
+from broker.protocol import Cluster
 
 from ..topics._topic import Topic
 from ._forward import ForwardTopic
 from ._link import Link, LinkHost, LinkStatistics
-from ._placement import WorkerSetup
 
-__all__ = ["Links"]
+__all__ = ["LinkPlacement", "Links"]
+
+
+class LinkPlacement(Protocol):
+    """Who owns what and where the owners' links are (a worker's
+    ``WorkerSetup``, a front end's ``FrontEndPlacement``)."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def link_paths(self) -> Mapping[str, str]: ...
+
+    def owns(self, topic: str) -> bool: ...
 
 
 class Links:
-    """The links of worker ``setup.worker``: one per other worker it
-    forwards to, opened (its task started in :attr:`nursery`) on first need."""
+    """The links of worker (or front end) ``setup.worker``: one per other
+    it forwards to, opened (its task started in :attr:`nursery`) on first need."""
 
-    def __init__(self, host: LinkHost, setup: WorkerSetup) -> None:
+    def __init__(self, host: LinkHost, setup: LinkPlacement, token: str | None = None) -> None:
         self.host = host
         self.setup = setup
+        #: What each link's Hello presents (a front end's link token).
+        self.token = token
         self.links: dict[str, Link] = {}
         #: Where the links' tasks run (the broker's nursery, once serving).
         self.nursery: trio.Nursery | None = None
@@ -38,7 +60,7 @@ class Links:
             assert self.nursery is not None
             path = self.setup.link_paths[owner]
             link = self.links[owner] = Link(
-                self.host, f"link:{self.setup.worker}->{owner}", owner, path
+                self.host, f"link:{self.setup.worker}->{owner}", owner, path, self.token
             )
             self.nursery.start_soon(link.run)
         return link

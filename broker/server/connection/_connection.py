@@ -309,7 +309,8 @@ class ServerConnection:
             self.admission.held.cancel()
         if self.publishing.confirm_dirty and not self.protocol.closed:
             self._persist()
-            self.publishing.send_confirms()
+            if self._confirms_kept():  # (else not confirmed: the client sends
+                self.publishing.send_confirms()  # them again, recognised as stored)
         self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
 
     def _persist(self) -> None:
@@ -328,16 +329,31 @@ class ServerConnection:
                 if session is not None:
                     self._record_waited = session.id.hex()
 
+    def _copies(self) -> RecordCopies | None:
+        records = self._storage.session_records
+        return None if records is None else records.copies
+
     def _record_waits(self) -> bool:
         """Whether the output waits for the session's record to be kept in
         the cluster (the writer is woken once it is)."""
-        records = self._storage.session_records
-        copies = None if records is None else records.copies
-        if copies is None or copies.stored(self._record_waited):
-            self._record_waited = ""
+        copies = self._copies()
+        if copies is None or copies.record_stored(self._record_waited):
             return False
         copies.when_stored(self._record_waited, self.wake_writer)
         return True
+
+    def _confirms_kept(self) -> bool:
+        """Whether the Confirms may go out: the session's publish counts that
+        include them are kept in the cluster (the writer is woken once they
+        are); the rest of the output does not wait for them."""
+        if not self._record_waited:
+            return True
+        copies = self._copies()
+        if copies is None or copies.counts_stored(self._record_waited):
+            self._record_waited = ""
+            return True
+        copies.when_stored(self._record_waited, self.wake_writer)
+        return False
 
     def _cleanup(self) -> None:
         self._wake.write_now = None  # (the reference cycles through the pump's hooks:
@@ -383,9 +399,8 @@ class ServerConnection:
         if held is not None:
             return self._hold(held)
         if self._record_waited:
-            records = self._storage.session_records
-            copies = None if records is None else records.copies
-            if copies is not None and not copies.stored(self._record_waited):
+            copies = self._copies()
+            if copies is not None and not copies.record_stored(self._record_waited):
                 return self._record_kept(copies, self._record_waited)
         return None
 
@@ -416,7 +431,7 @@ class ServerConnection:
         self._persist()
         if self._record_waited and self._record_waits():
             return []  # (the session's record is not in the cluster yet: woken then)
-        if publishing.confirm_dirty and not protocol.closed:
+        if publishing.confirm_dirty and not protocol.closed and self._confirms_kept():
             # (A Goodbye read since the routing was noted closes the protocol:
             # nothing more may be said then.)
             publishing.send_confirms()
@@ -445,7 +460,7 @@ class ServerConnection:
         ``_wake``; besides the pump's own conditions: a plain socket, the
         writer idle, nothing unfinished): not while a refusal is held back,
         nor once the connection is closing (the writer does it then)."""
-        return not self.protocol.closed and self.admission.held is None and not self._record_waited
+        return not self.protocol.closed and self.admission.held is None
 
     # ================================================================ reader
 

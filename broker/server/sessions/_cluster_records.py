@@ -21,7 +21,9 @@ session's keys (:meth:`ClusterRecords.claim`) and writes each again at the
 revision it read: a claim. Every write is a compare-and-set on the key's
 last revision, so the front end that held the session before finds its
 next write refused: it has lost the session, ends it there (``on_taken``)
-and never writes its keys again.
+and never writes its keys again. Each value names its writer (a front end
+run's nonce): a write refused after a try whose answer was lost is known
+for its own if the bucket holds exactly what it wrote.
 
 Keys (``<id>``: the session id in hex): ``S.<id>`` (the record),
 ``P.<id>`` (per topic handle, the publishes routed), ``A.<id>`` (per
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -91,6 +94,11 @@ class RecordBucket(Protocol):
         :class:`RecordsUnavailable`."""
         ...
 
+    async def read(self, key: str) -> tuple[bytes, int] | None:
+        """``key``'s value and revision as the bucket's leader has them (None:
+        it has none). Raises :class:`RecordsUnavailable`."""
+        ...
+
 
 @dataclass(slots=True)
 class _Write:
@@ -143,6 +151,8 @@ class ClusterRecords:
     def __init__(self, bucket: RecordBucket, on_taken: Callable[[bytes], None]) -> None:
         self.bucket = bucket
         self.on_taken = on_taken
+        #: Names this front end's writes (new at each start).
+        self.writer = secrets.token_hex(8)
         #: Strict writes asked so far (a connection notes a change by it).
         self.generation = 0
         #: Per key: its last revision (written by us, or read by a claim).
@@ -179,7 +189,7 @@ class ClusterRecords:
 
     def save(self, session: str, record: object) -> None:
         """Session ``session``'s record changed (what relies on it waits)."""
-        self._strict(session, record_key(session), cbor2.dumps(record))
+        self._strict(session, record_key(session), self._value(record))
 
     def routed(self, session: str, handle: int, count: int) -> None:
         """``count`` publishes of topic handle ``handle`` are routed (their
@@ -189,7 +199,7 @@ class ClusterRecords:
         counts = self._routed.setdefault(session, {})
         if counts.get(handle) != count:
             counts[handle] = count
-            self._strict(session, routed_key(session), cbor2.dumps(counts))
+            self._strict(session, routed_key(session), self._value(counts))
 
     def acked(self, session: str, handle: int, offset: int) -> None:
         """A subscription's position moved (written within :data:`LAZY_DELAY`)."""
@@ -200,7 +210,7 @@ class ClusterRecords:
         key = acked_key(session)
         self._keys.setdefault(session, set()).add(key)
         due = trio.current_time() + LAZY_DELAY
-        self._put(key, _Write(cbor2.dumps(positions), False, due))
+        self._put(key, _Write(self._value(positions), False, due))
 
     def forget(self, session: str) -> None:
         """Session ``session`` ended: its keys are deleted (those we wrote)."""
@@ -225,6 +235,10 @@ class ClusterRecords:
             self._pending.pop(key, None)
             self._revisions.pop(key, None)
             self._stored(key)
+
+    def _value(self, payload: object) -> bytes:
+        """A value to write: ``payload``, named as this front end's."""
+        return cbor2.dumps([self.writer, payload])
 
     def _strict(self, session: str, key: str, value: bytes) -> None:
         """A write that what relies on it waits for (none if ``key`` has
@@ -253,6 +267,14 @@ class ClusterRecords:
         """Whether every strict write of session ``session`` (hex id) is in
         the bucket (or another front end took it: nothing waits then)."""
         return session not in self._unstored
+
+    def record_stored(self, session: str) -> bool:
+        """Whether session ``session``'s record is in the bucket as last saved."""
+        return record_key(session) not in self._outstanding
+
+    def counts_stored(self, session: str) -> bool:
+        """Whether its publish counts are in the bucket as last written."""
+        return routed_key(session) not in self._outstanding
 
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
         """Call ``wake()`` once :meth:`stored` says so."""
@@ -289,14 +311,16 @@ class ClusterRecords:
         decoded: dict[str, object] = {}
         for key, (value, _) in keys.items():
             try:
-                decoded[key] = cbor2.loads(value)
+                _writer, decoded[key] = cbor2.loads(value)
             except Exception:  # a damaged value: not resumed, reported
                 log.error("cluster session key %s cannot be read", key[:40])
                 return None
         revisions: dict[str, int] = {}
+        values: dict[str, bytes] = {}
         try:
-            for key, (value, revision) in keys.items():
-                revisions[key] = await self.bucket.write(key, value, revision)
+            for key, (_, revision) in keys.items():
+                values[key] = self._value(decoded[key])
+                revisions[key] = await self.bucket.write(key, values[key], revision)
         except RecordConflict:
             return None
         claimed = ClaimedSession(
@@ -307,8 +331,8 @@ class ClusterRecords:
         self._revisions.update(revisions)
         self._keys.setdefault(session, set()).update(revisions)
         for key in (record_key(session), routed_key(session)):
-            if key in keys:
-                self._values[key] = keys[key][0]
+            if key in values:
+                self._values[key] = values[key]
         self._routed[session] = dict(claimed.routed)
         self._acked[session] = dict(claimed.acked)
         self._taken.discard(session)
@@ -349,8 +373,17 @@ class ClusterRecords:
                         key, write.value, self._revisions.get(key, 0)
                     )
                 except RecordConflict:
-                    self._taken_over(session)
-                    return
+                    current = await self._current(key)
+                    if current is None and write.value is None:
+                        revision = 0  # (an earlier try deleted it, its answer lost)
+                    elif current is None or not self._mine(current[0]):
+                        self._taken_over(session)
+                        return
+                    elif current[0] == write.value:
+                        revision = current[1]  # (an earlier try stored it)
+                    else:  # (ours, an earlier value's: write this one on top)
+                        self._revisions[key] = current[1]
+                        continue
                 except RecordsUnavailable as error:
                     self.retries += 1
                     delay = backoff.next()
@@ -378,6 +411,24 @@ class ClusterRecords:
         finally:
             self._in_flight.discard(key)
             self._wake.set()
+
+    async def _current(self, key: str) -> tuple[bytes, int] | None:
+        """``key``'s value and revision in the bucket (asked until it answers)."""
+        backoff = Backoff(RETRY_FIRST, RETRY_MOST)
+        while True:
+            try:
+                return await self.bucket.read(key)
+            except RecordsUnavailable:
+                self.retries += 1
+                await trio.sleep(backoff.next())
+
+    def _mine(self, value: bytes) -> bool:
+        """Whether ``value`` was written by this front end (since its start)."""
+        try:
+            decoded = cbor2.loads(value)
+        except Exception:
+            return False
+        return isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == self.writer
 
     def _taken_over(self, session: str) -> None:
         """Another front end wrote ``session``'s keys: it has the session."""

@@ -78,6 +78,16 @@ class JetStreamRecordBucket:
             raise RecordsUnavailable(f"reading KV bucket {self.kv.bucket}: {error}") from None
         return found
 
+    async def read(self, key: str) -> tuple[bytes, int] | None:
+        js = self.kv.js
+        try:
+            stored = await js.get_last_msg(self.kv.stream, f"$KV.{self.kv.bucket}.{key}")
+        except NatsError as error:
+            raise RecordsUnavailable(f"reading KV bucket {self.kv.bucket}: {error}") from None
+        if stored is None or not _is_value(stored.headers):
+            return None
+        return bytes(stored.payload), stored.seq
+
 
 def _is_value(headers: Headers | None) -> bool:
     """Whether a bucket message is a value (not a deletion's or purge's marker)."""

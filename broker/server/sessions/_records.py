@@ -88,12 +88,16 @@ class RecordCopies(Protocol):
         """The last record write's generation."""
         ...
 
-    def stored(self, session: str) -> bool:
+    def record_stored(self, session: str) -> bool:
         """Whether session ``session``'s record (hex id) is kept as last saved."""
         ...
 
+    def counts_stored(self, session: str) -> bool:
+        """Whether its publish counts are kept as last written."""
+        ...
+
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` once it is."""
+        """Call ``wake()`` once both are."""
         ...
 
     def save(self, session: str, record: object) -> None: ...

@@ -5,6 +5,7 @@ cut off (see ``_staging``)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -64,6 +65,7 @@ async def route_commit(
     *,
     routed_before: Mapping[str, int] | None = None,
     progress: Progress | None = None,
+    origin: bytes | None = None,
 ) -> None:
     """Route ``publishes`` (runs per topic in the order given), each batch a
     loan on ``account``; waits while ``account`` is over its watermark (slow
@@ -73,7 +75,11 @@ async def route_commit(
 
     The first ``routed_before[topic]`` publishes to a topic are left out
     (in its log already: a commit completed at start-up); ``progress`` is
-    asked for each batch's hook (``Routed.before_append``)."""
+    asked for each batch's hook (``Routed.before_append``). With ``origin``
+    (cluster mode) each batch names its publishes as that origin's, handle
+    0, numbered from 1 among the batch's publishes to its topic: the
+    topic's stream then says how many of them it holds (see
+    :func:`complete_unfinished`)."""
     skip = routed_before or {}
     # Runs per topic, each with the index (among the batch's publishes to
     # its topic) of its first publish, less those in the log already.
@@ -105,7 +111,8 @@ async def route_commit(
                 size = sum(len(tail) for tail in tails)
                 keys = [p.key for p in chunk]
                 # (No fan-out estimate: the account's own debt paces a commit.)
-                routed = Routed(tails, run, 0, 0, keys)
+                origins = None if origin is None else [(origin, 0, first + start + 1, len(chunk))]
+                routed = Routed(tails, run, 0, 0, keys, origins)
                 if progress is not None:
                     routed.before_append = progress(topic_name, first + start, len(chunk))
                 topic.send_nowait(routed, account=account, cost=size)
@@ -144,11 +151,18 @@ def start_commit(
     def progress(topic: str, index: int, count: int) -> Callable[[int], None] | None:
         return staging.progress(batch, topic, index, count)
 
+    replicated = storage.logs is not None and storage.logs.replication is not None
+
     async def run() -> None:
         try:
             try:
                 await route_commit(
-                    topics, account, publishes, routed_before=routed_before, progress=progress
+                    topics,
+                    account,
+                    publishes,
+                    routed_before=routed_before,
+                    progress=progress,
+                    origin=commit_origin(batch) if replicated else None,
                 )
             except TopicUnavailable as error:
                 # Its logs opened when it was decided: one failing since is a
@@ -172,6 +186,14 @@ def start_commit(
             running.routed.set()
 
     nursery.start_soon(run)
+
+
+def commit_origin(batch: BatchKey) -> bytes:
+    """The origin the publishes of committed ``batch`` are routed as, in
+    cluster mode (16 bytes, as a session id: no session has it)."""
+    principal, name = batch
+    digest = hashlib.sha256(b"commit\0%s\0%s" % ((principal or "").encode(), name.encode()))
+    return digest.digest()[:16]
 
 
 async def complete_unfinished(services: BrokerServices, nursery: trio.Nursery) -> None:
@@ -200,6 +222,11 @@ async def complete_unfinished(services: BrokerServices, nursery: trio.Nursery) -
             except TopicUnavailable as error:
                 why = str(error)
                 break
+            if logs.replication is not None:
+                # Cluster mode: the stream's runs name the batch's publishes
+                # they hold (several runs may have been in flight at the stop).
+                routed_before[topic] = services.seen.high(topic, commit_origin(batch), 0)
+                continue
             # (A record torn by the kill is a gap, its offset not given again:
             # the batch's publishes from there on are routed again.)
             routed_before[topic] = unfinished.routed_before(

@@ -25,6 +25,7 @@ taken as unavailable too (tried again with a backoff, never dropped).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -346,6 +347,20 @@ class JetStreamRuns:
         """The largest record a run can carry: the servers' ``max_payload``
         less room for the record's header and the message's headers."""
         return self.js.client.max_payload - RUN_HEADROOM
+
+    def fit(self, config: BrokerConfig) -> BrokerConfig:
+        """``config`` with ``max_message`` lowered to :attr:`max_record` if it
+        is larger (a record travels whole in one NATS message), said in one line."""
+        if config.max_message <= self.max_record:
+            return config
+        log.warning(
+            "cluster mode: messages are limited to %d bytes by the NATS servers' "
+            "max_payload (max_message is %d): raise max_payload in their config "
+            "for larger ones",
+            self.max_record,
+            config.max_message,
+        )
+        return dataclasses.replace(config, max_message=max(self.max_record, config.max_frame))
 
     def _config(self, topic: str) -> StreamConfig:
         return StreamConfig(

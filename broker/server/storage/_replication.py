@@ -51,6 +51,9 @@ RESEND_FIRST = 0.05
 RESEND_MOST = 2.0
 #: Runs in flight per topic at once (each expects the one before it).
 WINDOW = 4
+#: Seconds after a stream is opened in which a new leader is taken as its
+#: first (a stream just made elects one): runs in flight are not sent again.
+NEW_STREAM_QUIET = 2.0
 #: Messages asked for at a time while restoring a topic.
 RESTORE_BATCH = 256
 #: Upper bounds (seconds) of the store times' histogram: from a quick
@@ -220,6 +223,8 @@ class Replicator:
         #: Per topic: the scope of its sender's wait for an answer or a
         #: backoff, cancelled when its stream has a new leader.
         self._waits: dict[str, trio.CancelScope] = {}
+        #: When each topic's stream was opened (made, perhaps).
+        self._opened: dict[str, float] = {}
         #: Elections of a stream leader heard, and the waits they cut short.
         self.elections = 0
         self.elections_resent = 0
@@ -230,6 +235,9 @@ class Replicator:
         one; a resend is never stored twice), not after the answer's
         timeout and a backoff."""
         self.elections += 1
+        opened = self._opened.get(topic)
+        if opened is not None and _now() - opened < NEW_STREAM_QUIET:
+            return  # (the first leader of a stream just made: nothing was lost)
         scope = self._waits.get(topic)
         if scope is not None:
             scope.cancel()
@@ -253,6 +261,7 @@ class Replicator:
         self._told.pop(topic, None)
         self._deleting[topic] = None
         self._streams.pop(topic, None)
+        self._opened.pop(topic, None)
         self._wake.set()
 
     @property
@@ -266,6 +275,7 @@ class Replicator:
         if stream is None:
             stream = await self.streams.open_stream(topic)
             self._streams[topic] = stream
+            self._opened[topic] = _now()
         return stream
 
     async def run(self) -> None:

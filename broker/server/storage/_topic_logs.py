@@ -194,15 +194,20 @@ class Replication:
         is up; an engine without a connection always can)."""
         return self.connection is None or self.connection.connected
 
-    async def restore(self, store: LogStore, settings: LogSettings) -> int:
-        """Restore every topic that has a stream into a cache of ``store``
-        (an empty one: the caches of an earlier run are not trusted);
-        returns how many records. A topic whose stream cannot be restored
-        (a message damaged, or not the broker's) is set aside in
-        :attr:`broken`, reported, and not served; the others are. Raises
-        :class:`StreamUnavailable` if the streams cannot be read now."""
+    async def restore(
+        self, store: LogStore, settings: LogSettings, owns: Callable[[str], bool] | None = None
+    ) -> int:
+        """Restore every topic that has a stream (that this front end ``owns``,
+        if given) into a cache of ``store`` (an empty one: the caches of an
+        earlier run are not trusted); returns how many records. A topic
+        whose stream cannot be restored (a message damaged, or not the
+        broker's) is set aside in :attr:`broken`, reported, and not served;
+        the others are. Raises :class:`StreamUnavailable` if the streams
+        cannot be read now."""
         records = 0
         for name in await _patiently("listing the topics' streams", self.streams.topics):
+            if owns is not None and not owns(name):
+                continue
             stream = await _patiently(
                 f"opening the stream of {name[:64]!r}", partial(self.replicator.stream, name)
             )
@@ -333,13 +338,13 @@ class TopicLogs:
                 raise
         return cls(store, settings, replication)
 
-    async def restore(self) -> int:
+    async def restore(self, owns: Callable[[str], bool] | None = None) -> int:
         """Cluster mode: restore every topic from its stream (see
         :meth:`Replication.restore`); how many records. Nothing to do
         with the local engine (its logs are opened as they are used)."""
         if self.replication is None:
             return 0
-        return await self.replication.restore(self.store, self._settings)
+        return await self.replication.restore(self.store, self._settings, owns)
 
     def open(self, name: str) -> TopicStore:
         """The log of topic ``name`` (recovered on first use); raises

@@ -62,6 +62,25 @@ CLUSTER_METRICS: Final[tuple[MetricSpec, ...]] = (
         "their log takes no more records (another broker writes the topic).",
     ),
     MetricSpec(
+        "broker_cluster_front_ends",
+        "gauge",
+        "Front ends of the cluster in the membership this one serves with (itself "
+        "included: 1 when it is alone).",
+    ),
+    MetricSpec(
+        "broker_cluster_sessions_claimed_total",
+        "counter",
+        "Sessions this front end claimed from the cluster's bucket for a client that "
+        "resumed one it did not hold (served by a front end that died, or by this one "
+        "before it served afresh).",
+    ),
+    MetricSpec(
+        "broker_cluster_sessions_taken_total",
+        "counter",
+        "Sessions another front end claimed while this one held them: their "
+        "connections here were closed.",
+    ),
+    MetricSpec(
         "broker_cluster_store_seconds",
         "histogram",
         "Time from each send of a run to its stream's acknowledgement (JetStream's "

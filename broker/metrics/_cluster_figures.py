@@ -28,6 +28,21 @@ class ClusterHost(Protocol):
         """The broker's topic logs (None: memory-only; no replication: not cluster mode)."""
         ...
 
+    @property
+    def front_ends(self) -> int:
+        """Front ends in the membership it serves with (1: alone)."""
+        ...
+
+    @property
+    def sessions_claimed(self) -> int:
+        """Sessions claimed from the cluster's bucket."""
+        ...
+
+    @property
+    def sessions_taken(self) -> int:
+        """Sessions another front end claimed from it."""
+        ...
+
 
 @dataclass(slots=True)
 class ClusterFigures:
@@ -40,6 +55,9 @@ class ClusterFigures:
     runs_resent: int
     records_stored: int
     fenced: int
+    front_ends: int = 1
+    sessions_claimed: int = 0
+    sessions_taken: int = 0
     store_buckets: list[tuple[str, float]] = field(default_factory=list)
     store_seconds: float = 0.0
     #: The topics set aside, and why: the first :data:`SET_ASIDE_LISTED`.
@@ -69,6 +87,9 @@ def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
         runs_resent=replicator.runs_resent,
         records_stored=replicator.records_stored,
         fenced=replicator.fenced,
+        front_ends=broker.front_ends,
+        sessions_claimed=broker.sessions_claimed,
+        sessions_taken=broker.sessions_taken,
         store_buckets=buckets,
         store_seconds=seconds,
         set_aside={name: broken[name] for name in sorted(broken)[:SET_ASIDE_LISTED]},
@@ -108,6 +129,9 @@ def add_cluster_families(families: Mapping[str, Family], figures: ClusterFigures
     add("broker_cluster_runs_resent_total", figures.runs_resent)
     add("broker_cluster_records_stored_total", figures.records_stored)
     add("broker_cluster_writes_fenced_total", figures.fenced)
+    add("broker_cluster_front_ends", figures.front_ends)
+    add("broker_cluster_sessions_claimed_total", figures.sessions_claimed)
+    add("broker_cluster_sessions_taken_total", figures.sessions_taken)
     store = families["broker_cluster_store_seconds"]
     assert isinstance(store, HistogramMetricFamily)
     store.add_metric([], buckets=figures.store_buckets, sum_value=figures.store_seconds)

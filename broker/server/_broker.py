@@ -360,6 +360,21 @@ class Broker:
             return self.front_end.cluster
         return None if self.worker is None else self.worker.cluster
 
+    @property
+    def front_ends(self) -> int:
+        """Cluster mode: front ends in the membership it serves with (1: alone)."""
+        return 1 if self.front_end is None else len(self.front_end.cluster.members)
+
+    @property
+    def sessions_claimed(self) -> int:
+        """Cluster mode: sessions claimed from the bucket (see :meth:`_claim`)."""
+        return 0 if self.copies is None else self.copies.claimed
+
+    @property
+    def sessions_taken(self) -> int:
+        """Cluster mode: sessions another front end claimed from this one."""
+        return 0 if self.copies is None else self.copies.taken
+
     def session_taken(self, session_id: bytes) -> None:
         """Another front end took session ``session_id`` over (cluster mode):
         its connection here lets go of it and closes, and it is forgotten

@@ -162,7 +162,12 @@ async def test_a_fenced_write_is_counted(tmp_path: Path) -> None:
     publishers see is the engine's business)."""
     streams = MemoryStreams()
     replication = Replication(streams, "w1")
-    host = SimpleNamespace(logs=SimpleNamespace(replication=replication))
+    host = SimpleNamespace(
+        logs=SimpleNamespace(replication=replication),
+        front_ends=1,
+        sessions_claimed=0,
+        sessions_taken=0,
+    )
     store = LogStore(tmp_path, LogConfig(term_bytes=4096))
     log = replication.open(store, "t", LogConfig(term_bytes=4096))
     stored = trio.Event()

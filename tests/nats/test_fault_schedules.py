@@ -1,7 +1,7 @@
-"""One seeded fault schedule of each kind against a front end over three
-real ``nats-server``s (``faults.py``): nothing confirmed lost, nothing
-stored twice (but what a killed front end's publisher sends again, until
-sessions are kept in the cluster), every record in order."""
+"""One seeded fault schedule of each kind against a front end (two for the
+failover) over three real ``nats-server``s (``faults.py``): nothing
+confirmed lost, nothing stored twice, every record in order, and the
+publisher's session resumed each time (never started afresh)."""
 
 from __future__ import annotations
 
@@ -22,5 +22,6 @@ async def test_a_fault_schedule_loses_nothing_confirmed(fault: str, tmp_path: Pa
     print(outcome)
     assert outcome.confirmed > 0 and outcome.read >= outcome.confirmed
     assert (outcome.lost, outcome.duplicated, outcome.out_of_order) == (0, 0, 0)
+    assert outcome.sessions_lost == 0
     # Bounded memory: an election holds runs back, not records in memory.
     assert outcome.rss_anon_growth_mib < 64

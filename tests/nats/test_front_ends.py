@@ -1,0 +1,95 @@
+"""Two front ends over one JetStream cluster (``broker serve --cluster``
+processes, three real ``nats-server``s): they share out the topics, each
+forwarding to the other what the other owns; a client asking for the
+membership is told both; a client of one reads what was published
+through the other; and when one stops, the other serves every topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.client import open_client
+from broker.nats._servers import open_nats_servers
+
+from .faults import FrontEnd
+from .raw import require_nats_server
+
+pytestmark = pytest.mark.slow
+
+#: A hang guard only.
+DEADLINE = 120
+TOPICS = [f"shared.{n}" for n in range(12)]
+
+
+async def _publish(address: str, count: int) -> None:
+    async with open_client(address, name="pub", reconnect=60) as client:
+        for topic in TOPICS:
+            for n in range(count):
+                await client.publish(topic, b"%s %d" % (topic.encode(), n))
+        await client.flush()
+
+
+async def _read(address: str, topic: str, count: int) -> list[bytes]:
+    got: list[bytes] = []
+    async with (
+        open_client(address, name="reader", reconnect=60) as client,
+        client.subscribe(topic, options={"from": "earliest"}) as subscription,
+    ):
+        async for message in subscription:
+            got.append(message.payload)
+            if len(got) == count:
+                break
+    return got
+
+
+async def _members(address: str) -> set[int]:
+    """The client ports of the front ends a Welcome names."""
+    async with open_client(address, name="asker") as client:
+        cluster = client.cluster
+    assert cluster is not None
+    return {member.port for member in cluster.members}
+
+
+def test_two_front_ends_share_the_topics_and_fail_over(tmp_path: Path) -> None:
+    require_nats_server()
+    with open_nats_servers(
+        tmp_path / "nats", 3, system_account=True, app_jsz_import=True
+    ) as servers:
+        fronts = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            fronts.append(FrontEnd(servers, tmp_path / name))
+        a, b = fronts
+        try:
+            a.start()
+            b.start()
+
+            async def main() -> None:
+                with trio.fail_after(DEADLINE):
+                    ports = {int(f.address.rsplit(":", 1)[1]) for f in fronts}
+                    for _ in range(DEADLINE * 5):  # (a serves afresh once b joins)
+                        if await _members(a.address) == ports:
+                            break
+                        await trio.sleep(0.2)
+                    assert await _members(b.address) == ports
+                    await _publish(a.address, 50)
+                    for topic in TOPICS:
+                        got = await _read(b.address, topic, 50)
+                        assert got == [b"%s %d" % (topic.encode(), n) for n in range(50)]
+                    b.kill()  # (a takes over b's topics once b falls silent)
+                    await _publish(a.address, 10)
+                    for topic in TOPICS:
+                        got = await _read(a.address, topic, 60)
+                        expected = [b"%s %d" % (topic.encode(), n) for n in range(50)]
+                        expected += [b"%s %d" % (topic.encode(), n) for n in range(10)]
+                        assert got == expected
+
+            trio.run(main)
+        finally:
+            for front in fronts:
+                front.stop()
+        log = (tmp_path / "a" / "front-end.log").read_text()
+        assert "Traceback" not in log, log[-3000:]

@@ -24,6 +24,7 @@ MAY_NAME_CONNECTION = {
 MAY_NAME_BROKER = {
     "broker.server",
     "broker.server._broker",
+    "broker.server._front_end",  # (cluster mode: serves one broker after another)
     "broker.metrics._collector",
     "broker.metrics._http",
     "broker.metrics._stat",

@@ -76,6 +76,11 @@ class FrontEndRun:
         await self.broker.shutdown()
 
 
+def _address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _advertised(config: BrokerConfig, host: str) -> str:
     """The host the other front ends and clients reach this one at."""
     if config.advertise_host:
@@ -155,7 +160,7 @@ async def _serve(
         while True:
             placement = FrontEndPlacement(
                 membership.cluster(),
-                {m.id: f"{m.link_host}:{m.link_port}" for m in membership.members},
+                {m.id: _address(m.link_host, m.link_port) for m in membership.members},
                 token,
             )
             setup = FrontEndSetup(placement, listeners, link_listeners)
@@ -175,6 +180,8 @@ async def _serve(
                 run.restarts += 1
                 if on_restart is not None:
                     on_restart(broker)
+                if run.stopping:  # (told to stop while it served afresh)
+                    await broker.shutdown()
             await _either(changed, done)
             if done.is_set() or run.stopping:
                 await done.wait()

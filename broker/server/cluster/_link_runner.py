@@ -109,7 +109,7 @@ class LinkRunner:
         if self.path.startswith("/"):
             return await trio.open_unix_socket(self.path)
         host, _, port = self.path.rpartition(":")
-        return await trio.open_tcp_stream(host, int(port))
+        return await trio.open_tcp_stream(host.strip("[]"), int(port))
 
     async def _serve(self, stream: trio.SocketStream) -> str:
         """Serve one connection of the link until it breaks; why it did."""

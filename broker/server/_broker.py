@@ -23,6 +23,7 @@ from broker.auth import (
 )
 from broker.backoff import Backoff
 from broker.config import LOOPBACK, BrokerConfig, ConfigError
+from broker.nats import JetStreamError
 from broker.protocol import Cluster, GoodbyeCode
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol.frames import encode
@@ -63,7 +64,7 @@ from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
 from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
-from .sessions._kv_bucket import open_record_bucket
+from .sessions._kv_bucket import BUCKET, open_record_bucket
 from .sessions._records import SessionRecords, forget_sessions
 from .sessions._restore import restore_claimed, restore_sessions
 from .sessions._session import SessionTable
@@ -676,9 +677,15 @@ RECORDS_PATIENCE = 60.0
 async def _patiently_open(runs: JetStreamRuns, replicas: int) -> RecordBucket:
     """The sessions' bucket, asked again with a backoff while JetStream
     does not answer (up to :data:`RECORDS_PATIENCE` seconds)."""
-    return await _patiently(
-        "making the sessions' bucket", lambda: open_record_bucket(runs.js, replicas)
-    )
+    try:
+        return await _patiently(
+            "making the sessions' bucket", lambda: open_record_bucket(runs.js, replicas)
+        )
+    except JetStreamError as error:
+        raise ClusterUnavailable(
+            f"cluster mode: the KV bucket {BUCKET} cannot be used: {error} "
+            "(delete it with `nats kv del`, or give it its configuration back)"
+        ) from None
 
 
 async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:

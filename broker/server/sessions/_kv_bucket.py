@@ -19,7 +19,7 @@ from broker.nats import (
     KeyValue,
     NatsError,
 )
-from broker.nats._jetstream import KV_OPERATION
+from broker.nats._jetstream import ERR_STREAM_NAME_IN_USE, KV_OPERATION
 
 from ._cluster_records import RecordConflict, RecordsUnavailable
 
@@ -31,12 +31,16 @@ BUCKET = "broker-sessions"
 
 async def open_record_bucket(js: JetStream, replicas: int) -> JetStreamRecordBucket:
     """The bucket, made if it is not there (``replicas`` copies). Raises
-    :class:`RecordsUnavailable` if JetStream does not answer, and
-    :class:`JetStreamError` if it refuses (a bucket of another shape)."""
+    :class:`RecordsUnavailable` if JetStream does not answer or cannot make
+    it now (no leader, a peer offline), and :class:`JetStreamError` if a
+    bucket of that name has another configuration."""
     try:
         kv = await js.create_key_value(BUCKET, history=1, replicas=replicas)
-    except JetStreamError:
-        raise
+    except JetStreamError as error:
+        if error.err_code == ERR_STREAM_NAME_IN_USE:
+            raise  # (a bucket of that name made otherwise: asking again won't help)
+        # (No leader yet, a peer offline while the cluster forms: ask again.)
+        raise RecordsUnavailable(f"making KV bucket {BUCKET}: {error}") from None
     except NatsError as error:
         raise RecordsUnavailable(f"making KV bucket {BUCKET}: {error}") from None
     return JetStreamRecordBucket(kv)

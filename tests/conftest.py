@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -42,6 +43,27 @@ os.environ.pop("STATE_DIRECTORY", None)
 # BROKER_REQUIRE_TOOLS is the tests' own switch (CI sets it), not the broker's.
 for _name in [n for n in os.environ if n.startswith("BROKER_") and n != "BROKER_REQUIRE_TOOLS"]:
     del os.environ[_name]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The suite runs in two worker processes (pytest-xdist: addopts in
+    pyproject.toml), each given whole test files (``--dist loadfile``): a
+    module-scoped fixture (a cluster of servers, say) starts once. The Spark
+    tests (tests/spark/) go to one worker together: they share one JVM and the
+    brokers of their session-scoped fixtures. (``--dist loadgroup`` with
+    ``xdist_group`` marks would say this, but pytest-xdist 3.8 under pytest 9.2
+    ignores the marks: pytest-xdist issue #1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSpark(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/spark/" if path.startswith("tests/spark/") else path
+
+    return FilesAndSpark(config, log)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -109,6 +109,8 @@ class _Write:
     strict: bool
     #: When to send it (trio time; lazy writes wait to be coalesced).
     due: float
+    #: A ``P`` key's counts as written (what may be confirmed once stored).
+    counts: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -175,6 +177,9 @@ class ClusterRecords:
         self._acked: dict[str, dict[int, int]] = {}
         #: Per key of a strict write: the value last asked for.
         self._values: dict[str, bytes] = {}
+        #: Per session: the publish counts its ``P`` key holds in the bucket
+        #: (what its Confirms may say).
+        self._kept: dict[str, dict[int, int]] = {}
         #: Per session: who waits for its keys to be stored.
         self._waiters: dict[str, list[Callable[[], None]]] = {}
         self._wake = trio.Event()
@@ -199,7 +204,7 @@ class ClusterRecords:
         counts = self._routed.setdefault(session, {})
         if counts.get(handle) != count:
             counts[handle] = count
-            self._strict(session, routed_key(session), self._value(counts))
+            self._strict(session, routed_key(session), self._value(counts), dict(counts))
 
     def acked(self, session: str, handle: int, offset: int) -> None:
         """A subscription's position moved (written within :data:`LAZY_DELAY`)."""
@@ -217,6 +222,7 @@ class ClusterRecords:
         self._taken.discard(session)
         self._routed.pop(session, None)
         self._acked.pop(session, None)
+        self._kept.pop(session, None)
         for key in self._keys.pop(session, ()):
             self._values.pop(key, None)
             if key in self._revisions or key in self._in_flight:
@@ -230,6 +236,7 @@ class ClusterRecords:
         bucket for whoever resumes it): nothing more is written of it."""
         self._routed.pop(session, None)
         self._acked.pop(session, None)
+        self._kept.pop(session, None)
         for key in self._keys.pop(session, ()):
             self._values.pop(key, None)
             self._pending.pop(key, None)
@@ -240,7 +247,9 @@ class ClusterRecords:
         """A value to write: ``payload``, named as this front end's."""
         return cbor2.dumps([self.writer, payload])
 
-    def _strict(self, session: str, key: str, value: bytes) -> None:
+    def _strict(
+        self, session: str, key: str, value: bytes, counts: dict[int, int] | None = None
+    ) -> None:
         """A write that what relies on it waits for (none if ``key`` has
         that value already: an unchanged record is asked again and again)."""
         if session in self._taken or self._values.get(key) == value:
@@ -248,7 +257,7 @@ class ClusterRecords:
         self._values[key] = value
         self.generation += 1
         self._keys.setdefault(session, set()).add(key)
-        self._put(key, _Write(value, True, trio.current_time()))
+        self._put(key, _Write(value, True, trio.current_time(), counts))
         if key not in self._outstanding:
             self._outstanding.add(key)
             self._unstored[session] = self._unstored.get(session, 0) + 1
@@ -258,6 +267,8 @@ class ClusterRecords:
         if old is not None:
             write.strict = write.strict or old.strict
             write.due = min(write.due, old.due)
+            if write.counts is None:
+                write.counts = old.counts
         self._pending[key] = write
         self._wake.set()
 
@@ -276,8 +287,14 @@ class ClusterRecords:
         """Whether its publish counts are in the bucket as last written."""
         return routed_key(session) not in self._outstanding
 
+    def kept(self, session: str, handle: int) -> int:
+        """How many publishes of topic handle ``handle`` the bucket's count
+        holds (what a Confirm may say: the count written before it)."""
+        return self._kept.get(session, {}).get(handle, 0)
+
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` once :meth:`stored` says so."""
+        """Call ``wake()`` once the next of ``session``'s strict writes is
+        stored (at once if none waits): the caller looks again then."""
         if self.stored(session):
             wake()
         else:
@@ -293,8 +310,12 @@ class ClusterRecords:
         left = self._unstored[session] - 1
         if left:
             self._unstored[session] = left
-            return
-        del self._unstored[session]
+        else:
+            del self._unstored[session]
+        self._progress(session)
+
+    def _progress(self, session: str) -> None:
+        """A write of ``session`` was stored: who waits for it looks again."""
         for wake in self._waiters.pop(session, ()):
             wake()
 
@@ -334,6 +355,7 @@ class ClusterRecords:
             if key in values:
                 self._values[key] = values[key]
         self._routed[session] = dict(claimed.routed)
+        self._kept[session] = dict(claimed.routed)
         self._acked[session] = dict(claimed.acked)
         self._taken.discard(session)
         self.claimed += 1
@@ -405,8 +427,12 @@ class ClusterRecords:
                     self._revisions.pop(key, None)
                 else:
                     self._revisions[key] = revision
+                if write.counts is not None and session in self._keys:
+                    self._kept[session] = write.counts
                 if key not in self._pending:
                     self._stored(key)
+                else:
+                    self._progress(session)
                 return
         finally:
             self._in_flight.discard(key)

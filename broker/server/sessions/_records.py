@@ -96,8 +96,12 @@ class RecordCopies(Protocol):
         """Whether its publish counts are kept as last written."""
         ...
 
+    def kept(self, session: str, handle: int) -> int:
+        """The publish count of topic handle ``handle`` kept (what a Confirm may say)."""
+        ...
+
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` once both are."""
+        """Call ``wake()`` once the next of its writes is kept."""
         ...
 
     def save(self, session: str, record: object) -> None: ...

@@ -180,8 +180,8 @@ class ClusterRecords:
         #: Per session: the publish counts its ``P`` key holds in the bucket
         #: (what its Confirms may say).
         self._kept: dict[str, dict[int, int]] = {}
-        #: Per session: who waits for its keys to be stored.
-        self._waiters: dict[str, list[Callable[[], None]]] = {}
+        #: Per session: who waits for its keys to be stored (each once).
+        self._waiters: dict[str, dict[Callable[[], None], None]] = {}
         self._wake = trio.Event()
         #: Counters: writes stored, tries not answered, sessions taken
         #: over by another front end, sessions claimed from the bucket.
@@ -298,7 +298,7 @@ class ClusterRecords:
         if self.stored(session):
             wake()
         else:
-            self._waiters.setdefault(session, []).append(wake)
+            self._waiters.setdefault(session, {})[wake] = None
 
     def _stored(self, key: str) -> None:
         """``key``'s strict writes are stored (or given up): wake who waits

@@ -283,10 +283,6 @@ class ClusterRecords:
         """Whether session ``session``'s record is in the bucket as last saved."""
         return record_key(session) not in self._outstanding
 
-    def counts_stored(self, session: str) -> bool:
-        """Whether its publish counts are in the bucket as last written."""
-        return routed_key(session) not in self._outstanding
-
     def kept(self, session: str, handle: int) -> int:
         """How many publishes of topic handle ``handle`` the bucket's count
         holds (what a Confirm may say: the count written before it)."""

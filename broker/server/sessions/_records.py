@@ -92,10 +92,6 @@ class RecordCopies(Protocol):
         """Whether session ``session``'s record (hex id) is kept as last saved."""
         ...
 
-    def counts_stored(self, session: str) -> bool:
-        """Whether its publish counts are kept as last written."""
-        ...
-
     def kept(self, session: str, handle: int) -> int:
         """The publish count of topic handle ``handle`` kept (what a Confirm may say)."""
         ...

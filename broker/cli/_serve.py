@@ -22,6 +22,7 @@ from ._stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from broker.server import Broker
+    from broker.server._front_end import FrontEndRun
 
 log = logging.getLogger("broker")
 
@@ -168,7 +169,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: BrokerConfig) -> None:
-    from broker.log import LogError
     from broker.server import serve_broker
 
     tune_gc(config.gc_threshold)
@@ -188,26 +188,51 @@ async def _serve(config: BrokerConfig) -> None:
             if config.cluster:
                 await _serve_front_end(config, signals, nursery)
                 return
-            try:
-                broker = await nursery.start(serve_broker, config)
-            except LogError:
-                raise  # the data directory: not an address (some are OSErrors too)
-            except OSError as error:
-                if error.filename is not None:
-                    raise  # a file (of the data directory), not the address
-                raise CannotListen("clients", config.listen_address, "--listen", error) from None
-            lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
+            broker: Broker = await _start(nursery, partial(serve_broker, config), config)
+            serve = None
             if metrics is not None:
                 from broker.metrics import serve_metrics
 
-                try:
-                    host, port = await nursery.start(serve_metrics, broker, *metrics)
-                except OSError as error:
-                    raise metrics_unavailable(metrics, error) from None
-                lines.append(f"metrics on http://{host}:{port}/metrics")
-            print("\n".join(lines), flush=True)
+                serve = partial(serve_metrics, broker, *metrics)
+            await _announce(nursery, broker, serve, config)
             await stop_on_signals(signals, broker.shutdown, config.shutdown_deadline)
             nursery.cancel_scope.cancel()
+
+
+async def _start(
+    nursery: trio.Nursery, start: Callable[..., Awaitable[None]], config: BrokerConfig
+) -> Any:
+    """What ``start`` reports once it serves (in ``nursery``); an address
+    it cannot listen on raised as one line (:class:`CannotListen`)."""
+    from broker.log import LogError
+
+    try:
+        return await nursery.start(start)
+    except LogError:
+        raise  # the data directory: not an address (some are OSErrors too)
+    except OSError as error:
+        if error.filename is not None:
+            raise  # a file (of the data directory), not the address
+        raise CannotListen("clients", config.listen_address, "--listen", error) from None
+
+
+async def _announce(
+    nursery: trio.Nursery,
+    broker: Broker,
+    serve_metrics: Callable[..., Awaitable[None]] | None,
+    config: BrokerConfig,
+) -> None:
+    """Start ``serve_metrics`` (if any) and say where the broker and its
+    metrics listen, in the lines scripts wait for."""
+    lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
+    metrics = config.metrics_address
+    if serve_metrics is not None and metrics is not None:
+        try:
+            host, port = await nursery.start(serve_metrics)
+        except OSError as error:
+            raise metrics_unavailable(metrics, error) from None
+        lines.append(f"metrics on http://{host}:{port}/metrics")
+    print("\n".join(lines), flush=True)
 
 
 async def _serve_front_end(
@@ -237,21 +262,11 @@ async def _serve_front_end(
             scope = trio.CancelScope()
             nursery.start_soon(partial(_metrics_again, serve_metrics_of, broker))
 
-    try:
-        run = await nursery.start(partial(serve_front_end, config, on_restart=restarted))
-    except OSError as error:
-        if error.filename is not None:
-            raise
-        raise CannotListen("clients", config.listen_address, "--listen", error) from None
-    address = run.broker.address
-    lines = [f"broker listening on {address[0]}:{address[1]}"]
-    if metrics is not None:
-        try:
-            host, port = await nursery.start(serve_metrics_of, run.broker)
-        except OSError as error:
-            raise metrics_unavailable(metrics, error) from None
-        lines.append(f"metrics on http://{host}:{port}/metrics")
-    print("\n".join(lines), flush=True)
+    run: FrontEndRun = await _start(
+        nursery, partial(serve_front_end, config, on_restart=restarted), config
+    )
+    serve = None if metrics is None else partial(serve_metrics_of, run.broker)
+    await _announce(nursery, run.broker, serve, config)
     await stop_on_signals(signals, run.shutdown, config.shutdown_deadline)
     nursery.cancel_scope.cancel()
 

@@ -70,6 +70,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_STATE_HOME, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ``nats-server`` (JetStream, every write synced) for the module
+    that asks for it (skipped, saying what to install, without one)."""
+    from broker.nats._servers import open_nats_servers
+
+    from .nats.raw import require_nats_server
+
+    require_nats_server()
+    with open_nats_servers(tmp_path_factory.mktemp("nats"), count=1) as servers:
+        yield servers.urls[0]
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_loans() -> Iterator[None]:
     before = accounts.leaked_loans()

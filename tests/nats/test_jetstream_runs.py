@@ -6,26 +6,16 @@ a deleted topic's stream goes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from broker.log import encode_run
 from broker.nats import JetStream, open_nats
-from broker.nats._servers import open_nats_servers
 from broker.server.storage._jetstream import JetStreamRuns, stream_name, topic_subject
 from broker.server.storage._replicated import OutgoingRun
 from broker.server.storage._replication import StreamFenced, StreamUnavailable
-
-from .raw import require_nats_server
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_nats_server()
-    with open_nats_servers(tmp_path_factory.mktemp("nats"), count=1) as servers:
-        yield servers.urls[0]
 
 
 @pytest.fixture

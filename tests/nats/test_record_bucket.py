@@ -5,23 +5,13 @@ the bucket reads back as its keys' last values."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from broker.nats import JetStream, open_nats
-from broker.nats._servers import open_nats_servers
 from broker.server.sessions._cluster_records import RecordConflict
 from broker.server.sessions._kv_bucket import JetStreamRecordBucket, open_record_bucket
-
-from .raw import require_nats_server
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_nats_server()
-    with open_nats_servers(tmp_path_factory.mktemp("nats"), count=1) as servers:
-        yield servers.urls[0]
 
 
 @pytest.fixture

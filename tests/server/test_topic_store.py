@@ -15,7 +15,7 @@ engine is checked by adding it to ``ENGINES``.
 from __future__ import annotations
 
 import ast
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Protocol
@@ -24,13 +24,11 @@ import pytest
 
 from broker.log import LogConfig, LogStore, TopicLog
 from broker.nats import JetStream, open_nats
-from broker.nats._servers import open_nats_servers
 from broker.server.storage._jetstream import JetStreamRuns
 from broker.server.storage._replicated import ReplicatedLog
 from broker.server.storage._replication import RunStream, restore_log
 from broker.server.storage._store import Run, Start, TopicStore
 
-from ..nats.raw import require_nats_server
 from .run_streams import MemoryStream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,14 +212,6 @@ ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], AbstractAsyncContextM
     "replicated": _replicated,
     "jetstream": _jetstream,
 }
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One ``nats-server`` (JetStream, every write synced) for the module."""
-    require_nats_server()
-    with open_nats_servers(tmp_path_factory.mktemp("nats"), count=1) as servers:
-        yield servers.urls[0]
 
 
 @pytest.fixture(params=sorted(ENGINES))

@@ -43,7 +43,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -61,6 +60,7 @@ from broker.client import BlockingClient
 from broker.nats._servers import NatsServers, open_nats_servers
 from broker.server.storage._jetstream import stream_name
 
+from ..spark.session import local_session
 from ._process import free_port
 from .crash_duplicates import BrokerProcesses, Tally, payload_of, value_of
 from .crash_duplicates import Settings as BrokerSettings
@@ -165,24 +165,7 @@ class Result:
 def spark_session() -> Any:
     """A local Spark session (two cores, four attempts per task) with the
     broker's data source registered."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    import broker.spark
-
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("spark-cluster-faults")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    broker.spark.register(session)
-    return session
+    return local_session("spark-cluster-faults", attempts=4)
 
 
 class Feed:

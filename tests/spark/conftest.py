@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from .session import local_session
+
 TIMEOUT = 60
 
 
@@ -38,23 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    import broker.spark
-
-    session = (
-        SparkSession.builder.master("local[2,2]")  # one retry per task
-        .appName("broker-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    broker.spark.register(session)
+    session = local_session("broker-tests", attempts=2)  # one retry per task
     yield session
     session.stop()
 

@@ -11,7 +11,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -21,7 +21,6 @@ from broker.auth import (
     AuthTable,
     load_auth_file,
 )
-from broker.backoff import Backoff
 from broker.config import LOOPBACK, BrokerConfig, ConfigError
 from broker.nats import JetStreamError
 from broker.protocol import Cluster, GoodbyeCode
@@ -72,13 +71,12 @@ from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
 from .storage._replication import RunStreams
-from .storage._topic_logs import Replication, TopicLogs
+from .storage._topic_logs import Replication, TopicLogs, patiently
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
 from .transport._wake import Outbox
 
-T = TypeVar("T")
 log = logging.getLogger("broker.server")
 
 #: The most time spent refusing a connection (its TLS handshake included).
@@ -670,37 +668,23 @@ async def serve_broker(
     )
 
 
-#: Seconds the start-up asks the sessions' bucket again while JetStream does not answer.
-RECORDS_PATIENCE = 60.0
-
-
 async def _patiently_open(runs: JetStreamRuns, replicas: int) -> RecordBucket:
     """The sessions' bucket, asked again with a backoff while JetStream
-    does not answer (up to :data:`RECORDS_PATIENCE` seconds)."""
+    does not answer (see :func:`~.storage._topic_logs.patiently`); raises
+    :class:`ClusterUnavailable` (one line) if it cannot be had."""
     try:
-        return await _patiently(
-            "making the sessions' bucket", lambda: open_record_bucket(runs.js, replicas)
+        return await patiently(
+            "making the sessions' bucket",
+            lambda: open_record_bucket(runs.js, replicas),
+            RecordsUnavailable,
         )
+    except RecordsUnavailable as error:
+        raise ClusterUnavailable(f"cluster mode: making the sessions' bucket: {error}") from None
     except JetStreamError as error:
         raise ClusterUnavailable(
             f"cluster mode: the KV bucket {BUCKET} cannot be used: {error} "
             "(delete it with `nats kv del`, or give it its configuration back)"
         ) from None
-
-
-async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
-    """``await call()``, asked again with a backoff while the bucket does
-    not answer, for up to :data:`RECORDS_PATIENCE` seconds."""
-    backoff = Backoff(0.05, 2.0)
-    deadline = trio.current_time() + RECORDS_PATIENCE
-    while True:
-        try:
-            return await call()
-        except RecordsUnavailable as error:
-            if trio.current_time() >= deadline:
-                raise ClusterUnavailable(f"cluster mode: {what}: {error}") from None
-            log.warning("cluster mode: %s: %s (asked again)", what, error)
-            await trio.sleep(backoff.next())
 
 
 async def _serve_broker(

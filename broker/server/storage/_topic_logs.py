@@ -152,16 +152,20 @@ class EngineConnection(Protocol):
 START_PATIENCE = 60.0
 
 
-async def _patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
-    """``await call()``, asked again with a backoff while the streams do not
-    answer (an election, a server restarting), for up to
-    :data:`START_PATIENCE` seconds; then :class:`StreamUnavailable`."""
+async def patiently(
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    unavailable: type[Exception] = StreamUnavailable,
+) -> T:
+    """``await call()``, asked again with a backoff while it raises
+    ``unavailable`` (JetStream not answering: an election, a server
+    restarting), for up to :data:`START_PATIENCE` seconds; then that error."""
     backoff = Backoff(0.05, 2.0)
     deadline = trio.current_time() + START_PATIENCE
     while True:
         try:
             return await call()
-        except StreamUnavailable as error:
+        except unavailable as error:
             if trio.current_time() >= deadline:
                 raise
             log.warning("cluster mode: %s: %s (asked again)", what, error)
@@ -205,10 +209,10 @@ class Replication:
         the others are. Raises :class:`StreamUnavailable` if the streams
         cannot be read now."""
         records = 0
-        for name in await _patiently("listing the topics' streams", self.streams.topics):
+        for name in await patiently("listing the topics' streams", self.streams.topics):
             if owns is not None and not owns(name):
                 continue
-            stream = await _patiently(
+            stream = await patiently(
                 f"opening the stream of {name[:64]!r}", partial(self.replicator.stream, name)
             )
             config = settings.log_config(name)

@@ -8,6 +8,7 @@ connection), ``_link_runner`` (connecting and running links),
 publishes never stored twice), ``_handover`` (a resume passed to its
 session's home), ``_rehome`` (cursors and sessions follow their homes),
 ``_connection_counts`` (per-principal connection counts across workers),
-``_members`` (sans-IO: the live cluster front ends, from their heartbeats)
-and ``_members_io`` (its trio driver over core NATS).
+``_members`` (sans-IO: the live cluster front ends, from their heartbeats),
+``_members_io`` (its trio driver over core NATS) and ``_front_ends`` (a
+front end's placement among them: owners, link addresses, link token).
 """

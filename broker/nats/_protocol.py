@@ -467,6 +467,7 @@ class NatsConnection:
         state = self.state
         if state is State.IDLE or state is State.FAILED or not data:
             return []
+        self._outstanding = 0  # (the server is alive: anything it sends says so)
         if type(data) is not bytes:
             data = bytes(data)
         if self._parts:

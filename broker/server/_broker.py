@@ -59,19 +59,20 @@ from .cluster._link import LinkStatistics
 from .cluster._link_table import Links
 from .cluster._origin_dedup import SeenOrigins
 from .cluster._placement import WorkerSetup
+from .cluster._stored_counts import StoredCounts, StoredCountsUnavailable
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
 from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
 from .sessions._kv_bucket import BUCKET, open_record_bucket
 from .sessions._records import SessionRecords, forget_sessions
-from .sessions._restore import restore_claimed, restore_sessions
+from .sessions._restore import claimed_topics, restore_claimed, restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
 from .storage._replication import RunStreams
-from .storage._topic_logs import Replication, TopicLogs, patiently
+from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patiently
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
@@ -207,9 +208,16 @@ class Broker:
         self.directory.placement = self.links
         if logs is not None and self.links is not None:
             logs.owns = lambda topic: self.not_owned(topic) is None
+        #: Cluster mode: per (topic, session, handle), the highest publish
+        #: index the topic's stream holds (stored, not only taken): what a
+        #: session resumed here or at another front end is counted from.
+        self.stored = SeenOrigins()
+        #: Several front ends: asks the others what their streams hold.
+        self.stored_counts_asked: StoredCounts | None = None
         if logs is not None and logs.replication is not None:
             # (What the streams' runs say of whose publishes they hold.)
-            logs.origins_restored = self.seen.seed
+            logs.origins_restored = self._origins_restored
+            logs.replication.replicator.origins_stored = self.stored.stored
         #: What the broker offers its parts (each connection part gets the ones it uses).
         self.services = BrokerServices(
             config=config,
@@ -385,29 +393,80 @@ class Broker:
             session.connection.hand_over()
         self.sessions.end(session, elsewhere=True)
 
-    async def _claim(self, stream: trio.SocketStream) -> None:
+    def _origins_restored(self, topic: str, held: dict[tuple[bytes, int], int]) -> None:
+        """``topic``'s stream, restored, holds these publishes (by origin)."""
+        self.seen.seed(topic, held)
+        self.stored.seed(topic, held)
+
+    def stored_counts(self, session: bytes, pairs: list[tuple[int, str]]) -> dict[int, int]:
+        """Cluster mode: per (handle, topic) of ``pairs`` whose topic this
+        front end owns, how many of ``session``'s publishes on that handle
+        the topic's stream holds (others, and all while shutting down, are
+        left out: the asker asks again)."""
+        counts: dict[int, int] = {}
+        if self.closing or self.logs is None:
+            return counts
+        for handle, topic in pairs:
+            if self.not_owned(topic) is not None:
+                continue
+            try:
+                self.logs.open(topic)  # (restored first: its runs' origins known)
+            except TopicUnavailable:
+                continue
+            counts[handle] = self.stored.high(topic, session, handle)
+        return counts
+
+    async def _claim(self, stream: trio.SocketStream) -> bool:
         """Cluster mode: if ``stream``'s Hello resumes a session this front
         end does not hold, claim it from the cluster and restore it
-        (detached: the Hello then resumes it as usual). Waits at most
-        ``hello_timeout`` for the Hello; a session the cluster does not
-        have, or cannot give now, is left to the Hello's own answer."""
+        (detached: the Hello then resumes it as usual), its publish counts
+        raised to what the topics' streams hold (asked of their owners).
+        Waits at most ``hello_timeout`` for the Hello; a session the
+        cluster does not have is left to the Hello's own answer. False if
+        the client was told to come back (Goodbye 5): the cluster cannot
+        say now what it holds of the session."""
         copies = self.copies
         assert copies is not None
         session: bytes | None = None
         with trio.move_on_after(self.config.hello_timeout):
             session = await hello_session(stream.socket)
         if session is None or session in self.sessions.sessions:
-            return
+            return True
+        deadline = trio.current_time() + self.config.hello_timeout
         try:
-            with trio.fail_after(self.config.hello_timeout):
+            with trio.fail_at(deadline):
                 claimed = await copies.claim(session.hex())
-        except (RecordsUnavailable, trio.TooSlowError) as error:
+            if claimed is None or session in self.sessions.sessions:
+                return True
+            stored = await self._stored_of(session, claimed_topics(claimed), deadline)
+        except (RecordsUnavailable, StoredCountsUnavailable, trio.TooSlowError) as error:
             log.warning(
                 "session %s: cannot be read from the cluster now: %s", session[:4].hex(), error
             )
-            return
-        if claimed is not None and session not in self.sessions.sessions:
-            restore_claimed(self.services, self.seen, session, claimed)
+            await self._refuse(stream, "the cluster cannot give this session now: try again", True)
+            return False
+        if session not in self.sessions.sessions:
+            restore_claimed(self.services, session, claimed, stored)
+        return True
+
+    async def _stored_of(
+        self, session: bytes, topics: dict[int, str], deadline: float
+    ) -> dict[int, int]:
+        """Per topic handle of ``topics``: what its topic's stream holds of
+        ``session``'s publishes on it (here, or asked of its owner)."""
+        mine = [(h, name) for h, name in topics.items() if self.not_owned(name) is None]
+        stored = self.stored_counts(session, mine)
+        owners: dict[str, list[tuple[int, str]]] = {}
+        if self.front_end is not None:
+            for handle, name in topics.items():
+                if handle not in stored:
+                    owner = self.front_end.cluster.owner(name).id
+                    owners.setdefault(owner, []).append((handle, name))
+        if owners:
+            if self.stored_counts_asked is None:
+                raise StoredCountsUnavailable("no way to ask the other front ends")
+            stored |= await self.stored_counts_asked.ask(owners, session, deadline)
+        return stored
 
     def home_address(self, session: bytes) -> str | None:
         """Where a resume of ``session`` belongs, if another worker holds it."""
@@ -440,8 +499,12 @@ class Broker:
         ):
             self.handed_over_total += 1
             return
-        if self.copies is not None and isinstance(stream, trio.SocketStream):
-            await self._claim(stream)
+        if (
+            self.copies is not None
+            and isinstance(stream, trio.SocketStream)
+            and not await self._claim(stream)
+        ):
+            return
         # Bounded per address once the broker is half full: then no address
         # can take the slots left from everybody else.
         if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
@@ -542,11 +605,15 @@ class Broker:
         await trio.aclose_forcefully(stream)
         return None
 
-    async def _refuse(self, stream: trio.abc.Stream, reason: str = "too many connections") -> None:
-        """Goodbye 5 (shutting down) or 3 (``reason``: a limit), in TLS on a
-        TLS listener, then close; never more than :data:`REFUSAL_SECONDS`."""
+    async def _refuse(
+        self, stream: trio.abc.Stream, reason: str = "too many connections", later: bool = False
+    ) -> None:
+        """Goodbye 5 (shutting down; ``later``: ``reason``, come back) or 3
+        (``reason``: a limit), in TLS on a TLS listener, then close; never
+        more than :data:`REFUSAL_SECONDS`."""
         self.refused_total += 1
-        code = GoodbyeCode.SHUTTING_DOWN if self.closing else GoodbyeCode.LIMIT_EXCEEDED
+        come_back = self.closing or later
+        code = GoodbyeCode.SHUTTING_DOWN if come_back else GoodbyeCode.LIMIT_EXCEEDED
         reason = "shutting down" if self.closing else reason
         with (
             trio.move_on_after(REFUSAL_SECONDS),
@@ -798,6 +865,8 @@ async def _serve_broker(
             worker=worker,
             front_end=None if front_end is None else front_end.placement,
         )
+        if front_end is not None:
+            broker.stored_counts_asked = front_end.stored_counts
         if auth is not None and worker is not None and worker.connection_counts is not None:
             shared = SharedCounts(
                 worker.connection_counts, worker.cluster.index, list(auth.principals)

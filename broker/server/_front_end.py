@@ -32,6 +32,7 @@ from ._broker import Broker, _patiently_open, serve_broker
 from .cluster._front_ends import FrontEndPlacement, FrontEndSetup, link_token
 from .cluster._members import FrontEnd, Membership
 from .cluster._members_io import serve_membership
+from .cluster._stored_counts import StoredCounts
 from .sessions._cluster_records import RecordBucket
 from .storage._jetstream import JetStreamRuns, open_jetstream_runs
 
@@ -146,7 +147,9 @@ async def _serve(
 
     client: NatsClient = runs.js.client
     run: FrontEndRun | None = None
+    stored = StoredCounts(client, me.id)
     async with trio.open_nursery() as nursery:
+        await nursery.start(stored.serve, lambda: None if run is None else run.broker.stored_counts)
         with trio.fail_after(JOIN_TIMEOUT):
             await nursery.start(
                 partial(
@@ -163,7 +166,7 @@ async def _serve(
                 {m.id: _address(m.link_host, m.link_port) for m in membership.members},
                 token,
             )
-            setup = FrontEndSetup(placement, listeners, link_listeners)
+            setup = FrontEndSetup(placement, listeners, link_listeners, stored)
             done = trio.Event()
             broker: Broker = await nursery.start(_serve_broker, config, runs, bucket, setup, done)
             log.info(

@@ -6,6 +6,8 @@ through the other; and when one stops, the other serves every topic."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import trio
 from broker.client import open_client
 from broker.nats._servers import open_nats_servers
 
+from ..proxy import proxied
 from .faults import FrontEnd
 from .raw import require_nats_server
 
@@ -53,7 +56,10 @@ async def _members(address: str) -> set[int]:
     return {member.port for member in cluster.members}
 
 
-def test_two_front_ends_share_the_topics_and_fail_over(tmp_path: Path) -> None:
+@contextmanager
+def _two_front_ends(tmp_path: Path) -> Iterator[list[FrontEnd]]:
+    """Three nats-servers and two front ends over them, stopped after (each
+    front end's log checked for tracebacks)."""
     require_nats_server()
     with open_nats_servers(
         tmp_path / "nats", 3, system_account=True, app_jsz_import=True
@@ -62,34 +68,89 @@ def test_two_front_ends_share_the_topics_and_fail_over(tmp_path: Path) -> None:
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
             fronts.append(FrontEnd(servers, tmp_path / name))
-        a, b = fronts
         try:
-            a.start()
-            b.start()
-
-            async def main() -> None:
-                with trio.fail_after(DEADLINE):
-                    ports = {int(f.address.rsplit(":", 1)[1]) for f in fronts}
-                    for _ in range(DEADLINE * 5):  # (a serves afresh once b joins)
-                        if await _members(a.address) == ports:
-                            break
-                        await trio.sleep(0.2)
-                    assert await _members(b.address) == ports
-                    await _publish(a.address, 50)
-                    for topic in TOPICS:
-                        got = await _read(b.address, topic, 50)
-                        assert got == [b"%s %d" % (topic.encode(), n) for n in range(50)]
-                    b.kill()  # (a takes over b's topics once b falls silent)
-                    await _publish(a.address, 10)
-                    for topic in TOPICS:
-                        got = await _read(a.address, topic, 60)
-                        expected = [b"%s %d" % (topic.encode(), n) for n in range(50)]
-                        expected += [b"%s %d" % (topic.encode(), n) for n in range(10)]
-                        assert got == expected
-
-            trio.run(main)
+            for front in fronts:
+                front.start()
+            yield fronts
         finally:
             for front in fronts:
                 front.stop()
-        log = (tmp_path / "a" / "front-end.log").read_text()
-        assert "Traceback" not in log, log[-3000:]
+        for name in ("a", "b"):
+            log = (tmp_path / name / "front-end.log").read_text()
+            assert "Traceback" not in log, log[-3000:]
+
+
+async def _both_serving(fronts: list[FrontEnd]) -> None:
+    """Until each front end names both in its Welcome (each serves afresh
+    once the other joins)."""
+    ports = {int(f.address.rsplit(":", 1)[1]) for f in fronts}
+    for front in fronts:
+        for _ in range(DEADLINE * 5):
+            if await _members(front.address) == ports:
+                break
+            await trio.sleep(0.2)
+        assert await _members(front.address) == ports
+
+
+def test_two_front_ends_share_the_topics_and_fail_over(tmp_path: Path) -> None:
+    with _two_front_ends(tmp_path) as fronts:
+        a, b = fronts
+
+        async def main() -> None:
+            with trio.fail_after(DEADLINE):
+                await _both_serving(fronts)
+                await _publish(a.address, 50)
+                for topic in TOPICS:
+                    got = await _read(b.address, topic, 50)
+                    assert got == [b"%s %d" % (topic.encode(), n) for n in range(50)]
+                b.kill()  # (a takes over b's topics once b falls silent)
+                await _publish(a.address, 10)
+                for topic in TOPICS:
+                    got = await _read(a.address, topic, 60)
+                    expected = [b"%s %d" % (topic.encode(), n) for n in range(50)]
+                    expected += [b"%s %d" % (topic.encode(), n) for n in range(10)]
+                    assert got == expected
+
+        trio.run(main)
+
+
+def test_a_session_moves_between_two_live_front_ends(tmp_path: Path) -> None:
+    """A client publishing through one front end reconnects to the other:
+    its session resumes there, its publish counts taken from the topics'
+    streams (asked of the other front end for the topics that one owns),
+    and every publish is stored once, in order."""
+    with _two_front_ends(tmp_path) as fronts:
+        a, b = fronts
+
+        async def main() -> None:
+            with trio.fail_after(DEADLINE):
+                await _both_serving(fronts)
+                host, port = a.address.rsplit(":", 1)
+                lost: list[int] = []
+                async with (
+                    proxied((host, int(port))) as proxy,
+                    open_client(
+                        proxy.url,
+                        name="mover",
+                        reconnect=60,
+                        on_session_lost=lambda: lost.append(1),
+                    ) as client,
+                ):
+                    for n in range(30):
+                        for topic in TOPICS:
+                            await client.publish(topic, b"%s %d" % (topic.encode(), n))
+                    await client.flush()
+                    host, port = b.address.rsplit(":", 1)
+                    proxy.target = (host, int(port))
+                    proxy.cut()  # (it reconnects, now to b)
+                    for n in range(30, 40):
+                        for topic in TOPICS:
+                            await client.publish(topic, b"%s %d" % (topic.encode(), n))
+                    await client.flush()
+                    assert proxy.connections >= 2  # (it moved)
+                assert lost == []
+                for topic in TOPICS:
+                    got = await _read(a.address, topic, 40)
+                    assert got == [b"%s %d" % (topic.encode(), n) for n in range(40)]
+
+        trio.run(main)

@@ -171,6 +171,17 @@ def test_keepalive_pings_then_reports_a_stale_connection() -> None:
     assert conn.state is State.FAILED
 
 
+def test_anything_the_server_sends_counts_as_an_answer_to_the_pings() -> None:
+    conn = connected()  # ping_interval 10, at 0
+    sid = conn.subscribe("s")
+    assert conn.handle_timer(10.0) == []
+    assert conn.handle_timer(20.0) == []  # (two PINGs unanswered)
+    conn.receive_data(b"MSG s %d 1\r\na\r\n" % sid)  # (but the server is alive)
+    assert conn.handle_timer(30.0) == []
+    assert conn.handle_timer(40.0) == []
+    assert conn.handle_timer(50.0) == [StaleConnection(2)]
+
+
 def test_a_subscription_with_max_msgs_is_sent_again_with_what_is_left() -> None:
     conn = connected()
     sid = conn.subscribe("s")

@@ -150,9 +150,13 @@ class MemoryBucket:
     revision: int = 0
     failures: list[str] = field(default_factory=list)
     writes: int = 0
+    #: Key prefixes whose writes are never answered (a write still on its way).
+    unanswered: set[str] = field(default_factory=set)
 
     async def write(self, key: str, value: bytes | None, last_revision: int) -> int:
         await trio.lowlevel.checkpoint()
+        if any(key.startswith(prefix) for prefix in self.unanswered):
+            await trio.sleep_forever()
         failure = self.failures.pop(0) if self.failures else None
         if failure == "unavailable":
             raise RecordsUnavailable("no answer (scheduled)")

@@ -136,7 +136,7 @@ async def test_a_claim_reads_the_session_and_the_old_holder_loses_it() -> None:
         holder.save("ab", {"client": "kept"})
         holder.routed("ab", 1, 40)
         holder.acked("ab", 2, 7)
-        assert not holder.stored("ab")  # (the count is a strict write too)
+        assert not holder.stored("ab")  # (the record is waited for)
         await wait_until(lambda: len(bucket.values) == 3, what="all three written")
         assert holder.stored("ab")
         claimer = ClusterRecords(bucket, lambda _s: None)
@@ -150,10 +150,42 @@ async def test_a_claim_reads_the_session_and_the_old_holder_loses_it() -> None:
         assert taken == [bytes.fromhex("ab")]
         nursery.start_soon(claimer.run)
         claimer.routed("ab", 1, 41)  # (the claimer's revisions are the bucket's)
-        await wait_until(lambda: claimer.stored("ab"), what="the claimer's write")
+        assert claimer.stored("ab")  # (a count is written lazily: nothing waits)
+        await wait_until(
+            lambda: _payload(bucket.values[routed_key("ab")][0]) == {1: 41},
+            what="the claimer's write",
+        )
         nursery.cancel_scope.cancel()
     assert _payload(bucket.values[routed_key("ab")][0]) == {1: 41}
     assert claimer.taken == 0
+
+
+async def test_a_claim_reads_again_when_the_holder_writes_meanwhile() -> None:
+    """The holder's lazy count landing between a claim's read and its
+    writes makes the claim read again (not give the session up)."""
+    bucket = MemoryBucket()
+    holder = ClusterRecords(bucket, lambda _s: None)
+    async with trio.open_nursery() as nursery:
+        await _running(holder, nursery)
+        holder.save("ab", {"client": "kept"})
+        holder.routed("ab", 1, 40)
+        await wait_until(lambda: len(bucket.values) == 2, what="both written")
+        nursery.cancel_scope.cancel()
+    reads: list[str] = []
+    read = bucket.session
+
+    async def read_then_the_holder_writes(session: str) -> dict[str, tuple[bytes, int]]:
+        keys = await read(session)
+        reads.append(session)
+        if len(reads) == 1:
+            bucket.write_now(routed_key(session), cbor2.dumps([holder.writer, {1: 41}]))
+        return keys
+
+    bucket.session = read_then_the_holder_writes  # type: ignore[method-assign]
+    claimed = await ClusterRecords(bucket, lambda _s: None).claim("ab")
+    assert claimed is not None
+    assert claimed.routed == {1: 41}
+    assert reads == ["ab", "ab"]
 
 
 @pytest.mark.parametrize("disk", ["same", "new"])
@@ -206,3 +238,57 @@ async def test_a_session_resumes_on_a_front_end_with_another_disk(
             await other.shutdown()
     assert lost == []
     assert [m.count for m in streams.streams["orders"].messages] == [1, 1]
+
+
+async def test_a_resume_counts_what_the_stream_holds_not_the_late_count(
+    tmp_path: Path,
+) -> None:
+    """A session's publish count is written lazily: a front end that
+    resumes the session before the count lands is told by the topic's
+    stream how many of its publishes are stored (at least what was
+    confirmed), so the client resends nothing stored and loses nothing."""
+    streams, bucket = MemoryStreams(), MemoryBucket()
+    bucket.unanswered.add(routed_key(""))  # (no count ever lands)
+    address = ["127.0.0.1", 0]
+
+    async def open_stream() -> trio.abc.Stream:
+        return await trio.open_tcp_stream(str(address[0]), int(address[1]))
+
+    stopped = trio.Event()
+
+    async def serve(data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
+        config = make_config(data_dir=str(data_dir), lease=30.0)
+        try:
+            await serve_broker(config, streams=streams, records=bucket, task_status=task_status)
+        finally:
+            stopped.set()
+
+    lost: list[int] = []
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            broker: Broker = await nursery.start(serve, tmp_path / "a")
+            address[:] = broker.address
+            async with open_client(
+                url(broker),
+                name="resumer",
+                reconnect=30.0,
+                open_stream=open_stream,
+                on_session_lost=lambda: lost.append(1),
+            ) as client:
+                for body in (b"one", b"two", b"three"):
+                    await client.publish("orders", body)
+                await client.flush()  # (confirmed: stored in the stream)
+                assert routed_key(broker.sessions.sessions.copy().popitem()[0].hex()) not in (
+                    bucket.values
+                )
+                await broker.shutdown()
+                await stopped.wait()
+                other: Broker = await nursery.start(serve, tmp_path / "b")
+                address[:] = other.address
+                await client.publish("orders", b"four")
+                await client.flush()
+                assert other.sessions.resumed_total == 1
+            await other.shutdown()
+    assert lost == []
+    stored = streams.streams["orders"].messages
+    assert sum(m.count for m in stored) == 4  # (each once)

@@ -24,6 +24,8 @@ import trio
 
 from broker.protocol import Cluster
 
+from ._stored_counts import StoredCounts
+
 __all__ = ["FrontEndPlacement", "FrontEndSetup", "KeptListener", "link_token"]
 
 
@@ -73,6 +75,8 @@ class FrontEndSetup:
     listeners: Sequence[trio.SocketListener]
     #: Where the other front ends' links connect.
     link_listeners: Sequence[trio.SocketListener]
+    #: Asks the other front ends what their streams hold of a session.
+    stored_counts: StoredCounts | None = None
 
 
 class KeptListener(trio.abc.Listener[trio.SocketStream]):

@@ -82,6 +82,11 @@ class SeenOrigins:
             high[key] = max(index, known)
         self._trim()
 
+    def stored(self, topic: str, origins: list[OriginRun]) -> None:
+        """Cluster mode, the table of what the streams hold: a run of
+        ``topic`` with the publishes of ``origins`` is stored."""
+        self.seed(topic, {(s, h): first + count - 1 for s, h, first, count in origins if s})
+
     def high(self, topic: str, session: bytes, handle: int) -> int:
         """The highest publish index of (``session``, ``handle``) known taken
         for ``topic`` (0: none known)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import trio
@@ -310,9 +309,7 @@ class ServerConnection:
             self.admission.held.cancel()
         if self.publishing.confirm_dirty and not self.protocol.closed:
             self._persist()
-            # (In cluster mode, only what the cluster's counts hold: the client
-            # sends the rest again, recognised there as stored.)
-            self.publishing.send_confirms(self._kept())
+            self.publishing.send_confirms()
         self.goodbye(GoodbyeCode.SHUTTING_DOWN, "broker shutting down")
 
     def _persist(self) -> None:
@@ -335,13 +332,6 @@ class ServerConnection:
         records = self._storage.session_records
         return None if records is None else records.copies
 
-    def _wake_when_kept(self) -> None:
-        """Wake the writer when the next of the session's writes is kept."""
-        copies = self._copies()
-        session = self.admission.session
-        if copies is not None and session is not None:
-            copies.when_stored(session.id.hex(), self.wake_writer)
-
     def _record_waits(self) -> bool:
         """Whether the output waits for the session's record to be kept in
         the cluster (the writer is woken once it is)."""
@@ -351,16 +341,6 @@ class ServerConnection:
             return False
         copies.when_stored(self._record_waited, self.wake_writer)
         return True
-
-    def _kept(self) -> Callable[[int], int] | None:
-        """Cluster mode: per topic handle, the publish count the cluster
-        holds of this session: what its Confirms may say (the rest of the
-        output does not wait for it). None: anything routed may be confirmed."""
-        copies = self._copies()
-        session = self.admission.session
-        if copies is None or session is None or session.link:
-            return None  # (a link's session is nobody's to resume: not recorded)
-        return partial(copies.kept, session.id.hex())
 
     def _cleanup(self) -> None:
         self._wake.write_now = None  # (the reference cycles through the pump's hooks:
@@ -441,10 +421,7 @@ class ServerConnection:
         if publishing.confirm_dirty and not protocol.closed:
             # (A Goodbye read since the routing was noted closes the protocol:
             # nothing more may be said then.)
-            kept = self._kept()
-            publishing.send_confirms(kept)
-            if kept is not None and publishing.confirm_dirty:  # (more once stored)
-                self._wake_when_kept()
+            publishing.send_confirms()
         deliveries = self.deliveries
         if deliveries.inflight:
             if self._writing:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -215,26 +214,19 @@ class Publishing:
 
     # ---------------------------------------------------------------- confirms
 
-    def send_confirms(self, kept: Callable[[int], int] | None = None) -> None:
-        """Confirm what was routed since the last Confirms; with ``kept``
-        (cluster mode: per topic handle, the publish count the cluster
-        holds) no more than that, a handle confirmed short of what was
-        routed staying to confirm."""
+    def send_confirms(self) -> None:
+        """Confirm what was routed since the last Confirms."""
         protocol = self.protocol
-        short: list[int] = []
         for handle in self.confirm_dirty:
             state = self.channels.get(handle)
             if state is None:
                 continue
-            count = state.routed if kept is None else min(state.routed, kept(handle))
+            count = state.routed
             if count > state.confirmed:
                 state.confirmed = count
                 if protocol.may_reference(state.channel):  # not when its topic is being freed
                     protocol.confirm(handle, count)
-            if count < state.routed:
-                short.append(handle)
         self.confirm_dirty.clear()
-        self.confirm_dirty.update(short)
 
     def routed(self, routed: Routed) -> None:
         """A topic routed a batch of this connection's publishes."""

@@ -2,19 +2,21 @@
 resumes a session another one served.
 
 In cluster mode each session's record (its handles, reliable
-subscriptions and stages: see ``_records``) and its publish counts are
-written to a KV bucket of the JetStream cluster as well as to the front
-end's own journal, and nothing that relies on them reaches the client
-before the bucket holds them: the connection's output waits until
-:meth:`ClusterRecords.stored` says so (a Bind's answer waits for the
-record that has its handle; a Confirm for the count that includes its
-publishes, so that a resume anywhere is told at least what its client saw
-confirmed). Each connection waits for its own session's keys only.
+subscriptions and stages: see ``_records``) is written to a KV bucket of
+the JetStream cluster as well as to the front end's own journal, and
+nothing that relies on it reaches the client before the bucket holds it:
+the connection's output waits until :meth:`ClusterRecords.record_stored`
+says so (a Bind's answer waits for the record that has its handle). Each
+connection waits for its own session's record only.
 
-The positions a session's client processed (``acked``) follow lazily, at
-most :data:`LAZY_DELAY` seconds behind: a front end killed in between
-delivers those records again (at least once, as a consumer whose position
-is committed after processing sees).
+Its publish counts (``routed``) and the positions its client processed
+(``acked``) follow lazily, at most :data:`LAZY_DELAY` seconds behind.
+A Confirm does not wait for the counts: a front end that resumes the
+session raises them to what the topics' streams hold of its publishes
+(their runs name their origins; see ``cluster._stored_counts``), which
+is at least what its client saw confirmed. A front end killed before a
+position is written delivers those records again (at least once, as a
+consumer whose position is committed after processing sees).
 
 A front end that is asked to resume a session it does not hold reads the
 session's keys (:meth:`ClusterRecords.claim`) and writes each again at the
@@ -57,6 +59,8 @@ log = logging.getLogger("broker.server")
 
 #: Seconds a lazy write (a subscription's position) waits, to be coalesced.
 LAZY_DELAY = 0.2
+#: Reads of a session's keys a claim makes while they change under it.
+CLAIM_TRIES = 5
 #: Writes to the bucket in flight at once.
 MAX_IN_FLIGHT = 64
 #: Waits between tries of a write the bucket did not take (seconds).
@@ -109,8 +113,6 @@ class _Write:
     strict: bool
     #: When to send it (trio time; lazy writes wait to be coalesced).
     due: float
-    #: A ``P`` key's counts as written (what may be confirmed once stored).
-    counts: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -177,9 +179,6 @@ class ClusterRecords:
         self._acked: dict[str, dict[int, int]] = {}
         #: Per key of a strict write: the value last asked for.
         self._values: dict[str, bytes] = {}
-        #: Per session: the publish counts its ``P`` key holds in the bucket
-        #: (what its Confirms may say).
-        self._kept: dict[str, dict[int, int]] = {}
         #: Per session: who waits for its keys to be stored (each once).
         self._waiters: dict[str, dict[Callable[[], None], None]] = {}
         self._wake = trio.Event()
@@ -197,14 +196,14 @@ class ClusterRecords:
         self._strict(session, record_key(session), self._value(record))
 
     def routed(self, session: str, handle: int, count: int) -> None:
-        """``count`` publishes of topic handle ``handle`` are routed (their
-        Confirms wait until the bucket has it)."""
+        """``count`` publishes of topic handle ``handle`` are routed (written
+        within :data:`LAZY_DELAY`; nothing waits for it)."""
         if session in self._taken:
             return
         counts = self._routed.setdefault(session, {})
         if counts.get(handle) != count:
             counts[handle] = count
-            self._strict(session, routed_key(session), self._value(counts), dict(counts))
+            self._lazy(session, routed_key(session), counts)
 
     def acked(self, session: str, handle: int, offset: int) -> None:
         """A subscription's position moved (written within :data:`LAZY_DELAY`)."""
@@ -212,17 +211,22 @@ class ClusterRecords:
             return
         positions = self._acked.setdefault(session, {})
         positions[handle] = offset
-        key = acked_key(session)
+        self._lazy(session, acked_key(session), positions)
+
+    def _lazy(self, session: str, key: str, payload: dict[int, int]) -> None:
+        """A write of ``key`` that nothing waits for (coalesced for
+        :data:`LAZY_DELAY`); none once another front end took ``session``."""
+        if session in self._taken:
+            return
         self._keys.setdefault(session, set()).add(key)
         due = trio.current_time() + LAZY_DELAY
-        self._put(key, _Write(self._value(positions), False, due))
+        self._put(key, _Write(self._value(payload), False, due))
 
     def forget(self, session: str) -> None:
         """Session ``session`` ended: its keys are deleted (those we wrote)."""
         self._taken.discard(session)
         self._routed.pop(session, None)
         self._acked.pop(session, None)
-        self._kept.pop(session, None)
         for key in self._keys.pop(session, ()):
             self._values.pop(key, None)
             if key in self._revisions or key in self._in_flight:
@@ -236,7 +240,6 @@ class ClusterRecords:
         bucket for whoever resumes it): nothing more is written of it."""
         self._routed.pop(session, None)
         self._acked.pop(session, None)
-        self._kept.pop(session, None)
         for key in self._keys.pop(session, ()):
             self._values.pop(key, None)
             self._pending.pop(key, None)
@@ -247,9 +250,7 @@ class ClusterRecords:
         """A value to write: ``payload``, named as this front end's."""
         return cbor2.dumps([self.writer, payload])
 
-    def _strict(
-        self, session: str, key: str, value: bytes, counts: dict[int, int] | None = None
-    ) -> None:
+    def _strict(self, session: str, key: str, value: bytes) -> None:
         """A write that what relies on it waits for (none if ``key`` has
         that value already: an unchanged record is asked again and again)."""
         if session in self._taken or self._values.get(key) == value:
@@ -257,7 +258,7 @@ class ClusterRecords:
         self._values[key] = value
         self.generation += 1
         self._keys.setdefault(session, set()).add(key)
-        self._put(key, _Write(value, True, trio.current_time(), counts))
+        self._put(key, _Write(value, True, trio.current_time()))
         if key not in self._outstanding:
             self._outstanding.add(key)
             self._unstored[session] = self._unstored.get(session, 0) + 1
@@ -267,8 +268,6 @@ class ClusterRecords:
         if old is not None:
             write.strict = write.strict or old.strict
             write.due = min(write.due, old.due)
-            if write.counts is None:
-                write.counts = old.counts
         self._pending[key] = write
         self._wake.set()
 
@@ -282,11 +281,6 @@ class ClusterRecords:
     def record_stored(self, session: str) -> bool:
         """Whether session ``session``'s record is in the bucket as last saved."""
         return record_key(session) not in self._outstanding
-
-    def kept(self, session: str, handle: int) -> int:
-        """How many publishes of topic handle ``handle`` the bucket's count
-        holds (what a Confirm may say: the count written before it)."""
-        return self._kept.get(session, {}).get(handle, 0)
 
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
         """Call ``wake()`` once the next of ``session``'s strict writes is
@@ -320,25 +314,32 @@ class ClusterRecords:
     async def claim(self, session: str) -> ClaimedSession | None:
         """Read session ``session``'s keys and claim them (each written
         again at the revision read: the front end that held it loses it);
-        None if the bucket has no record of it, or another front end
-        claimed it at the same moment. Raises :class:`RecordsUnavailable`."""
-        keys = await self.bucket.session(session)
-        if record_key(session) not in keys:
-            return None
-        decoded: dict[str, object] = {}
-        for key, (value, _) in keys.items():
-            try:
-                _writer, decoded[key] = cbor2.loads(value)
-            except Exception:  # a damaged value: not resumed, reported
-                log.error("cluster session key %s cannot be read", key[:40])
+        None if the bucket has no record of it, or its keys kept changing
+        under the claim (:data:`CLAIM_TRIES` reads: another front end
+        writes them as fast). A key written between the read and the claim
+        (the holder's late count) makes the claim read again. Raises
+        :class:`RecordsUnavailable`."""
+        for _ in range(CLAIM_TRIES):
+            keys = await self.bucket.session(session)
+            if record_key(session) not in keys:
                 return None
-        revisions: dict[str, int] = {}
-        values: dict[str, bytes] = {}
-        try:
-            for key, (_, revision) in keys.items():
-                values[key] = self._value(decoded[key])
-                revisions[key] = await self.bucket.write(key, values[key], revision)
-        except RecordConflict:
+            decoded: dict[str, object] = {}
+            for key, (value, _) in keys.items():
+                try:
+                    _writer, decoded[key] = cbor2.loads(value)
+                except Exception:  # a damaged value: not resumed, reported
+                    log.error("cluster session key %s cannot be read", key[:40])
+                    return None
+            revisions: dict[str, int] = {}
+            values: dict[str, bytes] = {}
+            try:
+                for key, (_, revision) in keys.items():
+                    values[key] = self._value(decoded[key])
+                    revisions[key] = await self.bucket.write(key, values[key], revision)
+            except RecordConflict:
+                continue
+            break
+        else:
             return None
         claimed = ClaimedSession(
             decoded[record_key(session)],
@@ -351,7 +352,6 @@ class ClusterRecords:
             if key in values:
                 self._values[key] = values[key]
         self._routed[session] = dict(claimed.routed)
-        self._kept[session] = dict(claimed.routed)
         self._acked[session] = dict(claimed.acked)
         self._taken.discard(session)
         self.claimed += 1
@@ -423,8 +423,6 @@ class ClusterRecords:
                     self._revisions.pop(key, None)
                 else:
                     self._revisions[key] = revision
-                if write.counts is not None and session in self._keys:
-                    self._kept[session] = write.counts
                 if key not in self._pending:
                     self._stored(key)
                 else:

@@ -92,10 +92,6 @@ class RecordCopies(Protocol):
         """Whether session ``session``'s record (hex id) is kept as last saved."""
         ...
 
-    def kept(self, session: str, handle: int) -> int:
-        """The publish count of topic handle ``handle`` kept (what a Confirm may say)."""
-        ...
-
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
         """Call ``wake()`` once the next of its writes is kept."""
         ...

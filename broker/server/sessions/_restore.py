@@ -20,7 +20,6 @@ from ..cluster._forward_group import ForwardedGroupMember
 from ..cluster._origin_dedup import SeenOrigins
 from ..patterns._subscription import PatternSubscription
 from ..storage._publish_marks import PublishMarks
-from ..storage._topic_logs import TopicUnavailable
 from ..topics._groups import GroupSubscription
 from ..topics._log_subscription import LogSubscription, cursor_key, start_request
 from ..topics._lossy import DropCounts, OptionError
@@ -169,16 +168,31 @@ def _restore(
     return session
 
 
+def claimed_topics(claimed: ClaimedSession) -> dict[int, str]:
+    """Per topic handle of a claimed session's record: its topic (none if
+    the record is malformed: :func:`restore_claimed` reports it)."""
+    try:
+        record: Any = claimed.record
+        return {int(h): str(name) for h, name, _ in record["topics"]}
+    except (TypeError, ValueError, KeyError, IndexError):
+        return {}
+
+
 def restore_claimed(
-    services: BrokerServices, seen: SeenOrigins, session_id: bytes, claimed: ClaimedSession
+    services: BrokerServices,
+    session_id: bytes,
+    claimed: ClaimedSession,
+    stored: Mapping[int, int],
 ) -> Session | None:
     """Cluster mode: bring back, detached, a session another front end
     served (its keys as :meth:`~._cluster_records.ClusterRecords.claim` read
-    them); None if its record is malformed. Its publish counts are what the
-    bucket has (at least what its client saw confirmed), raised to what the
-    streams of the topics this front end owns hold of it (stored, not yet
-    confirmed): its client sends again only what no stream has, and what it
-    sends to a topic another front end owns is recognised there (``seen``)."""
+    them); None if its record is malformed. Each topic handle's publish
+    count is the larger of the bucket's (written lazily) and ``stored``,
+    what the topic's stream holds of them (its runs name their origins):
+    at least what the client saw confirmed, since a Confirm follows the
+    stream's acknowledgement. Its client sends again only what no stream
+    has, and what it sends that a stream holds after all is recognised
+    there by its origin."""
     counts = {f"p/{h}": n for h, n in claimed.routed.items()}
     counts |= {f"s/{h}": n for h, n in claimed.acked.items()}
     try:
@@ -187,14 +201,9 @@ def restore_claimed(
         log.error("cluster session record of %s is malformed: not resumed", session_id[:4].hex())
         return None
     received = dict(saved.state.received)
-    topics = services.topics
-    for handle, (name, _) in saved.state.topics.items():
-        if topics.not_owned(name) is None and topics.logs is not None:
-            try:
-                topics.logs.open(name)  # (its stream's origins restored into ``seen``)
-            except TopicUnavailable:
-                continue
-            received[handle] = max(received.get(handle, 0), seen.high(name, session_id, handle))
+    for handle, count in stored.items():
+        if handle in saved.state.topics:
+            received[handle] = max(received.get(handle, 0), count)
     session = _restore(services, saved, Unattached(services.resources.account), received)
     records = services.storage.session_records
     if records is not None and session.state is not None:

@@ -100,8 +100,9 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 #: election.
 STORE_TIMEOUT = 2.0
 #: Seconds between the front end's PINGs to its NATS server: a server that
-#: hangs is left for another after two unanswered ones.
-PING_INTERVAL = 5.0
+#: hangs (sends nothing at all) is left for another after two unanswered
+#: ones, within two to three intervals.
+PING_INTERVAL = 1.0
 #: Bytes of a message kept for a record's header and the message's headers.
 RUN_HEADROOM = 4096
 #: Seconds a restore's read asks again while JetStream does not answer.

@@ -228,6 +228,9 @@ class Replicator:
         #: Elections of a stream leader heard, and the waits they cut short.
         self.elections = 0
         self.elections_resent = 0
+        #: Told each run stored: its topic and its publishes' origins (what
+        #: a resumed session is counted from; see ``Broker.stored``).
+        self.origins_stored: Callable[[str, list[OriginRun]], None] | None = None
 
     def leader_elected(self, topic: str) -> None:
         """``topic``'s stream has a new leader: runs in flight that its
@@ -360,6 +363,8 @@ class Replicator:
                     in_flight.popleft()
                     replicated.stored(run, seq)
                     self.records_stored += run.count
+                    if run.origins and self.origins_stored is not None:
+                        self.origins_stored(topic, run.origins)
                     backoff.reset()
                     told = self._told.get(topic)
                     if told is not None:

@@ -23,8 +23,9 @@ from broker.auth import (
 )
 from broker.config import LOOPBACK, BrokerConfig, ConfigError
 from broker.nats import JetStreamError
-from broker.protocol import Cluster, GoodbyeCode
+from broker.protocol import Cluster, GoodbyeCode, Hello
 from broker.protocol import Goodbye as GoodbyeMessage
+from broker.protocol.connection._core import MAX_HELLO_FRAME
 from broker.protocol.frames import encode
 from broker.tls import certificate_identity, server_context
 
@@ -48,6 +49,7 @@ from ._view import ConnectionView
 from .cluster._connection_counts import SharedCounts
 from .cluster._front_ends import FrontEndPlacement, FrontEndSetup, KeptListener
 from .cluster._handover import (
+    first_hello,
     hand_over,
     hello_session,
     home_address,
@@ -76,6 +78,7 @@ from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patie
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
+from .transport._replayed import ReplayedStream
 from .transport._wake import Outbox
 
 log = logging.getLogger("broker.server")
@@ -425,11 +428,39 @@ class Broker:
         cluster does not have is left to the Hello's own answer. False if
         the client was told to come back (Goodbye 5): the cluster cannot
         say now what it holds of the session."""
-        copies = self.copies
-        assert copies is not None
         session: bytes | None = None
         with trio.move_on_after(self.config.hello_timeout):
             session = await hello_session(stream.socket)
+        return await self._claim_session(session, stream)
+
+    async def _claim_secured(
+        self, stream: trio.SSLStream[trio.abc.Stream]
+    ) -> trio.abc.Stream | None:
+        """:meth:`_claim` over TLS: the Hello is read from ``stream`` (after
+        its handshake) and given again to the connection; the stream to
+        serve, or None if the client was told to come back."""
+        data = b""
+        hello: Hello | None = None
+        with trio.move_on_after(self.config.hello_timeout):
+            done = False
+            while not done:
+                try:
+                    chunk = await stream.receive_some(MAX_HELLO_FRAME + 4)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not chunk:
+                    break
+                data += chunk
+                done, hello = first_hello(data)
+        session = None if hello is None else hello.session
+        if not await self._claim_session(session, stream):
+            return None
+        return ReplayedStream(stream, data)
+
+    async def _claim_session(self, session: bytes | None, stream: trio.abc.Stream) -> bool:
+        """See :meth:`_claim`: claim ``session`` (None: nothing to claim)."""
+        copies = self.copies
+        assert copies is not None
         if session is None or session in self.sessions.sessions:
             return True
         deadline = trio.current_time() + self.config.hello_timeout
@@ -501,6 +532,7 @@ class Broker:
             return
         if (
             self.copies is not None
+            and self.ssl_context is None
             and isinstance(stream, trio.SocketStream)
             and not await self._claim(stream)
         ):
@@ -526,6 +558,11 @@ class Broker:
                 return
             transport = secured
             identity = certificate_identity(secured.getpeercert())
+            if self.copies is not None:
+                claimed = await self._claim_secured(secured)
+                if claimed is None:
+                    return
+                transport = claimed
         connection = ServerConnection(
             self.services, self.forget, transport, next(self._serials), peer, identity
         )

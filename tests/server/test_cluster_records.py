@@ -14,8 +14,6 @@ import pytest
 import trio
 import trio.testing
 
-from broker.client import open_client
-from broker.server import Broker, serve_broker
 from broker.server.sessions._cluster_records import (
     LAZY_DELAY,
     ClusterRecords,
@@ -24,11 +22,9 @@ from broker.server.sessions._cluster_records import (
     routed_key,
 )
 
-from .helpers import make_config, url, wait_until
+from .cluster_resume import resume_on_another_broker
+from .helpers import wait_until
 from .run_streams import MemoryBucket, MemoryStreams
-
-#: Hang guard (seconds).
-DEADLINE = 60
 
 
 def _payload(value: bytes) -> object:
@@ -193,50 +189,10 @@ async def test_a_session_resumes_on_a_front_end_with_another_disk(
     tmp_path: Path, disk: str
 ) -> None:
     streams, bucket = MemoryStreams(), MemoryBucket()
-    address = ["127.0.0.1", 0]
-
-    async def open_stream() -> trio.abc.Stream:
-        return await trio.open_tcp_stream(str(address[0]), int(address[1]))
-
-    stopped = trio.Event()
-
-    async def serve(data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
-        config = make_config(data_dir=str(data_dir), lease=30.0)
-        try:
-            await serve_broker(config, streams=streams, records=bucket, task_status=task_status)
-        finally:
-            stopped.set()
-
-    lost: list[int] = []
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            broker: Broker = await nursery.start(serve, tmp_path / "a")
-            address[:] = broker.address
-            async with open_client(
-                url(broker),
-                name="resumer",
-                reconnect=30.0,
-                open_stream=open_stream,
-                on_session_lost=lambda: lost.append(1),
-            ) as client:
-                await client.publish("orders", b"one")
-                await client.flush()
-                sessions = list(broker.sessions.sessions)
-                assert len(sessions) == 1
-                await wait_until(
-                    lambda: record_key(sessions[0].hex()) in bucket.values, what="the record"
-                )
-                await broker.shutdown()  # (its sessions' records stay)
-                await stopped.wait()
-                second = tmp_path / ("a" if disk == "same" else "b")
-                other: Broker = await nursery.start(serve, second)
-                address[:] = other.address
-                await client.publish("orders", b"two")
-                await client.flush()
-                assert list(other.sessions.sessions) == sessions  # (resumed, not new)
-                assert other.sessions.resumed_total == 1
-            await other.shutdown()
-    assert lost == []
+    moved = await resume_on_another_broker(
+        tmp_path, streams, bucket, [b"one"], [b"two"], same_disk=disk == "same"
+    )
+    assert (moved.lost, moved.resumed) == (0, 1)
     assert [m.count for m in streams.streams["orders"].messages] == [1, 1]
 
 
@@ -249,46 +205,9 @@ async def test_a_resume_counts_what_the_stream_holds_not_the_late_count(
     confirmed), so the client resends nothing stored and loses nothing."""
     streams, bucket = MemoryStreams(), MemoryBucket()
     bucket.unanswered.add(routed_key(""))  # (no count ever lands)
-    address = ["127.0.0.1", 0]
-
-    async def open_stream() -> trio.abc.Stream:
-        return await trio.open_tcp_stream(str(address[0]), int(address[1]))
-
-    stopped = trio.Event()
-
-    async def serve(data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
-        config = make_config(data_dir=str(data_dir), lease=30.0)
-        try:
-            await serve_broker(config, streams=streams, records=bucket, task_status=task_status)
-        finally:
-            stopped.set()
-
-    lost: list[int] = []
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            broker: Broker = await nursery.start(serve, tmp_path / "a")
-            address[:] = broker.address
-            async with open_client(
-                url(broker),
-                name="resumer",
-                reconnect=30.0,
-                open_stream=open_stream,
-                on_session_lost=lambda: lost.append(1),
-            ) as client:
-                for body in (b"one", b"two", b"three"):
-                    await client.publish("orders", body)
-                await client.flush()  # (confirmed: stored in the stream)
-                assert routed_key(broker.sessions.sessions.copy().popitem()[0].hex()) not in (
-                    bucket.values
-                )
-                await broker.shutdown()
-                await stopped.wait()
-                other: Broker = await nursery.start(serve, tmp_path / "b")
-                address[:] = other.address
-                await client.publish("orders", b"four")
-                await client.flush()
-                assert other.sessions.resumed_total == 1
-            await other.shutdown()
-    assert lost == []
-    stored = streams.streams["orders"].messages
-    assert sum(m.count for m in stored) == 4  # (each once)
+    moved = await resume_on_another_broker(
+        tmp_path, streams, bucket, [b"one", b"two", b"three"], [b"four"]
+    )
+    assert not any(key.startswith(routed_key("")) for key in bucket.values)
+    assert (moved.lost, moved.resumed) == (0, 1)
+    assert sum(m.count for m in streams.streams["orders"].messages) == 4  # (each once)

@@ -97,14 +97,23 @@ async def peek_hello(sock: trio.socket.SocketType) -> Hello | None:
             return None
         if not data:
             return None
-        decoder = FrameDecoder(max_frame=MAX_HELLO_FRAME)
-        decoder.feed(data)
-        try:
-            for message, _ in decoder.messages():
-                return message if isinstance(message, Hello) else None
-        except ProtocolError:
-            return None
+        done, hello = first_hello(data)
+        if done:
+            return hello
         await trio.sleep(PEEK_INTERVAL)  # the rest of the Hello is on its way
+
+
+def first_hello(data: bytes) -> tuple[bool, Hello | None]:
+    """Whether ``data``, a connection's first bytes, hold its first frame
+    (or can never: too large, malformed), and that frame if it is a Hello."""
+    decoder = FrameDecoder(max_frame=MAX_HELLO_FRAME)
+    decoder.feed(data)
+    try:
+        for message, _ in decoder.messages():
+            return True, message if isinstance(message, Hello) else None
+    except ProtocolError:
+        return True, None
+    return False, None
 
 
 class HandoverPlace(Protocol):

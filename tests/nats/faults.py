@@ -26,6 +26,14 @@ Run many seeds outside CI (a soak)::
     python -m tests.nats.faults --seeds 50 --first-seed 1 [--fault leader-kill]
 
 ``tests/nats/test_fault_schedules.py`` runs one seed of each in CI.
+
+Throughout a schedule each front end's ``/stat.json`` is sampled every
+0.1 s (``hop_debt.py``): each hop's most debt (the publishing connection
+and its channel, a link to the topic's owner, the runs and records on their
+way to the stream) against its watermark plus one run; a hop over its
+bound fails the schedule. ``--batch`` sets the records between flushes:
+the default 500 (about 130 KB of debt) stays far below a channel's
+watermark (1 MiB); 5,000 takes the channel to it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +59,8 @@ from broker.client import open_client
 from broker.nats._servers import NatsServers, open_nats_servers
 from broker.server.storage._jetstream import stream_name
 
+from .hop_debt import HOPS, Hop, HopDebt, sample
+
 FAULTS = (
     "leader-kill",
     "leader-pause",
@@ -59,6 +70,8 @@ FAULTS = (
     "front-end-failover",
 )
 TOPIC = "faults"
+#: The publisher's client name (its connection's ``client`` in ``/stat.json``).
+PUBLISHER = "faults-pub"
 BATCH = 500
 PAYLOAD = 100
 #: Hang guard of one schedule (seconds).
@@ -104,11 +117,30 @@ class Outcome:
     #: The front end's RssAnon: its most above what it was once the first
     #: batch was confirmed (MiB; 0 if it could not be read).
     rss_anon_growth_mib: float = 0.0
+    #: Each hop's most debt and its bound (see ``hop_debt.py``).
+    hops: dict[str, Hop] = field(default_factory=dict)
+    #: ``/stat.json`` documents sampled, and requests that failed.
+    stat_samples: int = 0
+    stat_failed: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
+    def exceeded(self) -> list[str]:
+        """The hops whose debt went over their bound."""
+        return [name for name, hop in self.hops.items() if hop.exceeded]
+
+    @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.out_of_order or self.sessions_lost)
+        return not (
+            self.lost or self.duplicated or self.out_of_order or self.sessions_lost or self.exceeded
+        )
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class FrontEnd:
@@ -120,24 +152,36 @@ class FrontEnd:
         self.count = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.address = ""
+        #: Where its ``/stat.json`` is (a fixed port: a front end serving
+        #: afresh serves its metrics again on the same address).
+        self.metrics_port = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def start(self) -> str:
         self.count += 1
         data_dir = self.directory / f"front-end-{self.count}"
         log = self.directory / "front-end.log"
+        port = free_port()
         command = [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve"]
-        command += ["--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir"]
-        command += [str(data_dir), "--cluster", ",".join(self.servers.urls)]
+        command += ["--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}"]
+        command += ["--data-dir", str(data_dir), "--cluster", ",".join(self.servers.urls)]
         with open(log, "ab") as errors:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors)
         assert process.stdout is not None
         line = process.stdout.readline().decode()
-        if "listening on" not in line:
+        metrics = process.stdout.readline().decode()
+        if "listening on" not in line or "metrics on" not in metrics:
             process.kill()
             process.wait()
-            raise RuntimeError(f"front end did not start: {line!r}: {log.read_text()[-2000:]}")
+            raise RuntimeError(
+                f"front end did not start: {line!r} {metrics!r}: {log.read_text()[-2000:]}"
+            )
         self.process = process
         self.address = line.split("listening on", 1)[1].strip()
+        self.metrics_port = port
         return self.address
 
     def kill(self) -> None:
@@ -174,8 +218,10 @@ class Publisher:
     the front end listens then, as behind a Kubernetes Service) and resumes
     its session, sending again what the broker did not have."""
 
-    def __init__(self, front: FrontEnd, *others: FrontEnd) -> None:
+    def __init__(self, front: FrontEnd, *others: FrontEnd, batch: int = BATCH) -> None:
         self.front = front
+        #: Records published between two flushes.
+        self.batch = batch
         #: Front ends behind the same "Service": the first alive is used.
         self.fronts = (front, *others)
         self.published = 0
@@ -185,6 +231,8 @@ class Publisher:
         #: When each batch was confirmed (trio time).
         self.confirm_times: list[float] = []
         self.stop = trio.Event()
+        #: Set once it stopped (its last batch confirmed, its client closed).
+        self.finished = trio.Event()
         self._confirmed = trio.Event()
 
     async def wait_confirmed(self, count: int) -> None:
@@ -202,20 +250,27 @@ class Publisher:
         self.sessions_lost += 1
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.finished.set()
+
+    async def _run(self) -> None:
+        batch = self.batch
         async with open_client(
             self.front.address,
-            name="faults-pub",
+            name=PUBLISHER,
             reconnect=RECONNECT,
             open_stream=self._connect,
             on_session_lost=self._lost,
         ) as client:
             while not self.stop.is_set():
                 first = self.confirmed
-                for number in range(first, first + BATCH):
+                for number in range(first, first + batch):
                     await client.publish(TOPIC, payload(number))
-                self.published = max(self.published, first + BATCH)
+                self.published = max(self.published, first + batch)
                 await client.flush()
-                self.confirmed = first + BATCH
+                self.confirmed = first + batch
                 self.confirm_times.append(trio.current_time())
                 self._confirmed.set()
 
@@ -275,10 +330,11 @@ async def inject(fault: str, servers: NatsServers, front: FrontEnd, rng: random.
 
 
 async def run_schedule(
-    seed: int, fault: str, directory: Path, min_records: int = 100_000
+    seed: int, fault: str, directory: Path, min_records: int = 100_000, batch: int = BATCH
 ) -> Outcome:
     """One schedule: a cluster and a front end of its own in ``directory``;
-    publishing goes on after the fault until ``min_records`` are confirmed."""
+    publishing (flushing every ``batch`` records) goes on after the fault
+    until ``min_records`` are confirmed; each hop's debt sampled throughout."""
     rng = random.Random(seed)
     outcome = Outcome(seed, fault)
     started = time.monotonic()
@@ -293,11 +349,20 @@ async def run_schedule(
         if fault == "front-end-failover":
             (directory / "other").mkdir()
             others.append(stack.enter_context(front_end(servers, directory / "other")))
-        publisher = Publisher(front, *others)
+        publisher = Publisher(front, *others, batch=batch)
+        fronts = [front, *others]
+        debt = HopDebt(TOPIC, PUBLISHER, payload(0))
+        sampling = trio.CancelScope()
+
+        async def sample_debt() -> None:
+            with sampling:
+                await sample(debt, lambda: [f.metrics_port for f in fronts if f.alive])
+
         with trio.fail_after(DEADLINE):
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(sample_debt)
                 nursery.start_soon(publisher.run)
-                await publisher.wait_confirmed(BATCH)  # (the stream exists)
+                await publisher.wait_confirmed(batch)  # (the stream exists)
                 assert front.process is not None
                 baseline = {"pid": front.process.pid, "rss": rss_anon_mib(front.process.pid)}
 
@@ -318,11 +383,16 @@ async def run_schedule(
                 await trio.sleep(rng.uniform(1.0, 4.0))
                 fault_at = trio.current_time()
                 await inject(fault, servers, front, rng)
-                await publisher.wait_confirmed(publisher.confirmed + 2 * BATCH)
+                await publisher.wait_confirmed(publisher.confirmed + 2 * batch)
                 await trio.sleep(rng.uniform(1.0, 3.0))
                 await publisher.wait_confirmed(min_records)
                 publisher.stop.set()
                 watching.cancel()
+                await publisher.finished.wait()
+                # (Samples with nothing left to send, past the metrics'
+                # 1 s cache: what each front end held from the start.)
+                await trio.sleep(1.5)
+                sampling.cancel()
             times = publisher.confirm_times
             before = [t for t in times if t <= fault_at][-1:]
             after = [t for t in times if t > fault_at]
@@ -330,6 +400,13 @@ async def run_schedule(
                 (b - a for a, b in zip(before + after, after, strict=False)), default=0.0
             )
             got = await read_back((others or [front])[0].address)
+    outcome.hops = debt.hops()
+    outcome.stat_samples = debt.taken
+    outcome.stat_failed = debt.failed
+    if debt.unknown_epochs:
+        outcome.notes.append(
+            f"records not stored unknown for {debt.unknown_epochs} restored broker(s)"
+        )
     outcome.published = publisher.published
     outcome.confirmed = publisher.confirmed
     outcome.sessions_lost = publisher.sessions_lost
@@ -362,20 +439,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--records", type=int, default=100_000, help="least records confirmed per schedule"
     )
+    parser.add_argument(
+        "--batch", type=int, default=BATCH, help="records the publisher sends between flushes"
+    )
     args = parser.parse_args(argv)
     failed = 0
     totals = {"confirmed": 0, "read": 0, "lost": 0, "duplicated": 0, "sessions_lost": 0}
+    hops = {name: HopSummary() for name in HOPS}
     for index in range(args.seeds):
         seed = args.first_seed + index
         fault = args.fault or FAULTS[seed % len(FAULTS)]
         with tempfile.TemporaryDirectory(prefix=f"faults-{seed}-") as directory:
-            outcome = trio.run(run_schedule, seed, fault, Path(directory), args.records)
+            outcome = trio.run(run_schedule, seed, fault, Path(directory), args.records, args.batch)
         failed += not outcome.ok
         for key in totals:
             totals[key] += getattr(outcome, key)
-        print(json.dumps(asdict(outcome)), flush=True)
-    print(json.dumps({"schedules": args.seeds, "failed": failed, **totals}), flush=True)
+        for name, hop in outcome.hops.items():
+            hops[name].add(hop)
+        print(json.dumps({**asdict(outcome), "exceeded": outcome.exceeded}), flush=True)
+    summary = {name: asdict(hop) for name, hop in hops.items()}
+    print(
+        json.dumps({"schedules": args.seeds, "failed": failed, **totals, "hops": summary}),
+        flush=True,
+    )
     return 1 if failed else 0
+
+
+@dataclass
+class HopSummary:
+    """One hop over several schedules."""
+
+    #: The most seen in any schedule, and the largest bound.
+    most: int = 0
+    bound: int | None = None
+    #: Schedules that sampled it (it had something in it), and that exceeded it.
+    schedules: int = 0
+    exceeded: int = 0
+
+    def add(self, hop: Hop) -> None:
+        if not hop.samples:
+            return
+        self.schedules += 1
+        self.exceeded += hop.exceeded
+        self.most = max(self.most, hop.most)
+        if hop.bound is not None:
+            self.bound = hop.bound if self.bound is None else max(self.bound, hop.bound)
 
 
 if __name__ == "__main__":

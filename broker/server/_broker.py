@@ -221,6 +221,7 @@ class Broker:
             # (What the streams' runs say of whose publishes they hold.)
             logs.origins_restored = self._origins_restored
             logs.replication.replicator.origins_stored = self.stored.stored
+            logs.replication.replicator.outbox = self.outbox
         #: What the broker offers its parts (each connection part gets the ones it uses).
         self.services = BrokerServices(
             config=config,

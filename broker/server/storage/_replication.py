@@ -32,6 +32,7 @@ from broker.log import DecodedRun, LogError, TopicLog, decode_run
 from broker.protocol import OriginRun
 
 from ..sessions._session import Histogram
+from ..transport._wake import Outbox
 from ._replicated import OutgoingRun, ReplicatedLog
 
 log = logging.getLogger("broker.server")
@@ -231,6 +232,11 @@ class Replicator:
         #: Told each run stored: its topic and its publishes' origins (what
         #: a resumed session is counted from; see ``Broker.stored``).
         self.origins_stored: Callable[[str, list[OriginRun]], None] | None = None
+        #: The broker's outbox: what a stored run releases (Confirms, live
+        #: deliveries to every subscriber) is written from this task, each
+        #: connection's at once (see ``transport._wake``), not by waking
+        #: each connection's writer.
+        self.outbox: Outbox | None = None
 
     def leader_elected(self, topic: str) -> None:
         """``topic``'s stream has a new leader: runs in flight that its
@@ -368,7 +374,15 @@ class Replicator:
                     backoff.reset()
                     told = self._told.get(topic)
                     if told is not None:
-                        told()
+                        outbox = self.outbox
+                        if outbox is None:
+                            told()
+                        else:
+                            outbox.open()
+                            try:
+                                told()
+                            finally:
+                                outbox.close()
                 except StreamFenced as error:
                     self.fenced += 1
                     fenced = replicated.fence(str(error))

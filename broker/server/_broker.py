@@ -944,7 +944,8 @@ async def _serve_broker(
                 if logs is not None and broker.groups is not None:
                     nursery.start_soon(logs.run)
                     nursery.start_soon(broker.groups.run)
-                    if worker is not None:  # (the others' new topics: for patterns)
+                    if worker is not None or front_end is not None:
+                        # (The other workers' or front ends' new topics: for patterns.)
                         nursery.start_soon(broker.patterns.watch, broker.stored_topics)
                     log.info("topic logs in %s", log_dir)
                 await complete_unfinished(broker.services, nursery)  # (commits a stop cut off)

@@ -127,10 +127,15 @@ class TopicDirectory:
 
     async def stored_topics(self, match: Callable[[str], bool]) -> list[str]:
         """The topics on disk whose names ``match``, listed in a thread
-        (none on a memory-only broker; on a worker, every worker's)."""
+        (none on a memory-only broker; on a worker, every worker's; in
+        cluster mode, every topic's stream in the cluster, whichever front
+        end made it)."""
         logs = self.logs
         if logs is None:
             return []
+        if logs.replication is not None:
+            names = await logs.replication.replicator.streams.topics()
+            return [name for name in names if match(name)]
         stored = await trio.to_thread.run_sync(logs.store.list_topics, match)
         return [topic.name for topic in stored]
 

@@ -154,3 +154,31 @@ def test_a_session_moves_between_two_live_front_ends(tmp_path: Path) -> None:
                     assert got == [b"%s %d" % (topic.encode(), n) for n in range(40)]
 
         trio.run(main)
+
+
+def test_a_pattern_takes_the_topics_made_at_the_other_front_end(tmp_path: Path) -> None:
+    """A pattern subscription on one front end reads the topics another
+    front end makes after it subscribed (each topic's stream is in the
+    cluster; the front end looks for new ones every second), the ones the
+    other owns as well as its own."""
+    with _two_front_ends(tmp_path) as fronts:
+        a, b = fronts
+
+        async def main() -> None:
+            with trio.fail_after(DEADLINE):
+                await _both_serving(fronts)
+                got: dict[str, list[bytes]] = {topic: [] for topic in TOPICS}
+                async with (
+                    open_client(a.address, name="watcher", reconnect=60) as client,
+                    client.subscribe("shared.>", start="earliest") as subscription,
+                ):
+                    await trio.sleep(1.5)  # (subscribed, and looked once: nothing yet)
+                    await _publish(b.address, 5)
+                    async for message in subscription:
+                        got[message.topic].append(message.payload)
+                        if sum(map(len, got.values())) == 5 * len(TOPICS):
+                            break
+                for topic in TOPICS:
+                    assert got[topic] == [b"%s %d" % (topic.encode(), n) for n in range(5)]
+
+        trio.run(main)

@@ -74,10 +74,14 @@ CLUSTER_FIGURES = (
     "topics_sending",
     "runs_sent",
     "runs_resent",
+    "runs_in_flight",
     "records_stored",
     "writes_fenced",
+    "store_duplicates",
     "stores",
     "store_seconds",
+    "reads",
+    "read_seconds",
 )
 #: Top-level keys shown by their own sections (any other is shown generically).
 KNOWN = {
@@ -336,6 +340,9 @@ def _cluster(document: Mapping[str, Any]) -> list[str]:
         state = "connected" if connected else "NOT CONNECTED"
     lines = ["", f"cluster      {state} to its NATS servers"]
     lines += _pairs(_picked(cluster, CLUSTER_FIGURES), "  ")
+    failures = _dict(cluster, "store_failures")
+    if any(failures.values()):
+        lines += _pairs(failures.items(), "  ", "store failures: ")
     aside = _dict(cluster, "set_aside")
     total = cluster.get("set_aside_total", len(aside))
     if total or aside:

@@ -3,16 +3,22 @@
 A broker not in cluster mode exports these families with no series at all
 (their ``HELP`` and ``TYPE`` lines only), as a memory-only broker does the
 topic log families: nothing about streams it does not have can look
-healthy or fire an alert. None has a label: they are broker-wide, so the
-series count does not grow with the topics (``broker stat`` names the
-topics set aside).
+healthy or fire an alert. They are broker-wide, so the series count does
+not grow with the topics (``broker stat`` names the topics set aside): the
+one label, ``reason`` of ``broker_cluster_store_failures_total``, takes the
+five values of ``STORE_FAILURES``, each exported from the start.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from broker.server.storage._replication import STORE_FAILURES
+
 from ._family import MetricSpec
+
+#: The values of ``reason`` (``broker_cluster_store_failures_total``).
+FAILURE_REASONS: Final = STORE_FAILURES
 
 #: The cluster mode families, in exposition order (part of ``METRICS``).
 CLUSTER_METRICS: Final[tuple[MetricSpec, ...]] = (
@@ -51,6 +57,28 @@ CLUSTER_METRICS: Final[tuple[MetricSpec, ...]] = (
         "the connection down): their publishers wait meanwhile, nothing is lost.",
     ),
     MetricSpec(
+        "broker_cluster_runs_in_flight",
+        "gauge",
+        "Runs sent to the topics' streams and not acknowledged yet (those waiting to be "
+        "sent again included): at most 4 per topic; above 0 while nothing is stored, the "
+        "streams do not answer (a lost quorum).",
+    ),
+    MetricSpec(
+        "broker_cluster_store_duplicates_total",
+        "counter",
+        "Runs sent again that their stream answered as stored already (their first "
+        "answer was lost): stored once, not twice.",
+    ),
+    MetricSpec(
+        "broker_cluster_store_failures_total",
+        "counter",
+        "Sends of a run its stream did not store, by reason: timeout (no answer in 2 s), "
+        "no_responders (no stream leader), unavailable (JetStream cannot store now: no "
+        "quorum), "
+        "connection (lost or down), refused (any other refusal). Each is sent again.",
+        labels=("reason",),
+    ),
+    MetricSpec(
         "broker_cluster_records_stored_total",
         "counter",
         "Records the topics' streams acknowledged as stored (then they are confirmed).",
@@ -86,5 +114,12 @@ CLUSTER_METRICS: Final[tuple[MetricSpec, ...]] = (
         "Time from each send of a run to its stream's acknowledgement (JetStream's "
         "publish acknowledgement: the replicas hold it); sends not answered are resent "
         "and counted in broker_cluster_runs_resent_total instead.",
+    ),
+    MetricSpec(
+        "broker_cluster_read_seconds",
+        "histogram",
+        "Time of each read of a topic's stream (a pull of up to 256 runs) while restoring "
+        "the topics at a start or when serving afresh; a read that JetStream does not "
+        "answer is asked again for up to 60 s, all in one observation.",
     ),
 )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ._cluster_families import FAILURE_REASONS
 from ._stat_schema import LOG_LIST_LIMIT, ClusterSection
 
 if TYPE_CHECKING:
@@ -58,8 +59,14 @@ class ClusterFigures:
     front_ends: int = 1
     sessions_claimed: int = 0
     sessions_taken: int = 0
+    runs_in_flight: int = 0
+    duplicates: int = 0
+    #: Sends not stored, by reason (every one of ``FAILURE_REASONS``).
+    store_failures: dict[str, int] = field(default_factory=dict)
     store_buckets: list[tuple[str, float]] = field(default_factory=list)
     store_seconds: float = 0.0
+    read_buckets: list[tuple[str, float]] = field(default_factory=list)
+    read_seconds: float = 0.0
     #: The topics set aside, and why: the first :data:`SET_ASIDE_LISTED`.
     set_aside: dict[str, str] = field(default_factory=dict)
     set_aside_total: int = 0
@@ -68,6 +75,11 @@ class ClusterFigures:
     def stores(self) -> int:
         """Sends acknowledged (the histogram's count)."""
         return int(self.store_buckets[-1][1]) if self.store_buckets else 0
+
+    @property
+    def reads(self) -> int:
+        """Reads of the streams while restoring (the histogram's count)."""
+        return int(self.read_buckets[-1][1]) if self.read_buckets else 0
 
 
 def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
@@ -78,6 +90,7 @@ def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
         return None
     replicator = replication.replicator
     buckets, seconds = replicator.store_times.snapshot()
+    read_buckets, read_seconds = replication.read_times.snapshot()
     broken = replication.broken
     return ClusterFigures(
         connected=replication.connected,
@@ -90,8 +103,13 @@ def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
         front_ends=broker.front_ends,
         sessions_claimed=broker.sessions_claimed,
         sessions_taken=broker.sessions_taken,
+        runs_in_flight=replication.runs_in_flight,
+        duplicates=replicator.duplicates,
+        store_failures=dict(replicator.store_failures),
         store_buckets=buckets,
         store_seconds=seconds,
+        read_buckets=read_buckets,
+        read_seconds=read_seconds,
         set_aside={name: broken[name] for name in sorted(broken)[:SET_ASIDE_LISTED]},
         set_aside_total=len(broken),
     )
@@ -116,10 +134,15 @@ def add_cluster_families(families: Mapping[str, Family], figures: ClusterFigures
     if figures is None:
         return
 
-    def add(name: str, value: float) -> None:
+    def add(name: str, value: float, labels: list[str] | None = None) -> None:
         family = families[name]
         assert not isinstance(family, HistogramMetricFamily)
-        family.add_metric([], float(value))
+        family.add_metric(labels or [], float(value))
+
+    def histogram(name: str, buckets: list[tuple[str, float]], seconds: float) -> None:
+        family = families[name]
+        assert isinstance(family, HistogramMetricFamily)
+        family.add_metric([], buckets=buckets, sum_value=seconds)
 
     add("broker_cluster_connected", 1 if figures.connected else 0)
     add("broker_cluster_topics", figures.topics)
@@ -127,14 +150,17 @@ def add_cluster_families(families: Mapping[str, Family], figures: ClusterFigures
     add("broker_cluster_topics_set_aside", figures.set_aside_total)
     add("broker_cluster_runs_sent_total", figures.runs_sent)
     add("broker_cluster_runs_resent_total", figures.runs_resent)
+    add("broker_cluster_runs_in_flight", figures.runs_in_flight)
+    add("broker_cluster_store_duplicates_total", figures.duplicates)
+    for reason in FAILURE_REASONS:
+        add("broker_cluster_store_failures_total", figures.store_failures.get(reason, 0), [reason])
     add("broker_cluster_records_stored_total", figures.records_stored)
     add("broker_cluster_writes_fenced_total", figures.fenced)
     add("broker_cluster_front_ends", figures.front_ends)
     add("broker_cluster_sessions_claimed_total", figures.sessions_claimed)
     add("broker_cluster_sessions_taken_total", figures.sessions_taken)
-    store = families["broker_cluster_store_seconds"]
-    assert isinstance(store, HistogramMetricFamily)
-    store.add_metric([], buckets=figures.store_buckets, sum_value=figures.store_seconds)
+    histogram("broker_cluster_store_seconds", figures.store_buckets, figures.store_seconds)
+    histogram("broker_cluster_read_seconds", figures.read_buckets, figures.read_seconds)
 
 
 def cluster_document(figures: ClusterFigures | None) -> ClusterSection | None:
@@ -147,10 +173,15 @@ def cluster_document(figures: ClusterFigures | None) -> ClusterSection | None:
         "topics_sending": figures.sending,
         "runs_sent": figures.runs_sent,
         "runs_resent": figures.runs_resent,
+        "runs_in_flight": figures.runs_in_flight,
         "records_stored": figures.records_stored,
         "writes_fenced": figures.fenced,
+        "store_duplicates": figures.duplicates,
+        "store_failures": {r: figures.store_failures.get(r, 0) for r in FAILURE_REASONS},
         "stores": figures.stores,
         "store_seconds": figures.store_seconds,
+        "reads": figures.reads,
+        "read_seconds": figures.read_seconds,
         "set_aside_total": figures.set_aside_total,
         "set_aside": dict(figures.set_aside),
     }

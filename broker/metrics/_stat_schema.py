@@ -356,11 +356,21 @@ class ClusterSection(TypedDict):
     topics_sending: int
     runs_sent: int
     runs_resent: int
+    #: Runs sent and not acknowledged yet (those to send again included).
+    runs_in_flight: int
     records_stored: int
     writes_fenced: int
+    #: Runs the streams answered as stored already (resends).
+    store_duplicates: int
+    #: Sends not stored, by reason (timeout, no_responders, unavailable,
+    #: connection, refused).
+    store_failures: dict[str, int]
     #: Sends acknowledged, and the seconds they took in all.
     stores: int
     store_seconds: float
+    #: Reads of the streams while restoring, and the seconds they took in all.
+    reads: int
+    read_seconds: float
     set_aside_total: int
     set_aside: dict[str, str]
 
@@ -565,10 +575,15 @@ MERGE_RULES: Final[Mapping[str, MergeRule]] = {
     "cluster.topics_sending": Rule.SUM,
     "cluster.runs_sent": Rule.SUM,
     "cluster.runs_resent": Rule.SUM,
+    "cluster.runs_in_flight": Rule.SUM,
     "cluster.records_stored": Rule.SUM,
     "cluster.writes_fenced": Rule.SUM,
+    "cluster.store_duplicates": Rule.SUM,
+    "cluster.store_failures": Rule.SUM,
     "cluster.stores": Rule.SUM,
     "cluster.store_seconds": Rule.SUM,
+    "cluster.reads": Rule.SUM,
+    "cluster.read_seconds": Rule.SUM,
     "cluster.set_aside_total": Rule.SUM,
     "cluster.set_aside": Rule.EACH_KEY,
     "cluster.set_aside.*": Rule.SAME,

@@ -44,6 +44,13 @@ REQUIRED_METRICS = {
     "broker_staged_bytes",
     "broker_staging_limit_bytes",
     "broker_staging_outcomes_total",
+    # cluster mode (issue 44, item 7)
+    "broker_cluster_runs_in_flight",
+    "broker_cluster_front_ends",
+    "broker_cluster_runs_resent_total",
+    "broker_cluster_store_failures_total",
+    "broker_cluster_store_duplicates_total",
+    "broker_cluster_store_seconds_bucket",
 }
 
 

@@ -49,6 +49,7 @@ EXPECTED_ALERTS = {
     # cluster mode (issue 44)
     "BrokerClusterDisconnected",
     "BrokerClusterResends",
+    "BrokerClusterQuorumLost",
     "BrokerClusterTopicSetAside",
 }
 

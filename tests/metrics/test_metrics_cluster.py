@@ -19,7 +19,7 @@ from broker.cli._stat_text import render
 from broker.client import open_client
 from broker.log import LogConfig, LogStore, encode_run
 from broker.metrics import metrics_registry, serve_metrics, stat_document
-from broker.metrics._cluster_families import CLUSTER_METRICS
+from broker.metrics._cluster_families import CLUSTER_METRICS, FAILURE_REASONS
 from broker.metrics._cluster_figures import add_cluster_families, cluster_figures
 from broker.server import Broker
 from broker.server.storage._topic_logs import Replication
@@ -65,10 +65,17 @@ class Link:
 def test_every_cluster_family_is_named_and_typed_like_the_others() -> None:
     names = [spec.name for spec in CLUSTER_METRICS]
     assert all(name.startswith("broker_cluster_") for name in names)
-    assert all(not spec.labels for spec in CLUSTER_METRICS)  # (bounded: broker-wide)
+    # (Bounded: broker-wide; the one label has a fixed set of values.)
+    labelled = {spec.name: spec.labels for spec in CLUSTER_METRICS if spec.labels}
+    assert labelled == {"broker_cluster_store_failures_total": ("reason",)}
     for spec in CLUSTER_METRICS:
         assert spec.name.endswith("_total") == (spec.type == "counter"), spec.name
-    assert "broker_cluster_store_seconds" in names
+    assert {
+        "broker_cluster_store_seconds",
+        "broker_cluster_read_seconds",
+        "broker_cluster_runs_in_flight",
+        "broker_cluster_store_duplicates_total",
+    } <= set(names)
 
 
 async def test_a_broker_not_in_cluster_mode_exports_the_families_without_series(
@@ -116,6 +123,19 @@ async def test_runs_sent_resent_and_stored_are_counted(tmp_path: Path) -> None:
     assert after("broker_cluster_runs_resent_total") == 3
     assert after("broker_cluster_records_stored_total") == 2
     assert after("broker_cluster_writes_fenced_total") == 0
+    assert after("broker_cluster_runs_in_flight") == 0
+    # Twice nothing was stored (no responders), once it was and the answer
+    # was lost (a timeout): the last send is answered as a duplicate.
+    failures = {r: after("broker_cluster_store_failures_total", reason=r) for r in FAILURE_REASONS}
+    assert failures == {
+        "timeout": 1,
+        "no_responders": 2,
+        "unavailable": 0,
+        "connection": 0,
+        "refused": 0,
+    }
+    assert before("broker_cluster_store_duplicates_total") == 0
+    assert after("broker_cluster_store_duplicates_total") == 1
     # Two publishes were answered (the first run's, the second's last try);
     # the three unanswered ones are resends, not store times.
     assert after("broker_cluster_store_seconds_count") == 2
@@ -127,11 +147,63 @@ async def test_runs_sent_resent_and_stored_are_counted(tmp_path: Path) -> None:
     assert cluster["connected"] is True
     assert (cluster["runs_sent"], cluster["runs_resent"], cluster["records_stored"]) == (2, 3, 2)
     assert cluster["stores"] == 2
+    assert (cluster["store_duplicates"], cluster["runs_in_flight"]) == (1, 0)
+    assert cluster["store_failures"] == failures
     assert (cluster["set_aside_total"], cluster["set_aside"]) == (0, {})
     text = render(document)
     assert "cluster      connected to its NATS servers" in text
     assert "runs_resent=3" in text
+    assert "store_duplicates=1" in text
+    assert "store failures: timeout=1 no_responders=2 unavailable=0" in text
     assert "set aside" not in text
+
+
+async def test_runs_wait_in_flight_while_the_stream_does_not_answer(tmp_path: Path) -> None:
+    """A stream with no responders: the run stays in flight (the gauge the
+    lost-quorum alert watches), its failures counted, nothing stored; once
+    the stream answers, it is stored and nothing is in flight."""
+    streams = MemoryStreams()
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path), streams=streams) as broker:
+            await publish(broker, "t", [b"first"])
+            stream = streams.streams["t"]
+            stream.failures = ["before"] * 1000
+            assert broker.logs is not None and broker.logs.replication is not None
+            failures = broker.logs.replication.replicator.store_failures
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish, broker, "t", [b"second"])
+                await wait_until(lambda: failures["no_responders"] >= 3, what="sends refused")
+                during = scrape(broker)
+                stream.failures.clear()
+            after = scrape(broker)
+    assert during("broker_cluster_runs_in_flight") == 1
+    assert during("broker_cluster_records_stored_total") == 1
+    no_responders = during("broker_cluster_store_failures_total", reason="no_responders")
+    assert no_responders >= 3
+    assert after("broker_cluster_runs_in_flight") == 0
+    assert after("broker_cluster_records_stored_total") == 2
+    assert after("broker_cluster_store_failures_total", reason="no_responders") == no_responders
+    assert after("broker_cluster_store_failures_total", reason="timeout") == 0
+    assert after("broker_cluster_store_duplicates_total") == 0
+
+
+async def test_the_reads_of_a_restore_are_timed(tmp_path: Path) -> None:
+    """Restoring a topic of one run reads its stream twice (the run, then
+    the end): two observations of the read histogram, in /stat.json too."""
+    streams = MemoryStreams()
+    with trio.fail_after(DEADLINE):
+        async with running_broker(data_dir=str(tmp_path / "a"), streams=streams) as broker:
+            await publish(broker, "t", [b"x"])
+            first = scrape(broker)
+        async with running_broker(data_dir=str(tmp_path / "b"), streams=streams) as broker:
+            again = scrape(broker)
+            document = stat_document(broker)
+    assert first("broker_cluster_read_seconds_count") == 0  # (nothing to restore)
+    assert again("broker_cluster_read_seconds_count") == 2
+    assert again("broker_cluster_read_seconds_bucket", le="+Inf") == 2
+    assert again("broker_cluster_read_seconds_sum") >= 0
+    cluster = document["cluster"]
+    assert cluster is not None and cluster["reads"] == 2
 
 
 async def test_a_topic_set_aside_is_counted_and_named(tmp_path: Path) -> None:

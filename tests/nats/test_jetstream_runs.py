@@ -1,8 +1,9 @@
 """Cluster mode's streams in a real JetStream (``storage/_jetstream.py``):
 a run sent again is answered as stored (also after later runs), a run that
 does not follow the stream's last message is refused as fenced, topics of
-any valid name have a stream of their own and are listed back by name, and
-a deleted topic's stream goes."""
+any valid name have a stream of their own and are listed back by name, a
+deleted topic's stream goes; and what the metrics count of the answers
+(duplicates, failures by reason)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,28 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from broker.log import encode_run
-from broker.nats import JetStream, open_nats
-from broker.server.storage._jetstream import JetStreamRuns, stream_name, topic_subject
+from broker.nats import (
+    ConnectionClosed,
+    ConnectionLost,
+    JetStream,
+    JetStreamError,
+    JetStreamUnavailable,
+    NatsError,
+    NoResponders,
+    RequestTimeout,
+    open_nats,
+)
+from broker.server.storage._jetstream import (
+    JetStreamRuns,
+    failure_reason,
+    stream_name,
+    topic_subject,
+)
 from broker.server.storage._replicated import OutgoingRun
-from broker.server.storage._replication import StreamFenced, StreamUnavailable
+from broker.server.storage._replication import STORE_FAILURES, StreamFenced, StreamUnavailable
 
 
 @pytest.fixture
@@ -39,6 +56,21 @@ async def test_a_run_sent_again_is_answered_with_its_first_sequence(runs: JetStr
     assert await stream.publish(first) == 1
     stored = await stream.fetch(1, 10)
     assert [(m.seq, m.first_offset, m.count) for m in stored] == [(1, 1, 1), (2, 2, 1)]
+
+
+async def test_a_run_stored_before_is_answered_as_a_duplicate(runs: JetStreamRuns) -> None:
+    """What ``broker_cluster_store_duplicates_total`` counts: the answer to
+    a run sent again says the stream held it already (whether JetStream
+    answers with ``duplicate`` or refuses its stale expected sequence)."""
+    stream = await runs.open_stream("duplicate")
+    first = _run(1, [b"a"], 0)
+    pending = await stream.start_publish(first)
+    assert (await pending.wait(), pending.duplicate) == (1, False)
+    pending = await stream.start_publish(first)  # (JetStream's own duplicate answer)
+    assert (await pending.wait(), pending.duplicate) == (1, True)
+    assert await stream.publish(_run(2, [b"b"], 1)) == 2
+    pending = await stream.start_publish(first)  # (refused for its expected sequence)
+    assert (await pending.wait(), pending.duplicate) == (1, True)
 
 
 async def test_a_run_after_another_writer_is_fenced(runs: JetStreamRuns) -> None:
@@ -87,7 +119,47 @@ async def test_a_run_after_a_missing_one_is_sent_again_not_fenced(runs: JetStrea
     both are sent again."""
     stream = await runs.open_stream("gap")
     assert await stream.publish(_run(1, [b"a"], 0)) == 1
-    with pytest.raises(StreamUnavailable, match="earlier run is missing"):
+    with pytest.raises(StreamUnavailable, match="earlier run is missing") as refused:
         await stream.publish(_run(3, [b"c"], 2))  # (run 2, expected at 2, was lost)
+    assert refused.value.reason == "refused"
     assert await stream.publish(_run(2, [b"b"], 1)) == 2
     assert await stream.publish(_run(3, [b"c"], 2)) == 3
+
+
+async def test_a_stream_without_a_leader_is_a_failure_with_its_reason(
+    runs: JetStreamRuns,
+) -> None:
+    """A run to a stream that is not there (as without a leader): no
+    responders, counted as such."""
+    stream = await runs.open_stream("gone")
+    assert await runs.delete_stream("gone")
+    pending = await stream.start_publish(_run(1, [b"a"], 0))
+    with pytest.raises(StreamUnavailable) as failed:
+        await pending.wait()
+    assert failed.value.reason == "no_responders"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RequestTimeout("s", 2.0), "timeout"),
+        (NoResponders("s"), "no_responders"),
+        (ConnectionLost("lost"), "connection"),
+        (ConnectionClosed("closed"), "connection"),
+        (trio.WouldBlock(), "connection"),
+        (JetStreamError(503, 10008, "JetStream system temporarily unavailable"), "unavailable"),
+        (JetStreamError(409, 10158, "duplicate message id is in process"), "unavailable"),
+        (JetStreamError(400, 10071, "wrong last sequence"), "refused"),
+        (JetStreamError(500, 10077, "insufficient resources"), "refused"),
+        (NatsError("something else"), "unavailable"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else value,
+)
+def test_each_failure_is_counted_by_its_reason(error: Exception, reason: str) -> None:
+    assert reason in STORE_FAILURES
+    assert failure_reason(error) == reason
+    if not isinstance(error, JetStreamError):
+        # The client's JetStreamUnavailable says why in its cause.
+        wrapped = JetStreamUnavailable("publish")
+        wrapped.__cause__ = error
+        assert failure_reason(wrapped) == reason

@@ -26,6 +26,8 @@ class Answered:
 
     #: Never answered (a leader that died with the run): waits until cancelled.
     lost: bool = False
+    #: The stream held the run already (its message id seen before).
+    duplicate: bool = False
 
     async def wait(self) -> int:
         await trio.lowlevel.checkpoint()
@@ -63,8 +65,9 @@ class MemoryStream:
             self.failures.pop(0)
             self.publishes += 1
             return Answered(0, None, lost=True)
+        held = run.msg_id in self.ids
         try:
-            return Answered(self.publish_now(run), None)
+            return Answered(self.publish_now(run), None, duplicate=held)
         except LogError as error:
             return Answered(0, error)
 
@@ -73,7 +76,7 @@ class MemoryStream:
         self.publishes += 1
         failure = self.failures.pop(0) if self.failures else None
         if failure == "before":
-            raise StreamUnavailable("no responders (scheduled)")
+            raise StreamUnavailable("no responders (scheduled)", "no_responders")
         seq = self.ids.get(run.msg_id)
         if seq is None:
             if run.expected_last_seq != self.last_seq:
@@ -86,7 +89,7 @@ class MemoryStream:
                 StoredRun(seq, run.first_offset, run.count, run.body, list(run.origins))
             )
         if failure == "after":
-            raise StreamUnavailable("timed out (scheduled, stored)")
+            raise StreamUnavailable("timed out (scheduled, stored)", "timeout")
         return seq
 
     async def fetch(self, from_seq: int, max_messages: int) -> list[StoredRun]:

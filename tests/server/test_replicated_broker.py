@@ -134,3 +134,29 @@ async def test_a_damaged_stream_is_set_aside_and_the_others_served(tmp_path: Pat
             await wait_until(lambda: "bad" not in streams.streams, what="the stream deleted")
             await _publish(url(broker), "bad", [b"afresh"])
             assert await _read(url(broker), "bad", 1) == [(1, b"afresh")]
+
+
+async def test_the_topic_cap_counts_the_topics_this_front_end_writes(tmp_path: Path) -> None:
+    """``cluster_max_topics`` (docs/operations.md, cluster mode's sizing):
+    one topic more than it is refused in one line; a restore takes every
+    topic the streams hold, past it too (a front end that took over the
+    topics of one that left), and then refuses new ones."""
+    streams = MemoryStreams()
+    tails = [encode_deliver_tail(b"theirs", None, None)]
+    with trio.fail_after(DEADLINE):
+        async with running_broker(
+            data_dir=str(tmp_path / "a"), streams=streams, cluster_max_topics=2
+        ) as broker:
+            await _publish(url(broker), "a", [b"1"])
+            await _publish(url(broker), "b", [b"1"])
+            with pytest.raises(BrokerError, match="cluster_max_topics"):
+                await _publish(url(broker), "c", [b"1"])
+        # Another front end (with its own share of the topics) made one more.
+        other = await streams.open_stream("c")
+        other.append_foreign(1, 1, encode_run(1, tails, [1000]))
+        async with running_broker(
+            data_dir=str(tmp_path / "b"), streams=streams, cluster_max_topics=2
+        ) as broker:
+            assert await _read(url(broker), "c", 1) == [(1, b"theirs")]
+            with pytest.raises(BrokerError, match="cluster_max_topics"):
+                await _publish(url(broker), "d", [b"1"])

@@ -43,13 +43,17 @@ from broker.nats import (
     ERR_STREAM_NOT_FOUND,
     ERR_WRONG_LAST_SEQUENCE,
     ConnectError,
+    ConnectionClosed,
+    ConnectionLost,
     Headers,
     JetStream,
     JetStreamError,
     NatsClient,
     NatsError,
+    NoResponders,
     OrderedReader,
     PendingAck,
+    RequestTimeout,
     SlowConsumer,
     StreamConfig,
     open_nats,
@@ -132,8 +136,39 @@ def topic_subject(topic: str) -> str:
     return SUBJECT_PREFIX + _encoded(topic)
 
 
-def _unavailable(what: str, error: Exception) -> StreamUnavailable:
-    return StreamUnavailable(f"{what}: {error}")
+#: The NATS client's errors (or their causes) by what a run's failure is
+#: counted as (``StreamUnavailable.reason``, see ``STORE_FAILURES``).
+_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (RequestTimeout, "timeout"),
+    (NoResponders, "no_responders"),
+    (ConnectionLost, "connection"),
+    (ConnectionClosed, "connection"),
+    (trio.WouldBlock, "connection"),  # (not sent: the output full while disconnected)
+)
+#: JetStream's own "temporarily unavailable" (no meta leader, no quorum).
+_JS_UNAVAILABLE = 503
+#: "duplicate message id is in process" (409): a resend of a run the stream
+#: leader holds but has not committed, as while its replicas lost their
+#: quorum (nats-server 2.15.1, two of three servers killed: tests/nats/test_cluster.py).
+_ERR_IN_PROCESS = 10158
+
+
+def failure_reason(error: BaseException) -> str:
+    """What a failure to store is counted as: ``error`` or its cause (the
+    client's ``JetStreamUnavailable`` wraps a timeout, no responders, a lost
+    connection)."""
+    if isinstance(error, JetStreamError):
+        unavailable = error.code == _JS_UNAVAILABLE or error.err_code == _ERR_IN_PROCESS
+        return "unavailable" if unavailable else "refused"
+    for cause in (error, error.__cause__):
+        for kind, reason in _REASONS:
+            if isinstance(cause, kind):
+                return reason
+    return "unavailable"
+
+
+def _unavailable(what: str, error: BaseException) -> StreamUnavailable:
+    return StreamUnavailable(f"{what}: {error}", failure_reason(error))
 
 
 class JetStreamRun:
@@ -172,18 +207,19 @@ class JetStreamRun:
             return PendingRun(self, run, None, _unavailable(f"stream {self.stream}", error))
         return PendingRun(self, run, pending, None)
 
-    async def answer(self, run: OutgoingRun, pending: PendingAck) -> int:
+    async def answer(self, run: OutgoingRun, pending: PendingAck) -> tuple[int, bool]:
         """The sequence of ``run`` from its acknowledgement (see the module
-        for how each refusal is taken)."""
+        for how each refusal is taken), and whether the stream held it
+        already (a duplicate: it was sent before, its answer lost)."""
         try:
             ack = await pending.wait()
         except JetStreamError as error:
             if error.err_code == ERR_WRONG_LAST_SEQUENCE:
-                return await self._stored_before(run, error)
+                return await self._stored_before(run, error), True
             raise _unavailable(f"stream {self.stream} refused a run", error) from None
         except NatsError as error:
             raise _unavailable(f"stream {self.stream}", error) from None
-        return ack.seq
+        return ack.seq, ack.duplicate
 
     async def _stored_before(self, run: OutgoingRun, refusal: JetStreamError) -> int:
         """The sequence of ``run`` if the stream stored it when it was sent
@@ -200,7 +236,9 @@ class JetStreamRun:
         if found is None:
             # The stream ends before the message the run follows: a run sent
             # before it was not stored; they are all sent again, in order.
-            raise StreamUnavailable(f"stream {self.stream}: an earlier run is missing ({refusal})")
+            raise StreamUnavailable(
+                f"stream {self.stream}: an earlier run is missing ({refusal})", "refused"
+            )
         if found.headers is not None and found.headers.get(MSG_ID) == run.msg_id:
             return found.seq
         raise StreamFenced(str(refusal))
@@ -252,7 +290,7 @@ class JetStreamRun:
 class PendingRun:
     """A run sent to its stream, its answer to come (a ``PendingStore``)."""
 
-    __slots__ = ("_error", "_pending", "_run", "_stream")
+    __slots__ = ("_error", "_pending", "_run", "_stream", "duplicate")
 
     def __init__(
         self,
@@ -265,13 +303,15 @@ class PendingRun:
         self._run = run
         self._pending = pending
         self._error = error
+        self.duplicate = False
 
     async def wait(self) -> int:
         if self._pending is None:
             await trio.lowlevel.checkpoint()
             assert self._error is not None
             raise self._error
-        return await self._stream.answer(self._run, self._pending)
+        seq, self.duplicate = await self._stream.answer(self._run, self._pending)
+        return seq
 
     def cancel(self) -> None:
         if self._pending is not None:

@@ -38,6 +38,8 @@ from ._replicated import OutgoingRun, ReplicatedLog
 log = logging.getLogger("broker.server")
 
 __all__ = [
+    "READ_BOUNDS",
+    "STORE_FAILURES",
     "Replicator",
     "RunStream",
     "RunStreams",
@@ -61,11 +63,27 @@ RESTORE_BATCH = 256
 #: acknowledgement to an election's (4 to 9 s with JetStream).
 _STORE_MS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
 STORE_BOUNDS = tuple(ms / 1000 for ms in _STORE_MS)
+#: Upper bounds (seconds) of the reads' histogram (a batch of up to
+#: :data:`RESTORE_BATCH` messages; a read waits out an election too).
+_READ_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
+READ_BOUNDS = tuple(ms / 1000 for ms in _READ_MS)
+
+#: Why a stream did not store a run (``StreamUnavailable.reason``; the
+#: label values of ``broker_cluster_store_failures_total``): no answer in
+#: time; no responders (no stream leader, the 503 of a NATS request);
+#: JetStream said it cannot store now (its own 503, or a resend still "in
+#: process": no quorum); the connection was lost or not up; any other refusal.
+STORE_FAILURES = ("timeout", "no_responders", "unavailable", "connection", "refused")
 
 
 class StreamUnavailable(LogError):
     """The stream did not answer in time, or has no leader now: send the
-    same run again (a duplicate answer then means it was stored)."""
+    same run again (a duplicate answer then means it was stored).
+    ``reason``: one of :data:`STORE_FAILURES`."""
+
+    def __init__(self, message: str, reason: str = "unavailable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class StreamFenced(LogError):
@@ -89,6 +107,10 @@ class StoredRun:
 
 class PendingStore(Protocol):
     """A run sent and not answered yet (:meth:`RunStream.start_publish`)."""
+
+    #: Once :meth:`wait` returned: whether the stream answered that it held
+    #: the run already (a resend of a run whose first answer was lost).
+    duplicate: bool
 
     async def wait(self) -> int:
         """The run's sequence once stored; raises as :meth:`RunStream.publish`."""
@@ -148,11 +170,15 @@ class RunStreams(Protocol):
 
 
 async def restore_log(
-    stream: RunStream, open_cache: Callable[[int], TopicLog], writer: str
+    stream: RunStream,
+    open_cache: Callable[[int], TopicLog],
+    writer: str,
+    read_times: Histogram | None = None,
 ) -> ReplicatedLog:
     """A replicated log holding everything ``stream`` holds: its cache
     (``open_cache(first_offset)``: an empty local log starting there) made
-    from the stream's messages, in order. Raises :class:`LogError`
+    from the stream's messages, in order; the seconds of each read (a batch
+    of messages) observed in ``read_times``. Raises :class:`LogError`
     (:class:`~broker.log.RunDamaged`: a message that does not hold what it
     says; the topic is then not served, never served with a hole)."""
     replicated: ReplicatedLog | None = None
@@ -160,7 +186,13 @@ async def restore_log(
     #: (the stream's purge took the runs below it, or not yet all of them).
     floor = last_seq = 0
     try:
-        while batch := await stream.fetch(last_seq + 1, RESTORE_BATCH):
+        while True:
+            began = _now()
+            batch = await stream.fetch(last_seq + 1, RESTORE_BATCH)
+            if read_times is not None:
+                read_times.observe(_now() - began)
+            if not batch:
+                break
             for stored in batch:
                 last_seq = stored.seq
                 if replicated is None:
@@ -213,11 +245,15 @@ class Replicator:
         self._running: set[str] = set()
         self._wake = trio.Event()
         #: Counters for metrics: runs sent (once each), sent again (the
-        #: stream did not answer), records the streams stored, logs fenced.
+        #: stream did not answer), records the streams stored, logs fenced;
+        #: runs the streams answered as held already (resends of a run
+        #: stored before); sends not stored, by why (:data:`STORE_FAILURES`).
         self.runs_sent = 0
         self.runs_resent = 0
         self.records_stored = 0
         self.fenced = 0
+        self.duplicates = 0
+        self.store_failures = dict.fromkeys(STORE_FAILURES, 0)
         #: Seconds from each publish of a run to its stream's acknowledgement
         #: (publishes that were answered; one not answered is resent).
         self.store_times = Histogram(STORE_BOUNDS)
@@ -364,6 +400,8 @@ class Replicator:
                         backoff.reset()
                         continue
                     self.store_times.observe(_now() - sent)
+                    if pending.duplicate:
+                        self.duplicates += 1
                     if self._stopped(topic, replicated):
                         return
                     in_flight.popleft()
@@ -390,6 +428,8 @@ class Replicator:
                     return
                 except LogError as error:  # (unavailable, or refused: tried again)
                     _cancel(in_flight)
+                    reason = error.reason if isinstance(error, StreamUnavailable) else ""
+                    self.store_failures[reason if reason in STORE_FAILURES else "refused"] += 1
                     delay = backoff.next()
                     log.warning(
                         "topic %r: the stream did not store a run (%s): sent again in %.2f s",

@@ -45,7 +45,7 @@ from ..topics._topic import Topic
 from ._jetstream import JetStreamRuns
 from ._publish_marks import PublishMarks
 from ._replicated import ReplicatedLog
-from ._replication import Replicator, RunStreams, StreamUnavailable, restore_log
+from ._replication import READ_BOUNDS, Replicator, RunStreams, StreamUnavailable, restore_log
 from ._store import TopicStore
 
 log = logging.getLogger("broker.server")
@@ -186,6 +186,8 @@ class Replication:
         self.logs: dict[str, ReplicatedLog] = {}
         #: Topics whose stream could not be restored, and why: not served.
         self.broken: dict[str, str] = {}
+        #: Seconds of each read of a stream while restoring (a batch of runs).
+        self.read_times = Histogram(READ_BOUNDS)
         #: The engine's connection (JetStream's NATS client; None: an engine
         #: without one, the tests' in-memory streams).
         self.connection: EngineConnection | None = (
@@ -197,6 +199,17 @@ class Replication:
         """Whether the streams can be reached now (their engine's connection
         is up; an engine without a connection always can)."""
         return self.connection is None or self.connection.connected
+
+    @property
+    def runs_in_flight(self) -> int:
+        """Runs sent to the streams and not yet acknowledged (those to be
+        sent again included), over every topic this front end writes (a
+        fenced or closed log's are not sent any more: not counted)."""
+        return sum(
+            replicated.in_flight
+            for replicated in self.logs.values()
+            if not replicated.closed and replicated.fenced is None
+        )
 
     async def restore(
         self, store: LogStore, settings: LogSettings, owns: Callable[[str], bool] | None = None
@@ -221,7 +234,7 @@ class Replication:
                 return store.topic(name, config, wall_ms(), first_offset=first)
 
             try:
-                replicated = await restore_log(stream, cache, self.writer)
+                replicated = await restore_log(stream, cache, self.writer, self.read_times)
             except LogError as error:
                 if isinstance(error, StreamUnavailable):
                     raise

@@ -113,6 +113,9 @@ class _Write:
     strict: bool
     #: When to send it (trio time; lazy writes wait to be coalesced).
     due: float
+    #: A lazy write's map, encoded into :attr:`value` when it is sent (so
+    #: that what is sent is its newest state).
+    payload: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -218,9 +221,13 @@ class ClusterRecords:
         :data:`LAZY_DELAY`); none once another front end took ``session``."""
         if session in self._taken:
             return
+        pending = self._pending.get(key)
+        if pending is not None and pending.payload is not None:
+            pending.payload = payload  # (due already: sent with the newest)
+            return
         self._keys.setdefault(session, set()).add(key)
         due = trio.current_time() + LAZY_DELAY
-        self._put(key, _Write(self._value(payload), False, due))
+        self._put(key, _Write(None, False, due, payload))
 
     def forget(self, session: str) -> None:
         """Session ``session`` ended: its keys are deleted (those we wrote)."""
@@ -375,6 +382,8 @@ class ClusterRecords:
                         next_due = min(next_due, write.due)
                         continue
                     del self._pending[key]
+                    if write.payload is not None:
+                        write.value = self._value(write.payload)
                     self._in_flight.add(key)
                     nursery.start_soon(self._send, key, write)
                 self._wake = trio.Event()

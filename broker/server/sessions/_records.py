@@ -109,7 +109,9 @@ class RecordCopies(Protocol):
 
 class SessionRecords:
     """Writes sessions' records into a :class:`~broker.log.StateJournal`
-    (buffered there: ``Broker.persist_state`` writes them out)."""
+    (buffered there: ``Broker.persist_state`` writes them out); in cluster
+    mode into the cluster's copies instead (:attr:`copies`: the journal's
+    would never be read, a front end claims sessions from the cluster)."""
 
     def __init__(self, journal: StateJournal, marks: PublishMarks | None = None) -> None:
         self.journal = journal
@@ -155,8 +157,9 @@ class SessionRecords:
             "stages": [[h, s.batch, s.member] for h, s in state.stages.items()],
         }
         sid = session.id.hex()
-        self.journal.put(SESSIONS, sid, record)
-        if self.copies is not None:
+        if self.copies is None:
+            self.journal.put(SESSIONS, sid, record)
+        else:  # (cluster mode: the cluster's copy is the one a resume reads)
             self.copies.save(sid, record)
         keys = self._keys.get(session.id, ())
         for handle in reliable:
@@ -167,16 +170,18 @@ class SessionRecords:
         """``count`` publishes on topic ``handle`` are in the logs (or staged)."""
         key = f"{session.id.hex()}/p/{handle}"
         self._keys.setdefault(session.id, set()).add(key)
-        self.journal.put(COUNTS, key, count)
-        if self.copies is not None:
+        if self.copies is None:
+            self.journal.put(COUNTS, key, count)
+        else:
             self.copies.routed(session.id.hex(), handle, count)
 
     def acked(self, session: RecordedSession, handle: int, offset: int) -> None:
         """The client processed subscription ``handle`` up to ``offset``."""
         key = f"{session.id.hex()}/s/{handle}"
         self._keys.setdefault(session.id, set()).add(key)
-        self.journal.put(COUNTS, key, offset)
-        if self.copies is not None:
+        if self.copies is None:
+            self.journal.put(COUNTS, key, offset)
+        else:
             self.copies.acked(session.id.hex(), handle, offset)
 
     def forget(self, session: RecordedSession) -> None:

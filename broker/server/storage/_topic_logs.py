@@ -39,10 +39,13 @@ from broker.log import (
 from broker.protocol import OriginRun
 
 from ..cluster._rehome import rehome_state
+from ..sessions._cluster_records import RecordsUnavailable
 from ..sessions._session import Histogram
-from ..topics._log_subscription import CURSORS, CursorBook
+from ..topics._log_subscription import CURSORS, CursorBook, cursor_topic
 from ..topics._topic import Topic
+from ._cluster_cursors import ClusterCursors
 from ._jetstream import JetStreamRuns
+from ._kv_state import KeyedBucket
 from ._publish_marks import PublishMarks
 from ._replicated import ReplicatedLog
 from ._replication import READ_BOUNDS, Replicator, RunStreams, StreamUnavailable, restore_log
@@ -295,6 +298,9 @@ class TopicLogs:
         if store.worker is None:  # (a supervisor moves them for its workers)
             rehome_state(store.data_dir, lambda _t: None, lambda _s: None, (None, self.journal))
         self.cursors: CursorBook = JournalCursors(self.journal)
+        #: Cluster mode: the durable cursors kept in the cluster (then
+        #: :attr:`cursors` too; None: in the journal).
+        self.cluster_cursors: ClusterCursors | None = None
         #: Where each session's publishes went in the logs (no duplicate after a crash).
         self.marks = PublishMarks(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
@@ -355,13 +361,65 @@ class TopicLogs:
                 raise
         return cls(store, settings, replication)
 
+    def keep_cursors_in(self, bucket: KeyedBucket) -> None:
+        """Cluster mode: keep the durable cursors in ``bucket``, not in the
+        journal (read by :meth:`restore`, written by :meth:`run`)."""
+        self.cursors = self.cluster_cursors = ClusterCursors(bucket)
+
     async def restore(self, owns: Callable[[str], bool] | None = None) -> int:
         """Cluster mode: restore every topic from its stream (see
-        :meth:`Replication.restore`); how many records. Nothing to do
-        with the local engine (its logs are opened as they are used)."""
+        :meth:`Replication.restore`), and read the durable cursors of those
+        it ``owns`` if they are kept in the cluster; how many records.
+        Nothing to do with the local engine (its logs are opened as they
+        are used)."""
         if self.replication is None:
             return 0
-        return await self.replication.restore(self.store, self._settings, owns)
+        records = await self.replication.restore(self.store, self._settings, owns)
+        if self.cluster_cursors is not None:
+            load = partial(self.cluster_cursors.load, owns)
+            try:
+                cursors = await patiently("reading the durable cursors", load, RecordsUnavailable)
+            except RecordsUnavailable as error:
+                raise StreamUnavailable(f"reading the durable cursors: {error}") from None
+            log.info("cluster mode: %d durable cursors read from the cluster", cursors)
+            self._cursors_to_cluster(self.cluster_cursors, owns)
+        return records
+
+    def _cursors_to_cluster(
+        self, cursors: ClusterCursors, owns: Callable[[str], bool] | None
+    ) -> None:
+        """The journal's durable cursors of the topics this front end
+        ``owns`` (kept there before cursors moved to the cluster) go to the
+        cluster, unless it has them, and leave the journal."""
+        moved = 0
+        for key, position in JournalCursors(self.journal).items():
+            topic = cursor_topic(key)
+            if topic is None or (owns is not None and not owns(topic)):
+                continue
+            if cursors.position(key) is None:
+                cursors.store(key, position)
+                moved += 1
+            self.journal.delete(CURSORS, key)
+        write_journal(self.journal)
+        if moved:
+            log.info("cluster mode: %d durable cursors moved from the journal", moved)
+
+    async def flush_cursors(self) -> None:
+        """Cluster mode: return once the cluster holds every durable
+        cursor's position stored so far (at once with the journal's)."""
+        cursors = self.cluster_cursors
+        if cursors is None:
+            return
+        try:
+            await cursors.flush()
+        finally:
+            if cursors.writes.pending:  # (cancelled: the shutdown's deadline)
+                log.warning(
+                    "cluster mode: the last positions of %d durable cursors were not "
+                    "written (the cluster did not take them in time): their next "
+                    "subscribers get what was acknowledged since again",
+                    cursors.writes.pending,
+                )
 
     def open(self, name: str) -> TopicStore:
         """The log of topic ``name`` (recovered on first use); raises
@@ -768,6 +826,8 @@ class TopicLogs:
             nursery.start_soon(self._serve_syncs)
             if self.replication is not None:
                 nursery.start_soon(self.replication.replicator.run)
+            if self.cluster_cursors is not None:
+                nursery.start_soon(self.cluster_cursors.run)
             await self._tend_forever()
 
     async def _tend_forever(self) -> None:

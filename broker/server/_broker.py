@@ -73,8 +73,9 @@ from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
 from .storage._cluster_cursors import BUCKET as CURSORS_BUCKET
+from .storage._cluster_groups import BUCKET as GROUPS_BUCKET
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
-from .storage._kv_state import KeyedBucket
+from .storage._kv_state import StateBuckets
 from .storage._replication import RunStreams
 from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patiently
 from .topics._groups import Groups
@@ -173,7 +174,7 @@ class Broker:
         #: Cluster mode: the sessions' records in the cluster (None: elsewhere).
         self.copies: ClusterRecords | None = None
         #: Consumer groups (None: a memory-only broker keeps none).
-        self.groups = Groups(self, logs.journal) if logs else None
+        self.groups = Groups(self, logs.group_journal) if logs else None
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
         #: What this worker took of forwarded publishes.
@@ -725,9 +726,9 @@ class Broker:
         self.shutdown_cut = len(self.connections)
         if self.shutdown_cut:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
-        if self.logs is not None:  # (cluster mode: the cursors' last positions)
+        if self.logs is not None:  # (cluster mode: cursors' and groups' last writes)
             with trio.move_on_at(deadline):
-                await self.logs.flush_cursors()
+                await self.logs.flush_state()
         if self.life.nursery is not None:
             self.life.nursery.cancel_scope.cancel()
 
@@ -739,7 +740,7 @@ async def serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     streams: RunStreams | None = None,
     records: RecordBucket | None = None,
-    cursors: KeyedBucket | None = None,
+    state: StateBuckets | None = None,
     front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -765,7 +766,7 @@ async def serve_broker(
                 listeners=listeners,
                 streams=runs,
                 records=bucket,
-                cursors=await _patiently_open(runs, config.cluster_replicas, CURSORS_BUCKET),
+                state=await state_buckets(runs, config.cluster_replicas),
                 task_status=task_status,
             )
         return
@@ -775,9 +776,17 @@ async def serve_broker(
         listeners=listeners,
         streams=streams,
         records=records,
-        cursors=cursors,
+        state=state,
         front_end=front_end,
         task_status=task_status,
+    )
+
+
+async def state_buckets(runs: JetStreamRuns, replicas: int) -> StateBuckets:
+    """The buckets of the cursors and the groups (see :func:`_patiently_open`)."""
+    return StateBuckets(
+        await _patiently_open(runs, replicas, CURSORS_BUCKET),
+        await _patiently_open(runs, replicas, GROUPS_BUCKET),
     )
 
 
@@ -810,7 +819,7 @@ async def _serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None,
     streams: RunStreams | None,
     records: RecordBucket | None = None,
-    cursors: KeyedBucket | None = None,
+    state: StateBuckets | None = None,
     front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
@@ -869,8 +878,8 @@ async def _serve_broker(
         config.max_open_log_files,
         replication,
     )
-    if logs is not None and cursors is not None:
-        logs.keep_cursors_in(cursors)  # (read with the streams, before listening)
+    if logs is not None and state is not None:
+        logs.keep_state_in(state)  # (read with the streams, before listening)
     link_listeners: list[trio.abc.Listener[trio.SocketStream]] = []
     served: list[trio.abc.Listener[trio.abc.Stream]] = []
     try:

@@ -28,15 +28,14 @@ import trio
 from broker.config import BrokerConfig
 from broker.nats import NatsClient
 
-from ._broker import Broker, _patiently_open, serve_broker
+from ._broker import Broker, _patiently_open, serve_broker, state_buckets
 from .cluster._front_ends import FrontEndPlacement, FrontEndSetup, link_token
 from .cluster._members import FrontEnd, Membership
 from .cluster._members_io import serve_membership
 from .cluster._stored_counts import StoredCounts
 from .sessions._cluster_records import RecordBucket
-from .storage._cluster_cursors import BUCKET as CURSORS_BUCKET
 from .storage._jetstream import JetStreamRuns, open_jetstream_runs
-from .storage._kv_state import KeyedBucket
+from .storage._kv_state import StateBuckets
 
 __all__ = ["FrontEndRun", "serve_front_end"]
 
@@ -106,7 +105,7 @@ async def serve_front_end(
     async with open_jetstream_runs(config) as runs:
         config = runs.fit(config)
         bucket = await _patiently_open(runs, config.cluster_replicas)
-        cursors = await _patiently_open(runs, config.cluster_replicas, CURSORS_BUCKET)
+        state = await state_buckets(runs, config.cluster_replicas)
         host, port = config.listen_address
         link_host, link_port = config.cluster_link_address
         listeners = await trio.open_tcp_listeners(port, host=host)
@@ -117,7 +116,7 @@ async def serve_front_end(
                 await listener.aclose()
             raise
         try:
-            buckets = (bucket, cursors)
+            buckets = (bucket, state)
             await _serve(config, runs, buckets, listeners, link_listeners, on_restart, task_status)
         finally:
             with trio.CancelScope(shield=True):
@@ -128,7 +127,7 @@ async def serve_front_end(
 async def _serve(
     config: BrokerConfig,
     runs: JetStreamRuns,
-    buckets: tuple[RecordBucket, KeyedBucket],
+    buckets: tuple[RecordBucket, StateBuckets],
     listeners: list[trio.SocketListener],
     link_listeners: list[trio.SocketListener],
     on_restart: Callable[[Broker], object] | None,
@@ -216,19 +215,19 @@ async def _either(first: trio.Event, second: trio.Event) -> None:
 async def _serve_broker(
     config: BrokerConfig,
     runs: JetStreamRuns,
-    buckets: tuple[RecordBucket, KeyedBucket],
+    buckets: tuple[RecordBucket, StateBuckets],
     setup: FrontEndSetup,
     done: trio.Event,
     *,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
-    records, cursors = buckets
+    records, state = buckets
     try:
         await serve_broker(
             config,
             streams=runs,
             records=records,
-            cursors=cursors,
+            state=state,
             front_end=setup,
             task_status=task_status,
         )

@@ -40,7 +40,7 @@ from broker.protocol.connection import DELIVER_SLACK
 from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, ServerConnection, serve_broker
 from broker.server.sessions._cluster_records import RecordBucket
-from broker.server.storage._kv_state import KeyedBucket
+from broker.server.storage._kv_state import StateBuckets
 from broker.server.storage._replication import RunStreams
 
 from .memory import MemoryListener
@@ -99,7 +99,7 @@ async def running_broker(
     in_memory: bool = False,
     streams: RunStreams | None = None,
     records: RecordBucket | None = None,
-    cursors: KeyedBucket | None = None,
+    state: StateBuckets | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Broker]:
     """Serve a broker for the block; shut it down gracefully afterwards and
@@ -107,7 +107,7 @@ async def running_broker(
     serves a :class:`MemoryListener` instead of a TCP port (connect with
     :func:`connect_client`, :class:`RawClient`). ``streams``: in cluster
     mode over them (see ``run_streams``), and ``records``: the sessions'
-    records kept in that bucket too (``cursors``: the durable cursors in that one)."""
+    records kept in that bucket too (``state``: the cursors and groups in those)."""
     if config is None:
         config = make_config(**overrides)
     returned = trio.Event()
@@ -120,7 +120,7 @@ async def running_broker(
             listeners=listeners,
             streams=streams,
             records=records,
-            cursors=cursors,
+            state=state,
             task_status=task_status,
         )
         returned.set()

@@ -18,6 +18,8 @@ import trio
 from broker.client import open_client
 from broker.server import Broker, serve_broker
 from broker.server.storage._cluster_cursors import ClusterCursors, bucket_key
+from broker.server.storage._cluster_groups import ClusterGroups
+from broker.server.storage._kv_state import StateBuckets
 
 from .helpers import make_config, running_broker, url, wait_until
 from .run_streams import MemoryBucket, MemoryStreams
@@ -35,9 +37,10 @@ def _held(bucket: MemoryBucket, key: str = KEY) -> int | None:
     return None if found is None else int(json.loads(found[0])["next"])
 
 
-async def _settled(cursors: ClusterCursors) -> None:
+async def flushed(writer: ClusterCursors | ClusterGroups) -> None:
+    """Until ``writer``'s bucket holds everything it was given."""
     with trio.fail_after(DEADLINE):
-        await cursors.flush()
+        await writer.flush()
 
 
 async def test_positions_are_written_late_and_coalesced() -> None:
@@ -52,7 +55,7 @@ async def test_positions_are_written_late_and_coalesced() -> None:
         await wait_until(lambda: _held(bucket) == 101, what="the position written")
         assert bucket.writes == 1  # (a hundred positions, one write)
         cursors.store(KEY, 120)
-        await _settled(cursors)
+        await flushed(cursors)
         assert (_held(bucket), bucket.writes) == (120, 2)  # (on top of the first)
         nursery.cancel_scope.cancel()
 
@@ -63,7 +66,7 @@ async def test_a_bucket_that_does_not_answer_is_asked_again() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(cursors.run)
         cursors.store(KEY, 7)
-        await _settled(cursors)
+        await flushed(cursors)
         nursery.cancel_scope.cancel()
     assert _held(bucket) == 7
     # (Stored with its answer lost: the next try was refused, the bucket
@@ -80,12 +83,12 @@ async def test_a_write_refused_keeps_the_larger_position(theirs: int) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(cursors.run)
         cursors.store(KEY, 3)
-        await _settled(cursors)
+        await flushed(cursors)
         # Another front end writes the key (a previous owner's late write).
         value = {"topic": "orders", "principal": "", "cursor": "billing", "next": theirs}
         bucket.write_now(bucket_key(KEY), json.dumps(value).encode())
         cursors.store(KEY, 20)
-        await _settled(cursors)
+        await flushed(cursors)
         nursery.cancel_scope.cancel()
     assert cursors.writes.refused == 1
     assert _held(bucket) == max(theirs, 20)
@@ -100,9 +103,9 @@ async def test_only_the_cursors_of_owned_topics_are_read() -> None:
         writer.store(KEY, 4)
         writer.store("alice\x00audit\x00c", 9)
         writer.store("\x00gone\x00c", 2)
-        await _settled(writer)
+        await flushed(writer)
         assert writer.delete("\x00gone\x00c")
-        await _settled(writer)
+        await flushed(writer)
         nursery.cancel_scope.cancel()
     bucket.write_now("junk.1", b"not a cursor")
     reader = ClusterCursors(MemoryBucket(values=bucket.values, failures=["unavailable"]))
@@ -126,7 +129,11 @@ async def _serve(
     config = make_config(data_dir=str(data_dir))
     try:
         await serve_broker(
-            config, streams=streams, records=MemoryBucket(), cursors=bucket, task_status=task_status
+            config,
+            streams=streams,
+            records=MemoryBucket(),
+            state=StateBuckets(bucket, MemoryBucket()),
+            task_status=task_status,
         )
     finally:
         stopped.set()
@@ -187,7 +194,9 @@ async def test_the_journal_s_cursors_move_to_the_cluster(tmp_path: Path) -> None
             await publish(url(old), "orders", [b"r%d" % n for n in range(1, 11)])
             await read(url(old), "orders", 6, options)
         async with running_broker(
-            make_config(data_dir=str(tmp_path)), streams=streams, cursors=bucket
+            make_config(data_dir=str(tmp_path)),
+            streams=streams,
+            state=StateBuckets(bucket, MemoryBucket()),
         ) as broker:
             assert broker.logs is not None
             assert broker.logs.journal.items("cursors") == []  # (moved)

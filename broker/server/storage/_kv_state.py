@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
@@ -27,7 +28,7 @@ from broker.backoff import Backoff
 
 from ..sessions._cluster_records import LAZY_DELAY, RecordConflict, RecordsUnavailable
 
-__all__ = ["KeyedBucket", "LateWrites"]
+__all__ = ["KeyedBucket", "LateWrites", "StateBuckets"]
 
 log = logging.getLogger("broker.server")
 
@@ -61,6 +62,16 @@ class KeyedBucket(Protocol):
         """Every key starting with ``prefix`` that has a value: its value and
         revision. Raises ``RecordsUnavailable``."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class StateBuckets:
+    """The buckets of what a topic's owner keeps in the cluster besides its
+    stream: durable cursors' positions (``_cluster_cursors``) and consumer
+    groups' states (``_cluster_groups``)."""
+
+    cursors: KeyedBucket
+    groups: KeyedBucket
 
 
 class LateWrites:

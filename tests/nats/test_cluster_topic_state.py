@@ -1,8 +1,9 @@
-"""Durable cursors kept in the cluster, over a real ``nats-server``: a
-cluster-mode broker's cursor continues where its subscriber acknowledged
-when its topic is served by another broker on a new data directory (a
-new disk), whether the first one stopped (and wrote its positions first)
-or was cut off once the bucket held the position.
+"""Durable cursors and consumer groups kept in the cluster, over a real
+``nats-server``: a cluster-mode broker's cursor continues where its
+subscriber acknowledged when its topic is served by another broker on a
+new data directory (a new disk), whether the first one stopped (and wrote
+its positions first) or was cut off once the bucket held the position;
+and a group goes on after what its members settled.
 
 The server (the ``nats_url`` fixture's) syncs every write. Every
 wait is for a state, with a hang guard: nothing waits for a time to pass.
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.config import BrokerConfig
 from broker.nats import JetStream, open_nats
 from broker.server import Broker, serve_broker
 from broker.server.storage._cluster_cursors import BUCKET, bucket_key
-from tests.server.helpers import make_config, url, wait_until
+from tests.server.helpers import make_config, running_broker, url, wait_until
+from tests.server.test_cluster_groups import settle_six_of_ten, the_rest
 from tests.server.test_topic_log import publish, read
 
 #: Hang guard of every step (seconds).
@@ -34,6 +37,15 @@ async def _held(nats_url: str, topic: str) -> int | None:
     return None if entry is None else int(json.loads(entry.value)["next"])
 
 
+def _config(nats_url: str, data_dir: Path) -> BrokerConfig:
+    return make_config(
+        data_dir=str(data_dir),
+        cluster=nats_url,
+        cluster_replicas=1,
+        cluster_unsafe_sync=True,  # (the fixture's server answers no JSZ ping)
+    )
+
+
 @pytest.mark.parametrize("stop", ["graceful", "cut off"])
 async def test_a_cursor_continues_where_acked_on_another_disk(
     nats_url: str, tmp_path: Path, stop: str
@@ -44,14 +56,8 @@ async def test_a_cursor_continues_where_acked_on_another_disk(
     stopped = trio.Event()
 
     async def serve(data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
-        config = make_config(
-            data_dir=str(data_dir),
-            cluster=nats_url,
-            cluster_replicas=1,
-            cluster_unsafe_sync=True,  # (the fixture's server answers no JSZ ping)
-        )
         try:
-            await serve_broker(config, task_status=task_status)
+            await serve_broker(_config(nats_url, data_dir), task_status=task_status)
         finally:
             stopped.set()
 
@@ -76,3 +82,13 @@ async def test_a_cursor_continues_where_acked_on_another_disk(
             await second.shutdown()
     assert [(m.seq, m.payload) for m in got] == [(n, b"r%d" % n) for n in range(7, 11)]
     assert await _held(nats_url, topic) == 11
+
+
+async def test_a_group_goes_on_after_what_was_settled_on_another_disk(
+    nats_url: str, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with running_broker(_config(nats_url, tmp_path / "a")) as broker:
+            await settle_six_of_ten(broker)
+        async with running_broker(_config(nats_url, tmp_path / "b")) as broker:
+            assert await the_rest(broker) == [7, 8, 9, 10]  # (settled ones never again)

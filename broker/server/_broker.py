@@ -66,13 +66,16 @@ from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
 from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
-from .sessions._kv_bucket import BUCKET, open_record_bucket
+from .sessions._kv_bucket import BUCKET, JetStreamRecordBucket, open_record_bucket
 from .sessions._records import SessionRecords, forget_sessions
 from .sessions._restore import claimed_topics, restore_claimed, restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
+from .storage._cluster_cursors import BUCKET as CURSORS_BUCKET
+from .storage._cluster_groups import BUCKET as GROUPS_BUCKET
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
+from .storage._kv_state import StateBuckets
 from .storage._replication import RunStreams
 from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patiently
 from .topics._groups import Groups
@@ -171,7 +174,7 @@ class Broker:
         #: Cluster mode: the sessions' records in the cluster (None: elsewhere).
         self.copies: ClusterRecords | None = None
         #: Consumer groups (None: a memory-only broker keeps none).
-        self.groups = Groups(self, logs.journal) if logs else None
+        self.groups = Groups(self, logs.group_journal) if logs else None
         #: Commits being routed, by batch.
         self.commits_in_flight: dict[BatchKey, CommitInFlight] = {}
         #: What this worker took of forwarded publishes.
@@ -723,6 +726,9 @@ class Broker:
         self.shutdown_cut = len(self.connections)
         if self.shutdown_cut:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
+        if self.logs is not None:  # (cluster mode: cursors' and groups' last writes)
+            with trio.move_on_at(deadline):
+                await self.logs.flush_state()
         if self.life.nursery is not None:
             self.life.nursery.cancel_scope.cancel()
 
@@ -734,6 +740,7 @@ async def serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
     streams: RunStreams | None = None,
     records: RecordBucket | None = None,
+    state: StateBuckets | None = None,
     front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -759,6 +766,7 @@ async def serve_broker(
                 listeners=listeners,
                 streams=runs,
                 records=bucket,
+                state=await state_buckets(runs, config.cluster_replicas),
                 task_status=task_status,
             )
         return
@@ -768,26 +776,38 @@ async def serve_broker(
         listeners=listeners,
         streams=streams,
         records=records,
+        state=state,
         front_end=front_end,
         task_status=task_status,
     )
 
 
-async def _patiently_open(runs: JetStreamRuns, replicas: int) -> RecordBucket:
-    """The sessions' bucket, asked again with a backoff while JetStream
-    does not answer (see :func:`~.storage._topic_logs.patiently`); raises
+async def state_buckets(runs: JetStreamRuns, replicas: int) -> StateBuckets:
+    """The buckets of the cursors and the groups (see :func:`_patiently_open`)."""
+    return StateBuckets(
+        await _patiently_open(runs, replicas, CURSORS_BUCKET),
+        await _patiently_open(runs, replicas, GROUPS_BUCKET),
+    )
+
+
+async def _patiently_open(
+    runs: JetStreamRuns, replicas: int, bucket: str = BUCKET
+) -> JetStreamRecordBucket:
+    """The sessions' bucket (or ``bucket``), asked again with a backoff
+    while JetStream does not answer (see
+    :func:`~.storage._topic_logs.patiently`); raises
     :class:`ClusterUnavailable` (one line) if it cannot be had."""
     try:
         return await patiently(
-            "making the sessions' bucket",
-            lambda: open_record_bucket(runs.js, replicas),
+            f"making the KV bucket {bucket}",
+            lambda: open_record_bucket(runs.js, replicas, bucket),
             RecordsUnavailable,
         )
     except RecordsUnavailable as error:
-        raise ClusterUnavailable(f"cluster mode: making the sessions' bucket: {error}") from None
+        raise ClusterUnavailable(f"cluster mode: making the KV bucket {bucket}: {error}") from None
     except JetStreamError as error:
         raise ClusterUnavailable(
-            f"cluster mode: the KV bucket {BUCKET} cannot be used: {error} "
+            f"cluster mode: the KV bucket {bucket} cannot be used: {error} "
             "(delete it with `nats kv del`, or give it its configuration back)"
         ) from None
 
@@ -799,6 +819,7 @@ async def _serve_broker(
     listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None,
     streams: RunStreams | None,
     records: RecordBucket | None = None,
+    state: StateBuckets | None = None,
     front_end: FrontEndSetup | None = None,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
@@ -857,6 +878,8 @@ async def _serve_broker(
         config.max_open_log_files,
         replication,
     )
+    if logs is not None and state is not None:
+        logs.keep_state_in(state)  # (read with the streams, before listening)
     link_listeners: list[trio.abc.Listener[trio.SocketStream]] = []
     served: list[trio.abc.Listener[trio.abc.Stream]] = []
     try:

@@ -28,13 +28,14 @@ import trio
 from broker.config import BrokerConfig
 from broker.nats import NatsClient
 
-from ._broker import Broker, _patiently_open, serve_broker
+from ._broker import Broker, _patiently_open, serve_broker, state_buckets
 from .cluster._front_ends import FrontEndPlacement, FrontEndSetup, link_token
 from .cluster._members import FrontEnd, Membership
 from .cluster._members_io import serve_membership
 from .cluster._stored_counts import StoredCounts
 from .sessions._cluster_records import RecordBucket
 from .storage._jetstream import JetStreamRuns, open_jetstream_runs
+from .storage._kv_state import StateBuckets
 
 __all__ = ["FrontEndRun", "serve_front_end"]
 
@@ -104,6 +105,7 @@ async def serve_front_end(
     async with open_jetstream_runs(config) as runs:
         config = runs.fit(config)
         bucket = await _patiently_open(runs, config.cluster_replicas)
+        state = await state_buckets(runs, config.cluster_replicas)
         host, port = config.listen_address
         link_host, link_port = config.cluster_link_address
         listeners = await trio.open_tcp_listeners(port, host=host)
@@ -114,7 +116,8 @@ async def serve_front_end(
                 await listener.aclose()
             raise
         try:
-            await _serve(config, runs, bucket, listeners, link_listeners, on_restart, task_status)
+            buckets = (bucket, state)
+            await _serve(config, runs, buckets, listeners, link_listeners, on_restart, task_status)
         finally:
             with trio.CancelScope(shield=True):
                 for listener in [*listeners, *link_listeners]:
@@ -124,7 +127,7 @@ async def serve_front_end(
 async def _serve(
     config: BrokerConfig,
     runs: JetStreamRuns,
-    bucket: RecordBucket,
+    buckets: tuple[RecordBucket, StateBuckets],
     listeners: list[trio.SocketListener],
     link_listeners: list[trio.SocketListener],
     on_restart: Callable[[Broker], object] | None,
@@ -168,7 +171,7 @@ async def _serve(
             )
             setup = FrontEndSetup(placement, listeners, link_listeners, stored)
             done = trio.Event()
-            broker: Broker = await nursery.start(_serve_broker, config, runs, bucket, setup, done)
+            broker: Broker = await nursery.start(_serve_broker, config, runs, buckets, setup, done)
             log.info(
                 "front end %s serving among %d front ends (%s)",
                 me.id,
@@ -212,15 +215,21 @@ async def _either(first: trio.Event, second: trio.Event) -> None:
 async def _serve_broker(
     config: BrokerConfig,
     runs: JetStreamRuns,
-    bucket: RecordBucket,
+    buckets: tuple[RecordBucket, StateBuckets],
     setup: FrontEndSetup,
     done: trio.Event,
     *,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
+    records, state = buckets
     try:
         await serve_broker(
-            config, streams=runs, records=bucket, front_end=setup, task_status=task_status
+            config,
+            streams=runs,
+            records=records,
+            state=state,
+            front_end=setup,
+            task_status=task_status,
         )
     finally:
         done.set()

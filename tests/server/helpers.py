@@ -40,6 +40,7 @@ from broker.protocol.connection import DELIVER_SLACK
 from broker.protocol.frames import FrameDecoder, encode
 from broker.server import Broker, ServerConnection, serve_broker
 from broker.server.sessions._cluster_records import RecordBucket
+from broker.server.storage._kv_state import StateBuckets
 from broker.server.storage._replication import RunStreams
 
 from .memory import MemoryListener
@@ -98,6 +99,7 @@ async def running_broker(
     in_memory: bool = False,
     streams: RunStreams | None = None,
     records: RecordBucket | None = None,
+    state: StateBuckets | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Broker]:
     """Serve a broker for the block; shut it down gracefully afterwards and
@@ -105,7 +107,7 @@ async def running_broker(
     serves a :class:`MemoryListener` instead of a TCP port (connect with
     :func:`connect_client`, :class:`RawClient`). ``streams``: in cluster
     mode over them (see ``run_streams``), and ``records``: the sessions'
-    records kept in that bucket too."""
+    records kept in that bucket too (``state``: the cursors and groups in those)."""
     if config is None:
         config = make_config(**overrides)
     returned = trio.Event()
@@ -114,7 +116,12 @@ async def running_broker(
     async def serve(*, task_status: trio.TaskStatus[Broker]) -> None:
         listeners = None if listener is None else [listener]
         await serve_broker(
-            config, listeners=listeners, streams=streams, records=records, task_status=task_status
+            config,
+            listeners=listeners,
+            streams=streams,
+            records=records,
+            state=state,
+            task_status=task_status,
         )
         returned.set()
 

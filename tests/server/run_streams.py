@@ -185,6 +185,13 @@ class MemoryBucket:
         await trio.lowlevel.checkpoint()
         return self.values.get(key)
 
+    async def scan(self, prefix: str) -> dict[str, tuple[bytes, int]]:
+        await trio.lowlevel.checkpoint()
+        failure = self.failures.pop(0) if self.failures else None
+        if failure is not None:
+            raise RecordsUnavailable(f"no answer (scheduled {failure!r})")
+        return {k: v for k, v in self.values.items() if k.startswith(prefix)}
+
     def write_now(self, key: str, value: bytes) -> None:
         """Another front end's write (a takeover)."""
         self.revision += 1

@@ -27,22 +27,27 @@ __all__ = ["BUCKET", "JetStreamRecordBucket", "open_record_bucket"]
 
 #: The bucket's name.
 BUCKET = "broker-sessions"
+#: Values read at a time by a scan.
+SCAN_BATCH = 256
 
 
-async def open_record_bucket(js: JetStream, replicas: int) -> JetStreamRecordBucket:
-    """The bucket, made if it is not there (``replicas`` copies). Raises
+async def open_record_bucket(
+    js: JetStream, replicas: int, bucket: str = BUCKET
+) -> JetStreamRecordBucket:
+    """The bucket (``bucket``: another of the same kind, e.g. the durable
+    cursors'), made if it is not there (``replicas`` copies). Raises
     :class:`RecordsUnavailable` if JetStream does not answer or cannot make
     it now (no leader, a peer offline), and :class:`JetStreamError` if a
     bucket of that name has another configuration."""
     try:
-        kv = await js.create_key_value(BUCKET, history=1, replicas=replicas)
+        kv = await js.create_key_value(bucket, history=1, replicas=replicas)
     except JetStreamError as error:
         if error.err_code == ERR_STREAM_NAME_IN_USE:
             raise  # (a bucket of that name made otherwise: asking again won't help)
         # (No leader yet, a peer offline while the cluster forms: ask again.)
-        raise RecordsUnavailable(f"making KV bucket {BUCKET}: {error}") from None
+        raise RecordsUnavailable(f"making KV bucket {bucket}: {error}") from None
     except NatsError as error:
-        raise RecordsUnavailable(f"making KV bucket {BUCKET}: {error}") from None
+        raise RecordsUnavailable(f"making KV bucket {bucket}: {error}") from None
     return JetStreamRecordBucket(kv)
 
 
@@ -91,6 +96,31 @@ class JetStreamRecordBucket:
         if stored is None or not _is_value(stored.headers):
             return None
         return bytes(stored.payload), stored.seq
+
+    async def scan(self, prefix: str) -> dict[str, tuple[bytes, int]]:
+        """(Read in order by a consumer on the bucket's stream, up to its last
+        message when the scan began: one value per key, history 1.)"""
+        js = self.kv.js
+        subjects = f"$KV.{self.kv.bucket}."
+        found: dict[str, tuple[bytes, int]] = {}
+        try:
+            last = await js.get_last_msg(self.kv.stream, f"{subjects}{prefix}>")
+            if last is None:
+                return found
+            reader = js.ordered(self.kv.stream, filter_subject=f"{subjects}{prefix}>")
+            while reader.next_seq <= last.seq:
+                messages = await reader.fetch(SCAN_BATCH)
+                if not messages and reader.consumer is not None:
+                    break  # (nothing more: the last one was replaced meanwhile)
+                for message in messages:
+                    key = message.subject[len(subjects) :]
+                    if _is_value(message.headers):
+                        found[key] = (bytes(message.payload), message.stream_seq)
+                    else:
+                        found.pop(key, None)
+        except NatsError as error:
+            raise RecordsUnavailable(f"reading KV bucket {self.kv.bucket}: {error}") from None
+        return found
 
 
 def _is_value(headers: Headers | None) -> bool:

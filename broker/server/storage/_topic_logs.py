@@ -39,10 +39,15 @@ from broker.log import (
 from broker.protocol import OriginRun
 
 from ..cluster._rehome import rehome_state
+from ..sessions._cluster_records import RecordsUnavailable
 from ..sessions._session import Histogram
-from ..topics._log_subscription import CURSORS, CursorBook
+from ..topics._groups import GROUPS, SETTLED, GroupJournal
+from ..topics._log_subscription import CURSORS, CursorBook, cursor_topic
 from ..topics._topic import Topic
+from ._cluster_cursors import ClusterCursors
+from ._cluster_groups import ClusterGroups
 from ._jetstream import JetStreamRuns
+from ._kv_state import StateBuckets
 from ._publish_marks import PublishMarks
 from ._replicated import ReplicatedLog
 from ._replication import READ_BOUNDS, Replicator, RunStreams, StreamUnavailable, restore_log
@@ -172,6 +177,15 @@ async def patiently(
             await trio.sleep(backoff.next())
 
 
+async def _read_state(what: str, load: Callable[[], Awaitable[int]]) -> int:
+    """``load()`` (state read from the cluster), asked again while the
+    cluster does not answer; raises :class:`StreamUnavailable` at last."""
+    try:
+        return await patiently(f"reading the {what}", load, RecordsUnavailable)
+    except RecordsUnavailable as error:
+        raise StreamUnavailable(f"reading the {what}: {error}") from None
+
+
 class Replication:
     """Cluster mode's storage engine as the logs use it: the replicated logs
     (restored from their streams, then made as topics are), and the
@@ -295,6 +309,13 @@ class TopicLogs:
         if store.worker is None:  # (a supervisor moves them for its workers)
             rehome_state(store.data_dir, lambda _t: None, lambda _s: None, (None, self.journal))
         self.cursors: CursorBook = JournalCursors(self.journal)
+        #: Cluster mode: the durable cursors kept in the cluster (then
+        #: :attr:`cursors` too; None: in the journal).
+        self.cluster_cursors: ClusterCursors | None = None
+        #: Where consumer groups keep their state: the journal, or in
+        #: cluster mode the cluster (then :attr:`cluster_groups` too).
+        self.group_journal: GroupJournal = self.journal
+        self.cluster_groups: ClusterGroups | None = None
         #: Where each session's publishes went in the logs (no duplicate after a crash).
         self.marks = PublishMarks(self.journal)
         #: Counters for metrics: records appended, fsyncs (and their time),
@@ -355,13 +376,73 @@ class TopicLogs:
                 raise
         return cls(store, settings, replication)
 
+    def keep_state_in(self, buckets: StateBuckets) -> None:
+        """Cluster mode: keep the durable cursors and the consumer groups in
+        ``buckets``, not in the journal (read by :meth:`restore`, written
+        by :meth:`run`)."""
+        self.cursors = self.cluster_cursors = ClusterCursors(buckets.cursors)
+        self.group_journal = self.cluster_groups = ClusterGroups(buckets.groups)
+
     async def restore(self, owns: Callable[[str], bool] | None = None) -> int:
         """Cluster mode: restore every topic from its stream (see
-        :meth:`Replication.restore`); how many records. Nothing to do
-        with the local engine (its logs are opened as they are used)."""
+        :meth:`Replication.restore`), and read the durable cursors of those
+        it ``owns`` and their groups if they are kept in the cluster (the
+        groups claimed); how many records.
+        Nothing to do with the local engine (its logs are opened as they
+        are used)."""
         if self.replication is None:
             return 0
-        return await self.replication.restore(self.store, self._settings, owns)
+        records = await self.replication.restore(self.store, self._settings, owns)
+        if self.cluster_cursors is not None and self.cluster_groups is not None:
+            cursors = await _read_state("durable cursors", partial(self.cluster_cursors.load, owns))
+            groups = await _read_state("consumer groups", partial(self.cluster_groups.load, owns))
+            log.info("cluster mode: %d durable cursors and %d groups read", cursors, groups)
+            self._journal_to_cluster(self.cluster_cursors, self.cluster_groups, owns)
+        return records
+
+    def _journal_to_cluster(
+        self, cursors: ClusterCursors, groups: ClusterGroups, owns: Callable[[str], bool] | None
+    ) -> None:
+        """The journal's durable cursors and groups of the topics this front
+        end ``owns`` (kept there before they moved to the cluster) go to the
+        cluster, unless it has them, and leave the journal (with what groups
+        settled after their last state: a stop writes none of that)."""
+        moved = 0
+        for space in (CURSORS, GROUPS, SETTLED):
+            for key, value in self.journal.items(space):
+                topic = cursor_topic(key.rpartition("\x00")[0] if space == SETTLED else key)
+                if topic is None or (owns is not None and not owns(topic)):
+                    continue
+                self.journal.delete(space, key)
+                if space == CURSORS and type(value) is int and cursors.position(key) is None:
+                    cursors.store(key, value)
+                elif space == GROUPS and groups.get(GROUPS, key) is None:
+                    groups.put(GROUPS, key, value)
+                else:
+                    continue
+                moved += 1
+        write_journal(self.journal)
+        if moved:
+            log.info("cluster mode: %d durable cursors and groups moved from the journal", moved)
+
+    async def flush_state(self) -> None:
+        """Cluster mode: return once the cluster holds every durable
+        cursor's position and every group's state written so far (at once
+        with the journal's)."""
+        if self.cluster_cursors is None or self.cluster_groups is None:
+            return
+        writers = (self.cluster_cursors.writes, self.cluster_groups.writes)
+        try:
+            for writer in writers:
+                await writer.flush()
+        finally:
+            if any(writer.pending for writer in writers):  # (the shutdown's deadline)
+                log.warning(
+                    "cluster mode: the last positions of %d durable cursors and states of "
+                    "%d groups were not written (the cluster did not take them in time): "
+                    "what was acknowledged or settled since is delivered again",
+                    *(writer.pending for writer in writers),
+                )
 
     def open(self, name: str) -> TopicStore:
         """The log of topic ``name`` (recovered on first use); raises
@@ -768,6 +849,9 @@ class TopicLogs:
             nursery.start_soon(self._serve_syncs)
             if self.replication is not None:
                 nursery.start_soon(self.replication.replicator.run)
+            if self.cluster_cursors is not None and self.cluster_groups is not None:
+                nursery.start_soon(self.cluster_cursors.run)
+                nursery.start_soon(self.cluster_groups.run)
             await self._tend_forever()
 
     async def _tend_forever(self) -> None:

@@ -17,7 +17,10 @@ the connection reads its next frame, and the group's whole state every
 :data:`FLUSH_SECONDS` while it changes (the settled records since are then
 deleted). A record settled *done* is never delivered again after a
 restart (unless the journal could not be written: the disk full, logged);
-a record never settled is always delivered again.
+a record never settled is always delivered again. In cluster mode the
+"journal" is the cluster's (``storage/_cluster_groups.py``, a
+:class:`GroupJournal`): the group's whole state is written there late, and
+what it settled since is kept in memory only.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from broker.groups import (
     Taken,
     dead_letters_default,
 )
-from broker.log import StateJournal
 from broker.protocol.frames import decode_deliver_tail, encode_deliver_tail
 
 from ..storage._store import LogError, Start, StoreReader, TopicStore
@@ -92,6 +94,22 @@ class GroupMemberConnection(Subscriber, Protocol):
         """Queue DeliverGroup frames within the guarantees; how many went
         (None: the subscription is being freed)."""
         ...
+
+
+class GroupJournal(Protocol):
+    """Where groups keep their state: the state journal (its spaces
+    :data:`GROUPS` and :data:`SETTLED`), or in cluster mode the cluster's
+    bucket (``storage/_cluster_groups.py``)."""
+
+    def get(self, space: str, key: str) -> object | None: ...
+
+    def items(self, space: str) -> list[tuple[str, object]]: ...
+
+    def put(self, space: str, key: str, value: object) -> None: ...
+
+    def delete(self, space: str, key: str) -> None: ...
+
+    def write(self) -> None: ...
 
 
 class GroupsHost(Protocol):
@@ -566,7 +584,7 @@ class Group:
 class Groups:
     """The broker's consumer groups (a broker with topic logs has them)."""
 
-    def __init__(self, host: GroupsHost, journal: StateJournal) -> None:
+    def __init__(self, host: GroupsHost, journal: GroupJournal) -> None:
         self.host = host
         self.journal = journal
         self.groups: dict[str, Group] = {}

@@ -11,6 +11,7 @@ directory answers a retried commit "duplicate" and routes nothing again.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import cbor2
@@ -123,12 +124,19 @@ async def test_another_members_list_or_share_is_not_a_duplicate() -> None:
     assert refused.status is OutcomeStatus.REFUSED
 
 
-async def test_a_commit_cut_off_on_a_lost_disk_is_refused() -> None:
+async def test_a_commit_cut_off_on_a_lost_disk_is_refused_then_run_again() -> None:
     bucket = MemoryBucket()
     await CommitRegistry(bucket).begin(BATCH, {"orders"}, MEMBERS)
-    decision = await CommitRegistry(bucket).decide(area(), BATCH, MEMBERS)
+    registry = CommitRegistry(bucket)
+    decision = await registry.decide(area(), BATCH, MEMBERS)
     assert decision.status is OutcomeStatus.REFUSED
     assert "was committing this batch when it stopped" in decision.reason
+    again = area()  # (the batch run again: staged here by new attempts)
+    stage(again, "0/1", "orders", 3)
+    rerun = await registry.decide(again, BATCH, [("0/1", 3)])
+    assert rerun.status is OutcomeStatus.COMMITTED and rerun.messages == 3
+    for publish in rerun.publishes:
+        publish.loan.repay()
 
 
 async def test_an_unanswered_registry_refuses_before_anything_changes(
@@ -237,20 +245,16 @@ class CommittedUnanswered(MemoryBucket):
         return await super().write(key, value, last_revision)
 
 
-async def test_a_commit_cut_off_is_completed_then_a_duplicate_on_a_new_disk(
-    tmp_path: Path,
-) -> None:
-    """The registry does not take "committed" while the first front end
-    commits: its stop cuts the commit off after its rows are stored
-    ("committing" in the registry and its journal); started again on its
-    disk it completes it (routing nothing again: the stream's runs name
-    the batch's rows) and notes it "committed", and a third front end on
-    a new disk answers the retried commit "duplicate"."""
+@contextlib.asynccontextmanager
+async def after_a_cut_off(data_dir: Path) -> AsyncIterator[FrontEnds]:
+    """Front ends, after one on ``data_dir`` staged MEMBERS, committed, and
+    was stopped once its rows were stored but the registry had not taken
+    "committed" (the commit cut off: never answered)."""
     commits = CommittedUnanswered()
     with trio.fail_after(DEADLINE):
         async with trio.open_nursery() as nursery:
             front_ends = FrontEnds(commits, nursery)
-            first = await front_ends.start(tmp_path / "a")
+            first = await front_ends.start(data_dir)
             async with open_client(url(first), name="task") as task:
                 await stage_rows(task, MEMBERS)
                 async with trio.open_nursery() as committing:
@@ -264,18 +268,52 @@ async def test_a_commit_cut_off_is_completed_then_a_duplicate_on_a_new_disk(
                     await wait_until(lambda: commits.refused > 0, what="the commit routed")
                     assert [state for state, _ in front_ends.states()] == [COMMITTING]
                     assert front_ends.stored() == 3
-                    await front_ends.stop(first)  # (cuts the commit off: never answered)
+                    await front_ends.stop(first)
                     committing.cancel_scope.cancel()
             commits.refusing = False
-            again = await front_ends.start(tmp_path / "a")
-            await wait_until(
-                lambda: [state for state, _ in front_ends.states()] == [COMMITTED],
-                what="the commit completed",
-            )
-            await front_ends.stop(again)
-            third = await front_ends.start(tmp_path / "b")
-            async with open_client(url(third), name="driver") as driver:
-                outcome = await driver.commit("job-1", MEMBERS)
-                assert outcome.status == OutcomeStatus.DUPLICATE
-            await front_ends.stop(third)
+            yield front_ends
+
+
+async def test_a_commit_cut_off_is_completed_then_a_duplicate_on_a_new_disk(
+    tmp_path: Path,
+) -> None:
+    """The registry does not take "committed" while the first front end
+    commits: its stop cuts the commit off after its rows are stored
+    ("committing" in the registry and its journal); started again on its
+    disk it completes it (routing nothing again: the stream's runs name
+    the batch's rows) and notes it "committed", and a third front end on
+    a new disk answers the retried commit "duplicate"."""
+    async with after_a_cut_off(tmp_path / "a") as front_ends:
+        again = await front_ends.start(tmp_path / "a")
+        await wait_until(
+            lambda: [state for state, _ in front_ends.states()] == [COMMITTED],
+            what="the commit completed",
+        )
+        await front_ends.stop(again)
+        third = await front_ends.start(tmp_path / "b")
+        async with open_client(url(third), name="driver") as driver:
+            outcome = await driver.commit("job-1", MEMBERS)
+            assert outcome.status == OutcomeStatus.DUPLICATE
+        await front_ends.stop(third)
+    assert front_ends.stored() == 3
+
+
+async def test_a_commit_cut_off_on_a_lost_disk_is_refused_and_the_batch_run_again_once(
+    tmp_path: Path,
+) -> None:
+    """The front end that cut the commit off is replaced on a new disk: the
+    retried commit is refused (its staged rows were on the lost disk); the
+    batch staged again by new attempts commits, and routes only what the
+    stream does not hold of it (here: nothing)."""
+    async with after_a_cut_off(tmp_path / "a") as front_ends:
+        second = await front_ends.start(tmp_path / "b")
+        async with open_client(url(second), name="driver") as driver:
+            with pytest.raises(StagingRefused, match="was committing this batch"):
+                await driver.commit("job-1", MEMBERS)
+            rerun = [(f"{member}-again", rows) for member, rows in MEMBERS]
+            await stage_rows(driver, rerun)
+            outcome = await driver.commit("job-1", rerun)
+            assert outcome.status == OutcomeStatus.COMMITTED
+        assert [state for state, _ in front_ends.states()] == [COMMITTED]
+        await front_ends.stop(second)
     assert front_ends.stored() == 3

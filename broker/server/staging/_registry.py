@@ -18,9 +18,12 @@ each other's entries.
 
 A Commit is decided (:meth:`CommitRegistry.decide`) from the registry
 first when the front end does not know the batch: a share committed is a
-duplicate (its local staged publishes, if any, are dropped); one a front
-end was committing when it stopped cannot be completed without its staged
-publishes (still on that front end's disk) and is refused, saying so.
+duplicate (its local staged publishes, if any, are dropped). One a front
+end was committing when it stopped is completed from the batch's
+publishes staged here (the batch run again): only what the topics'
+streams do not hold of it is routed (their runs name the batch as their
+origin); with nothing staged here (the rows were on a disk that is lost)
+its commit is refused, saying so, and the batch must be run again.
 
 The bucket keeps at most ``staging_remember`` values (the oldest go
 first), as a standalone broker remembers that many batches.
@@ -174,11 +177,17 @@ class CommitRegistry:
         if batch in staging.finished or batch in staging.unfinished:
             return None  # (decided meanwhile: answered from here)
         topics = staging.topics_of(batch, [member for member, _ in members])
-        digest = members_digest(members)
         if topics:
-            states = [shares[share_of(topics)][0]] if share_of(topics) in shares else []
-        else:  # (nothing staged here: the rows were staged on a lost disk)
-            states = [state for state, listed in shares.values() if listed == digest]
+            entry = shares.get(share_of(topics))
+            if entry is not None and entry[0] == COMMITTED:
+                return staging.committed_elsewhere(batch)
+            # (Committing: a front end stopped while it committed the
+            # batch, staged again here since: its commit routes only what
+            # the topics' streams do not hold of it, see ``_commit``.)
+            return None
+        # Nothing staged here: the rows were staged on a disk that is lost.
+        digest = members_digest(members)
+        states = [state for state, listed in shares.values() if listed == digest]
         if COMMITTED in states:
             return staging.committed_elsewhere(batch)
         if COMMITTING in states:

@@ -293,7 +293,10 @@ class Job:
                         self.errors.append(f"run {self.runs}: not done after {JOB_GUARD:g} s")
                         query.stop()
                         return
-                    query.awaitTermination(0.05)
+                    try:
+                        query.awaitTermination(0.05)
+                    except Exception:  # (it failed: said below, and started again)
+                        break
                 if self.feed.all_committed():
                     self.succeeded = True
                     query.stop()

@@ -72,10 +72,12 @@ from .sessions._restore import claimed_topics, restore_claimed, restore_sessions
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
+from .staging._registry import BUCKET as COMMITS_BUCKET
+from .staging._registry import CommitRegistry
 from .storage._cluster_cursors import BUCKET as CURSORS_BUCKET
 from .storage._cluster_groups import BUCKET as GROUPS_BUCKET
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
-from .storage._kv_state import StateBuckets
+from .storage._kv_state import KeyedBucket, StateBuckets
 from .storage._replication import RunStreams
 from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patiently
 from .topics._groups import Groups
@@ -117,6 +119,7 @@ class Broker:
         logs: TopicLogs | None = None,
         worker: WorkerSetup | None = None,
         front_end: FrontEndPlacement | None = None,
+        commit_records: KeyedBucket | None = None,
     ) -> None:
         self.config = config
         #: Cluster mode with several front ends: this one's place among them
@@ -232,7 +235,12 @@ class Broker:
             topics=self.directory,
             storage=Storage(logs, self.groups, self.session_records),
             sessions=self.sessions,
-            commits=Commits(self.staging, self.commits_in_flight, self.start_commit),
+            commits=Commits(
+                self.staging,
+                self.commits_in_flight,
+                self.start_commit,
+                None if commit_records is None else CommitRegistry(commit_records),
+            ),
             gate=Gate(
                 auth,
                 self.principals,
@@ -766,7 +774,7 @@ async def serve_broker(
                 listeners=listeners,
                 streams=runs,
                 records=bucket,
-                state=await state_buckets(runs, config.cluster_replicas),
+                state=await state_buckets(runs, config.cluster_replicas, config.staging_remember),
                 task_status=task_status,
             )
         return
@@ -782,16 +790,18 @@ async def serve_broker(
     )
 
 
-async def state_buckets(runs: JetStreamRuns, replicas: int) -> StateBuckets:
-    """The buckets of the cursors and the groups (see :func:`_patiently_open`)."""
+async def state_buckets(runs: JetStreamRuns, replicas: int, remember: int) -> StateBuckets:
+    """The buckets of the cursors, the groups and the commit registry (at
+    most ``remember`` values: ``staging_remember``; see :func:`_patiently_open`)."""
     return StateBuckets(
         await _patiently_open(runs, replicas, CURSORS_BUCKET),
         await _patiently_open(runs, replicas, GROUPS_BUCKET),
+        await _patiently_open(runs, replicas, COMMITS_BUCKET, remember),
     )
 
 
 async def _patiently_open(
-    runs: JetStreamRuns, replicas: int, bucket: str = BUCKET
+    runs: JetStreamRuns, replicas: int, bucket: str = BUCKET, max_values: int = -1
 ) -> JetStreamRecordBucket:
     """The sessions' bucket (or ``bucket``), asked again with a backoff
     while JetStream does not answer (see
@@ -800,7 +810,7 @@ async def _patiently_open(
     try:
         return await patiently(
             f"making the KV bucket {bucket}",
-            lambda: open_record_bucket(runs.js, replicas, bucket),
+            lambda: open_record_bucket(runs.js, replicas, bucket, max_values),
             RecordsUnavailable,
         )
     except RecordsUnavailable as error:
@@ -925,6 +935,7 @@ async def _serve_broker(
             logs=logs,
             worker=worker,
             front_end=None if front_end is None else front_end.placement,
+            commit_records=None if state is None else state.commits,
         )
         if front_end is not None:
             broker.stored_counts_asked = front_end.stored_counts

@@ -33,6 +33,7 @@ from .sessions._records import SessionRecords
 from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._in_flight import CommitInFlight
+from .staging._registry import CommitRegistry
 from .storage._publish_marks import held_publishes
 from .storage._topic_logs import TopicLogs, TopicUnavailable
 from .topics._groups import Groups
@@ -219,6 +220,8 @@ class Commits:
     in_flight: dict[BatchKey, CommitInFlight]
     #: Route a committed batch in the broker's nursery; ``done()`` once routed.
     start: StartCommit
+    #: Cluster mode: the committed batches in the cluster (None: in the journal only).
+    registry: CommitRegistry | None = None
 
 
 class Gate:

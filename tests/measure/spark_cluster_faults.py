@@ -21,10 +21,11 @@ offsets, asked every few milliseconds), never by a sleep:
 2. once about ``--front-end-at`` of the rows are stored, while a commit
    routes (``--front-end-kill-during staging``: while the tasks stage rows
    and no commit routes), ``kill -9`` of the front end, started again on
-   the same data directory and port ``--restart-delay`` later. The tasks'
-   and the driver's clients reconnect and resume their sessions
-   (``broker.reconnect``); a query that fails anyway is started again from
-   its checkpoint, as a streaming job is (``query_runs``).
+   the same data directory (``--new-disk``: a new, empty one) and port
+   ``--restart-delay`` later. The tasks' and the driver's clients
+   reconnect and resume their sessions (``broker.reconnect``); a query
+   that fails anyway is started again from its checkpoint, as a streaming
+   job is (``query_runs``).
 
 Then every record of the topic is read back from its first offset and
 counted: ``lost`` (rows never stored), ``duplicated`` (rows stored more than
@@ -93,6 +94,9 @@ class Settings:
     #: "staging" (while the tasks stage rows, between two commits).
     front_end_kill_during: str = "commit"
     restart_delay: float = 1.0
+    #: The front end is started again on a new, empty data directory (a
+    #: machine replaced), not on its own.
+    new_disk: bool = False
     lease: float = 30.0
     keep: bool = False
 
@@ -122,6 +126,8 @@ class Result:
     seed: int
     rows: int
     batches: int
+    #: The front end was started again on a new data directory.
+    new_disk: bool = False
     read: int = 0
     lost: int = 0
     duplicated: int = 0
@@ -287,7 +293,10 @@ class Job:
                         self.errors.append(f"run {self.runs}: not done after {JOB_GUARD:g} s")
                         query.stop()
                         return
-                    query.awaitTermination(0.05)
+                    try:
+                        query.awaitTermination(0.05)
+                    except Exception:  # (it failed: said below, and started again)
+                        break
                 if self.feed.all_committed():
                     self.succeeded = True
                     query.stop()
@@ -524,7 +533,7 @@ def run(settings: Settings, directory: Path, spark: Any = None) -> Result:
     ``spark``: a session to use (None: one made here and stopped at the end).
     Never raises for what the servers, the broker or Spark do (``errors``)."""
     rng = random.Random(settings.seed)
-    result = Result(settings.seed, settings.rows, settings.batches)
+    result = Result(settings.seed, settings.rows, settings.batches, settings.new_disk)
     started = time.monotonic()
     own_spark = spark is None
     job: Job | None = None
@@ -593,6 +602,8 @@ def run(settings: Settings, directory: Path, spark: Any = None) -> Result:
                 fault.stored_at_trigger = count
                 fault.during_commit = bool(count % per_batch)
                 fault.at_s = round(front_end_killed - job.started, 2)
+                if settings.new_disk:  # (its disk lost with it: a new, empty one)
+                    front.data = directory / "data-new"
                 front.back(killed_pid)
                 fault.after = str(front.pid)
                 fault.down_s = round(time.monotonic() - front_end_killed, 2)
@@ -658,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
         help="kill the front end while a commit routes, or while tasks stage rows",
     )
     parser.add_argument("--restart-delay", type=float, default=1.0)
+    parser.add_argument(
+        "--new-disk",
+        action="store_true",
+        help="start the killed front end again on a new, empty data directory",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -674,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                 front_end_at=args.front_end_at,
                 front_end_kill_during=args.front_end_kill_during,
                 restart_delay=args.restart_delay,
+                new_disk=args.new_disk,
                 keep=args.keep,
             )
             directory = Path(tempfile.mkdtemp(prefix=f"spark-faults-{seed}-"))

@@ -44,3 +44,19 @@ def test_a_stream_leader_kill_and_a_front_end_kill_during_a_commit(
     result = run(settings, tmp_path, spark)
     check(result)
     assert result.commits_completed_at_start == 1, result
+
+
+@pytest.mark.slow
+def test_a_front_end_replaced_on_a_new_disk_during_a_commit(spark: Any, tmp_path: Path) -> None:
+    """As above, but the front end is started again on a new, empty data
+    directory: the driver's commit sent again is refused (the batch's
+    staged rows were on the lost disk), the query is started again from
+    its checkpoint and runs the batch again, and that commit routes only
+    what the stream does not hold of the batch (the registry in the
+    cluster says it was being committed; the stream's runs name it)."""
+    require_nats_server()
+    settings = Settings(rows=ROWS, batches=10, seed=1, front_end_kill_during="commit")
+    settings.new_disk = True
+    result = run(settings, tmp_path, spark)
+    check(result)
+    assert result.commits_completed_at_start == 0, result  # (nothing on the new disk)

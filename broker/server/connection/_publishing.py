@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import trio
@@ -36,6 +37,7 @@ from ..staging._area import (
     STAGED_PUBLISH_OVERHEAD,
     CommitDecision,
 )
+from ..staging._registry import CommitRegistry
 from ..topics._topic import DELIVER_HEAD_ESTIMATE, FORWARD_BATCH, Routed, Topic
 from ..transport._wake import Wake
 from ._budget import ConnectionBudget
@@ -471,9 +473,25 @@ class Publishing:
         account under this connection's) and answer once it is routed."""
         commits = self.commits
         batch = (self.owner, event.batch)
+        if commits.registry is not None:  # (cluster mode: its registry is asked first)
+            self.life.start_soon(partial(self._commit_in_cluster, event, commits.registry))
+            return
         # (A topic whose owner moved since the batch was staged, or whose
         # log cannot be opened now: refused, before anything changes.)
         decision = commits.staging.commit(*batch, event.members, self.topics.cannot_commit_to)
+        self._decided(event, decision)
+
+    async def _commit_in_cluster(self, event: Commit, registry: CommitRegistry) -> None:
+        batch, members = (self.owner, event.batch), event.members
+        decision = await registry.decide(
+            self.commits.staging, batch, members, self.topics.cannot_commit_to
+        )
+        self._decided(event, decision)
+
+    def _decided(self, event: Commit, decision: CommitDecision) -> None:
+        """Answer a Commit, or route what it makes visible first."""
+        commits = self.commits
+        batch = (self.owner, event.batch)
         running = commits.in_flight.get(batch)
         if decision.status is OutcomeStatus.DUPLICATE and running is not None:
             # The first commit is still routing: "committed before" must

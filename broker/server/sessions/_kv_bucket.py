@@ -11,6 +11,8 @@ that goes wrong (no answer, no leader, no connection) is a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from broker.nats import (
     ERR_WRONG_LAST_SEQUENCE,
     Headers,
@@ -19,7 +21,7 @@ from broker.nats import (
     KeyValue,
     NatsError,
 )
-from broker.nats._jetstream import ERR_STREAM_NAME_IN_USE, KV_OPERATION
+from broker.nats._jetstream import ERR_STREAM_NAME_IN_USE, KV_OPERATION, kv_stream_config
 
 from ._cluster_records import RecordConflict, RecordsUnavailable
 
@@ -32,15 +34,27 @@ SCAN_BATCH = 256
 
 
 async def open_record_bucket(
-    js: JetStream, replicas: int, bucket: str = BUCKET
+    js: JetStream, replicas: int, bucket: str = BUCKET, max_values: int = -1
 ) -> JetStreamRecordBucket:
     """The bucket (``bucket``: another of the same kind, e.g. the durable
     cursors'), made if it is not there (``replicas`` copies). Raises
     :class:`RecordsUnavailable` if JetStream does not answer or cannot make
     it now (no leader, a peer offline), and :class:`JetStreamError` if a
-    bucket of that name has another configuration."""
+    bucket of that name has another configuration.
+
+    With ``max_values`` the bucket keeps at most that many values, the
+    oldest dropped first (and a bucket made with another such limit is
+    given this one: the commit registry's, ``staging_remember``)."""
+    config = kv_stream_config(bucket, history=1, replicas=replicas)
+    if max_values > 0:
+        config = replace(config, max_msgs=max_values, discard="old")
     try:
-        kv = await js.create_key_value(bucket, history=1, replicas=replicas)
+        try:
+            await js.add_stream(config)
+        except JetStreamError as error:
+            if error.err_code != ERR_STREAM_NAME_IN_USE or max_values <= 0:
+                raise
+            await js.update_stream(config)  # (its limit changed: this one's)
     except JetStreamError as error:
         if error.err_code == ERR_STREAM_NAME_IN_USE:
             raise  # (a bucket of that name made otherwise: asking again won't help)
@@ -48,7 +62,7 @@ async def open_record_bucket(
         raise RecordsUnavailable(f"making KV bucket {bucket}: {error}") from None
     except NatsError as error:
         raise RecordsUnavailable(f"making KV bucket {bucket}: {error}") from None
-    return JetStreamRecordBucket(kv)
+    return JetStreamRecordBucket(js.key_value(bucket))
 
 
 class JetStreamRecordBucket:

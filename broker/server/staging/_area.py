@@ -86,6 +86,10 @@ INTERRUPTED = (
 )
 
 
+#: The reason of a "duplicate" Outcome.
+COMMITTED_BEFORE = "the batch was committed before"
+
+
 @dataclass(slots=True, eq=False)
 class StagedPublish:
     """One staged publish: its topic, its encoded Deliver tail (as a loan on
@@ -127,6 +131,8 @@ class UnfinishedCommit:
     #: Why the broker cannot complete it here ("" until it tried): a commit
     #: or abort of the batch is refused with this.
     blocked: str = ""
+    #: The members its commit listed, with their counts.
+    members: Members = field(default_factory=list)
 
     def routed_before(self, topic: str, next_offset: int, gaps: Iterable[Gap] = ()) -> int:
         """Of the batch's publishes to ``topic``, how many its log holds: those
@@ -203,6 +209,8 @@ class StagingArea:
         self.interrupted: set[BatchKey] = set()
         #: Per commit being routed, the topics it put progress for.
         self._progress_topics: dict[BatchKey, set[str]] = {}
+        #: Per commit being routed, the members it listed with their counts.
+        self.routing_members: dict[BatchKey, Members] = {}
         self._serial = 0
         #: Per (session, handle): the highest index of its publishes restored.
         self._held_origins: dict[tuple[bytes, int], int] = {}
@@ -281,19 +289,19 @@ class StagingArea:
         batch_key = (owner, batch_name)
         unfinished = self.unfinished.get(batch_key)
         if unfinished is not None:
-            return self._refuse(unfinished.blocked or "the batch is being committed")
+            return self.refuse(unfinished.blocked or "the batch is being committed")
         if batch_key in self.finished:
             self._count(OutcomeStatus.DUPLICATE)
-            return CommitDecision(OutcomeStatus.DUPLICATE, 0, "the batch was committed before")
+            return CommitDecision(OutcomeStatus.DUPLICATE, 0, COMMITTED_BEFORE)
         batch = self.batches.get(batch_key)
         staged = {} if batch is None else batch.members
         names = [member for member, _ in members]
         if len(set(names)) != len(names):
-            return self._refuse("a member is listed twice")
+            return self.refuse("a member is listed twice")
         for member, count in members:
             have = len(staged.get(member, ()))
             if have != count:
-                return self._refuse(
+                return self.refuse(
                     f"member {member!r} staged {have} publishes, the commit lists {count}"
                 )
         publishes = [publish for member in names for publish in staged.get(member, ())]
@@ -301,7 +309,7 @@ class StagingArea:
             for topic in sorted({publish.topic for publish in publishes}):
                 why = elsewhere(topic)
                 if why is not None:
-                    return self._refuse(why)
+                    return self.refuse(why)
         if batch is not None:
             del self.batches[batch_key]
             self.size -= batch.size
@@ -309,6 +317,8 @@ class StagingArea:
             self._discard([p for m in left_out for p in staged[m]], "superseded")
         self._finish(batch_key)
         self.counters.committed_messages += len(publishes)
+        if publishes:
+            self.routing_members[batch_key] = list(members)
         if self.journal is not None:
             journal_keys = [] if batch is None else batch.journal_keys
             if publishes:
@@ -350,6 +360,7 @@ class StagingArea:
         its topics' logs do not hold yet, then calls :meth:`routed`): the
         batch is committed from now on; returns its publishes, in order."""
         unfinished = self.unfinished.pop(batch_key)
+        self.routing_members[batch_key] = unfinished.members
         self.finished[batch_key] = None
         self._forget_oldest()
         self._routing[batch_key] = unfinished.journal_keys
@@ -383,19 +394,43 @@ class StagingArea:
         """After :meth:`routed` was written: delete the batch's staged
         publishes from the journal (apart: 200,000 deletes take about 0.3 s;
         a restart drops those of a committed batch left in the journal)."""
+        self.routing_members.pop(batch_key, None)
         journal_keys = self._routing.pop(batch_key, None)
         if journal_keys is not None:
             self._delete_staged(journal_keys)
+
+    def topics_of(self, batch_key: BatchKey, members: Iterable[str]) -> set[str]:
+        """The topics of what ``members`` of ``batch_key`` staged here."""
+        batch = self.batches.get(batch_key)
+        staged = {} if batch is None else batch.members
+        return {publish.topic for member in members for publish in staged.get(member, ())}
+
+    def committed_elsewhere(self, batch_key: BatchKey) -> CommitDecision:
+        """Cluster mode: the cluster's commit registry says ``batch_key``
+        was committed (through another front end, or this one before its
+        disk was replaced): it is remembered as committed here too, what it
+        staged here is discarded (as late), and the commit is a duplicate."""
+        batch = self.batches.pop(batch_key, None)
+        if batch is not None:
+            self.size -= batch.size
+            self._discard([p for member in batch.members.values() for p in member], "late")
+        self.finished[batch_key] = None
+        self.finished.move_to_end(batch_key)
+        self._forget_oldest()
+        if self.journal is not None:
+            self._committed(batch_key, [] if batch is None else batch.journal_keys)
+        self._count(OutcomeStatus.DUPLICATE)
+        return CommitDecision(OutcomeStatus.DUPLICATE, 0, COMMITTED_BEFORE)
 
     def abort(self, owner: str | None, batch_name: str) -> CommitDecision:
         """Discard everything staged in ``batch_name`` so far (refused if it
         was committed)."""
         batch_key = (owner, batch_name)
         if batch_key in self.finished:
-            return self._refuse("the batch was committed")
+            return self.refuse("the batch was committed")
         unfinished = self.unfinished.get(batch_key)
         if unfinished is not None:
-            return self._refuse(unfinished.blocked or "the batch is being committed")
+            return self.refuse(unfinished.blocked or "the batch is being committed")
         batch = self.batches.pop(batch_key, None)
         discarded = 0
         if batch is not None:
@@ -447,9 +482,11 @@ class StagingArea:
         self.batches.clear()
         self.unfinished.clear()
         self._routing.clear()
+        self.routing_members.clear()
         self.size = 0
 
-    def _refuse(self, reason: str) -> CommitDecision:
+    def refuse(self, reason: str) -> CommitDecision:
+        """A Commit or Abort refused with ``reason`` (counted)."""
         self._count(OutcomeStatus.REFUSED)
         return CommitDecision(OutcomeStatus.REFUSED, 0, reason)
 
@@ -610,5 +647,6 @@ class StagingArea:
         self._discard(
             [p for m, ps in batch.members.items() if m not in listed for p in ps], "superseded"
         )
-        self.unfinished[batch_key] = UnfinishedCommit(publishes, batch.journal_keys)
+        unfinished = UnfinishedCommit(publishes, batch.journal_keys, members=members)
+        self.unfinished[batch_key] = unfinished
         return True

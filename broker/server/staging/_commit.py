@@ -5,7 +5,6 @@ cut off (see ``_staging``)."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -21,7 +20,8 @@ from ..storage._topic_logs import TopicUnavailable
 from ..topics._topic import FORWARD_BATCH, Routed, Topic
 from ._area import StagedPublish
 from ._in_flight import CommitInFlight as CommitInFlight  # (re-exported)
-from ._records import BatchKey
+from ._records import BatchKey, commit_origin
+from ._registry import COMMITTED, COMMITTING
 
 log = logging.getLogger("broker.server")
 
@@ -152,15 +152,28 @@ def start_commit(
         return staging.progress(batch, topic, index, count)
 
     replicated = storage.logs is not None and storage.logs.replication is not None
+    registry = services.commits.registry
+    members = staging.routing_members.get(batch)
+    shared = {publish.topic for publish in publishes}
 
     async def run() -> None:
+        before = routed_before
+        routing = publishes
         try:
+            if registry is not None:
+                # Cluster mode: "committing" in the cluster's registry first.
+                state = await registry.begin(batch, shared, members or [])
+                if state == COMMITTED:  # (meanwhile, through another front end)
+                    routing = []
+                elif state == COMMITTING and before is None:  # (cut off elsewhere)
+                    origin = commit_origin(batch)
+                    before = {topic: services.seen.high(topic, origin, 0) for topic in shared}
             try:
                 await route_commit(
                     topics,
                     account,
-                    publishes,
-                    routed_before=routed_before,
+                    routing,
+                    routed_before=before,
                     progress=progress,
                     origin=commit_origin(batch) if replicated else None,
                 )
@@ -176,24 +189,22 @@ def start_commit(
                 return
             # Remembered as committed (written, before anybody hears of
             # it): a rerun after a restart is answered "duplicate".
+            if registry is not None:
+                # Cluster mode: "committed" in the registry first (cut off
+                # before, the journal still says "committing": completed).
+                await registry.finish(batch, shared, members)
             staging.routed(batch)
             storage.persist_state()
             for waiter in running.waiters:  # before anybody else hears of it
                 waiter()
             staging.forget_routed(batch)  # (written with the next state)
         finally:
+            for publish in publishes:
+                publish.loan.repay()  # (cut off before routing: once only)
             del in_flight[batch]
             running.routed.set()
 
     nursery.start_soon(run)
-
-
-def commit_origin(batch: BatchKey) -> bytes:
-    """The origin the publishes of committed ``batch`` are routed as, in
-    cluster mode (16 bytes, as a session id: no session has it)."""
-    principal, name = batch
-    digest = hashlib.sha256(b"commit\0%s\0%s" % ((principal or "").encode(), name.encode()))
-    return digest.digest()[:16]
 
 
 async def complete_unfinished(services: BrokerServices, nursery: trio.Nursery) -> None:

@@ -4,6 +4,7 @@ a crash: the journal is storage that can be damaged)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 #: ``(principal, batch)``: batches of different principals never mix.
@@ -122,3 +123,11 @@ def origin_of(record: object) -> Origin | None:
         if isinstance(session, bytes) and type(handle) is int and type(index) is int:
             return session, handle, index
     return None
+
+
+def commit_origin(batch: BatchKey) -> bytes:
+    """The origin the publishes of committed ``batch`` are routed as, in
+    cluster mode (16 bytes, as a session id: no session has it)."""
+    principal, name = batch
+    digest = hashlib.sha256(b"commit\0%s\0%s" % ((principal or "").encode(), name.encode()))
+    return digest.digest()[:16]

@@ -68,10 +68,12 @@ class KeyedBucket(Protocol):
 class StateBuckets:
     """The buckets of what a topic's owner keeps in the cluster besides its
     stream: durable cursors' positions (``_cluster_cursors``) and consumer
-    groups' states (``_cluster_groups``)."""
+    groups' states (``_cluster_groups``); and the commit registry of staged
+    batches (``staging._registry``; None: kept in the journal only)."""
 
     cursors: KeyedBucket
     groups: KeyedBucket
+    commits: KeyedBucket | None = None
 
 
 class LateWrites:

@@ -61,11 +61,16 @@ from .cluster._link import LinkStatistics
 from .cluster._link_table import Links
 from .cluster._origin_dedup import SeenOrigins
 from .cluster._placement import WorkerSetup
-from .cluster._stored_counts import StoredCounts, StoredCountsUnavailable
+from .cluster._stored_counts import OwnedCounts, StoredCounts, StoredCountsUnavailable
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
-from .sessions._cluster_records import ClusterRecords, RecordBucket, RecordsUnavailable
+from .sessions._cluster_records import (
+    ClaimedSession,
+    ClusterRecords,
+    RecordBucket,
+    RecordsUnavailable,
+)
 from .sessions._kv_bucket import BUCKET, JetStreamRecordBucket, open_record_bucket
 from .sessions._records import SessionRecords, forget_sessions
 from .sessions._restore import claimed_topics, restore_claimed, restore_sessions
@@ -79,7 +84,7 @@ from .storage._cluster_groups import BUCKET as GROUPS_BUCKET
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
 from .storage._kv_state import KeyedBucket, StateBuckets
 from .storage._replication import RunStreams
-from .storage._topic_logs import Replication, TopicLogs, TopicUnavailable, patiently
+from .storage._topic_logs import Replication, TopicLogs, patiently
 from .topics._groups import Groups
 from .topics._log_subscription import CursorBook
 from .topics._topic import Topic
@@ -223,7 +228,11 @@ class Broker:
         self.stored = SeenOrigins()
         #: Several front ends: asks the others what their streams hold.
         self.stored_counts_asked: StoredCounts | None = None
+        #: Cluster mode: what the streams of the topics owned here hold.
+        self.owned_counts: OwnedCounts | None = None
         if logs is not None and logs.replication is not None:
+            self.owned_counts = OwnedCounts(logs, self.stored)
+            self.seen.notes_local = True
             # (What the streams' runs say of whose publishes they hold.)
             logs.origins_restored = self._origins_restored
             logs.replication.replicator.origins_stored = self.stored.stored
@@ -413,23 +422,17 @@ class Broker:
         self.seen.seed(topic, held)
         self.stored.seed(topic, held)
 
-    def stored_counts(self, session: bytes, pairs: list[tuple[int, str]]) -> dict[int, int]:
+    async def stored_counts(self, session: bytes, pairs: list[tuple[int, str]]) -> dict[int, int]:
         """Cluster mode: per (handle, topic) of ``pairs`` whose topic this
         front end owns, how many of ``session``'s publishes on that handle
         the topic's stream holds (others, and all while shutting down, are
-        left out: the asker asks again)."""
-        counts: dict[int, int] = {}
-        if self.closing or self.logs is None:
-            return counts
-        for handle, topic in pairs:
-            if self.not_owned(topic) is not None:
-                continue
-            try:
-                self.logs.open(topic)  # (restored first: its runs' origins known)
-            except TopicUnavailable:
-                continue
-            counts[handle] = self.stored.high(topic, session, handle)
-        return counts
+        left out: the asker asks again; see ``cluster._stored_counts``)."""
+        if self.closing or self.owned_counts is None:
+            await trio.lowlevel.checkpoint()
+            return {}
+        return await self.owned_counts.counts(
+            session, pairs, lambda topic: self.not_owned(topic) is None
+        )
 
     async def _claim(self, stream: trio.SocketStream) -> bool:
         """Cluster mode: if ``stream``'s Hello resumes a session this front
@@ -469,19 +472,42 @@ class Broker:
             return None
         return ReplayedStream(stream, data)
 
+    def _shutdown_began(self) -> bool:
+        """Whether the broker no longer takes connections (asked again after
+        an await: a check before it does not hold after)."""
+        return not self.ready
+
     async def _claim_session(self, session: bytes | None, stream: trio.abc.Stream) -> bool:
-        """See :meth:`_claim`: claim ``session`` (None: nothing to claim)."""
+        """See :meth:`_claim`: claim ``session`` (None: nothing to claim),
+        counted among the connections in their handshake meanwhile."""
         copies = self.copies
         assert copies is not None
         if session is None or session in self.sessions.sessions:
             return True
+        self.handshaking += 1
+        try:
+            return await self._claimed(copies, session, stream)
+        finally:
+            self.handshaking -= 1
+
+    async def _claimed(
+        self, copies: ClusterRecords, session: bytes, stream: trio.abc.Stream
+    ) -> bool:
         deadline = trio.current_time() + self.config.hello_timeout
+        stored: dict[int, int] = {}
+
+        async def count(claimed: ClaimedSession) -> None:
+            # (Before the claim: a session claimed is one the front end that
+            # held it lets go of. What the streams held then is at least what
+            # the client saw confirmed: it lost its connection before this.)
+            stored.clear()
+            stored.update(await self._stored_of(session, claimed_topics(claimed), deadline))
+
         try:
             with trio.fail_at(deadline):
-                claimed = await copies.claim(session.hex())
+                claimed = await copies.claim(session.hex(), count)
             if claimed is None or session in self.sessions.sessions:
                 return True
-            stored = await self._stored_of(session, claimed_topics(claimed), deadline)
         except (RecordsUnavailable, StoredCountsUnavailable, trio.TooSlowError) as error:
             log.warning(
                 "session %s: cannot be read from the cluster now: %s", session[:4].hex(), error
@@ -498,13 +524,14 @@ class Broker:
         """Per topic handle of ``topics``: what its topic's stream holds of
         ``session``'s publishes on it (here, or asked of its owner)."""
         mine = [(h, name) for h, name in topics.items() if self.not_owned(name) is None]
-        stored = self.stored_counts(session, mine)
+        stored = await self.stored_counts(session, mine)
         owners: dict[str, list[tuple[int, str]]] = {}
-        if self.front_end is not None:
-            for handle, name in topics.items():
-                if handle not in stored:
-                    owner = self.front_end.cluster.owner(name).id
-                    owners.setdefault(owner, []).append((handle, name))
+        for handle, name in topics.items():
+            if handle not in stored:
+                if self.front_end is None:  # (its own topic, whose stream did not answer)
+                    raise StoredCountsUnavailable(f"the stream of {name[:64]!r} did not answer")
+                owner = self.front_end.cluster.owner(name).id
+                owners.setdefault(owner, []).append((handle, name))
         if owners:
             if self.stored_counts_asked is None:
                 raise StoredCountsUnavailable("no way to ask the other front ends")
@@ -549,6 +576,9 @@ class Broker:
             and not await self._claim(stream)
         ):
             return
+        if self._shutdown_began():  # (during the claim)
+            await self._refuse(stream)
+            return
         # Bounded per address once the broker is half full: then no address
         # can take the slots left from everybody else.
         if 2 * busy >= self.config.max_connections and not self.peers.admits(address):
@@ -573,6 +603,9 @@ class Broker:
             if self.copies is not None:
                 claimed = await self._claim_secured(secured)
                 if claimed is None:
+                    return
+                if self._shutdown_began():  # (during the claim)
+                    await self._refuse(secured)
                     return
                 transport = claimed
         connection = ServerConnection(

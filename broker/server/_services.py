@@ -298,6 +298,11 @@ class OriginFilter(Protocol):
     """What a topic's owner took of each forwarded origin (the workers'
     dedup, ``broker.server.cluster._origin_dedup.SeenOrigins``)."""
 
+    #: Whether its own clients' publishes are noted too (cluster mode: a
+    #: session moves between live front ends, and what one forwards may
+    #: come again from the client through another).
+    notes_local: bool
+
     def take(
         self, topic: str, origins: list[OriginRun], tails: list[bytes], keys: list[bytes | None]
     ) -> tuple[list[bytes], list[bytes | None], int, list[OriginRun]] | None:

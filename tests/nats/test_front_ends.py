@@ -115,10 +115,12 @@ def test_two_front_ends_share_the_topics_and_fail_over(tmp_path: Path) -> None:
 
 
 def test_a_session_moves_between_two_live_front_ends(tmp_path: Path) -> None:
-    """A client publishing through one front end reconnects to the other:
-    its session resumes there, its publish counts taken from the topics'
-    streams (asked of the other front end for the topics that one owns),
-    and every publish is stored once, in order."""
+    """A client publishing through one front end reconnects to the other,
+    some of its publishes on their way when it does: its session resumes
+    there, its publish counts taken from the topics' streams (asked of the
+    other front end for the topics that one owns), and every publish is
+    stored once, in order (those it sends again are recognised by their
+    origins wherever the first copy went)."""
     with _two_front_ends(tmp_path) as fronts:
         a, b = fronts
 
@@ -140,10 +142,13 @@ def test_a_session_moves_between_two_live_front_ends(tmp_path: Path) -> None:
                         for topic in TOPICS:
                             await client.publish(topic, b"%s %d" % (topic.encode(), n))
                     await client.flush()
+                    for n in range(30, 35):  # (cut while these are on their way)
+                        for topic in TOPICS:
+                            await client.publish(topic, b"%s %d" % (topic.encode(), n))
                     host, port = b.address.rsplit(":", 1)
                     proxy.target = (host, int(port))
                     proxy.cut()  # (it reconnects, now to b)
-                    for n in range(30, 40):
+                    for n in range(35, 40):
                         for topic in TOPICS:
                             await client.publish(topic, b"%s %d" % (topic.encode(), n))
                     await client.flush()

@@ -56,6 +56,9 @@ class SeenOrigins:
         self._forgotten = forgotten
         #: What the log held of an origin restored, asked once when used.
         self._restored = restored
+        #: Whether the broker's own clients' publishes are noted too (cluster
+        #: mode: see ``OriginFilter.notes_local``).
+        self.notes_local = False
 
     @classmethod
     def kept_in(cls, marks: PublishMarks | None) -> SeenOrigins:

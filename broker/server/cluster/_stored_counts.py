@@ -10,6 +10,12 @@ publishes' origins; see ``Broker.stored``). That count is at least what
 the session's client saw confirmed (a Confirm follows the stream's
 acknowledgement), so the client's resend starts where the stream ends.
 
+An owner counts from its table of what its streams stored (restored with
+each topic, raised as each run is stored: ``Broker.stored``), after
+reading the origins of any run the stream holds past the last one its
+log knows (:class:`OwnedCounts`): a previous owner still draining, or a
+run whose answer has not come back yet, stored them.
+
 The owners answer over NATS: front end ``ID`` answers requests on subject
 ``broker.stored.ID``, whose payload is CBOR ``[session, [[handle, topic],
 ...]]`` and whose reply is a CBOR map of handle to count for the topics it
@@ -18,15 +24,22 @@ owns and could open (a handle left out: ask again, its topic is moving).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import cbor2
 import trio
 
+from broker.log import LogError
 from broker.nats import NatsClient, NatsError
 
-__all__ = ["STORED_SUBJECT", "Answer", "StoredCounts", "StoredCountsUnavailable"]
+from ..storage._topic_logs import TopicLogs, TopicUnavailable
+from ._origin_dedup import SeenOrigins
+
+__all__ = ["STORED_SUBJECT", "Answer", "OwnedCounts", "StoredCounts", "StoredCountsUnavailable"]
+
+log = logging.getLogger("broker.server")
 
 #: Subject prefix of a front end's answers (its id follows).
 STORED_SUBJECT = "broker.stored."
@@ -35,8 +48,11 @@ ASK_TIMEOUT = 1.0
 #: Seconds between requests while an owner does not know its topics yet.
 ASK_AGAIN = 0.1
 
+#: Runs read at once while catching up with a stream's end.
+CATCH_UP_BATCH = 256
+
 #: A broker's answer: per (handle, topic) it owns, the count its stream holds.
-Answer = Callable[[bytes, list[tuple[int, str]]], dict[int, int]]
+Answer = Callable[[bytes, list[tuple[int, str]]], Awaitable[dict[int, int]]]
 
 
 class StoredCountsUnavailable(Exception):
@@ -70,7 +86,7 @@ class StoredCounts:
                 except (ValueError, TypeError, IndexError, cbor2.CBORDecodeError):
                     continue  # (not from a front end: left unanswered)
                 with trio.move_on_after(ASK_TIMEOUT):
-                    counts = cbor2.dumps(respond(session, pairs))
+                    counts = cbor2.dumps(await respond(session, pairs))
                     try:
                         await self.client.publish(request.reply, counts)
                         self.answered += 1
@@ -115,6 +131,62 @@ class StoredCounts:
                     return {h: counts[h] for h in wanted}
                 why = "its topics are not open there yet"
             await trio.sleep(min(ASK_AGAIN, max(0.0, deadline - trio.current_time())))
+
+
+class OwnedCounts:
+    """The owner's side: how many of a session's publishes the streams of
+    the topics this front end owns hold (see the module)."""
+
+    def __init__(self, logs: TopicLogs, stored: SeenOrigins) -> None:
+        assert logs.replication is not None
+        self.logs = logs
+        self.replication = logs.replication
+        #: Per (topic, session, handle): the highest publish index stored.
+        self.stored = stored
+        self._reading = trio.Lock()
+
+    async def count(self, session: bytes, handle: int, topic: str) -> int:
+        """Publishes of (``session``, ``handle``) ``topic``'s stream holds
+        (0: none, or the topic has no log here: never made, or set aside,
+        then reported). Raises :class:`~broker.log.LogError` if the
+        stream cannot be read now."""
+        replicated = self.replication.logs.get(topic)
+        if replicated is None:
+            if topic in self.replication.broken:
+                log.warning(
+                    "topic %r is set aside: a resumed session's count on it is the "
+                    "cluster's last written one",
+                    topic[:64],
+                )
+            return 0
+        try:
+            self.logs.open(topic)  # (once: its restored runs' origins go into the table)
+        except TopicUnavailable as error:
+            raise LogError(str(error)) from None
+        async with self._reading:  # (one reader of a stream at a time)
+            stream = await self.replication.replicator.stream(topic)
+            seq = replicated.last_seq + 1
+            while runs := await stream.fetch(seq, CATCH_UP_BATCH):
+                for run in runs:
+                    if run.origins:
+                        self.stored.stored(topic, run.origins)
+                seq = runs[-1].seq + 1
+        return self.stored.high(topic, session, handle)
+
+    async def counts(
+        self, session: bytes, pairs: list[tuple[int, str]], owns: Callable[[str], bool]
+    ) -> dict[int, int]:
+        """Per (handle, topic) of ``pairs`` whose topic is owned here: its
+        count (see :meth:`count`); a topic whose stream cannot be read now
+        is left out (the asker asks again)."""
+        counts: dict[int, int] = {}
+        for handle, topic in pairs:
+            if owns(topic):
+                try:
+                    counts[handle] = await self.count(session, handle, topic)
+                except LogError as error:
+                    log.info("topic %r: its stream cannot be read now: %s", topic[:64], error)
+        return counts
 
 
 def _request(payload: bytes) -> tuple[bytes, list[tuple[int, str]]]:

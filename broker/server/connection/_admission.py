@@ -278,7 +278,9 @@ class Admission:
         for handle in publishing.confirm_dirty:
             channel = publishing.channels.get(handle)
             if channel is not None:
-                records.routed(session, handle, channel.routed)
+                # (A staged channel's count is all a resume has of its
+                # publishes: no stream holds them yet.)
+                records.routed(session, handle, channel.routed, strict=channel.stage is not None)
         if deliveries.acked_dirty:
             for handle in deliveries.acked_dirty:
                 subscription = deliveries.subscriptions.get(handle)

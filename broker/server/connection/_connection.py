@@ -336,7 +336,7 @@ class ServerConnection:
         """Whether the output waits for the session's record to be kept in
         the cluster (the writer is woken once it is)."""
         copies = self._copies()
-        if copies is None or copies.record_stored(self._record_waited):
+        if copies is None or copies.stored(self._record_waited):
             self._record_waited = ""
             return False
         copies.when_stored(self._record_waited, self.wake_writer)
@@ -387,7 +387,7 @@ class ServerConnection:
             return self._hold(held)
         if self._record_waited:
             copies = self._copies()
-            if copies is not None and not copies.record_stored(self._record_waited):
+            if copies is not None and not copies.stored(self._record_waited):
                 return self._record_kept(copies, self._record_waited)
         return None
 

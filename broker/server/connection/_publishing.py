@@ -326,8 +326,13 @@ class Publishing:
         state.unrouted_fan_out += fan_out
         keys = [e.message.key for e in batch]
         origins = self._passed_on(state, len(batch))
+        skipped = 0
+        if origins is not None and self.seen.notes_local and not state.topic.forwarded:
+            taken = self.seen.take(state.topic.topic_name, origins, tails, keys)
+            if taken is not None:
+                tails, keys, skipped, origins = taken
         state.topic.send_nowait(
-            Routed(tails, self, state.channel.index, fan_out, keys, origins),
+            Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,
             cost=size,
         )
@@ -345,16 +350,18 @@ class Publishing:
         state.unrouted_fan_out += fan_out
         origins = message.origins
         skipped = 0
+        forwarded = origins is not None
         if origins is None:
             origins = self._passed_on(state, count)
         else:
             state.forwarded += count
-            if not topic.forwarded:
-                # A worker's link forwards them to their owner: none is stored
-                # twice (the runs left are marked in the log: ``_publish_marks``).
-                taken = self.seen.take(topic.topic_name, origins, tails, keys)
-                if taken is not None:
-                    tails, keys, skipped, origins = taken
+        if origins is not None and not topic.forwarded and (forwarded or self.seen.notes_local):
+            # A worker's link forwards them to their owner (or, in cluster
+            # mode, a session moves between front ends): none is stored twice
+            # (the runs left are marked in the log: ``_publish_marks``).
+            taken = self.seen.take(topic.topic_name, origins, tails, keys)
+            if taken is not None:
+                tails, keys, skipped, origins = taken
         topic.send_nowait(
             Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,

@@ -3,11 +3,13 @@ resumes a session another one served.
 
 In cluster mode each session's record (its handles, reliable
 subscriptions and stages: see ``_records``) is written to a KV bucket of
-the JetStream cluster as well as to the front end's own journal, and
-nothing that relies on it reaches the client before the bucket holds it:
-the connection's output waits until :meth:`ClusterRecords.record_stored`
-says so (a Bind's answer waits for the record that has its handle). Each
-connection waits for its own session's record only.
+the JetStream cluster (not to the front end's journal, which a resume
+never reads), and nothing that relies on it reaches the client before
+the bucket holds it: the connection's output waits until
+:meth:`ClusterRecords.stored` says so (a Bind's answer waits for the
+record that has its handle; a staged channel's Confirm for the count
+that includes it, since no stream holds staged publishes yet). Each
+connection waits for its own session's keys only.
 
 Its publish counts (``routed``) and the positions its client processed
 (``acked``) follow lazily, at most :data:`LAZY_DELAY` seconds behind.
@@ -37,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -198,15 +200,20 @@ class ClusterRecords:
         """Session ``session``'s record changed (what relies on it waits)."""
         self._strict(session, record_key(session), self._value(record))
 
-    def routed(self, session: str, handle: int, count: int) -> None:
+    def routed(self, session: str, handle: int, count: int, *, strict: bool = False) -> None:
         """``count`` publishes of topic handle ``handle`` are routed (written
-        within :data:`LAZY_DELAY`; nothing waits for it)."""
+        within :data:`LAZY_DELAY`, nothing waits for it; ``strict``: what
+        relies on it waits, as for the record: a staged channel's, whose
+        publishes no stream holds for a resume to count)."""
         if session in self._taken:
             return
         counts = self._routed.setdefault(session, {})
         if counts.get(handle) != count:
             counts[handle] = count
-            self._lazy(session, routed_key(session), counts)
+            if strict:
+                self._strict(session, routed_key(session), self._value(counts))
+            else:
+                self._lazy(session, routed_key(session), counts)
 
     def acked(self, session: str, handle: int, offset: int) -> None:
         """A subscription's position moved (written within :data:`LAZY_DELAY`)."""
@@ -285,10 +292,6 @@ class ClusterRecords:
         the bucket (or another front end took it: nothing waits then)."""
         return session not in self._unstored
 
-    def record_stored(self, session: str) -> bool:
-        """Whether session ``session``'s record is in the bucket as last saved."""
-        return record_key(session) not in self._outstanding
-
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
         """Call ``wake()`` once the next of ``session``'s strict writes is
         stored (at once if none waits): the caller looks again then."""
@@ -318,14 +321,19 @@ class ClusterRecords:
 
     # ------------------------------------------------------------ claiming
 
-    async def claim(self, session: str) -> ClaimedSession | None:
+    async def claim(
+        self,
+        session: str,
+        before: Callable[[ClaimedSession], Awaitable[None]] | None = None,
+    ) -> ClaimedSession | None:
         """Read session ``session``'s keys and claim them (each written
         again at the revision read: the front end that held it loses it);
-        None if the bucket has no record of it, or its keys kept changing
-        under the claim (:data:`CLAIM_TRIES` reads: another front end
-        writes them as fast). A key written between the read and the claim
-        (the holder's late count) makes the claim read again. Raises
-        :class:`RecordsUnavailable`."""
+        None if the bucket has no record of it. ``before(claimed)`` runs
+        between the read and the claim: what it raises leaves the session
+        unclaimed. A key written between the read and the claim (the
+        holder's late count) makes the claim read again. Raises
+        :class:`RecordsUnavailable` (also if the keys kept changing under
+        :data:`CLAIM_TRIES` claims: another front end writes them as fast)."""
         for _ in range(CLAIM_TRIES):
             keys = await self.bucket.session(session)
             if record_key(session) not in keys:
@@ -337,6 +345,13 @@ class ClusterRecords:
                 except Exception:  # a damaged value: not resumed, reported
                     log.error("cluster session key %s cannot be read", key[:40])
                     return None
+            claimed = ClaimedSession(
+                decoded[record_key(session)],
+                _handles(decoded.get(routed_key(session))),
+                _handles(decoded.get(acked_key(session))),
+            )
+            if before is not None:
+                await before(claimed)
             revisions: dict[str, int] = {}
             values: dict[str, bytes] = {}
             try:
@@ -347,12 +362,7 @@ class ClusterRecords:
                 continue
             break
         else:
-            return None
-        claimed = ClaimedSession(
-            decoded[record_key(session)],
-            _handles(decoded.get(routed_key(session))),
-            _handles(decoded.get(acked_key(session))),
-        )
+            raise RecordsUnavailable(f"session {session[:16]}'s keys kept changing under a claim")
         self._revisions.update(revisions)
         self._keys.setdefault(session, set()).update(revisions)
         for key in (record_key(session), routed_key(session)):

@@ -88,8 +88,9 @@ class RecordCopies(Protocol):
         """The last record write's generation."""
         ...
 
-    def record_stored(self, session: str) -> bool:
-        """Whether session ``session``'s record (hex id) is kept as last saved."""
+    def stored(self, session: str) -> bool:
+        """Whether session ``session``'s writes that others wait for (its
+        record; a staged channel's count) are kept as last asked."""
         ...
 
     def when_stored(self, session: str, wake: Callable[[], None]) -> None:
@@ -98,7 +99,10 @@ class RecordCopies(Protocol):
 
     def save(self, session: str, record: object) -> None: ...
 
-    def routed(self, session: str, handle: int, count: int) -> None: ...
+    def routed(self, session: str, handle: int, count: int, *, strict: bool = False) -> None:
+        """``count`` publishes of topic handle ``handle`` are routed (written
+        lazily; ``strict``: what relies on it waits, as for the record)."""
+        ...
 
     def acked(self, session: str, handle: int, offset: int) -> None: ...
 
@@ -166,14 +170,18 @@ class SessionRecords:
             if f"{sid}/s/{handle}" not in keys:  # a new subscription: where it starts
                 self.acked(session, handle, subscriptions[handle].acked)
 
-    def routed(self, session: RecordedSession, handle: int, count: int) -> None:
-        """``count`` publishes on topic ``handle`` are in the logs (or staged)."""
+    def routed(
+        self, session: RecordedSession, handle: int, count: int, *, strict: bool = False
+    ) -> None:
+        """``count`` publishes on topic ``handle`` are in the logs (or staged;
+        ``strict``: in cluster mode what relies on it waits for the
+        cluster's copy, see ``RecordCopies.routed``)."""
         key = f"{session.id.hex()}/p/{handle}"
         self._keys.setdefault(session.id, set()).add(key)
         if self.copies is None:
             self.journal.put(COUNTS, key, count)
         else:
-            self.copies.routed(session.id.hex(), handle, count)
+            self.copies.routed(session.id.hex(), handle, count, strict=strict)
 
     def acked(self, session: RecordedSession, handle: int, offset: int) -> None:
         """The client processed subscription ``handle`` up to ``offset``."""

@@ -268,6 +268,8 @@ class JetStreamRun:
             info = await self.js.stream_info(self.stream)
             self._read_end = info.state.last_seq
             self._reader = self.js.ordered(self.stream, max(from_seq, 1))
+        elif from_seq > self._read_end:  # (at the end read last: has it grown since?)
+            self._read_end = (await self.js.stream_info(self.stream)).state.last_seq
         reader = self._reader
         if from_seq > self._read_end:
             return []

@@ -197,3 +197,22 @@ class MemoryBucket:
         self.revision += 1
         self.last[key] = self.revision
         self.values[key] = (value, self.revision)
+
+
+class HeldBucket(MemoryBucket):
+    """A :class:`MemoryBucket` whose next write can be held in flight
+    (:meth:`hold`): it waits, sent but not yet stored, until released."""
+
+    _held: tuple[trio.Event, trio.Event] | None = None
+
+    def hold(self) -> tuple[trio.Event, trio.Event]:
+        """Hold the next write: (set once it is in flight, set to release it)."""
+        self._held = (trio.Event(), trio.Event())
+        return self._held
+
+    async def write(self, key: str, value: bytes | None, last_revision: int) -> int:
+        if self._held is not None:
+            (in_flight, release), self._held = self._held, None
+            in_flight.set()
+            await release.wait()
+        return await super().write(key, value, last_revision)

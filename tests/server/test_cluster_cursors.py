@@ -2,9 +2,11 @@
 written by ``storage/_kv_state.py``), over a bucket in memory with
 JetStream KV's compare-and-set: positions are written late and coalesced,
 a bucket that does not answer is asked again, a write refused because
-another front end wrote the key keeps the larger position, a front end
-reads only the cursors of the topics it owns; and a cursor continues
-where it was acknowledged on a broker with another disk.
+another front end wrote the key keeps the larger position, a deletion
+removes only this front end's own value (never what another front end
+wrote since), a front end reads only the cursors of the topics it owns;
+and a cursor continues where it was acknowledged on a broker with
+another disk.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from broker.server.storage._cluster_groups import ClusterGroups
 from broker.server.storage._kv_state import StateBuckets
 
 from .helpers import make_config, running_broker, url, wait_until
-from .run_streams import MemoryBucket, MemoryStreams
+from .run_streams import HeldBucket, MemoryBucket, MemoryStreams
 from .test_topic_log import publish, read, take
 
 #: Hang guard (seconds).
@@ -93,6 +95,40 @@ async def test_a_write_refused_keeps_the_larger_position(theirs: int) -> None:
     assert cursors.writes.refused == 1
     assert _held(bucket) == max(theirs, 20)
     assert cursors.position(KEY) == max(theirs, 20)
+
+
+async def test_a_deletion_refused_leaves_what_another_front_end_wrote() -> None:
+    bucket = MemoryBucket()
+    old = ClusterCursors(bucket)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(old.run)
+        old.store(KEY, 3)
+        await flushed(old)
+        # Another front end (the topic's new owner) writes the key.
+        value = {"topic": "orders", "principal": "", "cursor": "billing", "next": 9}
+        bucket.write_now(bucket_key(KEY), json.dumps({**value, "writer": "new"}).encode())
+        assert old.delete(KEY)  # (the old owner, late)
+        await flushed(old)
+        nursery.cancel_scope.cancel()
+    assert old.writes.refused == 1
+    assert _held(bucket) == 9  # (not removed)
+
+
+async def test_a_deletion_removes_its_own_write_whose_answer_was_lost() -> None:
+    bucket = HeldBucket(failures=["answer lost"])
+    cursors = ClusterCursors(bucket)
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cursors.run)
+            in_flight, release = bucket.hold()
+            cursors.store(KEY, 7)
+            await in_flight.wait()
+            assert cursors.delete(KEY)  # (while 7 is on its way)
+            release.set()  # (7 is stored, its answer lost: the deletion is refused)
+            await flushed(cursors)
+            nursery.cancel_scope.cancel()
+    assert cursors.writes.refused == 1
+    assert bucket_key(KEY) not in bucket.values  # (its own value: deleted)
 
 
 async def test_only_the_cursors_of_owned_topics_are_read() -> None:

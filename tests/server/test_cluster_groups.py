@@ -3,7 +3,9 @@
 KV's compare-and-set: a front end claims the groups of the topics it owns
 as it reads them (a previous owner's write landing first is read and
 claimed again; one landing after is refused, and that owner gives the
-group up); and a group goes on where it was on a broker with another disk.
+group up: neither what it queued meanwhile nor a deletion lands on the
+new owner's group); and a group goes on where it was on a broker with
+another disk.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from broker.server.storage._cluster_groups import ClusterGroups
 from broker.server.storage._kv_state import StateBuckets
 
 from .helpers import TIMEOUT, running_broker, url, wait_until
-from .run_streams import MemoryBucket, MemoryStreams
+from .run_streams import HeldBucket, MemoryBucket, MemoryStreams
 from .test_cluster_cursors import flushed
 from .test_groups import _publish
 
@@ -75,6 +77,44 @@ async def test_a_new_owner_claims_and_the_old_one_gives_the_group_up() -> None:
         nursery.cancel_scope.cancel()
     assert _held(bucket) == (new.writer, {"state": "four"})
     assert _held(bucket, "\x00other\x00g") == (old.writer, {"state": "no"})
+
+
+@pytest.mark.parametrize(
+    "then", ["a state queued meanwhile", "a deletion queued meanwhile", "a deletion after"]
+)
+async def test_what_the_old_owner_writes_after_its_refused_write_never_lands(then: str) -> None:
+    """The old owner's write is in flight when the new owner claims the
+    group; it is refused, and what the old owner queued meanwhile (or
+    deletes after) is dropped, not written at the new owner's revision."""
+    bucket = HeldBucket()
+    old = ClusterGroups(bucket)
+    new = ClusterGroups(bucket)
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(old.run)
+            old.put("groups", KEY, {"state": "one"})
+            await flushed(old)
+            in_flight, release = bucket.hold()
+            old.put("groups", KEY, {"state": "two"})
+            await in_flight.wait()  # (sent, not yet stored)
+            assert await new.load() == 1  # (claimed meanwhile)
+            if then == "a state queued meanwhile":
+                old.put("groups", KEY, {"state": "three"})
+            elif then == "a deletion queued meanwhile":
+                old.delete("groups", KEY)
+            release.set()
+            await flushed(old)
+            if then == "a deletion after":
+                old.delete("groups", KEY)
+                await flushed(old)
+            assert old.writes.given_up(bucket_key(KEY))
+            assert _held(bucket) == (new.writer, {"state": "one"})  # (the claim stands)
+            nursery.start_soon(new.run)
+            new.put("groups", KEY, {"state": "four"})
+            await flushed(new)
+            nursery.cancel_scope.cancel()
+    assert _held(bucket) == (new.writer, {"state": "four"})  # (the new owner goes on)
+    assert not new.writes.given_up(bucket_key(KEY))
 
 
 class _LateBucket(MemoryBucket):

@@ -16,9 +16,14 @@ first (:meth:`ClusterCursors.flush`).
 A key is ``<topic>.<digest>``: the topic as its stream names it (bytes
 other than ``[A-Za-z0-9-]`` as ``_XX``, a long name shortened with a hash)
 and a digest of the principal and the cursor's name; its value, JSON,
-names all three and the next offset the cursor wants (``next``). Positions
-only grow, so a write refused because another front end wrote the key (a
-previous owner's late write) needs no claim: the larger position is kept.
+names all three, the next offset the cursor wants (``next``) and the front
+end that wrote it (``writer``, new at each start). Positions only grow, so
+a write refused because another front end wrote the key (a previous
+owner's late write) needs no claim: the larger position is kept. A
+deletion is a compare-and-set at this front end's own last revision: one
+refused because another front end wrote the key since leaves that value
+(logged), and is written again only on a value of this front end's own
+(a write whose answer was lost).
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Callable
 
 from ..topics._log_subscription import cursor_key
 from ._jetstream import _encoded
-from ._kv_state import KeyedBucket, LateWrites
+from ._kv_state import KeyedBucket, LateWrites, Verdict
 
 __all__ = ["BUCKET", "ClusterCursors", "bucket_key"]
 
@@ -47,10 +53,25 @@ def bucket_key(key: str) -> str:
     return f"{_encoded(topic)}.{digest}"
 
 
-def _value(key: str, position: int) -> bytes:
+def _value(key: str, position: int, writer: str) -> bytes:
     principal, topic, name = key.split("\x00")
-    value = {"topic": topic, "principal": principal, "cursor": name, "next": position}
+    value = {
+        "topic": topic,
+        "principal": principal,
+        "cursor": name,
+        "next": position,
+        "writer": writer,
+    }
     return json.dumps(value, ensure_ascii=False).encode()
+
+
+def _writer(value: bytes) -> object:
+    """The front end that wrote ``value`` (None: not named)."""
+    try:
+        fields = json.loads(value)
+    except ValueError:
+        return None
+    return fields.get("writer") if isinstance(fields, dict) else None
 
 
 def _decoded(value: bytes) -> tuple[str, int] | None:
@@ -69,6 +90,8 @@ class ClusterCursors:
     (see the module)."""
 
     def __init__(self, bucket: KeyedBucket) -> None:
+        #: Names this front end's writes (new at each start).
+        self.writer = secrets.token_hex(8)
         self._positions: dict[str, int] = {}
         self.writes = LateWrites(bucket, self._resolve, "cursors")
 
@@ -106,7 +129,7 @@ class ClusterCursors:
 
     def store(self, key: str, position: int) -> None:
         self._positions[key] = position
-        self.writes.put(bucket_key(key), _value(key, position))
+        self.writes.put(bucket_key(key), _value(key, position, self.writer))
 
     def put(self, key: str, position: int) -> None:
         self.store(key, position)  # (written late in any case)
@@ -123,11 +146,22 @@ class ClusterCursors:
         self.writes.put(bucket_key(key), None)
         return True
 
-    def _resolve(self, where: str, theirs: bytes | None, mine: bytes | None) -> bytes | None:
+    def _resolve(
+        self, where: str, theirs: bytes | None, mine: bytes | None
+    ) -> bytes | Verdict | None:
         """Another front end wrote cursor ``where``: the larger position is
-        kept (and taken here), a deletion of ours stands."""
-        if mine is None or theirs is None:
+        kept (and taken here); a deletion removes only this front end's own
+        value (its answer lost), not another's."""
+        if theirs is None:
             return mine
+        if mine is None:
+            if _writer(theirs) == self.writer:
+                return None
+            log.warning(
+                "cursor %s: deleted here, but another front end wrote it since: left as it is",
+                where[:80],
+            )
+            return theirs
         held, ours = _decoded(theirs), _decoded(mine)
         if held is None or ours is None or held[0] != ours[0] or held[1] < ours[1]:
             return mine

@@ -20,7 +20,10 @@ revision it read, named as its own. The previous owner's write still in
 flight then either lands first (the claim is refused: the group is read
 and claimed again, with that progress) or is refused (its writer gives the
 group up: it never writes it again). A write of this front end refused
-because another one wrote the group since is given up the same way.
+because another one wrote the group since is given up the same way: what
+waits to be written for it is dropped, and neither a later state nor a
+deletion of it is written (each would be a compare-and-set at the other
+front end's revision, and land on its progress).
 
 A key is ``<topic>.<digest>`` (as the durable cursors'; the digest of the
 principal and the group's name); its value, CBOR: ``[writer, principal,
@@ -37,7 +40,7 @@ import cbor2
 
 from ..sessions._cluster_records import RecordConflict
 from ._cluster_cursors import bucket_key
-from ._kv_state import KeyedBucket, LateWrites
+from ._kv_state import GIVE_UP, KeyedBucket, LateWrites, Verdict
 
 __all__ = ["BUCKET", "ClusterGroups"]
 
@@ -96,6 +99,7 @@ class ClusterGroups:
                     held = await bucket.read(where)
                     continue
                 self._spaces[_GROUPS][key] = state
+                self._lost.discard(where)
                 self.writes.known(where, revision)
                 claimed += 1
                 break
@@ -112,9 +116,12 @@ class ClusterGroups:
     def _value(self, key: str, state: object) -> bytes:
         return cbor2.dumps([self.writer, *key.split("\x00"), state])
 
-    def _resolve(self, where: str, theirs: bytes | None, mine: bytes | None) -> bytes | None:
+    def _resolve(
+        self, where: str, theirs: bytes | None, mine: bytes | None
+    ) -> bytes | Verdict | None:
         """Another front end wrote group ``where`` since: it has claimed it
-        (given up here), unless it is this one's own earlier write."""
+        (given up here), unless it is this one's own earlier write (its
+        answer lost)."""
         decoded = None if theirs is None else _decoded(theirs)
         if decoded is None or decoded[0] == self.writer:
             return mine
@@ -124,7 +131,7 @@ class ClusterGroups:
             decoded[1].split("\x00")[2][:64],
             decoded[1].split("\x00")[1][:64],
         )
-        return theirs
+        return GIVE_UP
 
     # ------------------------------------------------------------ the journal's
 
@@ -140,8 +147,9 @@ class ClusterGroups:
             self.writes.put(bucket_key(key), self._value(key, value))
 
     def delete(self, space: str, key: str) -> None:
-        if self._spaces[space].pop(key, None) is not None and space == _GROUPS:
-            self.writes.put(bucket_key(key), None)
+        deleted = self._spaces[space].pop(key, None) is not None
+        if deleted and space == _GROUPS and bucket_key(key) not in self._lost:
+            self.writes.put(bucket_key(key), None)  # (not one given up: another has it)
 
     def write(self) -> None:
         pass  # (written late: see the module)

@@ -10,9 +10,15 @@ key and :data:`MAX_IN_FLIGHT` in all. Each write is a compare-and-set on
 the key's last revision known here; a refusal (another front end wrote the
 key: a previous owner's late write, or a new owner's) reads the key and
 asks the owner of the values (``resolve``) what the key should hold then,
-which is written on top unless it is what the bucket holds already. A
-bucket that does not answer is asked again after a backoff, with the
-newest value by then.
+which is written on top unless it is what the bucket holds already, or
+whether to give the key up (:data:`GIVE_UP`: another front end has it
+now; what waits for it is dropped, its revision forgotten, and nothing is
+written to it here again). A deletion refused is written again only if
+``resolve`` says so (None: the key holds this writer's own value, whose
+answer was lost); otherwise the key keeps what another front end wrote,
+and its revision is forgotten: a deletion never removes what another
+front end wrote since this one's last revision. A bucket that does not
+answer is asked again after a backoff, with the newest value by then.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from enum import Enum
+from typing import Final, Protocol
 
 import trio
 
@@ -28,7 +35,7 @@ from broker.backoff import Backoff
 
 from ..sessions._cluster_records import LAZY_DELAY, RecordConflict, RecordsUnavailable
 
-__all__ = ["KeyedBucket", "LateWrites", "StateBuckets"]
+__all__ = ["GIVE_UP", "KeyedBucket", "LateWrites", "StateBuckets", "Verdict"]
 
 log = logging.getLogger("broker.server")
 
@@ -38,10 +45,20 @@ MAX_IN_FLIGHT = 64
 RETRY_FIRST = 0.05
 RETRY_MOST = 2.0
 
+
+class Verdict(Enum):
+    """What :data:`Resolve` answers besides a value."""
+
+    GIVE_UP = "give up"
+
+
+#: Another front end has the key now: never write it here again.
+GIVE_UP: Final = Verdict.GIVE_UP
+
 #: What a key should hold after a refused write: given the key, what the
 #: bucket holds (None: nothing) and what was to be written (None: a
-#: deletion); the value to keep (None: none).
-Resolve = Callable[[str, bytes | None, bytes | None], bytes | None]
+#: deletion); the value to keep (None: none), or :data:`GIVE_UP`.
+Resolve = Callable[[str, bytes | None, bytes | None], bytes | Verdict | None]
 
 
 class KeyedBucket(Protocol):
@@ -93,6 +110,8 @@ class LateWrites:
         self._waiting: dict[str, bytes | None] = {}
         #: Keys with a write in flight.
         self._sending: set[str] = set()
+        #: Keys given up (:data:`GIVE_UP`): never written here again.
+        self._given_up: set[str] = set()
         self._put = trio.Event()
         #: Set while :meth:`flush` wants everything sent now (no delay).
         self._hurry = trio.Event()
@@ -108,11 +127,20 @@ class LateWrites:
         return len(self._waiting.keys() | self._sending)
 
     def known(self, key: str, revision: int) -> None:
-        """``key`` was read at ``revision`` (the next write expects it)."""
+        """``key`` was read (or claimed) at ``revision`` (the next write
+        expects it; a key given up is written again)."""
         self._revisions[key] = revision
+        self._given_up.discard(key)
+
+    def given_up(self, key: str) -> bool:
+        """Whether ``key`` was given up (its writes are dropped)."""
+        return key in self._given_up
 
     def put(self, key: str, value: bytes | None) -> None:
-        """Write ``value`` to ``key`` soon (None: delete it)."""
+        """Write ``value`` to ``key`` soon (None: delete it); nothing if
+        the key was given up."""
+        if key in self._given_up:
+            return
         self._waiting[key] = value
         self._put.set()
 
@@ -159,6 +187,7 @@ class LateWrites:
     async def _written(self, key: str, value: bytes | None) -> bool:
         """Write ``value`` to ``key`` (or what :attr:`resolve` says after a
         refusal); whether the bucket answered (False: try again later)."""
+        deleting = value is None
         try:
             while True:
                 try:
@@ -168,8 +197,17 @@ class LateWrites:
                     self.refused += 1
                     theirs = await self.bucket.read(key)
                     held = None if theirs is None else theirs[0]
+                    verdict = self.resolve(key, held, value)
+                    if verdict is GIVE_UP:
+                        self._give_up(key)
+                        return True
+                    if deleting and theirs is not None and verdict is not None:
+                        # (Another front end wrote it since: it stays, and
+                        # its revision is not taken for a later write.)
+                        self._revisions.pop(key, None)
+                        return True
                     self._revisions[key] = 0 if theirs is None else theirs[1]
-                    value = self.resolve(key, held, value)
+                    value = verdict
                     if value == held:
                         return True  # (the bucket holds what it should)
         except RecordsUnavailable as error:
@@ -181,3 +219,9 @@ class LateWrites:
         else:
             self._revisions[key] = revision
         return True
+
+    def _give_up(self, key: str) -> None:
+        """Never write ``key`` again (another front end has it)."""
+        self._given_up.add(key)
+        self._waiting.pop(key, None)
+        self._revisions.pop(key, None)

@@ -71,7 +71,7 @@ class PatternRegistry:
             try:
                 names = await stored(wanted)
             except (OSError, LogError) as error:  # (tried again at the next look)
-                log.warning("the data directory cannot be listed now: %s", error)
+                log.warning("the topics cannot be listed now: %s", error)
                 continue
             for subscription in patterns:
                 existing = subscription.existing or set()

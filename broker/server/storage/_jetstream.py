@@ -384,6 +384,8 @@ class JetStreamRuns:
         self.timeout = timeout
         #: The topics of the streams opened, by stream name (for advisories).
         self._topics: dict[str, str] = {}
+        #: Streams under the broker's subjects that are no topic's (warned of once).
+        self._foreign: set[str] = set()
 
     @property
     def max_record(self) -> int:
@@ -438,7 +440,8 @@ class JetStreamRuns:
             topic = metadata.get(TOPIC_KEY) if isinstance(metadata, dict) else None
             if isinstance(topic, str) and stream_name(topic) == config.name:
                 found.append(topic)
-            else:
+            elif config.name not in self._foreign:  # (said once: the list is asked often)
+                self._foreign.add(config.name)
                 log.warning("stream %s is not a broker topic's: left alone", config.name[:80])
         return sorted(found)
 

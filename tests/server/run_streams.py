@@ -29,6 +29,10 @@ class Answered:
     #: The stream held the run already (its message id seen before).
     duplicate: bool = False
 
+    @property
+    def done(self) -> bool:
+        return not self.lost
+
     async def wait(self) -> int:
         await trio.lowlevel.checkpoint()
         if self.lost:

@@ -307,6 +307,10 @@ class PendingRun:
         self._error = error
         self.duplicate = False
 
+    @property
+    def done(self) -> bool:
+        return self._pending is None or self._pending.done()
+
     async def wait(self) -> int:
         if self._pending is None:
             await trio.lowlevel.checkpoint()

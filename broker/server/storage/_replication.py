@@ -112,6 +112,11 @@ class PendingStore(Protocol):
     #: the run already (a resend of a run whose first answer was lost).
     duplicate: bool
 
+    @property
+    def done(self) -> bool:
+        """Whether its answer (or failure) came: :meth:`wait` returns at once."""
+        ...
+
     async def wait(self) -> int:
         """The run's sequence once stored; raises as :meth:`RunStream.publish`."""
         ...
@@ -391,7 +396,7 @@ class Replicator:
                         in_flight.append((run, await stream.start_publish(run), _now()))
                     if not in_flight:
                         break
-                    run, pending, sent = in_flight[0]
+                    pending = in_flight[0][1]
                     with self._interruptible(topic) as wait:
                         seq = await pending.wait()
                     if wait.cancelled_caught:  # (a new leader: the runs in flight again)
@@ -399,28 +404,19 @@ class Replicator:
                         _cancel(in_flight)
                         backoff.reset()
                         continue
-                    self.store_times.observe(_now() - sent)
-                    if pending.duplicate:
-                        self.duplicates += 1
                     if self._stopped(topic, replicated):
                         return
-                    in_flight.popleft()
-                    replicated.stored(run, seq)
-                    self.records_stored += run.count
-                    if run.origins and self.origins_stored is not None:
-                        self.origins_stored(topic, run.origins)
+                    try:
+                        self._stored(topic, replicated, in_flight.popleft(), seq)
+                        # (The answers that came with it: the topic is told once.)
+                        while in_flight and in_flight[0][1].done:
+                            seq = await in_flight[0][1].wait()
+                            if self._stopped(topic, replicated):
+                                return
+                            self._stored(topic, replicated, in_flight.popleft(), seq)
+                    finally:
+                        self._tell(topic)
                     backoff.reset()
-                    told = self._told.get(topic)
-                    if told is not None:
-                        outbox = self.outbox
-                        if outbox is None:
-                            told()
-                        else:
-                            outbox.open()
-                            try:
-                                told()
-                            finally:
-                                outbox.close()
                 except StreamFenced as error:
                     self.fenced += 1
                     fenced = replicated.fence(str(error))
@@ -445,6 +441,39 @@ class Replicator:
             purge = replicated.take_purge()
             if purge:
                 await self._purge(topic, replicated, purge)
+
+    def _stored(
+        self,
+        topic: str,
+        replicated: ReplicatedLog,
+        sent: tuple[OutgoingRun, PendingStore, float],
+        seq: int,
+    ) -> None:
+        """The oldest run in flight, ``sent``, is stored at ``seq``."""
+        run, pending, at = sent
+        self.store_times.observe(_now() - at)
+        if pending.duplicate:
+            self.duplicates += 1
+        replicated.stored(run, seq)
+        self.records_stored += run.count
+        if run.origins and self.origins_stored is not None:
+            self.origins_stored(topic, run.origins)
+
+    def _tell(self, topic: str) -> None:
+        """Tell ``topic`` (its ``synced``) that runs were stored: what they
+        release goes out through the outbox (see :attr:`outbox`)."""
+        told = self._told.get(topic)
+        if told is None:
+            return
+        outbox = self.outbox
+        if outbox is None:
+            told()
+            return
+        outbox.open()
+        try:
+            told()
+        finally:
+            outbox.close()
 
     @contextmanager
     def _interruptible(self, topic: str) -> Iterator[trio.CancelScope]:

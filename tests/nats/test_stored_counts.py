@@ -58,9 +58,13 @@ async def test_no_answer_for_a_handle_is_unavailable(nats_url: str, case: str) -
             owner = StoredCounts(owner_client, "owner2")
             answer = None if case == "no broker" else _owner_of({"orders"})
             await nursery.start(owner.serve, lambda: answer)
-        asker = StoredCounts(asker_client, "asker2")
+        silent: list[str] = []
+        asker = StoredCounts(asker_client, "asker2", silent.append)
         deadline = trio.current_time() + 0.5
         with pytest.raises(StoredCountsUnavailable):
             await asker.ask({"owner2": [(1, "orders"), (2, "moving")]}, SESSION, deadline)
         assert asker.asked >= 1
+        # (Nobody listening for a front end that is gone: it is suspected.)
+        assert bool(silent) == (case == "gone")
+        assert set(silent) <= {"owner2"}
         nursery.cancel_scope.cancel()

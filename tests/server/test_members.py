@@ -172,6 +172,21 @@ def test_the_silent_go_and_the_others_stay() -> None:
     assert (table.statistics().expired, table.statistics().left) == (1, 0)
 
 
+def test_a_suspect_goes_sooner_unless_heard_again() -> None:
+    table = Membership(ME, dead_after=2.0)
+    table.heard(encode_heartbeat(A), 10.0)
+    table.heard(encode_heartbeat(B), 10.0)
+    table.suspect(A.id, 10.3, 0.75)
+    table.suspect(B.id, 10.3, 0.75)
+    table.suspect("nobody", 10.3, 0.75)  # (not a member: nothing)
+    assert table.deadline() == 10.75
+    assert not table.expire(10.7)
+    table.heard(encode_heartbeat(B), 10.72)  # (B is alive after all)
+    assert table.expire(10.75)
+    assert table.members == (B, ME)
+    assert table.deadline() == 12.72
+
+
 def test_leaving_is_at_once_and_leaving_twice_is_nothing() -> None:
     table = Membership(ME)
     table.heard(encode_heartbeat(A), 10.0)

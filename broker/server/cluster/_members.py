@@ -180,12 +180,13 @@ class MembershipStatistics:
 
 
 class Membership:
-    """The live front ends as seen by ``me`` (sans-IO: see the module).
+    r"""The live front ends as seen by ``me`` (sans-IO: see the module).
 
     Promises: ``me`` is always a member; a front end heard (not leaving)
-    less than ``dead_after`` seconds ago is a member; one silent that long
-    or longer is gone after the next :meth:`expire`; one that sent a
-    ``leaving`` heartbeat is gone at once. :attr:`epoch` increases exactly
+    less than ``dead_after`` seconds ago is a member, unless it is
+    :meth:`suspect`\ ed; one silent that long or longer is gone after the
+    next :meth:`expire`; one that sent a ``leaving`` heartbeat is gone at
+    once. :attr:`epoch` increases exactly
     when the set of members (addresses included) changes.
     """
 
@@ -263,6 +264,15 @@ class Membership:
             self._expired += len(gone)
             self._changed()
         return bool(gone)
+
+    def suspect(self, id: str, now: float, silent_for: float) -> None:
+        """Front end ``id`` is likely gone (NATS found nobody listening on its
+        subject at ``now``): it is dropped once it has been silent
+        ``silent_for`` seconds (sooner than ``dead_after``), unless it is
+        heard from before; a later heartbeat clears the suspicion."""
+        last = self._last_heard.get(id)
+        if last is not None and silent_for < self.dead_after:
+            self._last_heard[id] = last - (self.dead_after - silent_for)
 
     def deadline(self) -> float | None:
         """When :meth:`expire` will next drop someone unless heard from

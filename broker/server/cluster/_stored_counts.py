@@ -32,7 +32,7 @@ import cbor2
 import trio
 
 from broker.log import LogError
-from broker.nats import NatsClient, NatsError
+from broker.nats import NatsClient, NatsError, NoResponders
 
 from ..storage._topic_logs import TopicLogs, TopicUnavailable
 from ._origin_dedup import SeenOrigins
@@ -62,9 +62,14 @@ class StoredCountsUnavailable(Exception):
 class StoredCounts:
     """Asks other front ends, and answers them, over one NATS client."""
 
-    def __init__(self, client: NatsClient, me: str) -> None:
+    def __init__(
+        self, client: NatsClient, me: str, on_silent: Callable[[str], None] | None = None
+    ) -> None:
         self.client = client
         self.me = me
+        #: Told the id of an owner nobody answers for (no subscription on
+        #: its subject in the NATS cluster: it died, or lost NATS).
+        self.on_silent = on_silent
         #: Requests answered, and requests this front end made.
         self.answered = 0
         self.asked = 0
@@ -124,6 +129,8 @@ class StoredCounts:
                 counts = _reply(reply.payload)
             except NatsError as error:
                 why = str(error) or type(error).__name__
+                if isinstance(error, NoResponders) and self.on_silent is not None:
+                    self.on_silent(owner)
             except (ValueError, TypeError, cbor2.CBORDecodeError):
                 why = "a malformed answer"
             else:

@@ -271,7 +271,7 @@ class Replication:
         if replicated is None or replicated.closed:
             if replicated is None and len(self.logs) >= self.max_topics:
                 raise LogError(
-                    f"the cluster keeps at most {self.max_topics} topics "
+                    f"this front end writes at most {self.max_topics} topics "
                     "(cluster_max_topics): delete one, or raise the setting"
                 )
             cache = store.topic(name, config, wall_ms())

@@ -326,11 +326,7 @@ class Publishing:
         state.unrouted_fan_out += fan_out
         keys = [e.message.key for e in batch]
         origins = self._passed_on(state, len(batch))
-        skipped = 0
-        if origins is not None and self.seen.notes_local and not state.topic.forwarded:
-            taken = self.seen.take(state.topic.topic_name, origins, tails, keys)
-            if taken is not None:
-                tails, keys, skipped, origins = taken
+        tails, keys, skipped, origins = self._not_taken(state.topic, origins, tails, keys, False)
         state.topic.send_nowait(
             Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,
@@ -349,24 +345,36 @@ class Publishing:
         fan_out = topic.charging * (event.size + (DELIVER_HEAD_ESTIMATE + cost) * count)
         state.unrouted_fan_out += fan_out
         origins = message.origins
-        skipped = 0
         forwarded = origins is not None
         if origins is None:
             origins = self._passed_on(state, count)
         else:
             state.forwarded += count
-        if origins is not None and not topic.forwarded and (forwarded or self.seen.notes_local):
-            # A worker's link forwards them to their owner (or, in cluster
-            # mode, a session moves between front ends): none is stored twice
-            # (the runs left are marked in the log: ``_publish_marks``).
-            taken = self.seen.take(topic.topic_name, origins, tails, keys)
-            if taken is not None:
-                tails, keys, skipped, origins = taken
+        tails, keys, skipped, origins = self._not_taken(topic, origins, tails, keys, forwarded)
         topic.send_nowait(
             Routed(tails, self, state.channel.index, fan_out, keys, origins, skipped),
             account=state.account,
             cost=event.size,
         )
+
+    def _not_taken(
+        self,
+        topic: Topic,
+        origins: list[OriginRun] | None,
+        tails: list[bytes],
+        keys: list[bytes | None],
+        forwarded: bool,
+    ) -> tuple[list[bytes], list[bytes | None], int, list[OriginRun] | None]:
+        """The publishes (tails, keys, origin runs) of a batch for ``topic``
+        its owner has not taken before, and how many were left out: a
+        worker's link forwards them to their owner (``forwarded``), or in
+        cluster mode a session moves between front ends, so none is stored
+        twice (the runs left are marked in the log: ``_publish_marks``)."""
+        if origins is not None and not topic.forwarded and (forwarded or self.seen.notes_local):
+            taken = self.seen.take(topic.topic_name, origins, tails, keys)
+            if taken is not None:
+                return taken
+        return tails, keys, 0, origins
 
     def _passed_on(self, state: PublishChannel, count: int) -> list[OriginRun] | None:
         """Count ``count`` more publishes of ``state`` passed on to its topic;

@@ -109,6 +109,24 @@ CLUSTER_METRICS: Final[tuple[MetricSpec, ...]] = (
         "connections here were closed.",
     ),
     MetricSpec(
+        "broker_cluster_staged_runs_stored_total",
+        "counter",
+        "Runs of staged publishes (exactly-once publishing) the staging stream stored: "
+        "their publishes are then confirmed.",
+    ),
+    MetricSpec(
+        "broker_cluster_staged_runs_resent_total",
+        "counter",
+        "Sends of a run of staged publishes the staging stream did not answer: sent "
+        "again, their publishes not confirmed meanwhile.",
+    ),
+    MetricSpec(
+        "broker_cluster_staged_batches_read_total",
+        "counter",
+        "Staged batches a commit read from the staging stream, because they were staged "
+        "through a front end since replaced (or this one on another disk).",
+    ),
+    MetricSpec(
         "broker_cluster_store_seconds",
         "histogram",
         "Time from each send of a run to its stream's acknowledgement (JetStream's "

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from broker.server.staging._stream import StagingCounters
+
 from ._cluster_families import FAILURE_REASONS
 from ._stat_schema import LOG_LIST_LIMIT, ClusterSection
 
@@ -44,6 +46,11 @@ class ClusterHost(Protocol):
         """Sessions another front end claimed from it."""
         ...
 
+    @property
+    def staging_counters(self) -> StagingCounters | None:
+        """The staging stream's totals (None: not in cluster mode)."""
+        ...
+
 
 @dataclass(slots=True)
 class ClusterFigures:
@@ -61,6 +68,9 @@ class ClusterFigures:
     sessions_taken: int = 0
     runs_in_flight: int = 0
     duplicates: int = 0
+    staged_runs_stored: int = 0
+    staged_runs_resent: int = 0
+    staged_batches_read: int = 0
     #: Sends not stored, by reason (every one of ``FAILURE_REASONS``).
     store_failures: dict[str, int] = field(default_factory=dict)
     store_buckets: list[tuple[str, float]] = field(default_factory=list)
@@ -92,6 +102,7 @@ def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
     buckets, seconds = replicator.store_times.snapshot()
     read_buckets, read_seconds = replication.read_times.snapshot()
     broken = replication.broken
+    staging = broker.staging_counters or StagingCounters()
     return ClusterFigures(
         connected=replication.connected,
         topics=len(replication.logs),
@@ -105,6 +116,9 @@ def cluster_figures(broker: ClusterHost) -> ClusterFigures | None:
         sessions_taken=broker.sessions_taken,
         runs_in_flight=replication.runs_in_flight,
         duplicates=replicator.duplicates,
+        staged_runs_stored=staging.runs_stored,
+        staged_runs_resent=staging.runs_resent,
+        staged_batches_read=staging.batches_read,
         store_failures=dict(replicator.store_failures),
         store_buckets=buckets,
         store_seconds=seconds,
@@ -159,6 +173,9 @@ def add_cluster_families(families: Mapping[str, Family], figures: ClusterFigures
     add("broker_cluster_front_ends", figures.front_ends)
     add("broker_cluster_sessions_claimed_total", figures.sessions_claimed)
     add("broker_cluster_sessions_taken_total", figures.sessions_taken)
+    add("broker_cluster_staged_runs_stored_total", figures.staged_runs_stored)
+    add("broker_cluster_staged_runs_resent_total", figures.staged_runs_resent)
+    add("broker_cluster_staged_batches_read_total", figures.staged_batches_read)
     histogram("broker_cluster_store_seconds", figures.store_buckets, figures.store_seconds)
     histogram("broker_cluster_read_seconds", figures.read_buckets, figures.read_seconds)
 

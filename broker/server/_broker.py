@@ -79,6 +79,14 @@ from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._commit import CommitInFlight, complete_unfinished, start_commit
 from .staging._registry import BUCKET as COMMITS_BUCKET
 from .staging._registry import CommitRegistry
+from .staging._stream import STREAM as STAGING_STREAM
+from .staging._stream import (
+    StagingCounters,
+    StagingStore,
+    StagingUnavailable,
+    drop_quietly,
+    open_staging_stream,
+)
 from .storage._cluster_cursors import BUCKET as CURSORS_BUCKET
 from .storage._cluster_groups import BUCKET as GROUPS_BUCKET
 from .storage._jetstream import ClusterUnavailable, JetStreamRuns, open_jetstream_runs
@@ -125,6 +133,7 @@ class Broker:
         worker: WorkerSetup | None = None,
         front_end: FrontEndPlacement | None = None,
         commit_records: KeyedBucket | None = None,
+        staged: StagingStore | None = None,
     ) -> None:
         self.config = config
         #: Cluster mode with several front ends: this one's place among them
@@ -248,7 +257,8 @@ class Broker:
                 self.staging,
                 self.commits_in_flight,
                 self.start_commit,
-                None if commit_records is None else CommitRegistry(commit_records),
+                None if commit_records is None else CommitRegistry(commit_records, staged),
+                staged,
             ),
             gate=Gate(
                 auth,
@@ -346,9 +356,15 @@ class Broker:
     async def _expire_staging(self) -> None:
         """Discard staged batches left uncommitted for longer than ``staging_ttl``."""
         interval = min(self.config.staging_ttl / 4, 60.0)
+        staged = self.services.commits.staged
+
+        def dropped(batch: BatchKey, topics: set[str]) -> None:
+            if staged is not None:
+                self.life.start_soon(partial(drop_quietly, staged, batch, topics))
+
         while True:
             await trio.sleep(interval)
-            self.staging.expire(trio.current_time())
+            self.staging.expire(trio.current_time(), dropped)
 
     def forget(self, connection: ServerConnection) -> None:
         if self.connections.pop(connection.serial, None) is not None:
@@ -395,6 +411,12 @@ class Broker:
     def front_ends(self) -> int:
         """Cluster mode: front ends in the membership it serves with (1: alone)."""
         return 1 if self.front_end is None else len(self.front_end.cluster.members)
+
+    @property
+    def staging_counters(self) -> StagingCounters | None:
+        """Cluster mode: the staging stream's totals (None: not in cluster mode)."""
+        staged = self.services.commits.staged
+        return None if staged is None else staged.counters
 
     @property
     def sessions_claimed(self) -> int:
@@ -807,7 +829,7 @@ async def serve_broker(
                 listeners=listeners,
                 streams=runs,
                 records=bucket,
-                state=await state_buckets(runs, config.cluster_replicas, config.staging_remember),
+                state=await state_buckets(runs, config),
                 task_status=task_status,
             )
         return
@@ -823,13 +845,29 @@ async def serve_broker(
     )
 
 
-async def state_buckets(runs: JetStreamRuns, replicas: int, remember: int) -> StateBuckets:
+async def state_buckets(runs: JetStreamRuns, config: BrokerConfig) -> StateBuckets:
     """The buckets of the cursors, the groups and the commit registry (at
-    most ``remember`` values: ``staging_remember``; see :func:`_patiently_open`)."""
+    most ``staging_remember`` values; see :func:`_patiently_open`), and the
+    staging stream (:class:`ClusterUnavailable` if it cannot be had)."""
+    replicas = config.cluster_replicas
+    try:
+        staged = await patiently(
+            "making the staging stream",
+            lambda: open_staging_stream(runs.js, replicas, config.staging_ttl),
+            StagingUnavailable,
+        )
+    except StagingUnavailable as error:
+        raise ClusterUnavailable(f"cluster mode: {error}") from None
+    except JetStreamError as error:
+        raise ClusterUnavailable(
+            f"cluster mode: the stream {STAGING_STREAM} cannot be used: {error} "
+            "(delete it with `nats stream rm`, or give it its configuration back)"
+        ) from None
     return StateBuckets(
         await _patiently_open(runs, replicas, CURSORS_BUCKET),
         await _patiently_open(runs, replicas, GROUPS_BUCKET),
-        await _patiently_open(runs, replicas, COMMITS_BUCKET, remember),
+        await _patiently_open(runs, replicas, COMMITS_BUCKET, config.staging_remember),
+        staged,
     )
 
 
@@ -969,6 +1007,7 @@ async def _serve_broker(
             worker=worker,
             front_end=None if front_end is None else front_end.placement,
             commit_records=None if state is None else state.commits,
+            staged=None if state is None else state.staged,
         )
         if front_end is not None:
             broker.stored_counts_asked = front_end.stored_counts

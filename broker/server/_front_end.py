@@ -110,7 +110,7 @@ async def serve_front_end(
     async with open_jetstream_runs(config) as runs:
         config = runs.fit(config)
         bucket = await _patiently_open(runs, config.cluster_replicas)
-        state = await state_buckets(runs, config.cluster_replicas, config.staging_remember)
+        state = await state_buckets(runs, config)
         host, port = config.listen_address
         link_host, link_port = config.cluster_link_address
         listeners = await trio.open_tcp_listeners(port, host=host)

@@ -34,6 +34,7 @@ from .sessions._session import SessionTable
 from .staging._area import BatchKey, StagedPublish, StagingArea
 from .staging._in_flight import CommitInFlight
 from .staging._registry import CommitRegistry
+from .staging._stream import StagingStore
 from .storage._publish_marks import held_publishes
 from .storage._topic_logs import TopicLogs, TopicUnavailable
 from .topics._groups import Groups
@@ -222,6 +223,8 @@ class Commits:
     start: StartCommit
     #: Cluster mode: the committed batches in the cluster (None: in the journal only).
     registry: CommitRegistry | None = None
+    #: Cluster mode: the staged publishes in the cluster (None: in the journal only).
+    staged: StagingStore | None = None
 
 
 class Gate:

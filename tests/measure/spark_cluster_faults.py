@@ -152,6 +152,9 @@ class Result:
     staged_bytes_at_start: int = -1
     commits_completed_at_start: int = -1
     duplicate_commits: int = -1
+    #: Staged batches a commit read from the cluster's staging stream (those
+    #: staged before a front end on a new disk: not held there).
+    staged_batches_read: int = -1
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     query_errors: list[str] = field(default_factory=list)
@@ -629,6 +632,7 @@ def run(settings: Settings, directory: Path, spark: Any = None) -> Result:
             result.duplicate_commits = front.metric(
                 "broker_staging_outcomes_total", outcome="duplicate"
             )
+            result.staged_batches_read = front.metric("broker_cluster_staged_batches_read_total")
         except Exception as error:
             result.errors.append(f"harness: {error!r}"[:600])
         finally:

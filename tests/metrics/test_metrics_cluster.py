@@ -239,6 +239,7 @@ async def test_a_fenced_write_is_counted(tmp_path: Path) -> None:
         front_ends=1,
         sessions_claimed=0,
         sessions_taken=0,
+        staging_counters=None,
     )
     store = LogStore(tmp_path, LogConfig(term_bytes=4096))
     log = replication.open(store, "t", LogConfig(term_bytes=4096))

@@ -22,6 +22,7 @@ from broker.nats import JetStream, open_nats
 from broker.protocol import OutcomeStatus
 from broker.server.sessions._kv_bucket import open_record_bucket
 from broker.server.staging._registry import registry_key
+from broker.server.staging._stream import STREAM, staged_subject
 from tests.server.helpers import make_config, running_broker, url
 from tests.server.test_commit_registry import stage_rows
 
@@ -54,6 +55,43 @@ async def test_a_retried_commit_on_a_new_disk_is_a_duplicate(nats_url: str, tmp_
                 read: list[bytes] = []
                 while not read or read[-1] != b"end":
                     read.append((await subscription.receive()).payload)
+    staged = [b"%s:%d" % (member.encode(), row) for member, rows in MEMBERS for row in range(rows)]
+    assert read == [*staged, b"end"]  # (once each, in commit order)
+
+
+async def test_a_batch_staged_on_a_lost_disk_commits_from_the_staging_stream(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Rows staged through a front end whose disk is then lost (a new data
+    directory) are in JetStream's staging stream: the commit through the
+    new front end makes each visible once, and drops them from the stream."""
+
+    def config(data_dir: str) -> BrokerConfig:
+        return make_config(
+            data_dir=str(tmp_path / data_dir),
+            cluster=nats_url,
+            cluster_replicas=1,
+            cluster_unsafe_sync=True,  # (one server: no system account to ask)
+        )
+
+    with trio.fail_after(DEADLINE):
+        async with running_broker(config("a")) as first, open_client(url(first)) as task:
+            await stage_rows(task, MEMBERS, "job-2", "lost-disk")
+        subject = staged_subject((None, "job-2"), None)
+        async with open_nats(nats_url, name="test") as client:
+            assert await JetStream(client).get_last_msg(STREAM, subject) is not None
+        async with running_broker(config("b")) as second, open_client(url(second)) as driver:
+            outcome = await driver.commit("job-2", MEMBERS)
+            assert (outcome.status, outcome.messages) == (OutcomeStatus.COMMITTED, 5)
+            await driver.publish("lost-disk", b"end")
+            async with driver.subscribe("lost-disk", start="earliest") as subscription:
+                read: list[bytes] = []
+                while not read or read[-1] != b"end":
+                    read.append((await subscription.receive()).payload)
+            async with open_nats(nats_url, name="test") as client:
+                js = JetStream(client)
+                while await js.get_last_msg(STREAM, subject) is not None:  # noqa: ASYNC110 (polled)
+                    await trio.sleep(0.05)  # (dropped once the commit is noted)
     staged = [b"%s:%d" % (member.encode(), row) for member, rows in MEMBERS for row in range(rows)]
     assert read == [*staged, b"end"]  # (once each, in commit order)
 

@@ -2,7 +2,7 @@
 replication without a NATS server: a message id seen before is answered
 as a duplicate (with the first copy's sequence), a message that expects
 another last sequence is refused, and failures can be scheduled; and a
-record bucket with JetStream KV's compare-and-set."""
+record bucket with JetStream KV's compare-and-set; and the staging stream."""
 
 from __future__ import annotations
 
@@ -13,6 +13,14 @@ import trio
 
 from broker.log import LogError
 from broker.server.sessions._cluster_records import RecordConflict, RecordsUnavailable
+from broker.server.staging._records import BatchKey
+from broker.server.staging._stream import (
+    StagedRun,
+    StagingCounters,
+    StagingUnavailable,
+    decode_run,
+    staged_subject,
+)
 from broker.server.storage._replicated import OutgoingRun
 from broker.server.storage._replication import StoredRun, StreamFenced, StreamUnavailable
 
@@ -220,3 +228,53 @@ class HeldBucket(MemoryBucket):
             in_flight.set()
             await release.wait()
         return await super().write(key, value, last_revision)
+
+
+@dataclass
+class MemoryStaging:
+    """The staging stream in memory (a ``staging._stream.StagingStore``): a
+    run's message id seen before is a duplicate; while ``released`` is not
+    set, appends are not answered (an election); the next ``unavailable``
+    appends fail."""
+
+    #: Encoded runs in the order stored, with their subject.
+    messages: list[tuple[str, bytes]] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    released: trio.Event | None = None
+    unavailable: int = 0
+    counters: StagingCounters = field(default_factory=StagingCounters)
+    appended: int = 0
+    duplicates: int = 0
+
+    async def append(self, run: StagedRun) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.unavailable:
+            self.unavailable -= 1
+            raise StagingUnavailable("no answer (scheduled)")
+        if self.released is not None:
+            await self.released.wait()
+        self.appended += 1
+        if run.msg_id in self.ids:
+            self.duplicates += 1
+            return
+        self.ids.add(run.msg_id)
+        self.messages.append((staged_subject(run.batch, run.topic), run.encode()))
+
+    async def load(self, batch: BatchKey) -> list[StagedRun]:
+        await trio.lowlevel.checkpoint()
+        prefix = staged_subject(batch, None)[:-1]
+        runs = [decode_run(body) for subject, body in self.messages if subject.startswith(prefix)]
+        return [run for run in runs if run is not None]
+
+    async def drop(self, batch: BatchKey, topics: set[str] | None) -> None:
+        await trio.lowlevel.checkpoint()
+        if topics is None:
+            prefix = staged_subject(batch, None)[:-1]
+            self.messages = [m for m in self.messages if not m[0].startswith(prefix)]
+        else:
+            subjects = {staged_subject(batch, topic) for topic in topics}
+            self.messages = [m for m in self.messages if m[0] not in subjects]
+
+    def publishes(self) -> int:
+        """Publishes the runs stored hold."""
+        return sum(len(run.entries) for _, body in self.messages if (run := decode_run(body)))

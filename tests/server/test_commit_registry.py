@@ -36,7 +36,7 @@ from broker.server.staging._registry import (
 from broker.server.storage._kv_state import StateBuckets
 
 from .helpers import make_config, url, wait_until
-from .run_streams import MemoryBucket, MemoryStreams
+from .run_streams import MemoryBucket, MemoryStaging, MemoryStreams
 
 #: Hang guard of each test (seconds).
 DEADLINE = 60.0
@@ -158,13 +158,15 @@ async def test_an_unanswered_registry_refuses_before_anything_changes(
     staging.clear()
 
 
-async def stage_rows(client: Client, members: Members) -> None:
-    """Stage rows ``member:n`` of each of ``members`` in batch job-1 of topic orders."""
+async def stage_rows(
+    client: Client, members: Members, batch: str = "job-1", topic: str = "orders"
+) -> None:
+    """Stage rows ``member:n`` of each of ``members`` in ``batch`` of ``topic``."""
     for member, rows in members:
         for row in range(rows):
             payload = b"%s:%d" % (member.encode(), row)
-            await client.publish("orders", payload, stage=Stage("job-1", member))
-        await client.finish_stage(Stage("job-1", member))
+            await client.publish(topic, payload, stage=Stage(batch, member))
+        await client.finish_stage(Stage(batch, member))
 
 
 class FrontEnds:
@@ -173,6 +175,7 @@ class FrontEnds:
 
     def __init__(self, commits: MemoryBucket, nursery: trio.Nursery) -> None:
         self.streams, self.records, self.commits = MemoryStreams(), MemoryBucket(), commits
+        self.staged = MemoryStaging()
         self.nursery = nursery
         self.stopped = trio.Event()
 
@@ -192,7 +195,7 @@ class FrontEnds:
                 config,
                 streams=self.streams,
                 records=self.records,
-                state=StateBuckets(MemoryBucket(), MemoryBucket(), self.commits),
+                state=StateBuckets(MemoryBucket(), MemoryBucket(), self.commits, self.staged),
                 task_status=task_status,
             )
         finally:
@@ -298,14 +301,34 @@ async def test_a_commit_cut_off_is_completed_then_a_duplicate_on_a_new_disk(
     assert front_ends.stored() == 3
 
 
-async def test_a_commit_cut_off_on_a_lost_disk_is_refused_and_the_batch_run_again_once(
+async def test_a_commit_cut_off_on_a_lost_disk_is_completed_from_the_staging_stream(
     tmp_path: Path,
 ) -> None:
     """The front end that cut the commit off is replaced on a new disk: the
-    retried commit is refused (its staged rows were on the lost disk); the
-    batch staged again by new attempts commits, and routes only what the
-    stream does not hold of it (here: nothing)."""
+    retried commit reads the batch from the staging stream and completes
+    it, routing only what the topic's stream does not hold of it (here:
+    nothing); the batch's runs then leave the staging stream."""
     async with after_a_cut_off(tmp_path / "a") as front_ends:
+        second = await front_ends.start(tmp_path / "b")
+        async with open_client(url(second), name="driver") as driver:
+            outcome = await driver.commit("job-1", MEMBERS)
+            assert (outcome.status, outcome.messages) == (OutcomeStatus.COMMITTED, 3)
+        assert [state for state, _ in front_ends.states()] == [COMMITTED]
+        await wait_until(lambda: not front_ends.staged.messages, what="the runs dropped")
+        await front_ends.stop(second)
+    assert front_ends.stored() == 3
+
+
+async def test_a_commit_cut_off_on_a_lost_disk_is_refused_and_the_batch_run_again_once(
+    tmp_path: Path,
+) -> None:
+    """The front end that cut the commit off is replaced on a new disk, and
+    the staging stream no longer holds the batch (its age limit): the
+    retried commit is refused; the batch staged again by new attempts
+    commits, and routes only what the topic's stream does not hold of it
+    (here: nothing)."""
+    async with after_a_cut_off(tmp_path / "a") as front_ends:
+        front_ends.staged.messages.clear()
         second = await front_ends.start(tmp_path / "b")
         async with open_client(url(second), name="driver") as driver:
             with pytest.raises(StagingRefused, match="was committing this batch"):

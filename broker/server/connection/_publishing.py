@@ -38,6 +38,7 @@ from ..staging._area import (
     CommitDecision,
 )
 from ..staging._registry import CommitRegistry
+from ..staging._stream import StagedRun, StagedSender, StagingStore, drop_quietly
 from ..topics._topic import DELIVER_HEAD_ESTIMATE, FORWARD_BATCH, Routed, Topic
 from ..transport._wake import Wake
 from ._budget import ConnectionBudget
@@ -84,6 +85,8 @@ class PublishChannel:
     draining: bool = False
     #: It has received a publish (counted in its topic's ``publishing``).
     published: bool = False
+    #: Cluster mode, staged: its runs on their way to the staging stream.
+    sender: StagedSender | None = None
 
     def mark_published(self) -> None:
         """A publish arrived on it: its topic counts it among its publishers."""
@@ -204,6 +207,8 @@ class Publishing:
         for state in list(self.channels.values()):
             if state.buffer and not closing:
                 self._forward_all(state)
+            if state.sender is not None and closing:
+                self.commits.staging.pending -= state.sender.close()
             state.unbind()
             state.account.close()
         self.channels.clear()
@@ -459,29 +464,73 @@ class Publishing:
         """Stage a publish of a staged channel: held by the broker, confirmed
         at once, routed when its batch is committed. The refusal if the
         staging area is full (the caller says Goodbye 3)."""
-        assert state.stage is not None
+        stage = state.stage
+        assert stage is not None
         message = event.message
         tail = encode_deliver_tail(message.payload, message.key, message.headers)
-        refusal = self.commits.staging.stage(
-            self.owner,
-            state.stage,
-            state.topic.topic_name,
-            tail,
-            message.key,
-            len(tail) + STAGED_PUBLISH_OVERHEAD,
-            trio.current_time(),
-            (self.session_id, state.channel.index, state.routed + 1) if self.session_id else None,
-        )
-        if refusal is not None:
-            return refusal
+        cost = len(tail) + STAGED_PUBLISH_OVERHEAD
+        staging = self.commits.staging
+        store = self.commits.staged
+        if store is not None and not staging.decided((self.owner, stage.batch)):
+            # Cluster mode: confirmed once the staging stream stored it.
+            refusal = staging.no_room(cost)
+            if refusal is not None:
+                return refusal
+            state.forwarded += 1
+            staging.pending += cost
+            sender = state.sender
+            if sender is None:
+                sender = state.sender = self._staged_sender(state, store)
+            origin = (self.session_id, state.channel.index, state.forwarded)
+            batch = (self.owner, stage.batch)
+            entry = (message.key, tail, cost)
+            sender.add(batch, stage.member, state.topic.topic_name, origin, entry)
+        else:
+            refusal = staging.stage(
+                self.owner,
+                stage,
+                state.topic.topic_name,
+                tail,
+                message.key,
+                cost,
+                trio.current_time(),
+                (self.session_id, state.channel.index, state.routed + 1)
+                if self.session_id
+                else None,
+            )
+            if refusal is not None:
+                return refusal
+            state.routed += 1
+            self.confirm_dirty.add(state.channel.index)
+            self.wake.set()
         self.counters.messages_in += 1
         released = self.protocol.release_frames(state.channel, event.size, 1)
-        state.routed += 1
-        self.confirm_dirty.add(state.channel.index)
-        self.wake.set()
         if released:
             self._released(released)
         return None
+
+    def _staged_sender(self, state: PublishChannel, store: StagingStore) -> StagedSender:
+        """The sender of ``state``'s staged runs, in the broker's nursery (a
+        run accepted within guarantees is stored even if the connection
+        closes meanwhile: a resume then finds it staged)."""
+        staging = self.commits.staging
+        nursery = self.life.nursery
+        assert nursery is not None
+
+        def stored(run: StagedRun) -> None:
+            now = trio.current_time()
+            for index, (key, tail, cost) in enumerate(run.entries, run.first):
+                staging.pending -= cost
+                origin = (run.session, run.handle, index) if run.session else None
+                stage = Stage(run.batch[1], run.member)
+                owner = run.batch[0]
+                staging.stage(owner, stage, run.topic, tail, key, cost, now, origin, room=False)
+            if self._owns(state):
+                state.routed = max(state.routed, run.first + len(run.entries) - 1)
+                self.confirm_dirty.add(state.channel.index)
+                self.wake.set()
+
+        return StagedSender(store, state.account, nursery, stored)
 
     def commit(self, event: Commit) -> None:
         """Decide a Commit; route what it makes visible (charged to a commit
@@ -499,7 +548,7 @@ class Publishing:
     async def _commit_in_cluster(self, event: Commit, registry: CommitRegistry) -> None:
         batch, members = (self.owner, event.batch), event.members
         decision = await registry.decide(
-            self.commits.staging, batch, members, self.topics.cannot_commit_to
+            self.commits.staging, batch, members, self.topics.cannot_commit_to, self._owned
         )
         self._decided(event, decision)
 
@@ -527,9 +576,18 @@ class Publishing:
         )
         commits.start(batch, account, decision.publishes, routed)
 
+    def _owned(self, topic: str) -> bool:
+        return self.topics.not_owned(topic) is None
+
     def abort(self, request: int, batch: str) -> None:
-        """Discard staged batch ``batch`` (Abort ``request``) and answer."""
-        self.answer(request, self.commits.staging.abort(self.owner, batch))
+        """Discard staged batch ``batch`` (Abort ``request``) and answer; in
+        cluster mode its runs in the staging stream too (all of them: an
+        Abort gives the batch up on every front end)."""
+        decision = self.commits.staging.abort(self.owner, batch)
+        staged = self.commits.staged
+        if staged is not None and decision.status is OutcomeStatus.ABORTED:
+            self.life.start_soon(partial(drop_quietly, staged, (self.owner, batch), None))
+        self.answer(request, decision)
 
     def answer(self, request: int, decision: CommitDecision) -> None:
         """Send the Outcome of Commit or Abort ``request`` (if still connected)."""

@@ -69,6 +69,7 @@ from ._records import (
     progress_id,
 )
 from ._records import BatchKey as BatchKey  # (re-exported)
+from ._stream import StagedRun
 
 log = logging.getLogger("broker.server")
 
@@ -112,6 +113,9 @@ class StagedBatch:
     size: int = 0
     #: The journal keys of its publishes (empty without a journal).
     journal_keys: list[str] = field(default_factory=list)
+    #: Per (client session, topic handle): the highest index staged (a
+    #: publish staged again, at or below it, is held already).
+    origins: dict[tuple[bytes, int], int] = field(default_factory=dict)
 
     @property
     def messages(self) -> int:
@@ -197,6 +201,9 @@ class StagingArea:
         self.finished: OrderedDict[BatchKey, None] = OrderedDict()
         self.counters = StagingCounters()
         self.size = 0
+        #: Bytes of publishes on their way to the cluster's staging stream
+        #: (cluster mode), counted against ``limit`` with :attr:`size`.
+        self.pending = 0
         self.journal = journal
         #: Committed batches being routed: the journal keys of their publishes.
         self._routing: dict[BatchKey, list[str]] = {}
@@ -237,10 +244,15 @@ class StagingArea:
         cost: int,
         now: float,
         origin: Origin | None = None,
+        *,
+        room: bool = True,
     ) -> str | None:
         """Stage one publish (``tail``: its encoded Deliver tail; ``cost``: the
         bytes it holds; ``origin``: its client session, handle and index,
-        journalled with it). Returns why it cannot be staged, or None.
+        journalled with it). Returns why it cannot be staged, or None;
+        ``room=False``: staged even beyond ``limit`` (its room was counted in
+        :attr:`pending`). One whose origin the batch holds already is not
+        staged again.
 
         A publish into a batch already committed is accepted and dropped at
         once (a late attempt of a finished batch: its data must never become
@@ -250,26 +262,91 @@ class StagingArea:
         if batch_key in self.finished or batch_key in self.unfinished:
             self.counters.discarded["late"] += 1
             return None
-        if self.size + cost > self.limit:
-            return (
-                f"the staging area is full ({self.size} of {self.limit} bytes): "
-                "commit or abort staged batches, or raise staging_limit"
-            )
+        refusal = self.no_room(cost) if room else None
+        if refusal is not None:
+            return refusal
         batch = self.batches.get(batch_key)
         if batch is None:
             batch = self.batches[batch_key] = StagedBatch(now)
         batch.last_staged = now
+        self._hold(batch, batch_key, stage.member, topic, tail, key, cost, origin)
+        return None
+
+    def no_room(self, cost: int) -> str | None:
+        """Why a publish of ``cost`` bytes cannot be staged now (None: it can)."""
+        if self.size + self.pending + cost > self.limit:
+            return (
+                f"the staging area is full ({self.size + self.pending} of {self.limit} bytes): "
+                "commit or abort staged batches, or raise staging_limit"
+            )
+        return None
+
+    def _hold(
+        self,
+        batch: StagedBatch,
+        batch_key: BatchKey,
+        member: str,
+        topic: str,
+        tail: bytes,
+        key: bytes | None,
+        cost: int,
+        origin: Origin | None,
+    ) -> None:
+        """Add one publish to ``batch`` (and the journal), unless its origin
+        says the batch holds it already."""
+        if origin is not None:
+            place = origin[:2]
+            if origin[2] <= batch.origins.get(place, 0):
+                return
+            batch.origins[place] = origin[2]
         publish = StagedPublish(topic, LoanedItem(self.account, cost, tail), key)
-        batch.members.setdefault(stage.member, []).append(publish)
+        batch.members.setdefault(member, []).append(publish)
         batch.size += cost
         self.size += cost
         if self.journal is not None:
             self._serial += 1
             journal_key = f"{self._serial:020d}"
-            record = [owner, stage.batch, stage.member, topic, key, tail, cost, *(origin or ())]
+            record = [*batch_key, member, topic, key, tail, cost, *(origin or ())]
             self.journal.put(SPACE_STAGED, journal_key, record)
             batch.journal_keys.append(journal_key)
-        return None
+
+    def decided(self, batch_key: BatchKey) -> bool:
+        """Whether ``batch_key`` was committed here (or is being completed):
+        what is staged into it now is dropped."""
+        return batch_key in self.finished or batch_key in self.unfinished
+
+    def holds(self, batch_key: BatchKey, members: Members) -> bool:
+        """Whether each of ``members`` staged here exactly the publishes listed
+        (or the batch was decided here)."""
+        if self.decided(batch_key):
+            return True
+        batch = self.batches.get(batch_key)
+        staged = {} if batch is None else batch.members
+        return all(len(staged.get(member, ())) == count for member, count in members)
+
+    def adopt(self, batch_key: BatchKey, runs: Iterable[StagedRun], now: float) -> int:
+        """Cluster mode: replace what is staged here of ``batch_key`` by
+        ``runs`` (read from the cluster's staging stream: what the batch
+        staged through any front end), each publish once by its origin, even
+        beyond ``limit`` (they are staged already). Returns how many publishes
+        it now holds. A batch decided here is left as it is."""
+        if batch_key in self.finished or batch_key in self.unfinished:
+            return 0
+        old = self.batches.pop(batch_key, None)
+        if old is not None:
+            self.size -= old.size
+            for member in old.members.values():
+                for publish in member:
+                    publish.loan.repay()
+            self._unjournal(old)
+        batch = self.batches[batch_key] = StagedBatch(now)
+        for run in runs:
+            for index, (key, tail, cost) in enumerate(run.entries, run.first):
+                origin = (run.session, run.handle, index) if run.session else None
+                self._hold(batch, batch_key, run.member, run.topic, tail, key, cost, origin)
+        if not batch.members:
+            del self.batches[batch_key]
+        return batch.messages
 
     def commit(
         self,
@@ -442,9 +519,12 @@ class StagingArea:
         self._count(OutcomeStatus.ABORTED)
         return CommitDecision(OutcomeStatus.ABORTED, discarded)
 
-    def expire(self, now: float) -> int:
+    def expire(
+        self, now: float, dropped: Callable[[BatchKey, set[str]], None] | None = None
+    ) -> int:
         """Discard batches that staged nothing for ``ttl`` seconds; returns how
-        many. (The ttl of a batch restored from the journal starts now.)"""
+        many, and tells ``dropped`` of each (with its topics). (The ttl of a
+        batch restored from the journal starts now.)"""
         for batch in self.batches.values():
             if batch.last_staged is None:
                 batch.last_staged = now
@@ -456,8 +536,11 @@ class StagingArea:
         for key in old:
             batch = self.batches.pop(key)
             self.size -= batch.size
-            self._discard([p for member in batch.members.values() for p in member], "expired")
+            publishes = [p for member in batch.members.values() for p in member]
+            self._discard(publishes, "expired")
             self._unjournal(batch)
+            if dropped is not None:
+                dropped(key, {publish.topic for publish in publishes})
             log.warning(
                 "staged batch %s of %s discarded: neither committed nor aborted within %s s",
                 shown(key[1]),
@@ -483,7 +566,7 @@ class StagingArea:
         self.unfinished.clear()
         self._routing.clear()
         self.routing_members.clear()
-        self.size = 0
+        self.size = self.pending = 0
 
     def refuse(self, reason: str) -> CommitDecision:
         """A Commit or Abort refused with ``reason`` (counted)."""
@@ -562,7 +645,8 @@ class StagingArea:
                 log.warning("state journal: dropped a malformed staged publish %s", journal_key)
                 journal.delete(SPACE_STAGED, journal_key)
                 continue
-            if (origin := origin_of(record)) is not None:
+            origin = origin_of(record)
+            if origin is not None:
                 held = self._held_origins
                 held[origin[:2]] = max(held.get(origin[:2], 0), origin[2])
             owner, batch_name, member, topic, key, tail, cost = restored
@@ -576,6 +660,9 @@ class StagingArea:
             publish = StagedPublish(topic, LoanedItem(self.account, cost, tail), key)
             batch.members.setdefault(member, []).append(publish)
             batch.journal_keys.append(journal_key)
+            if origin is not None:
+                place = origin[:2]
+                batch.origins[place] = max(batch.origins.get(place, 0), origin[2])
             batch.size += cost
             self.size += cost
             if journal_key.isdigit():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Protocol
 
 import trio
@@ -22,6 +23,7 @@ from ._area import StagedPublish
 from ._in_flight import CommitInFlight as CommitInFlight  # (re-exported)
 from ._records import BatchKey, commit_origin
 from ._registry import COMMITTED, COMMITTING
+from ._stream import drop_quietly
 
 log = logging.getLogger("broker.server")
 
@@ -193,6 +195,9 @@ def start_commit(
                 # Cluster mode: "committed" in the registry first (cut off
                 # before, the journal still says "committing": completed).
                 await registry.finish(batch, shared, members)
+                staged = services.commits.staged
+                if staged is not None:  # (its share's runs are of no more use)
+                    services.life.start_soon(partial(drop_quietly, staged, batch, shared))
             staging.routed(batch)
             storage.persist_state()
             for waiter in running.waiters:  # before anybody else hears of it

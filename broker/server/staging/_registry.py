@@ -40,11 +40,13 @@ import trio
 
 from broker.backoff import Backoff
 
+from .._peer_logging import shown
 from ..sessions._cluster_records import RecordConflict, RecordsUnavailable
 from ..storage._kv_state import KeyedBucket
 from ..storage._topic_logs import patiently
 from ._area import CommitDecision, StagingArea
 from ._records import BatchKey, Members, commit_origin
+from ._stream import StagingStore, StagingUnavailable
 
 __all__ = ["BUCKET", "COMMITTED", "COMMITTING", "CommitRegistry", "registry_key"]
 
@@ -100,8 +102,10 @@ def _shares(value: bytes | None) -> Shares:
 class CommitRegistry:
     """The committed batches in a :class:`KeyedBucket` (see the module)."""
 
-    def __init__(self, bucket: KeyedBucket) -> None:
+    def __init__(self, bucket: KeyedBucket, staged: StagingStore | None = None) -> None:
         self.bucket = bucket
+        #: The cluster's staged publishes (``_stream``; None: only those here).
+        self.staged = staged
         #: Counters: registry writes stored, tries not answered.
         self.writes = 0
         self.retries = 0
@@ -153,10 +157,17 @@ class CommitRegistry:
         batch: BatchKey,
         members: Members,
         elsewhere: Callable[[str], str | None] | None = None,
+        owned: Callable[[str], bool] | None = None,
     ) -> CommitDecision:
         """Decide a Commit of ``batch`` (see :meth:`StagingArea.commit`),
         asking the registry first if this front end does not know the batch
-        as committed (see the module)."""
+        as committed (see the module); with a staging stream, the batch's
+        publishes to the topics ``owned`` here are read from it first if
+        the members listed are not all here in full."""
+        if self.staged is not None and not staging.holds(batch, members):
+            refusal = await self._load(staging, batch, owned)
+            if refusal is not None:
+                return refusal
         if batch not in staging.finished and batch not in staging.unfinished:
             try:
                 shares = await self.shares(batch)
@@ -169,6 +180,36 @@ class CommitRegistry:
             if refusal is not None:
                 return refusal
         return staging.commit(*batch, members, elsewhere)
+
+    async def _load(
+        self, staging: StagingArea, batch: BatchKey, owned: Callable[[str], bool] | None
+    ) -> CommitDecision | None:
+        """Replace what ``staging`` holds of ``batch`` by its runs to the
+        topics ``owned`` here in the staging stream; the refusal if the
+        stream does not answer."""
+        store = self.staged
+        assert store is not None
+        try:
+            runs = await patiently(
+                "reading the staging stream", lambda: store.load(batch), StagingUnavailable
+            )
+        except StagingUnavailable as error:
+            return staging.refuse(
+                f"the cluster's staging stream does not answer ({error}): "
+                "nothing was committed, commit again"
+            )
+        if staging.decided(batch):
+            return None  # (decided meanwhile: answered from here)
+        mine = [run for run in runs if owned is None or owned(run.topic)]
+        held = staging.adopt(batch, mine, trio.current_time())
+        store.counters.batches_read += 1
+        log.info(
+            "staged batch %s: %d messages read from the staging stream (%d runs)",
+            shown(batch[1]),
+            held,
+            len(mine),
+        )
+        return None
 
     def _from_registry(
         self, staging: StagingArea, batch: BatchKey, members: Members, shares: Shares
@@ -193,8 +234,8 @@ class CommitRegistry:
         if COMMITTING in states:
             return staging.refuse(
                 "a front end was committing this batch when it stopped, and its staged "
-                "messages are not here: commit it through that front end (its data "
-                "directory), or run the batch again"
+                "messages are neither here nor in the cluster's staging stream: run "
+                "the batch again"
             )
         return None
 

@@ -34,6 +34,7 @@ import trio
 from broker.backoff import Backoff
 
 from ..sessions._cluster_records import LAZY_DELAY, RecordConflict, RecordsUnavailable
+from ..staging._stream import StagingStore
 
 __all__ = ["GIVE_UP", "KeyedBucket", "LateWrites", "StateBuckets", "Verdict"]
 
@@ -85,12 +86,15 @@ class KeyedBucket(Protocol):
 class StateBuckets:
     """The buckets of what a topic's owner keeps in the cluster besides its
     stream: durable cursors' positions (``_cluster_cursors``) and consumer
-    groups' states (``_cluster_groups``); and the commit registry of staged
-    batches (``staging._registry``; None: kept in the journal only)."""
+    groups' states (``_cluster_groups``); the commit registry of staged
+    batches (``staging._registry``; None: kept in the journal only) and
+    the staging stream."""
 
     cursors: KeyedBucket
     groups: KeyedBucket
     commits: KeyedBucket | None = None
+    #: The staged publishes (``staging._stream``; None: in the journal only).
+    staged: StagingStore | None = None
 
 
 class LateWrites:

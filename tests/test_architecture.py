@@ -111,6 +111,10 @@ def test_no_module_imports_itself_back() -> None:
     assert _cycles(_graph()) == []
 
 
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 #: Sans-IO modules outside broker/protocol: the NATS client's protocol,
 #: headers and JetStream codecs (its trio driver is ``_client.py``), the
 #: checks of a NATS server's answers, and the cluster front ends' membership
@@ -125,11 +129,18 @@ SANS_IO_MODULES = (
     "broker.server.cluster._members",
 )
 
+#: Sans-IO packages outside broker/protocol: every module of each.
+SANS_IO_PACKAGES = ("broker.mqtt",)
+
 
 @pytest.mark.parametrize(
     "name",
     sorted(
-        name for name in MODULES if name.startswith("broker.protocol") or name in SANS_IO_MODULES
+        name
+        for name in MODULES
+        if name.startswith("broker.protocol")
+        or name in SANS_IO_MODULES
+        or any(_inside(name, package) for package in SANS_IO_PACKAGES)
     ),
 )
 def test_the_protocol_package_does_no_io(name: str) -> None:
@@ -161,11 +172,17 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     # cluster front end; what it needs of forwarding it names as a small
     # protocol, and storage is not its business.
     "broker.server.connection": ("broker.server.cluster", "broker.nats"),
+    # MQTT's codec and state machine know the broker's topic rules only.
+    "broker.mqtt": (
+        "broker.server",
+        "broker.log",
+        "broker.client",
+        "broker.nats",
+        "broker.protocol.connection",
+        "broker.protocol.frames",
+        "broker.protocol.guarantees",
+    ),
 }
-
-
-def _inside(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
 
 
 @pytest.mark.parametrize("package", sorted(MUST_NOT_IMPORT))

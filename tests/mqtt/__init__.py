@@ -1,0 +1,1 @@
+"""Tests of the sans-IO MQTT package (broker/mqtt)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
@@ -173,10 +174,12 @@ class FrontEnds:
     """Front ends over one set of in-memory streams and buckets, started one
     after another (each on a data directory given)."""
 
-    def __init__(self, commits: MemoryBucket, nursery: trio.Nursery) -> None:
+    def __init__(self, commits: MemoryBucket, nursery: trio.Nursery, **config: Any) -> None:
         self.streams, self.records, self.commits = MemoryStreams(), MemoryBucket(), commits
         self.staged = MemoryStaging()
         self.nursery = nursery
+        #: Settings of every front end started (beside the data directory).
+        self.config = config
         self.stopped = trio.Event()
 
     async def start(self, data_dir: Path) -> Broker:
@@ -189,7 +192,7 @@ class FrontEnds:
         await self.stopped.wait()
 
     async def _serve(self, data_dir: Path, *, task_status: trio.TaskStatus[Broker]) -> None:
-        config = make_config(data_dir=str(data_dir), shutdown_deadline=0.5)
+        config = make_config(data_dir=str(data_dir), shutdown_deadline=0.5, **self.config)
         try:
             await serve_broker(
                 config,

@@ -27,7 +27,7 @@ from broker.server.staging._stream import (
     staged_subject,
 )
 
-from .helpers import url, wait_until
+from .helpers import connection_named, url, wait_until
 from .run_streams import MemoryBucket, MemoryStaging
 from .test_commit_registry import MEMBERS, FrontEnds, stage_rows
 
@@ -64,6 +64,50 @@ async def test_a_staged_publish_is_confirmed_once_the_stream_stores_it(tmp_path:
                 assert (outcome.status, outcome.messages) == (OutcomeStatus.COMMITTED, 1)
             await front_ends.stop(first)
     assert front_ends.stored() == 1
+
+
+async def test_a_channel_the_stream_holds_back_is_throttled_then_goes_on(tmp_path: Path) -> None:
+    """While the stream does not answer, a staged channel's runs are its
+    debt: past its watermark it is withheld its guarantees (the client
+    waits, nothing is refused); once the stream answers, every publish is
+    confirmed and committed once."""
+    rows = 2000  # (about 420 KB: more than the channel's capacity of 256 KiB)
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            front_ends = FrontEnds(
+                MemoryBucket(),
+                nursery,
+                channel_high_watermark=8 * 1024,
+                channel_low_watermark=4 * 1024,
+            )
+            staged = front_ends.staged
+            staged.released = trio.Event()
+            first = await front_ends.start(tmp_path / "a")
+            done = trio.Event()
+            async with open_client(url(first), name="task") as task:
+
+                async def publish() -> None:
+                    for row in range(rows):
+                        payload = b"%04d" % row + b"." * 200
+                        await task.publish("orders", payload, stage=Stage("job-1", "0/0"))
+                    await task.finish_stage(Stage("job-1", "0/0"))
+                    done.set()
+
+                nursery.start_soon(publish)
+                connection = connection_named(first, "task")
+                await wait_until(
+                    lambda: any(c.account.blocked for c in connection.publishing.channels.values()),
+                    what="the channel withheld",
+                )
+                await trio.testing.wait_all_tasks_blocked()
+                assert not done.is_set() and not staged.messages
+                staged.released.set()
+                await done.wait()
+                assert staged.publishes() == rows
+                outcome = await task.commit("job-1", [("0/0", rows)])
+                assert (outcome.status, outcome.messages) == (OutcomeStatus.COMMITTED, rows)
+            await front_ends.stop(first)
+    assert front_ends.stored() == rows
 
 
 async def test_a_batch_staged_through_a_lost_front_end_commits_elsewhere_once(

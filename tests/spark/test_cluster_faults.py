@@ -2,7 +2,7 @@
 numbered rows through the sink (``broker.delivery = "exactly-once"``) to a
 front end over three ``nats-server``s while the stream's leader is killed
 (``kill -9``) and started again, then the front end is killed and started
-again on its data directory; every row is then read back. The script
+again on its data directory (or a new one); every row is then read back. The script
 ``tests/measure/spark_cluster_faults.py`` does it with 100,000 rows."""
 
 from __future__ import annotations
@@ -47,16 +47,20 @@ def test_a_stream_leader_kill_and_a_front_end_kill_during_a_commit(
 
 
 @pytest.mark.slow
-def test_a_front_end_replaced_on_a_new_disk_during_a_commit(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("during", ["commit", "staging"])
+def test_a_front_end_replaced_on_a_new_disk(spark: Any, tmp_path: Path, during: str) -> None:
     """As above, but the front end is started again on a new, empty data
-    directory: the driver's commit sent again is refused (the batch's
-    staged rows were on the lost disk), the query is started again from
-    its checkpoint and runs the batch again, and that commit routes only
-    what the stream does not hold of the batch (the registry in the
-    cluster says it was being committed; the stream's runs name it)."""
+    directory, while a commit routes or while the tasks stage: the
+    batch's staged rows are in the cluster's staging stream, so the
+    driver's commit (sent again after the restart, or sent then) reads
+    them from there and routes only what the topic's stream does not hold
+    of the batch (the registry in the cluster says whether it was being
+    committed; the stream's runs name it): the query is never started
+    again."""
     require_nats_server()
-    settings = Settings(rows=ROWS, batches=10, seed=1, front_end_kill_during="commit")
+    settings = Settings(rows=ROWS, batches=10, seed=1, front_end_kill_during=during)
     settings.new_disk = True
     result = run(settings, tmp_path, spark)
     check(result)
     assert result.commits_completed_at_start == 0, result  # (nothing on the new disk)
+    assert result.query_runs == 1, result

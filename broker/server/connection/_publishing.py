@@ -268,12 +268,17 @@ class Publishing:
             self._drain(state, limit)
         finally:
             state.draining = False
+        self._watch_blocked(state)
+        if self.budget.settle():  # a shrink may have completed
+            self.wake.set()
+
+    def _watch_blocked(self, state: PublishChannel) -> None:
+        """If ``state``'s account withholds its guarantees, have one task
+        (:meth:`_await_clear`) issue them again once it clears."""
         if state.account.blocked and not state.waiting and not self.protocol.closed:
             state.waiting = True
             assert self.nursery is not None
             self.nursery.start_soon(self._await_clear, state)
-        if self.budget.settle():  # a shrink may have completed
-            self.wake.set()
 
     def _drain(self, state: PublishChannel, limit: int) -> None:
         """:meth:`drain`'s forwarding loop."""
@@ -485,6 +490,7 @@ class Publishing:
             batch = (self.owner, stage.batch)
             entry = (message.key, tail, cost)
             sender.add(batch, stage.member, state.topic.topic_name, origin, entry)
+            self._watch_blocked(state)  # (its runs' loans: a stream that does not answer)
         else:
             refusal = staging.stage(
                 self.owner,
@@ -518,13 +524,7 @@ class Publishing:
         assert nursery is not None
 
         def stored(run: StagedRun) -> None:
-            now = trio.current_time()
-            for index, (key, tail, cost) in enumerate(run.entries, run.first):
-                staging.pending -= cost
-                origin = (run.session, run.handle, index) if run.session else None
-                stage = Stage(run.batch[1], run.member)
-                owner = run.batch[0]
-                staging.stage(owner, stage, run.topic, tail, key, cost, now, origin, room=False)
+            staging.stored(run, trio.current_time())
             if self._owns(state):
                 state.routed = max(state.routed, run.first + len(run.entries) - 1)
                 self.confirm_dirty.add(state.channel.index)

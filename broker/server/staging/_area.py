@@ -87,6 +87,9 @@ INTERRUPTED = (
 )
 
 
+#: The sort key of runs without an origin (kept in the order stored).
+_NONE = (b"", 0, 0)
+
 #: The reason of a "duplicate" Outcome.
 COMMITTED_BEFORE = "the batch was committed before"
 
@@ -244,15 +247,11 @@ class StagingArea:
         cost: int,
         now: float,
         origin: Origin | None = None,
-        *,
-        room: bool = True,
     ) -> str | None:
         """Stage one publish (``tail``: its encoded Deliver tail; ``cost``: the
         bytes it holds; ``origin``: its client session, handle and index,
-        journalled with it). Returns why it cannot be staged, or None;
-        ``room=False``: staged even beyond ``limit`` (its room was counted in
-        :attr:`pending`). One whose origin the batch holds already is not
-        staged again.
+        journalled with it). Returns why it cannot be staged, or None. One
+        whose origin the batch holds already is not staged again.
 
         A publish into a batch already committed is accepted and dropped at
         once (a late attempt of a finished batch: its data must never become
@@ -262,7 +261,7 @@ class StagingArea:
         if batch_key in self.finished or batch_key in self.unfinished:
             self.counters.discarded["late"] += 1
             return None
-        refusal = self.no_room(cost) if room else None
+        refusal = self.no_room(cost)
         if refusal is not None:
             return refusal
         batch = self.batches.get(batch_key)
@@ -271,6 +270,24 @@ class StagingArea:
         batch.last_staged = now
         self._hold(batch, batch_key, stage.member, topic, tail, key, cost, origin)
         return None
+
+    def stored(self, run: StagedRun, now: float) -> None:
+        """Cluster mode: stage the publishes of ``run``, which the staging
+        stream stored (their room was counted in :attr:`pending`, and is
+        taken from there): as :meth:`stage` for each, without the limit."""
+        self.pending -= sum(entry[2] for entry in run.entries)
+        batch_key = run.batch
+        if self.decided(batch_key):
+            self.counters.discarded["late"] += len(run.entries)
+            return
+        batch = self.batches.get(batch_key)
+        if batch is None:
+            batch = self.batches[batch_key] = StagedBatch(now)
+        batch.last_staged = now
+        member, topic, session, handle = run.member, run.topic, run.session, run.handle
+        for index, (key, tail, cost) in enumerate(run.entries, run.first):
+            origin = (session, handle, index) if session else None
+            self._hold(batch, batch_key, member, topic, tail, key, cost, origin)
 
     def no_room(self, cost: int) -> str | None:
         """Why a publish of ``cost`` bytes cannot be staged now (None: it can)."""
@@ -340,7 +357,11 @@ class StagingArea:
                     publish.loan.repay()
             self._unjournal(old)
         batch = self.batches[batch_key] = StagedBatch(now)
-        for run in runs:
+        # (Each channel's runs in the order of their publishes: a run sent
+        # again may be stored after the next one.)
+        for run in sorted(
+            runs, key=lambda r: (r.session, r.handle, r.first) if r.session else _NONE
+        ):
             for index, (key, tail, cost) in enumerate(run.entries, run.first):
                 origin = (run.session, run.handle, index) if run.session else None
                 self._hold(batch, batch_key, run.member, run.topic, tail, key, cost, origin)

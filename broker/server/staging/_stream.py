@@ -15,7 +15,8 @@ answered "duplicate" instead of being stored twice.
   answer: a quorum has it). Until then the run is a loan on its channel's
   account, so a stream that does not answer (an election) withholds that
   channel's guarantees and TCP holds the rest; the run is sent again, with
-  the same id, until it is answered (:class:`StagedSender`). Only then is
+  the same id, until it is answered (:class:`StagedSender`, at most four
+  runs of a channel in flight, handed on in order). Only then is
   it put in the front end's staging area (and journal), which is a cache:
   a front end restarted on its disk completes a commit it had cut off
   without anyone asking.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,6 +77,8 @@ SUBJECT_PREFIX = "broker.staging."
 #: publish may pass it).
 RUN_RECORDS = 64
 RUN_BYTES = 256 * 1024
+#: Staged runs of one channel sent and not yet stored, at most.
+RUNS_IN_FLIGHT = 4
 #: Messages read from the stream at a time by a load.
 LOAD_BATCH = 256
 #: Seconds between two warnings of a stream that does not store runs.
@@ -277,16 +281,33 @@ async def open_staging_stream(js: JetStream, replicas: int, ttl: float) -> JetSt
     return JetStreamStaging(js)
 
 
-class StagedSender:
-    """One staged publish channel's runs on their way to the stream, one run
-    in flight at a time (see the module).
+@dataclass(slots=True, eq=False)
+class _Outgoing:
+    """A run on its way: its loans and cost, whether a task was started
+    for it, whether that task took it (nothing more is added then) and
+    whether it is stored."""
 
-    :meth:`add` queues a publish as a loan on ``account`` (the channel's);
-    a task in ``nursery`` sends the queued publishes as runs and, once one
-    is stored, repays its loans and calls ``stored(run)``. A run not
-    answered is sent again (same id) after a backoff, for as long as the
-    channel lives: cancelling ``nursery`` drops what was not stored (the
-    client sends it again on its resume)."""
+    run: StagedRun
+    loans: list[LoanedItem[None]] = field(default_factory=list)
+    size: int = 0
+    cost: int = 0
+    started: bool = False
+    taken: bool = False
+    stored: bool = False
+
+
+class StagedSender:
+    """One staged publish channel's runs on their way to the stream, at most
+    :data:`RUNS_IN_FLIGHT` at a time (see the module).
+
+    :meth:`add` queues a publish as a loan on ``account`` (the channel's)
+    in the channel's open run; a task in ``nursery`` takes the run when it
+    starts (the publishes of one read of the socket go together) and sends
+    it until it is stored (a run not answered is sent again with the same
+    id, after a backoff). Stored runs are handed on in the order they were
+    made: their loans repaid, ``stored(run)`` called. Cancelling
+    ``nursery`` drops what was not stored (the client sends it again on
+    its resume)."""
 
     def __init__(
         self,
@@ -299,11 +320,11 @@ class StagedSender:
         self.account = account
         self.nursery = nursery
         self.stored = stored
-        self.queue: list[tuple[StagedRun, list[LoanedItem[None]]]] = []
-        self.sending = False
+        #: Runs not handed on yet, in the order made (the last may be open).
+        self.runs: deque[_Outgoing] = deque()
+        #: Tasks sending a run.
+        self.sending = 0
         self._warned = -WARN_EVERY
-        #: The run being sent (nothing is added to it any more).
-        self._in_flight: StagedRun | None = None
 
     def add(
         self,
@@ -315,67 +336,75 @@ class StagedSender:
     ) -> None:
         """Queue one staged publish (its ``origin``: session, handle, index)."""
         session, handle, index = origin
-        loan = LoanedItem(self.account, len(entry[1]), None)
-        last = self.queue[-1] if self.queue else None
+        last = self.runs[-1] if self.runs else None
         if (
             last is None
-            or last[0] is self._in_flight
-            or last[0].batch != batch
-            or last[0].member != member
-            or len(last[0].entries) >= RUN_RECORDS
-            or sum(len(tail) for _, tail, _ in last[0].entries) >= RUN_BYTES
-            or last[0].first + len(last[0].entries) != index
+            or last.taken
+            or last.run.batch != batch
+            or last.run.member != member
+            or len(last.run.entries) >= RUN_RECORDS
+            or last.size >= RUN_BYTES
+            or last.run.first + len(last.run.entries) != index
         ):
-            last = (StagedRun(batch, member, topic, session, handle, index), [])
-            self.queue.append(last)
-        last[0].entries.append(entry)
-        last[1].append(loan)
-        if not self.sending:
-            self.sending = True
-            self.nursery.start_soon(self._send)
+            last = _Outgoing(StagedRun(batch, member, topic, session, handle, index))
+            self.runs.append(last)
+        last.run.entries.append(entry)
+        last.loans.append(LoanedItem(self.account, len(entry[1]), None))
+        last.size += len(entry[1])
+        last.cost += entry[2]
+        self._start()
 
-    async def _send(self) -> None:
+    def _start(self) -> None:
+        for outgoing in self.runs:
+            if self.sending >= RUNS_IN_FLIGHT:
+                return
+            if not outgoing.started:
+                outgoing.started = True
+                self.sending += 1
+                self.nursery.start_soon(self._send, outgoing)
+
+    async def _send(self, outgoing: _Outgoing) -> None:
+        outgoing.taken = True
+        run = outgoing.run
+        backoff = Backoff(0.05, 2.0)
         try:
-            while self.queue:
-                run, loans = self.queue[0]
-                self._in_flight = run
-                backoff = Backoff(0.05, 2.0)
-                while True:
-                    try:
-                        await self.store.append(run)
-                        break
-                    except StagingUnavailable as error:
-                        self.store.counters.runs_resent += 1
-                        now = trio.current_time()
-                        if now - self._warned >= WARN_EVERY:
-                            self._warned = now
-                            log.warning(
-                                "staging stream: a run of batch %s was not stored (%s): "
-                                "sent again, its publishes not confirmed meanwhile",
-                                shown(run.batch[1]),
-                                error,
-                            )
-                        await trio.sleep(backoff.next())
-                if not self.queue or self.queue[0][0] is not run:
-                    return  # (closed meanwhile)
-                self.queue.pop(0)
-                self.store.counters.runs_stored += 1
-                for loan in loans:
-                    loan.repay()
-                self.stored(run)
+            while True:
+                try:
+                    await self.store.append(run)
+                    break
+                except StagingUnavailable as error:
+                    self.store.counters.runs_resent += 1
+                    now = trio.current_time()
+                    if now - self._warned >= WARN_EVERY:
+                        self._warned = now
+                        log.warning(
+                            "staging stream: a run of batch %s was not stored (%s): "
+                            "sent again, its publishes not confirmed meanwhile",
+                            shown(run.batch[1]),
+                            error,
+                        )
+                    await trio.sleep(backoff.next())
         finally:
-            self.sending = False
-            self._in_flight = None
+            self.sending -= 1
+        self.store.counters.runs_stored += 1
+        outgoing.stored = True
+        runs = self.runs
+        while runs and runs[0].stored:  # (handed on in order)
+            done = runs.popleft()
+            for loan in done.loans:
+                loan.repay()
+            self.stored(done.run)
+        self._start()
 
     def close(self) -> int:
-        """Drop what was not stored (the broker stops: the client sends it
+        """Drop what was not handed on (the broker stops: the client sends it
         again) and repay its loans; returns the cost of what was dropped."""
         cost = 0
-        for run, loans in self.queue:
-            cost += sum(entry[2] for entry in run.entries)
-            for loan in loans:
+        for outgoing in self.runs:
+            cost += outgoing.cost
+            for loan in outgoing.loans:
                 loan.repay()
-        self.queue.clear()
+        self.runs.clear()
         return cost
 
 

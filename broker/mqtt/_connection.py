@@ -236,6 +236,12 @@ class ServerConnection:
             out.append(event)
         return out
 
+    @property
+    def bytes_to_send(self) -> int:
+        """How many bytes are queued for the client (what :meth:`data_to_send`
+        would return now)."""
+        return len(self._out)
+
     def data_to_send(self) -> bytes:
         """The bytes queued for the client since the last call (the caller
         writes them in order)."""

@@ -210,6 +210,11 @@ class ServerConnection:
         for keepalive. Never raises for what the client sent: a violation
         returns :class:`ConnectionClosed` and queues the answer."""
         while self._state in (ConnectionState.AWAITING_CONNECT, ConnectionState.CONNECTED):
+            if self._state is ConnectionState.AWAITING_CONNECT:
+                first = self._framer.first_byte
+                if first is not None and first >> 4 != PacketType.CONNECT:
+                    # (Known from its first byte: no need to wait for the rest.)
+                    return self._fail(R.PROTOCOL_ERROR, "the first packet must be CONNECT")
             try:
                 frame = self._framer.next_packet()
             except MQTTProtocolError as error:

@@ -222,3 +222,69 @@ async def test_credentials_are_the_principals_tokens(tmp_path: Path) -> None:
             # (paho reports the PUBACK's reason in its log only: the broker's
             # books say the publish went nowhere.)
             assert "secret.x" not in broker.topics
+
+
+async def test_qos_0_burst_larger_than_the_output_arrives_whole() -> None:
+    """A QoS 0 subscriber's queue is sent on as the writer frees room, not
+    only when the next message comes."""
+    async with (
+        mqtt_broker(max_unsent=64 * 1024) as broker,
+        paho_client(mqtt_port(broker), version=V311, client_id="sub0") as sub,
+        open_client(url(broker), name="native") as native,
+    ):
+        await sub.subscribe("burst", qos=0)
+        await wait_subscribed(broker, "burst")
+        for index in range(80):
+            await native.publish("burst", index.to_bytes(4, "big") + b"b" * 10_000)
+        got = await sub.receive(80)
+        assert [int.from_bytes(m.payload[:4], "big") for m in got] == list(range(80))
+
+
+async def test_qos_0_subscriber_that_reads_nothing_drops_and_counts() -> None:
+    """A QoS 0 subscriber that does not read: its queue drops the oldest,
+    counted, and holds no more than its limits; the publisher is not slowed."""
+    async with mqtt_broker(max_unsent=64 * 1024) as broker:
+        assert broker.mqtt is not None
+        with socket.create_connection(("127.0.0.1", mqtt_port(broker))) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(encode_packet(Connect("deaf", MQTT_3_1_1), MQTT_3_1_1))
+            from broker.mqtt import Subscribe, Subscription
+
+            sock.sendall(encode_packet(Subscribe(1, (Subscription("noise", 0),)), MQTT_3_1_1))
+            await wait_subscribed(broker, "noise")
+            async with open_client(url(broker), name="native") as native:
+                for _ in range(3000):
+                    await native.publish("noise", b"n" * 1000)
+                await native.flush()
+            (connection,) = broker.mqtt.connections.values()
+            await wait_until(
+                lambda: connection.deliveries.counters.deliveries_overflowed > 0,
+                what="drops counted",
+            )
+            assert connection.deliveries.dropping_bytes <= 1024 * 1024 + 64 * 1024
+            assert broker.account.debt < 4 * 1024 * 1024
+
+
+async def test_a_silent_client_is_closed_after_its_keepalive() -> None:
+    """CONNECT with keepalive 1 s, then nothing: closed after 1.5 s
+    (5.0: DISCONNECT 0x8D Keep Alive timeout)."""
+    async with mqtt_broker() as broker:
+        raw = RawMQTT(mqtt_port(broker))
+        raw.send(encode_packet(Connect("quiet", MQTT_5, keepalive=1), MQTT_5))
+        packets = _packets(await trio.to_thread.run_sync(raw.read_all), MQTT_5)
+        raw.close()
+        assert isinstance(packets[0], ConnAck)
+        assert packets[-1] == Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, packets[-1].properties)
+
+
+async def test_a_second_connection_takes_the_client_id_over() -> None:
+    async with mqtt_broker() as broker:
+        first = RawMQTT(mqtt_port(broker))
+        first.send(encode_packet(Connect("same", MQTT_5), MQTT_5))
+        assert broker.mqtt is not None
+        await wait_until(lambda: "same" in broker.mqtt.clients, what="the first connected")  # type: ignore[union-attr]
+        async with paho_client(mqtt_port(broker), version=V5, client_id="same"):
+            packets = _packets(await trio.to_thread.run_sync(first.read_all), MQTT_5)
+            first.close()
+            assert packets[-1] == Disconnect(ReasonCode.SESSION_TAKEN_OVER, packets[-1].properties)
+            assert len(broker.mqtt.clients) == 1

@@ -35,6 +35,7 @@ from broker.mqtt import (
     mqtt_topic_name,
 )
 
+from ..patterns._subscription import PatternSubscription
 from ..topics._topic import Subscription
 from ._messages import delivered
 
@@ -124,8 +125,12 @@ class MQTTDeliveries:
         self.writing: list[LoanedItem[Any]] = []
         #: Bytes queued on the protocol not taken by the writer yet.
         self.unsent = 0
-        #: Subscriptions waiting for room (handles).
+        #: Subscriptions waiting for what only this client's reading clears
+        #: (PUBACKs), by handle.
         self.stalled: set[int] = set()
+        #: Subscriptions that found no room (the output or the Receive
+        #: Maximum), by handle: pumped again once there is.
+        self.want_room: set[int] = set()
         #: The reader's wait for the connection's account, while it waits.
         self.funds_scope: trio.CancelScope | None = None
         self.closed = False
@@ -143,12 +148,15 @@ class MQTTDeliveries:
         Maximum is used up."""
         if self.closed:
             return 0
-        state = self.filter_of.get(subscription.handle)
+        handle = subscription.handle
+        state = self.filter_of.get(handle)
         if state is None:
             return 0
-        if state.qos and not self.protocol.send_quota:
+        room = self.max_unsent - self.unsent
+        if room <= 0 or (state.qos and not self.protocol.send_quota):
+            self.want_room.add(handle)
             return 0
-        return max(0, self.max_unsent - self.unsent)
+        return room
 
     def has_room(self, subscription: Subscription, size: int) -> bool:
         return self.room(subscription) > 0
@@ -268,6 +276,7 @@ class MQTTDeliveries:
         taken = 0
         for tail in tails:
             if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+                self.want_room.add(handle)  # (pumped again once there is room)
                 break
             payload, properties = delivered(bytes(tail), version)
             if state.identifier is not None:
@@ -323,17 +332,25 @@ class MQTTDeliveries:
     def pump_stalled(self) -> None:
         """Room opened (PUBACKs, or the writer wrote): the subscriptions
         that waited for it send on, in turn."""
-        if self._pumping or not self.stalled or self.closed:
+        if self._pumping or self.closed or not (self.stalled or self.want_room):
             return
         self._pumping = True
         try:
-            for handle in list(self.stalled):
+            waiting = self.want_room | self.stalled
+            self.want_room = set()
+            for handle in waiting:
                 if self.unsent >= self.max_unsent:
-                    break
+                    self.want_room.add(handle)
+                    continue
                 subscription = self.subscriptions.get(handle)
-                self.stalled.discard(handle)
-                if subscription is not None:
-                    subscription.pump()
+                if subscription is None:
+                    continue
+                subscription.pump()
+                if isinstance(subscription, PatternSubscription):
+                    # (Its lossy members wait in their own queues, unmarked.)
+                    for member in list(subscription.members.values()):
+                        if member.queued and not member.reads_log:
+                            member.pump()
         finally:
             self._pumping = False
 
@@ -377,6 +394,7 @@ class MQTTDeliveries:
         self.matches.pop(handle, None)
         self._sent.pop(handle, None)
         self.stalled.discard(handle)
+        self.want_room.discard(handle)
         if subscription is not None:
             subscription.close()
 

@@ -17,7 +17,7 @@ from broker.runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrappe
 
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
-from ._listen import CannotListen, check_metrics_free, metrics_unavailable
+from ._listen import CannotListen, check_free, check_metrics_free, metrics_unavailable
 from ._stopping import stop_on_signals
 
 if TYPE_CHECKING:
@@ -185,6 +185,12 @@ async def _serve(config: BrokerConfig) -> None:
     # The metrics port is checked before the broker starts (and says it
     # listens): a taken port stops it with one line, not after a "listening".
     check_metrics_free(metrics)
+    mqtt = config.mqtt_address
+    if mqtt is not None and mqtt[1] != 0:  # (and the MQTT port, likewise)
+        try:
+            check_free(*mqtt)
+        except OSError as error:
+            raise CannotListen("MQTT clients", mqtt, "--mqtt-listen", error) from None
     if config.log_dir is None:
         log.info("memory-only: topics are not retained")
     else:
@@ -236,8 +242,6 @@ async def _announce(
     """Start ``serve_metrics`` (if any) and say where the broker and its
     metrics listen, in the lines scripts wait for."""
     lines = [f"broker listening on {broker.address[0]}:{broker.address[1]}"]
-    if broker.mqtt is not None:
-        lines.append(f"MQTT on {broker.mqtt.address[0]}:{broker.mqtt.address[1]}")
     metrics = config.metrics_address
     if serve_metrics is not None and metrics is not None:
         try:
@@ -245,6 +249,8 @@ async def _announce(
         except OSError as error:
             raise metrics_unavailable(metrics, error) from None
         lines.append(f"metrics on http://{host}:{port}/metrics")
+    if broker.mqtt is not None:  # (last: scripts read the lines above first)
+        lines.append(f"MQTT on {broker.mqtt.address[0]}:{broker.mqtt.address[1]}")
     print("\n".join(lines), flush=True)
 
 

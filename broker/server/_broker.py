@@ -65,7 +65,7 @@ from .cluster._stored_counts import OwnedCounts, StoredCounts, StoredCountsUnava
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
-from .mqtt._listener import MQTTCannotListen, MQTTServer
+from .mqtt._listener import MQTTCannotListen, MQTTServer, MQTTTotals
 from .sessions._cluster_records import (
     ClaimedSession,
     ClusterRecords,
@@ -376,6 +376,10 @@ class Broker:
         (what ``max_connections`` bounds)."""
         mqtt = 0 if self.mqtt is None else len(self.mqtt.connections)
         return len(self.connections) + self.handshaking + mqtt
+
+    def mqtt_totals(self) -> MQTTTotals | None:
+        """What the MQTT clients did (None: no MQTT listener)."""
+        return None if self.mqtt is None else self.mqtt.totals()
 
     def forget(self, connection: ServerConnection) -> None:
         if self.connections.pop(connection.serial, None) is not None:

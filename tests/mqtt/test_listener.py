@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from broker.client import open_client
+from broker.metrics import BrokerCollector
+from broker.server import Broker
 from tests.server.helpers import url, wait_subscribed, wait_until
 
 from .listener_helpers import (
@@ -191,3 +193,39 @@ async def test_subscription_granted_at_most_qos_1_and_unsubscribe(tmp_path: Path
         await client.publish("t/2", b"b", qos=1)
         await client.publish("t/2b", b"c", qos=1)
         assert client.messages.empty()
+
+
+def _samples(broker: Broker) -> dict[tuple[str, tuple[str, ...]], float]:
+    collector = BrokerCollector(broker)
+    try:
+        return {
+            (sample.name, tuple(sample.labels.values())): sample.value
+            for family in collector.snapshot_now().families
+            for sample in family.samples
+        }
+    finally:
+        collector.close()
+
+
+async def test_metrics_count_mqtt_connections_and_messages() -> None:
+    async with mqtt_broker() as broker:
+        before = _samples(broker)
+        assert before["broker_connections_by_protocol", ("mqtt",)] == 0
+        async with (
+            paho_client(mqtt_port(broker), version=V5, client_id="m1") as one,
+            open_client(url(broker), name="native"),
+        ):
+            await one.subscribe("m/x", qos=1)
+            for _ in range(3):
+                await one.publish("m/x", b"x", qos=1)
+            await one.receive(3)
+            live = _samples(broker)
+            assert live["broker_connections_by_protocol", ("mqtt",)] == 1
+            assert live["broker_connections_by_protocol", ("native",)] == 1
+        await wait_until(lambda: broker.mqtt is not None and not broker.mqtt.connections)
+        after = _samples(broker)
+    assert after["broker_connections_by_protocol", ("mqtt",)] == 0
+    assert after["broker_mqtt_connections_accepted_total", ()] == 1
+    assert after["broker_mqtt_messages_in_total", ()] == 3
+    assert after["broker_mqtt_messages_out_total", ()] == 3
+    assert after["broker_mqtt_deliveries_dropped_total", ("overflow",)] == 0

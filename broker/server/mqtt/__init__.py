@@ -23,6 +23,6 @@ package is its trio driver and the adapter to the broker:
 
 from ._connection import MQTTConnection
 from ._delivery import DeliveryCounters
-from ._listener import MQTTCannotListen, MQTTServer
+from ._listener import MQTTCannotListen, MQTTServer, MQTTTotals
 
-__all__ = ["DeliveryCounters", "MQTTCannotListen", "MQTTConnection", "MQTTServer"]
+__all__ = ["DeliveryCounters", "MQTTCannotListen", "MQTTConnection", "MQTTServer", "MQTTTotals"]

@@ -431,7 +431,7 @@ class MQTTConnection:
             self.subscribing.may_subscribe = self.admission.may_subscribe
             self.subscribing.principal = self.admission.principal_name
             self.protocol.connack(properties=decision.properties)
-            self._log(logging.INFO, "CONNECT from %s", shown(connect.client_id))
+            self._log(logging.INFO, "CONNECT from %s", shown(self.admission.client_id))
         except MQTTError as error:  # pragma: no cover - a bug of ours
             self.end(R.IMPLEMENTATION_SPECIFIC_ERROR, error.message)
         finally:

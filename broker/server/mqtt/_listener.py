@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -16,7 +17,7 @@ from broker.mqtt import ReasonCode
 from .._services import BrokerServices
 from ._connection import MQTTConnection
 
-__all__ = ["MQTTCannotListen", "MQTTServer"]
+__all__ = ["MQTTCannotListen", "MQTTServer", "MQTTTotals"]
 
 log = logging.getLogger("broker.server")
 
@@ -27,6 +28,23 @@ class MQTTCannotListen(OSError):
     def __init__(self, address: tuple[str, int], error: OSError) -> None:
         super().__init__(error.errno, error.strerror or str(error))
         self.address = address
+
+
+@dataclass(frozen=True, slots=True)
+class MQTTTotals:
+    """What the MQTT clients did since the broker started (closed
+    connections' counts included): what the metrics export."""
+
+    connections_open: int
+    connections_accepted: int
+    connections_refused: int
+    messages_in: int
+    messages_out: int
+    #: Deliveries dropped: QoS 0 queues full, and larger than the client takes.
+    dropped_overflow: int
+    dropped_too_large: int
+    #: Connections ended by an error of the broker's own (each logged).
+    internal_errors: int
 
 
 class MQTTServer:
@@ -52,6 +70,26 @@ class MQTTServer:
         self._accept_scope = trio.CancelScope()
         self._idle = trio.Event()
         self._idle.set()
+        #: The counts of connections closed: messages in, out, dropped (overflow, too large).
+        self._closed_counts = [0, 0, 0, 0]
+
+    def totals(self) -> MQTTTotals:
+        """What the MQTT clients did (see :class:`MQTTTotals`)."""
+        counts = list(self._closed_counts)
+        for connection in self.connections.values():
+            for index, value in enumerate(_counts(connection)):
+                counts[index] += value
+        messages_in, messages_out, overflow, too_large = counts
+        return MQTTTotals(
+            connections_open=len(self.connections),
+            connections_accepted=self.connections_total,
+            connections_refused=self.refused_total,
+            messages_in=messages_in,
+            messages_out=messages_out,
+            dropped_overflow=overflow,
+            dropped_too_large=too_large,
+            internal_errors=self.internal_errors,
+        )
 
     async def serve(
         self,
@@ -111,7 +149,9 @@ class MQTTServer:
         self.clients[connection.client_id] = connection
 
     def _forget(self, connection: MQTTConnection) -> None:
-        self.connections.pop(connection.serial, None)
+        if self.connections.pop(connection.serial, None) is not None:
+            for index, value in enumerate(_counts(connection)):
+                self._closed_counts[index] += value
         if self.clients.get(connection.client_id) is connection:
             del self.clients[connection.client_id]
         if not self.connections:
@@ -126,3 +166,15 @@ class MQTTServer:
     async def wait_closed(self) -> None:
         """Wait until every connection is closed."""
         await self._idle.wait()
+
+
+def _counts(connection: MQTTConnection) -> tuple[int, int, int, int]:
+    """A connection's messages in and out, and its deliveries dropped
+    (overflow, too large)."""
+    counters = connection.deliveries.counters
+    return (
+        connection.publishing.messages_in,
+        counters.messages_out,
+        counters.deliveries_overflowed,
+        counters.deliveries_too_large,
+    )

@@ -65,13 +65,17 @@ class PahoClient:
         receive_maximum: int | None = None,
         username: str | None = None,
         password: str | None = None,
+        persistent: bool = False,
     ) -> None:
         self.port = port
         self.version = version
         self.receive_maximum = receive_maximum
+        self.persistent = persistent
+        self.session_present = False
         self.client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
             client_id=client_id,
+            clean_session=not persistent if version == V311 else None,
             protocol=version,
             manual_ack=manual_ack,
             reconnect_on_failure=False,
@@ -92,6 +96,7 @@ class PahoClient:
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connect_reason = reason
+        self.session_present = bool(flags.session_present)
         self.connected.set()
 
     def _on_disconnect(
@@ -110,10 +115,22 @@ class PahoClient:
 
     def _connect(self) -> None:
         properties = None
-        if self.version == V5 and self.receive_maximum is not None:
+        if self.version == V5 and (self.receive_maximum is not None or self.persistent):
             properties = PahoProperties(PacketTypes.CONNECT)
-            properties.ReceiveMaximum = self.receive_maximum
-        self.client.connect("127.0.0.1", self.port, keepalive=60, properties=properties)
+            if self.receive_maximum is not None:
+                properties.ReceiveMaximum = self.receive_maximum
+            if self.persistent:
+                properties.SessionExpiryInterval = 3600
+        if self.version == V5:
+            self.client.connect(
+                "127.0.0.1",
+                self.port,
+                keepalive=60,
+                clean_start=not self.persistent,
+                properties=properties,
+            )
+        else:
+            self.client.connect("127.0.0.1", self.port, keepalive=60)
         self.client.loop_start()
         if not self.connected.wait(HANG_GUARD):
             raise AssertionError("no CONNACK in time")

@@ -10,9 +10,9 @@
 - The client id is the session's name: an empty one (5.0) is assigned one
   (``Assigned Client Identifier``). A second connection with a client id
   in use takes it over (the first is closed: 0x8E Session taken over).
-- No session outlives its connection yet: a 5.0 client that asks for a
-  Session Expiry Interval is told 0 in CONNACK, and a CONNACK never says
-  a session is present.
+- Sessions (``_sessions``) are kept only by a broker with topic logs: on a
+  memory-only one, a 5.0 client that asks for a Session Expiry Interval is
+  told 0 in CONNACK.
 - CONNACK tells a 5.0 client: shared subscriptions are not available.
 """
 
@@ -61,9 +61,10 @@ class MQTTAdmission:
     def principal_name(self) -> str | None:
         return None if self.principal is None else self.principal.principal.name
 
-    def admit(self, connect: Connect, now: float) -> Admitted:
+    def admit(self, connect: Connect, now: float, *, keeps_sessions: bool) -> Admitted:
         """Check ``connect`` (see the module); an accepted client counts
-        against its principal's connections until :meth:`leave`."""
+        against its principal's connections until :meth:`leave`.
+        ``keeps_sessions``: whether the broker can keep a session."""
         refused = self._authenticate(connect, now)
         if refused is not None:
             return refused
@@ -76,7 +77,9 @@ class MQTTAdmission:
             return Admitted(R.SUCCESS)
         properties = Properties(
             assigned_client_identifier=assigned,
-            session_expiry_interval=0 if connect.properties.session_expiry_interval else None,
+            session_expiry_interval=(
+                0 if connect.properties.session_expiry_interval and not keeps_sessions else None
+            ),
             shared_subscription_available=0,
         )
         return Admitted(R.SUCCESS, properties=properties)

@@ -35,6 +35,7 @@ from broker.mqtt import (
     PubRel,
     ReasonCode,
     ServerConnection,
+    SessionState,
     Subscribe,
     TopicError,
     Unsubscribe,
@@ -47,6 +48,7 @@ from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
 from ._messages import published_tail
 from ._publishing import MQTTPublishing
+from ._sessions import KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 
 __all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection"]
@@ -80,7 +82,8 @@ class MQTTConnection:
         serial: int,
         peer: str,
         *,
-        claim: Callable[[MQTTConnection], None],
+        sessions: MQTTSessions,
+        claim: Callable[[MQTTConnection, bool], KeptSession | None],
         forget: Callable[[MQTTConnection], None],
     ) -> None:
         config = services.config
@@ -90,8 +93,15 @@ class MQTTConnection:
         self.serial = serial
         self.peer = peer
         self.name = f"mqtt-{serial}"
+        self._sessions = sessions
         self._claim = claim
         self._forget = forget
+        #: CONNACK accepted the client.
+        self.accepted = False
+        #: A 5.0 client's Session Expiry Interval (DISCONNECT may change it).
+        self._expiry_interval: int | None = None
+        #: Another connection took the client id (and its session) over.
+        self._session_given_up = False
         self._life = services.life
         #: Its publishes' debt (and their fan-out) rolls up here, then to the broker's.
         self.account = Account(
@@ -124,6 +134,7 @@ class MQTTConnection:
             self.deliveries,
             max_subscriptions=config.max_subscriptions,
         )
+        self.subscribing.sessions = sessions
         self._connect_deadline = trio.current_time() + config.hello_timeout
         self._wake = trio.Event()
         self._poke_timer = trio.Event()
@@ -196,7 +207,42 @@ class MQTTConnection:
         """The broker shuts down: DISCONNECT 0x8B (5.0), and close."""
         self.end(R.SERVER_SHUTTING_DOWN, "broker shutting down")
 
+    def give_up_session(self) -> KeptSession | None:
+        """Another connection takes the client id over: the session it may
+        resume (this connection's subscriptions; None before CONNACK), which
+        this one no longer keeps."""
+        if not self.accepted or self._session_given_up:
+            return None
+        self._session_given_up = True
+        return self._session_now(0.0)
+
+    def _session_now(self, expires: float) -> KeptSession:
+        filters = {
+            topic_filter: (state.qos, state.identifier)
+            for topic_filter, state in self.deliveries.filters.items()
+        }
+        inbound = self.protocol.session_state().inbound_qos2
+        if not self._life.closing:  # (then they are forwarded, and count as received)
+            inbound |= self.publishing.pending_qos2()
+        return KeptSession(filters, inbound, expires)
+
+    def _leave_session(self) -> None:
+        """The connection ends: its session is kept (a persistent one), or
+        ends (its cursors deleted)."""
+        if not self.accepted or self._session_given_up or not self._sessions.available:
+            return
+        connect = self.protocol.connect
+        assert connect is not None
+        expires: float | None = None
+        if self.version == MQTT_5 or not connect.clean_start:
+            expires = expiry_of(self._expiry_interval, self.version == MQTT_5, trio.current_time())
+        if expires is not None:
+            self._sessions.keep(self.client_id, self._session_now(expires))
+        elif self.subscribing.session_client is not None:
+            self._sessions.end(self.client_id)
+
     def _cleanup(self) -> None:
+        self._leave_session()
         self.publishing.close()
         self.deliveries.close_all()
         for loan in self._writing:
@@ -236,6 +282,7 @@ class MQTTConnection:
                 loans, self._writing = self._writing, []
                 for loan in loans:
                     loan.repay()
+                deliveries.apply_acks()  # (of deliveries dropped as too large, if any)
                 deliveries.pump_stalled()  # (room for what waited on the output)
                 continue
             if protocol.state is ConnectionState.CLOSED:
@@ -283,6 +330,7 @@ class MQTTConnection:
             return True
         finally:
             self.publishing.flush()
+            self.deliveries.apply_acks()
             self.deliveries.pump_stalled()
             if protocol.bytes_to_send or protocol.state is ConnectionState.CLOSED:
                 self.wake_writer()
@@ -352,12 +400,15 @@ class MQTTConnection:
                 protocol.pubcomp(event.packet_id)
             case Subscribe():
                 protocol.suback(event.packet_id, self.subscribing.subscribe(event))
+                self.subscribing.start()
             case Unsubscribe():
                 protocol.unsuback(event.packet_id, self.subscribing.unsubscribe(event))
             case Connect():
                 pass  # (admitted by the reader once the turn is over: see _admit)
             case Disconnect():
                 self.close_reason = f"DISCONNECT from the client: {event.reason.name}"
+                if event.properties.session_expiry_interval is not None:
+                    self._expiry_interval = event.properties.session_expiry_interval
             case ConnectionClosed():
                 if event.reason is None:
                     self.close_reason = self.close_reason or event.message
@@ -414,7 +465,10 @@ class MQTTConnection:
         delay failed credentials earn)."""
         connect = self.protocol.connect
         assert connect is not None
-        decision = self.admission.admit(connect, trio.current_time())
+        sessions = self._sessions
+        decision = self.admission.admit(
+            connect, trio.current_time(), keeps_sessions=sessions.available
+        )
         try:
             if decision.reason.is_error:
                 self._hold_until = decision.hold and trio.current_time() + decision.hold
@@ -427,11 +481,29 @@ class MQTTConnection:
                     properties=properties if self.version == MQTT_5 else Properties(),
                 )
                 return
-            self._claim(self)
-            self.subscribing.may_subscribe = self.admission.may_subscribe
-            self.subscribing.principal = self.admission.principal_name
-            self.protocol.connack(properties=decision.properties)
-            self._log(logging.INFO, "CONNECT from %s", shown(self.admission.client_id))
+            kept = self._claim(self, connect.clean_start)
+            v5 = self.version == MQTT_5
+            self._expiry_interval = connect.properties.session_expiry_interval if v5 else None
+            persistent = (not v5 and not connect.clean_start) or bool(self._expiry_interval)
+            subscribing = self.subscribing
+            subscribing.may_subscribe = self.admission.may_subscribe
+            subscribing.principal = self.admission.principal_name
+            if sessions.available and (persistent or kept is not None):
+                subscribing.session_client = self.client_id
+            self.protocol.connack(
+                properties=decision.properties,
+                session_present=kept is not None,
+                session=None if kept is None else SessionState(kept.inbound_qos2),
+            )
+            self.accepted = True
+            self._log(
+                logging.INFO,
+                "CONNECT from %s%s",
+                shown(self.client_id),
+                " (session resumed)" if kept is not None else "",
+            )
+            if kept is not None:
+                subscribing.restore(kept.filters)
         except MQTTError as error:  # pragma: no cover - a bug of ours
             self.end(R.IMPLEMENTATION_SPECIFIC_ERROR, error.message)
         finally:

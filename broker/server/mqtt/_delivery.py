@@ -119,6 +119,8 @@ class MQTTDeliveries:
         #: QoS 1 deliveries in flight: packet id -> (handle, number).
         self.in_flight: dict[int, tuple[int, int]] = {}
         self._sent: dict[int, _Sent] = {}
+        #: What PUBACKs of the read being applied acknowledge, by handle.
+        self._ack_upto: dict[int, int] = {}
         #: What the lossy queues hold (bounded by ``lossy_budget`` together).
         self.dropping_bytes = 0
         #: Loans of what is queued to send, repaid once written (:meth:`take_written`).
@@ -325,9 +327,19 @@ class MQTTDeliveries:
             upto = numbers.popleft()
             sent.acked.discard(upto)
         if upto:
-            subscription = self.subscriptions.get(handle)
-            if subscription is not None:
-                subscription.ack(upto)
+            self._ack_upto[handle] = upto  # (applied by :meth:`apply_acks`)
+
+    def apply_acks(self) -> None:
+        """Acknowledge each subscription up to what its PUBACKs of the read
+        cover: once per read (a durable cursor writes its position once)."""
+        acks = self._ack_upto
+        if acks:
+            self._ack_upto = {}
+            subscriptions = self.subscriptions
+            for handle, upto in acks.items():
+                subscription = subscriptions.get(handle)
+                if subscription is not None:
+                    subscription.ack(upto)
 
     def pump_stalled(self) -> None:
         """Room opened (PUBACKs, or the writer wrote): the subscriptions
@@ -393,6 +405,7 @@ class MQTTDeliveries:
         self.topic_names.pop(handle, None)
         self.matches.pop(handle, None)
         self._sent.pop(handle, None)
+        self._ack_upto.pop(handle, None)
         self.stalled.discard(handle)
         self.want_room.discard(handle)
         if subscription is not None:

@@ -16,6 +16,7 @@ from broker.mqtt import ReasonCode
 
 from .._services import BrokerServices
 from ._connection import MQTTConnection
+from ._sessions import KeptSession, MQTTSessions
 
 __all__ = ["MQTTCannotListen", "MQTTServer", "MQTTTotals"]
 
@@ -58,6 +59,8 @@ class MQTTServer:
         self.services = services
         self._busy = busy
         self.connections: dict[int, MQTTConnection] = {}
+        #: Sessions kept while their clients are away.
+        self.sessions = MQTTSessions(services.storage.cursors)
         #: The connected clients by client id.
         self.clients: dict[str, MQTTConnection] = {}
         self.connections_total = 0
@@ -127,6 +130,7 @@ class MQTTServer:
             stream,
             next(self._serials),
             peer,
+            sessions=self.sessions,
             claim=self._claim,
             forget=self._forget,
         )
@@ -141,12 +145,23 @@ class MQTTServer:
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, peer)
 
-    def _claim(self, connection: MQTTConnection) -> None:
-        """``connection`` was accepted: its client id is its own now."""
-        other = self.clients.get(connection.client_id)
+    def _claim(self, connection: MQTTConnection, clean_start: bool) -> KeptSession | None:
+        """``connection`` is accepted: its client id is its own now (another
+        connection with it is closed, 0x8E). The session it resumes (None:
+        a clean start, or none kept): the other connection's, or one kept."""
+        client_id = connection.client_id
+        other = self.clients.get(client_id)
+        kept = None
         if other is not None and other is not connection:
+            kept = other.give_up_session()
             other.end(ReasonCode.SESSION_TAKEN_OVER, "another connection took the client id over")
-        self.clients[connection.client_id] = connection
+        self.clients[client_id] = connection
+        sessions = self.sessions
+        if clean_start:
+            sessions.end(client_id)
+            return None
+        found = sessions.take(client_id, trio.current_time())
+        return kept if kept is not None else found
 
     def _forget(self, connection: MQTTConnection) -> None:
         if self.connections.pop(connection.serial, None) is not None:

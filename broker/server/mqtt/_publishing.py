@@ -98,6 +98,12 @@ class MQTTPublishing:
         """QoS 1 and 2 publishes received and not routed yet."""
         return len(self._order)
 
+    def pending_qos2(self) -> frozenset[int]:
+        """The packet ids of QoS 2 publishes received and not acknowledged
+        yet (forwarded all the same if the connection ends: a session that
+        goes on counts them as received, so that a resend is not routed twice)."""
+        return frozenset(p.packet_id for p in self._order if p.qos == 2)
+
     def add(
         self, topic_name: str, tail: bytes, key: bytes | None, packet_id: int | None, qos: int
     ) -> None:

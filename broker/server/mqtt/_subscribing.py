@@ -10,7 +10,9 @@ reason code.
   subscription, QoS 0 a ``lossy`` one (see ``_delivery``). QoS 2 is
   granted as 1 (MQTT lets the server grant less).
 - A subscription starts at the end of each topic (what is published from
-  now on), as MQTT's do.
+  now on), as MQTT's do; a persistent session's QoS 1 subscription reads
+  through a durable cursor of its own (see ``_sessions``), from where it
+  was acknowledged.
 - A filter subscribed again replaces its subscription.
 - ``$share/...`` is answered 0x9E (Shared Subscriptions not supported).
 - With auth, a topic the principal may not subscribe to is refused (0x87);
@@ -32,9 +34,11 @@ from broker.mqtt import (
 )
 from broker.protocol import DeliveryMode, TopicPattern, is_topic_pattern
 
+from .._peer_logging import shown
 from .._services import Storage, TopicDirectory
-from ..topics._subscribe import make_pattern_subscription, make_subscription
+from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
 from ._delivery import FilterState, MQTTDeliveries
+from ._sessions import MQTTSessions, cursor_name
 
 __all__ = ["MAX_GRANTED_QOS", "MQTTSubscribing"]
 
@@ -63,16 +67,55 @@ class MQTTSubscribing:
         self.may_subscribe: Callable[[str], bool] = _anything
         #: The principal's name (None without auth): its durable cursors' namespace.
         self.principal: str | None = None
+        #: A persistent session's client id: its QoS 1 subscriptions read
+        #: through durable cursors (None: a clean session, none).
+        self.session_client: str | None = None
+        #: Where the cursors of persistent sessions are kept.
+        self.sessions: MQTTSessions | None = None
+        #: Why the last subscription was refused by the broker (for the log).
+        self.problem = ""
+        #: What starts the subscriptions made, once their SUBACK is queued.
+        self._starts: list[tuple[int, Callable[[], None]]] = []
         self._next_handle = 1
 
+    def start(self) -> None:
+        """Start sending on the subscriptions made since the last call (after
+        their SUBACK: MQTT lets PUBLISHes come first, clients prefer not)."""
+        starts, self._starts = self._starts, []
+        subscriptions = self.deliveries.subscriptions
+        for handle, start in starts:
+            if handle in subscriptions:  # (not replaced meanwhile)
+                start()
+
     def subscribe(self, event: Subscribe) -> list[ReasonCode]:
-        """Make each subscription of ``event``; the SUBACK's reason codes."""
+        """Make each subscription of ``event``; the SUBACK's reason codes
+        (:meth:`start` starts them)."""
         identifiers = event.properties.subscription_identifiers
         identifier = identifiers[0] if identifiers else None
         reasons = []
         for subscription in event.subscriptions:
             reasons.append(self._subscribe(subscription.topic_filter, subscription.qos, identifier))
         return reasons
+
+    def restore(self, filters: dict[str, tuple[int, int | None]]) -> None:
+        """Subscribe again to a resumed session's filters (each goes on from
+        its cursors), and start them."""
+        for topic_filter, (qos, identifier) in filters.items():
+            self._subscribe(topic_filter, qos, identifier)
+        self.start()
+
+    def _cursor(self, topic_filter: str, granted: int) -> str | None:
+        """The durable cursor of ``topic_filter``'s subscription (None: none:
+        a clean session, or QoS 0); a QoS 0 subscription lets go of any."""
+        client = self.session_client
+        if client is None:
+            return None
+        name = cursor_name(client, topic_filter)
+        if not granted:
+            if self.sessions is not None:
+                self.sessions.forget_cursors(name)
+            return None
+        return name
 
     def _subscribe(self, topic_filter: str, qos: int, identifier: int | None) -> ReasonCode:
         deliveries = self.deliveries
@@ -90,12 +133,32 @@ class MQTTSubscribing:
             return R.NOT_AUTHORIZED
         granted = min(qos, MAX_GRANTED_QOS)
         mode = DeliveryMode.RELIABLE if granted else DeliveryMode.LOSSY
+        cursor = self._cursor(topic_filter, granted)
+        options: dict[str, object] = {} if cursor is None else {"cursor": cursor}
         state = FilterState(topic_filter, granted, identifier)
         deliveries.filters[topic_filter] = state
+        try:
+            self._make(state, mapped.topics, mapped.skip_dollar, mode, options)
+        except OptionError as error:  # (a bug of ours: the options are the broker's)
+            deliveries.drop_filter(topic_filter)
+            self.problem = f"SUBSCRIBE {shown(topic_filter)}: {error}"
+            return R.IMPLEMENTATION_SPECIFIC_ERROR
+        return R(granted)
+
+    def _make(
+        self,
+        state: FilterState,
+        topics: tuple[str, ...],
+        skip_dollar: bool,
+        mode: str,
+        options: dict[str, object],
+    ) -> None:
+        """The broker subscriptions of ``state``, one per topic or pattern."""
+        deliveries = self.deliveries
         may_read = self.may_subscribe
-        if mapped.skip_dollar:
+        if skip_dollar:
             may_read = _skipping_dollar(may_read)
-        for name in mapped.topics:
+        for name in topics:
             handle = self._next_handle
             self._next_handle += 1
             if is_topic_pattern(name):
@@ -104,37 +167,44 @@ class MQTTSubscribing:
                     handle,
                     TopicPattern(name),
                     mode,
-                    {},
+                    options,
                     host=self.topics,
                     cursors=self.storage.cursors,
                     principal=self.principal,
                     may_read=may_read,
                 )
                 deliveries.add(state, handle, pattern, None)
-                pattern.start()
+                self._starts.append((handle, pattern.start))
                 continue
             topic = self.topics.topic(name)
-            made = make_subscription(
-                deliveries,
-                handle,
-                topic,
-                mode,
-                {},
-                cursors=self.storage.cursors,
-                principal=self.principal,
-                groups=self.storage.groups,
-            )
+            try:
+                made = make_subscription(
+                    deliveries,
+                    handle,
+                    topic,
+                    mode,
+                    options,
+                    cursors=self.storage.cursors,
+                    principal=self.principal,
+                    groups=self.storage.groups,
+                )
+            except OptionError:
+                topic.release_if_unused()
+                raise
             deliveries.add(state, handle, made, mqtt_topic_name(name))
             topic.subscribe(made)
-            made.pump()
-        return R(granted)
+            self._starts.append((handle, made.pump))
 
     def unsubscribe(self, event: Unsubscribe) -> list[ReasonCode]:
-        """End each subscription of ``event``; the UNSUBACK's reason codes."""
-        return [
-            R.SUCCESS if self.deliveries.drop_filter(topic_filter) else R.NO_SUBSCRIPTION_EXISTED
-            for topic_filter in event.topic_filters
-        ]
+        """End each subscription of ``event`` (and a persistent session's
+        cursors of it); the UNSUBACK's reason codes."""
+        reasons = []
+        for topic_filter in event.topic_filters:
+            found = self.deliveries.drop_filter(topic_filter)
+            if self.session_client is not None and self.sessions is not None:
+                self.sessions.forget_cursors(cursor_name(self.session_client, topic_filter))
+            reasons.append(R.SUCCESS if found else R.NO_SUBSCRIPTION_EXISTED)
+        return reasons
 
 
 def _anything(name: str) -> bool:

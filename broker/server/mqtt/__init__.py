@@ -19,6 +19,7 @@ package is its trio driver and the adapter to the broker:
 - ``_delivery.py``: what those subscriptions send: MQTT PUBLISHes within
   the client's Receive Maximum and ``max_unsent``; PUBACKs acknowledge them.
 - ``_messages.py``: payload, key and headers to and from MQTT.
+- ``_wills.py``: will messages, at once or after their delay.
 - ``_sessions.py``: sessions kept while their clients are away (Clean
   Start 0): their filters in memory, their QoS 1 positions as durable cursors.
 """

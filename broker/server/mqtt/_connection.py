@@ -50,6 +50,7 @@ from ._messages import published_tail
 from ._publishing import MQTTPublishing
 from ._sessions import KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
+from ._wills import Wills
 
 __all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection"]
 
@@ -83,6 +84,7 @@ class MQTTConnection:
         peer: str,
         *,
         sessions: MQTTSessions,
+        wills: Wills,
         claim: Callable[[MQTTConnection, bool], KeptSession | None],
         forget: Callable[[MQTTConnection], None],
     ) -> None:
@@ -94,6 +96,7 @@ class MQTTConnection:
         self.peer = peer
         self.name = f"mqtt-{serial}"
         self._sessions = sessions
+        self._wills = wills
         self._claim = claim
         self._forget = forget
         #: CONNACK accepted the client.
@@ -241,8 +244,42 @@ class MQTTConnection:
         elif self.subscribing.session_client is not None:
             self._sessions.end(self.client_id)
 
+    def _send_will(self) -> None:
+        """The connection ended without a normal DISCONNECT: its will goes
+        to its topic, now or after its Will Delay Interval (5.0; not if the
+        session went on in another connection)."""
+        protocol = self.protocol
+        connect = protocol.connect
+        if self._life.closing or not protocol.will_due or connect is None or connect.will is None:
+            return
+        will = connect.will
+        try:
+            name = broker_topic_name(will.topic)
+        except TopicError as error:
+            self._log(logging.WARNING, "will not published: %s", error.message)
+            return
+        if not self.admission.may_publish(name):
+            self._log(logging.WARNING, "will not published: may not publish to %s", shown(name))
+            return
+        tail, key = published_tail(will.payload, will.properties)
+        delay = float(will.properties.will_delay_interval or 0) if self.version == MQTT_5 else 0.0
+        if delay > 0:
+            if self._session_given_up:
+                return  # (the session goes on: no will)
+            # Sent when the delay ends or the session does, whichever comes first.
+            session_left = None
+            if self._sessions.available:
+                session_left = expiry_of(self._expiry_interval, True, 0.0)
+            delay = min(delay, 0.0 if session_left is None else session_left)
+        if delay <= 0:
+            self.publishing.add(name, tail, key, None, 0)  # (forwarded by close())
+            return
+        wills = self._wills
+        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key))
+
     def _cleanup(self) -> None:
         self._leave_session()
+        self._send_will()
         self.publishing.close()
         self.deliveries.close_all()
         for loan in self._writing:

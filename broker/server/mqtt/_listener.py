@@ -17,6 +17,7 @@ from broker.mqtt import ReasonCode
 from .._services import BrokerServices
 from ._connection import MQTTConnection
 from ._sessions import KeptSession, MQTTSessions
+from ._wills import Wills
 
 __all__ = ["MQTTCannotListen", "MQTTServer", "MQTTTotals"]
 
@@ -61,6 +62,8 @@ class MQTTServer:
         self.connections: dict[int, MQTTConnection] = {}
         #: Sessions kept while their clients are away.
         self.sessions = MQTTSessions(services.storage.cursors)
+        #: Wills waiting for their delay.
+        self.wills = Wills(services)
         #: The connected clients by client id.
         self.clients: dict[str, MQTTConnection] = {}
         self.connections_total = 0
@@ -131,6 +134,7 @@ class MQTTServer:
             next(self._serials),
             peer,
             sessions=self.sessions,
+            wills=self.wills,
             claim=self._claim,
             forget=self._forget,
         )
@@ -156,6 +160,7 @@ class MQTTServer:
             kept = other.give_up_session()
             other.end(ReasonCode.SESSION_TAKEN_OVER, "another connection took the client id over")
         self.clients[client_id] = connection
+        self.wills.cancel(client_id)
         sessions = self.sessions
         if clean_start:
             sessions.end(client_id)

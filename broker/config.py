@@ -81,6 +81,9 @@ class BrokerConfig:
     listen: str = "127.0.0.1:7400"
     #: Where Prometheus scrapes ``/metrics`` ("" disables the endpoint).
     metrics_listen: str = "127.0.0.1:9400"
+    #: Where MQTT 3.1.1 and 5.0 clients connect ("" = no MQTT listener, the
+    #: default; MQTT's usual port is 1883). See docs/mqtt.md.
+    mqtt_listen: str = ""
     #: Connections ``/metrics`` exports per-connection series of, and
     #: ``/stat.json`` details: this many with the most debt (blocked ones
     #: first), and up to this many more with the most queued deliveries or
@@ -269,6 +272,8 @@ class BrokerConfig:
         parse_address(self.listen)
         if self.metrics_listen:
             parse_address(self.metrics_listen)
+        if self.mqtt_listen:
+            parse_address(self.mqtt_listen)
         if self.metrics_top < 0:
             raise ConfigError("metrics_top must be >= 0 (0 exports no per-connection series)")
         if not 0 <= self.worker_port <= 65535 - MAX_WORKERS:
@@ -360,6 +365,11 @@ class BrokerConfig:
                 raise ConfigError(
                     "cluster mode keeps every topic in the cluster: it cannot be memory_only"
                 )
+        if self.mqtt_listen and (self.cluster or self.workers != "1"):
+            raise ConfigError(
+                "mqtt_listen: MQTT is served by a single-process broker only for now "
+                "(workers = 1, no cluster)"
+            )
 
     @property
     def cluster_servers(self) -> list[str]:
@@ -389,6 +399,11 @@ class BrokerConfig:
         if self.cluster_link_listen:
             return parse_address(self.cluster_link_listen)
         return self.listen_address[0], 0
+
+    @property
+    def mqtt_address(self) -> tuple[str, int] | None:
+        """Where MQTT clients connect (None: no MQTT listener)."""
+        return parse_address(self.mqtt_listen) if self.mqtt_listen else None
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:

@@ -172,6 +172,9 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     # cluster front end; what it needs of forwarding it names as a small
     # protocol, and storage is not its business.
     "broker.server.connection": ("broker.server.cluster", "broker.nats"),
+    # The MQTT listener drives its own connections: it shares the broker's
+    # topics, subscriptions and accounts, not the native connection's parts.
+    "broker.server.mqtt": ("broker.server.connection", "broker.server.cluster", "broker.nats"),
     # MQTT's codec and state machine know the broker's topic rules only.
     "broker.mqtt": (
         "broker.server",

@@ -17,7 +17,7 @@ from broker.runtime import SHUTDOWN_SIGNALS, raise_open_file_limit, run_unwrappe
 
 from ._common import Subparsers, add_command
 from ._data_dir import prepare_data_dir, with_data_dir
-from ._listen import CannotListen, check_metrics_free, metrics_unavailable
+from ._listen import CannotListen, check_free, check_metrics_free, metrics_unavailable
 from ._stopping import stop_on_signals
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ EXAMPLES = """
   broker serve --listen 0.0.0.0:7400 --config broker.toml
   broker serve --set connection_budget=8388608 --log-level DEBUG
   broker serve --metrics-listen ''              # no HTTP endpoint
+  broker serve --mqtt-listen 127.0.0.1:1883     # MQTT 3.1.1 and 5.0 clients too
   broker serve --data-dir /var/lib/broker       # topic logs there (default: ~/.local/state/broker)
   broker serve --memory-only                    # no topic log: nothing survives a restart
   broker serve --workers auto                   # one worker process per core, one address
@@ -57,6 +58,12 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="HOST:PORT",
         help="HTTP address of /metrics, /stat.json, /healthz, /readyz "
         "(default: 127.0.0.1:9400; '' disables it)",
+    )
+    parser.add_argument(
+        "--mqtt-listen",
+        metavar="HOST:PORT",
+        help="MQTT 3.1.1 and 5.0 clients' address, e.g. 127.0.0.1:1883 (default: '', no MQTT "
+        "listener; see docs/mqtt.md)",
     )
     parser.add_argument(
         "--workers",
@@ -107,6 +114,7 @@ def _config_from(args: argparse.Namespace) -> BrokerConfig:
     overrides: dict[str, Any] = {
         "listen": args.listen,
         "metrics_listen": args.metrics_listen,
+        "mqtt_listen": args.mqtt_listen,
         "workers": args.workers,
         "cluster": args.cluster,
         "cluster_unsafe_sync": args.cluster_unsafe_sync,
@@ -177,6 +185,12 @@ async def _serve(config: BrokerConfig) -> None:
     # The metrics port is checked before the broker starts (and says it
     # listens): a taken port stops it with one line, not after a "listening".
     check_metrics_free(metrics)
+    mqtt = config.mqtt_address
+    if mqtt is not None and mqtt[1] != 0:  # (and the MQTT port, likewise)
+        try:
+            check_free(*mqtt)
+        except OSError as error:
+            raise CannotListen("MQTT clients", mqtt, "--mqtt-listen", error) from None
     if config.log_dir is None:
         log.info("memory-only: topics are not retained")
     else:
@@ -205,11 +219,14 @@ async def _start(
     """What ``start`` reports once it serves (in ``nursery``); an address
     it cannot listen on raised as one line (:class:`CannotListen`)."""
     from broker.log import LogError
+    from broker.server import MQTTCannotListen
 
     try:
         return await nursery.start(start)
     except LogError:
         raise  # the data directory: not an address (some are OSErrors too)
+    except MQTTCannotListen as error:
+        raise CannotListen("MQTT clients", error.address, "--mqtt-listen", error) from None
     except OSError as error:
         if error.filename is not None:
             raise  # a file (of the data directory), not the address
@@ -232,6 +249,8 @@ async def _announce(
         except OSError as error:
             raise metrics_unavailable(metrics, error) from None
         lines.append(f"metrics on http://{host}:{port}/metrics")
+    if broker.mqtt is not None:  # (last: scripts read the lines above first)
+        lines.append(f"MQTT on {broker.mqtt.address[0]}:{broker.mqtt.address[1]}")
     print("\n".join(lines), flush=True)
 
 

@@ -339,7 +339,20 @@ class BrokerCollector:
         add("broker_debt_bytes", [], root.debt)
         add("broker_peak_debt_bytes", [], root.peak_debt)
         add("broker_ready", [], 1 if broker.ready and not_ready(broker) is None else 0)
-        add("broker_internal_errors_total", [], broker.internal_errors)
+        mqtt = broker.mqtt_totals()
+        add("broker_connections_by_protocol", ["native"], snapshot.connections)
+        add("broker_connections_by_protocol", ["mqtt"], mqtt.connections_open if mqtt else 0)
+        add("broker_mqtt_connections_accepted_total", [], mqtt.connections_accepted if mqtt else 0)
+        add("broker_mqtt_messages_in_total", [], mqtt.messages_in if mqtt else 0)
+        add("broker_mqtt_messages_out_total", [], mqtt.messages_out if mqtt else 0)
+        dropped = "broker_mqtt_deliveries_dropped_total"
+        add(dropped, ["overflow"], mqtt.dropped_overflow if mqtt else 0)
+        add(dropped, ["too_large"], mqtt.dropped_too_large if mqtt else 0)
+        add(
+            "broker_internal_errors_total",
+            [],
+            broker.internal_errors + (mqtt.internal_errors if mqtt else 0),
+        )
         for link in broker.link_statistics() or ():
             add("broker_forwarded_publishes_total", [link.owner], link.publishes_forwarded)
             add("broker_forwarded_deliveries_total", [link.owner], link.deliveries_relayed)

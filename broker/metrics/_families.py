@@ -116,6 +116,24 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "broker_ready", "gauge", "1 while the broker accepts clients, 0 while shutting down."
     ),
     MetricSpec(
+        "broker_connections_by_protocol",
+        "gauge",
+        "Client connections being served now, by protocol: native (the broker's own) and "
+        "mqtt (MQTT 3.1.1 and 5.0, on mqtt_listen).",
+        ("protocol",),
+    ),
+    MetricSpec("broker_mqtt_connections_accepted_total", "counter", "MQTT connections accepted."),
+    MetricSpec("broker_mqtt_messages_in_total", "counter", "Messages MQTT clients published."),
+    MetricSpec("broker_mqtt_messages_out_total", "counter", "Messages delivered to MQTT clients."),
+    MetricSpec(
+        "broker_mqtt_deliveries_dropped_total",
+        "counter",
+        "Deliveries to MQTT clients dropped: overflow (a QoS 0 subscription's queue was "
+        "full: the client fell behind), too_large (larger than the client's Maximum Packet "
+        "Size, dropped as MQTT says).",
+        ("reason",),
+    ),
+    MetricSpec(
         "broker_internal_errors_total",
         "counter",
         "Connections ended by an error of the broker's own (a bug: each is logged with "

@@ -210,6 +210,11 @@ class ServerConnection:
         for keepalive. Never raises for what the client sent: a violation
         returns :class:`ConnectionClosed` and queues the answer."""
         while self._state in (ConnectionState.AWAITING_CONNECT, ConnectionState.CONNECTED):
+            if self._state is ConnectionState.AWAITING_CONNECT:
+                first = self._framer.first_byte
+                if first is not None and first >> 4 != PacketType.CONNECT:
+                    # (Known from its first byte: no need to wait for the rest.)
+                    return self._fail(R.PROTOCOL_ERROR, "the first packet must be CONNECT")
             try:
                 frame = self._framer.next_packet()
             except MQTTProtocolError as error:
@@ -235,6 +240,12 @@ class ServerConnection:
         while (event := self.next_event(now)) is not None:
             out.append(event)
         return out
+
+    @property
+    def bytes_to_send(self) -> int:
+        """How many bytes are queued for the client (what :meth:`data_to_send`
+        would return now)."""
+        return len(self._out)
 
     def data_to_send(self) -> bytes:
         """The bytes queued for the client since the last call (the caller

@@ -44,6 +44,12 @@ class Framer:
         """Bytes received and not yet handed out as packets."""
         return len(self._buffer)
 
+    @property
+    def first_byte(self) -> int | None:
+        """The first byte of the next packet (its type and flags), as soon
+        as it is received; ``None`` while nothing is buffered."""
+        return self._buffer[0] if self._buffer else None
+
     def next_packet(self) -> tuple[int, bytes] | None:
         """The next whole packet as (first byte, body), or ``None`` until
         more bytes arrive."""

@@ -13,6 +13,7 @@ from .cluster._placement import WorkerSetup
 from .cluster._rehome import rehome_state
 from .connection._connection import ConnectionCounters, PublishChannel, ServerConnection
 from .connection._policy import BrokerPolicy
+from .mqtt import MQTTCannotListen, MQTTServer
 from .storage._jetstream import ClusterUnavailable
 from .topics._lossy import DroppingSubscription, OptionError, QueueLimits
 from .topics._topic import Subscription, Topic
@@ -25,6 +26,8 @@ __all__ = [
     "ConnectionCounters",
     "ConnectionView",
     "DroppingSubscription",
+    "MQTTCannotListen",
+    "MQTTServer",
     "OptionError",
     "PublishChannel",
     "QueueLimits",

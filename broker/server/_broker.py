@@ -65,6 +65,7 @@ from .cluster._stored_counts import OwnedCounts, StoredCounts, StoredCountsUnava
 from .connection._budget_pool import BudgetPool
 from .connection._connection import ServerConnection
 from .connection._reassembly import ReassemblyRoom
+from .mqtt._listener import MQTTCannotListen, MQTTServer, MQTTTotals
 from .sessions._cluster_records import (
     ClaimedSession,
     ClusterRecords,
@@ -272,6 +273,10 @@ class Broker:
             resources=self.resources,
             seen=self.seen,
         )
+        #: The MQTT listener's clients (None: no ``mqtt_listen``).
+        self.mqtt: MQTTServer | None = (
+            MQTTServer(self.services, self._busy) if config.mqtt_listen else None
+        )
         self._serials = itertools.count(1)
         #: Numbers the peers of connections that are no sockets (``handle_stream``).
         self._memory_peers = itertools.count(1)
@@ -365,6 +370,16 @@ class Broker:
         while True:
             await trio.sleep(interval)
             self.staging.expire(trio.current_time(), dropped)
+
+    def _busy(self) -> int:
+        """Connections served or in their TLS handshake, of every protocol
+        (what ``max_connections`` bounds)."""
+        mqtt = 0 if self.mqtt is None else len(self.mqtt.connections)
+        return len(self.connections) + self.handshaking + mqtt
+
+    def mqtt_totals(self) -> MQTTTotals | None:
+        """What the MQTT clients did (None: no MQTT listener)."""
+        return None if self.mqtt is None else self.mqtt.totals()
 
     def forget(self, connection: ServerConnection) -> None:
         if self.connections.pop(connection.serial, None) is not None:
@@ -575,7 +590,7 @@ class Broker:
         ``peer_address`` (host, port) if given; else a ``SocketStream``'s
         peer name, and for other streams the placeholder ``("memory", n)``,
         ``n`` counting such connections."""
-        busy = len(self.connections) + self.handshaking
+        busy = self._busy()
         if self.closing or busy >= self.config.max_connections:
             await self._refuse(stream)
             return
@@ -783,9 +798,13 @@ class Broker:
             )
         for connection in list(self.connections.values()):
             connection.shutting_down()
+        if self.mqtt is not None:
+            self.mqtt.shutting_down()
         self.sessions.end_all()  # the detached ones: nobody can resume them now
         with trio.move_on_at(deadline):
             await self._idle.wait()
+            if self.mqtt is not None:
+                await self.mqtt.wait_closed()
         self.shutdown_cut = len(self.connections)
         if self.shutdown_cut:
             log.warning("shutdown deadline: %d connections still open are cut", self.shutdown_cut)
@@ -963,6 +982,7 @@ async def _serve_broker(
         logs.keep_state_in(state)  # (read with the streams, before listening)
     link_listeners: list[trio.abc.Listener[trio.SocketStream]] = []
     served: list[trio.abc.Listener[trio.abc.Stream]] = []
+    mqtt_served: list[trio.SocketListener] = []
     try:
         host, port = config.listen_address
         if front_end is not None:
@@ -977,6 +997,12 @@ async def _serve_broker(
                 trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 for sock in worker.client_sockets
             ]
+        mqtt_address = config.mqtt_address
+        if mqtt_address is not None:
+            try:
+                mqtt_served = await trio.open_tcp_listeners(mqtt_address[1], host=mqtt_address[0])
+            except OSError as error:
+                raise MQTTCannotListen(mqtt_address, error) from None
         if worker is not None and worker.link_socket is not None:
             link_listeners.append(
                 trio.SocketListener(trio.socket.from_stdlib_socket(worker.link_socket))
@@ -993,7 +1019,7 @@ async def _serve_broker(
         if logs is not None:
             logs.close()
         with trio.CancelScope(shield=True):
-            for listener in served if front_end is None else ():
+            for listener in [*(served if front_end is None else ()), *mqtt_served]:
                 with contextlib.suppress(trio.ClosedResourceError):
                     await listener.aclose()
         raise
@@ -1075,6 +1101,9 @@ async def _serve_broker(
                 if link_listeners:
                     serve = partial(trio.serve_listeners, handler_nursery=nursery)
                     nursery.start_soon(serve, broker.handle_link, link_listeners)
+                if broker.mqtt is not None and mqtt_served:
+                    await nursery.start(broker.mqtt.serve, mqtt_served, nursery)
+                    log.info("MQTT listening on %s:%d", *broker.mqtt.address)
                 broker.accepting = True
                 log.info(
                     "broker listening on %s:%d (%s, %s)",
@@ -1096,7 +1125,10 @@ async def _serve_broker(
             broker.staging.clear()
             if broker.links is not None:
                 broker.links.close()
-            for listener in [*served, *link_listeners] if front_end is None else ():
+            for listener in [
+                *([*served, *link_listeners] if front_end is None else ()),
+                *mqtt_served,
+            ]:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             if logs is not None:

@@ -1,0 +1,548 @@
+"""One MQTT client connection: the trio driver around a sans-IO
+``broker.mqtt.ServerConnection``.
+
+Three tasks: the reader (bytes in, a read's events applied: publishing,
+subscriptions, PUBACKs; it stops reading while the connection's account
+is in debt, so TCP throttles the client), the writer (what the protocol
+queued, written; the loans of what it carried repaid once written; then
+the subscriptions that waited for room pumped again) and the timer (the
+CONNECT deadline, ``hello_timeout``, then the client's keepalive).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from accounts import Account, LoanedItem
+from broker.mqtt import (
+    MQTT_5,
+    Connect,
+    ConnectionClosed,
+    ConnectionState,
+    Disconnect,
+    Event,
+    MQTTError,
+    PingReq,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    ServerConnection,
+    SessionState,
+    Subscribe,
+    TopicError,
+    Unsubscribe,
+    broker_topic_name,
+)
+
+from .._peer_logging import ConnectionLog, shown
+from .._services import BrokerServices
+from ._admission import MQTTAdmission
+from ._delivery import MQTTDeliveries
+from ._messages import published_tail
+from ._publishing import MQTTPublishing
+from ._sessions import KeptSession, MQTTSessions, expiry_of
+from ._subscribing import MQTTSubscribing
+from ._wills import Wills
+
+__all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection"]
+
+#: Bytes asked of the socket per read.
+RECEIVE_SIZE = 64 * 1024
+#: Packets one turn of the reader applies before the other tasks go.
+EVENTS_PER_TURN = 64
+#: How long a connection we close waits for the client to read our last packet.
+LINGER_SECONDS = 1.0
+#: Inbound QoS 1 and 2 PUBLISHes a client may have unacknowledged (5.0's
+#: Receive Maximum; their acknowledgements wait until they are routed).
+RECEIVE_MAXIMUM = 1024
+
+R = ReasonCode
+
+
+class MQTTConnection:
+    """The broker's end of one MQTT connection (see the module).
+
+    Its parts: :attr:`admission` (CONNECT: credentials, client id,
+    CONNACK), :attr:`publishing` (PUBLISH to the topics, acknowledged once
+    routed), :attr:`deliveries` (the broker subscriptions' PUBLISHes out,
+    PUBACKs in) and :attr:`subscribing` (SUBSCRIBE, UNSUBSCRIBE).
+    """
+
+    def __init__(
+        self,
+        services: BrokerServices,
+        stream: trio.abc.Stream,
+        serial: int,
+        peer: str,
+        *,
+        sessions: MQTTSessions,
+        wills: Wills,
+        claim: Callable[[MQTTConnection, bool], KeptSession | None],
+        forget: Callable[[MQTTConnection], None],
+    ) -> None:
+        config = services.config
+        resources = services.resources
+        self.services = services
+        self.stream = stream
+        self.serial = serial
+        self.peer = peer
+        self.name = f"mqtt-{serial}"
+        self._sessions = sessions
+        self._wills = wills
+        self._claim = claim
+        self._forget = forget
+        #: CONNACK accepted the client.
+        self.accepted = False
+        #: A 5.0 client's Session Expiry Interval (DISCONNECT may change it).
+        self._expiry_interval: int | None = None
+        #: Another connection took the client id (and its session) over.
+        self._session_given_up = False
+        self._life = services.life
+        #: Its publishes' debt (and their fan-out) rolls up here, then to the broker's.
+        self.account = Account(
+            self.name,
+            high_watermark=config.connection_high_watermark,
+            low_watermark=config.connection_low_watermark,
+            parent=resources.account,
+            kind="mqtt",
+        )
+        self.protocol = ServerConnection(
+            max_packet_size=config.max_frame,
+            receive_maximum=RECEIVE_MAXIMUM,
+        )
+        self._log = ConnectionLog(resources.peer_log, self.name, peer)
+        self.admission = MQTTAdmission(services.gate, peer, self.name)
+        self.publishing = MQTTPublishing(
+            config, services.life, services.topics, self.account, self._acknowledge
+        )
+        self.deliveries = MQTTDeliveries(
+            self.name,
+            self.protocol,
+            self.wake_writer,
+            lossy_budget=config.lossy_budget,
+            max_unsent=config.max_unsent,
+            root_account=resources.account,
+        )
+        self.subscribing = MQTTSubscribing(
+            services.topics,
+            services.storage,
+            self.deliveries,
+            max_subscriptions=config.max_subscriptions,
+        )
+        self.subscribing.sessions = sessions
+        self._connect_deadline = trio.current_time() + config.hello_timeout
+        self._wake = trio.Event()
+        self._poke_timer = trio.Event()
+        self._writing: list[LoanedItem[Any]] = []
+        #: Nothing is written before then (a refused CONNECT is held back).
+        self._hold_until = 0.0
+        #: When the reader last resumed after a pause (keepalive counts from then).
+        self._resumed = trio.current_time()
+        self._paused = False
+        self._nursery: trio.Nursery | None = None
+        #: We ended the connection (then the client is given a moment to read why).
+        self._ended_by_us = False
+        self.closed = trio.Event()
+        self.close_reason = ""
+
+    @property
+    def client_id(self) -> str:
+        """The client identifier it connected with ("" before CONNECT)."""
+        return self.admission.client_id
+
+    @property
+    def version(self) -> int | None:
+        """The protocol level (4: 3.1.1, 5: 5.0), once CONNECT said it."""
+        return self.protocol.version
+
+    # ================================================================ lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until either side ends it."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._timer)
+                await self._writer()
+                nursery.cancel_scope.cancel()
+            if self._ended_by_us:
+                await self._linger()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.close_reason = self.close_reason or f"socket error: {error}"
+        finally:
+            self._cleanup()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self.stream.aclose()
+            self.closed.set()
+
+    async def _linger(self) -> None:
+        """Half-close and discard what the client still sends for a moment,
+        so that closing does not reset the connection before it read our
+        last packet (a CONNACK refusal, a DISCONNECT)."""
+        with trio.move_on_after(LINGER_SECONDS):
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                await self.stream.send_eof()
+            while await self.stream.receive_some(RECEIVE_SIZE):
+                pass
+
+    def end(self, reason: ReasonCode, message: str) -> None:
+        """Close the connection: a 5.0 client is told ``reason`` (DISCONNECT)."""
+        if self.protocol.state is not ConnectionState.CLOSED:
+            self._ended_by_us = True
+            properties = Properties(reason_string=message) if self.version == MQTT_5 else None
+            if properties is None:
+                self.protocol.disconnect(reason)
+            else:
+                self.protocol.disconnect(reason, properties)
+            self.close_reason = self.close_reason or f"closed by the broker: {message}"
+        self.wake_writer()
+
+    def shutting_down(self) -> None:
+        """The broker shuts down: DISCONNECT 0x8B (5.0), and close."""
+        self.end(R.SERVER_SHUTTING_DOWN, "broker shutting down")
+
+    def give_up_session(self) -> KeptSession | None:
+        """Another connection takes the client id over: the session it may
+        resume (this connection's subscriptions; None before CONNACK), which
+        this one no longer keeps."""
+        if not self.accepted or self._session_given_up:
+            return None
+        self._session_given_up = True
+        return self._session_now(0.0)
+
+    def _session_now(self, expires: float) -> KeptSession:
+        filters = {
+            topic_filter: (state.qos, state.identifier)
+            for topic_filter, state in self.deliveries.filters.items()
+        }
+        inbound = self.protocol.session_state().inbound_qos2
+        if not self._life.closing:  # (then they are forwarded, and count as received)
+            inbound |= self.publishing.pending_qos2()
+        return KeptSession(filters, inbound, expires)
+
+    def _leave_session(self) -> None:
+        """The connection ends: its session is kept (a persistent one), or
+        ends (its cursors deleted)."""
+        if not self.accepted or self._session_given_up or not self._sessions.available:
+            return
+        connect = self.protocol.connect
+        assert connect is not None
+        expires: float | None = None
+        if self.version == MQTT_5 or not connect.clean_start:
+            expires = expiry_of(self._expiry_interval, self.version == MQTT_5, trio.current_time())
+        if expires is not None:
+            self._sessions.keep(self.client_id, self._session_now(expires))
+        elif self.subscribing.session_client is not None:
+            self._sessions.end(self.client_id)
+
+    def _send_will(self) -> None:
+        """The connection ended without a normal DISCONNECT: its will goes
+        to its topic, now or after its Will Delay Interval (5.0; not if the
+        session went on in another connection)."""
+        protocol = self.protocol
+        connect = protocol.connect
+        if self._life.closing or not protocol.will_due or connect is None or connect.will is None:
+            return
+        will = connect.will
+        try:
+            name = broker_topic_name(will.topic)
+        except TopicError as error:
+            self._log(logging.WARNING, "will not published: %s", error.message)
+            return
+        if not self.admission.may_publish(name):
+            self._log(logging.WARNING, "will not published: may not publish to %s", shown(name))
+            return
+        tail, key = published_tail(will.payload, will.properties)
+        delay = float(will.properties.will_delay_interval or 0) if self.version == MQTT_5 else 0.0
+        if delay > 0:
+            if self._session_given_up:
+                return  # (the session goes on: no will)
+            # Sent when the delay ends or the session does, whichever comes first.
+            session_left = None
+            if self._sessions.available:
+                session_left = expiry_of(self._expiry_interval, True, 0.0)
+            delay = min(delay, 0.0 if session_left is None else session_left)
+        if delay <= 0:
+            self.publishing.add(name, tail, key, None, 0)  # (forwarded by close())
+            return
+        wills = self._wills
+        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key))
+
+    def _cleanup(self) -> None:
+        self._leave_session()
+        self._send_will()
+        self.publishing.close()
+        self.deliveries.close_all()
+        for loan in self._writing:
+            loan.repay()
+        self._writing = []
+        self.admission.leave()
+        self.account.close()
+        self._forget(self)
+        self._log(logging.INFO, "closed: %s", self.close_reason or "done")
+
+    # ================================================================ writer
+
+    def wake_writer(self) -> None:
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        """Write what the protocol queued; return once it is closed and
+        everything is written."""
+        protocol = self.protocol
+        deliveries = self.deliveries
+        while True:
+            if self._hold_until:
+                await trio.sleep_until(self._hold_until)
+                self._hold_until = 0.0
+            data = protocol.data_to_send()
+            if deliveries.writing:
+                self._writing += deliveries.take_written()
+            else:
+                deliveries.unsent = 0
+            if data:
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    self.close_reason = self.close_reason or f"socket error: {error}"
+                    self._ended_by_us = False
+                    return
+                loans, self._writing = self._writing, []
+                for loan in loans:
+                    loan.repay()
+                deliveries.apply_acks()  # (of deliveries dropped as too large, if any)
+                deliveries.pump_stalled()  # (room for what waited on the output)
+                continue
+            if protocol.state is ConnectionState.CLOSED:
+                return
+            self._wake = trio.Event()
+            if protocol.bytes_to_send:
+                continue
+            await self._wake.wait()
+
+    # ================================================================ reader
+
+    async def _reader(self) -> None:
+        protocol = self.protocol
+        more = True  # the protocol may hold packets already read
+        while protocol.state is not ConnectionState.CLOSED:
+            if not more:
+                try:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    data = b""
+                    self.close_reason = self.close_reason or f"socket error: {error}"
+                protocol.receive_data(data if type(data) is bytes else bytes(data))
+            more = self._turn()
+            if protocol.state is ConnectionState.AWAITING_CONNACK:
+                await self._admit()
+                more = True
+            await self._pause_if_needed()
+        self.wake_writer()
+
+    def _turn(self) -> bool:
+        """Apply up to :data:`EVENTS_PER_TURN` events; whether more may be
+        waiting in the protocol (else the reader reads)."""
+        protocol = self.protocol
+        now = trio.current_time()
+        handled = 0
+        try:
+            while handled < EVENTS_PER_TURN:
+                event = protocol.next_event(now)
+                if event is None:
+                    return False
+                handled += 1
+                self._handle(event)
+                if protocol.state is not ConnectionState.CONNECTED:
+                    return False
+            return True
+        finally:
+            self.publishing.flush()
+            self.deliveries.apply_acks()
+            self.deliveries.pump_stalled()
+            if protocol.bytes_to_send or protocol.state is ConnectionState.CLOSED:
+                self.wake_writer()
+
+    async def _pause_if_needed(self) -> None:
+        """A checkpoint; and while the connection's account is in debt (and
+        no subscription of ours waits for this client's reading), no
+        reading: TCP throttles the client."""
+        await trio.lowlevel.checkpoint()
+        account = self.account
+        deliveries = self.deliveries
+        while not account.is_clear() and not deliveries.waits_for_client():
+            if self.protocol.state is ConnectionState.CLOSED:
+                return
+            self._paused = True
+            try:
+                with trio.CancelScope() as scope:
+                    deliveries.funds_scope = scope
+                    await account.ensure_clear_funds()
+            finally:
+                deliveries.funds_scope = None
+                self._paused = False
+                self._resumed = trio.current_time()
+
+    # ================================================================ timer
+
+    async def _timer(self) -> None:
+        """The CONNECT deadline, then the client's keepalive (not counted
+        while the reader does not read)."""
+        protocol = self.protocol
+        while protocol.state is not ConnectionState.CLOSED:
+            now = trio.current_time()
+            if protocol.state is ConnectionState.AWAITING_CONNECT:
+                if now >= self._connect_deadline:
+                    self.close_reason = "no CONNECT in time"
+                    self._ended_by_us = True
+                    protocol.disconnect(R.MAXIMUM_CONNECT_TIME)
+                    self.wake_writer()
+                    return
+                deadline = self._connect_deadline
+            else:
+                deadline = protocol.keepalive_deadline() or now + 3600.0
+                connect = protocol.connect
+                grace = 1.5 * connect.keepalive if connect is not None else 0.0
+                if self._paused or now < self._resumed + grace:
+                    deadline = max(deadline, (now if self._paused else self._resumed) + grace)
+                elif protocol.check_keepalive(now):
+                    self.close_reason = "keepalive expired"
+                    self._ended_by_us = True
+                    self.wake_writer()
+                    return
+            with trio.move_on_at(deadline):
+                await self._poke_timer.wait()
+            self._poke_timer = trio.Event()
+
+    # ================================================================ events
+
+    def _handle(self, event: Event) -> None:
+        """Apply one event of a read."""
+        protocol = self.protocol
+        match event:
+            case Publish():
+                self._publish(event)
+            case PubAck():
+                self.deliveries.puback(event.packet_id)
+            case PubRel():
+                protocol.pubcomp(event.packet_id)
+            case Subscribe():
+                protocol.suback(event.packet_id, self.subscribing.subscribe(event))
+                self.subscribing.start()
+            case Unsubscribe():
+                protocol.unsuback(event.packet_id, self.subscribing.unsubscribe(event))
+            case Connect():
+                pass  # (admitted by the reader once the turn is over: see _admit)
+            case Disconnect():
+                self.close_reason = f"DISCONNECT from the client: {event.reason.name}"
+                if event.properties.session_expiry_interval is not None:
+                    self._expiry_interval = event.properties.session_expiry_interval
+            case ConnectionClosed():
+                if event.reason is None:
+                    self.close_reason = self.close_reason or event.message
+                else:
+                    self.close_reason = f"protocol error {int(event.reason):#04x}: {event.message}"
+                    self._ended_by_us = True
+                    self._log(logging.WARNING, "%s", shown(self.close_reason))
+            case PingReq() | PubRec() | PubComp():
+                pass  # (answered by the protocol, or nothing to do: no QoS 2 deliveries)
+
+    def _publish(self, event: Publish) -> None:
+        """A PUBLISH: to its topic, acknowledged once routed; refused (0x90
+        no broker topic, 0x87 not authorised) with a PUBACK or PUBREC
+        reason (5.0, QoS 1 and 2), else by closing the connection."""
+        try:
+            name = broker_topic_name(event.topic)
+        except TopicError as error:
+            self._refuse(event, error.reason, error.message)
+            return
+        if not self.admission.may_publish(name):
+            self._refuse(event, R.NOT_AUTHORIZED, f"may not publish to {shown(name)}")
+            return
+        if self._life.closing:
+            return  # a shutdown accepts none: never routed, never acknowledged
+        tail, key = published_tail(event.payload, event.properties)
+        self.publishing.add(name, tail, key, event.packet_id, event.qos)
+
+    def _refuse(self, event: Publish, reason: ReasonCode, message: str) -> None:
+        protocol = self.protocol
+        self._log(logging.WARNING, "PUBLISH to %s refused: %s", shown(event.topic), message)
+        if self.version == MQTT_5 and event.packet_id is not None:
+            properties = Properties(reason_string=message)
+            if event.qos == 1:
+                protocol.puback(event.packet_id, reason, properties)
+            else:
+                protocol.pubrec(event.packet_id, reason, properties)
+            return
+        self.end(reason, message)
+
+    def _acknowledge(self, packet_id: int, qos: int) -> None:
+        """A publish of ours was routed: PUBACK (QoS 1) or PUBREC (QoS 2)."""
+        protocol = self.protocol
+        if protocol.state is not ConnectionState.CONNECTED:
+            return
+        if qos == 1:
+            protocol.puback(packet_id)
+        else:
+            protocol.pubrec(packet_id)
+        self.wake_writer()
+
+    async def _admit(self) -> None:
+        """Answer the CONNECT: accepted (CONNACK 0x00, this connection
+        takes the client id over from any other), or refused (after the
+        delay failed credentials earn)."""
+        connect = self.protocol.connect
+        assert connect is not None
+        sessions = self._sessions
+        decision = self.admission.admit(
+            connect, trio.current_time(), keeps_sessions=sessions.available
+        )
+        try:
+            if decision.reason.is_error:
+                self._hold_until = decision.hold and trio.current_time() + decision.hold
+                self._ended_by_us = True
+                self.close_reason = f"CONNECT refused: {decision.message}"
+                self._log(logging.WARNING, "%s", self.close_reason)
+                properties = Properties(reason_string=decision.message)
+                self.protocol.connack(
+                    decision.reason,
+                    properties=properties if self.version == MQTT_5 else Properties(),
+                )
+                return
+            kept = self._claim(self, connect.clean_start)
+            v5 = self.version == MQTT_5
+            self._expiry_interval = connect.properties.session_expiry_interval if v5 else None
+            persistent = (not v5 and not connect.clean_start) or bool(self._expiry_interval)
+            subscribing = self.subscribing
+            subscribing.may_subscribe = self.admission.may_subscribe
+            subscribing.principal = self.admission.principal_name
+            if sessions.available and (persistent or kept is not None):
+                subscribing.session_client = self.client_id
+            self.protocol.connack(
+                properties=decision.properties,
+                session_present=kept is not None,
+                session=None if kept is None else SessionState(kept.inbound_qos2),
+            )
+            self.accepted = True
+            self._log(
+                logging.INFO,
+                "CONNECT from %s%s",
+                shown(self.client_id),
+                " (session resumed)" if kept is not None else "",
+            )
+            if kept is not None:
+                subscribing.restore(kept.filters)
+        except MQTTError as error:  # pragma: no cover - a bug of ours
+            self.end(R.IMPLEMENTATION_SPECIFIC_ERROR, error.message)
+        finally:
+            self.wake_writer()
+            self._poke_timer.set()

@@ -1,0 +1,432 @@
+"""An MQTT connection's subscriptions and what they send: the broker's
+subscriptions (log readers, reliable and lossy queues, pattern
+subscriptions) deliver through this part as MQTT PUBLISH packets.
+
+One MQTT topic filter is one or two broker subscriptions (see
+``broker_topic_filter``), each under a handle of this connection, each
+delivered at the filter's granted QoS:
+
+- QoS 1 is a ``reliable`` subscription: with topic logs it reads the log
+  from where it is, at the client's pace. What may be in flight is the
+  client's Receive Maximum (PUBLISHes not acknowledged) and
+  ``max_unsent`` bytes of output the client has not read (TCP): beyond
+  them a subscription waits (stalled) and nothing more is read from the
+  log or queued in memory. PUBACKs acknowledge it in order of its
+  numbers (a log offset, or a pattern's number), as a native ``Ack``.
+- QoS 0 is a ``lossy`` subscription: a bounded queue that drops its
+  oldest when the client falls behind (counted in
+  :attr:`DeliveryCounters.deliveries_overflowed`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import trio
+
+from accounts import Account, LoanedItem
+from broker.mqtt import (
+    MQTTUsageError,
+    PacketTooLargeForPeer,
+    ServerConnection,
+    mqtt_topic_name,
+)
+
+from ..patterns._subscription import PatternSubscription
+from ..topics._topic import Subscription
+from ._messages import delivered
+
+__all__ = ["DeliveryCounters", "FilterState", "MQTTDeliveries"]
+
+
+@dataclass(slots=True)
+class DeliveryCounters:
+    """What an MQTT connection counted of its deliveries (and drops)."""
+
+    messages_out: int = 0
+    bytes_out: int = 0
+    #: Deliveries its QoS 0 queues dropped: overflow, replaced (never: no ``latest``).
+    deliveries_overflowed: int = 0
+    deliveries_replaced: int = 0
+    #: Deliveries larger than the client's Maximum Packet Size: dropped, as MQTT says.
+    deliveries_too_large: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class FilterState:
+    """One MQTT subscription (a topic filter) of the connection: its
+    broker subscriptions' handles and what its deliveries carry."""
+
+    topic_filter: str
+    qos: int
+    #: 5.0: the Subscription Identifier to send with each delivery (None: none).
+    identifier: int | None
+    handles: list[int] = field(default_factory=list)
+
+
+class _Sent:
+    """A broker subscription's deliveries in flight at QoS 1: numbers sent,
+    oldest first, and those the client acknowledged out of order."""
+
+    __slots__ = ("acked", "numbers")
+
+    def __init__(self) -> None:
+        self.numbers: deque[int] = deque()
+        self.acked: set[int] = set()
+
+
+class MQTTDeliveries:
+    """The connection as its broker subscriptions see it (a
+    ``SubscribingConnection`` and a ``PatternConnection``): every method
+    only queues, on the sans-IO MQTT connection, and wakes the writer.
+
+    A subscription that finds no room (the client's Receive Maximum, or
+    ``max_unsent`` bytes not written) is noted in :attr:`stalled` and is
+    pumped again by :meth:`pump_stalled` once PUBACKs or the writer free
+    room.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        protocol: ServerConnection,
+        wake: Callable[[], None],
+        *,
+        lossy_budget: int,
+        max_unsent: int,
+        root_account: Account,
+    ) -> None:
+        self.name = name
+        self.protocol = protocol
+        self._wake = wake
+        self.lossy_budget = lossy_budget
+        self.max_unsent = max_unsent
+        self.root_account = root_account
+        self.counters = DeliveryCounters()
+        #: The broker subscriptions, by handle.
+        self.subscriptions: dict[int, Subscription] = {}
+        #: The MQTT subscription each handle serves.
+        self.filter_of: dict[int, FilterState] = {}
+        #: The MQTT subscriptions, by topic filter as the client gave it.
+        self.filters: dict[str, FilterState] = {}
+        #: Plain subscriptions' MQTT topic names, by handle.
+        self.topic_names: dict[int, str] = {}
+        #: Pattern subscriptions' matched topics (MQTT names), by handle and match.
+        self.matches: dict[int, dict[int, str]] = {}
+        #: QoS 1 deliveries in flight: packet id -> (handle, number).
+        self.in_flight: dict[int, tuple[int, int]] = {}
+        self._sent: dict[int, _Sent] = {}
+        #: What PUBACKs of the read being applied acknowledge, by handle.
+        self._ack_upto: dict[int, int] = {}
+        #: What the lossy queues hold (bounded by ``lossy_budget`` together).
+        self.dropping_bytes = 0
+        #: Loans of what is queued to send, repaid once written (:meth:`take_written`).
+        self.writing: list[LoanedItem[Any]] = []
+        #: Bytes queued on the protocol not taken by the writer yet.
+        self.unsent = 0
+        #: Subscriptions waiting for what only this client's reading clears
+        #: (PUBACKs), by handle.
+        self.stalled: set[int] = set()
+        #: Subscriptions that found no room (the output or the Receive
+        #: Maximum), by handle: pumped again once there is.
+        self.want_room: set[int] = set()
+        #: The reader's wait for the connection's account, while it waits.
+        self.funds_scope: trio.CancelScope | None = None
+        self.closed = False
+        self._pumping = False
+
+    # ---------------------------------------------------------------- as a subscriber
+
+    @property
+    def open(self) -> bool:
+        return not self.closed
+
+    def room(self, subscription: Subscription) -> int:
+        """The bytes it may queue now (0: none): ``max_unsent`` less what
+        waits to be written; none at QoS 1 while the client's Receive
+        Maximum is used up."""
+        if self.closed:
+            return 0
+        handle = subscription.handle
+        state = self.filter_of.get(handle)
+        if state is None:
+            return 0
+        room = self.max_unsent - self.unsent
+        if room <= 0 or (state.qos and not self.protocol.send_quota):
+            self.want_room.add(handle)
+            return 0
+        return room
+
+    def has_room(self, subscription: Subscription, size: int) -> bool:
+        return self.room(subscription) > 0
+
+    def send_deliveries(self, subscription: Subscription, tails: list[bytes]) -> int | None:
+        """PUBLISH ``tails`` (numbered from the subscription's ``next_seq``)
+        as far as there is room; how many went, or None if the
+        subscription is gone (unsubscribed)."""
+        handle = subscription.handle
+        topic = self.topic_names.get(handle)
+        if topic is None:
+            return None
+        if self.closed:
+            return 0
+        count = self._publish(handle, topic, subscription.next_seq, tails)
+        subscription.next_seq += count
+        subscription.delivered += count
+        return count
+
+    def send_timed(
+        self, subscription: Subscription, tails: list[bytes], times: list[int]
+    ) -> int | None:
+        """(MQTT subscriptions ask for no timestamps: as :meth:`send_deliveries`.)"""
+        return self.send_deliveries(subscription, tails)
+
+    def send_matched(
+        self, subscription: Subscription, tails: list[bytes], match: int, first: int
+    ) -> int | None:
+        """A pattern subscription's deliveries of the topic matched as ``match``."""
+        handle = subscription.handle
+        topics = self.matches.get(handle)
+        if topics is None:
+            return None
+        topic = topics.get(match)
+        if topic is None or self.closed:
+            return 0
+        count = self._publish(handle, topic, subscription.next_seq, tails)
+        subscription.next_seq += count
+        subscription.delivered += count
+        return count
+
+    def send_group(
+        self,
+        subscription: Subscription,
+        first_seq: int,
+        tails: list[bytes],
+        offsets: list[int],
+        delivered: list[int],
+    ) -> int | None:
+        """(MQTT makes no consumer group members yet: nothing is sent.)"""
+        return None
+
+    def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
+        """A pattern subscription names the topic of a match (None: it is gone)."""
+        topics = self.matches.get(subscription.handle)
+        if topics is None or self.closed:
+            return False
+        if topic is None:
+            topics.pop(match, None)
+        else:
+            topics[match] = mqtt_topic_name(topic)
+        return True
+
+    def matched_gap(self, subscription: Subscription, match: int, first: int, count: int) -> bool:
+        """Records of a matched topic were dropped (MQTT cannot say so)."""
+        return not self.closed and subscription.handle in self.matches
+
+    def gap(self, subscription: Subscription, first_seq: int, count: int) -> bool:
+        """Deliveries were dropped (MQTT cannot say so: counted by the queue)."""
+        return not self.closed and subscription.handle in self.filter_of
+
+    def deliver(self, subscription: Subscription, loans: list[LoanedItem[bytes]]) -> int:
+        """:meth:`send_deliveries` whose loans are repaid once written."""
+        count = self.send_deliveries(subscription, [loan.item for loan in loans])
+        if count is None:
+            for loan in loans:
+                loan.repay()
+            return len(loans)
+        if count:
+            self.writing.extend(loans[:count])
+        return count
+
+    def written_later(self, loan: LoanedItem[Any]) -> None:
+        """Repay ``loan`` once what is queued now is written."""
+        self.writing.append(loan)
+
+    def subscription_stalled(self, subscription: Subscription) -> None:
+        """It waits for room that only this client's reading (PUBACKs) or
+        the writer frees: the reader must not stop on debt meanwhile."""
+        self.stalled.add(subscription.handle)
+        if self.funds_scope is not None:
+            self.funds_scope.cancel()
+
+    def waits_for_client(self) -> bool:
+        """Whether a subscription waits for what only this client clears
+        (it holds deliveries not acknowledged, or queued for room)."""
+        if self.stalled:
+            subscriptions = self.subscriptions
+            self.stalled = {
+                handle
+                for handle in self.stalled
+                if (sub := subscriptions.get(handle)) is not None and (sub.queued or sub.unacked)
+            }
+        return bool(self.stalled)
+
+    # ---------------------------------------------------------------- sending
+
+    def _publish(self, handle: int, topic: str, first: int, tails: list[bytes]) -> int:
+        """Queue PUBLISHes of ``tails`` (numbers from ``first``) while there
+        is room; how many were taken (a delivery too large for the client
+        is taken and dropped, as MQTT says)."""
+        state = self.filter_of[handle]
+        protocol = self.protocol
+        version = protocol.version or 4
+        qos = state.qos
+        counters = self.counters
+        taken = 0
+        for tail in tails:
+            if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+                self.want_room.add(handle)  # (pumped again once there is room)
+                break
+            payload, properties = delivered(bytes(tail), version)
+            if state.identifier is not None:
+                properties = replace(properties, subscription_identifiers=(state.identifier,))
+            before = protocol.bytes_to_send
+            try:
+                packet_id = protocol.publish(topic, payload, qos, properties=properties)
+            except PacketTooLargeForPeer:
+                counters.deliveries_too_large += 1
+                packet_id = None
+            except MQTTUsageError:
+                break  # (closed meanwhile)
+            number = first + taken
+            taken += 1
+            if packet_id is not None:
+                self.in_flight[packet_id] = (handle, number)
+                sent = self._sent.get(handle)
+                if sent is None:
+                    sent = self._sent[handle] = _Sent()
+                sent.numbers.append(number)
+            elif qos:
+                self._acked(handle, number)  # (dropped as too large: nothing to wait for)
+            size = protocol.bytes_to_send - before
+            self.unsent += size
+            counters.messages_out += 1
+            counters.bytes_out += size
+        if taken:
+            self._wake()
+        return taken
+
+    def puback(self, packet_id: int) -> None:
+        """The client acknowledged QoS 1 delivery ``packet_id``: its
+        subscription is acknowledged up to the oldest number still in flight."""
+        found = self.in_flight.pop(packet_id, None)
+        if found is not None:
+            self._acked(*found)
+
+    def _acked(self, handle: int, number: int) -> None:
+        sent = self._sent.get(handle)
+        if sent is None:
+            return
+        sent.acked.add(number)
+        numbers = sent.numbers
+        upto = 0
+        while numbers and numbers[0] in sent.acked:
+            upto = numbers.popleft()
+            sent.acked.discard(upto)
+        if upto:
+            self._ack_upto[handle] = upto  # (applied by :meth:`apply_acks`)
+
+    def apply_acks(self) -> None:
+        """Acknowledge each subscription up to what its PUBACKs of the read
+        cover: once per read (a durable cursor writes its position once)."""
+        acks = self._ack_upto
+        if acks:
+            self._ack_upto = {}
+            subscriptions = self.subscriptions
+            for handle, upto in acks.items():
+                subscription = subscriptions.get(handle)
+                if subscription is not None:
+                    subscription.ack(upto)
+
+    def pump_stalled(self) -> None:
+        """Room opened (PUBACKs, or the writer wrote): the subscriptions
+        that waited for it send on, in turn."""
+        if self._pumping or self.closed or not (self.stalled or self.want_room):
+            return
+        self._pumping = True
+        try:
+            waiting = self.want_room | self.stalled
+            self.want_room = set()
+            for handle in waiting:
+                if self.unsent >= self.max_unsent:
+                    self.want_room.add(handle)
+                    continue
+                subscription = self.subscriptions.get(handle)
+                if subscription is None:
+                    continue
+                subscription.pump()
+                if isinstance(subscription, PatternSubscription):
+                    # (Its lossy members wait in their own queues, unmarked.)
+                    for member in list(subscription.members.values()):
+                        if member.queued and not member.reads_log:
+                            member.pump()
+        finally:
+            self._pumping = False
+
+    def take_written(self) -> list[LoanedItem[Any]]:
+        """The writer takes what is queued: the loans it repays once written."""
+        loans = self.writing
+        self.writing = []
+        self.unsent = 0
+        return loans
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def add(
+        self, state: FilterState, handle: int, subscription: Subscription, topic: str | None
+    ) -> None:
+        """Serve broker subscription ``subscription`` under ``handle`` for
+        MQTT subscription ``state``: a topic's (its MQTT name ``topic``), or
+        a pattern's (``topic`` None)."""
+        self.subscriptions[handle] = subscription
+        self.filter_of[handle] = state
+        if topic is not None:
+            self.topic_names[handle] = topic
+        else:
+            self.matches[handle] = {}
+        state.handles.append(handle)
+
+    def drop_filter(self, topic_filter: str) -> bool:
+        """Unsubscribe MQTT subscription ``topic_filter``: its broker
+        subscriptions leave their topics, repaid; whether there was one."""
+        state = self.filters.pop(topic_filter, None)
+        if state is None:
+            return False
+        for handle in state.handles:
+            self._drop(handle)
+        return True
+
+    def _drop(self, handle: int) -> None:
+        subscription = self.subscriptions.pop(handle, None)
+        self.filter_of.pop(handle, None)
+        self.topic_names.pop(handle, None)
+        self.matches.pop(handle, None)
+        self._sent.pop(handle, None)
+        self._ack_upto.pop(handle, None)
+        self.stalled.discard(handle)
+        self.want_room.discard(handle)
+        if subscription is not None:
+            subscription.close()
+
+    def end(self, handle: int) -> None:
+        """A subscription's topic was deleted: it ends (the MQTT
+        subscription goes on with its other handles, if any)."""
+        state = self.filter_of.get(handle)
+        self._drop(handle)
+        if state is not None and handle in state.handles:
+            state.handles.remove(handle)
+
+    def close_all(self) -> None:
+        """The connection is done: every subscription leaves its topic,
+        and what was never written is repaid."""
+        self.closed = True
+        for handle in list(self.subscriptions):
+            self._drop(handle)
+        self.filters.clear()
+        self.in_flight.clear()
+        for loan in self.writing:
+            loan.repay()
+        self.writing = []

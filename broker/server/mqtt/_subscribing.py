@@ -1,0 +1,221 @@
+"""SUBSCRIBE and UNSUBSCRIBE of an MQTT connection: each topic filter made
+into the broker's subscriptions (see ``broker.mqtt``'s ``broker_topic_filter``:
+a filter is one or two broker topics or patterns), each answered with its
+reason code.
+
+- A filter without wildcards subscribes to its topic; ``+`` and ``#`` make
+  pattern subscriptions (every matching topic, now and later); ``a/#`` is
+  the topic ``a`` and the pattern ``a.>``.
+- The granted QoS is the one asked, at most 1: QoS 1 is a ``reliable``
+  subscription, QoS 0 a ``lossy`` one (see ``_delivery``). QoS 2 is
+  granted as 1 (MQTT lets the server grant less).
+- A subscription starts at the end of each topic (what is published from
+  now on), as MQTT's do; a persistent session's QoS 1 subscription reads
+  through a durable cursor of its own (see ``_sessions``), from where it
+  was acknowledged.
+- A filter subscribed again replaces its subscription.
+- ``$share/...`` is answered 0x9E (Shared Subscriptions not supported).
+- With auth, a topic the principal may not subscribe to is refused (0x87);
+  a pattern only matches the topics it may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.mqtt import (
+    ReasonCode,
+    Subscribe,
+    TopicError,
+    Unsubscribe,
+    broker_topic_filter,
+    mqtt_topic_name,
+    parse_shared,
+)
+from broker.protocol import DeliveryMode, TopicPattern, is_topic_pattern
+
+from .._peer_logging import shown
+from .._services import Storage, TopicDirectory
+from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
+from ._delivery import FilterState, MQTTDeliveries
+from ._sessions import MQTTSessions, cursor_name
+
+__all__ = ["MAX_GRANTED_QOS", "MQTTSubscribing"]
+
+#: The highest QoS a subscription is granted (QoS 2 deliveries: not yet).
+MAX_GRANTED_QOS = 1
+
+R = ReasonCode
+
+
+class MQTTSubscribing:
+    """Makes and ends one MQTT connection's subscriptions (see the module)."""
+
+    def __init__(
+        self,
+        topics: TopicDirectory,
+        storage: Storage,
+        deliveries: MQTTDeliveries,
+        *,
+        max_subscriptions: int,
+    ) -> None:
+        self.topics = topics
+        self.storage = storage
+        self.deliveries = deliveries
+        self.max_subscriptions = max_subscriptions
+        #: Whether the client's principal may subscribe to a broker topic.
+        self.may_subscribe: Callable[[str], bool] = _anything
+        #: The principal's name (None without auth): its durable cursors' namespace.
+        self.principal: str | None = None
+        #: A persistent session's client id: its QoS 1 subscriptions read
+        #: through durable cursors (None: a clean session, none).
+        self.session_client: str | None = None
+        #: Where the cursors of persistent sessions are kept.
+        self.sessions: MQTTSessions | None = None
+        #: Why the last subscription was refused by the broker (for the log).
+        self.problem = ""
+        #: What starts the subscriptions made, once their SUBACK is queued.
+        self._starts: list[tuple[int, Callable[[], None]]] = []
+        self._next_handle = 1
+
+    def start(self) -> None:
+        """Start sending on the subscriptions made since the last call (after
+        their SUBACK: MQTT lets PUBLISHes come first, clients prefer not)."""
+        starts, self._starts = self._starts, []
+        subscriptions = self.deliveries.subscriptions
+        for handle, start in starts:
+            if handle in subscriptions:  # (not replaced meanwhile)
+                start()
+
+    def subscribe(self, event: Subscribe) -> list[ReasonCode]:
+        """Make each subscription of ``event``; the SUBACK's reason codes
+        (:meth:`start` starts them)."""
+        identifiers = event.properties.subscription_identifiers
+        identifier = identifiers[0] if identifiers else None
+        reasons = []
+        for subscription in event.subscriptions:
+            reasons.append(self._subscribe(subscription.topic_filter, subscription.qos, identifier))
+        return reasons
+
+    def restore(self, filters: dict[str, tuple[int, int | None]]) -> None:
+        """Subscribe again to a resumed session's filters (each goes on from
+        its cursors), and start them."""
+        for topic_filter, (qos, identifier) in filters.items():
+            self._subscribe(topic_filter, qos, identifier)
+        self.start()
+
+    def _cursor(self, topic_filter: str, granted: int) -> str | None:
+        """The durable cursor of ``topic_filter``'s subscription (None: none:
+        a clean session, or QoS 0); a QoS 0 subscription lets go of any."""
+        client = self.session_client
+        if client is None:
+            return None
+        name = cursor_name(client, topic_filter)
+        if not granted:
+            if self.sessions is not None:
+                self.sessions.forget_cursors(name)
+            return None
+        return name
+
+    def _subscribe(self, topic_filter: str, qos: int, identifier: int | None) -> ReasonCode:
+        deliveries = self.deliveries
+        try:
+            if parse_shared(topic_filter) is not None:
+                return R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            mapped = broker_topic_filter(topic_filter)
+        except TopicError as error:
+            return error.reason
+        deliveries.drop_filter(topic_filter)  # (subscribed again: replaced)
+        if len(deliveries.subscriptions) + len(mapped.topics) > self.max_subscriptions:
+            return R.QUOTA_EXCEEDED
+        names = [name for name in mapped.topics if not is_topic_pattern(name)]
+        if not all(self.may_subscribe(name) for name in names):
+            return R.NOT_AUTHORIZED
+        granted = min(qos, MAX_GRANTED_QOS)
+        mode = DeliveryMode.RELIABLE if granted else DeliveryMode.LOSSY
+        cursor = self._cursor(topic_filter, granted)
+        options: dict[str, object] = {} if cursor is None else {"cursor": cursor}
+        state = FilterState(topic_filter, granted, identifier)
+        deliveries.filters[topic_filter] = state
+        try:
+            self._make(state, mapped.topics, mapped.skip_dollar, mode, options)
+        except OptionError as error:  # (a bug of ours: the options are the broker's)
+            deliveries.drop_filter(topic_filter)
+            self.problem = f"SUBSCRIBE {shown(topic_filter)}: {error}"
+            return R.IMPLEMENTATION_SPECIFIC_ERROR
+        return R(granted)
+
+    def _make(
+        self,
+        state: FilterState,
+        topics: tuple[str, ...],
+        skip_dollar: bool,
+        mode: str,
+        options: dict[str, object],
+    ) -> None:
+        """The broker subscriptions of ``state``, one per topic or pattern."""
+        deliveries = self.deliveries
+        may_read = self.may_subscribe
+        if skip_dollar:
+            may_read = _skipping_dollar(may_read)
+        for name in topics:
+            handle = self._next_handle
+            self._next_handle += 1
+            if is_topic_pattern(name):
+                pattern = make_pattern_subscription(
+                    deliveries,
+                    handle,
+                    TopicPattern(name),
+                    mode,
+                    options,
+                    host=self.topics,
+                    cursors=self.storage.cursors,
+                    principal=self.principal,
+                    may_read=may_read,
+                )
+                deliveries.add(state, handle, pattern, None)
+                self._starts.append((handle, pattern.start))
+                continue
+            topic = self.topics.topic(name)
+            try:
+                made = make_subscription(
+                    deliveries,
+                    handle,
+                    topic,
+                    mode,
+                    options,
+                    cursors=self.storage.cursors,
+                    principal=self.principal,
+                    groups=self.storage.groups,
+                )
+            except OptionError:
+                topic.release_if_unused()
+                raise
+            deliveries.add(state, handle, made, mqtt_topic_name(name))
+            topic.subscribe(made)
+            self._starts.append((handle, made.pump))
+
+    def unsubscribe(self, event: Unsubscribe) -> list[ReasonCode]:
+        """End each subscription of ``event`` (and a persistent session's
+        cursors of it); the UNSUBACK's reason codes."""
+        reasons = []
+        for topic_filter in event.topic_filters:
+            found = self.deliveries.drop_filter(topic_filter)
+            if self.session_client is not None and self.sessions is not None:
+                self.sessions.forget_cursors(cursor_name(self.session_client, topic_filter))
+            reasons.append(R.SUCCESS if found else R.NO_SUBSCRIPTION_EXISTED)
+        return reasons
+
+
+def _anything(name: str) -> bool:
+    return True
+
+
+def _skipping_dollar(may_read: Callable[[str], bool]) -> Callable[[str], bool]:
+    """``may_read`` less the topics whose names start with ``$`` (an MQTT
+    filter whose first level is a wildcard does not match them)."""
+
+    def reads(name: str) -> bool:
+        return not name.startswith("$") and may_read(name)
+
+    return reads

@@ -8,7 +8,6 @@ Every wait has a deadline: a test that would hang fails instead.
 from __future__ import annotations
 
 import queue
-import shutil
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -22,6 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from broker.server import Broker
+from tests.deploy.helpers import require_tool
 from tests.server.helpers import make_config, running_broker
 
 #: The safety net of every wait (seconds): a hang guard, never a measure.
@@ -230,8 +230,7 @@ class RawMQTT:
 
 def require_mosquitto_clients() -> tuple[str, str]:
     """The paths of ``mosquitto_pub`` and ``mosquitto_sub``; the test skips
-    without them (Debian's ``mosquitto-clients``)."""
-    pub, sub = shutil.which("mosquitto_pub"), shutil.which("mosquitto_sub")
-    if pub is None or sub is None:
-        pytest.skip("mosquitto_pub/mosquitto_sub are not installed (apt install mosquitto-clients)")
-    return pub, sub
+    without them (Debian's ``mosquitto-clients``), and fails under CI
+    (``$BROKER_REQUIRE_TOOLS``), which installs them."""
+    hint = "apt install mosquitto-clients"
+    return require_tool("mosquitto_pub", hint), require_tool("mosquitto_sub", hint)

@@ -151,7 +151,8 @@ def test_compose_broker_builds_the_dockerfile_and_mounts_the_config(
     mounts = _bind_mounts(broker)
     assert mounts["./broker.toml"] == broker["environment"]["BROKER_CONFIG"]
     published = {int(str(p).rsplit(":", 1)[1]) for p in broker["ports"]}
-    assert published == {7400, 9400}
+    assert published == {7400, 1883, 9400}
+    assert parse_address(broker["environment"]["BROKER_MQTT_LISTEN"])[1] == 1883
     metrics_port = parse_address(broker["environment"]["BROKER_METRICS_LISTEN"])[1]
     healthcheck = broker["healthcheck"]["test"]
     assert healthcheck[1:3] == ["broker", "health"]

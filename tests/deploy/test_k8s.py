@@ -143,9 +143,10 @@ def test_pod_probes_and_ports_match_the_broker(objects: dict[str, dict[str, Any]
         ports
         == {
             "client": parse_address(env["BROKER_LISTEN"])[1],
+            "mqtt": parse_address(env["BROKER_MQTT_LISTEN"])[1],
             "metrics": parse_address(env["BROKER_METRICS_LISTEN"])[1],
         }
-        == {"client": 7400, "metrics": 9400}
+        == {"client": 7400, "mqtt": 1883, "metrics": 9400}
     )
     probes = {
         name: container[name]["httpGet"]
@@ -194,7 +195,8 @@ def test_service_selects_the_pods_and_targets_named_ports(
     assert service["spec"]["selector"].items() <= labels.items()
     container_ports = {p["name"]: p["containerPort"] for p in _container(objects)["ports"]}
     ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert {name: p["port"] for name, p in ports.items()} == {"client": 7400, "metrics": 9400}
+    expected = {"client": 7400, "mqtt": 1883, "metrics": 9400}
+    assert {name: p["port"] for name, p in ports.items()} == expected
     for port in ports.values():
         assert port["targetPort"] in container_ports
 

@@ -12,89 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from broker.client import open_client
-from broker.mqtt import (
-    MQTT_3_1_1,
-    MQTT_5,
-    ConnAck,
-    Connect,
-    Disconnect,
-    Framer,
-    Packet,
-    Properties,
-    PubAck,
-    PubComp,
-    Publish,
-    PubRec,
-    PubRel,
-    SubAck,
-    Subscribe,
-    Subscription,
-    decode_packet,
-    encode_packet,
-)
+from broker.mqtt import MQTT_3_1_1, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel
 from tests.server.helpers import url, wait_subscribed, wait_until
 
-from .listener_helpers import HANG_GUARD, V5, V311, mqtt_broker, mqtt_port, paho_client
-
-
-class WireClient:
-    """An MQTT client of whole packets: exactly what the test sends."""
-
-    def __init__(self, stream: trio.SocketStream, version: int) -> None:
-        self.stream = stream
-        self.version = version
-        self.framer = Framer()
-
-    @classmethod
-    async def connect(
-        cls,
-        port: int,
-        client_id: str,
-        *,
-        version: int = MQTT_5,
-        clean_start: bool = False,
-        expiry: int | None = 3600,
-    ) -> tuple[WireClient, ConnAck]:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        client = cls(stream, version)
-        properties = Properties(session_expiry_interval=expiry) if version == MQTT_5 else None
-        await client.send(
-            Connect(client_id, version, clean_start, properties=properties or Properties())
-        )
-        connack = await client.next_packet()
-        assert isinstance(connack, ConnAck), connack
-        return client, connack
-
-    async def send(self, packet: Packet) -> None:
-        await self.stream.send_all(encode_packet(packet, self.version))
-
-    async def next_packet(self) -> Packet:
-        with trio.fail_after(HANG_GUARD):
-            while (frame := self.framer.next_packet()) is None:
-                data = await self.stream.receive_some(65536)
-                assert data, "the broker closed the connection"
-                self.framer.feed(data)
-        return decode_packet(*frame, self.version)
-
-    async def publishes(self, count: int) -> list[Publish]:
-        got: list[Publish] = []
-        while len(got) < count:
-            packet = await self.next_packet()
-            assert isinstance(packet, Publish), packet
-            got.append(packet)
-        return got
-
-    async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
-        await self.send(Subscribe(1, (Subscription(topic_filter, qos),)))
-        suback = await self.next_packet()
-        assert isinstance(suback, SubAck) and int(suback.reasons[0]) == qos, suback
-
-    async def cut(self) -> None:
-        """Close without DISCONNECT (as a client that crashed)."""
-        await self.stream.aclose()
+from .listener_helpers import V5, V311, WireClient, mqtt_broker, mqtt_port, paho_client
 
 
 def _numbers(publishes: list[Publish]) -> list[int]:

@@ -48,6 +48,7 @@ from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
 from ._messages import published_tail
 from ._publishing import MQTTPublishing
+from ._retained import RetainedStore
 from ._sessions import KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 from ._wills import Wills
@@ -85,6 +86,7 @@ class MQTTConnection:
         *,
         sessions: MQTTSessions,
         wills: Wills,
+        retained: RetainedStore,
         claim: Callable[[MQTTConnection, bool], KeptSession | None],
         forget: Callable[[MQTTConnection], None],
     ) -> None:
@@ -97,6 +99,7 @@ class MQTTConnection:
         self.name = f"mqtt-{serial}"
         self._sessions = sessions
         self._wills = wills
+        self._retained = retained
         self._claim = claim
         self._forget = forget
         #: CONNACK accepted the client.
@@ -138,6 +141,7 @@ class MQTTConnection:
             max_subscriptions=config.max_subscriptions,
         )
         self.subscribing.sessions = sessions
+        self.subscribing.retained = retained
         self._connect_deadline = trio.current_time() + config.hello_timeout
         self._wake = trio.Event()
         self._poke_timer = trio.Event()
@@ -221,7 +225,7 @@ class MQTTConnection:
 
     def _session_now(self, expires: float) -> KeptSession:
         filters = {
-            topic_filter: (state.qos, state.identifier)
+            topic_filter: (state.qos, state.identifier, state.retain_as_published)
             for topic_filter, state in self.deliveries.filters.items()
         }
         inbound = self.protocol.session_state().inbound_qos2
@@ -261,7 +265,8 @@ class MQTTConnection:
         if not self.admission.may_publish(name):
             self._log(logging.WARNING, "will not published: may not publish to %s", shown(name))
             return
-        tail, key = published_tail(will.payload, will.properties)
+        tail, key = published_tail(will.payload, will.properties, retain=will.retain)
+        retain = (will.topic, will.qos, not will.payload) if will.retain else None
         delay = float(will.properties.will_delay_interval or 0) if self.version == MQTT_5 else 0.0
         if delay > 0:
             if self._session_given_up:
@@ -272,10 +277,13 @@ class MQTTConnection:
                 session_left = expiry_of(self._expiry_interval, True, 0.0)
             delay = min(delay, 0.0 if session_left is None else session_left)
         if delay <= 0:
+            if retain is not None:
+                self._retained.update(will.topic, tail, will.qos, clear=not will.payload)
+                self._retained.write()
             self.publishing.add(name, tail, key, None, 0)  # (forwarded by close())
             return
         wills = self._wills
-        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key))
+        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key, retain))
 
     def _cleanup(self) -> None:
         self._leave_session()
@@ -366,6 +374,7 @@ class MQTTConnection:
                     return False
             return True
         finally:
+            self._retained.write()  # (before the acknowledgements of the read)
             self.publishing.flush()
             self.deliveries.apply_acks()
             self.deliveries.pump_stalled()
@@ -470,7 +479,9 @@ class MQTTConnection:
             return
         if self._life.closing:
             return  # a shutdown accepts none: never routed, never acknowledged
-        tail, key = published_tail(event.payload, event.properties)
+        tail, key = published_tail(event.payload, event.properties, retain=event.retain)
+        if event.retain:
+            self._retained.update(event.topic, tail, event.qos, clear=not event.payload)
         self.publishing.add(name, tail, key, event.packet_id, event.qos)
 
     def _refuse(self, event: Publish, reason: ReasonCode, message: str) -> None:

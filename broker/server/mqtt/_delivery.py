@@ -16,6 +16,10 @@ delivered at the filter's granted QoS:
 - QoS 0 is a ``lossy`` subscription: a bounded queue that drops its
   oldest when the client falls behind (counted in
   :attr:`DeliveryCounters.deliveries_overflowed`).
+- A new subscription's retained messages (see ``_retained``) are queued
+  here (:meth:`MQTTDeliveries.queue_retained`: references to the stored
+  messages) and sent before anything else, with the retain flag, within
+  the same Receive Maximum and ``max_unsent``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from ..patterns._subscription import PatternSubscription
 from ..topics._topic import Subscription
 from ._messages import delivered
 
-__all__ = ["DeliveryCounters", "FilterState", "MQTTDeliveries"]
+__all__ = ["RETAINED_HANDLE", "DeliveryCounters", "FilterState", "MQTTDeliveries"]
+
+#: The handle :attr:`MQTTDeliveries.in_flight` notes retained messages
+#: under (no broker subscription's: their acknowledgements move no position).
+RETAINED_HANDLE = 0
 
 
 @dataclass(slots=True)
@@ -65,6 +73,9 @@ class FilterState:
     #: 5.0: the Subscription Identifier to send with each delivery (None: none).
     identifier: int | None
     handles: list[int] = field(default_factory=list)
+    #: 5.0's Retain As Published: deliveries keep the retain flag they were
+    #: published with (else it is 0, but on retained messages sent at SUBSCRIBE).
+    retain_as_published: bool = False
 
 
 class _Sent:
@@ -133,6 +144,8 @@ class MQTTDeliveries:
         #: Subscriptions that found no room (the output or the Receive
         #: Maximum), by handle: pumped again once there is.
         self.want_room: set[int] = set()
+        #: Retained messages to send first: (subscription, topic, QoS, tail).
+        self.retained: deque[tuple[FilterState, str, int, bytes]] = deque()
         #: The reader's wait for the connection's account, while it waits.
         self.funds_scope: trio.CancelScope | None = None
         self.closed = False
@@ -155,7 +168,7 @@ class MQTTDeliveries:
         if state is None:
             return 0
         room = self.max_unsent - self.unsent
-        if room <= 0 or (state.qos and not self.protocol.send_quota):
+        if room <= 0 or self.retained or (state.qos and not self.protocol.send_quota):
             self.want_room.add(handle)
             return 0
         return room
@@ -277,15 +290,18 @@ class MQTTDeliveries:
         counters = self.counters
         taken = 0
         for tail in tails:
-            if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+            if self.unsent >= self.max_unsent or self.retained or (qos and not protocol.send_quota):
                 self.want_room.add(handle)  # (pumped again once there is room)
                 break
-            payload, properties = delivered(bytes(tail), version)
+            payload, properties, retained = delivered(bytes(tail), version)
             if state.identifier is not None:
                 properties = replace(properties, subscription_identifiers=(state.identifier,))
+            retain = retained and state.retain_as_published
             before = protocol.bytes_to_send
             try:
-                packet_id = protocol.publish(topic, payload, qos, properties=properties)
+                packet_id = protocol.publish(
+                    topic, payload, qos, retain=retain, properties=properties
+                )
             except PacketTooLargeForPeer:
                 counters.deliveries_too_large += 1
                 packet_id = None
@@ -308,6 +324,51 @@ class MQTTDeliveries:
         if taken:
             self._wake()
         return taken
+
+    def queue_retained(self, state: FilterState, messages: list[tuple[str, int, bytes]]) -> None:
+        """Send ``messages`` (a new subscription's retained ones: topic,
+        QoS, tail) first, at most at the subscription's QoS."""
+        for topic, qos, tail in messages:
+            self.retained.append((state, topic, min(qos, state.qos), tail))
+
+    def send_retained(self) -> None:
+        """Send the queued retained messages as far as there is room (a
+        subscription gone meanwhile has its dropped)."""
+        queue = self.retained
+        protocol = self.protocol
+        version = protocol.version or 4
+        counters = self.counters
+        sent = False
+        while queue and not self.closed:
+            state, topic, qos, tail = queue[0]
+            if self.filters.get(state.topic_filter) is not state:
+                queue.popleft()
+                continue
+            if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+                break
+            queue.popleft()
+            payload, properties, _ = delivered(tail, version)
+            if state.identifier is not None:
+                properties = replace(properties, subscription_identifiers=(state.identifier,))
+            before = protocol.bytes_to_send
+            try:
+                packet_id = protocol.publish(
+                    topic, payload, qos, retain=True, properties=properties
+                )
+            except PacketTooLargeForPeer:
+                counters.deliveries_too_large += 1
+                continue
+            except MQTTUsageError:
+                break  # (closed meanwhile)
+            if packet_id is not None:
+                self.in_flight[packet_id] = (RETAINED_HANDLE, 0)
+            size = protocol.bytes_to_send - before
+            self.unsent += size
+            counters.messages_out += 1
+            counters.bytes_out += size
+            sent = True
+        if sent:
+            self._wake()
 
     def puback(self, packet_id: int) -> None:
         """The client acknowledged QoS 1 delivery ``packet_id``: its
@@ -344,10 +405,14 @@ class MQTTDeliveries:
     def pump_stalled(self) -> None:
         """Room opened (PUBACKs, or the writer wrote): the subscriptions
         that waited for it send on, in turn."""
-        if self._pumping or self.closed or not (self.stalled or self.want_room):
+        if self._pumping or self.closed or not (self.stalled or self.want_room or self.retained):
             return
         self._pumping = True
         try:
+            if self.retained:
+                self.send_retained()
+                if self.retained:
+                    return
             waiting = self.want_room | self.stalled
             self.want_room = set()
             for handle in waiting:
@@ -427,6 +492,7 @@ class MQTTDeliveries:
             self._drop(handle)
         self.filters.clear()
         self.in_flight.clear()
+        self.retained.clear()
         for loan in self.writing:
             loan.repay()
         self.writing = []

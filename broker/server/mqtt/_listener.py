@@ -16,6 +16,7 @@ from broker.mqtt import ReasonCode
 
 from .._services import BrokerServices
 from ._connection import MQTTConnection
+from ._retained import RetainedStore
 from ._sessions import KeptSession, MQTTSessions
 from ._wills import Wills
 
@@ -47,6 +48,10 @@ class MQTTTotals:
     dropped_too_large: int
     #: Connections ended by an error of the broker's own (each logged).
     internal_errors: int
+    #: Retained messages kept now, their bytes, and those refused (past the bounds).
+    retained_messages: int = 0
+    retained_bytes: int = 0
+    retained_refused: int = 0
 
 
 class MQTTServer:
@@ -60,10 +65,13 @@ class MQTTServer:
         self.services = services
         self._busy = busy
         self.connections: dict[int, MQTTConnection] = {}
+        logs = services.storage.logs
+        #: The retained messages (in the state journal, with topic logs).
+        self.retained = RetainedStore(None if logs is None else logs.journal)
         #: Sessions kept while their clients are away.
         self.sessions = MQTTSessions(services.storage.cursors)
         #: Wills waiting for their delay.
-        self.wills = Wills(services)
+        self.wills = Wills(services, self.retained)
         #: The connected clients by client id.
         self.clients: dict[str, MQTTConnection] = {}
         self.connections_total = 0
@@ -95,6 +103,9 @@ class MQTTServer:
             dropped_overflow=overflow,
             dropped_too_large=too_large,
             internal_errors=self.internal_errors,
+            retained_messages=len(self.retained),
+            retained_bytes=self.retained.bytes,
+            retained_refused=self.retained.refused,
         )
 
     async def serve(
@@ -135,6 +146,7 @@ class MQTTServer:
             peer,
             sessions=self.sessions,
             wills=self.wills,
+            retained=self.retained,
             claim=self._claim,
             forget=self._forget,
         )

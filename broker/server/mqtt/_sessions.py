@@ -46,8 +46,9 @@ def cursor_name(client_id: str, topic_filter: str) -> str:
 class KeptSession:
     """A session while its client is away (see the module)."""
 
-    #: Topic filter -> (granted QoS, subscription identifier), in subscription order.
-    filters: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    #: Topic filter -> (granted QoS, subscription identifier, Retain As
+    #: Published), in subscription order.
+    filters: dict[str, tuple[int, int | None, bool]] = field(default_factory=dict)
     #: Inbound QoS 2 packet ids whose PUBREC was sent and PUBCOMP not yet.
     inbound_qos2: frozenset[int] = frozenset()
     #: When it expires (monotonic seconds; ``inf``: never).

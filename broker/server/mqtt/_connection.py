@@ -108,6 +108,8 @@ class MQTTConnection:
         self._expiry_interval: int | None = None
         #: Another connection took the client id (and its session) over.
         self._session_given_up = False
+        #: Its session outlives it (and is in the state journal).
+        self._persistent = False
         self._life = services.life
         #: Its publishes' debt (and their fan-out) rolls up here, then to the broker's.
         self.account = Account(
@@ -224,10 +226,7 @@ class MQTTConnection:
         return self._session_now(0.0)
 
     def _session_now(self, expires: float) -> KeptSession:
-        filters = {
-            topic_filter: (state.qos, state.identifier, state.retain_as_published)
-            for topic_filter, state in self.deliveries.filters.items()
-        }
+        filters = self._filters()
         inbound = self.protocol.session_state().inbound_qos2
         if not self._life.closing:  # (then they are forwarded, and count as received)
             inbound |= self.publishing.pending_qos2()
@@ -244,9 +243,35 @@ class MQTTConnection:
         if self.version == MQTT_5 or not connect.clean_start:
             expires = expiry_of(self._expiry_interval, self.version == MQTT_5, trio.current_time())
         if expires is not None:
-            self._sessions.keep(self.client_id, self._session_now(expires))
+            session = self._session_now(expires)
+            self._sessions.keep(self.client_id, session)
+            self._record_session(session.filters, gone=True)
         elif self.subscribing.session_client is not None:
             self._sessions.end(self.client_id)
+
+    def _record_session(
+        self, filters: dict[str, tuple[int, int | None, bool]], *, gone: bool = False
+    ) -> None:
+        """Put the session in the state journal (written before the next
+        bytes go out)."""
+        interval = self._expiry_interval if self.version == MQTT_5 else None
+        self._sessions.record(self.client_id, filters, interval, gone=gone)
+
+    def _filters(self) -> dict[str, tuple[int, int | None, bool]]:
+        return {
+            topic_filter: (state.qos, state.identifier, state.retain_as_published)
+            for topic_filter, state in self.deliveries.filters.items()
+        }
+
+    def _qos2_placed(self, topic: str, placed: list[tuple[int, int]]) -> None:
+        """QoS 2 publishes of ours are about to be appended to ``topic``'s
+        log: where they go is written to the journal first (a restart then
+        knows whether their records made it)."""
+        sessions = self._sessions
+        for packet_id, offset in placed:
+            sessions.qos2_received(self.client_id, packet_id, [topic, offset])
+        if sessions.journal is not None and sessions.journal.pending:
+            sessions.journal.write()  # (a LogError: the batch waits, tried again)
 
     def _send_will(self) -> None:
         """The connection ended without a normal DISCONNECT: its will goes
@@ -318,6 +343,8 @@ class MQTTConnection:
             else:
                 deliveries.unsent = 0
             if data:
+                # What it says (a PUBREC, a SUBACK) is in the journal first.
+                self.services.storage.persist_state()
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
@@ -444,11 +471,17 @@ class MQTTConnection:
                 self.deliveries.puback(event.packet_id)
             case PubRel():
                 protocol.pubcomp(event.packet_id)
+                if self._persistent:
+                    self._sessions.qos2_done(self.client_id, event.packet_id)
             case Subscribe():
                 protocol.suback(event.packet_id, self.subscribing.subscribe(event))
+                if self._persistent:
+                    self._record_session(self._filters())
                 self.subscribing.start()
             case Unsubscribe():
                 protocol.unsuback(event.packet_id, self.subscribing.unsubscribe(event))
+                if self._persistent:
+                    self._record_session(self._filters())
             case Connect():
                 pass  # (admitted by the reader once the turn is over: see _admit)
             case Disconnect():
@@ -504,6 +537,8 @@ class MQTTConnection:
         if qos == 1:
             protocol.puback(packet_id)
         else:
+            if self._persistent:  # (in the journal before the PUBREC goes)
+                self._sessions.qos2_received(self.client_id, packet_id, [])
             protocol.pubrec(packet_id)
         self.wake_writer()
 
@@ -538,6 +573,12 @@ class MQTTConnection:
             subscribing.principal = self.admission.principal_name
             if sessions.available and (persistent or kept is not None):
                 subscribing.session_client = self.client_id
+            if sessions.available and persistent:
+                self._persistent = True
+                self.publishing.qos2_placed = self._qos2_placed
+                self._record_session(kept.filters if kept is not None else {})
+            elif kept is not None:
+                sessions.forget_record(self.client_id)  # (it ends with this connection)
             self.protocol.connack(
                 properties=decision.properties,
                 session_present=kept is not None,

@@ -66,10 +66,17 @@ class MQTTServer:
         self._busy = busy
         self.connections: dict[int, MQTTConnection] = {}
         logs = services.storage.logs
+        journal = None if logs is None else logs.journal
         #: The retained messages (in the state journal, with topic logs).
-        self.retained = RetainedStore(None if logs is None else logs.journal)
-        #: Sessions kept while their clients are away.
-        self.sessions = MQTTSessions(services.storage.cursors)
+        self.retained = RetainedStore(journal)
+        #: Sessions kept while their clients are away (in the state journal
+        #: too: those of before a restart are found there).
+        self.sessions = MQTTSessions(
+            services.storage.cursors,
+            journal,
+            log_end=(lambda _topic: None) if logs is None else logs.end_of,
+            now=trio.current_time(),
+        )
         #: Wills waiting for their delay.
         self.wills = Wills(services, self.retained)
         #: The connected clients by client id.

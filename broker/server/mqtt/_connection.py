@@ -227,10 +227,12 @@ class MQTTConnection:
 
     def _session_now(self, expires: float) -> KeptSession:
         filters = self._filters()
-        inbound = self.protocol.session_state().inbound_qos2
+        state = self.protocol.session_state()
+        inbound = state.inbound_qos2
         if not self._life.closing:  # (then they are forwarded, and count as received)
             inbound |= self.publishing.pending_qos2()
-        return KeptSession(filters, inbound, expires)
+        outbound = self.deliveries.outbound()
+        return KeptSession(filters, inbound, expires, outbound, state.outbound_released)
 
     def _leave_session(self) -> None:
         """The connection ends: its session is kept (a persistent one), or
@@ -246,6 +248,9 @@ class MQTTConnection:
             session = self._session_now(expires)
             self._sessions.keep(self.client_id, session)
             self._record_session(session.filters, gone=True)
+            self._sessions.record_outbound(
+                self.client_id, session.outbound, session.released, qos2_only=False
+            )
         elif self.subscribing.session_client is not None:
             self._sessions.end(self.client_id)
 
@@ -495,8 +500,12 @@ class MQTTConnection:
                     self.close_reason = f"protocol error {int(event.reason):#04x}: {event.message}"
                     self._ended_by_us = True
                     self._log(logging.WARNING, "%s", shown(self.close_reason))
-            case PingReq() | PubRec() | PubComp():
-                pass  # (answered by the protocol, or nothing to do: no QoS 2 deliveries)
+            case PubRec():
+                self.deliveries.pubrec(event.packet_id, event.reason.is_error)
+            case PubComp():
+                self.deliveries.pubcomp(event.packet_id)
+            case PingReq():
+                pass  # (answered by the protocol)
 
     def _publish(self, event: Publish) -> None:
         """A PUBLISH: to its topic, acknowledged once routed; refused (0x90
@@ -576,13 +585,21 @@ class MQTTConnection:
             if sessions.available and persistent:
                 self._persistent = True
                 self.publishing.qos2_placed = self._qos2_placed
+                client_id = self.client_id
+                self.deliveries.outbound_changed = lambda packet_id, value: (
+                    sessions.outbound_changed(client_id, packet_id, value)
+                )
                 self._record_session(kept.filters if kept is not None else {})
             elif kept is not None:
                 sessions.forget_record(self.client_id)  # (it ends with this connection)
+            session = None
+            if kept is not None:
+                unacked = {packet_id: qos for packet_id, (_, qos) in kept.outbound.items()}
+                session = SessionState(kept.inbound_qos2, unacked, kept.released)
             self.protocol.connack(
                 properties=decision.properties,
                 session_present=kept is not None,
-                session=None if kept is None else SessionState(kept.inbound_qos2),
+                session=session,
             )
             self.accepted = True
             self._log(
@@ -593,6 +610,12 @@ class MQTTConnection:
             )
             if kept is not None:
                 subscribing.restore(kept.filters)
+                self.deliveries.resume(kept.outbound, kept.released)
+                if self._persistent:  # (its QoS 1 ones are in memory now)
+                    sessions.record_outbound(
+                        self.client_id, kept.outbound, kept.released, qos2_only=True
+                    )
+                subscribing.start()
         except MQTTError as error:  # pragma: no cover - a bug of ours
             self.end(R.IMPLEMENTATION_SPECIFIC_ERROR, error.message)
         finally:

@@ -48,13 +48,27 @@ from broker.log import StateJournal
 
 from ..topics._log_subscription import CursorBook
 
-__all__ = ["QOS2", "SESSIONS", "KeptSession", "MQTTSessions", "cursor_name", "cursor_prefix"]
+__all__ = [
+    "OUTBOUND",
+    "QOS2",
+    "SESSIONS",
+    "KeptSession",
+    "MQTTSessions",
+    "cursor_name",
+    "cursor_prefix",
+]
 
 log = logging.getLogger("broker.server")
 
 #: The journal spaces of the sessions and of their inbound QoS 2 packet ids.
 SESSIONS = "mqtt.sessions"
 QOS2 = "mqtt.qos2"
+#: ... and of its outbound deliveries in flight (QoS 2 always; QoS 1 when
+#: its client leaves) and released (PUBREC received, PUBCOMP not yet).
+OUTBOUND = "mqtt.out"
+
+#: Deliveries in flight: packet id -> ((filter, topic, log offset), QoS).
+Outbound = dict[int, tuple[tuple[str, str, int], int]]
 
 #: A session's filters: topic filter -> (granted QoS, subscription
 #: identifier, Retain As Published), in subscription order.
@@ -86,6 +100,10 @@ class KeptSession:
     inbound_qos2: frozenset[int] = frozenset()
     #: When it expires (monotonic seconds; ``inf``: never).
     expires: float = math.inf
+    #: Deliveries in flight, sent again with their packet ids on resume.
+    outbound: Outbound = field(default_factory=dict)
+    #: Outbound QoS 2 packet ids released (PUBREL sent again on resume).
+    released: frozenset[int] = frozenset()
 
 
 class MQTTSessions:
@@ -145,9 +163,10 @@ class MQTTSessions:
         if journal is not None and journal.get(SESSIONS, client_id) is not None:
             journal.delete(SESSIONS, client_id)
             prefix = client_id + "\x00"
-            for key, _ in journal.items(QOS2):
-                if key.startswith(prefix):
-                    journal.delete(QOS2, key)
+            for space in (QOS2, OUTBOUND):
+                for key, _ in journal.items(space):
+                    if key.startswith(prefix):
+                        journal.delete(space, key)
 
     # ---------------------------------------------------------------- the journal
 
@@ -176,6 +195,40 @@ class MQTTSessions:
         if place or journal.get(QOS2, key) is None:
             journal.put(QOS2, key, place)
 
+    def outbound_changed(self, client_id: str, packet_id: int, value: list[object] | None) -> None:
+        """A delivery of ``client_id``'s is in flight (``[filter, topic,
+        offset, qos]``), released (``[]``) or done (None)."""
+        journal = self.journal
+        if journal is None:
+            return
+        key = f"{client_id}\x00{packet_id}"
+        if value is None:
+            journal.delete(OUTBOUND, key)
+        else:
+            journal.put(OUTBOUND, key, value)
+
+    def record_outbound(
+        self, client_id: str, outbound: Outbound, released: frozenset[int], *, qos2_only: bool
+    ) -> None:
+        """Put what is in flight to ``client_id`` in the journal (when it
+        leaves: its QoS 1 deliveries too); ``qos2_only``: only drop the
+        QoS 1 ones (a session resumed: they are in memory now)."""
+        journal = self.journal
+        if journal is None or journal.get(SESSIONS, client_id) is None:
+            return
+        prefix = client_id + "\x00"
+        for key, value in journal.items(OUTBOUND):
+            if key.startswith(prefix) and (
+                not qos2_only or (isinstance(value, list) and len(value) == 4 and value[3] == 1)
+            ):
+                journal.delete(OUTBOUND, key)
+        if qos2_only:
+            return
+        for packet_id, ((topic_filter, topic, offset), qos) in outbound.items():
+            journal.put(OUTBOUND, prefix + str(packet_id), [topic_filter, topic, offset, qos])
+        for packet_id in released:
+            journal.put(OUTBOUND, prefix + str(packet_id), [])
+
     def qos2_done(self, client_id: str, packet_id: int) -> None:
         """PUBCOMP: the packet id is free again."""
         journal = self.journal
@@ -201,6 +254,25 @@ class MQTTSessions:
                     journal.delete(QOS2, key)
                     continue
             inbound.setdefault(client_id, set()).add(int(number))
+        outbound: dict[str, Outbound] = {}
+        released: dict[str, set[int]] = {}
+        for key, value in journal.items(OUTBOUND):
+            client_id, _, number = key.rpartition("\x00")
+            if number.isdigit() and value == []:
+                released.setdefault(client_id, set()).add(int(number))
+            elif (
+                number.isdigit()
+                and isinstance(value, list)
+                and len(value) == 4
+                and isinstance(value[0], str)
+                and isinstance(value[1], str)
+                and type(value[2]) is int
+                and value[3] in (1, 2)
+            ):
+                place = (value[0], value[1], value[2])
+                outbound.setdefault(client_id, {})[int(number)] = (place, value[3])
+            else:
+                journal.delete(OUTBOUND, key)
         for client_id, value in journal.items(SESSIONS):
             session = _parse_session(value, now, wall)
             if session is None:
@@ -208,7 +280,12 @@ class MQTTSessions:
                 self.end(client_id)
                 continue
             session.inbound_qos2 = frozenset(inbound.pop(client_id, ()))
+            session.outbound = outbound.pop(client_id, {})
+            session.released = frozenset(released.pop(client_id, ()))
             self.keep(client_id, session)
+        for client_id in {*outbound, *released}:  # (of no session: stray)
+            for packet_id in [*outbound.get(client_id, ()), *released.get(client_id, ())]:
+                journal.delete(OUTBOUND, f"{client_id}\x00{packet_id}")
         for client_id, packet_ids in inbound.items():  # (of no session: stray)
             for packet_id in packet_ids:
                 journal.delete(QOS2, f"{client_id}\x00{packet_id}")

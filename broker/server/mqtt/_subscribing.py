@@ -6,11 +6,10 @@ reason code.
 - A filter without wildcards subscribes to its topic; ``+`` and ``#`` make
   pattern subscriptions (every matching topic, now and later); ``a/#`` is
   the topic ``a`` and the pattern ``a.>``.
-- The granted QoS is the one asked, at most 1: QoS 1 is a ``reliable``
-  subscription, QoS 0 a ``lossy`` one (see ``_delivery``). QoS 2 is
-  granted as 1 (MQTT lets the server grant less).
+- The granted QoS is the one asked: QoS 1 and 2 are ``reliable``
+  subscriptions, QoS 0 a ``lossy`` one (see ``_delivery``).
 - A subscription starts at the end of each topic (what is published from
-  now on), as MQTT's do; a persistent session's QoS 1 subscription reads
+  now on), as MQTT's do; a persistent session's QoS 1 or 2 subscription reads
   through a durable cursor of its own (see ``_sessions``), from where it
   was acknowledged.
 - A filter subscribed again replaces its subscription.
@@ -49,8 +48,8 @@ from ._sessions import MQTTSessions, cursor_name
 
 __all__ = ["MAX_GRANTED_QOS", "MQTTSubscribing"]
 
-#: The highest QoS a subscription is granted (QoS 2 deliveries: not yet).
-MAX_GRANTED_QOS = 1
+#: The highest QoS a subscription is granted.
+MAX_GRANTED_QOS = 2
 
 R = ReasonCode
 
@@ -114,10 +113,9 @@ class MQTTSubscribing:
 
     def restore(self, filters: dict[str, tuple[int, int | None, bool]]) -> None:
         """Subscribe again to a resumed session's filters (each goes on from
-        its cursors), and start them."""
+        its cursors once :meth:`start` starts them)."""
         for topic_filter, (qos, identifier, as_published) in filters.items():
             self._subscribe(Subscription(topic_filter, qos, False, as_published), identifier)
-        self.start()
 
     def _queue_retained(self, topic_filter: str) -> None:
         """The retained messages ``topic_filter`` matches go first."""

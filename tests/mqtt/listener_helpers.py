@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -81,6 +81,7 @@ class PahoClient:
         username: str | None = None,
         password: str | None = None,
         persistent: bool = False,
+        configure: Callable[[paho.Client], None] | None = None,
     ) -> None:
         self.port = port
         self.version = version
@@ -97,6 +98,8 @@ class PahoClient:
         )
         if username is not None or password is not None:
             self.client.username_pw_set(username, password)
+        if configure is not None:
+            configure(self.client)
         self.messages: queue.Queue[paho.MQTTMessage] = queue.Queue()
         self.connected = threading.Event()
         self.disconnected = threading.Event()

@@ -1,11 +1,18 @@
 """The MQTT listener: accepts connections, serves each with an
 :class:`~._connection.MQTTConnection`, keeps them by client id (a second
-connection with an id in use takes it over), and closes them at a shutdown."""
+connection with an id in use takes it over), and closes them at a shutdown.
+
+TLS: when the broker serves its native clients over TLS (``tls_cert``,
+``tls_key``, and ``tls_client_ca`` for client certificates), MQTT clients
+are served over TLS too, with the same context: the handshake must end
+within ``tls_handshake_timeout``, and a failed one is counted with the
+native listener's (``broker_tls_handshake_failures_total``)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,9 +68,16 @@ class MQTTServer:
     new MQTT connection beyond ``max_connections`` is closed at once.
     """
 
-    def __init__(self, services: BrokerServices, busy: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        services: BrokerServices,
+        busy: Callable[[], int],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.services = services
         self._busy = busy
+        #: Served over TLS with this context (None: plain TCP).
+        self.ssl_context = ssl_context
         self.connections: dict[int, MQTTConnection] = {}
         logs = services.storage.logs
         journal = None if logs is None else logs.journal
@@ -146,9 +160,15 @@ class MQTTServer:
             peer = f"{name[0]}:{name[1]}"
         except (OSError, IndexError, TypeError):  # pragma: no cover - the peer vanished
             peer = "?"
+        served: trio.abc.Stream = stream
+        if self.ssl_context is not None:
+            secured = await self._handshake(stream, peer)
+            if secured is None:
+                return
+            served = secured
         connection = MQTTConnection(
             services,
-            stream,
+            served,
             next(self._serials),
             peer,
             sessions=self.sessions,
@@ -167,6 +187,24 @@ class MQTTServer:
             # the broker. Cancellation is a BaseException and passes through.
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, peer)
+
+    async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.abc.Stream | None:
+        """The TLS stream over ``stream`` once its handshake ends in time, or
+        None (closed, and counted with the native listener's failures)."""
+        assert self.ssl_context is not None
+        services = self.services
+        secured = trio.SSLStream(stream, self.ssl_context, server_side=True)
+        try:
+            with trio.move_on_after(services.config.tls_handshake_timeout):
+                await secured.do_handshake()
+                return secured
+            problem = "timed out"
+        except trio.BrokenResourceError as error:
+            problem = str(error.__cause__ or error)
+        services.gate.security.tls_handshake_failures += 1
+        log.info("MQTT %s: TLS handshake failed: %s", peer, problem[:200])
+        await trio.aclose_forcefully(stream)
+        return None
 
     def _claim(self, connection: MQTTConnection, clean_start: bool) -> KeptSession | None:
         """``connection`` is accepted: its client id is its own now (another

@@ -250,7 +250,8 @@ async def _announce(
             raise metrics_unavailable(metrics, error) from None
         lines.append(f"metrics on http://{host}:{port}/metrics")
     if broker.mqtt is not None:  # (last: scripts read the lines above first)
-        lines.append(f"MQTT on {broker.mqtt.address[0]}:{broker.mqtt.address[1]}")
+        tls = " (TLS)" if broker.mqtt.ssl_context is not None else ""
+        lines.append(f"MQTT on {broker.mqtt.address[0]}:{broker.mqtt.address[1]}{tls}")
     print("\n".join(lines), flush=True)
 
 

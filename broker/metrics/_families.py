@@ -134,6 +134,22 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         ("reason",),
     ),
     MetricSpec(
+        "broker_mqtt_retained_messages",
+        "gauge",
+        "Retained MQTT messages kept now (one per topic at most).",
+    ),
+    MetricSpec(
+        "broker_mqtt_retained_bytes",
+        "gauge",
+        "Bytes of the retained MQTT messages kept now (topic names and stored messages).",
+    ),
+    MetricSpec(
+        "broker_mqtt_retained_refused_total",
+        "counter",
+        "Retained MQTT PUBLISHes not retained: past the bound of retained messages or bytes "
+        "(published all the same; the topic's older retained message is cleared).",
+    ),
+    MetricSpec(
         "broker_internal_errors_total",
         "counter",
         "Connections ended by an error of the broker's own (a bug: each is logged with "

@@ -36,6 +36,7 @@ The API the listener uses
     conn.connack(...); conn.publish(...) -> packet id; conn.puback(id)
     conn.pubrec(id); conn.pubrel(id); conn.pubcomp(id); conn.suback(id, reasons)
     conn.unsuback(id, reasons); conn.disconnect(reason)
+    conn.forget_outbound(id)           # a restored PUBLISH that cannot be resent
     stream.send_all(conn.data_to_send())
     conn.state is ConnectionState.CLOSED  # then flush and close the socket
 

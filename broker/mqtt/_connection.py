@@ -296,6 +296,13 @@ class ServerConnection:
             frozenset(self._out_released),
         )
 
+    def forget_outbound(self, packet_id: int) -> bool:
+        """Give up an unacknowledged outbound PUBLISH of a restored session
+        that cannot be resent (its message is gone): its packet id is free
+        again and no longer counts against the client's Receive Maximum.
+        Whether it was one."""
+        return self._out_unacked.pop(packet_id, None) is not None
+
     @property
     def send_quota(self) -> int:
         """How many more QoS 1 or 2 PUBLISHes the client's Receive Maximum

@@ -275,7 +275,7 @@ class Broker:
         )
         #: The MQTT listener's clients (None: no ``mqtt_listen``).
         self.mqtt: MQTTServer | None = (
-            MQTTServer(self.services, self._busy) if config.mqtt_listen else None
+            MQTTServer(self.services, self._busy, self.ssl_context) if config.mqtt_listen else None
         )
         self._serials = itertools.count(1)
         #: Numbers the peers of connections that are no sockets (``handle_stream``).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +20,21 @@ import trio
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from broker.mqtt import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Framer,
+    Packet,
+    Properties,
+    Publish,
+    SubAck,
+    Subscribe,
+    Subscription,
+    Will,
+    decode_packet,
+    encode_packet,
+)
 from broker.server import Broker
 from tests.deploy.helpers import require_tool
 from tests.server.helpers import make_config, running_broker
@@ -66,6 +81,7 @@ class PahoClient:
         username: str | None = None,
         password: str | None = None,
         persistent: bool = False,
+        configure: Callable[[paho.Client], None] | None = None,
     ) -> None:
         self.port = port
         self.version = version
@@ -82,6 +98,8 @@ class PahoClient:
         )
         if username is not None or password is not None:
             self.client.username_pw_set(username, password)
+        if configure is not None:
+            configure(self.client)
         self.messages: queue.Queue[paho.MQTTMessage] = queue.Queue()
         self.connected = threading.Event()
         self.disconnected = threading.Event()
@@ -152,13 +170,18 @@ class PahoClient:
         return await trio.to_thread.run_sync(self._subscribe, topic_filter, qos)
 
     def _publish(
-        self, topic: str, payload: bytes, qos: int, user_properties: list[tuple[str, str]]
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        user_properties: list[tuple[str, str]],
+        retain: bool,
     ) -> paho.MQTTMessageInfo:
         properties = None
         if user_properties:
             properties = PahoProperties(PacketTypes.PUBLISH)
             properties.UserProperty = user_properties
-        info = self.client.publish(topic, payload, qos=qos, properties=properties)
+        info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
         if qos:
             info.wait_for_publish(HANG_GUARD)
             assert info.is_published(), f"no acknowledgement for {topic!r} in time"
@@ -170,10 +193,11 @@ class PahoClient:
         payload: bytes,
         qos: int = 1,
         user_properties: list[tuple[str, str]] | None = None,
+        retain: bool = False,
     ) -> paho.MQTTMessageInfo:
         """Publish; at QoS 1 and 2, return once the broker acknowledged it."""
         return await trio.to_thread.run_sync(
-            self._publish, topic, payload, qos, user_properties or []
+            self._publish, topic, payload, qos, user_properties or [], retain
         )
 
     def _receive(self, count: int) -> list[paho.MQTTMessage]:
@@ -234,3 +258,63 @@ def require_mosquitto_clients() -> tuple[str, str]:
     (``$BROKER_REQUIRE_TOOLS``), which installs them."""
     hint = "apt install mosquitto-clients"
     return require_tool("mosquitto_pub", hint), require_tool("mosquitto_sub", hint)
+
+
+class WireClient:
+    """An MQTT client of whole packets: exactly what the test sends."""
+
+    def __init__(self, stream: trio.SocketStream, version: int) -> None:
+        self.stream = stream
+        self.version = version
+        self.framer = Framer()
+
+    @classmethod
+    async def connect(
+        cls,
+        port: int,
+        client_id: str,
+        *,
+        version: int = MQTT_5,
+        clean_start: bool = False,
+        expiry: int | None = 3600,
+        will: Will | None = None,
+    ) -> tuple[WireClient, ConnAck]:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        client = cls(stream, version)
+        properties = Properties(session_expiry_interval=expiry) if version == MQTT_5 else None
+        await client.send(
+            Connect(
+                client_id, version, clean_start, will=will, properties=properties or Properties()
+            )
+        )
+        connack = await client.next_packet()
+        assert isinstance(connack, ConnAck), connack
+        return client, connack
+
+    async def send(self, packet: Packet) -> None:
+        await self.stream.send_all(encode_packet(packet, self.version))
+
+    async def next_packet(self) -> Packet:
+        with trio.fail_after(HANG_GUARD):
+            while (frame := self.framer.next_packet()) is None:
+                data = await self.stream.receive_some(65536)
+                assert data, "the broker closed the connection"
+                self.framer.feed(data)
+        return decode_packet(*frame, self.version)
+
+    async def publishes(self, count: int) -> list[Publish]:
+        got: list[Publish] = []
+        while len(got) < count:
+            packet = await self.next_packet()
+            assert isinstance(packet, Publish), packet
+            got.append(packet)
+        return got
+
+    async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
+        await self.send(Subscribe(1, (Subscription(topic_filter, qos),)))
+        suback = await self.next_packet()
+        assert isinstance(suback, SubAck) and int(suback.reasons[0]) == qos, suback
+
+    async def cut(self) -> None:
+        """Close without DISCONNECT (as a client that crashed)."""
+        await self.stream.aclose()

@@ -175,16 +175,16 @@ async def test_qos_2_publish_is_routed_once(tmp_path: Path) -> None:
         assert payloads == [b"0", b"1", b"2", b"3", b"4", b"end"]
 
 
-async def test_subscription_granted_at_most_qos_1_and_unsubscribe(tmp_path: Path) -> None:
+async def test_subscription_granted_qos_2_and_unsubscribe(tmp_path: Path) -> None:
     async with (
         mqtt_broker(str(tmp_path / "data")) as broker,
         paho_client(mqtt_port(broker), version=V5, client_id="u") as client,
     ):
-        assert [int(r.value) for r in await client.subscribe("t/2", qos=2)] == [1]
+        assert [int(r.value) for r in await client.subscribe("t/2", qos=2)] == [2]
         assert [int(r.value) for r in await client.subscribe("$share/g/t", qos=1)] == [0x9E]
-        await client.publish("t/2", b"a", qos=1)
+        await client.publish("t/2", b"a", qos=2)
         (message,) = await client.receive()
-        assert message.payload == b"a"
+        assert (message.payload, message.qos) == (b"a", 2)
         await trio.to_thread.run_sync(client.client.unsubscribe, "t/2")
         await wait_until(
             lambda: not broker.topics.get("t.2") or not broker.topics["t.2"].subscriptions,

@@ -2,99 +2,33 @@
 subscriptions are kept while the client is away and go on, without a
 SUBSCRIBE, from what the client acknowledged (durable cursors); what was
 in flight unacknowledged comes again; a clean start discards the session;
-a broker restart keeps the positions (the client subscribes again and goes
-on where it was). Driven with a wire-level client of ``broker.mqtt``'s codec
+a broker restart keeps the session (its subscriptions, positions and
+inbound QoS 2 packet ids). Driven with a wire-level client of ``broker.mqtt``'s codec
 (exactly which PUBACKs are sent) and paho. Timeouts only guard against hangs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from broker.client import open_client
 from broker.mqtt import (
     MQTT_3_1_1,
-    MQTT_5,
-    ConnAck,
-    Connect,
     Disconnect,
-    Framer,
-    Packet,
-    Properties,
     PubAck,
     PubComp,
     Publish,
     PubRec,
     PubRel,
-    SubAck,
-    Subscribe,
-    Subscription,
-    decode_packet,
-    encode_packet,
+    UnsubAck,
+    Unsubscribe,
 )
+from broker.server.mqtt._sessions import _parse_session
 from tests.server.helpers import url, wait_subscribed, wait_until
 
-from .listener_helpers import HANG_GUARD, V5, V311, mqtt_broker, mqtt_port, paho_client
-
-
-class WireClient:
-    """An MQTT client of whole packets: exactly what the test sends."""
-
-    def __init__(self, stream: trio.SocketStream, version: int) -> None:
-        self.stream = stream
-        self.version = version
-        self.framer = Framer()
-
-    @classmethod
-    async def connect(
-        cls,
-        port: int,
-        client_id: str,
-        *,
-        version: int = MQTT_5,
-        clean_start: bool = False,
-        expiry: int | None = 3600,
-    ) -> tuple[WireClient, ConnAck]:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        client = cls(stream, version)
-        properties = Properties(session_expiry_interval=expiry) if version == MQTT_5 else None
-        await client.send(
-            Connect(client_id, version, clean_start, properties=properties or Properties())
-        )
-        connack = await client.next_packet()
-        assert isinstance(connack, ConnAck), connack
-        return client, connack
-
-    async def send(self, packet: Packet) -> None:
-        await self.stream.send_all(encode_packet(packet, self.version))
-
-    async def next_packet(self) -> Packet:
-        with trio.fail_after(HANG_GUARD):
-            while (frame := self.framer.next_packet()) is None:
-                data = await self.stream.receive_some(65536)
-                assert data, "the broker closed the connection"
-                self.framer.feed(data)
-        return decode_packet(*frame, self.version)
-
-    async def publishes(self, count: int) -> list[Publish]:
-        got: list[Publish] = []
-        while len(got) < count:
-            packet = await self.next_packet()
-            assert isinstance(packet, Publish), packet
-            got.append(packet)
-        return got
-
-    async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
-        await self.send(Subscribe(1, (Subscription(topic_filter, qos),)))
-        suback = await self.next_packet()
-        assert isinstance(suback, SubAck) and int(suback.reasons[0]) == qos, suback
-
-    async def cut(self) -> None:
-        """Close without DISCONNECT (as a client that crashed)."""
-        await self.stream.aclose()
+from .listener_helpers import V5, V311, WireClient, mqtt_broker, mqtt_port, paho_client
 
 
 def _numbers(publishes: list[Publish]) -> list[int]:
@@ -164,11 +98,14 @@ async def test_paho_clean_session_false_resumes_in_3_1_1_and_5(tmp_path: Path) -
                 assert [m.payload for m in got] == [b"0", b"1", b"2", b"3"]
 
 
-async def test_positions_survive_a_broker_restart(tmp_path: Path) -> None:
+async def test_a_session_survives_a_broker_restart(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
     async with mqtt_broker(data) as broker:
         client, _ = await WireClient.connect(mqtt_port(broker), "durable", clean_start=True)
         await client.subscribe("log/x")
+        await client.subscribe("log/gone")
+        await client.send(Unsubscribe(2, ("log/gone",)))
+        assert isinstance(await client.next_packet(), UnsubAck)
         await wait_subscribed(broker, "log.x")
         await _publish(broker, "log.x", range(5))
         got = await client.publishes(5)
@@ -179,11 +116,59 @@ async def test_positions_survive_a_broker_restart(tmp_path: Path) -> None:
         await client.stream.aclose()
         await wait_until(lambda: not broker.mqtt.connections, what="closed")  # type: ignore[union-attr]
     async with mqtt_broker(data) as broker:
+        assert broker.mqtt is not None
+        assert list(broker.mqtt.sessions.kept["durable"].filters) == ["log/x"]
         client, connack = await WireClient.connect(mqtt_port(broker), "durable")
-        assert not connack.session_present  # (its filters are not kept across a restart)
-        await client.subscribe("log/x")  # ... but its positions are
-        assert _numbers(await client.publishes(3)) == [2, 3, 4]
+        assert connack.session_present  # (its filters are kept, and its positions)
+        assert _numbers(await client.publishes(3)) == [2, 3, 4]  # (no SUBSCRIBE)
+        await _publish(broker, "log.x", range(5, 6))
+        assert _numbers(await client.publishes(1)) == [5]
         await client.cut()
+
+
+async def test_inbound_qos_2_survives_a_broker_restart(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    publish = Publish("twice/never", b"once", qos=2, packet_id=9)
+    async with mqtt_broker(data) as broker:
+        client, _ = await WireClient.connect(mqtt_port(broker), "q2r", clean_start=True)
+        await client.send(publish)
+        assert await client.next_packet() == PubRec(9)
+        await client.cut()  # (no PUBREL: the client will resend the PUBLISH)
+    async with mqtt_broker(data) as broker:
+        client, connack = await WireClient.connect(mqtt_port(broker), "q2r")
+        assert connack.session_present
+        await client.send(replace(publish, dup=True))
+        assert await client.next_packet() == PubRec(9)  # (received already: not routed)
+        await client.send(PubRel(9))
+        assert await client.next_packet() == PubComp(9)
+        await client.send(replace(publish, payload=b"new", packet_id=9))  # (free again: a new one)
+        assert await client.next_packet() == PubRec(9)
+        await client.send(PubRel(9))
+        assert await client.next_packet() == PubComp(9)
+        await client.send(Disconnect())
+        await client.stream.aclose()
+        async with (
+            open_client(url(broker), name="reader") as reader,
+            reader.subscribe("twice.never", start="earliest") as subscription,
+        ):
+            payloads = [(await subscription.receive()).payload for _ in range(2)]
+            offsets = await reader.offsets(["twice.never"])
+        assert payloads == [b"once", b"new"]
+        first, end = offsets["twice.never"]
+        assert end - first == 2  # (no third record: no duplicate)
+
+
+def test_journal_sessions_expire_by_the_wall_clock() -> None:
+    parse = _parse_session
+    connected = parse({"f": [["a/#", 1, None, False]], "exp": 60, "gone": None}, 100.0, 5000.0)
+    assert connected is not None and connected.expires == 160.0  # (from the restart)
+    assert connected.filters == {"a/#": (1, None, False)}
+    left = parse({"f": [], "exp": 60, "gone": 4990.0}, 100.0, 5000.0)
+    assert left is not None and left.expires == 150.0  # (10 s of its 60 gone)
+    never = parse({"f": [["b", 2, 7, True]], "exp": None, "gone": 1.0}, 100.0, 5000.0)
+    assert never is not None and never.expires == math.inf
+    for bad in ([], {"f": [["x", 3, None, False]], "exp": 1, "gone": None}, {"exp": "1"}):
+        assert parse(bad, 0.0, 0.0) is None
 
 
 async def test_no_session_without_topic_logs_nor_with_expiry_0(tmp_path: Path) -> None:

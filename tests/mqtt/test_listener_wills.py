@@ -24,8 +24,7 @@ from broker.mqtt import (
 )
 from tests.server.helpers import url, wait_subscribed, wait_until
 
-from .listener_helpers import mqtt_broker, mqtt_port
-from .test_listener_sessions import WireClient
+from .listener_helpers import WireClient, mqtt_broker, mqtt_port
 
 
 def _will(payload: bytes, **properties: object) -> Will:

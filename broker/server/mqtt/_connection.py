@@ -48,6 +48,7 @@ from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
 from ._messages import published_tail
 from ._publishing import MQTTPublishing
+from ._retained import RetainedStore
 from ._sessions import KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 from ._wills import Wills
@@ -85,6 +86,7 @@ class MQTTConnection:
         *,
         sessions: MQTTSessions,
         wills: Wills,
+        retained: RetainedStore,
         claim: Callable[[MQTTConnection, bool], KeptSession | None],
         forget: Callable[[MQTTConnection], None],
     ) -> None:
@@ -97,6 +99,7 @@ class MQTTConnection:
         self.name = f"mqtt-{serial}"
         self._sessions = sessions
         self._wills = wills
+        self._retained = retained
         self._claim = claim
         self._forget = forget
         #: CONNACK accepted the client.
@@ -105,6 +108,8 @@ class MQTTConnection:
         self._expiry_interval: int | None = None
         #: Another connection took the client id (and its session) over.
         self._session_given_up = False
+        #: Its session outlives it (and is in the state journal).
+        self._persistent = False
         self._life = services.life
         #: Its publishes' debt (and their fan-out) rolls up here, then to the broker's.
         self.account = Account(
@@ -138,6 +143,7 @@ class MQTTConnection:
             max_subscriptions=config.max_subscriptions,
         )
         self.subscribing.sessions = sessions
+        self.subscribing.retained = retained
         self._connect_deadline = trio.current_time() + config.hello_timeout
         self._wake = trio.Event()
         self._poke_timer = trio.Event()
@@ -220,14 +226,13 @@ class MQTTConnection:
         return self._session_now(0.0)
 
     def _session_now(self, expires: float) -> KeptSession:
-        filters = {
-            topic_filter: (state.qos, state.identifier)
-            for topic_filter, state in self.deliveries.filters.items()
-        }
-        inbound = self.protocol.session_state().inbound_qos2
+        filters = self._filters()
+        state = self.protocol.session_state()
+        inbound = state.inbound_qos2
         if not self._life.closing:  # (then they are forwarded, and count as received)
             inbound |= self.publishing.pending_qos2()
-        return KeptSession(filters, inbound, expires)
+        outbound = self.deliveries.outbound()
+        return KeptSession(filters, inbound, expires, outbound, state.outbound_released)
 
     def _leave_session(self) -> None:
         """The connection ends: its session is kept (a persistent one), or
@@ -240,9 +245,38 @@ class MQTTConnection:
         if self.version == MQTT_5 or not connect.clean_start:
             expires = expiry_of(self._expiry_interval, self.version == MQTT_5, trio.current_time())
         if expires is not None:
-            self._sessions.keep(self.client_id, self._session_now(expires))
+            session = self._session_now(expires)
+            self._sessions.keep(self.client_id, session)
+            self._record_session(session.filters, gone=True)
+            self._sessions.record_outbound(
+                self.client_id, session.outbound, session.released, qos2_only=False
+            )
         elif self.subscribing.session_client is not None:
             self._sessions.end(self.client_id)
+
+    def _record_session(
+        self, filters: dict[str, tuple[int, int | None, bool]], *, gone: bool = False
+    ) -> None:
+        """Put the session in the state journal (written before the next
+        bytes go out)."""
+        interval = self._expiry_interval if self.version == MQTT_5 else None
+        self._sessions.record(self.client_id, filters, interval, gone=gone)
+
+    def _filters(self) -> dict[str, tuple[int, int | None, bool]]:
+        return {
+            topic_filter: (state.qos, state.identifier, state.retain_as_published)
+            for topic_filter, state in self.deliveries.filters.items()
+        }
+
+    def _qos2_placed(self, topic: str, placed: list[tuple[int, int]]) -> None:
+        """QoS 2 publishes of ours are about to be appended to ``topic``'s
+        log: where they go is written to the journal first (a restart then
+        knows whether their records made it)."""
+        sessions = self._sessions
+        for packet_id, offset in placed:
+            sessions.qos2_received(self.client_id, packet_id, [topic, offset])
+        if sessions.journal is not None and sessions.journal.pending:
+            sessions.journal.write()  # (a LogError: the batch waits, tried again)
 
     def _send_will(self) -> None:
         """The connection ended without a normal DISCONNECT: its will goes
@@ -261,7 +295,8 @@ class MQTTConnection:
         if not self.admission.may_publish(name):
             self._log(logging.WARNING, "will not published: may not publish to %s", shown(name))
             return
-        tail, key = published_tail(will.payload, will.properties)
+        tail, key = published_tail(will.payload, will.properties, retain=will.retain)
+        retain = (will.topic, will.qos, not will.payload) if will.retain else None
         delay = float(will.properties.will_delay_interval or 0) if self.version == MQTT_5 else 0.0
         if delay > 0:
             if self._session_given_up:
@@ -272,10 +307,13 @@ class MQTTConnection:
                 session_left = expiry_of(self._expiry_interval, True, 0.0)
             delay = min(delay, 0.0 if session_left is None else session_left)
         if delay <= 0:
+            if retain is not None:
+                self._retained.update(will.topic, tail, will.qos, clear=not will.payload)
+                self._retained.write()
             self.publishing.add(name, tail, key, None, 0)  # (forwarded by close())
             return
         wills = self._wills
-        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key))
+        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key, retain))
 
     def _cleanup(self) -> None:
         self._leave_session()
@@ -310,6 +348,8 @@ class MQTTConnection:
             else:
                 deliveries.unsent = 0
             if data:
+                # What it says (a PUBREC, a SUBACK) is in the journal first.
+                self.services.storage.persist_state()
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
@@ -366,6 +406,7 @@ class MQTTConnection:
                     return False
             return True
         finally:
+            self._retained.write()  # (before the acknowledgements of the read)
             self.publishing.flush()
             self.deliveries.apply_acks()
             self.deliveries.pump_stalled()
@@ -435,11 +476,17 @@ class MQTTConnection:
                 self.deliveries.puback(event.packet_id)
             case PubRel():
                 protocol.pubcomp(event.packet_id)
+                if self._persistent:
+                    self._sessions.qos2_done(self.client_id, event.packet_id)
             case Subscribe():
                 protocol.suback(event.packet_id, self.subscribing.subscribe(event))
+                if self._persistent:
+                    self._record_session(self._filters())
                 self.subscribing.start()
             case Unsubscribe():
                 protocol.unsuback(event.packet_id, self.subscribing.unsubscribe(event))
+                if self._persistent:
+                    self._record_session(self._filters())
             case Connect():
                 pass  # (admitted by the reader once the turn is over: see _admit)
             case Disconnect():
@@ -453,8 +500,12 @@ class MQTTConnection:
                     self.close_reason = f"protocol error {int(event.reason):#04x}: {event.message}"
                     self._ended_by_us = True
                     self._log(logging.WARNING, "%s", shown(self.close_reason))
-            case PingReq() | PubRec() | PubComp():
-                pass  # (answered by the protocol, or nothing to do: no QoS 2 deliveries)
+            case PubRec():
+                self.deliveries.pubrec(event.packet_id, event.reason.is_error)
+            case PubComp():
+                self.deliveries.pubcomp(event.packet_id)
+            case PingReq():
+                pass  # (answered by the protocol)
 
     def _publish(self, event: Publish) -> None:
         """A PUBLISH: to its topic, acknowledged once routed; refused (0x90
@@ -470,7 +521,9 @@ class MQTTConnection:
             return
         if self._life.closing:
             return  # a shutdown accepts none: never routed, never acknowledged
-        tail, key = published_tail(event.payload, event.properties)
+        tail, key = published_tail(event.payload, event.properties, retain=event.retain)
+        if event.retain:
+            self._retained.update(event.topic, tail, event.qos, clear=not event.payload)
         self.publishing.add(name, tail, key, event.packet_id, event.qos)
 
     def _refuse(self, event: Publish, reason: ReasonCode, message: str) -> None:
@@ -493,6 +546,8 @@ class MQTTConnection:
         if qos == 1:
             protocol.puback(packet_id)
         else:
+            if self._persistent:  # (in the journal before the PUBREC goes)
+                self._sessions.qos2_received(self.client_id, packet_id, [])
             protocol.pubrec(packet_id)
         self.wake_writer()
 
@@ -527,10 +582,24 @@ class MQTTConnection:
             subscribing.principal = self.admission.principal_name
             if sessions.available and (persistent or kept is not None):
                 subscribing.session_client = self.client_id
+            if sessions.available and persistent:
+                self._persistent = True
+                self.publishing.qos2_placed = self._qos2_placed
+                client_id = self.client_id
+                self.deliveries.outbound_changed = lambda packet_id, value: (
+                    sessions.outbound_changed(client_id, packet_id, value)
+                )
+                self._record_session(kept.filters if kept is not None else {})
+            elif kept is not None:
+                sessions.forget_record(self.client_id)  # (it ends with this connection)
+            session = None
+            if kept is not None:
+                unacked = {packet_id: qos for packet_id, (_, qos) in kept.outbound.items()}
+                session = SessionState(kept.inbound_qos2, unacked, kept.released)
             self.protocol.connack(
                 properties=decision.properties,
                 session_present=kept is not None,
-                session=None if kept is None else SessionState(kept.inbound_qos2),
+                session=session,
             )
             self.accepted = True
             self._log(
@@ -541,6 +610,12 @@ class MQTTConnection:
             )
             if kept is not None:
                 subscribing.restore(kept.filters)
+                self.deliveries.resume(kept.outbound, kept.released)
+                if self._persistent:  # (its QoS 1 ones are in memory now)
+                    sessions.record_outbound(
+                        self.client_id, kept.outbound, kept.released, qos2_only=True
+                    )
+                subscribing.start()
         except MQTTError as error:  # pragma: no cover - a bug of ours
             self.end(R.IMPLEMENTATION_SPECIFIC_ERROR, error.message)
         finally:

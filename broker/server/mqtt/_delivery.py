@@ -16,6 +16,10 @@ delivered at the filter's granted QoS:
 - QoS 0 is a ``lossy`` subscription: a bounded queue that drops its
   oldest when the client falls behind (counted in
   :attr:`DeliveryCounters.deliveries_overflowed`).
+- A new subscription's retained messages (see ``_retained``) are queued
+  here (:meth:`MQTTDeliveries.queue_retained`: references to the stored
+  messages) and sent before anything else, with the retain flag, within
+  the same Receive Maximum and ``max_unsent``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from ..patterns._subscription import PatternSubscription
 from ..topics._topic import Subscription
 from ._messages import delivered
 
-__all__ = ["DeliveryCounters", "FilterState", "MQTTDeliveries"]
+__all__ = ["RETAINED_HANDLE", "DeliveryCounters", "FilterState", "MQTTDeliveries"]
+
+#: The handle :attr:`MQTTDeliveries.in_flight` notes retained messages
+#: under (no broker subscription's: their acknowledgements move no position).
+RETAINED_HANDLE = 0
 
 
 @dataclass(slots=True)
@@ -65,6 +73,13 @@ class FilterState:
     #: 5.0: the Subscription Identifier to send with each delivery (None: none).
     identifier: int | None
     handles: list[int] = field(default_factory=list)
+    #: 5.0's Retain As Published: deliveries keep the retain flag they were
+    #: published with (else it is 0, but on retained messages sent at SUBSCRIBE).
+    retain_as_published: bool = False
+
+
+def _nothing(packet_id: int, state: list[object] | None) -> None:
+    """(A clean session keeps nothing of its QoS 2 deliveries.)"""
 
 
 class _Sent:
@@ -133,6 +148,17 @@ class MQTTDeliveries:
         #: Subscriptions that found no room (the output or the Receive
         #: Maximum), by handle: pumped again once there is.
         self.want_room: set[int] = set()
+        #: Deliveries in flight: packet id -> ((filter, topic, log offset), QoS).
+        self.sent_as: dict[int, tuple[tuple[str, str, int], int]] = {}
+        #: A resumed session's deliveries to send again with their packet ids:
+        #: (filter, topic, log offset) -> (packet id, QoS).
+        self.resend: dict[tuple[str, str, int], tuple[int, int]] = {}
+        #: Told a QoS 2 delivery's state: (filter, topic, offset, 2) in
+        #: flight, ``[]`` released (PUBREC), None done (a persistent session
+        #: keeps it in the journal).
+        self.outbound_changed: Callable[[int, list[object] | None], None] = _nothing
+        #: Retained messages to send first: (subscription, topic, QoS, tail).
+        self.retained: deque[tuple[FilterState, str, int, bytes]] = deque()
         #: The reader's wait for the connection's account, while it waits.
         self.funds_scope: trio.CancelScope | None = None
         self.closed = False
@@ -155,7 +181,8 @@ class MQTTDeliveries:
         if state is None:
             return 0
         room = self.max_unsent - self.unsent
-        if room <= 0 or (state.qos and not self.protocol.send_quota):
+        quota = self.protocol.send_quota or self.resend
+        if room <= 0 or self.retained or (state.qos and not quota):
             self.want_room.add(handle)
             return 0
         return room
@@ -173,7 +200,8 @@ class MQTTDeliveries:
             return None
         if self.closed:
             return 0
-        count = self._publish(handle, topic, subscription.next_seq, tails)
+        first = subscription.next_seq
+        count = self._publish(handle, topic, first, first, tails)
         subscription.next_seq += count
         subscription.delivered += count
         return count
@@ -195,7 +223,7 @@ class MQTTDeliveries:
         topic = topics.get(match)
         if topic is None or self.closed:
             return 0
-        count = self._publish(handle, topic, subscription.next_seq, tails)
+        count = self._publish(handle, topic, subscription.next_seq, first, tails)
         subscription.next_seq += count
         subscription.delivered += count
         return count
@@ -266,35 +294,62 @@ class MQTTDeliveries:
 
     # ---------------------------------------------------------------- sending
 
-    def _publish(self, handle: int, topic: str, first: int, tails: list[bytes]) -> int:
-        """Queue PUBLISHes of ``tails`` (numbers from ``first``) while there
-        is room; how many were taken (a delivery too large for the client
-        is taken and dropped, as MQTT says)."""
+    def _publish(self, handle: int, topic: str, first: int, offset: int, tails: list[bytes]) -> int:
+        """Queue PUBLISHes of ``tails`` (numbers from ``first``, topic log
+        offsets from ``offset``) while there is room; how many were taken
+        (a delivery too large for the client is taken and dropped, as MQTT
+        says). A delivery a resumed session had in flight goes with its
+        packet id again, DUP set."""
         state = self.filter_of[handle]
         protocol = self.protocol
         version = protocol.version or 4
         qos = state.qos
         counters = self.counters
+        resend = self.resend
         taken = 0
         for tail in tails:
-            if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+            key = (state.topic_filter, topic, offset + taken)
+            again = resend.pop(key, None) if resend else None
+            if again is None and resend:
+                self._forget_passed(key)
+            if (
+                self.unsent >= self.max_unsent
+                or self.retained
+                or (qos and again is None and not protocol.send_quota)
+            ):
+                if again is not None:
+                    resend[key] = again
                 self.want_room.add(handle)  # (pumped again once there is room)
                 break
-            payload, properties = delivered(bytes(tail), version)
+            payload, properties, retained = delivered(bytes(tail), version)
             if state.identifier is not None:
                 properties = replace(properties, subscription_identifiers=(state.identifier,))
+            retain = retained and state.retain_as_published
             before = protocol.bytes_to_send
+            sent_qos = qos if again is None else again[1]
             try:
-                packet_id = protocol.publish(topic, payload, qos, properties=properties)
+                packet_id = protocol.publish(
+                    topic,
+                    payload,
+                    sent_qos,
+                    retain=retain,
+                    properties=properties,
+                    packet_id=None if again is None else again[0],
+                )
             except PacketTooLargeForPeer:
                 counters.deliveries_too_large += 1
                 packet_id = None
+                if again is not None:
+                    protocol.forget_outbound(again[0])
             except MQTTUsageError:
                 break  # (closed meanwhile)
             number = first + taken
             taken += 1
             if packet_id is not None:
                 self.in_flight[packet_id] = (handle, number)
+                self.sent_as[packet_id] = (key, sent_qos)
+                if sent_qos == 2:
+                    self.outbound_changed(packet_id, [*key, 2])
                 sent = self._sent.get(handle)
                 if sent is None:
                     sent = self._sent[handle] = _Sent()
@@ -309,12 +364,108 @@ class MQTTDeliveries:
             self._wake()
         return taken
 
+    def queue_retained(self, state: FilterState, messages: list[tuple[str, int, bytes]]) -> None:
+        """Send ``messages`` (a new subscription's retained ones: topic,
+        QoS, tail) first, at most at the subscription's QoS."""
+        for topic, qos, tail in messages:
+            self.retained.append((state, topic, min(qos, state.qos), tail))
+
+    def send_retained(self) -> None:
+        """Send the queued retained messages as far as there is room (a
+        subscription gone meanwhile has its dropped)."""
+        queue = self.retained
+        protocol = self.protocol
+        version = protocol.version or 4
+        counters = self.counters
+        sent = False
+        while queue and not self.closed:
+            state, topic, qos, tail = queue[0]
+            if self.filters.get(state.topic_filter) is not state:
+                queue.popleft()
+                continue
+            if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
+                break
+            queue.popleft()
+            payload, properties, _ = delivered(tail, version)
+            if state.identifier is not None:
+                properties = replace(properties, subscription_identifiers=(state.identifier,))
+            before = protocol.bytes_to_send
+            try:
+                packet_id = protocol.publish(
+                    topic, payload, qos, retain=True, properties=properties
+                )
+            except PacketTooLargeForPeer:
+                counters.deliveries_too_large += 1
+                continue
+            except MQTTUsageError:
+                break  # (closed meanwhile)
+            if packet_id is not None:
+                self.in_flight[packet_id] = (RETAINED_HANDLE, 0)
+            size = protocol.bytes_to_send - before
+            self.unsent += size
+            counters.messages_out += 1
+            counters.bytes_out += size
+            sent = True
+        if sent:
+            self._wake()
+
     def puback(self, packet_id: int) -> None:
         """The client acknowledged QoS 1 delivery ``packet_id``: its
         subscription is acknowledged up to the oldest number still in flight."""
         found = self.in_flight.pop(packet_id, None)
+        self.sent_as.pop(packet_id, None)
         if found is not None:
             self._acked(*found)
+
+    def pubrec(self, packet_id: int, refused: bool) -> None:
+        """The client received QoS 2 delivery ``packet_id`` (or, ``refused``,
+        ended its flow): the message is its own now, so its subscription is
+        acknowledged as by a PUBACK; PUBREL goes out (PUBCOMP ends it)."""
+        self.puback(packet_id)
+        if refused:
+            self.outbound_changed(packet_id, None)
+            return
+        self.outbound_changed(packet_id, [])
+        self.protocol.pubrel(packet_id)
+
+    def pubcomp(self, packet_id: int) -> None:
+        """PUBCOMP: the QoS 2 delivery's packet id is free again."""
+        self.outbound_changed(packet_id, None)
+
+    def resume(
+        self,
+        outbound: dict[int, tuple[tuple[str, str, int], int]],
+        released: frozenset[int],
+    ) -> None:
+        """A resumed session's deliveries in flight (packet id -> (filter,
+        topic, log offset), QoS): sent again with their packet ids when their
+        subscriptions read them again; those of no subscription are given
+        up. Its released QoS 2 packet ids get their PUBREL again."""
+        protocol = self.protocol
+        for packet_id, (key, qos) in outbound.items():
+            if key[0] in self.filters:
+                self.resend[key] = (packet_id, qos)
+            else:
+                protocol.forget_outbound(packet_id)
+                self.outbound_changed(packet_id, None)
+        for packet_id in sorted(released):
+            protocol.pubrel(packet_id)
+
+    def _forget_passed(self, key: tuple[str, str, int]) -> None:
+        """A subscription reads past resends it had (their records were
+        deleted meanwhile): they are given up."""
+        for passed in [k for k in self.resend if k[:2] == key[:2] and k[2] < key[2]]:
+            packet_id, _ = self.resend.pop(passed)
+            self.protocol.forget_outbound(packet_id)
+            self.outbound_changed(packet_id, None)
+
+    def outbound(self) -> dict[int, tuple[tuple[str, str, int], int]]:
+        """The deliveries in flight and those still to resend: packet id ->
+        (filter, topic, log offset), QoS (what a kept session keeps)."""
+        found = dict(self.sent_as)
+        for key, (packet_id, qos) in self.resend.items():
+            found[packet_id] = (key, qos)
+        return found
 
     def _acked(self, handle: int, number: int) -> None:
         sent = self._sent.get(handle)
@@ -344,10 +495,14 @@ class MQTTDeliveries:
     def pump_stalled(self) -> None:
         """Room opened (PUBACKs, or the writer wrote): the subscriptions
         that waited for it send on, in turn."""
-        if self._pumping or self.closed or not (self.stalled or self.want_room):
+        if self._pumping or self.closed or not (self.stalled or self.want_room or self.retained):
             return
         self._pumping = True
         try:
+            if self.retained:
+                self.send_retained()
+                if self.retained:
+                    return
             waiting = self.want_room | self.stalled
             self.want_room = set()
             for handle in waiting:
@@ -427,6 +582,9 @@ class MQTTDeliveries:
             self._drop(handle)
         self.filters.clear()
         self.in_flight.clear()
+        self.sent_as.clear()
+        self.resend.clear()
+        self.retained.clear()
         for loan in self.writing:
             loan.repay()
         self.writing = []

@@ -1,11 +1,18 @@
 """The MQTT listener: accepts connections, serves each with an
 :class:`~._connection.MQTTConnection`, keeps them by client id (a second
-connection with an id in use takes it over), and closes them at a shutdown."""
+connection with an id in use takes it over), and closes them at a shutdown.
+
+TLS: when the broker serves its native clients over TLS (``tls_cert``,
+``tls_key``, and ``tls_client_ca`` for client certificates), MQTT clients
+are served over TLS too, with the same context: the handshake must end
+within ``tls_handshake_timeout``, and a failed one is counted with the
+native listener's (``broker_tls_handshake_failures_total``)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +23,7 @@ from broker.mqtt import ReasonCode
 
 from .._services import BrokerServices
 from ._connection import MQTTConnection
+from ._retained import RetainedStore
 from ._sessions import KeptSession, MQTTSessions
 from ._wills import Wills
 
@@ -47,6 +55,10 @@ class MQTTTotals:
     dropped_too_large: int
     #: Connections ended by an error of the broker's own (each logged).
     internal_errors: int
+    #: Retained messages kept now, their bytes, and those refused (past the bounds).
+    retained_messages: int = 0
+    retained_bytes: int = 0
+    retained_refused: int = 0
 
 
 class MQTTServer:
@@ -56,14 +68,31 @@ class MQTTServer:
     new MQTT connection beyond ``max_connections`` is closed at once.
     """
 
-    def __init__(self, services: BrokerServices, busy: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        services: BrokerServices,
+        busy: Callable[[], int],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.services = services
         self._busy = busy
+        #: Served over TLS with this context (None: plain TCP).
+        self.ssl_context = ssl_context
         self.connections: dict[int, MQTTConnection] = {}
-        #: Sessions kept while their clients are away.
-        self.sessions = MQTTSessions(services.storage.cursors)
+        logs = services.storage.logs
+        journal = None if logs is None else logs.journal
+        #: The retained messages (in the state journal, with topic logs).
+        self.retained = RetainedStore(journal)
+        #: Sessions kept while their clients are away (in the state journal
+        #: too: those of before a restart are found there).
+        self.sessions = MQTTSessions(
+            services.storage.cursors,
+            journal,
+            log_end=(lambda _topic: None) if logs is None else logs.end_of,
+            now=trio.current_time(),
+        )
         #: Wills waiting for their delay.
-        self.wills = Wills(services)
+        self.wills = Wills(services, self.retained)
         #: The connected clients by client id.
         self.clients: dict[str, MQTTConnection] = {}
         self.connections_total = 0
@@ -95,6 +124,9 @@ class MQTTServer:
             dropped_overflow=overflow,
             dropped_too_large=too_large,
             internal_errors=self.internal_errors,
+            retained_messages=len(self.retained),
+            retained_bytes=self.retained.bytes,
+            retained_refused=self.retained.refused,
         )
 
     async def serve(
@@ -128,13 +160,20 @@ class MQTTServer:
             peer = f"{name[0]}:{name[1]}"
         except (OSError, IndexError, TypeError):  # pragma: no cover - the peer vanished
             peer = "?"
+        served: trio.abc.Stream = stream
+        if self.ssl_context is not None:
+            secured = await self._handshake(stream, peer)
+            if secured is None:
+                return
+            served = secured
         connection = MQTTConnection(
             services,
-            stream,
+            served,
             next(self._serials),
             peer,
             sessions=self.sessions,
             wills=self.wills,
+            retained=self.retained,
             claim=self._claim,
             forget=self._forget,
         )
@@ -148,6 +187,24 @@ class MQTTServer:
             # the broker. Cancellation is a BaseException and passes through.
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, peer)
+
+    async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.abc.Stream | None:
+        """The TLS stream over ``stream`` once its handshake ends in time, or
+        None (closed, and counted with the native listener's failures)."""
+        assert self.ssl_context is not None
+        services = self.services
+        secured = trio.SSLStream(stream, self.ssl_context, server_side=True)
+        try:
+            with trio.move_on_after(services.config.tls_handshake_timeout):
+                await secured.do_handshake()
+                return secured
+            problem = "timed out"
+        except trio.BrokenResourceError as error:
+            problem = str(error.__cause__ or error)
+        services.gate.security.tls_handshake_failures += 1
+        log.info("MQTT %s: TLS handshake failed: %s", peer, problem[:200])
+        await trio.aclose_forcefully(stream)
+        return None
 
     def _claim(self, connection: MQTTConnection, clean_start: bool) -> KeptSession | None:
         """``connection`` is accepted: its client id is its own now (another

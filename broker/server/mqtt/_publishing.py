@@ -8,6 +8,10 @@ The publishes of one read go to each topic as one batch (one actor message
 and one loan, like ``connection/_publishing.py``'s); a topic routes its
 batches in order, and the acknowledgements go out in the order the
 publishes came, whichever topic routes first.
+
+A batch with QoS 2 publishes tells :attr:`MQTTPublishing.qos2_placed`,
+before its topic appends it to its log, where each of them goes (a
+persistent session writes that to the state journal: see ``_sessions``).
 """
 
 from __future__ import annotations
@@ -30,16 +34,21 @@ MAX_BOUND_TOPICS = 256
 
 #: Told ``(packet id, qos)`` of each publish routed, in the order received.
 Acknowledge = Callable[[int, int], None]
+#: Told, before a batch is appended to its topic's log, the topic and the
+#: ``(packet id, log offset)`` of each QoS 2 publish of it; may raise
+#: :class:`~broker.log.LogError` (the batch then waits, and is tried again).
+Qos2Placed = Callable[[str, list[tuple[int, int]]], None]
 
 
 class _Pending:
-    """A QoS 1 or 2 publish on its way to its topic."""
+    """A QoS 1 or 2 publish on its way to its topic (``index``: in its batch)."""
 
-    __slots__ = ("packet_id", "qos", "routed")
+    __slots__ = ("index", "packet_id", "qos", "routed")
 
-    def __init__(self, packet_id: int, qos: int) -> None:
+    def __init__(self, packet_id: int, qos: int, index: int) -> None:
         self.packet_id = packet_id
         self.qos = qos
+        self.index = index
         self.routed = False
 
 
@@ -92,6 +101,8 @@ class MQTTPublishing:
         self._order: deque[_Pending] = deque()
         self.messages_in = 0
         self.bytes_in = 0
+        #: Told where QoS 2 publishes go in the logs (None: nobody asks).
+        self.qos2_placed: Qos2Placed | None = None
 
     @property
     def unacknowledged(self) -> int:
@@ -119,11 +130,12 @@ class MQTTPublishing:
             self._by_index[binding.index] = binding
         if not binding.tails:
             self._touched.append(binding)
+        index = len(binding.tails)
         binding.tails.append(tail)
         binding.keys.append(key)
         binding.size += len(tail)
         if packet_id is not None:
-            pending = _Pending(packet_id, qos)
+            pending = _Pending(packet_id, qos, index)
             binding.acks.append(pending)
             self._order.append(pending)
         self.messages_in += 1
@@ -145,9 +157,13 @@ class MQTTPublishing:
             topic = binding.topic
             fan_out = topic.charging * (size + per_delivery * len(tails))
             binding.unrouted.append((acks, fan_out))
-            topic.send_nowait(
-                Routed(tails, self, binding.index, fan_out, keys), account=account, cost=size
-            )
+            routed = Routed(tails, self, binding.index, fan_out, keys)
+            placed = self.qos2_placed
+            if placed is not None:
+                qos2 = [(p.packet_id, p.index) for p in acks if p.qos == 2]
+                if qos2:
+                    routed.before_append = _placing(placed, topic.topic_name, qos2)
+            topic.send_nowait(routed, account=account, cost=size)
 
     def routed(self, routed: Routed) -> None:
         """A topic routed a batch of ours: its publishes are acknowledged,
@@ -184,6 +200,16 @@ class MQTTPublishing:
         for binding in list(self._bindings.values()):
             self._unbind(binding)
         self._acknowledge = _nobody
+
+
+def _placing(placed: Qos2Placed, topic: str, qos2: list[tuple[int, int]]) -> Callable[[int], None]:
+    """A batch's ``before_append``: tells ``placed`` where its QoS 2
+    publishes (packet id, index in the batch) go from ``offset`` on."""
+
+    def before_append(offset: int) -> None:
+        placed(topic, [(packet_id, offset + index) for packet_id, index in qos2])
+
+    return before_append
 
 
 def _nobody(packet_id: int, qos: int) -> None:

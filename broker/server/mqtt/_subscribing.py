@@ -6,14 +6,17 @@ reason code.
 - A filter without wildcards subscribes to its topic; ``+`` and ``#`` make
   pattern subscriptions (every matching topic, now and later); ``a/#`` is
   the topic ``a`` and the pattern ``a.>``.
-- The granted QoS is the one asked, at most 1: QoS 1 is a ``reliable``
-  subscription, QoS 0 a ``lossy`` one (see ``_delivery``). QoS 2 is
-  granted as 1 (MQTT lets the server grant less).
+- The granted QoS is the one asked: QoS 1 and 2 are ``reliable``
+  subscriptions, QoS 0 a ``lossy`` one (see ``_delivery``).
 - A subscription starts at the end of each topic (what is published from
-  now on), as MQTT's do; a persistent session's QoS 1 subscription reads
+  now on), as MQTT's do; a persistent session's QoS 1 or 2 subscription reads
   through a durable cursor of its own (see ``_sessions``), from where it
   was acknowledged.
 - A filter subscribed again replaces its subscription.
+- The retained messages its filter matches (and the principal may read)
+  are sent first, with the retain flag, as 5.0's Retain Handling says (0:
+  at every SUBSCRIBE; 1: if the subscription is new; 2: never; 3.1.1: at
+  every SUBSCRIBE); a resumed session's subscriptions get none.
 - ``$share/...`` is answered 0x9E (Shared Subscriptions not supported).
 - With auth, a topic the principal may not subscribe to is refused (0x87);
   a pattern only matches the topics it may.
@@ -26,9 +29,11 @@ from collections.abc import Callable
 from broker.mqtt import (
     ReasonCode,
     Subscribe,
+    Subscription,
     TopicError,
     Unsubscribe,
     broker_topic_filter,
+    broker_topic_name,
     mqtt_topic_name,
     parse_shared,
 )
@@ -38,12 +43,13 @@ from .._peer_logging import shown
 from .._services import Storage, TopicDirectory
 from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
 from ._delivery import FilterState, MQTTDeliveries
+from ._retained import RetainedStore
 from ._sessions import MQTTSessions, cursor_name
 
 __all__ = ["MAX_GRANTED_QOS", "MQTTSubscribing"]
 
-#: The highest QoS a subscription is granted (QoS 2 deliveries: not yet).
-MAX_GRANTED_QOS = 1
+#: The highest QoS a subscription is granted.
+MAX_GRANTED_QOS = 2
 
 R = ReasonCode
 
@@ -72,6 +78,8 @@ class MQTTSubscribing:
         self.session_client: str | None = None
         #: Where the cursors of persistent sessions are kept.
         self.sessions: MQTTSessions | None = None
+        #: The retained messages new subscriptions get first (None: none).
+        self.retained: RetainedStore | None = None
         #: Why the last subscription was refused by the broker (for the log).
         self.problem = ""
         #: What starts the subscriptions made, once their SUBACK is queued.
@@ -81,6 +89,7 @@ class MQTTSubscribing:
     def start(self) -> None:
         """Start sending on the subscriptions made since the last call (after
         their SUBACK: MQTT lets PUBLISHes come first, clients prefer not)."""
+        self.deliveries.send_retained()  # (first: the retained messages)
         starts, self._starts = self._starts, []
         subscriptions = self.deliveries.subscriptions
         for handle, start in starts:
@@ -94,15 +103,35 @@ class MQTTSubscribing:
         identifier = identifiers[0] if identifiers else None
         reasons = []
         for subscription in event.subscriptions:
-            reasons.append(self._subscribe(subscription.topic_filter, subscription.qos, identifier))
+            existed = subscription.topic_filter in self.deliveries.filters
+            reason = self._subscribe(subscription, identifier)
+            reasons.append(reason)
+            handling = subscription.retain_handling
+            if not reason.is_error and (handling == 0 or (handling == 1 and not existed)):
+                self._queue_retained(subscription.topic_filter)
         return reasons
 
-    def restore(self, filters: dict[str, tuple[int, int | None]]) -> None:
+    def restore(self, filters: dict[str, tuple[int, int | None, bool]]) -> None:
         """Subscribe again to a resumed session's filters (each goes on from
-        its cursors), and start them."""
-        for topic_filter, (qos, identifier) in filters.items():
-            self._subscribe(topic_filter, qos, identifier)
-        self.start()
+        its cursors once :meth:`start` starts them)."""
+        for topic_filter, (qos, identifier, as_published) in filters.items():
+            self._subscribe(Subscription(topic_filter, qos, False, as_published), identifier)
+
+    def _queue_retained(self, topic_filter: str) -> None:
+        """The retained messages ``topic_filter`` matches go first."""
+        store = self.retained
+        state = self.deliveries.filters.get(topic_filter)
+        if store is None or state is None or not len(store):
+            return
+        may_subscribe = self.may_subscribe
+
+        def may_read(topic: str) -> bool:
+            try:
+                return may_subscribe(broker_topic_name(topic))
+            except TopicError:  # pragma: no cover - a stored topic is valid
+                return False
+
+        self.deliveries.queue_retained(state, store.matching(topic_filter, may_read))
 
     def _cursor(self, topic_filter: str, granted: int) -> str | None:
         """The durable cursor of ``topic_filter``'s subscription (None: none:
@@ -117,7 +146,8 @@ class MQTTSubscribing:
             return None
         return name
 
-    def _subscribe(self, topic_filter: str, qos: int, identifier: int | None) -> ReasonCode:
+    def _subscribe(self, subscription: Subscription, identifier: int | None) -> ReasonCode:
+        topic_filter, qos = subscription.topic_filter, subscription.qos
         deliveries = self.deliveries
         try:
             if parse_shared(topic_filter) is not None:
@@ -135,7 +165,9 @@ class MQTTSubscribing:
         mode = DeliveryMode.RELIABLE if granted else DeliveryMode.LOSSY
         cursor = self._cursor(topic_filter, granted)
         options: dict[str, object] = {} if cursor is None else {"cursor": cursor}
-        state = FilterState(topic_filter, granted, identifier)
+        state = FilterState(
+            topic_filter, granted, identifier, retain_as_published=subscription.retain_as_published
+        )
         deliveries.filters[topic_filter] = state
         try:
             self._make(state, mapped.topics, mapped.skip_dollar, mode, options)

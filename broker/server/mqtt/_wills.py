@@ -3,8 +3,8 @@ normal DISCONNECT (its CONNECT's will), at once or, with 5.0's Will Delay
 Interval, later unless the client comes back first.
 
 A will goes to its topic as a QoS 0 publish of the connection would (the
-same topic mapping and principal permissions; its retain flag is ignored,
-as retained messages are not kept yet). A delayed one waits in the
+same topic mapping and principal permissions); with its retain flag, it
+is its topic's retained message too (see ``_retained``). A delayed one waits in the
 broker's nursery, charged to nobody until it is sent (a few bytes), and is
 cancelled when a connection with the same client id is accepted. Nothing
 is published once the broker shuts down.
@@ -21,6 +21,7 @@ from accounts import unlimited
 
 from .._services import BrokerServices
 from ._publishing import MQTTPublishing
+from ._retained import RetainedStore
 
 __all__ = ["Wills"]
 
@@ -30,18 +31,26 @@ log = logging.getLogger("broker.server")
 class Wills:
     """The broker's delayed wills, by client id."""
 
-    def __init__(self, services: BrokerServices) -> None:
+    def __init__(self, services: BrokerServices, retained: RetainedStore) -> None:
         self.services = services
+        self.retained = retained
         self._pending: dict[str, trio.CancelScope] = {}
         #: Wills published since the broker started.
         self.published = 0
 
-    def publish(self, topic: str, tail: bytes, key: bytes | None) -> None:
+    def publish(
+        self, topic: str, tail: bytes, key: bytes | None, retain: tuple[str, int, bool] | None
+    ) -> None:
         """Publish a will now (charged to an account of its own under the
-        broker's, repaid once routed)."""
+        broker's, repaid once routed); ``retain``: (its MQTT topic, QoS,
+        whether its payload is empty) if it has the retain flag."""
         services = self.services
         if services.life.closing:
             return
+        if retain is not None:
+            mqtt_topic, qos, clear = retain
+            self.retained.update(mqtt_topic, tail, qos, clear=clear)
+            self.retained.write()
         account = unlimited("mqtt-will", parent=services.resources.account, kind="mqtt")
         publisher = MQTTPublishing(services.config, services.life, services.topics, account, _none)
         publisher.add(topic, tail, key, None, 0)

@@ -181,7 +181,7 @@ async def test_subscription_granted_qos_2_and_unsubscribe(tmp_path: Path) -> Non
         paho_client(mqtt_port(broker), version=V5, client_id="u") as client,
     ):
         assert [int(r.value) for r in await client.subscribe("t/2", qos=2)] == [2]
-        assert [int(r.value) for r in await client.subscribe("$share/g/t", qos=1)] == [0x9E]
+        assert [int(r.value) for r in await client.subscribe("$share/g/t/+", qos=1)] == [0x9E]
         await client.publish("t/2", b"a", qos=2)
         (message,) = await client.receive()
         assert (message.payload, message.qos) == (b"a", 2)

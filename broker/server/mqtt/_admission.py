@@ -13,7 +13,8 @@
 - Sessions (``_sessions``) are kept only by a broker with topic logs: on a
   memory-only one, a 5.0 client that asks for a Session Expiry Interval is
   told 0 in CONNACK.
-- CONNACK tells a 5.0 client: shared subscriptions are not available.
+- CONNACK tells a 5.0 client when shared subscriptions are not available
+  (a broker without topic logs has no consumer groups).
 """
 
 from __future__ import annotations
@@ -61,10 +62,13 @@ class MQTTAdmission:
     def principal_name(self) -> str | None:
         return None if self.principal is None else self.principal.principal.name
 
-    def admit(self, connect: Connect, now: float, *, keeps_sessions: bool) -> Admitted:
+    def admit(
+        self, connect: Connect, now: float, *, keeps_sessions: bool, shares: bool = False
+    ) -> Admitted:
         """Check ``connect`` (see the module); an accepted client counts
         against its principal's connections until :meth:`leave`.
-        ``keeps_sessions``: whether the broker can keep a session."""
+        ``keeps_sessions``: whether the broker can keep a session;
+        ``shares``: whether it has shared subscriptions (consumer groups)."""
         refused = self._authenticate(connect, now)
         if refused is not None:
             return refused
@@ -80,7 +84,7 @@ class MQTTAdmission:
             session_expiry_interval=(
                 0 if connect.properties.session_expiry_interval and not keeps_sessions else None
             ),
-            shared_subscription_available=0,
+            shared_subscription_available=None if shares else 0,
         )
         return Admitted(R.SUCCESS, properties=properties)
 

@@ -559,7 +559,10 @@ class MQTTConnection:
         assert connect is not None
         sessions = self._sessions
         decision = self.admission.admit(
-            connect, trio.current_time(), keeps_sessions=sessions.available
+            connect,
+            trio.current_time(),
+            keeps_sessions=sessions.available,
+            shares=self.subscribing.shares,
         )
         try:
             if decision.reason.is_error:

@@ -16,6 +16,12 @@ delivered at the filter's granted QoS:
 - QoS 0 is a ``lossy`` subscription: a bounded queue that drops its
   oldest when the client falls behind (counted in
   :attr:`DeliveryCounters.deliveries_overflowed`).
+- A shared subscription (``$share/GROUP/TOPIC``) is a member of the
+  topic's consumer group GROUP (``topics/_groups``): the group gives it
+  records (each numbered per member) and each is *settled done* at its
+  PUBACK (QoS 1), or once sent (QoS 0: at most once). What it holds when
+  it leaves (unsubscribed, disconnected) goes back to the group, to
+  another member.
 - A new subscription's retained messages (see ``_retained``) are queued
   here (:meth:`MQTTDeliveries.queue_retained`: references to the stored
   messages) and sent before anything else, with the retain flag, within
@@ -32,6 +38,7 @@ from typing import Any
 import trio
 
 from accounts import Account, LoanedItem
+from broker.groups import Outcome
 from broker.mqtt import (
     MQTTUsageError,
     PacketTooLargeForPeer,
@@ -40,6 +47,7 @@ from broker.mqtt import (
 )
 
 from ..patterns._subscription import PatternSubscription
+from ..topics._groups import GroupSubscription
 from ..topics._topic import Subscription
 from ._messages import delivered
 
@@ -76,6 +84,9 @@ class FilterState:
     #: 5.0's Retain As Published: deliveries keep the retain flag they were
     #: published with (else it is 0, but on retained messages sent at SUBSCRIBE).
     retain_as_published: bool = False
+    #: A shared subscription (``$share/...``): its broker subscription is a
+    #: consumer group's member.
+    shared: bool = False
 
 
 def _nothing(packet_id: int, state: list[object] | None) -> None:
@@ -136,6 +147,9 @@ class MQTTDeliveries:
         self._sent: dict[int, _Sent] = {}
         #: What PUBACKs of the read being applied acknowledge, by handle.
         self._ack_upto: dict[int, int] = {}
+        #: Group members' deliveries to settle done (PUBACKs, or QoS 0 ones
+        #: sent), by handle: applied by :meth:`apply_acks`.
+        self._settle: dict[int, list[int]] = {}
         #: What the lossy queues hold (bounded by ``lossy_budget`` together).
         self.dropping_bytes = 0
         #: Loans of what is queued to send, repaid once written (:meth:`take_written`).
@@ -236,8 +250,16 @@ class MQTTDeliveries:
         offsets: list[int],
         delivered: list[int],
     ) -> int | None:
-        """(MQTT makes no consumer group members yet: nothing is sent.)"""
-        return None
+        """A shared subscription's deliveries (its group's records, numbered
+        from ``first_seq``), as far as there is room; how many went, or
+        None if the subscription is gone."""
+        handle = subscription.handle
+        topic = self.topic_names.get(handle)
+        if topic is None:
+            return None
+        if self.closed:
+            return 0
+        return self._publish(handle, topic, first_seq, offsets[0], tails, group=True)
 
     def matched(self, subscription: Subscription, match: int, topic: str | None) -> bool:
         """A pattern subscription names the topic of a match (None: it is gone)."""
@@ -294,18 +316,29 @@ class MQTTDeliveries:
 
     # ---------------------------------------------------------------- sending
 
-    def _publish(self, handle: int, topic: str, first: int, offset: int, tails: list[bytes]) -> int:
+    def _publish(
+        self,
+        handle: int,
+        topic: str,
+        first: int,
+        offset: int,
+        tails: list[bytes],
+        *,
+        group: bool = False,
+    ) -> int:
         """Queue PUBLISHes of ``tails`` (numbers from ``first``, topic log
         offsets from ``offset``) while there is room; how many were taken
         (a delivery too large for the client is taken and dropped, as MQTT
         says). A delivery a resumed session had in flight goes with its
-        packet id again, DUP set."""
+        packet id again, DUP set. ``group``: a group member's deliveries
+        (their numbers are settled, not acknowledged; a session keeps none
+        of them)."""
         state = self.filter_of[handle]
         protocol = self.protocol
         version = protocol.version or 4
         qos = state.qos
         counters = self.counters
-        resend = self.resend
+        resend = None if group else self.resend
         taken = 0
         for tail in tails:
             key = (state.topic_filter, topic, offset + taken)
@@ -317,7 +350,7 @@ class MQTTDeliveries:
                 or self.retained
                 or (qos and again is None and not protocol.send_quota)
             ):
-                if again is not None:
+                if again is not None and resend is not None:
                     resend[key] = again
                 self.want_room.add(handle)  # (pumped again once there is room)
                 break
@@ -345,7 +378,12 @@ class MQTTDeliveries:
                 break  # (closed meanwhile)
             number = first + taken
             taken += 1
-            if packet_id is not None:
+            if group:
+                if packet_id is not None:
+                    self.in_flight[packet_id] = (handle, number)
+                else:  # (QoS 0, or dropped as too large: settled at once)
+                    self._settle.setdefault(handle, []).append(number)
+            elif packet_id is not None:
                 self.in_flight[packet_id] = (handle, number)
                 self.sent_as[packet_id] = (key, sent_qos)
                 if sent_qos == 2:
@@ -470,6 +508,9 @@ class MQTTDeliveries:
     def _acked(self, handle: int, number: int) -> None:
         sent = self._sent.get(handle)
         if sent is None:
+            subscription = self.subscriptions.get(handle)
+            if subscription is not None and subscription.group_member:
+                self._settle.setdefault(handle, []).append(number)
             return
         sent.acked.add(number)
         numbers = sent.numbers
@@ -483,6 +524,8 @@ class MQTTDeliveries:
     def apply_acks(self) -> None:
         """Acknowledge each subscription up to what its PUBACKs of the read
         cover: once per read (a durable cursor writes its position once)."""
+        if self._settle:
+            self._apply_settles()
         acks = self._ack_upto
         if acks:
             self._ack_upto = {}
@@ -491,6 +534,23 @@ class MQTTDeliveries:
                 subscription = subscriptions.get(handle)
                 if subscription is not None:
                     subscription.ack(upto)
+
+    def _apply_settles(self) -> None:
+        """Settle done what group members' clients acknowledged (or were
+        sent, at QoS 0): each member once, its numbers as ranges."""
+        settles, self._settle = self._settle, {}
+        subscriptions = self.subscriptions
+        for handle, numbers in settles.items():
+            subscription = subscriptions.get(handle)
+            if not isinstance(subscription, GroupSubscription):
+                continue  # (gone: what it held went back to its group)
+            ranges: list[tuple[int, int]] = []
+            for number in sorted(numbers):
+                if ranges and ranges[-1][0] + ranges[-1][1] == number:
+                    ranges[-1] = (ranges[-1][0], ranges[-1][1] + 1)
+                else:
+                    ranges.append((number, 1))
+            subscription.settle(ranges, Outcome.DONE, None)
 
     def pump_stalled(self) -> None:
         """Room opened (PUBACKs, or the writer wrote): the subscriptions
@@ -561,6 +621,7 @@ class MQTTDeliveries:
         self.matches.pop(handle, None)
         self._sent.pop(handle, None)
         self._ack_upto.pop(handle, None)
+        self._settle.pop(handle, None)
         self.stalled.discard(handle)
         self.want_room.discard(handle)
         if subscription is not None:

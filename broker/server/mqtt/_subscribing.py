@@ -17,7 +17,15 @@ reason code.
   are sent first, with the retain flag, as 5.0's Retain Handling says (0:
   at every SUBSCRIBE; 1: if the subscription is new; 2: never; 3.1.1: at
   every SUBSCRIBE); a resumed session's subscriptions get none.
-- ``$share/...`` is answered 0x9E (Shared Subscriptions not supported).
+- ``$share/GROUP/TOPIC`` (a topic filter without wildcards) is a member of
+  the topic's consumer group named GROUP, the principal's, as a native
+  ``Subscribe`` with ``"group": GROUP`` is (see ``_delivery``): granted at
+  most QoS 1 (a group delivers at least once: a record its member did not
+  settle goes to another), with no retained messages and no durable
+  cursor (the group keeps its position). 0x9E (Shared Subscriptions not
+  supported) for a filter with wildcards (a group is one topic's) and on a
+  broker without topic logs (no groups); 0x8F for a GROUP the broker's
+  group names refuse.
 - With auth, a topic the principal may not subscribe to is refused (0x87);
   a pattern only matches the topics it may.
 """
@@ -28,6 +36,7 @@ from collections.abc import Callable
 
 from broker.mqtt import (
     ReasonCode,
+    SharedSubscription,
     Subscribe,
     Subscription,
     TopicError,
@@ -37,7 +46,7 @@ from broker.mqtt import (
     mqtt_topic_name,
     parse_shared,
 )
-from broker.protocol import DeliveryMode, TopicPattern, is_topic_pattern
+from broker.protocol import DeliveryMode, TopicPattern, is_topic_pattern, topic_name_problem
 
 from .._peer_logging import shown
 from .._services import Storage, TopicDirectory
@@ -46,10 +55,15 @@ from ._delivery import FilterState, MQTTDeliveries
 from ._retained import RetainedStore
 from ._sessions import MQTTSessions, cursor_name
 
-__all__ = ["MAX_GRANTED_QOS", "MQTTSubscribing"]
+__all__ = ["MAX_GRANTED_QOS", "MAX_SHARED_QOS", "MQTTSubscribing"]
 
 #: The highest QoS a subscription is granted.
 MAX_GRANTED_QOS = 2
+#: The highest QoS a shared subscription is granted: its group delivers at
+#: least once (a record a member did not settle goes to another member).
+MAX_SHARED_QOS = 1
+#: What starts a shared subscription's filter.
+SHARE_PREFIX = "$share/"
 
 R = ReasonCode
 
@@ -96,6 +110,11 @@ class MQTTSubscribing:
             if handle in subscriptions:  # (not replaced meanwhile)
                 start()
 
+    @property
+    def shares(self) -> bool:
+        """Whether shared subscriptions are available (the broker has groups)."""
+        return self.storage.groups is not None
+
     def subscribe(self, event: Subscribe) -> list[ReasonCode]:
         """Make each subscription of ``event``; the SUBACK's reason codes
         (:meth:`start` starts them)."""
@@ -107,7 +126,12 @@ class MQTTSubscribing:
             reason = self._subscribe(subscription, identifier)
             reasons.append(reason)
             handling = subscription.retain_handling
-            if not reason.is_error and (handling == 0 or (handling == 1 and not existed)):
+            shared = subscription.topic_filter.startswith(SHARE_PREFIX)
+            if (
+                not reason.is_error
+                and not shared
+                and (handling == 0 or (handling == 1 and not existed))
+            ):
                 self._queue_retained(subscription.topic_filter)
         return reasons
 
@@ -150,8 +174,9 @@ class MQTTSubscribing:
         topic_filter, qos = subscription.topic_filter, subscription.qos
         deliveries = self.deliveries
         try:
-            if parse_shared(topic_filter) is not None:
-                return R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            share = parse_shared(topic_filter)
+            if share is not None:
+                return self._subscribe_shared(subscription, share, identifier)
             mapped = broker_topic_filter(topic_filter)
         except TopicError as error:
             return error.reason
@@ -175,6 +200,55 @@ class MQTTSubscribing:
             deliveries.drop_filter(topic_filter)
             self.problem = f"SUBSCRIBE {shown(topic_filter)}: {error}"
             return R.IMPLEMENTATION_SPECIFIC_ERROR
+        return R(granted)
+
+    def _subscribe_shared(
+        self, subscription: Subscription, share: SharedSubscription, identifier: int | None
+    ) -> ReasonCode:
+        """``$share/GROUP/TOPIC``: a member of ``TOPIC``'s group ``GROUP``."""
+        topic_filter = subscription.topic_filter
+        groups = self.storage.groups
+        if groups is None or _has_wildcard(share.topic_filter):
+            return R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+        if topic_name_problem(share.group) is not None:
+            return R.TOPIC_FILTER_INVALID
+        (name,) = broker_topic_filter(share.topic_filter).topics  # (TopicError: 0x8F)
+        deliveries = self.deliveries
+        deliveries.drop_filter(topic_filter)  # (subscribed again: replaced)
+        if len(deliveries.subscriptions) + 1 > self.max_subscriptions:
+            return R.QUOTA_EXCEEDED
+        if not self.may_subscribe(name):
+            return R.NOT_AUTHORIZED
+        granted = min(subscription.qos, MAX_SHARED_QOS)
+        state = FilterState(
+            topic_filter,
+            granted,
+            identifier,
+            retain_as_published=subscription.retain_as_published,
+            shared=True,
+        )
+        deliveries.filters[topic_filter] = state
+        handle = self._next_handle
+        self._next_handle += 1
+        topic = self.topics.topic(name)
+        try:
+            member = make_subscription(
+                deliveries,
+                handle,
+                topic,
+                DeliveryMode.RELIABLE,
+                {"group": share.group},
+                principal=self.principal,
+                groups=groups,
+            )
+        except OptionError as error:  # (a bug of ours: the options are the broker's)
+            topic.release_if_unused()
+            deliveries.drop_filter(topic_filter)
+            self.problem = f"SUBSCRIBE {shown(topic_filter)}: {error}"
+            return R.IMPLEMENTATION_SPECIFIC_ERROR
+        deliveries.add(state, handle, member, mqtt_topic_name(name))
+        topic.subscribe(member)
+        self._starts.append((handle, member.pump))
         return R(granted)
 
     def _make(
@@ -237,6 +311,10 @@ class MQTTSubscribing:
                 self.sessions.forget_cursors(cursor_name(self.session_client, topic_filter))
             reasons.append(R.SUCCESS if found else R.NO_SUBSCRIPTION_EXISTED)
         return reasons
+
+
+def _has_wildcard(topic_filter: str) -> bool:
+    return any(level in ("+", "#") for level in topic_filter.split("/"))
 
 
 def _anything(name: str) -> bool:

@@ -348,6 +348,7 @@ class BrokerCollector:
         dropped = "broker_mqtt_deliveries_dropped_total"
         add(dropped, ["overflow"], mqtt.dropped_overflow if mqtt else 0)
         add(dropped, ["too_large"], mqtt.dropped_too_large if mqtt else 0)
+        add(dropped, ["expired"], mqtt.dropped_expired if mqtt else 0)
         add("broker_mqtt_retained_messages", [], mqtt.retained_messages if mqtt else 0)
         add("broker_mqtt_retained_bytes", [], mqtt.retained_bytes if mqtt else 0)
         add("broker_mqtt_retained_refused_total", [], mqtt.retained_refused if mqtt else 0)

@@ -130,7 +130,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "counter",
         "Deliveries to MQTT clients dropped: overflow (a QoS 0 subscription's queue was "
         "full: the client fell behind), too_large (larger than the client's Maximum Packet "
-        "Size, dropped as MQTT says).",
+        "Size, dropped as MQTT says), expired (its 5.0 Message Expiry Interval had passed).",
         ("reason",),
     ),
     MetricSpec(

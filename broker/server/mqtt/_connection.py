@@ -40,16 +40,17 @@ from broker.mqtt import (
     TopicError,
     Unsubscribe,
     broker_topic_name,
+    topic_matches,
 )
 
 from .._peer_logging import ConnectionLog, shown
 from .._services import BrokerServices
 from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
-from ._messages import published_tail
+from ._messages import published_tail, wall_ms
 from ._publishing import MQTTPublishing
 from ._retained import RetainedStore
-from ._sessions import KeptSession, MQTTSessions, expiry_of
+from ._sessions import Filters, KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 from ._wills import Wills
 
@@ -254,17 +255,15 @@ class MQTTConnection:
         elif self.subscribing.session_client is not None:
             self._sessions.end(self.client_id)
 
-    def _record_session(
-        self, filters: dict[str, tuple[int, int | None, bool]], *, gone: bool = False
-    ) -> None:
+    def _record_session(self, filters: Filters, *, gone: bool = False) -> None:
         """Put the session in the state journal (written before the next
         bytes go out)."""
         interval = self._expiry_interval if self.version == MQTT_5 else None
         self._sessions.record(self.client_id, filters, interval, gone=gone)
 
-    def _filters(self) -> dict[str, tuple[int, int | None, bool]]:
+    def _filters(self) -> Filters:
         return {
-            topic_filter: (state.qos, state.identifier, state.retain_as_published)
+            topic_filter: (state.qos, state.identifier, state.retain_as_published, state.no_local)
             for topic_filter, state in self.deliveries.filters.items()
         }
 
@@ -295,7 +294,14 @@ class MQTTConnection:
         if not self.admission.may_publish(name):
             self._log(logging.WARNING, "will not published: may not publish to %s", shown(name))
             return
-        tail, key = published_tail(will.payload, will.properties, retain=will.retain)
+        origin = self._origin(will.topic)
+
+        def will_tail() -> tuple[bytes, bytes | None]:
+            """(Its Message Expiry Interval counts from when it is published.)"""
+            return published_tail(
+                will.payload, will.properties, retain=will.retain, now_ms=wall_ms(), origin=origin
+            )
+
         retain = (will.topic, will.qos, not will.payload) if will.retain else None
         delay = float(will.properties.will_delay_interval or 0) if self.version == MQTT_5 else 0.0
         if delay > 0:
@@ -307,13 +313,14 @@ class MQTTConnection:
                 session_left = expiry_of(self._expiry_interval, True, 0.0)
             delay = min(delay, 0.0 if session_left is None else session_left)
         if delay <= 0:
+            tail, key = will_tail()
             if retain is not None:
                 self._retained.update(will.topic, tail, will.qos, clear=not will.payload)
                 self._retained.write()
             self.publishing.add(name, tail, key, None, 0)  # (forwarded by close())
             return
         wills = self._wills
-        self._wills.later(self.client_id, delay, lambda: wills.publish(name, tail, key, retain))
+        self._wills.later(self.client_id, delay, lambda: wills.publish(name, *will_tail(), retain))
 
     def _cleanup(self) -> None:
         self._leave_session()
@@ -521,10 +528,24 @@ class MQTTConnection:
             return
         if self._life.closing:
             return  # a shutdown accepts none: never routed, never acknowledged
-        tail, key = published_tail(event.payload, event.properties, retain=event.retain)
+        tail, key = published_tail(
+            event.payload,
+            event.properties,
+            retain=event.retain,
+            now_ms=wall_ms(),
+            origin=self._origin(event.topic),
+        )
         if event.retain:
             self._retained.update(event.topic, tail, event.qos, clear=not event.payload)
         self.publishing.add(name, tail, key, event.packet_id, event.qos)
+
+    def _origin(self, topic: str) -> str | None:
+        """The client id to mark a publish to ``topic`` with: only when one
+        of the client's No Local subscriptions matches it (see ``_messages``)."""
+        for state in self.deliveries.filters.values():
+            if state.no_local and topic_matches(state.topic_filter, topic):
+                return self.client_id
+        return None
 
     def _refuse(self, event: Publish, reason: ReasonCode, message: str) -> None:
         protocol = self.protocol
@@ -581,6 +602,7 @@ class MQTTConnection:
             self._expiry_interval = connect.properties.session_expiry_interval if v5 else None
             persistent = (not v5 and not connect.clean_start) or bool(self._expiry_interval)
             subscribing = self.subscribing
+            self.deliveries.client_id = self.client_id
             subscribing.may_subscribe = self.admission.may_subscribe
             subscribing.principal = self.admission.principal_name
             if sessions.available and (persistent or kept is not None):

@@ -22,6 +22,9 @@ delivered at the filter's granted QoS:
   PUBACK (QoS 1), or once sent (QoS 0: at most once). What it holds when
   it leaves (unsubscribed, disconnected) goes back to the group, to
   another member.
+- A record whose ``mqtt-expiry`` has passed, or (on a No Local
+  subscription) whose ``mqtt-origin`` is this client (see ``_messages``), is
+  taken and acknowledged (settled) without being sent.
 - A new subscription's retained messages (see ``_retained``) are queued
   here (:meth:`MQTTDeliveries.queue_retained`: references to the stored
   messages) and sent before anything else, with the retain flag, within
@@ -49,7 +52,7 @@ from broker.mqtt import (
 from ..patterns._subscription import PatternSubscription
 from ..topics._groups import GroupSubscription
 from ..topics._topic import Subscription
-from ._messages import delivered
+from ._messages import delivered, wall_ms
 
 __all__ = ["RETAINED_HANDLE", "DeliveryCounters", "FilterState", "MQTTDeliveries"]
 
@@ -69,6 +72,8 @@ class DeliveryCounters:
     deliveries_replaced: int = 0
     #: Deliveries larger than the client's Maximum Packet Size: dropped, as MQTT says.
     deliveries_too_large: int = 0
+    #: Messages not delivered: their Message Expiry Interval had passed (5.0).
+    deliveries_expired: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -87,6 +92,8 @@ class FilterState:
     #: A shared subscription (``$share/...``): its broker subscription is a
     #: consumer group's member.
     shared: bool = False
+    #: 5.0's No Local: the client's own publishes are not delivered to it.
+    no_local: bool = False
 
 
 def _nothing(packet_id: int, state: list[object] | None) -> None:
@@ -132,6 +139,8 @@ class MQTTDeliveries:
         self.max_unsent = max_unsent
         self.root_account = root_account
         self.counters = DeliveryCounters()
+        #: The client's id (what its No Local subscriptions skip: see ``_messages``).
+        self.client_id = ""
         #: The broker subscriptions, by handle.
         self.subscriptions: dict[int, Subscription] = {}
         #: The MQTT subscription each handle serves.
@@ -339,12 +348,23 @@ class MQTTDeliveries:
         qos = state.qos
         counters = self.counters
         resend = None if group else self.resend
+        now = wall_ms()
         taken = 0
         for tail in tails:
             key = (state.topic_filter, topic, offset + taken)
             again = resend.pop(key, None) if resend else None
             if again is None and resend:
                 self._forget_passed(key)
+            message = delivered(bytes(tail), version, now)
+            if message.expired or (state.no_local and message.origin == self.client_id):
+                # Not delivered: taken, and acknowledged (settled) at once.
+                counters.deliveries_expired += message.expired
+                if again is not None:
+                    protocol.forget_outbound(again[0])
+                    self.outbound_changed(again[0], None)
+                self._skipped(handle, first + taken, group)
+                taken += 1
+                continue
             if (
                 self.unsent >= self.max_unsent
                 or self.retained
@@ -354,7 +374,7 @@ class MQTTDeliveries:
                     resend[key] = again
                 self.want_room.add(handle)  # (pumped again once there is room)
                 break
-            payload, properties, retained = delivered(bytes(tail), version)
+            payload, properties, retained = message.payload, message.properties, message.retained
             if state.identifier is not None:
                 properties = replace(properties, subscription_identifiers=(state.identifier,))
             retain = retained and state.retain_as_published
@@ -392,8 +412,8 @@ class MQTTDeliveries:
                 if sent is None:
                     sent = self._sent[handle] = _Sent()
                 sent.numbers.append(number)
-            elif qos:
-                self._acked(handle, number)  # (dropped as too large: nothing to wait for)
+            else:
+                self._skipped(handle, number, False)  # (too large: nothing to wait for)
             size = protocol.bytes_to_send - before
             self.unsent += size
             counters.messages_out += 1
@@ -401,6 +421,18 @@ class MQTTDeliveries:
         if taken:
             self._wake()
         return taken
+
+    def _skipped(self, handle: int, number: int, group: bool) -> None:
+        """Delivery ``number`` of ``handle`` is not made (expired, or the
+        client's own on a No Local subscription): done with at once."""
+        if group:
+            self._settle.setdefault(handle, []).append(number)
+        elif self.filter_of[handle].qos:
+            sent = self._sent.get(handle)
+            if sent is None:
+                sent = self._sent[handle] = _Sent()
+            sent.numbers.append(number)
+            self._acked(handle, number)
 
     def queue_retained(self, state: FilterState, messages: list[tuple[str, int, bytes]]) -> None:
         """Send ``messages`` (a new subscription's retained ones: topic,
@@ -424,7 +456,10 @@ class MQTTDeliveries:
             if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
                 break
             queue.popleft()
-            payload, properties, _ = delivered(tail, version)
+            payload, properties, _, _, gone = delivered(tail, version, wall_ms())
+            if gone:
+                counters.deliveries_expired += 1
+                continue
             if state.identifier is not None:
                 properties = replace(properties, subscription_identifiers=(state.identifier,))
             before = protocol.bytes_to_send

@@ -59,6 +59,8 @@ class MQTTTotals:
     retained_messages: int = 0
     retained_bytes: int = 0
     retained_refused: int = 0
+    #: Messages not delivered: their Message Expiry Interval had passed.
+    dropped_expired: int = 0
 
 
 class MQTTServer:
@@ -105,8 +107,9 @@ class MQTTServer:
         self._accept_scope = trio.CancelScope()
         self._idle = trio.Event()
         self._idle.set()
-        #: The counts of connections closed: messages in, out, dropped (overflow, too large).
-        self._closed_counts = [0, 0, 0, 0]
+        #: The counts of connections closed: messages in, out, dropped
+        #: (overflow, too large, expired).
+        self._closed_counts = [0, 0, 0, 0, 0]
 
     def totals(self) -> MQTTTotals:
         """What the MQTT clients did (see :class:`MQTTTotals`)."""
@@ -114,7 +117,7 @@ class MQTTServer:
         for connection in self.connections.values():
             for index, value in enumerate(_counts(connection)):
                 counts[index] += value
-        messages_in, messages_out, overflow, too_large = counts
+        messages_in, messages_out, overflow, too_large, expired = counts
         return MQTTTotals(
             connections_open=len(self.connections),
             connections_accepted=self.connections_total,
@@ -127,6 +130,7 @@ class MQTTServer:
             retained_messages=len(self.retained),
             retained_bytes=self.retained.bytes,
             retained_refused=self.retained.refused,
+            dropped_expired=expired,
         )
 
     async def serve(
@@ -245,13 +249,14 @@ class MQTTServer:
         await self._idle.wait()
 
 
-def _counts(connection: MQTTConnection) -> tuple[int, int, int, int]:
+def _counts(connection: MQTTConnection) -> tuple[int, int, int, int, int]:
     """A connection's messages in and out, and its deliveries dropped
-    (overflow, too large)."""
+    (overflow, too large, expired)."""
     counters = connection.deliveries.counters
     return (
         connection.publishing.messages_in,
         counters.messages_out,
         counters.deliveries_overflowed,
         counters.deliveries_too_large,
+        counters.deliveries_expired,
     )

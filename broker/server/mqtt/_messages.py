@@ -18,60 +18,154 @@ and headers to and from a PUBLISH's payload and user properties.
   MQTT clients do not (it says that the message was published retained,
   for 5.0's Retain As Published). The name is reserved: a user property
   ``mqtt-retain`` of an MQTT client is not kept.
+- A 5.0 PUBLISH with a Message Expiry Interval is stored with the header
+  ``mqtt-expiry`` (:data:`EXPIRY_HEADER`): when it expires, in
+  milliseconds since the Unix epoch (the broker's wall clock when it
+  received the PUBLISH, plus the interval). A delivery after that time is
+  not made; one before it carries the interval left, in whole seconds
+  rounded up.
+- A PUBLISH of a client that has a No Local subscription matching its
+  topic is stored with the header ``mqtt-origin`` (:data:`ORIGIN_HEADER`):
+  the client id; that client's No Local subscriptions skip it.
+- The three names are reserved: MQTT clients never see those headers, and
+  user properties of those names are not kept.
 
-Sans-IO: nothing here does I/O.
+Nothing here does I/O; :func:`wall_ms` reads the wall clock.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+from typing import NamedTuple
+
 from broker.mqtt import MQTT_5, NO_PROPERTIES, Properties
 from broker.protocol.frames import decode_deliver_tail, encode_deliver_tail
 
-__all__ = ["KEY_PROPERTY", "RETAIN_HEADER", "delivered", "published_tail"]
+__all__ = [
+    "EXPIRY_HEADER",
+    "KEY_PROPERTY",
+    "ORIGIN_HEADER",
+    "RETAIN_HEADER",
+    "Delivered",
+    "delivered",
+    "expired",
+    "published_tail",
+    "wall_ms",
+]
 
 #: The user property that carries the broker's message key.
 KEY_PROPERTY = "key"
 #: The header that marks a message published with the retain flag.
 RETAIN_HEADER = "mqtt-retain"
+#: The header that says when a message expires (Unix epoch, milliseconds).
+EXPIRY_HEADER = "mqtt-expiry"
+#: The header that names the publishing client (for No Local subscriptions).
+ORIGIN_HEADER = "mqtt-origin"
+#: Header names of ours: an MQTT client's user properties of these names are not kept.
+RESERVED = frozenset({RETAIN_HEADER, EXPIRY_HEADER, ORIGIN_HEADER})
+
+
+def wall_ms() -> int:
+    """The wall clock, in milliseconds since the Unix epoch (expiry times
+    are kept in the topic logs: they must mean the same after a restart)."""
+    return time.time_ns() // 1_000_000
 
 
 def published_tail(
-    payload: bytes, properties: Properties, *, retain: bool = False
+    payload: bytes,
+    properties: Properties,
+    *,
+    retain: bool = False,
+    now_ms: int | None = None,
+    origin: str | None = None,
 ) -> tuple[bytes, bytes | None]:
     """The encoded Deliver tail of an MQTT PUBLISH (what a topic routes and
-    its log stores) and the message's key; ``retain``: marked as retained."""
+    its log stores) and the message's key; ``retain``: marked as retained;
+    ``now_ms``: when it was received (its Message Expiry Interval counts
+    from then; None: it does not expire); ``origin``: the client id No
+    Local subscriptions know it by."""
     key: bytes | None = None
     headers: list[tuple[str, bytes]] | None = None
     for name, value in properties.user_properties:
         if name == KEY_PROPERTY and key is None:
             key = value.encode()
             continue
-        if name == RETAIN_HEADER:
+        if name in RESERVED:
             continue
         if headers is None:
             headers = []
         headers.append((name, value.encode()))
+    interval = properties.message_expiry_interval
+    if interval is not None and now_ms is not None:
+        headers = [*(headers or ()), (EXPIRY_HEADER, str(now_ms + interval * 1000).encode())]
+    if origin is not None:
+        headers = [*(headers or ()), (ORIGIN_HEADER, origin.encode())]
     if retain:
         headers = [*(headers or ()), (RETAIN_HEADER, b"1")]
     return encode_deliver_tail(payload, key, headers), key
 
 
-def delivered(tail: bytes, version: int) -> tuple[bytes, Properties, bool]:
+class Delivered(NamedTuple):
+    """A routed tail as an MQTT PUBLISH: its payload and properties, whether
+    it was published retained, the client id of its ``mqtt-origin`` (None:
+    none), and whether it expired (then it is not to be delivered)."""
+
+    payload: bytes
+    properties: Properties
+    retained: bool
+    origin: str | None
+    expired: bool
+
+
+def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     """The payload, the PUBLISH properties (user properties: the key, then
-    the headers) of a routed tail, for a client of protocol ``version``,
-    and whether it was published retained."""
+    the headers; 5.0's Message Expiry Interval, what is left of it at
+    ``now_ms``) of a routed tail, for a client of protocol ``version``,
+    and what the headers of ours say."""
     payload, key, headers = decode_deliver_tail(tail)
     if not headers and (version != MQTT_5 or key is None):
-        return payload, NO_PROPERTIES, False
+        return Delivered(payload, NO_PROPERTIES, False, None, False)
     retained = False
+    origin: str | None = None
+    left: int | None = None
     pairs: list[tuple[str, str]] = []
     if key is not None:
         pairs.append((KEY_PROPERTY, key.decode(errors="replace")))
     for name, value in headers or ():
-        if name == RETAIN_HEADER:
-            retained = True
+        if name in RESERVED:
+            if name == RETAIN_HEADER:
+                retained = True
+            elif name == ORIGIN_HEADER:
+                origin = value.decode(errors="replace")
+            else:
+                left = _left(value, now_ms)
             continue
         pairs.append((name, value.decode(errors="replace")))
-    if version != MQTT_5 or not pairs:
-        return payload, NO_PROPERTIES, retained
-    return payload, Properties(user_properties=tuple(pairs)), retained
+    expired = left is not None and left <= 0
+    if version != MQTT_5 or expired:
+        return Delivered(payload, NO_PROPERTIES, retained, origin, expired)
+    properties = Properties(user_properties=tuple(pairs)) if pairs else NO_PROPERTIES
+    if left is not None:
+        properties = replace(properties, message_expiry_interval=left)
+    return Delivered(payload, properties, retained, origin, False)
+
+
+def _left(value: bytes, now_ms: int) -> int | None:
+    """The whole seconds left (rounded up; 0: expired) of an expiry header
+    at ``now_ms`` (None: not one of ours: it does not expire)."""
+    try:
+        expires = int(value)
+    except ValueError:
+        return None
+    return max(0, -((now_ms - expires) // 1000))
+
+
+def expired(tail: bytes, now_ms: int) -> bool:
+    """Whether the message of ``tail`` has an expiry, passed at ``now_ms``."""
+    _, _, headers = decode_deliver_tail(tail)
+    for name, value in headers or ():
+        if name == EXPIRY_HEADER:
+            left = _left(value, now_ms)
+            return left is not None and left <= 0
+    return False

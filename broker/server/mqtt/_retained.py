@@ -7,8 +7,10 @@ section 3.3.1.3).
   empty payload clears it. Either way it is also published to the topic
   like any other message (a native reader sees it as a normal record, with
   the header ``mqtt-retain: 1``; see ``_messages``).
-- A retained message is kept until it is replaced or cleared: it does not
-  depend on the topic log's retention.
+- A retained message is kept until it is replaced or cleared, or (5.0)
+  its Message Expiry Interval passes: it does not depend on the topic
+  log's retention. An expired one is dropped when a subscription's filter
+  matches it (it is sent to none).
 - Bounded: at most :data:`MAX_RETAINED_MESSAGES` topics and
   :data:`MAX_RETAINED_BYTES` bytes (topic names and tails) in all. A
   retained PUBLISH that would go past either is not retained, and the
@@ -35,6 +37,8 @@ from collections.abc import Callable
 
 from broker.log import LogError, StateJournal
 from broker.mqtt import topic_matches
+
+from ._messages import expired, wall_ms
 
 __all__ = ["MAX_RETAINED_BYTES", "MAX_RETAINED_MESSAGES", "RETAINED", "RetainedStore"]
 
@@ -147,14 +151,21 @@ class RetainedStore:
         ``(topic, qos, tail)``, in topic order."""
         if "+" not in topic_filter and "#" not in topic_filter:
             found = self._messages.get(topic_filter)
-            if found is None or not may_read(topic_filter):
-                return []
-            return [(topic_filter, found[0], found[1])]
-        return [
-            (topic, qos, tail)
-            for topic, (qos, tail) in sorted(self._messages.items())
-            if topic_matches(topic_filter, topic) and may_read(topic)
-        ]
+            matched = [] if found is None else [(topic_filter, found[0], found[1])]
+        else:
+            matched = [
+                (topic, qos, tail)
+                for topic, (qos, tail) in sorted(self._messages.items())
+                if topic_matches(topic_filter, topic)
+            ]
+        now = wall_ms()
+        result: list[tuple[str, int, bytes]] = []
+        for message in matched:
+            if expired(message[2], now):
+                self._drop(message[0], self._messages.get(message[0]))
+            elif may_read(message[0]):
+                result.append(message)
+        return result
 
     def write(self) -> None:
         """Write the changes to the journal's file (before anything that

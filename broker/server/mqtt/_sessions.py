@@ -71,8 +71,8 @@ OUTBOUND = "mqtt.out"
 Outbound = dict[int, tuple[tuple[str, str, int], int]]
 
 #: A session's filters: topic filter -> (granted QoS, subscription
-#: identifier, Retain As Published), in subscription order.
-Filters = dict[str, tuple[int, int | None, bool]]
+#: identifier, Retain As Published, No Local), in subscription order.
+Filters = dict[str, tuple[int, int | None, bool, bool]]
 
 #: 5.0's Session Expiry Interval that means "never".
 NEVER = 0xFFFF_FFFF
@@ -94,7 +94,7 @@ class KeptSession:
     """A session while its client is away (see the module)."""
 
     #: Topic filter -> (granted QoS, subscription identifier, Retain As
-    #: Published), in subscription order.
+    #: Published, No Local), in subscription order.
     filters: Filters = field(default_factory=dict)
     #: Inbound QoS 2 packet ids whose PUBREC was sent and PUBCOMP not yet.
     inbound_qos2: frozenset[int] = frozenset()
@@ -178,7 +178,7 @@ class MQTTSessions:
         if self.journal is None:
             return
         value = {
-            "f": [[f, qos, ident, rap] for f, (qos, ident, rap) in filters.items()],
+            "f": [[f, qos, ident, rap, nl] for f, (qos, ident, rap, nl) in filters.items()],
             "exp": interval,
             "gone": time.time() if gone else None,
         }
@@ -326,14 +326,15 @@ def _parse_session(value: object, now: float, wall: float) -> KeptSession | None
         return None
     filters: Filters = {}
     for item in listed:
-        if not isinstance(item, list) or len(item) != 4:
-            return None
-        topic_filter, qos, identifier, as_published = item
+        if not isinstance(item, list) or len(item) not in (4, 5):
+            return None  # (4: written before No Local was kept)
+        topic_filter, qos, identifier, as_published = item[:4]
+        no_local = len(item) == 5 and bool(item[4])
         if not isinstance(topic_filter, str) or qos not in (0, 1, 2):
             return None
         if identifier is not None and type(identifier) is not int:
             return None
-        filters[topic_filter] = (qos, identifier, bool(as_published))
+        filters[topic_filter] = (qos, identifier, bool(as_published), no_local)
     if interval is None or interval >= NEVER:
         expires = math.inf
     elif gone is None:

@@ -53,7 +53,7 @@ from .._services import Storage, TopicDirectory
 from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
 from ._delivery import FilterState, MQTTDeliveries
 from ._retained import RetainedStore
-from ._sessions import MQTTSessions, cursor_name
+from ._sessions import Filters, MQTTSessions, cursor_name
 
 __all__ = ["MAX_GRANTED_QOS", "MAX_SHARED_QOS", "MQTTSubscribing"]
 
@@ -135,11 +135,11 @@ class MQTTSubscribing:
                 self._queue_retained(subscription.topic_filter)
         return reasons
 
-    def restore(self, filters: dict[str, tuple[int, int | None, bool]]) -> None:
+    def restore(self, filters: Filters) -> None:
         """Subscribe again to a resumed session's filters (each goes on from
         its cursors once :meth:`start` starts them)."""
-        for topic_filter, (qos, identifier, as_published) in filters.items():
-            self._subscribe(Subscription(topic_filter, qos, False, as_published), identifier)
+        for topic_filter, (qos, identifier, as_published, no_local) in filters.items():
+            self._subscribe(Subscription(topic_filter, qos, no_local, as_published), identifier)
 
     def _queue_retained(self, topic_filter: str) -> None:
         """The retained messages ``topic_filter`` matches go first."""
@@ -191,7 +191,11 @@ class MQTTSubscribing:
         cursor = self._cursor(topic_filter, granted)
         options: dict[str, object] = {} if cursor is None else {"cursor": cursor}
         state = FilterState(
-            topic_filter, granted, identifier, retain_as_published=subscription.retain_as_published
+            topic_filter,
+            granted,
+            identifier,
+            retain_as_published=subscription.retain_as_published,
+            no_local=subscription.no_local,
         )
         deliveries.filters[topic_filter] = state
         try:

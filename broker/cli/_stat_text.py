@@ -98,6 +98,7 @@ KNOWN = {
     "logs",
     "cluster",
     "workers",
+    "mqtt",
 }
 
 
@@ -396,6 +397,52 @@ def _connections(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: The figures shown of the MQTT listener, and of each MQTT connection.
+MQTT_FIGURES = (
+    "connections_open",
+    "connections_accepted",
+    "connections_refused",
+    "sessions_kept",
+    "wills_waiting",
+    "retained_messages",
+    "retained_bytes",
+)
+MQTT_CONNECTION_FIGURES = (
+    "state",
+    "persistent",
+    "subscriptions",
+    "shared_subscriptions",
+    "messages_in",
+    "messages_out",
+    "unacknowledged_in",
+    "in_flight_out",
+    "unsent_bytes",
+    "dropped_overflow",
+    "dropped_too_large",
+    "dropped_expired",
+)
+
+
+def _mqtt(document: Mapping[str, Any]) -> list[str]:
+    """The MQTT listener and its busiest connections (nothing without one)."""
+    mqtt = document.get("mqtt")
+    if not isinstance(mqtt, Mapping):
+        return []
+    tls = " TLS" if mqtt.get("tls") else ""
+    lines = ["", f"mqtt         {mqtt.get('address', '?')}{tls}"]
+    lines += _pairs(_picked(mqtt, MQTT_FIGURES), "  ")
+    for connection in _list(mqtt, "connections"):
+        words = [str(connection.get("name", "?")), str(connection.get("peer", "?"))]
+        head: list[tuple[str, Any]] = [("client_id", repr(connection.get("client_id", "")))]
+        if connection.get("principal") is not None:
+            head.append(("principal", repr(connection["principal"])))
+        head += _picked(connection, ("version",))
+        head += _picked(_dict(connection, "account"), ("debt", "blocked"))
+        head += _picked(connection, MQTT_CONNECTION_FIGURES)
+        lines += _pairs(head, "  ", "  ".join(words) + "  ")
+    return lines
+
+
 #: Columns of the consumer groups' table.
 GROUP_COLUMNS = ("members", "outstanding", "lag", "redelivered", "dead_lettered", "late_settles")
 
@@ -446,6 +493,7 @@ def render(document: Mapping[str, Any]) -> str:
         *_cluster(document),
         *_groups(document),
         *_connections(document),
+        *_mqtt(document),
         *_others(document),
     ]
     while lines and not lines[0]:

@@ -6,7 +6,8 @@ connections a :class:`~broker.metrics.BrokerCollector` snapshot details
 ``metrics_top`` topics (the most queued deliveries first), and of each
 detailed connection
 its first :data:`LIST_LIMIT` channels and subscriptions; ``totals`` and the
-``*_total`` counts cover everything.
+``*_total`` counts cover everything. The ``mqtt`` section's connections are
+bounded the same way (see ``MQTTServer.connection_statistics``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ._stat_schema import (
     BrokerSection,
     ConnectionRow,
     GroupRow,
+    MQTTConnectionRow,
+    MQTTSection,
     ReceiverRow,
     SenderRow,
     StatDocument,
@@ -192,6 +195,32 @@ def _document(broker: Broker, snapshot: Snapshot) -> Walk[StatDocument]:
         "topics": [cast("TopicRow", dict(topic)) for topic in snapshot.top_topics],
         "logs": logs,
         "cluster": cluster_document(snapshot.cluster),
+        "mqtt": _mqtt_document(broker),
+    }
+
+
+def _mqtt_document(broker: Broker) -> MQTTSection | None:
+    """The MQTT listener's section (None: none), its connections bounded
+    as the native ones are (``metrics_top`` by debt, as many by backlog)."""
+    server = broker.mqtt
+    if server is None:
+        return None
+    totals = server.totals()
+    rows: list[MQTTConnectionRow] = [
+        cast("MQTTConnectionRow", {**_plain(figures), "account": _account(account)})
+        for figures, account in server.connection_statistics(broker.config.metrics_top)
+    ]
+    return {
+        "address": "{}:{}".format(*server.address),
+        "tls": server.ssl_context is not None,
+        "connections_open": totals.connections_open,
+        "connections_accepted": totals.connections_accepted,
+        "connections_refused": totals.connections_refused,
+        "sessions_kept": len(server.sessions.kept),
+        "wills_waiting": server.wills.waiting,
+        "retained_messages": totals.retained_messages,
+        "retained_bytes": totals.retained_bytes,
+        "connections": rows,
     }
 
 

@@ -375,6 +375,49 @@ class ClusterSection(TypedDict):
     set_aside: dict[str, str]
 
 
+class MQTTConnectionRow(TypedDict):
+    """An MQTT client connection (``broker.server.mqtt.MQTTConnectionStatistics``)
+    and its account."""
+
+    serial: int
+    name: str
+    peer: str
+    client_id: str
+    principal: str | None
+    version: str
+    state: str
+    persistent: bool
+    subscriptions: int
+    shared_subscriptions: int
+    messages_in: int
+    messages_out: int
+    unacknowledged_in: int
+    in_flight_out: int
+    unsent_bytes: int
+    dropped_overflow: int
+    dropped_too_large: int
+    dropped_expired: int
+    account: AccountDoc
+
+
+class MQTTSection(TypedDict):
+    """The MQTT listener (``mqtt_listen``): its counts, and its connections
+    chosen as native ones are (the most debt, then the most in flight)."""
+
+    address: str
+    tls: bool
+    connections_open: int
+    connections_accepted: int
+    connections_refused: int
+    #: Persistent sessions kept while their clients are away.
+    sessions_kept: int
+    #: Wills waiting for their Will Delay Interval.
+    wills_waiting: int
+    retained_messages: int
+    retained_bytes: int
+    connections: list[MQTTConnectionRow]
+
+
 class StatDocument(TypedDict):
     """``GET /stat.json``. Bounded: ``connections``, ``topics``, ``groups``
     and the lists in ``logs`` hold the busiest; the ``*_total`` counts and
@@ -397,6 +440,8 @@ class StatDocument(TypedDict):
     logs: LogsSection | None
     #: ``null``: not in cluster mode.
     cluster: ClusterSection | None
+    #: ``null``: no MQTT listener.
+    mqtt: MQTTSection | None
 
 
 # ====================================================================== the workers' merge
@@ -587,4 +632,16 @@ MERGE_RULES: Final[Mapping[str, MergeRule]] = {
     "cluster.set_aside_total": Rule.SUM,
     "cluster.set_aside": Rule.EACH_KEY,
     "cluster.set_aside.*": Rule.SAME,
+    # (A broker of several workers serves no MQTT: for completeness too.)
+    "mqtt": Section(missing="omit"),
+    "mqtt.address": Rule.JOIN,
+    "mqtt.tls": Rule.ANY,
+    "mqtt.connections_open": Rule.SUM,
+    "mqtt.connections_accepted": Rule.SUM,
+    "mqtt.connections_refused": Rule.SUM,
+    "mqtt.sessions_kept": Rule.SUM,
+    "mqtt.wills_waiting": Rule.SUM,
+    "mqtt.retained_messages": Rule.SUM,
+    "mqtt.retained_bytes": Rule.SUM,
+    "mqtt.connections": Rows(Order.DEBT),
 }

@@ -24,8 +24,15 @@ package is its trio driver and the adapter to the broker:
   Start 0): their filters in memory, their QoS 1 positions as durable cursors.
 """
 
-from ._connection import MQTTConnection
+from ._connection import MQTTConnection, MQTTConnectionStatistics
 from ._delivery import DeliveryCounters
 from ._listener import MQTTCannotListen, MQTTServer, MQTTTotals
 
-__all__ = ["DeliveryCounters", "MQTTCannotListen", "MQTTConnection", "MQTTServer", "MQTTTotals"]
+__all__ = [
+    "DeliveryCounters",
+    "MQTTCannotListen",
+    "MQTTConnection",
+    "MQTTConnectionStatistics",
+    "MQTTServer",
+    "MQTTTotals",
+]

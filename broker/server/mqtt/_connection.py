@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -54,7 +55,7 @@ from ._sessions import Filters, KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 from ._wills import Wills
 
-__all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection"]
+__all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection", "MQTTConnectionStatistics"]
 
 #: Bytes asked of the socket per read.
 RECEIVE_SIZE = 64 * 1024
@@ -67,6 +68,39 @@ LINGER_SECONDS = 1.0
 RECEIVE_MAXIMUM = 1024
 
 R = ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class MQTTConnectionStatistics:
+    """One MQTT connection's figures (a row of ``/stat.json``'s ``mqtt``)."""
+
+    serial: int
+    name: str
+    peer: str
+    #: "" before CONNECT.
+    client_id: str
+    #: Its principal (None: no auth file).
+    principal: str | None
+    #: "3.1.1", "5.0" ("" before CONNECT).
+    version: str
+    #: ``awaiting_connect``, ``awaiting_connack``, ``connected``, ``closed``.
+    state: str
+    #: Its session outlives it (Clean Start 0 and an expiry).
+    persistent: bool
+    #: Its MQTT subscriptions (topic filters), and how many are shared.
+    subscriptions: int
+    shared_subscriptions: int
+    messages_in: int
+    messages_out: int
+    #: QoS 1 and 2 PUBLISHes received and not acknowledged yet (not routed).
+    unacknowledged_in: int
+    #: QoS 1 and 2 PUBLISHes sent and not acknowledged by the client yet.
+    in_flight_out: int
+    #: Bytes queued and not written to the socket.
+    unsent_bytes: int
+    dropped_overflow: int
+    dropped_too_large: int
+    dropped_expired: int
 
 
 class MQTTConnection:
@@ -169,6 +203,32 @@ class MQTTConnection:
     def version(self) -> int | None:
         """The protocol level (4: 3.1.1, 5: 5.0), once CONNECT said it."""
         return self.protocol.version
+
+    def statistics(self) -> MQTTConnectionStatistics:
+        """Its figures now (what ``/stat.json`` shows of it)."""
+        deliveries = self.deliveries
+        counters = deliveries.counters
+        filters = deliveries.filters.values()
+        return MQTTConnectionStatistics(
+            serial=self.serial,
+            name=self.name,
+            peer=self.peer,
+            client_id=self.client_id,
+            principal=self.admission.principal_name,
+            version={4: "3.1.1", 5: "5.0"}.get(self.version or 0, ""),
+            state=self.protocol.state.name.lower(),
+            persistent=self._persistent,
+            subscriptions=len(deliveries.filters),
+            shared_subscriptions=sum(1 for state in filters if state.shared),
+            messages_in=self.publishing.messages_in,
+            messages_out=counters.messages_out,
+            unacknowledged_in=self.publishing.unacknowledged,
+            in_flight_out=len(deliveries.in_flight),
+            unsent_bytes=self.protocol.bytes_to_send,
+            dropped_overflow=counters.deliveries_overflowed,
+            dropped_too_large=counters.deliveries_too_large,
+            dropped_expired=counters.deliveries_expired,
+        )
 
     # ================================================================ lifecycle
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import trio
 
+from accounts import Account
 from broker.mqtt import ReasonCode
 
 from .._services import BrokerServices
-from ._connection import MQTTConnection
+from ._connection import MQTTConnection, MQTTConnectionStatistics
 from ._retained import RetainedStore
 from ._sessions import KeptSession, MQTTSessions
 from ._wills import Wills
@@ -110,6 +111,27 @@ class MQTTServer:
         #: The counts of connections closed: messages in, out, dropped
         #: (overflow, too large, expired).
         self._closed_counts = [0, 0, 0, 0, 0]
+
+    def connection_statistics(self, top: int) -> list[tuple[MQTTConnectionStatistics, Account]]:
+        """The figures of at most ``2 * top`` connections, bounded as the
+        native ones are in ``/stat.json``: the ``top`` with the most debt
+        (blocked first), then up to ``top`` more of the rest with the most
+        deliveries in flight and bytes unsent (those with any); each with
+        its account."""
+        connections = list(self.connections.values())
+        by_debt = sorted(
+            connections, key=lambda c: (c.account.blocked, c.account.debt), reverse=True
+        )[:top]
+        chosen = {c.serial for c in by_debt}
+        rest = [
+            c
+            for c in connections
+            if c.serial not in chosen and (c.deliveries.in_flight or c.protocol.bytes_to_send)
+        ]
+        rest.sort(
+            key=lambda c: (len(c.deliveries.in_flight), c.protocol.bytes_to_send), reverse=True
+        )
+        return [(c.statistics(), c.account) for c in by_debt + rest[:top]]
 
     def totals(self) -> MQTTTotals:
         """What the MQTT clients did (see :class:`MQTTTotals`)."""

@@ -105,13 +105,16 @@ def subscribe(packet_id: int, topic: str, qos: int) -> bytes:
     return _packet(SUBSCRIBE, 0x2, _U16.pack(packet_id) + _string(topic) + bytes([qos]))
 
 
-def publish(topic: str, payload: bytes, qos: int = 0, packet_id: int = 0) -> bytes:
-    """PUBLISH, not retained, not a duplicate; ``packet_id`` (1-65535) only
-    at QoS 1 or 2."""
+def publish(
+    topic: str, payload: bytes, qos: int = 0, packet_id: int = 0, *, dup: bool = False
+) -> bytes:
+    """PUBLISH, not retained; ``packet_id`` (1-65535) only at QoS 1 or 2;
+    ``dup``: a resend of one sent before (QoS 1 or 2)."""
     if qos not in (0, 1, 2):
         raise MqttError(f"QoS {qos}")
     ident = _U16.pack(packet_id) if qos else b""
-    return _packet(PUBLISH, qos << 1, _string(topic) + ident + payload)
+    flags = qos << 1 | (0x8 if dup and qos else 0)
+    return _packet(PUBLISH, flags, _string(topic) + ident + payload)
 
 
 def publish_prefix(topic: str, payload_size: int, qos: int) -> bytes:
@@ -175,6 +178,12 @@ def parse_connack(packet: Packet) -> int:
     if packet.type != CONNACK or len(packet.body) != 2:
         raise MqttError(f"expected CONNACK, got packet type {packet.type}")
     return packet.body[1]
+
+
+def session_present(packet: Packet) -> bool:
+    """Whether a CONNACK says the server kept a session for the client."""
+    parse_connack(packet)
+    return bool(packet.body[0] & 0x01)
 
 
 def parse_suback(packet: Packet) -> tuple[int, list[int]]:

@@ -227,7 +227,7 @@ def _in_window(one: dict[str, Any], start: int, end: int) -> int:
 
 
 def slow_consumer(
-    where: Server, topic: str, duration: float, *, slow: bool = True
+    where: Server, topic: str, duration: float, *, slow: bool = True, idle: float = 3.0
 ) -> dict[str, float]:
     """One publisher flat out at QoS 1 for ``duration`` s to a subscriber
     flat out and (``slow``) one reading 200 KB/s; both read what is left
@@ -235,7 +235,7 @@ def slow_consumer(
     with tempfile.TemporaryDirectory(prefix="broker-bench-release-") as directory:
         release = str(Path(directory) / "published")
         spec = {"role": "mqtt_count", "url": where.url, "topic": topic, "qos": 1}
-        spec |= {"release": release, "idle": 3.0, "timeout": TIMEOUT, "mark_every": 100}
+        spec |= {"release": release, "idle": idle, "timeout": TIMEOUT, "mark_every": 100}
         fast = worker({**spec, "client_id": f"bench-{topic}-fast"})
         subs = [fast]
         if slow:
@@ -283,7 +283,7 @@ def slow_consumer(
 
 
 def _slow_consumer_runs(
-    duration: float, progress: Callable[[str], None], results: dict[str, Any]
+    duration: float, idle: float, progress: Callable[[str], None], results: dict[str, Any]
 ) -> None:
     """The slow-consumer workload on a fresh process of each of
     :data:`SLOW_BROKERS`: the fast subscriber alone, then beside the slow one."""
@@ -295,9 +295,9 @@ def _slow_consumer_runs(
                 context = mosquitto_server(None if name == "mosquitto" else 0)
             with context as where:
                 progress(f"slow consumer on {name.replace('_', ' ')}: the fast subscriber alone")
-                alone = slow_consumer(where, "bench/alone", duration, slow=False)
+                alone = slow_consumer(where, "bench/alone", duration, slow=False, idle=idle)
                 progress(f"slow consumer on {name.replace('_', ' ')}: beside a 200 KB/s one")
-                beside = slow_consumer(where, "bench/slow", duration)
+                beside = slow_consumer(where, "bench/slow", duration, idle=idle)
         prefix = f"{name}_slow_"
         results.update({prefix + key: value for key, value in beside.items()})
         results[prefix + "fast_alone_per_s"] = alone["fast_per_s"]
@@ -314,10 +314,12 @@ def run(
     duration: float | None = None,
     slow_duration: float | None = None,
     rounds: int | None = None,
+    slow_idle: float = 3.0,
     **_options: Any,
 ) -> dict[str, Any]:
     """Every workload on both brokers (see the module); with
-    ``slow_consumer_only``, the slow consumer alone. Raises RuntimeError
+    ``slow_consumer_only``, the slow consumer alone (its subscribers stop
+    ``slow_idle`` s after the last message, once the publisher is done). Raises RuntimeError
     when mosquitto is not installed (see :func:`unavailable`)."""
     if mosquitto_path() is None:
         raise RuntimeError(MISSING)
@@ -347,7 +349,7 @@ def run(
         ):
             _compare(brokers, count, fanout_count, duration, rounds, progress, results)
     results |= {"slow_seconds": slow_duration, "slow_bytes_per_s": SLOW_BYTES_PER_S}
-    _slow_consumer_runs(slow_duration, progress, results)
+    _slow_consumer_runs(slow_duration, slow_idle, progress, results)
     results["python_loop_10m_s_after"] = python_loop_10m_s()
     results["bench_seconds"] = time.perf_counter() - started
     return results

@@ -29,7 +29,12 @@ next, so that a change in the machine's load weighs on both alike):
 Every figure comes with the broker's CPU per message (``/proc``: utime +
 stime over the workload) and the clients' CPU (cores they kept busy: on a
 2-core machine the clients may limit the faster broker). Ratios are this
-broker's figure over Mosquitto's.
+broker's figure over Mosquitto's (``ratio_*``) and over the trio floor's
+(``ratio_floor_*``). For reference the same workloads run on ``peers``'
+two floors (``floors``, on by default): minimal MQTT relays in trio
+(``trio_floor``: one task per connection, one write per packet) and in
+plain Python (``python_floor``: one epoll thread), which show what any
+broker built on those costs at the least.
 
 ``slow_consumer`` (``--slow-consumer``: only this one): one publisher flat
 out at QoS 1 for ``duration`` s, one subscriber reading its socket at
@@ -53,7 +58,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,13 +76,16 @@ from ._procs import (
 )
 from ._rates import at_rate
 from ._yardstick import python_loop_10m_s
-from .peers import mosquitto_path, mosquitto_process
+from .peers import floor_process, mosquitto_path, mosquitto_process
 
 #: The line a user gets when the suite cannot run.
 MISSING = "broker bench mqtt: needs mosquitto, which is not installed (apt install mosquitto)"
 
 #: The brokers compared, in the order of the first round.
 BROKERS = ("ours", "mosquitto")
+#: The floors measured beside them for reference (``peers``' minimal MQTT
+#: relays, see ``_trio_floor`` and ``_python_floor``): name and module.
+FLOORS = (("trio_floor", "_trio_floor"), ("python_floor", "_python_floor"))
 #: The slow-consumer runs: this broker, Mosquitto as configured by default
 #: (``max_queued_messages`` 1,000), Mosquitto without that limit.
 SLOW_BROKERS = ("ours", "mosquitto", "mosquitto_unbounded")
@@ -139,10 +147,18 @@ def mosquitto_server(max_queued_messages: int | None = 0) -> Iterator[Server]:
 
 
 @contextmanager
-def servers(directory: Path) -> Iterator[dict[str, Server]]:
-    """This broker (data directory under ``directory``) and Mosquitto."""
-    with ours_process(str(directory / "ours")) as ours, mosquitto_server() as mosquitto:
-        yield {"ours": ours, "mosquitto": mosquitto}
+def servers(directory: Path, floors: bool) -> Iterator[dict[str, Server]]:
+    """This broker (data directory under ``directory``), Mosquitto and, with
+    ``floors``, the two floor relays."""
+    with ExitStack() as stack:
+        found = {
+            "ours": stack.enter_context(ours_process(str(directory / "ours"))),
+            "mosquitto": stack.enter_context(mosquitto_server()),
+        }
+        for name, module in FLOORS if floors else ():
+            url, process = stack.enter_context(floor_process(module))
+            found[name] = Server(url, process.pid)
+        yield found
 
 
 def throughput(where: Server, topic: str, count: int, subscribers: int) -> dict[str, float]:
@@ -315,6 +331,7 @@ def run(
     slow_duration: float | None = None,
     rounds: int | None = None,
     slow_idle: float = 3.0,
+    floors: bool = True,
     **_options: Any,
 ) -> dict[str, Any]:
     """Every workload on both brokers (see the module); with
@@ -345,7 +362,7 @@ def run(
         }
         with (
             tempfile.TemporaryDirectory(prefix="broker-bench-mqtt-") as directory,
-            servers(Path(directory)) as brokers,
+            servers(Path(directory), floors) as brokers,
         ):
             _compare(brokers, count, fanout_count, duration, rounds, progress, results)
     results |= {"slow_seconds": slow_duration, "slow_bytes_per_s": SLOW_BYTES_PER_S}
@@ -364,37 +381,57 @@ def _compare(
     progress: Callable[[str], None],
     results: dict[str, Any],
 ) -> None:
-    """1->1, 1->N and the open-loop run on both brokers, alternated."""
+    """1->1, 1->N and the open-loop run on every broker of ``brokers``,
+    alternated; ratios of this broker's figures over Mosquitto's (and
+    over the trio floor's, if measured)."""
+    names = tuple(brokers)
     workloads: list[tuple[str, int, int]] = [
         ("one_to_one", count, 1),
         ("fanout", fanout_count, FANOUT),
     ]
     for name, messages, subscribers in workloads:
-        runs: dict[str, list[dict[str, float]]] = {broker: [] for broker in BROKERS}
+        runs: dict[str, list[dict[str, float]]] = {broker: [] for broker in names}
         for round_ in range(rounds):
-            order = BROKERS if round_ % 2 == 0 else BROKERS[::-1]
+            order = names if round_ % 2 == 0 else names[::-1]
             for broker in order:
                 progress(f"{name} ({messages:,} messages) on {broker}, round {round_ + 1}")
                 topic = f"bench/{name}/{round_}"
                 runs[broker].append(throughput(brokers[broker], topic, messages, subscribers))
-        for broker in BROKERS:
+        for broker in names:
             figures = _median(runs[broker])
             results.update({f"{broker}_{name}_{key}": value for key, value in figures.items()})
-        ours, theirs = results[f"ours_{name}_per_s"], results[f"mosquitto_{name}_per_s"]
-        results[f"ratio_{name}_rate"] = ours / theirs if theirs else None
-        ours = results[f"ours_{name}_broker_cpu_us_per_msg"]
-        theirs = results[f"mosquitto_{name}_broker_cpu_us_per_msg"]
-        results[f"ratio_{name}_cpu"] = ours / theirs if theirs else None
-    for broker in BROKERS:
+    for broker in names:
         progress(f"{RATE:,} msg/s open loop for {duration:.0f} s on {broker}")
         where = brokers[broker]
         figures = at_rate(where.url, where.pid, RATE, duration, mqtt_qos=1)
         results.update({f"{broker}_rate_{RATE}_{key}": value for key, value in figures.items()})
-    for ratio, key in (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg")):
-        theirs = results[f"mosquitto_rate_{RATE}_{key}"]
-        ours = results[f"ours_rate_{RATE}_{key}"]
-        # (None: no CPU tick fell in Mosquitto's window.)
-        results[f"ratio_rate_{RATE}_{ratio}"] = ours / theirs if theirs else None
+    for other, prefix in (("mosquitto", "ratio"), ("trio_floor", "ratio_floor")):
+        if other in brokers:
+            results.update(_ratios(results, other, prefix))
+
+
+#: The figures compared as ratios: (ratio name, figure key).
+RATIOS = (
+    *(
+        (f"{name}_{short}", f"{name}_{key}")
+        for name in ("one_to_one", "fanout")
+        for short, key in (("rate", "per_s"), ("cpu", "broker_cpu_us_per_msg"))
+    ),
+    *(
+        (f"rate_{RATE}_{short}", f"rate_{RATE}_{key}")
+        for short, key in (("p50", "p50_us"), ("p99", "p99_us"), ("cpu", "broker_cpu_us_per_msg"))
+    ),
+)
+
+
+def _ratios(results: dict[str, Any], other: str, prefix: str) -> dict[str, float | None]:
+    """This broker's figures over ``other``'s, keyed ``{prefix}_{ratio}``
+    (None where ``other``'s is 0: no CPU tick fell in its window)."""
+    ratios: dict[str, float | None] = {}
+    for ratio, key in RATIOS:
+        theirs = results[f"{other}_{key}"]
+        ratios[f"{prefix}_{ratio}"] = results[f"ours_{key}"] / theirs if theirs else None
+    return ratios
 
 
 def _ratio(value: float | None) -> str:
@@ -410,28 +447,37 @@ def table(results: dict[str, Any]) -> list[str]:
         f"publisher window {r['window']:,}; ratio: this broker / Mosquitto",
     ]
     if "ours_one_to_one_per_s" in r:
-        lines.append(f"{'workload':<34}{'ours':>12}{'mosquitto':>12}{'ratio':>8}")
+        names = [
+            n
+            for n in ("ours", "mosquitto", "trio_floor", "python_floor")
+            if f"{n}_one_to_one_per_s" in r
+        ]
+        lines.append(
+            f"{'workload':<32}"
+            + "".join(f"{n.replace('_', ' '):>13}" for n in names)
+            + f"{'x mosq':>8}"
+        )
 
         def row(label: str, key: str, ratio: str | None, fmt: str = ",.0f") -> None:
-            ours, theirs = r[f"ours_{key}"], r[f"mosquitto_{key}"]
-            shown = _ratio(r[ratio]) if ratio else ""
-            lines.append(f"{label:<34}{ours:>12{fmt}}{theirs:>12{fmt}}{shown}")
+            shown = _ratio(r[f"ratio_{ratio}"]) if ratio else ""
+            figures = "".join(f"{r[f'{n}_{key}']:>13{fmt}}" for n in names)
+            lines.append(f"{label:<32}{figures}{shown}")
 
         for name, label in (
             ("one_to_one", f"1->1 msg/s ({r['one_to_one_messages']:,})"),
             ("fanout", f"1->{r['fanout_subscribers']} deliveries/s ({r['fanout_messages']:,})"),
         ):
-            row(label, f"{name}_per_s", f"ratio_{name}_rate")
-            row("  broker CPU us/msg", f"{name}_broker_cpu_us_per_msg", f"ratio_{name}_cpu", ",.1f")
+            row(label, f"{name}_per_s", f"{name}_rate")
+            row("  broker CPU us/msg", f"{name}_broker_cpu_us_per_msg", f"{name}_cpu", ",.1f")
             row("  client cores busy", f"{name}_client_cores", None, ".2f")
             row("  lost", f"{name}_lost", None, ",")
         rate = r["open_loop_rate"]
-        row(f"{rate:,} msg/s p50 us", f"rate_{rate}_p50_us", f"ratio_rate_{rate}_p50")
-        row(f"{rate:,} msg/s p99 us", f"rate_{rate}_p99_us", f"ratio_rate_{rate}_p99")
+        row(f"{rate:,} msg/s p50 us", f"rate_{rate}_p50_us", f"rate_{rate}_p50")
+        row(f"{rate:,} msg/s p99 us", f"rate_{rate}_p99_us", f"rate_{rate}_p99")
         row(
             f"{rate:,} msg/s broker CPU us/msg",
             f"rate_{rate}_broker_cpu_us_per_msg",
-            f"ratio_rate_{rate}_cpu",
+            f"rate_{rate}_cpu",
             ",.1f",
         )
         row(f"{rate:,} msg/s received", f"rate_{rate}_received", None, ",")

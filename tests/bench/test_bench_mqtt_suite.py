@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from broker.bench import mqtt as bench
+from broker.bench import peers
 from broker.cli import main
 from broker.cli._bench import DEFAULT_SUITES
 from tests.deploy.helpers import missing_tool
@@ -63,6 +64,7 @@ def test_mqtt_measures_both_brokers_and_loses_nothing_it_promises() -> None:
         assert 0 < figures[prefix + "p50_us"] <= figures[prefix + "p99_us"], figures
     assert figures["ratio_one_to_one_rate"] > 0
     assert figures["ratio_fanout_rate"] > 0
+    assert figures[f"ratio_rate_{bench.RATE}_p50"] > 0
     for broker in bench.SLOW_BROKERS:
         prefix = f"{broker}_slow_"
         assert figures[prefix + "published"] > 0, figures
@@ -78,3 +80,14 @@ def test_mqtt_measures_both_brokers_and_loses_nothing_it_promises() -> None:
     lines = bench.table(figures)
     assert any(line.startswith("1->1 msg/s") for line in lines), lines
     assert sum(line.startswith(("ours ", "mosquitto ")) for line in lines) == 3, lines
+
+
+@pytest.mark.parametrize("module", [module for _name, module in bench.FLOORS])
+def test_the_flat_out_clients_against_a_floor_relay(module: str) -> None:
+    """The floors, measured beside the brokers for reference, take the
+    suite's flat-out clients (1->2 here: nothing lost)."""
+    with peers.floor_process(module) as (url, process):
+        figures = bench.throughput(bench.Server(url, process.pid), "bench/floor", 200, 2)
+    assert figures["lost"] == 0, figures
+    assert figures["duplicates"] == 0, figures
+    assert figures["per_s"] > 0

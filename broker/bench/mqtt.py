@@ -44,7 +44,9 @@ message, or nothing came for a few seconds). Reported per broker: messages
 each subscriber lost (published and never received), the fast one's rate
 while the publisher published beside its rate alone (the same run without
 the slow subscriber, just before), and the broker's ``RssAnon`` growth
-(its peak over the run minus its value before the publisher started). On
+(its peak over the run minus its value before the publisher started; in
+the run alone too: with topic logs, the active term of each topic's log is
+anonymous memory, up to ``term_bytes``, whoever reads it). On
 a fresh process of each broker: this one, Mosquitto with its default
 ``max_queued_messages`` (1,000: it drops what is past it), and Mosquitto
 without that limit (``max_queued_messages 0``: it keeps everything, in
@@ -317,6 +319,7 @@ def _slow_consumer_runs(
         prefix = f"{name}_slow_"
         results.update({prefix + key: value for key, value in beside.items()})
         results[prefix + "fast_alone_per_s"] = alone["fast_per_s"]
+        results[prefix + "alone_rss_anon_growth_mib"] = alone["rss_anon_growth_mib"]
         results[prefix + "fast_ratio"] = beside["fast_per_s"] / max(alone["fast_per_s"], 1e-9)
 
 
@@ -487,7 +490,7 @@ def table(results: dict[str, Any]) -> list[str]:
     )
     lines.append(
         f"{'broker':<22}{'published/s':>12}{'fast/s':>9}{'alone/s':>9}{'x alone':>8}"
-        f"{'slow/s':>8}{'slow lost':>11}{'fast lost':>10}{'RssAnon+ MiB':>13}"
+        f"{'slow/s':>8}{'slow lost':>11}{'fast lost':>10}{'RssAnon+ MiB':>13}{'alone':>7}"
     )
     for name in SLOW_BROKERS:
         p = f"{name}_slow_"
@@ -496,6 +499,6 @@ def table(results: dict[str, Any]) -> list[str]:
             f"{r[p + 'fast_per_s']:>9,.0f}{r[p + 'fast_alone_per_s']:>9,.0f}"
             f"{r[p + 'fast_ratio']:>8.2f}{r[p + 'slow_per_s']:>8,.0f}"
             f"{r[p + 'slow_lost']:>11,}{r[p + 'fast_lost']:>10,}"
-            f"{r[p + 'rss_anon_growth_mib']:>13.1f}"
+            f"{r[p + 'rss_anon_growth_mib']:>13.1f}{r[p + 'alone_rss_anon_growth_mib']:>7.1f}"
         )
     return lines

@@ -1,7 +1,8 @@
-"""A minimal MQTT 3.1.1 codec, sans-IO: just what the peer benchmark's
-clients need (CONNECT/CONNACK, SUBSCRIBE/SUBACK, PUBLISH at QoS 0 and 1,
-PUBACK, DISCONNECT), and a streaming reader that turns bytes, however they
-were split into reads, into whole packets.
+"""A minimal MQTT 3.1.1 codec, sans-IO: just what the benchmarks' clients
+need (CONNECT/CONNACK, SUBSCRIBE/SUBACK, PUBLISH at QoS 0, 1 and 2, PUBACK,
+the QoS 2 exchange PUBREC/PUBREL/PUBCOMP, DISCONNECT), and a streaming
+reader that turns bytes, however they were split into reads, into whole
+packets.
 
 Encoders build packets as the MQTT 3.1.1 specification lays them out
 (section 2: a fixed header of the type and flags, the remaining length in
@@ -18,6 +19,9 @@ CONNECT = 1
 CONNACK = 2
 PUBLISH = 3
 PUBACK = 4
+PUBREC = 5
+PUBREL = 6
+PUBCOMP = 7
 SUBSCRIBE = 8
 SUBACK = 9
 DISCONNECT = 14
@@ -101,17 +105,49 @@ def subscribe(packet_id: int, topic: str, qos: int) -> bytes:
     return _packet(SUBSCRIBE, 0x2, _U16.pack(packet_id) + _string(topic) + bytes([qos]))
 
 
-def publish(topic: str, payload: bytes, qos: int = 0, packet_id: int = 0) -> bytes:
-    """PUBLISH, not retained, not a duplicate; ``packet_id`` (1-65535) only
-    at QoS 1 or 2."""
+def publish(
+    topic: str, payload: bytes, qos: int = 0, packet_id: int = 0, *, dup: bool = False
+) -> bytes:
+    """PUBLISH, not retained; ``packet_id`` (1-65535) only at QoS 1 or 2;
+    ``dup``: a resend of one sent before (QoS 1 or 2)."""
     if qos not in (0, 1, 2):
         raise MqttError(f"QoS {qos}")
     ident = _U16.pack(packet_id) if qos else b""
-    return _packet(PUBLISH, qos << 1, _string(topic) + ident + payload)
+    flags = qos << 1 | (0x8 if dup and qos else 0)
+    return _packet(PUBLISH, flags, _string(topic) + ident + payload)
+
+
+def publish_prefix(topic: str, payload_size: int, qos: int) -> bytes:
+    """What every PUBLISH of ``payload_size`` bytes to ``topic`` at ``qos``
+    starts with (fixed header, topic name): :func:`publish` is this, the
+    packet identifier (at QoS 1 or 2) and the payload."""
+    if qos not in (0, 1, 2):
+        raise MqttError(f"QoS {qos}")
+    name = _string(topic)
+    length = len(name) + (2 if qos else 0) + payload_size
+    return bytes([PUBLISH << 4 | qos << 1]) + encode_remaining_length(length) + name
+
+
+def packet_id_bytes(packet_id: int) -> bytes:
+    """A packet identifier as it is on the wire."""
+    return _U16.pack(packet_id)
 
 
 def puback(packet_id: int) -> bytes:
     return _packet(PUBACK, 0, _U16.pack(packet_id))
+
+
+def pubrec(packet_id: int) -> bytes:
+    return _packet(PUBREC, 0, _U16.pack(packet_id))
+
+
+def pubrel(packet_id: int) -> bytes:
+    """PUBREL (its fixed flags are 0b0010)."""
+    return _packet(PUBREL, 0x2, _U16.pack(packet_id))
+
+
+def pubcomp(packet_id: int) -> bytes:
+    return _packet(PUBCOMP, 0, _U16.pack(packet_id))
 
 
 def disconnect() -> bytes:
@@ -144,6 +180,12 @@ def parse_connack(packet: Packet) -> int:
     return packet.body[1]
 
 
+def session_present(packet: Packet) -> bool:
+    """Whether a CONNACK says the server kept a session for the client."""
+    parse_connack(packet)
+    return bool(packet.body[0] & 0x01)
+
+
 def parse_suback(packet: Packet) -> tuple[int, list[int]]:
     """A SUBACK's packet identifier and return codes (granted QoS, or 0x80)."""
     if packet.type != SUBACK or len(packet.body) < 3:
@@ -153,8 +195,16 @@ def parse_suback(packet: Packet) -> tuple[int, list[int]]:
 
 def parse_puback(packet: Packet) -> int:
     """A PUBACK's packet identifier."""
-    if packet.type != PUBACK or len(packet.body) != 2:
-        raise MqttError(f"expected PUBACK, got packet type {packet.type}")
+    return parse_ack(packet, PUBACK)
+
+
+def parse_ack(packet: Packet, type_: int) -> int:
+    """The packet identifier of an acknowledgement of type ``type_``
+    (PUBACK, PUBREC, PUBREL, PUBCOMP: 3.1.1's two-byte body, or a 5.0
+    one with a reason code and properties after it)."""
+    if packet.type != type_ or len(packet.body) < 2:
+        names = {PUBACK: "PUBACK", PUBREC: "PUBREC", PUBREL: "PUBREL", PUBCOMP: "PUBCOMP"}
+        raise MqttError(f"expected {names.get(type_, type_)}, got packet type {packet.type}")
     packet_id: int = _U16.unpack_from(packet.body)[0]
     return packet_id
 

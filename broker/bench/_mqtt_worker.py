@@ -34,10 +34,10 @@ class _Connection:
         self._ready: deque[mqtt.Packet] = deque()
 
     @classmethod
-    async def open(cls, url: str, client_id: str) -> _Connection:
+    async def open(cls, url: str, client_id: str, *, clean_session: bool = True) -> _Connection:
         host, port = url.rsplit(":", 1)
         connection = cls(await trio.open_tcp_stream(host, int(port)))
-        await connection.send(mqtt.connect(client_id))
+        await connection.send(mqtt.connect(client_id, clean_session=clean_session))
         code = mqtt.parse_connack(await connection.receive())
         if code:
             raise RuntimeError(f"MQTT broker refused the connection (CONNACK code {code})")
@@ -50,6 +50,17 @@ class _Connection:
         while not self._ready:
             self._ready.extend(await self._read())
         return self._ready.popleft()
+
+    @property
+    def stream(self) -> trio.SocketStream:
+        return self._stream
+
+    def feed(self, data: bytes) -> list[mqtt.Packet]:
+        """The packets ``data`` (read from :attr:`stream` by the caller)
+        completed, after any that :meth:`receive` held back."""
+        held = list(self._ready)
+        self._ready.clear()
+        return held + self._reader.feed(data)
 
     async def receive_batch(self) -> list[mqtt.Packet]:
         """Every packet that one read completed (at least one), after any

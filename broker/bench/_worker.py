@@ -7,8 +7,9 @@ Roles: ``logsub`` reads a broker's topic log (see ``_log_worker``);
 omission); ``sub`` subscribes with one or more connections, prints
 ``ready`` once subscribed, and records receive times and latencies;
 ``mqtt_pub`` and ``mqtt_sub`` do the open-loop latency run's part over
-MQTT, against a peer broker (see ``_mqtt_worker``). The result is one JSON
-line on stdout.
+MQTT, against a peer broker (see ``_mqtt_worker``); ``mqtt_flood`` and
+``mqtt_count`` publish flat out and count deliveries over MQTT (see
+``_mqtt_load``). The result is one JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from broker.runtime import tune_gc
 
 from ._group_worker import member
 from ._log_worker import read_log, read_many
+from ._mqtt_load import mqtt_count, mqtt_flood
 from ._mqtt_worker import mqtt_publish, mqtt_subscribe
 from ._open_loop import STAMP, filler_for, schedule
 from ._raw_worker import raw_publish, raw_subscribe
@@ -233,6 +235,8 @@ def main() -> None:
         "member": member,
         "mqtt_pub": mqtt_publish,
         "mqtt_sub": mqtt_subscribe,
+        "mqtt_flood": mqtt_flood,
+        "mqtt_count": mqtt_count,
         "raw_pub": raw_publish,
         "raw_sub": raw_subscribe,
     }

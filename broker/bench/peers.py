@@ -80,9 +80,12 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float)
 
 
 @contextmanager
-def mosquitto_process(path: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def mosquitto_process(
+    path: str, max_queued_messages: int | None = 0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A Mosquitto broker on a free loopback port (anonymous, no persistence,
-    logging off, no limit on the QoS 1 messages queued for a client),
+    logging off, no limit on the QoS 1 messages queued for a client; with
+    ``max_queued_messages`` None, Mosquitto's default limit, 1,000),
     stopped (SIGTERM) after the block."""
     with tempfile.TemporaryDirectory(prefix="broker-bench-mosquitto-") as directory:
         port = free_port()
@@ -95,7 +98,11 @@ def mosquitto_process(path: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]
             "allow_anonymous true\n"
             "persistence false\n"
             "log_dest none\n"
-            "max_queued_messages 0\n"
+            + (
+                ""
+                if max_queued_messages is None
+                else f"max_queued_messages {max_queued_messages}\n"
+            )
         )
         process: subprocess.Popen[bytes] = spawn(
             [path, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -27,6 +27,12 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
         "at 100, 1k and 10k msg/s, same run, same open-loop method (needs mosquitto; "
         "not run by default)",
     ),
+    "mqtt": (
+        "broker.bench.mqtt",
+        "the MQTT listener beside Mosquitto, same MQTT clients: QoS 1 1->1 and 1->10 "
+        "flat out, p50/p99 and broker CPU at 1k msg/s, a 200 KB/s slow consumer beside a "
+        "fast one (loss, rate, RssAnon) (needs mosquitto; not run by default)",
+    ),
     "groups": (
         "broker.bench.groups",
         "consumer groups on a log broker: plain 1->1 beside groups of 1, 2 and 4 members "
@@ -51,17 +57,21 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
 }
 
 #: What ``broker bench`` without a suite runs: every suite that needs no
-#: other software (``peers`` needs mosquitto, ``cluster`` nats-server; they
+#: other software (``peers`` and ``mqtt`` need mosquitto, ``cluster`` nats-server; they
 #: are asked for by name) and is not a comparison of deployments
 #: (``workers``, asked for by name).
-DEFAULT_SUITES = [suite for suite in BENCH_SUITES if suite not in ("peers", "workers", "cluster")]
+DEFAULT_SUITES = [
+    suite for suite in BENCH_SUITES if suite not in ("peers", "mqtt", "workers", "cluster")
+]
 
 EXAMPLES = """
-  broker bench                                  # all but peers, workers, cluster (minutes)
+  broker bench                                  # all but peers, mqtt, workers, cluster
   broker bench actors protocol --quick          # short runs of two suites
   broker bench broker --json > bench.json       # progress on the terminal, JSON on stdout
   broker bench broker --log-only --quick        # topic-log workloads (and their baselines)
   broker bench peers                            # beside Mosquitto at 100, 1k, 10k msg/s
+  broker bench mqtt                             # the MQTT listener beside Mosquitto
+  broker bench mqtt --slow-consumer             # only its slow-consumer workload
   broker bench workers                          # --workers 2 (direct, forwarded) beside one process
   broker bench groups --quick                   # consumer groups of 1, 2, 4 beside plain 1->1
   broker bench patterns                         # 'pat.*' over 100 topics beside plain 1->1
@@ -84,7 +94,7 @@ def add_parser(subparsers: Subparsers) -> None:
         # (Checked in run: Python 3.11's argparse refuses an empty list
         # against choices for nargs="*".)
         metavar="{" + ",".join(sorted(BENCH_SUITES)) + "}",
-        help="which suites to run (default: all but peers, workers and cluster); "
+        help="which suites to run (default: all but peers, mqtt, workers and cluster); "
         + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_SUITES.items()),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -94,6 +104,12 @@ def add_parser(subparsers: Subparsers) -> None:
         action="store_true",
         help="broker suite: only the topic-log workloads and the memory-only 1->1 and 1->10 "
         "they are compared with",
+    )
+    parser.add_argument(
+        "--slow-consumer",
+        action="store_true",
+        help="mqtt suite: only the slow-consumer workload (a 200 KB/s subscriber beside a "
+        "fast one, on both brokers)",
     )
     parser.set_defaults(func=run)
 
@@ -132,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
         if on_terminal:
             print(f"[{number}/{len(suites)}] {suite}: {BENCH_SUITES[suite][1]}", file=sys.stderr)
         extra: dict[str, Any] = {"log_only": True} if suite == "broker" and args.log_only else {}
-        if suite in ("broker", "peers", "workers", "groups", "patterns", "cluster") and on_terminal:
+        if suite == "mqtt" and args.slow_consumer:
+            extra["slow_consumer_only"] = True
+        progressing = ("broker", "peers", "mqtt", "workers", "groups", "patterns", "cluster")
+        if suite in progressing and on_terminal:
             extra["progress"] = progress
         results[suite] = bench(quick=args.quick, **extra)
     if not results:

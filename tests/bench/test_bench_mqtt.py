@@ -124,3 +124,35 @@ def test_a_malformed_publish_is_refused() -> None:
         mqtt.parse_publish(mqtt.Packet(mqtt.PUBLISH, 0x2, b"\x00\x05ab"))  # short topic
     with pytest.raises(mqtt.MqttError):
         mqtt.publish("t", b"", qos=3)
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_publish_prefix_is_where_publish_starts(qos: int) -> None:
+    payload = b"z" * 300
+    packet_id = 513 if qos else 0
+    prefix = mqtt.publish_prefix("a/b", len(payload), qos)
+    ident = mqtt.packet_id_bytes(packet_id) if qos else b""
+    assert prefix + ident + payload == mqtt.publish("a/b", payload, qos, packet_id)
+
+
+def test_the_qos_2_exchange_and_dup() -> None:
+    """PUBREL's fixed flags are 0b0010 (MQTT 3.1.1, 3.6.1); DUP is bit 3."""
+    assert mqtt.pubrec(7) == b"\x50\x02\x00\x07"
+    assert mqtt.pubrel(7) == b"\x62\x02\x00\x07"
+    assert mqtt.pubcomp(7) == b"\x70\x02\x00\x07"
+    [resent] = mqtt.PacketReader().feed(mqtt.publish("t", b"x", 2, 9, dup=True))
+    assert resent.flags == 0x8 | 2 << 1
+    assert mqtt.parse_publish(resent) == mqtt.Publish("t", b"x", 2, 9)
+    rec, rel, comp = mqtt.PacketReader().feed(mqtt.pubrec(1) + mqtt.pubrel(2) + mqtt.pubcomp(3))
+    assert mqtt.parse_ack(rec, mqtt.PUBREC) == 1
+    assert mqtt.parse_ack(rel, mqtt.PUBREL) == 2
+    assert mqtt.parse_ack(comp, mqtt.PUBCOMP) == 3
+    with pytest.raises(mqtt.MqttError, match="expected PUBCOMP"):
+        mqtt.parse_ack(rec, mqtt.PUBCOMP)
+
+
+def test_connack_session_present() -> None:
+    kept, fresh = mqtt.PacketReader().feed(b"\x20\x02\x01\x00\x20\x02\x00\x00")
+    assert mqtt.session_present(kept)
+    assert not mqtt.session_present(fresh)
+    assert mqtt.connect("c", clean_session=False)[9] == 0  # connect flags: no clean session

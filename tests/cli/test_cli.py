@@ -151,7 +151,7 @@ def test_bench_without_a_suite_means_every_suite_and_refuses_an_unknown_one() ->
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "broker bench: unknown suite 'nope' "
-        "(choose from actors, protocol, broker, peers, groups, patterns, workers, cluster)"
+        "(choose from actors, protocol, broker, peers, mqtt, groups, patterns, workers, cluster)"
     )
 
 

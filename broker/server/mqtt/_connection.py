@@ -323,7 +323,13 @@ class MQTTConnection:
 
     def _filters(self) -> Filters:
         return {
-            topic_filter: (state.qos, state.identifier, state.retain_as_published, state.no_local)
+            topic_filter: (
+                state.qos,
+                state.identifier,
+                state.retain_as_published,
+                state.no_local,
+                state.since,
+            )
             for topic_filter, state in self.deliveries.filters.items()
         }
 

@@ -94,6 +94,9 @@ class FilterState:
     shared: bool = False
     #: 5.0's No Local: the client's own publishes are not delivered to it.
     no_local: bool = False
+    #: A persistent session's subscription: when it was first subscribed
+    #: (wall-clock milliseconds; None: unknown, or not a session's).
+    since: int | None = None
 
 
 def _nothing(packet_id: int, state: list[object] | None) -> None:

@@ -1,0 +1,63 @@
+"""What the Eclipse Paho MQTT interoperability suite checks (and Mosquitto
+passes), one regression test per behaviour it found missing: a persistent
+session's wildcard subscription gets what was published to its topics
+while its client was away, topics made meanwhile included. Timeouts only
+guard against hangs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from broker.client import open_client
+from broker.mqtt import MQTT_3_1_1, MQTT_5, Disconnect, PubAck, Publish
+from tests.server.helpers import url, wait_until
+
+from .listener_helpers import WireClient, mqtt_broker, mqtt_port
+
+
+def _payloads(publishes: list[Publish]) -> list[bytes]:
+    return [p.payload for p in publishes]
+
+
+async def _publish(broker: Any, topic: str, payloads: list[bytes]) -> None:
+    async with open_client(url(broker), name="native-pub") as native:
+        for payload in payloads:
+            await native.publish(topic, payload)
+        await native.flush()
+
+
+async def _leave(broker: Any, client: WireClient) -> None:
+    await client.send(Disconnect())
+    await client.stream.aclose()
+    await wait_until(lambda: not broker.mqtt.connections, what="closed")
+
+
+async def test_a_wildcard_session_gets_what_was_published_while_away(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    async with mqtt_broker(data) as broker:
+        await _publish(broker, "old.x", [b"before"])  # (a topic there before)
+        port = mqtt_port(broker)
+        for version in (MQTT_3_1_1, MQTT_5):
+            name = f"away-{version}"
+            fresh = version == MQTT_5  # (3.1.1: Clean Session 0 is the persistent session)
+            client, _ = await WireClient.connect(port, name, clean_start=fresh, version=version)
+            await client.subscribe("+/+", qos=1)
+            await _leave(broker, client)  # (at once: nothing matched was read yet)
+        await _publish(broker, "old.x", [b"old 1"])
+        await _publish(broker, "made.away", [b"new 1"])  # (a topic made while away)
+        for version in (MQTT_3_1_1, MQTT_5):
+            client, connack = await WireClient.connect(port, f"away-{version}", version=version)
+            assert connack.session_present
+            got = await client.publishes(2)
+            assert sorted(_payloads(got)) == [b"new 1", b"old 1"]
+            for publish in got:
+                assert publish.packet_id is not None
+                await client.send(PubAck(publish.packet_id))
+            await _leave(broker, client)
+    async with mqtt_broker(data) as broker:  # (and after a restart)
+        await _publish(broker, "after.restart", [b"new 2"])
+        client, connack = await WireClient.connect(mqtt_port(broker), "away-5")
+        assert connack.session_present
+        assert _payloads(await client.publishes(1)) == [b"new 2"]
+        await client.cut()

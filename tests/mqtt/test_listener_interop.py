@@ -61,3 +61,37 @@ async def test_a_wildcard_session_gets_what_was_published_while_away(tmp_path: P
         assert connack.session_present
         assert _payloads(await client.publishes(1)) == [b"new 2"]
         await client.cut()
+
+
+async def test_a_delivery_goes_at_the_lower_of_the_publish_and_subscription_qos(
+    tmp_path: Path,
+) -> None:
+    async with mqtt_broker(str(tmp_path / "data")) as broker:
+        port = mqtt_port(broker)
+        for version in (MQTT_3_1_1, MQTT_5):
+            high, _ = await WireClient.connect(port, f"high-{version}", version=version)
+            await high.subscribe("q/x", qos=2)
+            low, _ = await WireClient.connect(port, f"low-{version}", version=version)
+            await low.subscribe("q/x", qos=1)
+            publisher, _ = await WireClient.connect(port, f"pub-{version}", version=version)
+            for qos in (0, 1, 2):
+                packet_id = qos or None
+                await publisher.send(Publish("q/x", str(qos).encode(), qos, packet_id=packet_id))
+            await _publish(broker, "q.x", [b"native"])
+            got = await high.publishes(4)
+            assert [(p.payload, p.qos) for p in got] == [
+                (b"0", 0),
+                (b"1", 1),
+                (b"2", 2),
+                (b"native", 2),  # (a native publish: the subscription's QoS)
+            ]
+            got = await low.publishes(4)
+            assert [(p.payload, p.qos) for p in got] == [
+                (b"0", 0),
+                (b"1", 1),
+                (b"2", 1),
+                (b"native", 1),
+            ]
+            for client in (high, low, publisher):
+                await client.cut()
+            await wait_until(lambda: not broker.mqtt.connections, what="closed")

@@ -365,7 +365,12 @@ class MQTTConnection:
         def will_tail() -> tuple[bytes, bytes | None]:
             """(Its Message Expiry Interval counts from when it is published.)"""
             return published_tail(
-                will.payload, will.properties, retain=will.retain, now_ms=wall_ms(), origin=origin
+                will.payload,
+                will.properties,
+                retain=will.retain,
+                now_ms=wall_ms(),
+                origin=origin,
+                qos=will.qos,
             )
 
         retain = (will.topic, will.qos, not will.payload) if will.retain else None
@@ -600,6 +605,7 @@ class MQTTConnection:
             retain=event.retain,
             now_ms=wall_ms(),
             origin=self._origin(event.topic),
+            qos=event.qos,
         )
         if event.retain:
             self._retained.update(event.topic, tail, event.qos, clear=not event.payload)

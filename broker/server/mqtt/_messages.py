@@ -27,7 +27,12 @@ and headers to and from a PUBLISH's payload and user properties.
 - A PUBLISH of a client that has a No Local subscription matching its
   topic is stored with the header ``mqtt-origin`` (:data:`ORIGIN_HEADER`):
   the client id; that client's No Local subscriptions skip it.
-- The three names are reserved: MQTT clients never see those headers, and
+- A PUBLISH at QoS 0 or 1 is stored with the header ``mqtt-qos``
+  (:data:`QOS_HEADER`): ``0`` or ``1``; it is delivered at that QoS or the
+  subscription's, whichever is lower (MQTT 3.1.1 and 5.0 section 3.8.4).
+  A record without it (a QoS 2 PUBLISH, a native client's publish) is
+  delivered at the subscription's QoS.
+- The four names are reserved: MQTT clients never see those headers, and
   user properties of those names are not kept.
 
 Nothing here does I/O; :func:`wall_ms` reads the wall clock.
@@ -46,6 +51,7 @@ __all__ = [
     "EXPIRY_HEADER",
     "KEY_PROPERTY",
     "ORIGIN_HEADER",
+    "QOS_HEADER",
     "RETAIN_HEADER",
     "Delivered",
     "delivered",
@@ -62,8 +68,14 @@ RETAIN_HEADER = "mqtt-retain"
 EXPIRY_HEADER = "mqtt-expiry"
 #: The header that names the publishing client (for No Local subscriptions).
 ORIGIN_HEADER = "mqtt-origin"
+#: The header that says the QoS of a message published at QoS 0 or 1.
+QOS_HEADER = "mqtt-qos"
+#: The QoS of a record without :data:`QOS_HEADER` (QoS 2, or a native
+#: publish): no bound on the subscription's.
+DEFAULT_QOS = 2
 #: Header names of ours: an MQTT client's user properties of these names are not kept.
-RESERVED = frozenset({RETAIN_HEADER, EXPIRY_HEADER, ORIGIN_HEADER})
+RESERVED = frozenset({RETAIN_HEADER, EXPIRY_HEADER, ORIGIN_HEADER, QOS_HEADER})
+_QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
 
 
 def wall_ms() -> int:
@@ -79,12 +91,13 @@ def published_tail(
     retain: bool = False,
     now_ms: int | None = None,
     origin: str | None = None,
+    qos: int = DEFAULT_QOS,
 ) -> tuple[bytes, bytes | None]:
     """The encoded Deliver tail of an MQTT PUBLISH (what a topic routes and
     its log stores) and the message's key; ``retain``: marked as retained;
     ``now_ms``: when it was received (its Message Expiry Interval counts
     from then; None: it does not expire); ``origin``: the client id No
-    Local subscriptions know it by."""
+    Local subscriptions know it by; ``qos``: the QoS it was published at."""
     key: bytes | None = None
     headers: list[tuple[str, bytes]] | None = None
     for name, value in properties.user_properties:
@@ -101,6 +114,8 @@ def published_tail(
         headers = [*(headers or ()), (EXPIRY_HEADER, str(now_ms + interval * 1000).encode())]
     if origin is not None:
         headers = [*(headers or ()), (ORIGIN_HEADER, origin.encode())]
+    if qos != DEFAULT_QOS:
+        headers = [*(headers or ()), (QOS_HEADER, str(qos).encode())]
     if retain:
         headers = [*(headers or ()), (RETAIN_HEADER, b"1")]
     return encode_deliver_tail(payload, key, headers), key
@@ -109,13 +124,15 @@ def published_tail(
 class Delivered(NamedTuple):
     """A routed tail as an MQTT PUBLISH: its payload and properties, whether
     it was published retained, the client id of its ``mqtt-origin`` (None:
-    none), and whether it expired (then it is not to be delivered)."""
+    none), whether it expired (then it is not to be delivered), and the
+    QoS it was published at."""
 
     payload: bytes
     properties: Properties
     retained: bool
     origin: str | None
     expired: bool
+    qos: int = DEFAULT_QOS
 
 
 def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
@@ -129,6 +146,7 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     retained = False
     origin: str | None = None
     left: int | None = None
+    qos = DEFAULT_QOS
     pairs: list[tuple[str, str]] = []
     if key is not None:
         pairs.append((KEY_PROPERTY, key.decode(errors="replace")))
@@ -138,17 +156,19 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
                 retained = True
             elif name == ORIGIN_HEADER:
                 origin = value.decode(errors="replace")
+            elif name == QOS_HEADER:
+                qos = _QOS_VALUES.get(value, DEFAULT_QOS)
             else:
                 left = _left(value, now_ms)
             continue
         pairs.append((name, value.decode(errors="replace")))
     expired = left is not None and left <= 0
     if version != MQTT_5 or expired:
-        return Delivered(payload, NO_PROPERTIES, retained, origin, expired)
+        return Delivered(payload, NO_PROPERTIES, retained, origin, expired, qos)
     properties = Properties(user_properties=tuple(pairs)) if pairs else NO_PROPERTIES
     if left is not None:
         properties = replace(properties, message_expiry_interval=left)
-    return Delivered(payload, properties, retained, origin, False)
+    return Delivered(payload, properties, retained, origin, False, qos)
 
 
 def _left(value: bytes, now_ms: int) -> int | None:

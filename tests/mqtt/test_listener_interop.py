@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import open_client
-from broker.mqtt import MQTT_3_1_1, MQTT_5, Disconnect, PubAck, Publish
+from broker.mqtt import MQTT_3_1_1, MQTT_5, Disconnect, Properties, PubAck, Publish
 from tests.server.helpers import url, wait_until
 
 from .listener_helpers import WireClient, mqtt_broker, mqtt_port
@@ -95,3 +95,41 @@ async def test_a_delivery_goes_at_the_lower_of_the_publish_and_subscription_qos(
             for client in (high, low, publisher):
                 await client.cut()
             await wait_until(lambda: not broker.mqtt.connections, what="closed")
+
+
+async def test_5_0_message_properties_are_forwarded_unchanged(tmp_path: Path) -> None:
+    async with (
+        mqtt_broker(str(tmp_path / "data")) as broker,
+        open_client(url(broker), name="native") as native,
+        native.subscribe("req", start="earliest") as records,
+    ):
+        port = mqtt_port(broker)
+        responder, _ = await WireClient.connect(port, "responder")
+        await responder.subscribe("req", qos=1)
+        old, _ = await WireClient.connect(port, "old", version=MQTT_3_1_1)
+        await old.subscribe("req", qos=1)
+        requester, _ = await WireClient.connect(port, "requester")
+        properties = Properties(
+            payload_format_indicator=1,
+            content_type="text/plain",
+            response_topic="resp/1",
+            correlation_data=b"\x00\xff334",
+        )
+        await requester.send(Publish("req", b"ask", 1, packet_id=1, properties=properties))
+        (got,) = await responder.publishes(1)
+        assert got.properties.payload_format_indicator == 1
+        assert got.properties.content_type == "text/plain"
+        assert got.properties.response_topic == "resp/1"
+        assert got.properties.correlation_data == b"\x00\xff334"
+        (plain,) = await old.publishes(1)  # (3.1.1: the payload only)
+        assert plain.payload == b"ask"
+        record = await records.receive()  # (native readers see them as headers)
+        assert list(record.headers or []) == [
+            ("mqtt-format", b"1"),
+            ("mqtt-content-type", b"text/plain"),
+            ("mqtt-response-topic", b"resp/1"),
+            ("mqtt-correlation", b"\x00\xff334"),
+            ("mqtt-qos", b"1"),
+        ]
+        for client in (responder, old, requester):
+            await client.cut()

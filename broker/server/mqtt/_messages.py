@@ -32,7 +32,13 @@ and headers to and from a PUBLISH's payload and user properties.
   subscription's, whichever is lower (MQTT 3.1.1 and 5.0 section 3.8.4).
   A record without it (a QoS 2 PUBLISH, a native client's publish) is
   delivered at the subscription's QoS.
-- The four names are reserved: MQTT clients never see those headers, and
+- A 5.0 PUBLISH's Payload Format Indicator, Content Type, Response Topic
+  and Correlation Data are stored as the headers ``mqtt-format``
+  (``1``: UTF-8), ``mqtt-content-type``, ``mqtt-response-topic`` (the MQTT
+  topic name) and ``mqtt-correlation`` (the bytes), in that order, before
+  the others of ours; they are delivered to 5.0 clients as the properties
+  again, unchanged (MQTT 5.0 section 3.3.2.3).
+- These names are reserved: MQTT clients never see those headers, and
   user properties of those names are not kept.
 
 Nothing here does I/O; :func:`wall_ms` reads the wall clock.
@@ -73,8 +79,24 @@ QOS_HEADER = "mqtt-qos"
 #: The QoS of a record without :data:`QOS_HEADER` (QoS 2, or a native
 #: publish): no bound on the subscription's.
 DEFAULT_QOS = 2
+#: The headers of the 5.0 PUBLISH properties forwarded unchanged.
+FORMAT_HEADER = "mqtt-format"
+CONTENT_TYPE_HEADER = "mqtt-content-type"
+RESPONSE_TOPIC_HEADER = "mqtt-response-topic"
+CORRELATION_HEADER = "mqtt-correlation"
 #: Header names of ours: an MQTT client's user properties of these names are not kept.
-RESERVED = frozenset({RETAIN_HEADER, EXPIRY_HEADER, ORIGIN_HEADER, QOS_HEADER})
+RESERVED = frozenset(
+    {
+        RETAIN_HEADER,
+        EXPIRY_HEADER,
+        ORIGIN_HEADER,
+        QOS_HEADER,
+        FORMAT_HEADER,
+        CONTENT_TYPE_HEADER,
+        RESPONSE_TOPIC_HEADER,
+        CORRELATION_HEADER,
+    }
+)
 _QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
 
 
@@ -109,6 +131,14 @@ def published_tail(
         if headers is None:
             headers = []
         headers.append((name, value.encode()))
+    if properties.payload_format_indicator is not None:
+        headers = [*(headers or ()), (FORMAT_HEADER, b"%d" % properties.payload_format_indicator)]
+    if properties.content_type is not None:
+        headers = [*(headers or ()), (CONTENT_TYPE_HEADER, properties.content_type.encode())]
+    if properties.response_topic is not None:
+        headers = [*(headers or ()), (RESPONSE_TOPIC_HEADER, properties.response_topic.encode())]
+    if properties.correlation_data is not None:
+        headers = [*(headers or ()), (CORRELATION_HEADER, properties.correlation_data)]
     interval = properties.message_expiry_interval
     if interval is not None and now_ms is not None:
         headers = [*(headers or ()), (EXPIRY_HEADER, str(now_ms + interval * 1000).encode())]
@@ -147,6 +177,7 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     origin: str | None = None
     left: int | None = None
     qos = DEFAULT_QOS
+    forwarded: dict[str, object] = {}
     pairs: list[tuple[str, str]] = []
     if key is not None:
         pairs.append((KEY_PROPERTY, key.decode(errors="replace")))
@@ -158,6 +189,14 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
                 origin = value.decode(errors="replace")
             elif name == QOS_HEADER:
                 qos = _QOS_VALUES.get(value, DEFAULT_QOS)
+            elif name == FORMAT_HEADER:
+                forwarded["payload_format_indicator"] = 1 if value == b"1" else 0
+            elif name == CONTENT_TYPE_HEADER:
+                forwarded["content_type"] = value.decode(errors="replace")
+            elif name == RESPONSE_TOPIC_HEADER:
+                forwarded["response_topic"] = value.decode(errors="replace")
+            elif name == CORRELATION_HEADER:
+                forwarded["correlation_data"] = value
             else:
                 left = _left(value, now_ms)
             continue
@@ -168,6 +207,8 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     properties = Properties(user_properties=tuple(pairs)) if pairs else NO_PROPERTIES
     if left is not None:
         properties = replace(properties, message_expiry_interval=left)
+    if forwarded:
+        properties = replace(properties, **forwarded)  # type: ignore[arg-type]
     return Delivered(payload, properties, retained, origin, False, qos)
 
 

@@ -78,8 +78,9 @@ async def test_mqtt_to_native_keeps_key_and_headers(logged: bool, tmp_path: Path
             second = await subscription.receive()
         assert first.payload == b"21.5"
         assert first.key == b"k1"
-        assert list(first.headers or []) == [("unit", b"C"), ("unit", b"F")]
+        assert list(first.headers or []) == [("unit", b"C"), ("unit", b"F"), ("mqtt-qos", b"1")]
         assert second.payload == b"plain"
+        assert list(second.headers or []) == [("mqtt-qos", b"0")]
         assert second.key is None
 
 

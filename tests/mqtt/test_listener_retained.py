@@ -153,7 +153,7 @@ async def test_retained_messages_survive_a_restart_and_native_readers_see_them(
         await _close(client)
         record = await subscription.receive()
         assert record.payload == b"open"
-        assert record.headers == [("mqtt-retain", b"1")]
+        assert record.headers == [("mqtt-qos", b"1"), ("mqtt-retain", b"1")]
     async with mqtt_broker(data) as broker:
         client, _ = await WireClient.connect(mqtt_port(broker), "late", clean_start=True)
         await _subscribe(client, Subscription("status/#", 1))

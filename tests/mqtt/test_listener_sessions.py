@@ -162,14 +162,17 @@ def test_journal_sessions_expire_by_the_wall_clock() -> None:
     parse = _parse_session
     connected = parse({"f": [["a/#", 1, None, False]], "exp": 60, "gone": None}, 100.0, 5000.0)
     assert connected is not None and connected.expires == 160.0  # (from the restart)
-    assert connected.filters == {"a/#": (1, None, False, False)}
+    assert connected.filters == {"a/#": (1, None, False, False, None)}
     left = parse({"f": [], "exp": 60, "gone": 4990.0}, 100.0, 5000.0)
     assert left is not None and left.expires == 150.0  # (10 s of its 60 gone)
     never = parse({"f": [["b", 2, 7, True]], "exp": None, "gone": 1.0}, 100.0, 5000.0)
     assert never is not None and never.expires == math.inf
     no_local = parse({"f": [["c", 1, None, False, True]], "exp": 5, "gone": None}, 0.0, 0.0)
-    assert no_local is not None and no_local.filters == {"c": (1, None, False, True)}
-    for bad in ([], {"f": [["x", 3, None, False]], "exp": 1, "gone": None}, {"exp": "1"}):
+    assert no_local is not None and no_local.filters == {"c": (1, None, False, True, None)}
+    since = parse({"f": [["d", 1, None, False, False, 1234]], "exp": 5, "gone": None}, 0.0, 0.0)
+    assert since is not None and since.filters == {"d": (1, None, False, False, 1234)}
+    late = {"f": [["x", 1, None, False, False, "soon"]], "exp": 1, "gone": None}
+    for bad in ([], {"f": [["x", 3, None, False]], "exp": 1, "gone": None}, {"exp": "1"}, late):
         assert parse(bad, 0.0, 0.0) is None
 
 

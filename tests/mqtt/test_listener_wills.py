@@ -55,7 +55,7 @@ async def test_a_cut_connection_publishes_its_will_and_a_normal_one_does_not(
             message = await status.receive()
             assert message.payload == f"{client_id} lost".encode()
             if version == MQTT_5:
-                assert list(message.headers or []) == [("state", b"gone")]
+                assert list(message.headers or []) == [("state", b"gone"), ("mqtt-qos", b"0")]
         assert broker.mqtt is not None
         await wait_until(lambda: not broker.mqtt.connections, what="closed")  # type: ignore[union-attr]
         async with open_client(url(broker), name="marker") as marker:

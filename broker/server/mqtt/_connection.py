@@ -323,7 +323,13 @@ class MQTTConnection:
 
     def _filters(self) -> Filters:
         return {
-            topic_filter: (state.qos, state.identifier, state.retain_as_published, state.no_local)
+            topic_filter: (
+                state.qos,
+                state.identifier,
+                state.retain_as_published,
+                state.no_local,
+                state.since,
+            )
             for topic_filter, state in self.deliveries.filters.items()
         }
 
@@ -359,7 +365,12 @@ class MQTTConnection:
         def will_tail() -> tuple[bytes, bytes | None]:
             """(Its Message Expiry Interval counts from when it is published.)"""
             return published_tail(
-                will.payload, will.properties, retain=will.retain, now_ms=wall_ms(), origin=origin
+                will.payload,
+                will.properties,
+                retain=will.retain,
+                now_ms=wall_ms(),
+                origin=origin,
+                qos=will.qos,
             )
 
         retain = (will.topic, will.qos, not will.payload) if will.retain else None
@@ -594,6 +605,7 @@ class MQTTConnection:
             retain=event.retain,
             now_ms=wall_ms(),
             origin=self._origin(event.topic),
+            qos=event.qos,
         )
         if event.retain:
             self._retained.update(event.topic, tail, event.qos, clear=not event.payload)

@@ -94,6 +94,9 @@ class FilterState:
     shared: bool = False
     #: 5.0's No Local: the client's own publishes are not delivered to it.
     no_local: bool = False
+    #: A persistent session's subscription: when it was first subscribed
+    #: (wall-clock milliseconds; None: unknown, or not a session's).
+    since: int | None = None
 
 
 def _nothing(packet_id: int, state: list[object] | None) -> None:
@@ -379,7 +382,8 @@ class MQTTDeliveries:
                 properties = replace(properties, subscription_identifiers=(state.identifier,))
             retain = retained and state.retain_as_published
             before = protocol.bytes_to_send
-            sent_qos = qos if again is None else again[1]
+            # (MQTT: at the QoS published or the subscription's, the lower.)
+            sent_qos = min(qos, message.qos) if again is None else again[1]
             try:
                 packet_id = protocol.publish(
                     topic,
@@ -413,7 +417,7 @@ class MQTTDeliveries:
                     sent = self._sent[handle] = _Sent()
                 sent.numbers.append(number)
             else:
-                self._skipped(handle, number, False)  # (too large: nothing to wait for)
+                self._skipped(handle, number, False)  # (QoS 0, too large: none to wait for)
             size = protocol.bytes_to_send - before
             self.unsent += size
             counters.messages_out += 1
@@ -456,7 +460,7 @@ class MQTTDeliveries:
             if self.unsent >= self.max_unsent or (qos and not protocol.send_quota):
                 break
             queue.popleft()
-            payload, properties, _, _, gone = delivered(tail, version, wall_ms())
+            payload, properties, _, _, gone, _ = delivered(tail, version, wall_ms())
             if gone:
                 counters.deliveries_expired += 1
                 continue

@@ -27,7 +27,18 @@ and headers to and from a PUBLISH's payload and user properties.
 - A PUBLISH of a client that has a No Local subscription matching its
   topic is stored with the header ``mqtt-origin`` (:data:`ORIGIN_HEADER`):
   the client id; that client's No Local subscriptions skip it.
-- The three names are reserved: MQTT clients never see those headers, and
+- A PUBLISH at QoS 0 or 1 is stored with the header ``mqtt-qos``
+  (:data:`QOS_HEADER`): ``0`` or ``1``; it is delivered at that QoS or the
+  subscription's, whichever is lower (MQTT 3.1.1 and 5.0 section 3.8.4).
+  A record without it (a QoS 2 PUBLISH, a native client's publish) is
+  delivered at the subscription's QoS.
+- A 5.0 PUBLISH's Payload Format Indicator, Content Type, Response Topic
+  and Correlation Data are stored as the headers ``mqtt-format``
+  (``1``: UTF-8), ``mqtt-content-type``, ``mqtt-response-topic`` (the MQTT
+  topic name) and ``mqtt-correlation`` (the bytes), in that order, before
+  the others of ours; they are delivered to 5.0 clients as the properties
+  again, unchanged (MQTT 5.0 section 3.3.2.3).
+- These names are reserved: MQTT clients never see those headers, and
   user properties of those names are not kept.
 
 Nothing here does I/O; :func:`wall_ms` reads the wall clock.
@@ -46,6 +57,7 @@ __all__ = [
     "EXPIRY_HEADER",
     "KEY_PROPERTY",
     "ORIGIN_HEADER",
+    "QOS_HEADER",
     "RETAIN_HEADER",
     "Delivered",
     "delivered",
@@ -62,8 +74,30 @@ RETAIN_HEADER = "mqtt-retain"
 EXPIRY_HEADER = "mqtt-expiry"
 #: The header that names the publishing client (for No Local subscriptions).
 ORIGIN_HEADER = "mqtt-origin"
+#: The header that says the QoS of a message published at QoS 0 or 1.
+QOS_HEADER = "mqtt-qos"
+#: The QoS of a record without :data:`QOS_HEADER` (QoS 2, or a native
+#: publish): no bound on the subscription's.
+DEFAULT_QOS = 2
+#: The headers of the 5.0 PUBLISH properties forwarded unchanged.
+FORMAT_HEADER = "mqtt-format"
+CONTENT_TYPE_HEADER = "mqtt-content-type"
+RESPONSE_TOPIC_HEADER = "mqtt-response-topic"
+CORRELATION_HEADER = "mqtt-correlation"
 #: Header names of ours: an MQTT client's user properties of these names are not kept.
-RESERVED = frozenset({RETAIN_HEADER, EXPIRY_HEADER, ORIGIN_HEADER})
+RESERVED = frozenset(
+    {
+        RETAIN_HEADER,
+        EXPIRY_HEADER,
+        ORIGIN_HEADER,
+        QOS_HEADER,
+        FORMAT_HEADER,
+        CONTENT_TYPE_HEADER,
+        RESPONSE_TOPIC_HEADER,
+        CORRELATION_HEADER,
+    }
+)
+_QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
 
 
 def wall_ms() -> int:
@@ -79,12 +113,13 @@ def published_tail(
     retain: bool = False,
     now_ms: int | None = None,
     origin: str | None = None,
+    qos: int = DEFAULT_QOS,
 ) -> tuple[bytes, bytes | None]:
     """The encoded Deliver tail of an MQTT PUBLISH (what a topic routes and
     its log stores) and the message's key; ``retain``: marked as retained;
     ``now_ms``: when it was received (its Message Expiry Interval counts
     from then; None: it does not expire); ``origin``: the client id No
-    Local subscriptions know it by."""
+    Local subscriptions know it by; ``qos``: the QoS it was published at."""
     key: bytes | None = None
     headers: list[tuple[str, bytes]] | None = None
     for name, value in properties.user_properties:
@@ -96,11 +131,21 @@ def published_tail(
         if headers is None:
             headers = []
         headers.append((name, value.encode()))
+    if properties.payload_format_indicator is not None:
+        headers = [*(headers or ()), (FORMAT_HEADER, b"%d" % properties.payload_format_indicator)]
+    if properties.content_type is not None:
+        headers = [*(headers or ()), (CONTENT_TYPE_HEADER, properties.content_type.encode())]
+    if properties.response_topic is not None:
+        headers = [*(headers or ()), (RESPONSE_TOPIC_HEADER, properties.response_topic.encode())]
+    if properties.correlation_data is not None:
+        headers = [*(headers or ()), (CORRELATION_HEADER, properties.correlation_data)]
     interval = properties.message_expiry_interval
     if interval is not None and now_ms is not None:
         headers = [*(headers or ()), (EXPIRY_HEADER, str(now_ms + interval * 1000).encode())]
     if origin is not None:
         headers = [*(headers or ()), (ORIGIN_HEADER, origin.encode())]
+    if qos != DEFAULT_QOS:
+        headers = [*(headers or ()), (QOS_HEADER, str(qos).encode())]
     if retain:
         headers = [*(headers or ()), (RETAIN_HEADER, b"1")]
     return encode_deliver_tail(payload, key, headers), key
@@ -109,13 +154,15 @@ def published_tail(
 class Delivered(NamedTuple):
     """A routed tail as an MQTT PUBLISH: its payload and properties, whether
     it was published retained, the client id of its ``mqtt-origin`` (None:
-    none), and whether it expired (then it is not to be delivered)."""
+    none), whether it expired (then it is not to be delivered), and the
+    QoS it was published at."""
 
     payload: bytes
     properties: Properties
     retained: bool
     origin: str | None
     expired: bool
+    qos: int = DEFAULT_QOS
 
 
 def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
@@ -129,6 +176,8 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     retained = False
     origin: str | None = None
     left: int | None = None
+    qos = DEFAULT_QOS
+    forwarded: dict[str, object] = {}
     pairs: list[tuple[str, str]] = []
     if key is not None:
         pairs.append((KEY_PROPERTY, key.decode(errors="replace")))
@@ -138,17 +187,29 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
                 retained = True
             elif name == ORIGIN_HEADER:
                 origin = value.decode(errors="replace")
+            elif name == QOS_HEADER:
+                qos = _QOS_VALUES.get(value, DEFAULT_QOS)
+            elif name == FORMAT_HEADER:
+                forwarded["payload_format_indicator"] = 1 if value == b"1" else 0
+            elif name == CONTENT_TYPE_HEADER:
+                forwarded["content_type"] = value.decode(errors="replace")
+            elif name == RESPONSE_TOPIC_HEADER:
+                forwarded["response_topic"] = value.decode(errors="replace")
+            elif name == CORRELATION_HEADER:
+                forwarded["correlation_data"] = value
             else:
                 left = _left(value, now_ms)
             continue
         pairs.append((name, value.decode(errors="replace")))
     expired = left is not None and left <= 0
     if version != MQTT_5 or expired:
-        return Delivered(payload, NO_PROPERTIES, retained, origin, expired)
+        return Delivered(payload, NO_PROPERTIES, retained, origin, expired, qos)
     properties = Properties(user_properties=tuple(pairs)) if pairs else NO_PROPERTIES
     if left is not None:
         properties = replace(properties, message_expiry_interval=left)
-    return Delivered(payload, properties, retained, origin, False)
+    if forwarded:
+        properties = replace(properties, **forwarded)  # type: ignore[arg-type]
+    return Delivered(payload, properties, retained, origin, False, qos)
 
 
 def _left(value: bytes, now_ms: int) -> int | None:

@@ -15,7 +15,8 @@ logs, and a resumed subscription reads it from the cursor on.
 
 The session itself is in the state journal too, so that it survives a
 broker restart (and a ``kill -9``): space ``mqtt.sessions``, key the client
-id, value ``{"f": [[filter, qos, identifier, retain as published], ...],
+id, value ``{"f": [[filter, qos, identifier, retain as published, no
+local, since], ...],
 "exp": Session Expiry Interval (None: never), "gone": when its client
 left (wall-clock seconds; None: connected)}``, put when a persistent
 session is accepted, at each SUBSCRIBE and UNSUBSCRIBE and when its client
@@ -71,8 +72,11 @@ OUTBOUND = "mqtt.out"
 Outbound = dict[int, tuple[tuple[str, str, int], int]]
 
 #: A session's filters: topic filter -> (granted QoS, subscription
-#: identifier, Retain As Published, No Local), in subscription order.
-Filters = dict[str, tuple[int, int | None, bool, bool]]
+#: identifier, Retain As Published, No Local, since: when it was first
+#: subscribed, wall-clock milliseconds, None if unknown), in subscription
+#: order. ``since`` is where a wildcard subscription's topics that have no
+#: cursor position yet start (see ``_subscribing``).
+Filters = dict[str, tuple[int, int | None, bool, bool, int | None]]
 
 #: 5.0's Session Expiry Interval that means "never".
 NEVER = 0xFFFF_FFFF
@@ -94,7 +98,7 @@ class KeptSession:
     """A session while its client is away (see the module)."""
 
     #: Topic filter -> (granted QoS, subscription identifier, Retain As
-    #: Published, No Local), in subscription order.
+    #: Published, No Local, since), in subscription order.
     filters: Filters = field(default_factory=dict)
     #: Inbound QoS 2 packet ids whose PUBREC was sent and PUBCOMP not yet.
     inbound_qos2: frozenset[int] = frozenset()
@@ -178,7 +182,10 @@ class MQTTSessions:
         if self.journal is None:
             return
         value = {
-            "f": [[f, qos, ident, rap, nl] for f, (qos, ident, rap, nl) in filters.items()],
+            "f": [
+                [f, qos, ident, rap, nl, since]
+                for f, (qos, ident, rap, nl, since) in filters.items()
+            ],
             "exp": interval,
             "gone": time.time() if gone else None,
         }
@@ -326,15 +333,18 @@ def _parse_session(value: object, now: float, wall: float) -> KeptSession | None
         return None
     filters: Filters = {}
     for item in listed:
-        if not isinstance(item, list) or len(item) not in (4, 5):
-            return None  # (4: written before No Local was kept)
+        if not isinstance(item, list) or len(item) not in (4, 5, 6):
+            return None  # (4: written before No Local was kept; 5: before since)
         topic_filter, qos, identifier, as_published = item[:4]
-        no_local = len(item) == 5 and bool(item[4])
+        no_local = len(item) >= 5 and bool(item[4])
+        since = item[5] if len(item) == 6 else None
         if not isinstance(topic_filter, str) or qos not in (0, 1, 2):
             return None
         if identifier is not None and type(identifier) is not int:
             return None
-        filters[topic_filter] = (qos, identifier, bool(as_published), no_local)
+        if since is not None and (type(since) is not int or since < 0):
+            return None
+        filters[topic_filter] = (qos, identifier, bool(as_published), no_local, since)
     if interval is None or interval >= NEVER:
         expires = math.inf
     elif gone is None:

@@ -52,6 +52,7 @@ from .._peer_logging import shown
 from .._services import Storage, TopicDirectory
 from ..topics._subscribe import OptionError, make_pattern_subscription, make_subscription
 from ._delivery import FilterState, MQTTDeliveries
+from ._messages import wall_ms
 from ._retained import RetainedStore
 from ._sessions import Filters, MQTTSessions, cursor_name
 
@@ -138,8 +139,9 @@ class MQTTSubscribing:
     def restore(self, filters: Filters) -> None:
         """Subscribe again to a resumed session's filters (each goes on from
         its cursors once :meth:`start` starts them)."""
-        for topic_filter, (qos, identifier, as_published, no_local) in filters.items():
-            self._subscribe(Subscription(topic_filter, qos, no_local, as_published), identifier)
+        for topic_filter, (qos, identifier, as_published, no_local, since) in filters.items():
+            subscription = Subscription(topic_filter, qos, no_local, as_published)
+            self._subscribe(subscription, identifier, since)
 
     def _queue_retained(self, topic_filter: str) -> None:
         """The retained messages ``topic_filter`` matches go first."""
@@ -170,7 +172,11 @@ class MQTTSubscribing:
             return None
         return name
 
-    def _subscribe(self, subscription: Subscription, identifier: int | None) -> ReasonCode:
+    def _subscribe(
+        self, subscription: Subscription, identifier: int | None, since: int | None = None
+    ) -> ReasonCode:
+        """Make one subscription; ``since``: a resumed session's, when it
+        was first subscribed (None: now)."""
         topic_filter, qos = subscription.topic_filter, subscription.qos
         deliveries = self.deliveries
         try:
@@ -180,6 +186,9 @@ class MQTTSubscribing:
             mapped = broker_topic_filter(topic_filter)
         except TopicError as error:
             return error.reason
+        replaced = deliveries.filters.get(topic_filter)
+        if since is None and replaced is not None:
+            since = replaced.since  # (subscribed again: its topics start as before)
         deliveries.drop_filter(topic_filter)  # (subscribed again: replaced)
         if len(deliveries.subscriptions) + len(mapped.topics) > self.max_subscriptions:
             return R.QUOTA_EXCEEDED
@@ -190,12 +199,21 @@ class MQTTSubscribing:
         mode = DeliveryMode.RELIABLE if granted else DeliveryMode.LOSSY
         cursor = self._cursor(topic_filter, granted)
         options: dict[str, object] = {} if cursor is None else {"cursor": cursor}
+        if self.session_client is not None and since is None:
+            since = wall_ms()
+        if cursor is not None and since is not None:
+            # A wildcard's topics are matched after the SUBACK (those on
+            # disk, in the background), or not before the client comes
+            # back (those made while it is away): each starts where the
+            # subscription did, not at its end when matched.
+            options["from_time"] = since
         state = FilterState(
             topic_filter,
             granted,
             identifier,
             retain_as_published=subscription.retain_as_published,
             no_local=subscription.no_local,
+            since=since,
         )
         deliveries.filters[topic_filter] = state
         try:
@@ -268,6 +286,8 @@ class MQTTSubscribing:
         may_read = self.may_subscribe
         if skip_dollar:
             may_read = _skipping_dollar(may_read)
+        # (A topic's cursor position is stored as it is made: from its end.)
+        topic_options = {k: v for k, v in options.items() if k != "from_time"}
         for name in topics:
             handle = self._next_handle
             self._next_handle += 1
@@ -293,7 +313,7 @@ class MQTTSubscribing:
                     handle,
                     topic,
                     mode,
-                    options,
+                    topic_options,
                     cursors=self.storage.cursors,
                     principal=self.principal,
                     groups=self.storage.groups,

@@ -466,8 +466,9 @@ class Publishing:
     # ---------------------------------------------------------------- staging
 
     def stage(self, state: PublishChannel, event: PublishReceived) -> str | None:
-        """Stage a publish of a staged channel: held by the broker, confirmed
-        at once, routed when its batch is committed. The refusal if the
+        """Stage a publish of a staged channel: held by the broker, routed
+        when its batch is committed; confirmed at once (standalone), or once
+        the staging stream stored it (cluster mode). The refusal if the
         staging area is full (the caller says Goodbye 3)."""
         stage = state.stage
         assert stage is not None

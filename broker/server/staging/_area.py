@@ -258,7 +258,7 @@ class StagingArea:
         visible).
         """
         batch_key = (owner, stage.batch)
-        if batch_key in self.finished or batch_key in self.unfinished:
+        if self.decided(batch_key):
             self.counters.discarded["late"] += 1
             return None
         refusal = self.no_room(cost)
@@ -347,7 +347,7 @@ class StagingArea:
         staged through any front end), each publish once by its origin, even
         beyond ``limit`` (they are staged already). Returns how many publishes
         it now holds. A batch decided here is left as it is."""
-        if batch_key in self.finished or batch_key in self.unfinished:
+        if self.decided(batch_key):
             return 0
         old = self.batches.pop(batch_key, None)
         if old is not None:

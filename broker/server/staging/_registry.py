@@ -168,7 +168,7 @@ class CommitRegistry:
             refusal = await self._load(staging, batch, owned)
             if refusal is not None:
                 return refusal
-        if batch not in staging.finished and batch not in staging.unfinished:
+        if not staging.decided(batch):
             try:
                 shares = await self.shares(batch)
             except RecordsUnavailable as error:
@@ -215,7 +215,7 @@ class CommitRegistry:
         self, staging: StagingArea, batch: BatchKey, members: Members, shares: Shares
     ) -> CommitDecision | None:
         """The decision ``shares`` make (None: decide here, as usual)."""
-        if batch in staging.finished or batch in staging.unfinished:
+        if staging.decided(batch):
             return None  # (decided meanwhile: answered from here)
         topics = staging.topics_of(batch, [member for member, _ in members])
         if topics:

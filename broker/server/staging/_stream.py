@@ -51,6 +51,7 @@ from broker.errors import BrokerError
 from broker.nats import JetStream, JetStreamError, NatsError, StreamConfig
 
 from .._peer_logging import shown
+from ..storage._jetstream import topic_token
 from ._records import BatchKey, commit_origin
 
 __all__ = [
@@ -84,8 +85,6 @@ LOAD_BATCH = 256
 #: Seconds between two warnings of a stream that does not store runs.
 WARN_EVERY = 10.0
 
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
-
 
 @dataclass(slots=True)
 class StagingCounters:
@@ -103,14 +102,10 @@ class StagingUnavailable(BrokerError):
     """The staging stream did not answer (asked again later)."""
 
 
-def _token(topic: str) -> str:
-    """``topic`` as one subject token (its bytes outside ``[A-Za-z0-9-]`` as ``_XX``)."""
-    return "".join(chr(b) if b in _SAFE else f"_{b:02X}" for b in topic.encode())
-
-
 def staged_subject(batch: BatchKey, topic: str | None) -> str:
     """The subject of ``batch``'s runs to ``topic`` (None: to any topic)."""
-    return f"{SUBJECT_PREFIX}{commit_origin(batch).hex()}.{'*' if topic is None else _token(topic)}"
+    token = "*" if topic is None else topic_token(topic)
+    return f"{SUBJECT_PREFIX}{commit_origin(batch).hex()}.{token}"
 
 
 @dataclass(slots=True, eq=False)

@@ -35,7 +35,7 @@ import secrets
 from collections.abc import Callable
 
 from ..topics._log_subscription import cursor_key
-from ._jetstream import _encoded
+from ._jetstream import topic_token
 from ._kv_state import KeyedBucket, LateWrites, Verdict
 
 __all__ = ["BUCKET", "ClusterCursors", "bucket_key"]
@@ -50,7 +50,7 @@ def bucket_key(key: str) -> str:
     """The bucket key of the cursor of :func:`~..topics._log_subscription.cursor_key` ``key``."""
     principal, topic, name = key.split("\x00")
     digest = hashlib.sha256(f"{principal}\x00{name}".encode()).hexdigest()[:32]
-    return f"{_encoded(topic)}.{digest}"
+    return f"{topic_token(topic)}.{digest}"
 
 
 def _value(key: str, position: int, writer: str) -> bytes:

@@ -115,7 +115,9 @@ READ_PATIENCE = 60.0
 READ_EXPIRES = 2.0
 
 
-def _encoded(topic: str) -> str:
+def topic_token(topic: str) -> str:
+    """``topic`` as one NATS subject token and name part: its bytes outside
+    ``[A-Za-z0-9-]`` as ``_XX``, a long one cut and ended with a digest."""
     data = topic.encode()
     encoded = "".join(chr(b) if b in _SAFE else f"_{b:02X}" for b in data)
     if len(encoded) <= _MAX_ENCODED:
@@ -128,12 +130,12 @@ def _encoded(topic: str) -> str:
 
 def stream_name(topic: str) -> str:
     """The name of ``topic``'s stream (only ``[A-Za-z0-9_-]``)."""
-    return STREAM_PREFIX + _encoded(topic)
+    return STREAM_PREFIX + topic_token(topic)
 
 
 def topic_subject(topic: str) -> str:
     """The one subject of ``topic``'s stream."""
-    return SUBJECT_PREFIX + _encoded(topic)
+    return SUBJECT_PREFIX + topic_token(topic)
 
 
 #: The NATS client's errors (or their causes) by what a run's failure is

@@ -65,10 +65,15 @@ from ._packets import (
 )
 from ._properties import NO_PROPERTIES, Properties
 from ._topics import topic_name_problem
+from ._wire import string, varint
 
 __all__ = ["ConnectionClosed", "ConnectionState", "Event", "ServerConnection", "SessionState"]
 
 R = ReasonCode
+#: Topic names a connection remembers as valid, each way.
+_NAMES_KEPT = 1024
+#: A PUBACK's fixed header (its packet id follows).
+_PUBACK = bytes((PacketType.PUBACK << 4, 2))
 
 
 class ConnectionState(Enum):
@@ -185,6 +190,10 @@ class ServerConnection:
         self._out_released: set[int] = set()
         self._next_id = 1
         self._out_aliases: dict[str, int] = {}
+        # Topic names seen valid: as received (bytes) and as sent (the
+        # string's wire form), so that the usual PUBLISH skips the checks.
+        self._names_in: dict[bytes, str] = {}
+        self._names_out: dict[str, bytes] = {}
 
     # -- reading -----------------------------------------------------------
 
@@ -209,30 +218,33 @@ class ServerConnection:
         (any monotonic clock, seconds) is when the packet counts as received
         for keepalive. Never raises for what the client sent: a violation
         returns :class:`ConnectionClosed` and queues the answer."""
-        while self._state in (ConnectionState.AWAITING_CONNECT, ConnectionState.CONNECTED):
-            if self._state is ConnectionState.AWAITING_CONNECT:
-                first = self._framer.first_byte
+        framer = self._framer
+        while True:
+            state = self._state
+            if state is ConnectionState.AWAITING_CONNECT:
+                first = framer.first_byte
                 if first is not None and first >> 4 != PacketType.CONNECT:
                     # (Known from its first byte: no need to wait for the rest.)
                     return self._fail(R.PROTOCOL_ERROR, "the first packet must be CONNECT")
+            elif state is not ConnectionState.CONNECTED:
+                return None
             try:
-                frame = self._framer.next_packet()
+                span = framer.next_span()
             except MQTTProtocolError as error:
                 return self._fail(error.reason, error.message)
-            if frame is None:
+            if span is None:
                 if not self._eof:
                     return None
                 self._state = ConnectionState.CLOSED
-                inside = " inside a packet" if self._framer.buffered else ""
+                inside = " inside a packet" if framer.buffered else ""
                 return ConnectionClosed(None, f"the client closed the connection{inside}")
             self._last_seen = now
             try:
-                event = self._handle(*frame)
+                event = self._handle(span[0], framer.data, span[1], span[2])
             except MQTTProtocolError as error:
                 return self._fail(error.reason, error.message)
             if event is not None:
                 return event
-        return None
 
     def events(self, now: float) -> list[Event]:
         """Every event :meth:`next_event` has now, in order."""
@@ -393,10 +405,14 @@ class ServerConnection:
         :class:`PacketTooLargeForPeer` and sends nothing: MQTT says to drop
         it. Topic aliases are used as the client allows (5.0).
         """
-        self._need(ConnectionState.CONNECTED, "PUBLISH")
-        problem = topic_name_problem(topic)
-        if problem is not None:
-            raise MQTTUsageError(R.TOPIC_NAME_INVALID, problem)
+        if self._state is not ConnectionState.CONNECTED:
+            self._need(ConnectionState.CONNECTED, "PUBLISH")
+        wire = self._names_out.get(topic)
+        if wire is None:
+            problem = topic_name_problem(topic)
+            if problem is not None:
+                raise MQTTUsageError(R.TOPIC_NAME_INVALID, problem)
+            wire = self._wire_name(topic)
         if qos not in (0, 1, 2):
             raise MQTTUsageError(R.PROTOCOL_ERROR, f"QoS {qos} is not 0, 1 or 2")
         if properties.topic_alias is not None:
@@ -410,11 +426,38 @@ class ServerConnection:
                 )
             dup = True
         elif qos:
-            if not self.send_quota:
+            in_flight = len(self._out_unacked) + len(self._out_released)
+            if in_flight >= self._client_receive_maximum:
                 raise MQTTUsageError(
                     R.RECEIVE_MAXIMUM_EXCEEDED, "the client's receive maximum is reached"
                 )
             packet_id = self._free_id()
+        v5 = self.version == MQTT_5
+        if properties is NO_PROPERTIES and not (
+            v5 and self._outbound_aliases_on and self._client_alias_max
+        ):
+            # The usual PUBLISH, written directly (as encode_packet writes it).
+            size = len(wire) + len(payload) + (2 if qos else 0) + v5
+            first = 0x30 | dup << 3 | qos << 1 | retain
+            head = bytes((first, size)) if size < 0x80 else bytes((first,)) + varint(size)
+            if len(head) + size > self._client_max_packet:
+                raise PacketTooLargeForPeer(
+                    R.PACKET_TOO_LARGE,
+                    f"a PUBLISH of {len(head) + size} bytes is larger than the client's "
+                    f"maximum of {self._client_max_packet}",
+                )
+            out = self._out
+            out += head
+            out += wire
+            if qos:
+                assert packet_id is not None
+                out += packet_id.to_bytes(2, "big")
+                self._out_unacked[packet_id] = qos
+                self._next_id = packet_id % 0xFFFF + 1
+            if v5:
+                out.append(0)
+            out += payload
+            return packet_id
         new_alias: int | None = None
         wire_topic = topic
         if self.version == MQTT_5 and self._outbound_aliases_on and self._client_alias_max:
@@ -447,10 +490,16 @@ class ServerConnection:
         self, packet_id: int, reason: ReasonCode = R.SUCCESS, properties: Properties = NO_PROPERTIES
     ) -> None:
         """Acknowledge an inbound QoS 1 PUBLISH (5.0: with ``reason``)."""
-        self._need(ConnectionState.CONNECTED, "PUBACK")
-        self._take(self._in_qos1, packet_id, "QoS 1 PUBLISH awaiting PUBACK")
+        if self._state is not ConnectionState.CONNECTED:
+            self._need(ConnectionState.CONNECTED, "PUBACK")
+        if packet_id not in self._in_qos1:
+            self._take(self._in_qos1, packet_id, "QoS 1 PUBLISH awaiting PUBACK")
+        self._in_qos1.discard(packet_id)
         self._inbound_done(packet_id)
-        self._send(PubAck(packet_id, reason, properties))
+        if reason is R.SUCCESS and properties is NO_PROPERTIES:
+            self._out += _PUBACK + packet_id.to_bytes(2, "big")  # (the usual one, directly)
+        else:
+            self._send(PubAck(packet_id, reason, properties))
 
     def pubrec(
         self, packet_id: int, reason: ReasonCode = R.SUCCESS, properties: Properties = NO_PROPERTIES
@@ -543,6 +592,30 @@ class ServerConnection:
         else:
             self._in_quota_used -= 1
 
+    @staticmethod
+    def _topic_checked(topic: str) -> None:
+        problem = topic_name_problem(topic)
+        if problem is not None:
+            raise MQTTProtocolError(R.TOPIC_NAME_INVALID, problem)
+
+    def _note_name_in(self, topic: str) -> None:
+        """Remember valid topic name ``topic`` for :meth:`_fast_publish`."""
+        names = self._names_in
+        if len(names) >= _NAMES_KEPT:
+            names.clear()
+        names[topic.encode()] = topic
+        self._wire_name(topic)
+
+    def _wire_name(self, topic: str) -> bytes:
+        """``topic`` (a valid topic name, already checked) as an MQTT string."""
+        wire = self._names_out.get(topic)
+        if wire is None:
+            names = self._names_out
+            if len(names) >= _NAMES_KEPT:
+                names.clear()
+            wire = names[topic] = string(topic)
+        return wire
+
     def _free_id(self) -> int:
         packet_id = self._next_id
         while packet_id in self._out_unacked or packet_id in self._out_released:
@@ -577,7 +650,21 @@ class ServerConnection:
         self._state = ConnectionState.CLOSED
         return ConnectionClosed(reason, message)
 
-    def _handle(self, first: int, body: bytes) -> Event | None:
+    def _handle(self, first: int, data: bytes, start: int, end: int) -> Event | None:
+        """The event of the packet of first byte ``first`` whose body is
+        ``data[start:end]``."""
+        if first == 0x40 and end - start == 2 and (data[start] or data[start + 1]):
+            # (The usual PUBACK, read directly.)
+            packet_id = data[start] << 8 | data[start + 1]
+            if self._out_unacked.get(packet_id) != 1:
+                return None
+            del self._out_unacked[packet_id]
+            return PubAck(packet_id)
+        if first >> 4 == PacketType.PUBLISH and self._state is ConnectionState.CONNECTED:
+            fast = self._fast_publish(first, data, start, end)
+            if fast is not None:
+                return self._handle_publish(fast)
+        body = data[start:end]
         if self._state is ConnectionState.AWAITING_CONNECT:
             return self._handle_connect(first, body)
         packet = decode_packet(first, body, self._version())
@@ -663,13 +750,49 @@ class ServerConnection:
         self._state = ConnectionState.AWAITING_CONNACK
         return packet
 
+    def _fast_publish(self, first: int, data: bytes, start: int, end: int) -> Publish | None:
+        """The usual PUBLISH (body ``data[start:end]``) read directly: a
+        topic name already seen valid, no properties; None for anything
+        else (read the general way)."""
+        flags = first & 0x0F
+        qos = flags >> 1 & 0b11
+        if qos == 3 or (flags & 0b1000 and not qos) or end - start < 2:
+            return None
+        pos = start + 2 + (data[start] << 8 | data[start + 1])
+        if pos + (2 if qos else 0) + (self.version == MQTT_5) > end:
+            return None
+        topic = self._names_in.get(data[start + 2 : pos])
+        if topic is None:
+            return None
+        packet_id = None
+        if qos:
+            packet_id = data[pos] << 8 | data[pos + 1]
+            if not packet_id:
+                return None
+            pos += 2
+        if self.version == MQTT_5:
+            if data[pos]:
+                return None
+            pos += 1
+        return Publish(
+            topic,
+            data[pos:end],
+            qos,
+            bool(flags & 1),
+            bool(flags & 0b1000),
+            packet_id,
+            NO_PROPERTIES,
+        )
+
     def _handle_publish(self, packet: Publish) -> Publish | None:
         props = packet.properties
         if props.subscription_identifiers:
             raise MQTTProtocolError(R.PROTOCOL_ERROR, "a client may not send subscription ids")
         topic = packet.topic
         alias = props.topic_alias
-        if alias is not None:
+        if alias is None and props is NO_PROPERTIES and topic in self._names_out:
+            pass  # (a topic name seen valid)
+        elif alias is not None:
             if not 1 <= alias <= self.topic_alias_maximum:
                 raise MQTTProtocolError(
                     R.TOPIC_ALIAS_INVALID,
@@ -681,9 +804,10 @@ class ServerConnection:
                 topic = self._in_aliases[alias]
             else:
                 raise MQTTProtocolError(R.PROTOCOL_ERROR, f"topic alias {alias} is not set")
-        problem = topic_name_problem(topic)
-        if problem is not None:
-            raise MQTTProtocolError(R.TOPIC_NAME_INVALID, problem)
+            self._topic_checked(topic)
+        else:
+            self._topic_checked(topic)
+            self._note_name_in(topic)
         if packet.qos > self._max_qos:
             raise MQTTProtocolError(R.QOS_NOT_SUPPORTED, f"QoS {packet.qos} is not supported")
         if packet.retain and not self._retain_available:

@@ -26,61 +26,81 @@ DEFAULT_MAX_PACKET_SIZE = 1 << 20
 class Framer:
     """Buffers received bytes and hands out whole packets in order."""
 
-    __slots__ = ("_buffer", "max_packet_size")
+    __slots__ = ("_data", "_pos", "max_packet_size")
 
     def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE) -> None:
         if not 2 <= max_packet_size <= MAX_PACKET_SIZE:
             raise ValueError(f"max_packet_size must be 2-{MAX_PACKET_SIZE}")
         #: The largest packet accepted, fixed header included, in bytes.
         self.max_packet_size = max_packet_size
-        self._buffer = bytearray()
+        self._data = b""
+        self._pos = 0
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
-        self._buffer += data
+        if self._pos >= len(self._data):
+            self._data = bytes(data)
+        else:
+            self._data = self._data[self._pos :] + data
+        self._pos = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet handed out as packets."""
-        return len(self._buffer)
+        return len(self._data) - self._pos
 
     @property
     def first_byte(self) -> int | None:
         """The first byte of the next packet (its type and flags), as soon
         as it is received; ``None`` while nothing is buffered."""
-        return self._buffer[0] if self._buffer else None
+        return self._data[self._pos] if self._pos < len(self._data) else None
 
-    def next_packet(self) -> tuple[int, bytes] | None:
-        """The next whole packet as (first byte, body), or ``None`` until
-        more bytes arrive."""
-        buffer = self._buffer
-        size = len(buffer)
-        if size < 2:
+    @property
+    def data(self) -> bytes:
+        """The bytes the spans of :meth:`next_span` point into (until the
+        next :meth:`feed`)."""
+        return self._data
+
+    def next_span(self) -> tuple[int, int, int] | None:
+        """The next whole packet as its first byte and where its body
+        starts and ends in :attr:`data`, or ``None`` until more bytes arrive."""
+        data = self._data
+        size = len(data)
+        first = self._pos
+        if size - first < 2:
             return None
         length = 0
-        pos = 1
+        pos = first + 1
         for shift in (0, 7, 14, 21):
             if pos >= size:
                 return None
-            byte = buffer[pos]
+            byte = data[pos]
             pos += 1
             length |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 break
         else:
             raise malformed("the remaining length is longer than four bytes")
-        total = pos + length
-        if total > self.max_packet_size:
+        end = pos + length
+        if end - first > self.max_packet_size:
             raise MQTTProtocolError(
                 ReasonCode.PACKET_TOO_LARGE,
-                f"a packet of {total} bytes is larger than the maximum of {self.max_packet_size}",
+                f"a packet of {end - first} bytes is larger than the maximum of "
+                f"{self.max_packet_size}",
             )
-        if size < total:
+        if size < end:
             return None
-        first = buffer[0]
-        body = bytes(buffer[pos:total])
-        del buffer[:total]
-        return first, body
+        self._pos = end
+        return data[first], pos, end
+
+    def next_packet(self) -> tuple[int, bytes] | None:
+        """The next whole packet as (first byte, body), or ``None`` until
+        more bytes arrive."""
+        span = self.next_span()
+        if span is None:
+            return None
+        first, start, end = span
+        return first, self._data[start:end]
 
 
 def packet_size(body_length: int) -> int:

@@ -33,7 +33,7 @@ from .._types import (
     MessageType,
     SettleOutcome,
 )
-from ._decode_fast import _fast_tail
+from ._decode_fast import _fast_tail_headers
 from ._encode import encode_deliver, encode_deliver_tail
 from ._messages import (
     Abort,
@@ -664,14 +664,15 @@ def decode_body(body: bytes) -> Message:
 
 def decode_deliver_tail(tail: bytes) -> Entry:
     """The ``(payload, key, headers)`` that :func:`~._encode.encode_deliver_tail`
-    encoded into ``tail`` (the usual shape, without headers, read directly);
+    encoded into ``tail`` (the usual shapes, with a few short headers or
+    none, read directly);
     :class:`RemoteProtocolError` for bytes that are not such a tail."""
     try:
-        fast = _fast_tail(tail, 0, len(tail))
+        fast = _fast_tail_headers(tail, 0, len(tail))
     except IndexError:  # (cut short: the strict way says what is wrong)
         fast = None
     if fast is not None:
-        return fast[0], fast[1], None
+        return fast
     head, _ = encode_deliver(0, 1, tail)
     message = decode_body(head[LENGTH_PREFIX:] + tail)
     assert isinstance(message, Deliver)

@@ -96,6 +96,63 @@ def _fast_tail(data: bytes, pos: int, end: int) -> tuple[bytes, bytes | None] | 
     return entry[0], entry[1]
 
 
+def _fast_headers(data: bytes, pos: int, end: int) -> list[tuple[str, bytes]] | None:
+    """The headers at ``pos`` filling the bytes to exactly ``end``: an
+    array of fewer than 24 ``[text, bytes]`` pairs, each name shorter than
+    256 bytes (what messages usually carry); None for anything else."""
+    count = data[pos] - 0x80
+    if not 0 <= count < 24:
+        return None
+    pos += 1
+    headers: list[tuple[str, bytes]] = []
+    for _ in range(count):
+        if data[pos] != 0x82:
+            return None
+        head = data[pos + 1]
+        if 0x60 <= head <= 0x77:
+            start = pos + 2
+            stop = start + head - 0x60
+        elif head == 0x78:
+            start = pos + 3
+            stop = start + data[pos + 2]
+        else:
+            return None
+        if stop > end:
+            return None
+        try:
+            name = data[start:stop].decode()
+        except UnicodeDecodeError:
+            return None
+        start, stop = _fast_blob(data, stop)
+        if start < 0 or stop > end:
+            return None
+        headers.append((name, data[start:stop]))
+        pos = stop
+    return headers if pos == end else None
+
+
+def _fast_tail_headers(data: bytes, pos: int, end: int) -> Entry | None:
+    """The payload, key and headers of a message's fields from ``pos`` to
+    exactly ``end``, headers null or as :func:`_fast_headers` reads them;
+    None for anything else."""
+    start, stop = _fast_blob(data, pos)
+    if start < 0 or stop > end:
+        return None
+    payload = data[start:stop]
+    if data[stop] == _NULL_BYTE:
+        key = None
+        pos = stop + 1
+    else:
+        start, pos = _fast_blob(data, stop)
+        if start < 0 or pos > end:
+            return None
+        key = data[start:pos]
+    if data[pos] == _NULL_BYTE:
+        return (payload, key, None) if pos + 1 == end else None
+    headers = _fast_headers(data, pos, end)
+    return None if headers is None else (payload, key, headers)
+
+
 def _short_and_plain(data: bytes, pos: int, end: int) -> bool:
     """From ``pos``, a payload of 24 to 255 bytes, a null key and null
     headers fill the frame exactly (the commonest tail)."""

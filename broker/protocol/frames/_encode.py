@@ -443,14 +443,42 @@ def encode_deliver_tail(payload: bytes, key: bytes | None, headers: Headers | No
     :func:`encode_deliver` for each subscriber: the payload is never
     re-encoded per subscriber.
     """
-    if headers is None and type(payload) is bytes:
-        # The common case, without a trip through the generic encoder.
+    if type(payload) is bytes:
+        # The common cases, without a trip through the generic encoder.
         size = len(payload)
         blob = _SHORT_BLOB[size] if size < 256 else _cbor_head(2, size)
-        if key is None:
-            return b"".join((blob, payload, b"\xf6\xf6"))
-        return b"".join((blob, payload, _cbor_head(2, len(key)), key, _NULL))
+        if headers is None:
+            if key is None:
+                return b"".join((blob, payload, b"\xf6\xf6"))
+            return b"".join((blob, payload, _cbor_head(2, len(key)), key, _NULL))
+        if key is None or type(key) is bytes:
+            parts = _header_parts(headers)
+            if parts is not None:
+                key_part = _NULL if key is None else _cbor_head(2, len(key)) + key
+                return b"".join((blob, payload, key_part, *parts))
     return b"".join(cbor2.dumps(item) for item in (payload, key, _wire_headers(headers)))
+
+
+def _header_parts(headers: Headers) -> list[bytes] | None:
+    """The CBOR of ``headers`` (an array of ``[name, value]`` pairs) as
+    ``cbor2`` writes it, in parts; None if a name is not a ``str`` that
+    encodes as UTF-8 or a value not ``bytes`` (the generic encoder then
+    says what is wrong)."""
+    parts = [_cbor_head(4, len(headers))]
+    append = parts.append
+    for name, value in headers:
+        if type(name) is not str or type(value) is not bytes:
+            return None
+        try:
+            raw = name.encode()
+        except UnicodeEncodeError:
+            return None
+        append(b"\x82")
+        append(_cbor_head(3, len(raw)))
+        append(raw)
+        append(_SHORT_BLOB[len(value)] if len(value) < 256 else _cbor_head(2, len(value)))
+        append(value)
+    return parts
 
 
 def _uint_head(value: int) -> bytes:

@@ -57,6 +57,9 @@ from ._wills import Wills
 
 __all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection", "MQTTConnectionStatistics"]
 
+#: MQTT topic names a connection keeps mapped to broker names (it may
+#: publish to any number: past this many the map starts again).
+NAMES_KEPT = 1024
 #: Bytes asked of the socket per read.
 RECEIVE_SIZE = 64 * 1024
 #: Packets one turn of the reader applies before the other tasks go.
@@ -183,6 +186,8 @@ class MQTTConnection:
         self._wake = trio.Event()
         self._poke_timer = trio.Event()
         self._writing: list[LoanedItem[Any]] = []
+        #: Broker topic names of the MQTT topic names it published to.
+        self._broker_names: dict[str, str] = {}
         #: Nothing is written before then (a refused CONNECT is held back).
         self._hold_until = 0.0
         #: When the reader last resumed after a pause (keepalive counts from then).
@@ -589,21 +594,27 @@ class MQTTConnection:
         """A PUBLISH: to its topic, acknowledged once routed; refused (0x90
         no broker topic, 0x87 not authorised) with a PUBACK or PUBREC
         reason (5.0, QoS 1 and 2), else by closing the connection."""
-        try:
-            name = broker_topic_name(event.topic)
-        except TopicError as error:
-            self._refuse(event, error.reason, error.message)
-            return
+        name = self._broker_names.get(event.topic)
+        if name is None:
+            try:
+                name = broker_topic_name(event.topic)
+            except TopicError as error:
+                self._refuse(event, error.reason, error.message)
+                return
+            if len(self._broker_names) >= NAMES_KEPT:
+                self._broker_names.clear()
+            self._broker_names[event.topic] = name
         if not self.admission.may_publish(name):
             self._refuse(event, R.NOT_AUTHORIZED, f"may not publish to {shown(name)}")
             return
         if self._life.closing:
             return  # a shutdown accepts none: never routed, never acknowledged
+        properties = event.properties
         tail, key = published_tail(
             event.payload,
-            event.properties,
+            properties,
             retain=event.retain,
-            now_ms=wall_ms(),
+            now_ms=None if properties.message_expiry_interval is None else wall_ms(),
             origin=self._origin(event.topic),
             qos=event.qos,
         )

@@ -52,7 +52,7 @@ from broker.mqtt import (
 from ..patterns._subscription import PatternSubscription
 from ..topics._groups import GroupSubscription
 from ..topics._topic import Subscription
-from ._messages import delivered, wall_ms
+from ._messages import delivered, plain_delivery, wall_ms
 
 __all__ = ["RETAINED_HANDLE", "DeliveryCounters", "FilterState", "MQTTDeliveries"]
 
@@ -346,14 +346,18 @@ class MQTTDeliveries:
         (their numbers are settled, not acknowledged; a session keeps none
         of them)."""
         state = self.filter_of[handle]
+        taken = 0
+        if not group and not self.resend and state.identifier is None and not state.no_local:
+            taken, stopped = self._publish_plain(handle, state, topic, first, offset, tails)
+            if stopped or taken == len(tails):
+                return taken
         protocol = self.protocol
         version = protocol.version or 4
         qos = state.qos
         counters = self.counters
         resend = None if group else self.resend
         now = wall_ms()
-        taken = 0
-        for tail in tails:
+        for tail in tails[taken:] if taken else tails:
             key = (state.topic_filter, topic, offset + taken)
             again = resend.pop(key, None) if resend else None
             if again is None and resend:
@@ -425,6 +429,69 @@ class MQTTDeliveries:
         if taken:
             self._wake()
         return taken
+
+    def _publish_plain(
+        self,
+        handle: int,
+        state: FilterState,
+        topic: str,
+        first: int,
+        offset: int,
+        tails: list[bytes],
+    ) -> tuple[int, bool]:
+        """:meth:`_publish` of the usual deliveries (tails of
+        :func:`plain_delivery`, on a subscription with no identifier and
+        no No Local, nothing to resend), the cheaper way: how many were
+        taken, and whether it stopped for lack of room (else at the first
+        delivery of another kind, which :meth:`_publish` then takes on)."""
+        protocol = self.protocol
+        qos = state.qos
+        max_unsent = self.max_unsent - self.unsent
+        start = protocol.bytes_to_send
+        quota = protocol.send_quota
+        in_flight = self.in_flight
+        sent_as = self.sent_as
+        topic_filter = state.topic_filter
+        sent: _Sent | None = None
+        taken = 0
+        stopped = False
+        for tail in tails:
+            plain = plain_delivery(tail)
+            if plain is None:
+                break
+            if protocol.bytes_to_send - start >= max_unsent or self.retained or (qos and not quota):
+                self.want_room.add(handle)  # (pumped again once there is room)
+                stopped = True
+                break
+            payload, published = plain
+            sent_qos = qos if qos < published else published
+            try:
+                packet_id = protocol.publish(topic, payload, sent_qos)
+            except MQTTUsageError:  # (too large for the client, or closed: as _publish says)
+                break
+            number = first + taken
+            if packet_id is not None:
+                quota -= 1
+                in_flight[packet_id] = (handle, number)
+                sent_as[packet_id] = ((topic_filter, topic, offset + taken), sent_qos)
+                if sent_qos == 2:
+                    self.outbound_changed(packet_id, [topic_filter, topic, offset + taken, 2])
+                if sent is None:
+                    sent = self._sent.get(handle)
+                    if sent is None:
+                        sent = self._sent[handle] = _Sent()
+                sent.numbers.append(number)
+            else:
+                self._skipped(handle, number, False)  # (QoS 0: none to wait for)
+            taken += 1
+        if taken:
+            size = protocol.bytes_to_send - start
+            self.unsent += size
+            counters = self.counters
+            counters.messages_out += taken
+            counters.bytes_out += size
+            self._wake()
+        return taken, stopped
 
     def _skipped(self, handle: int, number: int, group: bool) -> None:
         """Delivery ``number`` of ``handle`` is not made (expired, or the

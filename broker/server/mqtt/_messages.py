@@ -62,6 +62,7 @@ __all__ = [
     "Delivered",
     "delivered",
     "expired",
+    "plain_delivery",
     "published_tail",
     "wall_ms",
 ]
@@ -98,6 +99,27 @@ RESERVED = frozenset(
     }
 )
 _QOS_VALUES = {b"0": 0, b"1": 1, b"2": 2}
+#: The headers of a publish at QoS 0 or 1 that has nothing else to say
+#: (at QoS 2, :data:`DEFAULT_QOS`, none).
+_QOS_HEADERS: dict[int, list[tuple[str, bytes]]] = {
+    0: [(QOS_HEADER, b"0")],
+    1: [(QOS_HEADER, b"1")],
+}
+
+
+#: The end of the tail of a publish :func:`published_tail` writes the usual
+#: way (null key, the QoS header only), and that QoS: the same length each.
+_PLAIN_ENDS = {
+    encode_deliver_tail(b"", None, headers)[1:]: qos for qos, headers in _QOS_HEADERS.items()
+}
+_PLAIN_END_SIZE = 14
+#: The same ends by QoS (QoS 2's: a null key and null headers).
+_ENDS = {qos: end for end, qos in _PLAIN_ENDS.items()} | {DEFAULT_QOS: b"\xf6\xf6"}
+#: The heads of payloads shorter than 256 bytes in a tail (CBOR byte strings).
+_SHORT_HEADS = [bytes((0x40 | n,)) if n < 24 else bytes((0x58, n)) for n in range(256)]
+#: The end of a tail without key and headers (a QoS 2 publish, a native one).
+_NULL_NULL = b"\xf6\xf6"
+assert {len(end) for end in _PLAIN_ENDS} == {_PLAIN_END_SIZE}
 
 
 def wall_ms() -> int:
@@ -120,6 +142,12 @@ def published_tail(
     ``now_ms``: when it was received (its Message Expiry Interval counts
     from then; None: it does not expire); ``origin``: the client id No
     Local subscriptions know it by; ``qos``: the QoS it was published at."""
+    if properties is NO_PROPERTIES and origin is None and not retain:
+        # The usual publish: its key null, its headers only its QoS's.
+        size = len(payload)
+        if size < 256 and type(payload) is bytes and qos in _ENDS:
+            return b"".join((_SHORT_HEADS[size], payload, _ENDS[qos])), None
+        return encode_deliver_tail(payload, None, _QOS_HEADERS.get(qos)), None
     key: bytes | None = None
     headers: list[tuple[str, bytes]] | None = None
     for name, value in properties.user_properties:
@@ -151,6 +179,34 @@ def published_tail(
     return encode_deliver_tail(payload, key, headers), key
 
 
+def plain_delivery(tail: bytes) -> tuple[bytes, int] | None:
+    """The payload and QoS of ``tail`` if it is the tail of a usual
+    publish (no key, no header but an MQTT publish's QoS; what
+    :func:`delivered` reads of it, cheaper); None for any other tail."""
+    size = len(tail) - _PLAIN_END_SIZE
+    qos = _PLAIN_ENDS.get(tail[size:]) if size > 0 else None
+    if qos is None:
+        if tail[-2:] != _NULL_NULL or len(tail) < 3:
+            return None
+        size = len(tail) - 2
+        qos = DEFAULT_QOS
+    head = tail[0]
+    if head == 0x58:
+        start = 2
+        length = tail[1]
+    elif 0x40 <= head <= 0x57:
+        start = 1
+        length = head - 0x40
+    elif head == 0x59:
+        start = 3
+        length = tail[1] << 8 | tail[2]
+    else:
+        return None
+    if start + length != size:
+        return None
+    return tail[start:size], qos
+
+
 class Delivered(NamedTuple):
     """A routed tail as an MQTT PUBLISH: its payload and properties, whether
     it was published retained, the client id of its ``mqtt-origin`` (None:
@@ -173,6 +229,12 @@ def delivered(tail: bytes, version: int, now_ms: int = 0) -> Delivered:
     payload, key, headers = decode_deliver_tail(tail)
     if not headers and (version != MQTT_5 or key is None):
         return Delivered(payload, NO_PROPERTIES, False, None, False)
+    if headers and len(headers) == 1 and (version != MQTT_5 or key is None):
+        name, value = headers[0]
+        if name == QOS_HEADER:  # (the usual MQTT publish: its QoS only)
+            return Delivered(
+                payload, NO_PROPERTIES, False, None, False, _QOS_VALUES.get(value, DEFAULT_QOS)
+            )
     retained = False
     origin: str | None = None
     left: int | None = None

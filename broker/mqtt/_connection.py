@@ -62,6 +62,7 @@ from ._packets import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
+    new_publish,
 )
 from ._properties import NO_PROPERTIES, Properties
 from ._topics import topic_name_problem
@@ -72,6 +73,8 @@ __all__ = ["ConnectionClosed", "ConnectionState", "Event", "ServerConnection", "
 R = ReasonCode
 #: Topic names a connection remembers as valid, each way.
 _NAMES_KEPT = 1024
+#: The events of plain PUBACKs, by packet id (made once: they are values).
+_PUBACKS: dict[int, PubAck] = {}
 #: A PUBACK's fixed header (its packet id follows).
 _PUBACK = bytes((PacketType.PUBACK << 4, 2))
 
@@ -659,7 +662,10 @@ class ServerConnection:
             if self._out_unacked.get(packet_id) != 1:
                 return None
             del self._out_unacked[packet_id]
-            return PubAck(packet_id)
+            event = _PUBACKS.get(packet_id)
+            if event is None:
+                event = _PUBACKS[packet_id] = PubAck(packet_id)
+            return event
         if first >> 4 == PacketType.PUBLISH and self._state is ConnectionState.CONNECTED:
             fast = self._fast_publish(first, data, start, end)
             if fast is not None:
@@ -774,14 +780,8 @@ class ServerConnection:
             if data[pos]:
                 return None
             pos += 1
-        return Publish(
-            topic,
-            data[pos:end],
-            qos,
-            bool(flags & 1),
-            bool(flags & 0b1000),
-            packet_id,
-            NO_PROPERTIES,
+        return new_publish(
+            topic, data[pos:end], qos, bool(flags & 1), bool(flags & 0b1000), packet_id
         )
 
     def _handle_publish(self, packet: Publish) -> Publish | None:

@@ -21,6 +21,7 @@ import trio
 from accounts import Account, LoanedItem
 from broker.mqtt import (
     MQTT_5,
+    NO_PROPERTIES,
     Connect,
     ConnectionClosed,
     ConnectionState,
@@ -48,7 +49,7 @@ from .._peer_logging import ConnectionLog, shown
 from .._services import BrokerServices
 from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
-from ._messages import published_tail, wall_ms
+from ._messages import plain_tail, published_tail, wall_ms
 from ._publishing import MQTTPublishing
 from ._retained import RetainedStore
 from ._sessions import Filters, KeptSession, MQTTSessions, expiry_of
@@ -610,6 +611,12 @@ class MQTTConnection:
         if self._life.closing:
             return  # a shutdown accepts none: never routed, never acknowledged
         properties = event.properties
+        if properties is NO_PROPERTIES and not event.retain and not self.deliveries.filters:
+            # (The usual publish: nothing but its payload and QoS to keep.)
+            self.publishing.add(
+                name, plain_tail(event.payload, event.qos), None, event.packet_id, event.qos
+            )
+            return
         tail, key = published_tail(
             event.payload,
             properties,

@@ -63,6 +63,7 @@ __all__ = [
     "delivered",
     "expired",
     "plain_delivery",
+    "plain_tail",
     "published_tail",
     "wall_ms",
 ]
@@ -143,11 +144,7 @@ def published_tail(
     from then; None: it does not expire); ``origin``: the client id No
     Local subscriptions know it by; ``qos``: the QoS it was published at."""
     if properties is NO_PROPERTIES and origin is None and not retain:
-        # The usual publish: its key null, its headers only its QoS's.
-        size = len(payload)
-        if size < 256 and type(payload) is bytes and qos in _ENDS:
-            return b"".join((_SHORT_HEADS[size], payload, _ENDS[qos])), None
-        return encode_deliver_tail(payload, None, _QOS_HEADERS.get(qos)), None
+        return plain_tail(payload, qos), None
     key: bytes | None = None
     headers: list[tuple[str, bytes]] | None = None
     for name, value in properties.user_properties:
@@ -205,6 +202,16 @@ def plain_delivery(tail: bytes) -> tuple[bytes, int] | None:
     if start + length != size:
         return None
     return tail[start:size], qos
+
+
+def plain_tail(payload: bytes, qos: int) -> bytes:
+    """:func:`published_tail` of a publish at ``qos`` without properties
+    and retain flag, of a client with no No Local subscription (the
+    usual one: its key null, its headers only its QoS's)."""
+    size = len(payload)
+    if size < 256 and type(payload) is bytes and qos in _ENDS:
+        return b"".join((_SHORT_HEADS[size], payload, _ENDS[qos]))
+    return encode_deliver_tail(payload, None, _QOS_HEADERS.get(qos))
 
 
 class Delivered(NamedTuple):

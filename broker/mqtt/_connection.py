@@ -242,8 +242,24 @@ class ServerConnection:
                 inside = " inside a packet" if framer.buffered else ""
                 return ConnectionClosed(None, f"the client closed the connection{inside}")
             self._last_seen = now
+            first, start, end = span
+            data = framer.data
+            if first == 0x40 and end - start == 2 and (data[start] or data[start + 1]):
+                # (The usual PUBACK, read directly.)
+                packet_id = data[start] << 8 | data[start + 1]
+                if self._out_unacked.get(packet_id) == 1:
+                    del self._out_unacked[packet_id]
+                    ack = _PUBACKS.get(packet_id)
+                    if ack is None:
+                        ack = _PUBACKS[packet_id] = PubAck(packet_id)
+                    return ack
+                continue  # (unknown, or a repeat: ignored)
+            if first >> 4 == PacketType.PUBLISH and state is ConnectionState.CONNECTED:
+                fast = self._fast_publish(first, data, start, end)
+                if fast is not None:
+                    return fast
             try:
-                event = self._handle(span[0], framer.data, span[1], span[2])
+                event = self._handle(first, data, start, end)
             except MQTTProtocolError as error:
                 return self._fail(error.reason, error.message)
             if event is not None:
@@ -656,20 +672,6 @@ class ServerConnection:
     def _handle(self, first: int, data: bytes, start: int, end: int) -> Event | None:
         """The event of the packet of first byte ``first`` whose body is
         ``data[start:end]``."""
-        if first == 0x40 and end - start == 2 and (data[start] or data[start + 1]):
-            # (The usual PUBACK, read directly.)
-            packet_id = data[start] << 8 | data[start + 1]
-            if self._out_unacked.get(packet_id) != 1:
-                return None
-            del self._out_unacked[packet_id]
-            event = _PUBACKS.get(packet_id)
-            if event is None:
-                event = _PUBACKS[packet_id] = PubAck(packet_id)
-            return event
-        if first >> 4 == PacketType.PUBLISH and self._state is ConnectionState.CONNECTED:
-            fast = self._fast_publish(first, data, start, end)
-            if fast is not None:
-                return self._handle_publish(fast)
         body = data[start:end]
         if self._state is ConnectionState.AWAITING_CONNECT:
             return self._handle_connect(first, body)
@@ -757,12 +759,15 @@ class ServerConnection:
         return packet
 
     def _fast_publish(self, first: int, data: bytes, start: int, end: int) -> Publish | None:
-        """The usual PUBLISH (body ``data[start:end]``) read directly: a
-        topic name already seen valid, no properties; None for anything
-        else (read the general way)."""
+        """The usual PUBLISH (body ``data[start:end]``) read and applied
+        directly: a topic name already seen valid, no properties, a new
+        packet id within the limits, a QoS and retain flag allowed; None
+        for anything else, and nothing changed (read the general way)."""
         flags = first & 0x0F
         qos = flags >> 1 & 0b11
-        if qos == 3 or (flags & 0b1000 and not qos) or end - start < 2:
+        if qos == 3 or (flags & 0b1000 and not qos) or end - start < 2 or qos > self._max_qos:
+            return None
+        if flags & 1 and not self._retain_available:
             return None
         pos = start + 2 + (data[start] << 8 | data[start + 1])
         if pos + (2 if qos else 0) + (self.version == MQTT_5) > end:
@@ -773,13 +778,22 @@ class ServerConnection:
         packet_id = None
         if qos:
             packet_id = data[pos] << 8 | data[pos + 1]
-            if not packet_id:
+            if (
+                not packet_id
+                or packet_id in self._in_qos1
+                or packet_id in self._in_qos2_new
+                or packet_id in self._in_qos2_rec
+                or packet_id in self._in_qos2_rel
+            ):
                 return None
             pos += 2
         if self.version == MQTT_5:
-            if data[pos]:
+            if data[pos] or (qos and self._in_quota_used >= self.receive_maximum):
                 return None
             pos += 1
+        if packet_id is not None:
+            self._in_quota_used += 1
+            (self._in_qos1 if qos == 1 else self._in_qos2_new).add(packet_id)
         return new_publish(
             topic, data[pos:end], qos, bool(flags & 1), bool(flags & 0b1000), packet_id
         )

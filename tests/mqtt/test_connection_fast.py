@@ -33,11 +33,13 @@ topic_names = st.sampled_from(["a", "a/b", "é/ü", "x" * 200]) | texts.filter(
 payloads = st.binary(max_size=40) | st.sampled_from([b"p" * 127, b"p" * 128, b"p" * 20_000])
 
 
-def connected(version: int, **options: int) -> ServerConnection:
+def connected(
+    version: int, properties: Properties = NO_PROPERTIES, **options: int
+) -> ServerConnection:
     conn = ServerConnection(**options)  # type: ignore[arg-type]
     conn.receive_data(encode_packet(Connect("c", version, keepalive=10), version))
     assert isinstance(conn.next_event(0.0), Connect)
-    conn.connack()
+    conn.connack(properties=properties)
     conn.data_to_send()
     return conn
 
@@ -53,11 +55,16 @@ def state(conn: ServerConnection) -> tuple[object, ...]:
     )
 
 
-def pair(version: int, topics: list[str]) -> tuple[ServerConnection, ServerConnection]:
-    """Two connections that received the same QoS 0 PUBLISHes to
-    ``topics``: the first remembers those names, the second forgot them
-    (so it reads everything the general way)."""
-    conns = connected(version, max_packet_size=1024), connected(version, max_packet_size=1024)
+def pair(
+    version: int, topics: list[str], limits: Properties, receive_maximum: int
+) -> tuple[ServerConnection, ServerConnection]:
+    """Two connections (CONNACK ``limits``, 5.0 only) that received the
+    same QoS 0 PUBLISHes to ``topics``: the first remembers those names,
+    the second forgot them (so it reads everything the general way)."""
+    if version != MQTT_5:
+        limits = NO_PROPERTIES
+    options = {"max_packet_size": 1024, "receive_maximum": receive_maximum}
+    conns = connected(version, limits, **options), connected(version, limits, **options)
     for conn in conns:
         for topic in topics:
             conn.receive_data(encode_packet(Publish(topic, b"seen"), version))
@@ -93,7 +100,11 @@ def test_publishes_read_alike_with_and_without_known_names(
     version: int, data: st.DataObject
 ) -> None:
     known = data.draw(st.lists(topic_names, max_size=3))
-    fast, general = pair(version, known)
+    limits = Properties(
+        maximum_qos=data.draw(st.sampled_from([None, 0, 1])),
+        retain_available=data.draw(st.sampled_from([None, 0])),
+    )
+    fast, general = pair(version, known, limits, data.draw(st.sampled_from([2, 65_535])))
     chunks = data.draw(st.lists(publishes(version), min_size=1, max_size=6))
     chunks += data.draw(st.lists(st.binary(max_size=30), max_size=2))
     for conn in (fast, general):

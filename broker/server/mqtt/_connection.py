@@ -50,7 +50,7 @@ from .._services import BrokerServices
 from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
 from ._messages import plain_tail, published_tail, wall_ms
-from ._publishing import MQTTPublishing
+from ._publishing import MQTTPublishing, Pending
 from ._retained import RetainedStore
 from ._sessions import Filters, KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
@@ -649,17 +649,18 @@ class MQTTConnection:
             return
         self.end(reason, message)
 
-    def _acknowledge(self, packet_id: int, qos: int) -> None:
-        """A publish of ours was routed: PUBACK (QoS 1) or PUBREC (QoS 2)."""
+    def _acknowledge(self, routed: list[Pending]) -> None:
+        """Publishes of ours were routed: PUBACK (QoS 1) or PUBREC (QoS 2) each."""
         protocol = self.protocol
         if protocol.state is not ConnectionState.CONNECTED:
             return
-        if qos == 1:
-            protocol.puback(packet_id)
-        else:
-            if self._persistent:  # (in the journal before the PUBREC goes)
-                self._sessions.qos2_received(self.client_id, packet_id, [])
-            protocol.pubrec(packet_id)
+        for pending in routed:
+            if pending.qos == 1:
+                protocol.puback(pending.packet_id)
+            else:
+                if self._persistent:  # (in the journal before the PUBREC goes)
+                    self._sessions.qos2_received(self.client_id, pending.packet_id, [])
+                protocol.pubrec(pending.packet_id)
         self.wake_writer()
 
     async def _admit(self) -> None:

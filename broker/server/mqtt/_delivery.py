@@ -618,8 +618,12 @@ class MQTTDeliveries:
             if subscription is not None and subscription.group_member:
                 self._settle.setdefault(handle, []).append(number)
             return
-        sent.acked.add(number)
         numbers = sent.numbers
+        if numbers and numbers[0] == number and not sent.acked:
+            numbers.popleft()  # (the usual case: acknowledged in order)
+            self._ack_upto[handle] = number
+            return
+        sent.acked.add(number)
         upto = 0
         while numbers and numbers[0] in sent.acked:
             upto = numbers.popleft()

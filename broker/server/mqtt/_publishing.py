@@ -26,21 +26,22 @@ from broker.config import BrokerConfig
 from .._services import Lifecycle, TopicDirectory
 from ..topics._topic import DELIVER_HEAD_ESTIMATE, Routed, Topic
 
-__all__ = ["MAX_BOUND_TOPICS", "Acknowledge", "MQTTPublishing"]
+__all__ = ["MAX_BOUND_TOPICS", "Acknowledge", "MQTTPublishing", "Pending"]
 
 #: Topics one connection keeps bound with nothing on its way to them: more
 #: are let go once idle (a client may publish to any number of topics).
 MAX_BOUND_TOPICS = 256
 
-#: Told ``(packet id, qos)`` of each publish routed, in the order received.
-Acknowledge = Callable[[int, int], None]
+#: Told the publishes routed (each's ``packet_id`` and ``qos``), in the
+#: order received.
+Acknowledge = Callable[[list["Pending"]], None]
 #: Told, before a batch is appended to its topic's log, the topic and the
 #: ``(packet id, log offset)`` of each QoS 2 publish of it; may raise
 #: :class:`~broker.log.LogError` (the batch then waits, and is tried again).
 Qos2Placed = Callable[[str, list[tuple[int, int]]], None]
 
 
-class _Pending:
+class Pending:
     """A QoS 1 or 2 publish on its way to its topic (``index``: in its batch)."""
 
     __slots__ = ("index", "packet_id", "qos", "routed")
@@ -63,10 +64,10 @@ class _Binding:
     tails: list[bytes] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
     size: int = 0
-    acks: list[_Pending] = field(default_factory=list)
+    acks: list[Pending] = field(default_factory=list)
     #: Batches forwarded and not routed yet, oldest first: their
     #: acknowledgements and the fan-out estimated for them.
-    unrouted: deque[tuple[list[_Pending], int]] = field(default_factory=deque)
+    unrouted: deque[tuple[list[Pending], int]] = field(default_factory=deque)
 
 
 class MQTTPublishing:
@@ -98,7 +99,7 @@ class MQTTPublishing:
         #: This read's bindings with publishes to forward.
         self._touched: list[_Binding] = []
         #: Every QoS 1 and 2 publish not acknowledged yet, in arrival order.
-        self._order: deque[_Pending] = deque()
+        self._order: deque[Pending] = deque()
         self.messages_in = 0
         self.bytes_in = 0
         #: Told where QoS 2 publishes go in the logs (None: nobody asks).
@@ -135,7 +136,7 @@ class MQTTPublishing:
         binding.keys.append(key)
         binding.size += len(tail)
         if packet_id is not None:
-            pending = _Pending(packet_id, qos, index)
+            pending = Pending(packet_id, qos, index)
             binding.acks.append(pending)
             self._order.append(pending)
         self.messages_in += 1
@@ -175,9 +176,11 @@ class MQTTPublishing:
         for pending in acks:
             pending.routed = True
         order = self._order
+        done: list[Pending] = []
         while order and order[0].routed:
-            pending = order.popleft()
-            self._acknowledge(pending.packet_id, pending.qos)
+            done.append(order.popleft())
+        if done:
+            self._acknowledge(done)
         if len(self._bindings) > MAX_BOUND_TOPICS and not binding.unrouted and not binding.tails:
             self._unbind(binding)
 
@@ -212,5 +215,5 @@ def _placing(placed: Qos2Placed, topic: str, qos2: list[tuple[int, int]]) -> Cal
     return before_append
 
 
-def _nobody(packet_id: int, qos: int) -> None:
+def _nobody(routed: list[Pending]) -> None:
     """Acknowledgements after the connection closed go nowhere."""

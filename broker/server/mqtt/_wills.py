@@ -20,7 +20,7 @@ import trio
 from accounts import unlimited
 
 from .._services import BrokerServices
-from ._publishing import MQTTPublishing
+from ._publishing import MQTTPublishing, Pending
 from ._retained import RetainedStore
 
 __all__ = ["Wills"]
@@ -86,5 +86,5 @@ class Wills:
         return len(self._pending)
 
 
-def _none(packet_id: int, qos: int) -> None:
+def _none(routed: list[Pending]) -> None:
     """(A will is QoS 0 to its topic: nothing acknowledges it.)"""

@@ -6,6 +6,7 @@ TCP client is refused cleanly and counted. Certificates come from trustme."""
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -17,7 +18,9 @@ from tests.server.helpers import wait_until
 
 from .listener_helpers import (
     HANG_GUARD,
+    V5,
     VERSIONS,
+    PahoClient,
     RawMQTT,
     mqtt_broker,
     mqtt_port,
@@ -94,3 +97,57 @@ async def test_a_plain_client_is_refused_and_counted(certificates: tuple[Path, P
             raw.close()
         await wait_until(lambda: broker.security.tls_handshake_failures == 1, what="counted")
         assert broker.mqtt is not None and not broker.mqtt.connections
+
+
+IDENTITY_AUTH = """
+[principals.sensor]
+identities = ["alice"]
+publish = ["sensors.*"]
+subscribe = ["sensors.*"]
+"""
+
+
+async def test_a_client_certificate_is_its_principal(tmp_path: Path) -> None:
+    """Over mutual TLS, a CONNECT without a password is the principal whose
+    identity is its certificate's common name; a certificate no principal
+    names is refused 0x87."""
+    ca = trustme.CA()
+    issued = {
+        "cert": ca.issue_cert("127.0.0.1", "localhost"),
+        "alice": ca.issue_cert("alice@example.test", common_name="alice"),
+        "bob": ca.issue_cert("bob@example.test", common_name="bob"),
+    }
+    paths = {name: tmp_path / f"{name}.pem" for name in (*issued, "key", "ca")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    issued["cert"].cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    issued["cert"].private_key_pem.write_to_path(str(paths["key"]))
+    for name in ("alice", "bob"):
+        issued[name].private_key_and_cert_chain_pem.write_to_path(str(paths[name]))
+    auth = tmp_path / "auth.toml"
+    auth.write_text(IDENTITY_AUTH)
+
+    def certified(name: str) -> Callable[[paho.Client], None]:
+        def configure(client: paho.Client) -> None:
+            client.tls_set(
+                ca_certs=str(paths["ca"]),
+                certfile=str(paths[name]),
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+
+        return configure
+
+    settings = {"tls_cert": str(paths["cert"]), "tls_key": str(paths["key"])}
+    settings |= {"tls_client_ca": str(paths["ca"]), "auth_file": str(auth)}
+    async with mqtt_broker(auth_failure_delay=0.0, **settings) as broker:
+        port = mqtt_port(broker)
+        stranger = PahoClient(port, version=V5, configure=certified("bob"))
+        reason = await stranger.connect()
+        await stranger.close()
+        assert int(getattr(reason, "value", reason)) == 0x87
+        async with paho_client(port, version=V5, configure=certified("alice")) as sensor:
+            assert broker.mqtt is not None
+            (connection,) = broker.mqtt.connections.values()
+            assert connection.admission.principal_name == "sensor"
+            await sensor.subscribe("sensors/+", qos=1)
+            await sensor.publish("sensors/t", b"signed", qos=1)
+            assert [m.payload for m in await sensor.receive(1)] == [b"signed"]

@@ -3,7 +3,9 @@
 - Without an auth file anybody connects. With one, the CONNECT's password
   is a principal's token (as a native client's ``BROKER_TOKEN``); the
   username is not checked (give the principal's name, for your logs).
-  No password: 0x87 Not authorized (3.1.1: return code 5); a password
+  Without a password, a client certificate verified over mutual TLS
+  (``tls_client_ca``) is the principal whose ``identity`` is its common
+  name. Neither: 0x87 Not authorized (3.1.1: return code 5); a password
   that is no token: 0x86 Bad User Name or Password (3.1.1: 4), answered
   after the delay failures from the address earn (``auth_failure_delay``);
   a principal at its ``max_connections``: 0x97 Quota exceeded (3.1.1: 3).
@@ -49,10 +51,12 @@ class Admitted:
 class MQTTAdmission:
     """One connection's CONNECT, checked against the broker's gate."""
 
-    def __init__(self, gate: Gate, peer: str, name: str) -> None:
+    def __init__(self, gate: Gate, peer: str, name: str, identity: str | None = None) -> None:
         self.gate = gate
         self.peer = peer
         self.name = name
+        #: The verified client certificate's common name (mutual TLS), if any.
+        self.identity = identity
         #: The client identifier (assigned if the client gave none).
         self.client_id = ""
         #: The authenticated principal's usage (None without auth).
@@ -98,7 +102,7 @@ class MQTTAdmission:
                 token = connect.password.decode()
             except UnicodeDecodeError:
                 token = "\ufffd"  # (no token: refused as bad credentials)
-        found = gate.auth.authenticate(token, None)
+        found = gate.auth.authenticate(token, self.identity)
         if isinstance(found, AuthFailure):
             gate.auth_failed(found)
             hold = gate.peers.failed(peer_key(self.peer), now)

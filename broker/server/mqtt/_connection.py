@@ -128,6 +128,7 @@ class MQTTConnection:
         retained: RetainedStore,
         claim: Callable[[MQTTConnection, bool], KeptSession | None],
         forget: Callable[[MQTTConnection], None],
+        identity: str | None = None,
     ) -> None:
         config = services.config
         resources = services.resources
@@ -163,7 +164,7 @@ class MQTTConnection:
             receive_maximum=RECEIVE_MAXIMUM,
         )
         self._log = ConnectionLog(resources.peer_log, self.name, peer)
-        self.admission = MQTTAdmission(services.gate, peer, self.name)
+        self.admission = MQTTAdmission(services.gate, peer, self.name, identity)
         self.publishing = MQTTPublishing(
             config, services.life, services.topics, self.account, self._acknowledge
         )

@@ -6,7 +6,10 @@ TLS: when the broker serves its native clients over TLS (``tls_cert``,
 ``tls_key``, and ``tls_client_ca`` for client certificates), MQTT clients
 are served over TLS too, with the same context: the handshake must end
 within ``tls_handshake_timeout``, and a failed one is counted with the
-native listener's (``broker_tls_handshake_failures_total``)."""
+native listener's (``broker_tls_handshake_failures_total``). A verified
+client certificate's common name is the client's identity: a CONNECT
+without a password is the principal of that ``identity`` (as a native
+client's)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import trio
 
 from accounts import Account
 from broker.mqtt import ReasonCode
+from broker.tls import certificate_identity
 
 from .._services import BrokerServices
 from ._connection import MQTTConnection, MQTTConnectionStatistics
@@ -187,16 +191,19 @@ class MQTTServer:
         except (OSError, IndexError, TypeError):  # pragma: no cover - the peer vanished
             peer = "?"
         served: trio.abc.Stream = stream
+        identity: str | None = None
         if self.ssl_context is not None:
             secured = await self._handshake(stream, peer)
             if secured is None:
                 return
             served = secured
+            identity = certificate_identity(secured.getpeercert())
         connection = MQTTConnection(
             services,
             served,
             next(self._serials),
             peer,
+            identity=identity,
             sessions=self.sessions,
             wills=self.wills,
             retained=self.retained,
@@ -214,7 +221,9 @@ class MQTTServer:
             self.internal_errors += 1
             log.exception("%s %s: ended by an internal error", connection.name, peer)
 
-    async def _handshake(self, stream: trio.SocketStream, peer: str) -> trio.abc.Stream | None:
+    async def _handshake(
+        self, stream: trio.SocketStream, peer: str
+    ) -> trio.SSLStream[trio.SocketStream] | None:
         """The TLS stream over ``stream`` once its handshake ends in time, or
         None (closed, and counted with the native listener's failures)."""
         assert self.ssl_context is not None

@@ -492,17 +492,23 @@ class MQTTConnection:
             return True
         finally:
             self._retained.write()  # (before the acknowledgements of the read)
-            self.publishing.flush()
             self.deliveries.apply_acks()
             self.deliveries.pump_stalled()
             if protocol.bytes_to_send or protocol.state is ConnectionState.CLOSED:
                 self.wake_writer()
 
     async def _pause_if_needed(self) -> None:
-        """A checkpoint; and while the connection's account is in debt (and
-        no subscription of ours waits for this client's reading), no
-        reading: TCP throttles the client."""
+        """A checkpoint, then the turn's publishes forwarded; and while the
+        connection's account is in debt (and no subscription of ours waits
+        for this client's reading), no reading: TCP throttles the client.
+
+        (The publishes go after the checkpoint, so that other connections
+        whose bytes came in the same round apply theirs first: a SUBSCRIBE
+        another client sent just before this PUBLISH is in place when the
+        publish reaches its topic, as a broker reading sockets in order
+        would have it.)"""
         await trio.lowlevel.checkpoint()
+        self.publishing.flush()
         account = self.account
         deliveries = self.deliveries
         while not account.is_clear() and not deliveries.waits_for_client():

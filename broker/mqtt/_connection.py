@@ -242,8 +242,7 @@ class ServerConnection:
                 inside = " inside a packet" if framer.buffered else ""
                 return ConnectionClosed(None, f"the client closed the connection{inside}")
             self._last_seen = now
-            first, start, end = span
-            data = framer.data
+            first, data, start, end = span
             if first == 0x40 and end - start == 2 and (data[start] or data[start + 1]):
                 # (The usual PUBACK, read directly.)
                 packet_id = data[start] << 8 | data[start + 1]

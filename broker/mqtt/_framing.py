@@ -55,32 +55,30 @@ class Framer:
         as it is received; ``None`` while nothing is buffered."""
         return self._data[self._pos] if self._pos < len(self._data) else None
 
-    @property
-    def data(self) -> bytes:
-        """The bytes the spans of :meth:`next_span` point into (until the
-        next :meth:`feed`)."""
-        return self._data
-
-    def next_span(self) -> tuple[int, int, int] | None:
-        """The next whole packet as its first byte and where its body
-        starts and ends in :attr:`data`, or ``None`` until more bytes arrive."""
+    def next_span(self) -> tuple[int, bytes, int, int] | None:
+        """The next whole packet as its first byte, the bytes it is in
+        (valid until the next :meth:`feed`) and where its body starts and
+        ends there, or ``None`` until more bytes arrive."""
         data = self._data
         size = len(data)
         first = self._pos
         if size - first < 2:
             return None
-        length = 0
-        pos = first + 1
-        for shift in (0, 7, 14, 21):
-            if pos >= size:
-                return None
-            byte = data[pos]
-            pos += 1
-            length |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                break
-        else:
-            raise malformed("the remaining length is longer than four bytes")
+        length = data[first + 1]
+        pos = first + 2
+        if length & 0x80:  # (a remaining length of two or more bytes)
+            length = 0
+            pos = first + 1
+            for shift in (0, 7, 14, 21):
+                if pos >= size:
+                    return None
+                byte = data[pos]
+                pos += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+            else:
+                raise malformed("the remaining length is longer than four bytes")
         end = pos + length
         if end - first > self.max_packet_size:
             raise MQTTProtocolError(
@@ -91,7 +89,7 @@ class Framer:
         if size < end:
             return None
         self._pos = end
-        return data[first], pos, end
+        return data[first], data, pos, end
 
     def next_packet(self) -> tuple[int, bytes] | None:
         """The next whole packet as (first byte, body), or ``None`` until
@@ -99,8 +97,8 @@ class Framer:
         span = self.next_span()
         if span is None:
             return None
-        first, start, end = span
-        return first, self._data[start:end]
+        first, data, start, end = span
+        return first, data[start:end]
 
 
 def packet_size(body_length: int) -> int:

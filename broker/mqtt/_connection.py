@@ -140,6 +140,9 @@ class ServerConnection:
     ``max_packet_size`` bounds what the client may send (fixed header
     included; 5.0 clients are told it in CONNACK); ``receive_maximum``
     bounds its unacknowledged QoS 1 and 2 PUBLISHes (5.0);
+    ``send_maximum`` bounds the server's to the client (with the client's
+    own Receive Maximum, if lower: a 3.1.1 client has none), and new
+    packet ids are taken from 1 to four times it (at most 65,535);
     ``topic_alias_maximum`` is how many topic aliases the client may use
     (5.0; 0: none); ``outbound_topic_aliases`` lets :meth:`publish` give
     topics aliases, as many as the client allows.
@@ -150,11 +153,14 @@ class ServerConnection:
         *,
         max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
         receive_maximum: int = 65_535,
+        send_maximum: int = 65_535,
         topic_alias_maximum: int = 64,
         outbound_topic_aliases: bool = True,
     ) -> None:
         if not 1 <= receive_maximum <= 65_535:
             raise ValueError("receive_maximum must be 1-65535")
+        if not 1 <= send_maximum <= 65_535:
+            raise ValueError("send_maximum must be 1-65535")
         if not 0 <= topic_alias_maximum <= 65_535:
             raise ValueError("topic_alias_maximum must be 0-65535")
         self._framer = Framer(max_packet_size)
@@ -174,7 +180,10 @@ class ServerConnection:
         self._keepalive = 0
         self._last_seen: float | None = None
         # What the client allows (5.0 CONNECT properties).
-        self._client_receive_maximum = 65_535
+        self._client_receive_maximum = send_maximum
+        self._send_maximum = send_maximum
+        #: New outbound packet ids cycle through 1 to this.
+        self._last_id = min(0xFFFF, 4 * send_maximum)
         self._client_max_packet = MAX_PACKET_SIZE
         self._client_alias_max = 0
         # What the application's CONNACK allows.
@@ -471,7 +480,7 @@ class ServerConnection:
                 assert packet_id is not None
                 out += packet_id.to_bytes(2, "big")
                 self._out_unacked[packet_id] = qos
-                self._next_id = packet_id % 0xFFFF + 1
+                self._next_id = packet_id % self._last_id + 1
             if v5:
                 out.append(0)
             out += payload
@@ -500,7 +509,7 @@ class ServerConnection:
         if qos:
             assert packet_id is not None
             self._out_unacked[packet_id] = qos
-            self._next_id = packet_id % 0xFFFF + 1
+            self._next_id = packet_id % self._last_id + 1
         self._out += data
         return packet_id
 
@@ -637,7 +646,7 @@ class ServerConnection:
     def _free_id(self) -> int:
         packet_id = self._next_id
         while packet_id in self._out_unacked or packet_id in self._out_released:
-            packet_id = packet_id % 0xFFFF + 1
+            packet_id = packet_id % self._last_id + 1
         return packet_id
 
     def _send(self, packet: Packet) -> None:
@@ -747,7 +756,7 @@ class ServerConnection:
             if problem is not None:
                 raise MQTTProtocolError(R.TOPIC_NAME_INVALID, f"will topic: {problem}")
         if props.receive_maximum is not None:
-            self._client_receive_maximum = props.receive_maximum
+            self._client_receive_maximum = min(props.receive_maximum, self._send_maximum)
         if props.maximum_packet_size is not None:
             self._client_max_packet = props.maximum_packet_size
         if props.topic_alias_maximum is not None:

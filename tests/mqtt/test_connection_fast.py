@@ -189,3 +189,25 @@ def test_a_puback_is_written_as_the_encoder_writes_it(version: int) -> None:
     assert conn.data_to_send() == encode_packet(PubAck(1), version) + encode_packet(
         PubAck(300), version
     )
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_the_server_keeps_at_most_send_maximum_in_flight(version: int) -> None:
+    """A 3.1.1 client has no Receive Maximum: ``send_maximum`` bounds the
+    PUBLISHes in flight to it all the same, and new packet ids cycle
+    through 1 to four times it."""
+    conn = connected(version, send_maximum=4)
+    ids = [conn.publish("t", b"x", 1) for _ in range(4)]
+    assert ids == [1, 2, 3, 4] and conn.send_quota == 0
+    with pytest.raises(MQTTUsageError):
+        conn.publish("t", b"x", 1)
+    in_flight = list(ids)
+    for _ in range(40):  # acknowledge the oldest, send one more
+        oldest = in_flight.pop(0)
+        conn.receive_data(encode_packet(PubAck(oldest), version))
+        assert conn.events(0.0) == [PubAck(oldest)]
+        packet_id = conn.publish("t", b"x", 1)
+        assert packet_id is not None and packet_id not in in_flight
+        in_flight.append(packet_id)
+        assert conn.send_quota == 0
+    assert max(ids + in_flight) <= 16 and len(set(in_flight)) == 4

@@ -56,7 +56,13 @@ from ._sessions import Filters, KeptSession, MQTTSessions, expiry_of
 from ._subscribing import MQTTSubscribing
 from ._wills import Wills
 
-__all__ = ["EVENTS_PER_TURN", "RECEIVE_SIZE", "MQTTConnection", "MQTTConnectionStatistics"]
+__all__ = [
+    "EVENTS_PER_TURN",
+    "RECEIVE_SIZE",
+    "SEND_MAXIMUM",
+    "MQTTConnection",
+    "MQTTConnectionStatistics",
+]
 
 #: MQTT topic names a connection keeps mapped to broker names (it may
 #: publish to any number: past this many the map starts again).
@@ -70,6 +76,10 @@ LINGER_SECONDS = 1.0
 #: Inbound QoS 1 and 2 PUBLISHes a client may have unacknowledged (5.0's
 #: Receive Maximum; their acknowledgements wait until they are routed).
 RECEIVE_MAXIMUM = 1024
+#: QoS 1 and 2 PUBLISHes the broker keeps unacknowledged to a client at
+#: most (fewer if the client's Receive Maximum says so): a subscriber that
+#: falls behind costs the broker that many deliveries in flight, no more.
+SEND_MAXIMUM = 1024
 
 R = ReasonCode
 
@@ -162,6 +172,7 @@ class MQTTConnection:
         self.protocol = ServerConnection(
             max_packet_size=config.max_frame,
             receive_maximum=RECEIVE_MAXIMUM,
+            send_maximum=SEND_MAXIMUM,
         )
         self._log = ConnectionLog(resources.peer_log, self.name, peer)
         self.admission = MQTTAdmission(services.gate, peer, self.name, identity)

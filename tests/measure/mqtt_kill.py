@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,21 @@ def gone(error: BaseException) -> bool:
     if isinstance(error, BaseExceptionGroup):
         return all(gone(inner) for inner in error.exceptions)
     return isinstance(error, GONE)
+
+
+async def reconnecting(
+    connection: Callable[[int], Awaitable[None]], port: Callable[[], int], done: Callable[[], bool]
+) -> None:
+    """Run ``connection`` on the broker's current ``port`` again whenever
+    the broker went away (:func:`gone`), until ``done()``; any other error
+    goes through."""
+    while not done():
+        try:
+            await connection(port())
+        except Exception as error:
+            if not gone(error):
+                raise
+            await trio.sleep(0.05)
 
 
 #: After a start, traffic "flows" once every publisher had this many more
@@ -205,13 +220,7 @@ class Publisher:
         return packet_id
 
     async def run(self, port: Callable[[], int]) -> None:
-        while not self.done():
-            try:
-                await self._connection(port())
-            except Exception as error:
-                if not gone(error):
-                    raise
-                await trio.sleep(0.05)
+        await reconnecting(self._connection, port, self.done)
 
     async def _connection(self, port: int) -> None:
         link, present = await Link.open(port, self.name, clean=self.qos == 1)
@@ -296,13 +305,7 @@ class Subscriber:
     last_receive: float = 0.0
 
     async def run(self, port: Callable[[], int]) -> None:
-        while True:
-            try:
-                await self._connection(port())
-            except Exception as error:
-                if not gone(error):
-                    raise
-                await trio.sleep(0.05)
+        await reconnecting(self._connection, port, lambda: False)
 
     async def _connection(self, port: int) -> None:
         link, present = await Link.open(port, self.name, clean=False)

@@ -7,6 +7,8 @@
   ``cafile``; ``certfile``/``keyfile`` present a client certificate.
 - :func:`certificate_identity` names the client of a verified certificate:
   its subject common name, which auth files list as ``identities``.
+- :func:`server_handshake` runs a listener's side of the handshake, for the
+  native and the MQTT listeners alike.
 
 Both sides require TLS 1.2 or newer; hostnames are checked by the clients.
 """
@@ -14,11 +16,21 @@ Both sides require TLS 1.2 or newer; hostnames are checked by the clients.
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import Any, TypeVar
+
+import trio
 
 from broker.errors import BrokerError
 
-__all__ = ["TLSConfigError", "certificate_identity", "client_context", "server_context"]
+__all__ = [
+    "TLSConfigError",
+    "certificate_identity",
+    "client_context",
+    "server_context",
+    "server_handshake",
+]
+
+_S = TypeVar("_S", bound=trio.abc.Stream)
 
 
 class TLSConfigError(BrokerError):
@@ -61,6 +73,18 @@ def certificate_identity(certificate: dict[str, Any] | None) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+async def server_handshake(stream: _S, context: ssl.SSLContext) -> trio.SSLStream[_S] | str:
+    """The TLS stream over ``stream`` once the server side of its handshake
+    completes, or the TLS error that ended it (the caller closes ``stream``
+    then). Callers bound it with a cancel scope; cancellation goes through."""
+    secured = trio.SSLStream(stream, context, server_side=True)
+    try:
+        await secured.do_handshake()
+    except trio.BrokenResourceError as error:
+        return str(error.__cause__ or error)
+    return secured
 
 
 def _load(loader: Any, *files: str | None, what: str) -> None:

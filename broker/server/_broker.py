@@ -27,7 +27,7 @@ from broker.protocol import Cluster, GoodbyeCode, Hello
 from broker.protocol import Goodbye as GoodbyeMessage
 from broker.protocol.connection._core import MAX_HELLO_FRAME
 from broker.protocol.frames import encode
-from broker.tls import certificate_identity, server_context
+from broker.tls import certificate_identity, server_context, server_handshake
 
 from ._accept_logging import quiet_accept_errors
 from ._loop_counters import LoopCounters
@@ -708,19 +708,17 @@ class Broker:
         """The TLS stream over ``stream`` once its handshake completes in time,
         or None (the connection is closed and the failure counted)."""
         assert self.ssl_context is not None
-        secured = trio.SSLStream(stream, self.ssl_context, server_side=True)
         self.handshaking += 1
         try:
+            secured: trio.SSLStream[Any] | str = "timed out"
             with trio.move_on_after(self.config.tls_handshake_timeout):
-                await secured.do_handshake()
-                return secured
-            problem = "timed out"
-        except trio.BrokenResourceError as error:
-            problem = str(error.__cause__ or error)
+                secured = await server_handshake(stream, self.ssl_context)
         finally:
             self.handshaking -= 1
+        if not isinstance(secured, str):
+            return secured
         self.security.tls_handshake_failures += 1
-        self.peer_log.info(peer, "%s: TLS handshake failed: %s", peer, shown(problem, LINE_CHARS))
+        self.peer_log.info(peer, "%s: TLS handshake failed: %s", peer, shown(secured, LINE_CHARS))
         await trio.aclose_forcefully(stream)
         return None
 

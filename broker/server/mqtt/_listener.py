@@ -24,7 +24,7 @@ import trio
 
 from accounts import Account
 from broker.mqtt import ReasonCode
-from broker.tls import certificate_identity
+from broker.tls import certificate_identity, server_handshake
 
 from .._services import BrokerServices
 from ._connection import MQTTConnection, MQTTConnectionStatistics
@@ -228,16 +228,13 @@ class MQTTServer:
         None (closed, and counted with the native listener's failures)."""
         assert self.ssl_context is not None
         services = self.services
-        secured = trio.SSLStream(stream, self.ssl_context, server_side=True)
-        try:
-            with trio.move_on_after(services.config.tls_handshake_timeout):
-                await secured.do_handshake()
-                return secured
-            problem = "timed out"
-        except trio.BrokenResourceError as error:
-            problem = str(error.__cause__ or error)
+        secured: trio.SSLStream[Any] | str = "timed out"
+        with trio.move_on_after(services.config.tls_handshake_timeout):
+            secured = await server_handshake(stream, self.ssl_context)
+        if not isinstance(secured, str):
+            return secured
         services.gate.security.tls_handshake_failures += 1
-        log.info("MQTT %s: TLS handshake failed: %s", peer, problem[:200])
+        log.info("MQTT %s: TLS handshake failed: %s", peer, secured[:200])
         await trio.aclose_forcefully(stream)
         return None
 

@@ -31,6 +31,7 @@ from .._services import BrokerServices
 from ..sessions._records import RecordCopies
 from ..sessions._session import Session
 from ..topics._topic import Subscription
+from ..transport._linger import LINGER_SECONDS, linger
 from ..transport._socket_io import socket_io
 from ..transport._wake import Wake
 from ._admission import Admission
@@ -58,8 +59,6 @@ RECEIVE_SIZE = 64 * 1024
 #: Frames one turn of the reader handles at most before the other tasks go
 #: (a read of tiny frames holds thousands): the rest wait in the protocol.
 FRAMES_PER_TURN = 64
-#: How long a closing connection waits for the client to see its Goodbye.
-LINGER_SECONDS = 1.0
 
 
 class ServerConnection:
@@ -276,7 +275,7 @@ class ServerConnection:
                 await self._writer()
                 nursery.cancel_scope.cancel()
             if not self._aborted:
-                await self._linger()
+                await linger(self.stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.close_reason = self.close_reason or f"socket error: {error}"
         finally:
@@ -284,16 +283,6 @@ class ServerConnection:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.stream.aclose()
             self.closed.set()
-
-    async def _linger(self) -> None:
-        """After our Goodbye: half-close, and discard what the client still
-        sends for a moment, so that closing does not reset the connection
-        before the client has read the Goodbye."""
-        with trio.move_on_after(LINGER_SECONDS):
-            if isinstance(self.stream, trio.abc.HalfCloseableStream):
-                await self.stream.send_eof()
-            while await self.stream.receive_some(RECEIVE_SIZE):
-                pass
 
     def goodbye(self, code: GoodbyeCode, reason: str) -> None:
         """Say Goodbye; the writer sends it and closes the connection."""

@@ -47,6 +47,7 @@ from broker.mqtt import (
 
 from .._peer_logging import ConnectionLog, shown
 from .._services import BrokerServices
+from ..transport._linger import linger
 from ._admission import MQTTAdmission
 from ._delivery import MQTTDeliveries
 from ._messages import plain_tail, published_tail, wall_ms
@@ -71,8 +72,6 @@ NAMES_KEPT = 1024
 RECEIVE_SIZE = 64 * 1024
 #: Packets one turn of the reader applies before the other tasks go.
 EVENTS_PER_TURN = 64
-#: How long a connection we close waits for the client to read our last packet.
-LINGER_SECONDS = 1.0
 #: Inbound QoS 1 and 2 PUBLISHes a client may have unacknowledged (5.0's
 #: Receive Maximum; their acknowledgements wait until they are routed).
 RECEIVE_MAXIMUM = 1024
@@ -260,7 +259,7 @@ class MQTTConnection:
                 await self._writer()
                 nursery.cancel_scope.cancel()
             if self._ended_by_us:
-                await self._linger()
+                await linger(self.stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.close_reason = self.close_reason or f"socket error: {error}"
         finally:
@@ -268,16 +267,6 @@ class MQTTConnection:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.stream.aclose()
             self.closed.set()
-
-    async def _linger(self) -> None:
-        """Half-close and discard what the client still sends for a moment,
-        so that closing does not reset the connection before it read our
-        last packet (a CONNACK refusal, a DISCONNECT)."""
-        with trio.move_on_after(LINGER_SECONDS):
-            if isinstance(self.stream, trio.abc.HalfCloseableStream):
-                await self.stream.send_eof()
-            while await self.stream.receive_some(RECEIVE_SIZE):
-                pass
 
     def end(self, reason: ReasonCode, message: str) -> None:
         """Close the connection: a 5.0 client is told ``reason`` (DISCONNECT)."""

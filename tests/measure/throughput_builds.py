@@ -86,6 +86,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--workload", choices=["1to1", "1to10", "rate1k"], default="1to1")
     args = parser.parse_args()
+    if bad := [spec for spec in args.builds if "=" not in spec]:
+        parser.error(f"a build is NAME=TREE, not {bad[0]!r}")
     builds = [tuple(spec.split("=", 1)) for spec in args.builds]
     phases: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in builds}
     for round_ in range(args.rounds):
